@@ -1,0 +1,166 @@
+"""Readers for HICO (``anno.mat``) and HICO-DET (``anno_bbox.mat``).
+
+The same functions read the real files and the demo fixtures, which are
+written in the exact same layout (see ``verbmirage.demo``). HOI ids are
+0-based here (row index of ``list_action``); HICO-DET stores them 1-based.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import scipy.io
+
+NO_INTERACTION = "no_interaction"
+N_HOIS = 600
+SPLITS = ("train", "test")
+LIST_ACTION_FIELDS = ("nname", "vname", "vname_ing", "syn", "def", "synset", "add_def")
+
+
+class AnnotationFormatError(ValueError):
+    """An annotation file does not have the layout of the real dataset."""
+
+
+@dataclass(frozen=True)
+class HicoAnnotations:
+    """Image-level HOI labels of HICO.
+
+    ``hois`` has one row per HOI class (index = 0-based ``hoi_id``) with
+    columns ``verb``, ``verb_ing``, ``object``. ``labels[split]`` is an
+    (images x 600) float array: 1 positive, -1 object present but HOI absent,
+    0 ambiguous, NaN object absent. ``images[split]`` lists file names.
+    """
+
+    root: Path
+    hois: pd.DataFrame
+    labels: dict[str, np.ndarray]
+    images: dict[str, list[str]]
+
+    def image_relpath(self, split: str, file_name: str) -> str:
+        """Path of an image relative to the dataset root (as in the real tarball)."""
+        return f"images/{split}2015/{file_name}"
+
+
+def hoi_vocabulary() -> pd.DataFrame:
+    """The real 600 (verb, object) classes of HICO in ``anno.mat`` order (packaged TSV)."""
+    with resources.files("verbmirage.data").joinpath("hico_600_hoi_list.tsv").open() as handle:
+        table = pd.read_csv(handle, sep="\t")
+    return table.rename(columns={"hoi_idx0": "hoi_id"})[["hoi_id", "verb", "object"]]
+
+
+def _mat_string(value) -> str:
+    """A MATLAB char array as loaded by scipy (possibly empty or nested) -> str."""
+    array = np.asarray(value)
+    if array.size == 0:
+        return ""
+    item = array.flat[0]
+    return item if isinstance(item, str) else _mat_string(item)
+
+
+def _require(mat: dict, key: str, path: Path):
+    if key not in mat:
+        raise AnnotationFormatError(f"{path}: missing variable '{key}'")
+    return mat[key]
+
+
+def load_hico(root: str | Path) -> HicoAnnotations:
+    """Read ``<root>/anno.mat`` (the ``hico_20150920`` folder)."""
+    root = Path(root)
+    path = root / "anno.mat"
+    if not path.is_file():
+        raise FileNotFoundError(f"HICO annotation file not found: {path}")
+    try:
+        mat = scipy.io.loadmat(path)
+    except Exception as error:  # scipy raises several types for broken files
+        raise AnnotationFormatError(f"{path}: not a readable MATLAB file ({error})") from error
+
+    list_action = _require(mat, "list_action", path)
+    missing = [f for f in LIST_ACTION_FIELDS if f not in (list_action.dtype.names or ())]
+    if missing:
+        raise AnnotationFormatError(f"{path}: list_action lacks fields {missing}")
+    actions = list_action.reshape(-1)
+    hois = pd.DataFrame(
+        {
+            "hoi_id": np.arange(len(actions)),
+            "verb": [_mat_string(a["vname"]) for a in actions],
+            "verb_ing": [_mat_string(a["vname_ing"]) for a in actions],
+            "object": [_mat_string(a["nname"]) for a in actions],
+        }
+    )
+
+    labels, images = {}, {}
+    for split in SPLITS:
+        matrix = np.asarray(_require(mat, f"anno_{split}", path), dtype=np.float64)
+        names = [_mat_string(x) for x in _require(mat, f"list_{split}", path).reshape(-1)]
+        if matrix.shape != (len(hois), len(names)):
+            raise AnnotationFormatError(
+                f"{path}: anno_{split} has shape {matrix.shape}, expected "
+                f"({len(hois)}, {len(names)}) from list_action and list_{split}"
+            )
+        bad = ~np.isnan(matrix) & ~np.isin(matrix, (-1.0, 0.0, 1.0))
+        if bad.any():
+            hoi, image = map(int, np.argwhere(bad)[0])
+            raise AnnotationFormatError(
+                f"{path}: anno_{split}[{hoi}, {image}] = {matrix[hoi, image]}; "
+                "labels must be 1, 0, -1 or NaN"
+            )
+        labels[split] = matrix.T.copy()
+        images[split] = names
+    return HicoAnnotations(root=root, hois=hois, labels=labels, images=images)
+
+
+def _struct_list(value) -> list:
+    """A MATLAB struct array loaded with ``struct_as_record=False`` -> list of structs."""
+    return list(np.atleast_1d(value).reshape(-1))
+
+
+def _box_rows(boxes) -> list[tuple[float, float, float, float]]:
+    """HICO-DET boxes are stored x1, x2, y1, y2 (1-based): return (x1, y1, x2, y2)."""
+    return [(float(b.x1), float(b.y1), float(b.x2), float(b.y2)) for b in _struct_list(boxes)]
+
+
+def load_hico_det(det_root: str | Path) -> pd.DataFrame:
+    """Read ``<det_root>/anno_bbox.mat`` into one row per human-object pair.
+
+    Columns: ``split, image, width, height, hoi_id`` (0-based), ``instance``,
+    ``human_box``/``object_box`` as (x1, y1, x2, y2) in 1-based pixels,
+    ``n_humans``/``n_objects`` (boxes of that HOI in the image) and ``invis``.
+    """
+    path = Path(det_root) / "anno_bbox.mat"
+    if not path.is_file():
+        raise FileNotFoundError(f"HICO-DET annotation file not found: {path}")
+    mat = scipy.io.loadmat(path, squeeze_me=True, struct_as_record=False)
+    rows = []
+    for split in SPLITS:
+        for entry in _struct_list(_require(mat, f"bbox_{split}", path)):
+            size = entry.size
+            for hoi in _struct_list(entry.hoi):
+                humans, objects = _box_rows(hoi.bboxhuman), _box_rows(hoi.bboxobject)
+                connection = np.atleast_2d(np.asarray(hoi.connection, dtype=int))
+                for instance, (h, o) in enumerate(connection.reshape(-1, 2)):
+                    if not (1 <= h <= len(humans) and 1 <= o <= len(objects)):
+                        raise AnnotationFormatError(
+                            f"{path}: {entry.filename} HOI {int(hoi.id)} connection "
+                            f"({h}, {o}) points outside its {len(humans)} human / "
+                            f"{len(objects)} object boxes"
+                        )
+                    rows.append(
+                        {
+                            "split": split,
+                            "image": str(entry.filename),
+                            "width": int(size.width),
+                            "height": int(size.height),
+                            "hoi_id": int(hoi.id) - 1,
+                            "instance": instance,
+                            "human_box": humans[h - 1],
+                            "object_box": objects[o - 1],
+                            "n_humans": len(humans),
+                            "n_objects": len(objects),
+                            "invis": int(hoi.invis),
+                        }
+                    )
+    return pd.DataFrame(rows)

@@ -1,0 +1,375 @@
+"""HICO question sets (SPEC section 2; paper Appendix A).
+
+Sampling protocol (also in ``docs/questions.md``), per test image I with
+positive HOIs H_I (label 1), ambiguous HOIs A_I (label 0) and present objects
+O_I (any label that is not NaN); ``no_interaction`` is never used:
+
+- ``yn_obj``: for every object o of H_I, its positives are asked ("yes") and
+  ``k * |positives of o|`` negatives are drawn without replacement from the
+  HOIs of o that are neither in H_I nor in A_I ("no"); fewer if the pool is
+  smaller. k = ``negatives_per_positive`` (2).
+- ``yn_verb``: the verbs V_I of H_I are asked with "something"; ``k * |V_I|``
+  negatives are drawn from the verbs plausible for some object in O_I that are
+  neither in V_I nor verbs of A_I.
+- ``mc_obj`` / ``mc_verb``: one question per positive HOI / verb whose
+  negative pool (as above) holds at least ``mc_options - 1`` entries; the
+  negatives are drawn independently of the YN draw. Options are shuffled once,
+  then asked in every circular rotation (one row each, same ``group_id``).
+- ``obj_exist``: every object of O_I ("yes") and ``k * |O_I|`` objects absent
+  from the image ("no"). ``person`` is left out: every HICO image shows a
+  person, so "Is there a person?" has no trustworthy "no".
+
+Each image has its own random stream derived from (seed, qset, image name),
+so a question set does not depend on the order of images or on other sets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zlib
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from string import ascii_uppercase
+
+import numpy as np
+import pandas as pd
+
+from verbmirage.hico import NO_INTERACTION, HicoAnnotations
+from verbmirage.text import hoi_phrase, object_name, object_with_article, verb_phrase
+
+MC_STEM = "Which of the following actions is present in the image?"
+PAPER_COUNTS = {
+    # Paper, Appendix A: "47K unique YN questions", "16.6K unique MC questions", Yes:No ~ 1:2.
+    "yn_obj": (47_000, "1:2"),
+    "yn_verb": (47_000, "1:2"),
+    "mc_obj": (16_600, ""),
+    "mc_verb": (16_600, ""),
+}
+OBJECTS_ALWAYS_PRESENT = frozenset({"person"})
+_PLURAL_OBJECTS = frozenset({"skis", "scissors"})
+
+
+@dataclass(frozen=True)
+class QuestionSettings:
+    """Sampling settings (config key ``questions``)."""
+
+    seed: int = 0
+    negatives_per_positive: int = 2
+    mc_options: int = 4
+    rare_threshold: float = 0.2
+    common_verbs: tuple[str, ...] = ("hold", "ride", "sit_on", "straddle", "carry")
+    split: str = "test"
+
+    @classmethod
+    def from_config(cls, config: dict) -> "QuestionSettings":
+        known = {k: v for k, v in config.items() if k in cls.__dataclass_fields__}
+        if "common_verbs" in known:
+            known["common_verbs"] = tuple(known["common_verbs"])
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """Which verbs go with which objects, from the 600 HOI classes."""
+
+    verb_of: tuple[str, ...]
+    object_of: tuple[str, ...]
+    hois_of_object: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    objects_of_verb: dict[str, frozenset[str]] = field(default_factory=dict)
+    objects: tuple[str, ...] = ()
+
+    @classmethod
+    def from_hois(cls, hois: pd.DataFrame) -> "Vocabulary":
+        hois_of_object: dict[str, list[int]] = defaultdict(list)
+        objects_of_verb: dict[str, set[str]] = defaultdict(set)
+        for hoi_id, verb, obj in zip(hois.hoi_id, hois.verb, hois.object):
+            if verb == NO_INTERACTION:
+                continue
+            hois_of_object[obj].append(int(hoi_id))
+            objects_of_verb[verb].add(obj)
+        return cls(
+            verb_of=tuple(hois.verb),
+            object_of=tuple(hois.object),
+            hois_of_object={o: tuple(ids) for o, ids in hois_of_object.items()},
+            objects_of_verb={v: frozenset(objs) for v, objs in objects_of_verb.items()},
+            objects=tuple(sorted(set(hois.object))),
+        )
+
+    def verbs_for_objects(self, objects: Iterable[str]) -> set[str]:
+        objects = set(objects)
+        return {v for v, objs in self.objects_of_verb.items() if objs & objects}
+
+
+@dataclass(frozen=True)
+class ImageLabels:
+    """The label sets of one image (SPEC notation)."""
+
+    image_id: str
+    image: str
+    positives: frozenset[int]  # H_I without no_interaction
+    ambiguous: frozenset[int]  # A_I
+    present_objects: frozenset[str]  # O_I
+
+    @classmethod
+    def from_row(cls, image_id: str, image: str, row: np.ndarray, vocab: Vocabulary) -> "ImageLabels":
+        positives = {int(i) for i in np.flatnonzero(row == 1) if vocab.verb_of[i] != NO_INTERACTION}
+        return cls(
+            image_id=image_id,
+            image=image,
+            positives=frozenset(positives),
+            ambiguous=frozenset(int(i) for i in np.flatnonzero(row == 0)),
+            present_objects=frozenset(vocab.object_of[i] for i in np.flatnonzero(~np.isnan(row))),
+        )
+
+
+@dataclass
+class Draft:
+    """One question before ids and tags are attached."""
+
+    prompt: str
+    answer: str
+    verb: str | None = None
+    object: str | None = None
+    hoi_id: int | None = None
+    options: list[str] = field(default_factory=list)
+    group_key: tuple = ()
+    rotation: int = 0
+
+
+def _draw(rng: np.random.Generator, pool: Iterable, k: int) -> list:
+    """Up to k distinct items of ``pool``, drawn uniformly (pool sorted first for determinism)."""
+    pool = sorted(pool)
+    k = min(k, len(pool))
+    if k == 0:
+        return []
+    return [pool[i] for i in sorted(rng.choice(len(pool), size=k, replace=False))]
+
+
+def _hoi_negative_pool(obj: str, labels: ImageLabels, vocab: Vocabulary) -> set[int]:
+    """HOIs plausible for ``obj`` that are neither positive nor ambiguous in the image."""
+    return set(vocab.hois_of_object[obj]) - labels.positives - labels.ambiguous
+
+
+def _verb_negative_pool(labels: ImageLabels, vocab: Vocabulary) -> set[str]:
+    """Verbs plausible for an object in the image, neither done nor ambiguous there."""
+    positive_verbs = {vocab.verb_of[i] for i in labels.positives}
+    ambiguous_verbs = {vocab.verb_of[i] for i in labels.ambiguous}
+    return vocab.verbs_for_objects(labels.present_objects) - positive_verbs - ambiguous_verbs
+
+
+def _yes_no_obj_prompt(verb: str, obj: str) -> str:
+    return f"Is someone {verb_phrase(verb)} {object_with_article(obj)}?"
+
+
+def _yes_no_verb_prompt(verb: str) -> str:
+    return f"Is someone {verb_phrase(verb)} something?"
+
+
+def _object_exists_prompt(obj: str) -> str:
+    if obj in _PLURAL_OBJECTS:
+        return f"Are there {object_name(obj)} in the image?"
+    return f"Is there {object_with_article(obj)} in the image?"
+
+
+def build_yn_obj(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings, rng) -> list[Draft]:
+    drafts = []
+    for obj in sorted({vocab.object_of[i] for i in labels.positives}):
+        positives = sorted(i for i in labels.positives if vocab.object_of[i] == obj)
+        negatives = _draw(rng, _hoi_negative_pool(obj, labels, vocab), s.negatives_per_positive * len(positives))
+        for hoi, answer in [(h, "yes") for h in positives] + [(h, "no") for h in negatives]:
+            verb = vocab.verb_of[hoi]
+            drafts.append(Draft(_yes_no_obj_prompt(verb, obj), answer, verb, obj, hoi))
+    return drafts
+
+
+def build_yn_verb(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings, rng) -> list[Draft]:
+    positives = sorted({vocab.verb_of[i] for i in labels.positives})
+    negatives = _draw(rng, _verb_negative_pool(labels, vocab), s.negatives_per_positive * len(positives))
+    return [
+        Draft(_yes_no_verb_prompt(verb), answer, verb=verb)
+        for verb, answer in [(v, "yes") for v in positives] + [(v, "no") for v in negatives]
+    ]
+
+
+def _circular(texts: list[str], correct: int, rng, base: Draft) -> list[Draft]:
+    """Shuffle the options once, then one draft per rotation ``keys[i:] + keys[:i]``."""
+    order = [int(i) for i in rng.permutation(len(texts))]
+    drafts = []
+    for rotation in range(len(order)):
+        rotated = order[rotation:] + order[:rotation]
+        options = [texts[i] for i in rotated]
+        letter = ascii_uppercase[rotated.index(correct)]
+        lines = [MC_STEM] + [f"{ascii_uppercase[k]}. {text}" for k, text in enumerate(options)]
+        drafts.append(
+            Draft(
+                prompt="\n".join(lines),
+                answer=letter,
+                verb=base.verb,
+                object=base.object,
+                hoi_id=base.hoi_id,
+                options=options,
+                group_key=(texts[correct], tuple(sorted(texts))),
+                rotation=rotation,
+            )
+        )
+    return drafts
+
+
+def build_mc_obj(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings, rng) -> list[Draft]:
+    drafts = []
+    for hoi in sorted(labels.positives):
+        obj = vocab.object_of[hoi]
+        pool = _hoi_negative_pool(obj, labels, vocab)
+        if len(pool) < s.mc_options - 1:
+            continue
+        chosen = [hoi] + _draw(rng, pool, s.mc_options - 1)
+        texts = [hoi_phrase(vocab.verb_of[h], obj) for h in chosen]
+        drafts += _circular(texts, 0, rng, Draft("", "", vocab.verb_of[hoi], obj, hoi))
+    return drafts
+
+
+def build_mc_verb(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings, rng) -> list[Draft]:
+    pool = _verb_negative_pool(labels, vocab)
+    if len(pool) < s.mc_options - 1:
+        return []
+    drafts = []
+    for verb in sorted({vocab.verb_of[i] for i in labels.positives}):
+        chosen = [verb] + _draw(rng, pool, s.mc_options - 1)
+        drafts += _circular([verb_phrase(v) for v in chosen], 0, rng, Draft("", "", verb))
+    return drafts
+
+
+def build_obj_exist(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings, rng) -> list[Draft]:
+    positives = sorted(labels.present_objects - OBJECTS_ALWAYS_PRESENT)
+    absent = set(vocab.objects) - labels.present_objects - OBJECTS_ALWAYS_PRESENT
+    negatives = _draw(rng, absent, s.negatives_per_positive * len(positives))
+    return [
+        Draft(_object_exists_prompt(obj), answer, object=obj)
+        for obj, answer in [(o, "yes") for o in positives] + [(o, "no") for o in negatives]
+    ]
+
+
+@dataclass(frozen=True)
+class QuestionSet:
+    """A registered question set: its kind ("yn" or "mc") and its per-image builder."""
+
+    kind: str
+    build: Callable[[ImageLabels, Vocabulary, QuestionSettings, np.random.Generator], list[Draft]]
+
+
+QUESTION_SETS: dict[str, QuestionSet] = {
+    "yn_obj": QuestionSet("yn", build_yn_obj),
+    "yn_verb": QuestionSet("yn", build_yn_verb),
+    "mc_obj": QuestionSet("mc", build_mc_obj),
+    "mc_verb": QuestionSet("mc", build_mc_verb),
+    "obj_exist": QuestionSet("yn", build_obj_exist),
+}
+
+
+def question_kind(qset: str) -> str:
+    """"yn" or "mc" for a registered question set."""
+    try:
+        return QUESTION_SETS[qset].kind
+    except KeyError:
+        raise KeyError(f"unknown question set '{qset}'; known: {sorted(QUESTION_SETS)}") from None
+
+
+def content_hash(*parts) -> str:
+    """A short stable id of JSON-serialisable content."""
+    payload = json.dumps(parts, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    return hashlib.blake2b(payload.encode(), digest_size=8).hexdigest()
+
+
+def image_rng(seed: int, qset: str, image_id: str) -> np.random.Generator:
+    """The random stream of one image in one question set."""
+    return np.random.default_rng([seed, zlib.crc32(qset.encode()), zlib.crc32(image_id.encode())])
+
+
+def rare_hois(train_labels: np.ndarray, vocab: Vocabulary, threshold: float) -> frozenset[int]:
+    """HOIs with fewer than ``threshold`` of their object's training positives (paper, Fig. 3)."""
+    positives = (train_labels == 1).sum(axis=0)
+    rare = set()
+    for hois in vocab.hois_of_object.values():
+        total = positives[list(hois)].sum()
+        rare |= {h for h in hois if total > 0 and positives[h] / total < threshold}
+    return frozenset(rare)
+
+
+def image_labels(anno: HicoAnnotations, split: str, vocab: Vocabulary) -> list[ImageLabels]:
+    """Label sets of every image of a split."""
+    return [
+        ImageLabels.from_row(name.rsplit(".", 1)[0], anno.image_relpath(split, name), row, vocab)
+        for name, row in zip(anno.images[split], anno.labels[split])
+    ]
+
+
+def build_question_set(
+    anno: HicoAnnotations, qset: str, settings: QuestionSettings, dataset: str = "hico"
+) -> pd.DataFrame:
+    """All questions of one set, one row per question (per rotation for MC)."""
+    question_kind(qset)  # fails clearly on an unknown name
+    builder = QUESTION_SETS[qset].build
+    vocab = Vocabulary.from_hois(anno.hois)
+    rare = rare_hois(anno.labels["train"], vocab, settings.rare_threshold)
+    common = set(settings.common_verbs)
+    rows = []
+    for labels in image_labels(anno, settings.split, vocab):
+        rng = image_rng(settings.seed, qset, labels.image_id)
+        for draft in builder(labels, vocab, settings, rng):
+            question_id = content_hash(dataset, qset, labels.image, draft.prompt, draft.options, draft.answer)
+            group_id = content_hash(dataset, qset, labels.image, *draft.group_key) if draft.options else question_id
+            rows.append(
+                {
+                    "question_id": question_id,
+                    "dataset": dataset,
+                    "qset": qset,
+                    "image_id": labels.image_id,
+                    "image": labels.image,
+                    "verb": draft.verb,
+                    "object": draft.object,
+                    "hoi_id": draft.hoi_id,
+                    "prompt": draft.prompt,
+                    "options": draft.options,
+                    "answer": draft.answer,
+                    "group_id": group_id,
+                    "rotation": draft.rotation,
+                    "rare": draft.hoi_id is not None and draft.hoi_id in rare,
+                    "common": draft.verb in common,
+                }
+            )
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        raise ValueError(f"question set '{qset}' is empty: no test image has a usable positive label")
+    frame["hoi_id"] = frame["hoi_id"].astype("Int64")
+    duplicated = frame.question_id.duplicated()
+    if duplicated.any():
+        raise AssertionError(f"duplicate question ids in {qset}: {frame.question_id[duplicated].head().tolist()}")
+    return frame
+
+
+def question_counts(frames: dict[str, pd.DataFrame], dataset: str = "hico") -> pd.DataFrame:
+    """Our counts per question set beside the paper's (Appendix A)."""
+    rows = []
+    for qset, frame in frames.items():
+        yn = question_kind(qset) == "yn"
+        unique = frame.group_id.nunique()
+        paper_unique, paper_ratio = PAPER_COUNTS.get(qset, (None, ""))
+        rows.append(
+            {
+                "dataset": dataset,
+                "qset": qset,
+                "rows": len(frame),
+                "unique_questions": unique,
+                "images": frame.image_id.nunique(),
+                "yes": int((frame.answer == "yes").sum()) if yn else None,
+                "no": int((frame.answer == "no").sum()) if yn else None,
+                "paper_unique_questions": paper_unique,
+                "paper_yes_to_no": paper_ratio,
+            }
+        )
+    table = pd.DataFrame(rows)
+    for column in ("yes", "no", "paper_unique_questions"):
+        table[column] = table[column].astype("Int64")
+    return table
