@@ -137,30 +137,33 @@ def load_hico_det(det_root: str | Path) -> pd.DataFrame:
     rows = []
     for split in SPLITS:
         for entry in _struct_list(_require(mat, f"bbox_{split}", path)):
-            size = entry.size
             for hoi in _struct_list(entry.hoi):
                 humans, objects = _box_rows(hoi.bboxhuman), _box_rows(hoi.bboxobject)
-                connection = np.atleast_2d(np.asarray(hoi.connection, dtype=int))
-                for instance, (h, o) in enumerate(connection.reshape(-1, 2)):
+                connection = np.atleast_2d(np.asarray(hoi.connection, dtype=int)).reshape(-1, 2)
+                if len(connection) == 0:  # an invisible HOI: labelled, but without boxes
+                    rows.append(_pair_row(split, entry, hoi, 0, None, None, humans, objects))
+                for instance, (h, o) in enumerate(connection):
                     if not (1 <= h <= len(humans) and 1 <= o <= len(objects)):
                         raise AnnotationFormatError(
                             f"{path}: {entry.filename} HOI {int(hoi.id)} connection "
                             f"({h}, {o}) points outside its {len(humans)} human / "
                             f"{len(objects)} object boxes"
                         )
-                    rows.append(
-                        {
-                            "split": split,
-                            "image": str(entry.filename),
-                            "width": int(size.width),
-                            "height": int(size.height),
-                            "hoi_id": int(hoi.id) - 1,
-                            "instance": instance,
-                            "human_box": humans[h - 1],
-                            "object_box": objects[o - 1],
-                            "n_humans": len(humans),
-                            "n_objects": len(objects),
-                            "invis": int(hoi.invis),
-                        }
-                    )
+                    rows.append(_pair_row(split, entry, hoi, instance, humans[h - 1], objects[o - 1], humans, objects))
     return pd.DataFrame(rows)
+
+
+def _pair_row(split, entry, hoi, instance, human_box, object_box, humans, objects) -> dict:
+    return {
+        "split": split,
+        "image": str(entry.filename),
+        "width": int(entry.size.width),
+        "height": int(entry.size.height),
+        "hoi_id": int(hoi.id) - 1,
+        "instance": instance,
+        "human_box": human_box,
+        "object_box": object_box,
+        "n_humans": len(humans),
+        "n_objects": len(objects),
+        "invis": int(hoi.invis),
+    }

@@ -1,0 +1,230 @@
+"""Metrics (SPEC section 6), each with n and a bootstrap interval over images.
+
+Every metric here is a function of a few counts summed over images (e.g. true
+positives, false positives, ...). So the bootstrap resamples *images* (the
+unit of dependence: questions on one image are correlated) by summing their
+per-image counts, which scipy's vectorised ``bootstrap`` does for all metrics
+of a table at once. The formulas equal scikit-learn's (tests check it); they
+are written on counts because the bootstrap evaluates them thousands of times.
+
+Values are fractions in [0, 1]; tables turn them into percent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import scipy.stats
+
+YES_NO_COUNTS = ("tp", "fp", "fn", "tn", "unknown_yes", "unknown_no")
+YES_NO_METRICS = (
+    "accuracy", "precision", "recall", "f1",
+    "precision_no", "recall_no", "f1_no", "yes_ratio", "unknown_ratio",
+)
+MC_COUNTS = ("groups", "circular_correct", "plain_correct")
+MC_METRICS = ("circular_accuracy", "accuracy")
+CONSISTENCY_COUNTS = ("n", "agree", "correct_a", "correct_b")
+CONSISTENCY_METRICS = ("error_consistency", "observed_consistency", "expected_consistency")
+
+
+@dataclass(frozen=True)
+class BootstrapSettings:
+    """Config key ``metrics``: resamples (0 = no interval), interval level, seed."""
+
+    resamples: int = 1000
+    level: float = 0.95
+    seed: int = 0
+
+
+def _ratio(numerator, denominator):
+    numerator, denominator = np.asarray(numerator, float), np.asarray(denominator, float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(denominator > 0, numerator / np.where(denominator > 0, denominator, 1), 0.0)
+
+
+def _f1(precision, recall):
+    return _ratio(2 * precision * recall, precision + recall)
+
+
+def yes_no_scores(counts: np.ndarray) -> np.ndarray:
+    """Metrics from summed counts (last axis ordered as ``YES_NO_COUNTS``).
+
+    "unknown" answers count as wrong: a miss for a yes question, never a
+    "no" prediction. Precision/recall with no as the positive class too.
+    """
+    tp, fp, fn, tn, unknown_yes, unknown_no = np.moveaxis(np.asarray(counts, float), -1, 0)
+    n = tp + fp + fn + tn + unknown_yes + unknown_no
+    precision, recall = _ratio(tp, tp + fp), _ratio(tp, tp + fn + unknown_yes)
+    precision_no, recall_no = _ratio(tn, tn + fn), _ratio(tn, tn + fp + unknown_no)
+    return np.stack(
+        [
+            _ratio(tp + tn, n), precision, recall, _f1(precision, recall),
+            precision_no, recall_no, _f1(precision_no, recall_no),
+            _ratio(tp + fp, n), _ratio(unknown_yes + unknown_no, n),
+        ]
+    )
+
+
+def mc_scores(counts: np.ndarray) -> np.ndarray:
+    groups, circular, plain = np.moveaxis(np.asarray(counts, float), -1, 0)
+    return np.stack([_ratio(circular, groups), _ratio(plain, groups)])
+
+
+def consistency_scores(counts: np.ndarray) -> np.ndarray:
+    """Error consistency of Geirhos et al. (2020): kappa = (c_obs - c_exp) / (1 - c_exp)."""
+    n, agree, correct_a, correct_b = np.moveaxis(np.asarray(counts, float), -1, 0)
+    p_a, p_b = _ratio(correct_a, n), _ratio(correct_b, n)
+    observed = _ratio(agree, n)
+    expected = p_a * p_b + (1 - p_a) * (1 - p_b)
+    kappa = _ratio(observed - expected, 1 - expected)
+    return np.stack([kappa, observed, expected])
+
+
+def error_consistency(correct_a, correct_b) -> float:
+    """Kappa of two correctness vectors on the same questions."""
+    a, b = np.asarray(correct_a, bool), np.asarray(correct_b, bool)
+    counts = np.array([len(a), (a == b).sum(), a.sum(), b.sum()])
+    return float(consistency_scores(counts)[0])
+
+
+def yes_no_count_columns(answer: pd.Series, prediction: pd.Series) -> pd.DataFrame:
+    """Per-question indicator columns (``YES_NO_COUNTS``) from truth and prediction."""
+    truth_yes = answer.eq("yes").to_numpy()
+    said_yes, said_no = prediction.eq("yes").to_numpy(), prediction.eq("no").to_numpy()
+    unknown = ~(said_yes | said_no)
+    return pd.DataFrame(
+        {
+            "tp": truth_yes & said_yes,
+            "fp": ~truth_yes & said_yes,
+            "fn": truth_yes & said_no,
+            "tn": ~truth_yes & said_no,
+            "unknown_yes": truth_yes & unknown,
+            "unknown_no": ~truth_yes & unknown,
+        },
+        index=answer.index,
+    ).astype(int)
+
+
+def score_with_interval(
+    per_image: np.ndarray, score: Callable[[np.ndarray], np.ndarray], settings: BootstrapSettings
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Point values and a percentile bootstrap interval over images (rows of ``per_image``)."""
+    per_image = np.asarray(per_image, float)
+    value = score(per_image.sum(axis=0))
+    nan = np.full_like(value, np.nan)
+    if settings.resamples <= 0 or len(per_image) < 2:
+        return value, nan, nan
+
+    def statistic(*columns, axis=-1):
+        return score(np.stack([c.sum(axis=axis) for c in columns], axis=-1))
+
+    result = scipy.stats.bootstrap(
+        tuple(per_image.T),
+        statistic,
+        paired=True,
+        vectorized=True,
+        n_resamples=settings.resamples,
+        confidence_level=settings.level,
+        method="percentile",
+        batch=max(1, min(settings.resamples, 2_000_000 // max(1, per_image.size))),
+        random_state=np.random.default_rng(settings.seed),
+    )
+    return value, result.confidence_interval.low, result.confidence_interval.high
+
+
+def _per_image(frame: pd.DataFrame, columns) -> np.ndarray:
+    return frame.groupby("image_id", sort=True)[list(columns)].sum().to_numpy()
+
+
+def join_predictions(questions: pd.DataFrame, predictions: pd.DataFrame) -> pd.DataFrame:
+    """Questions with their prediction; a question without one counts as "unknown"."""
+    extra = set(predictions.question_id) - set(questions.question_id)
+    if extra:
+        raise ValueError(f"{len(extra)} predictions answer no known question, e.g. {sorted(extra)[:3]}")
+    joined = questions.merge(predictions[["question_id", "prediction"]], on="question_id", how="left")
+    joined["prediction"] = joined["prediction"].fillna("unknown")
+    return joined
+
+
+def mc_group_correctness(joined: pd.DataFrame) -> pd.DataFrame:
+    """One row per MC group: circular (all rotations right) and plain (rotation 0) correctness."""
+    correct = joined.prediction.eq(joined.answer)
+    joined = joined.assign(correct=correct, plain=correct & joined.rotation.eq(0))
+    groups = joined.groupby("group_id", sort=True).agg(
+        image_id=("image_id", "first"),
+        rare=("rare", "first"),
+        common=("common", "first"),
+        circular_correct=("correct", "all"),
+        plain_correct=("plain", "any"),
+    )
+    return groups.reset_index()
+
+
+SUBSETS: dict[str, Callable[[pd.DataFrame], pd.Series]] = {
+    "all": lambda f: pd.Series(True, index=f.index),
+    "rare": lambda f: f.rare.astype(bool),
+    "common": lambda f: f.common.astype(bool),
+    # Paper Fig. 3: questions whose correct answer is No, by rare / common verb.
+    "rare_no": lambda f: f.rare.astype(bool) & f.get("answer", pd.Series("", index=f.index)).eq("no"),
+    "common_no": lambda f: f.common.astype(bool) & f.get("answer", pd.Series("", index=f.index)).eq("no"),
+}
+
+
+def _rows(keys: dict, subset: str, names, value, low, high, n) -> list[dict]:
+    return [
+        {**keys, "subset": subset, "metric": name, "value": float(v), "ci_low": float(lo),
+         "ci_high": float(hi), "n": int(n)}
+        for name, v, lo, hi in zip(names, value, low, high)
+    ]
+
+
+def evaluate(
+    questions: pd.DataFrame, predictions: pd.DataFrame, kind: str, keys: dict, settings: BootstrapSettings
+) -> pd.DataFrame:
+    """Long-format metric rows of one prediction table, for every non-empty subset."""
+    joined = join_predictions(questions, predictions)
+    if kind == "yn":
+        units = pd.concat([joined, yes_no_count_columns(joined.answer, joined.prediction)], axis=1)
+        columns, names, score = YES_NO_COUNTS, YES_NO_METRICS, yes_no_scores
+    else:
+        units = mc_group_correctness(joined)
+        units["groups"] = 1
+        columns, names, score = MC_COUNTS, MC_METRICS, mc_scores
+        units[["circular_correct", "plain_correct"]] = units[["circular_correct", "plain_correct"]].astype(int)
+    rows = []
+    for subset, select in SUBSETS.items():
+        chosen = units[select(units)]
+        if chosen.empty:
+            continue
+        value, low, high = score_with_interval(_per_image(chosen, columns), score, settings)
+        rows += _rows(keys, subset, names, value, low, high, len(chosen))
+    return pd.DataFrame(rows)
+
+
+def correctness(questions: pd.DataFrame, predictions: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """Per unit (question for YN, group for MC): ``unit``, ``image_id``, ``correct``."""
+    joined = join_predictions(questions, predictions)
+    if kind == "yn":
+        return pd.DataFrame(
+            {"unit": joined.question_id, "image_id": joined.image_id, "correct": joined.prediction.eq(joined.answer)}
+        )
+    groups = mc_group_correctness(joined)
+    return pd.DataFrame({"unit": groups.group_id, "image_id": groups.image_id, "correct": groups.circular_correct})
+
+
+def evaluate_consistency(
+    correct_a: pd.DataFrame, correct_b: pd.DataFrame, keys: dict, settings: BootstrapSettings
+) -> pd.DataFrame:
+    """Error consistency between two runs on the same questions (inner join on the unit)."""
+    both = correct_a.merge(correct_b[["unit", "correct"]], on="unit", suffixes=("_a", "_b"))
+    if both.empty:
+        raise ValueError("the two runs share no question")
+    both["n"] = 1
+    both["agree"] = (both.correct_a == both.correct_b).astype(int)
+    both["correct_a"] = both.correct_a.astype(int)
+    both["correct_b"] = both.correct_b.astype(int)
+    value, low, high = score_with_interval(_per_image(both, CONSISTENCY_COUNTS), consistency_scores, settings)
+    return pd.DataFrame(_rows(keys, "all", CONSISTENCY_METRICS, value, low, high, len(both)))

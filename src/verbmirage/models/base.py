@@ -1,0 +1,132 @@
+"""The one interface every model backend implements.
+
+A backend answers batches of :class:`Question` in three ways:
+
+- :meth:`VisionLanguageModel.score_yes_no` -> one :class:`YesNoResult` per
+  question: ``p_yes`` (probability mass of "yes" over "yes"+"no" at the first
+  answer position), the parsed ``prediction`` ("yes", "no" or "unknown"), the
+  raw answer text, ``confidence`` (max softmax probability of the answer token,
+  paper Eq. 2) and the rule that parsed the text.
+- :meth:`VisionLanguageModel.score_multiple_choice` -> one
+  :class:`MultipleChoiceResult`: a probability per option (in the order of
+  ``Question.options``), the chosen letter, raw text, confidence.
+- :meth:`VisionLanguageModel.generate` -> free text per question.
+
+The public methods validate the batch once and call the backend's private
+``_score_yes_no`` / ``_score_multiple_choice`` / ``_generate``. A backend
+that fails on one question returns a result with ``error`` set rather than
+raising, so a batch never loses its other answers.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from string import ascii_uppercase
+
+YES, NO, UNKNOWN = "yes", "no", "unknown"
+
+
+@dataclass(frozen=True)
+class Question:
+    """What a backend may read of a question.
+
+    ``image`` is the file the model sees (None for blind use); ``prompt`` is
+    the question text, with the lettered options for MC; ``verb``/``object``
+    are metadata that only blind baselines use.
+    """
+
+    question_id: str
+    prompt: str
+    image: Path | None = None
+    options: tuple[str, ...] = ()
+    verb: str | None = None
+    object: str | None = None
+
+
+@dataclass(frozen=True)
+class YesNoResult:
+    p_yes: float
+    prediction: str
+    raw_answer: str
+    confidence: float
+    parse_rule: str
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class MultipleChoiceResult:
+    option_probs: tuple[float, ...]
+    prediction: str
+    raw_answer: str
+    confidence: float
+    parse_rule: str
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelContext:
+    """Resources of the run a backend may need (e.g. training-split statistics)."""
+
+    dataset: str = "hico"
+    train_stats: Path | None = None
+    extras: dict = field(default_factory=dict)
+
+
+def option_letter(index: int) -> str:
+    return ascii_uppercase[index]
+
+
+class VisionLanguageModel(ABC):
+    """Base class of every backend. Subclasses set ``backend`` and implement the private methods."""
+
+    backend: str = ""
+    #: Whether the backend reads images; blind baselines set False.
+    uses_images: bool = True
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def score_yes_no(self, questions: Sequence[Question]) -> list[YesNoResult]:
+        self._check(questions, multiple_choice=False)
+        results = self._score_yes_no(list(questions))
+        self._check_results(questions, results)
+        return results
+
+    def score_multiple_choice(self, questions: Sequence[Question]) -> list[MultipleChoiceResult]:
+        self._check(questions, multiple_choice=True)
+        results = self._score_multiple_choice(list(questions))
+        self._check_results(questions, results)
+        return results
+
+    def generate(self, questions: Sequence[Question], max_new_tokens: int = 32) -> list[str]:
+        self._check(questions, multiple_choice=None)
+        texts = self._generate(list(questions), max_new_tokens)
+        self._check_results(questions, texts)
+        return texts
+
+    @abstractmethod
+    def _score_yes_no(self, questions: list[Question]) -> list[YesNoResult]: ...
+
+    @abstractmethod
+    def _score_multiple_choice(self, questions: list[Question]) -> list[MultipleChoiceResult]: ...
+
+    def _generate(self, questions: list[Question], max_new_tokens: int) -> list[str]:
+        raise NotImplementedError(f"backend '{self.backend}' does not generate free text")
+
+    def _check(self, questions: Sequence[Question], multiple_choice: bool | None) -> None:
+        for question in questions:
+            if multiple_choice is True and len(question.options) < 2:
+                raise ValueError(f"question {question.question_id}: multiple choice needs at least two options")
+            if multiple_choice is False and question.options:
+                raise ValueError(f"question {question.question_id}: a yes/no question has no options")
+            if self.uses_images and question.image is None:
+                raise ValueError(f"question {question.question_id}: backend '{self.backend}' needs an image")
+
+    def _check_results(self, questions: Sequence[Question], results: Sequence) -> None:
+        if len(results) != len(questions):
+            raise RuntimeError(
+                f"backend '{self.backend}' returned {len(results)} results for {len(questions)} questions"
+            )
