@@ -79,7 +79,9 @@ def consistency_scores(counts: np.ndarray) -> np.ndarray:
     p_a, p_b = _ratio(correct_a, n), _ratio(correct_b, n)
     observed = _ratio(agree, n)
     expected = p_a * p_b + (1 - p_a) * (1 - p_b)
-    kappa = _ratio(observed - expected, 1 - expected)
+    # Undefined (NaN) when both runs are always right or always wrong: c_exp = 1.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        kappa = np.where(expected < 1, (observed - expected) / (1 - expected), np.nan)
     return np.stack([kappa, observed, expected])
 
 

@@ -1,0 +1,93 @@
+# All the Python of the workflow: config validation, wildcard constraints,
+# artifact paths and input functions. Rule files hold rules only.
+
+import os
+import sys
+from pathlib import Path
+
+from snakemake.utils import validate
+
+# The package lives in src/; make it importable here and in every job
+# (local, conda or SLURM) even when it is not pip-installed.
+SRC = str(Path(workflow.basedir) / "src")
+sys.path.insert(0, SRC)
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))
+
+from verbmirage.config import DEMO_HICO_DET_ROOT, DEMO_HICO_ROOT, check_config
+from verbmirage.questions import question_kind
+
+validate(config, workflow.source_path("../schemas/config.schema.yaml"))
+check_config(config, workdir=os.getcwd())
+
+DATASETS = ["hico"]
+QSETS = config["questions"]["sets"]
+CONDITIONS = list(config["conditions"])
+MODELS = list(config["models"])
+VARIANTS = list(config["variants"])
+ENSEMBLES = config["ensembles"]
+CONSISTENCY_PAIRS = [tuple(pair) for pair in config["metrics"]["error_consistency"]]
+HICO_ROOT = config["datasets"]["hico"]["root"]
+
+
+def _alternatives(names):
+    """A regex matching exactly one of ``names`` (config slugs are [a-z0-9_])."""
+    return "|".join(sorted(names, key=len, reverse=True)) or "(?!)"
+
+
+wildcard_constraints:
+    dataset=_alternatives(DATASETS),
+    qset=_alternatives(QSETS),
+    condition=_alternatives(CONDITIONS),
+    reference=_alternatives(CONDITIONS),
+    other=_alternatives(CONDITIONS),
+    variant=_alternatives(VARIANTS),
+
+
+# ---- artifact paths: the only place they are spelled out -------------------
+HICO_ANNO = f"{HICO_ROOT}/anno.mat"
+HICO_IMAGES = f"{HICO_ROOT}/images"
+QUESTIONS = "results/benchmark/{dataset}/{qset}.parquet"
+TRAIN_STATS = "results/benchmark/{dataset}/train_stats.parquet"
+QUESTION_COUNTS = expand("results/benchmark/{dataset}/counts.{ext}", dataset=DATASETS, ext=["parquet", "md"])
+CONDITION_DIR = "results/images/{dataset}/{condition}"
+PREDICTIONS = "results/predictions/{dataset}/{qset}/{condition}/{model}/{variant}.parquet"
+METRIC_PART = "results/metrics/parts/{dataset}/{qset}/{condition}/{model}/{variant}.parquet"
+CONSISTENCY_PART = "results/metrics/parts/{dataset}/{qset}/{reference}_vs_{other}/{model}/{variant}.parquet"
+METRICS = "results/metrics/metrics.parquet"
+TABLES = expand("results/tables/table{n}.{ext}", n=[1, 2, 3], ext=["parquet", "md"])
+
+
+# ---- input functions ---------------------------------------------------------
+def model_resource(key, default):
+    """Resource of the prediction job, from the model entry's ``resources``."""
+    return lambda wildcards: config["models"][wildcards.model].get("resources", {}).get(key, default)
+
+
+def ensemble_member_predictions(wildcards):
+    return [
+        PREDICTIONS.format(**{**wildcards, "model": member})
+        for member in ENSEMBLES[wildcards.model]
+    ]
+
+
+def all_scored():
+    """Every (qset, condition, model or ensemble, variant) the metrics cover."""
+    return expand(
+        METRIC_PART,
+        dataset=DATASETS,
+        qset=QSETS,
+        condition=CONDITIONS,
+        model=MODELS + list(ENSEMBLES),
+        variant=VARIANTS,
+    )
+
+
+def all_consistency():
+    return [
+        CONSISTENCY_PART.format(dataset=d, qset=q, reference=a, other=b, model=m, variant=v)
+        for d in DATASETS
+        for q in QSETS
+        for a, b in CONSISTENCY_PAIRS
+        for m in MODELS + list(ENSEMBLES)
+        for v in VARIANTS
+    ]

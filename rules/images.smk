@@ -1,0 +1,16 @@
+rule image_condition:
+    """The test images as a model sees them under one condition, plus manifest.parquet."""
+    input:
+        anno=HICO_ANNO,
+        images=HICO_IMAGES,
+    output:
+        directory(CONDITION_DIR),
+    params:
+        settings=lambda wildcards: config["conditions"][wildcards.condition],
+        seed=config["condition_seed"],
+    log:
+        "logs/image_condition/{dataset}/{condition}.log",
+    conda:
+        "../envs/verbmirage.yaml"
+    script:
+        "../scripts/make_condition.py"

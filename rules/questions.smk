@@ -1,0 +1,43 @@
+rule question_set:
+    """One question set; reads annotations only, never images."""
+    input:
+        anno=HICO_ANNO,
+    output:
+        QUESTIONS,
+    params:
+        settings=config["questions"],
+    log:
+        "logs/question_set/{dataset}/{qset}.log",
+    conda:
+        "../envs/verbmirage.yaml"
+    script:
+        "../scripts/build_question_set.py"
+
+
+rule train_stats:
+    """Training-split label frequencies (the language-prior baseline's knowledge)."""
+    input:
+        anno=HICO_ANNO,
+    output:
+        TRAIN_STATS,
+    log:
+        "logs/train_stats/{dataset}.log",
+    conda:
+        "../envs/verbmirage.yaml"
+    script:
+        "../scripts/train_stats.py"
+
+
+rule question_counts:
+    """Our question counts beside the paper's."""
+    input:
+        expand(QUESTIONS, qset=QSETS, allow_missing=True),
+    output:
+        parquet="results/benchmark/{dataset}/counts.parquet",
+        markdown="results/benchmark/{dataset}/counts.md",
+    log:
+        "logs/question_counts/{dataset}.log",
+    conda:
+        "../envs/verbmirage.yaml"
+    script:
+        "../scripts/question_counts.py"

@@ -1,0 +1,16 @@
+rule tables:
+    """Paper Tables 1-3 as Parquet and Markdown, from the long metrics table."""
+    input:
+        METRICS,
+    output:
+        TABLES,
+    params:
+        models=MODELS,
+        ensembles=ENSEMBLES,
+        consistency_pairs=CONSISTENCY_PAIRS,
+    log:
+        "logs/tables.log",
+    conda:
+        "../envs/verbmirage.yaml"
+    script:
+        "../scripts/make_tables.py"

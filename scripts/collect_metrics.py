@@ -1,0 +1,10 @@
+"""Concatenate the metric parts into the long table ``results/metrics/metrics.parquet``."""
+
+import pandas as pd
+
+from verbmirage.io import METRICS, read_table, write_table
+from verbmirage.joblog import job_log
+
+with job_log(snakemake.log[0]):
+    parts = [read_table(path, METRICS) for path in snakemake.input]
+    write_table(pd.concat(parts, ignore_index=True), snakemake.output[0], METRICS)

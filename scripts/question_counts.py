@@ -1,0 +1,17 @@
+"""Question counts per set beside the paper's (Appendix A).
+
+Inputs: every question table. Outputs: ``parquet`` and ``markdown``.
+"""
+
+from verbmirage.io import QUESTION_COUNTS, read_table, write_markdown, write_table
+from verbmirage.joblog import job_log
+from verbmirage.questions import question_counts
+
+with job_log(snakemake.log[0]):
+    frames = {}
+    for path in snakemake.input:
+        frame = read_table(path)
+        frames[frame.qset.iloc[0]] = frame
+    counts = question_counts(frames, dataset=snakemake.wildcards.dataset)
+    write_table(counts, snakemake.output.parquet, QUESTION_COUNTS)
+    write_markdown(counts, snakemake.output.markdown, title="Question counts (ours vs paper, Appendix A)")

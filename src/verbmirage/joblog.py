@@ -1,0 +1,33 @@
+"""Send a workflow job's logging and progress bars to its Snakemake log file."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def job_log(path: str | Path) -> Iterator[logging.Logger]:
+    """Route ``logging`` and stderr (tqdm's progress bars) to ``path`` for the job's duration.
+
+    An exception is logged with its traceback before it propagates, so the log
+    says why the job failed.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", buffering=1) as stream, contextlib.redirect_stderr(stream):
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root = logging.getLogger()
+        root.addHandler(handler)
+        root.setLevel(logging.INFO)
+        try:
+            yield logging.getLogger("verbmirage.job")
+        except BaseException:
+            logging.getLogger("verbmirage.job").exception("job failed")
+            raise
+        finally:
+            root.removeHandler(handler)
