@@ -110,7 +110,7 @@ class ImageResolver:
     def __init__(self, condition_dir: str | Path):
         self.root = Path(condition_dir)
         manifest = pd.read_parquet(self.root / MANIFEST)
-        self._files = dict(zip(manifest.image, manifest.file))
+        self._files = {i: (None if pd.isna(f) else f) for i, f in zip(manifest.image, manifest.file)}
         self._errors = dict(zip(manifest.image, manifest.error))
 
     def path(self, image: str) -> Path:

@@ -30,8 +30,8 @@ def majority_vote(members: dict[str, pd.DataFrame], kind: str) -> pd.DataFrame:
         answers = [f.at[question_id, "prediction"] for f in indexed.values()]
         votes = Counter(a for a in answers if a != "unknown")
         if kind == "yn":
-            probabilities = [f.at[question_id, "p_yes"] for f in indexed.values()]
-            mean_p_yes = float(np.nanmean([p for p in probabilities if p is not None] or [np.nan]))
+            known = [p for p in (f.at[question_id, "p_yes"] for f in indexed.values()) if pd.notna(p)]
+            mean_p_yes = float(np.mean(known)) if known else float("nan")
         else:
             options = [f.at[question_id, "option_probs"] for f in indexed.values()]
             options = [np.asarray(o, float) for o in options if o is not None]

@@ -1,0 +1,53 @@
+"""Image conditions: exact noise statistics, determinism, links, missing images."""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from verbmirage.conditions import CONDITIONS, ImageResolver, apply_condition, condition_rng, salt_and_pepper
+
+
+def test_salt_and_pepper_statistics():
+    image = Image.new("RGB", (400, 300), (120, 60, 200))
+    noisy = np.array(salt_and_pepper(image, np.random.default_rng(0), probability=0.75))
+    white = (noisy == 255).all(axis=2)
+    black = (noisy == 0).all(axis=2)
+    untouched = (noisy == (120, 60, 200)).all(axis=2)
+    assert (white | black | untouched).all()  # all channels together, never one channel alone
+    assert (white | black).mean() == pytest.approx(0.75, abs=0.01)
+    assert white.sum() / (white | black).sum() == pytest.approx(0.5, abs=0.02)
+
+
+def test_condition_rng_is_per_image():
+    a = condition_rng(0, "saltpepper", "images/test2015/x.jpg").random(5)
+    b = condition_rng(0, "saltpepper", "images/test2015/x.jpg").random(5)
+    c = condition_rng(0, "saltpepper", "images/test2015/y.jpg").random(5)
+    assert (a == b).all() and not (a == c).all()
+
+
+def test_apply_conditions(demo_roots, tmp_path):
+    root = demo_roots[0]
+    images = sorted(str(p.relative_to(root)) for p in (root / "images" / "test2015").glob("*.jpg"))[:5]
+    images.append("images/test2015/HICO_test2015_99999999.jpg")  # missing on disk
+    clean = apply_condition(root, images, tmp_path / "clean", "clean", {"type": "clean"})
+    noisy = apply_condition(root, images, tmp_path / "sp", "saltpepper", {"type": "saltpepper", "probability": 0.75})
+    again = apply_condition(root, images, tmp_path / "sp2", "saltpepper", {"type": "saltpepper", "probability": 0.75})
+    assert clean.error.notna().sum() == noisy.error.notna().sum() == 1
+    assert "HICO_test2015_99999999" in noisy.error.dropna().iloc[0]
+    linked = ImageResolver(tmp_path / "clean").path(images[0])
+    assert linked.is_symlink() and linked.read_bytes() == (root / images[0]).read_bytes()
+    resolver = ImageResolver(tmp_path / "sp")
+    first, second = resolver.path(images[0]), ImageResolver(tmp_path / "sp2").path(images[0])
+    assert first.suffix == ".png" and first.read_bytes() == second.read_bytes()
+    with Image.open(root / images[0]) as original, Image.open(first) as result:
+        assert original.size == result.size
+    with pytest.raises(FileNotFoundError, match="99999999"):
+        resolver.path(images[-1])
+    with pytest.raises(FileNotFoundError, match="not in"):
+        resolver.path("images/test2015/unknown.jpg")
+
+
+def test_unknown_condition_names_the_key(tmp_path):
+    with pytest.raises(KeyError, match="conditions.fog.type"):
+        apply_condition(tmp_path, [], tmp_path / "out", "fog", {"type": "fog"})
+    assert {"clean", "saltpepper"} <= set(CONDITIONS)

@@ -1,0 +1,141 @@
+"""Metrics against hand-computed cases and against scikit-learn."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.metrics import accuracy_score, precision_recall_fscore_support
+
+from verbmirage.metrics import (
+    YES_NO_METRICS,
+    BootstrapSettings,
+    consistency_scores,
+    correctness,
+    error_consistency,
+    evaluate,
+    evaluate_consistency,
+    yes_no_count_columns,
+    yes_no_scores,
+)
+
+NO_BOOTSTRAP = BootstrapSettings(resamples=0)
+
+
+def test_paper_table5_f1_arithmetic():
+    # LLaVA-1.5 YN w/ obj: precision 40.99, recall 97.35 -> F1 57.69.
+    precision, recall = 0.4099, 0.9735
+    tp = 9735.0
+    fn = tp / recall - tp
+    fp = tp / precision - tp
+    scores = dict(zip(YES_NO_METRICS, yes_no_scores([tp, fp, fn, 0, 0, 0])))
+    assert round(100 * scores["f1"], 2) == 57.69
+
+
+def test_geirhos_example():
+    assert error_consistency([1, 1, 0, 0], [1, 0, 0, 0]) == pytest.approx(0.5)
+    kappa, observed, expected = consistency_scores([4, 3, 2, 1])
+    assert (observed, expected, kappa) == pytest.approx((0.75, 0.5, 0.5))
+
+
+def test_consistency_undefined_when_always_right():
+    assert np.isnan(error_consistency([1, 1, 1], [1, 1, 1]))
+
+
+def test_yes_no_scores_equal_sklearn():
+    rng = np.random.default_rng(0)
+    answer = pd.Series(rng.choice(["yes", "no"], 500))
+    prediction = pd.Series(rng.choice(["yes", "no", "unknown"], 500, p=[0.5, 0.4, 0.1]))
+    counts = yes_no_count_columns(answer, prediction).sum().to_numpy()
+    ours = dict(zip(YES_NO_METRICS, yes_no_scores(counts)))
+    for positive, suffix in (("yes", ""), ("no", "_no")):
+        p, r, f, _ = precision_recall_fscore_support(
+            answer, prediction, labels=[positive], average=None, zero_division=0
+        )
+        assert ours[f"precision{suffix}"] == pytest.approx(p[0])
+        assert ours[f"recall{suffix}"] == pytest.approx(r[0])
+        assert ours[f"f1{suffix}"] == pytest.approx(f[0])
+    assert ours["accuracy"] == pytest.approx(accuracy_score(answer, prediction))
+    assert ours["yes_ratio"] == pytest.approx((prediction == "yes").mean())
+    assert ours["unknown_ratio"] == pytest.approx((prediction == "unknown").mean())
+
+
+def _yes_no_frame(n_images=40, per_image=3, p_correct=0.7, seed=0):
+    rng = np.random.default_rng(seed)
+    rows, predictions = [], []
+    for i in range(n_images):
+        for j in range(per_image):
+            answer = "yes" if j == 0 else "no"
+            right = rng.random() < p_correct
+            qid = f"q{i}_{j}"
+            rows.append({"question_id": qid, "image_id": f"img{i}", "answer": answer, "rotation": 0,
+                         "group_id": qid, "rare": j == 1, "common": False})
+            predictions.append({"question_id": qid, "prediction": answer if right else ("no" if answer == "yes" else "yes")})
+    return pd.DataFrame(rows), pd.DataFrame(predictions)
+
+
+def test_evaluate_yes_no_with_interval():
+    questions, predictions = _yes_no_frame()
+    keys = dict(dataset="hico", qset="yn_obj", condition="clean", model="m", variant="default")
+    rows = evaluate(questions, predictions, "yn", keys, BootstrapSettings(resamples=300, seed=1))
+    accuracy = rows[(rows.subset == "all") & (rows.metric == "accuracy")].iloc[0]
+    truth = (questions.answer.values == predictions.prediction.values).mean()
+    assert accuracy.value == pytest.approx(truth)
+    assert accuracy.ci_low < accuracy.value < accuracy.ci_high
+    assert accuracy.n == 120
+    assert set(rows.subset) == {"all", "rare", "rare_no"}  # no common question in this frame
+    assert rows[rows.subset == "rare"].n.iloc[0] == 40
+    again = evaluate(questions, predictions, "yn", keys, BootstrapSettings(resamples=300, seed=1))
+    pd.testing.assert_frame_equal(rows, again)  # seeded
+
+
+def test_interval_narrows_with_more_images():
+    keys = dict(dataset="hico", qset="yn_obj", condition="clean", model="m", variant="default")
+    widths = []
+    for n_images in (20, 500):
+        rows = evaluate(*_yes_no_frame(n_images), "yn", keys, BootstrapSettings(resamples=300))
+        acc = rows[(rows.subset == "all") & (rows.metric == "accuracy")].iloc[0]
+        widths.append(acc.ci_high - acc.ci_low)
+    assert widths[1] < widths[0] / 2
+
+
+def test_missing_prediction_counts_as_unknown():
+    questions, predictions = _yes_no_frame(n_images=5)
+    rows = evaluate(questions, predictions.iloc[1:], "yn", {}, NO_BOOTSTRAP)
+    unknown = rows[(rows.subset == "all") & (rows.metric == "unknown_ratio")].value.iloc[0]
+    assert unknown == pytest.approx(1 / 15)
+    with pytest.raises(ValueError, match="answer no known question"):
+        evaluate(questions.iloc[1:], predictions, "yn", {}, NO_BOOTSTRAP)
+
+
+def _mc_frame():
+    # two groups of 4 rotations; group g1 all right, g2 right only in rotation 0
+    rows, predictions = [], []
+    for group, right in (("g1", [1, 1, 1, 1]), ("g2", [1, 0, 1, 1])):
+        for rotation, ok in enumerate(right):
+            qid = f"{group}_{rotation}"
+            answer = "ABCD"[rotation]
+            rows.append({"question_id": qid, "image_id": group, "answer": answer, "rotation": rotation,
+                         "group_id": group, "rare": False, "common": group == "g2"})
+            predictions.append({"question_id": qid, "prediction": answer if ok else "unknown"})
+    return pd.DataFrame(rows), pd.DataFrame(predictions)
+
+
+def test_mc_circular_and_plain_accuracy():
+    rows = evaluate(*_mc_frame(), "mc", {}, NO_BOOTSTRAP)
+    everything = rows[rows.subset == "all"].set_index("metric")
+    assert everything.at["circular_accuracy", "value"] == 0.5
+    assert everything.at["accuracy", "value"] == 1.0
+    assert everything.at["accuracy", "n"] == 2
+    common = rows[rows.subset == "common"].set_index("metric")
+    assert common.at["circular_accuracy", "value"] == 0.0
+
+
+def test_consistency_between_runs():
+    questions, predictions = _yes_no_frame(n_images=30)
+    flipped = predictions.copy()
+    flipped.loc[::3, "prediction"] = flipped.loc[::3, "prediction"].map({"yes": "no", "no": "yes"})
+    a, b = correctness(questions, predictions, "yn"), correctness(questions, flipped, "yn")
+    rows = evaluate_consistency(a, b, {}, BootstrapSettings(resamples=200)).set_index("metric")
+    assert rows.at["error_consistency", "value"] == pytest.approx(error_consistency(a.correct, b.correct))
+    assert rows.at["observed_consistency", "value"] == pytest.approx(2 / 3)
+    same = evaluate_consistency(a, a, {}, NO_BOOTSTRAP).set_index("metric")
+    assert same.at["error_consistency", "value"] == pytest.approx(1.0)

@@ -1,0 +1,96 @@
+"""The model interface, the registry and the blind baselines."""
+
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from verbmirage.conditions import ImageResolver, apply_condition
+from verbmirage.inference import predict
+from verbmirage.models import BACKENDS, ModelContext, Question, create_model
+from verbmirage.models.baselines import training_frequencies
+from verbmirage.questions import QuestionSettings, build_question_set
+
+
+@pytest.fixture(scope="module")
+def train_stats(demo_anno, tmp_path_factory):
+    path = tmp_path_factory.mktemp("stats") / "train_stats.parquet"
+    training_frequencies(demo_anno).to_parquet(path)
+    return path
+
+
+def test_registry_is_lazy_and_checks_names():
+    assert {"always_yes", "random", "prior"} <= set(BACKENDS)
+    sys.modules.pop("verbmirage.models.baselines", None)
+    import verbmirage.models  # noqa: F401
+
+    assert "verbmirage.models.baselines" not in sys.modules
+    with pytest.raises(KeyError, match="unknown backend 'llava_2'"):
+        create_model("x", {"backend": "llava_2"})
+    with pytest.raises(TypeError, match=r"models.r: backend 'random' takes no setting\(s\) \['temperature'\]"):
+        create_model("r", {"backend": "random", "temperature": 1.0})
+
+
+def test_baselines_answer_both_kinds():
+    yes = create_model("y", {"backend": "always_yes"})
+    yn = [Question("q1", "Is someone riding a horse?"), Question("q2", "Is someone feeding a horse?")]
+    mc = [Question("q3", "Which?", options=("a", "b", "c", "d"))]
+    assert [r.prediction for r in yes.score_yes_no(yn)] == ["yes", "yes"]
+    assert yes.score_multiple_choice(mc)[0].prediction == "A"
+    random_model = create_model("r", {"backend": "random", "seed": 3})
+    first = random_model.score_yes_no(yn)
+    assert first == random_model.score_yes_no(list(reversed(yn)))[::-1]  # order-independent
+    probs = random_model.score_multiple_choice(mc)[0].option_probs
+    assert sum(probs) == pytest.approx(1.0) and len(probs) == 4
+    with pytest.raises(ValueError, match="multiple choice needs"):
+        yes.score_multiple_choice(yn)
+    with pytest.raises(ValueError, match="has no options"):
+        yes.score_yes_no(mc)
+
+
+def test_language_prior_uses_training_frequencies(demo_anno, train_stats):
+    stats = pd.read_parquet(train_stats)
+    hoi = stats[(stats.kind == "hoi") & (stats.total > 20)].sort_values("p_yes")
+    rare, frequent = hoi.iloc[0], hoi.iloc[-1]
+    assert frequent.positives <= frequent.total
+    prior = create_model("p", {"backend": "prior"}, ModelContext(train_stats=train_stats))
+    results = prior.score_yes_no(
+        [Question("a", "", verb=rare.verb, object=rare.object), Question("b", "", verb=frequent.verb, object=frequent.object)]
+    )
+    assert results[0].p_yes < results[1].p_yes
+    assert results[1].p_yes == pytest.approx((frequent.positives + 1) / (frequent.total + 2))
+    from verbmirage.text import hoi_phrase
+
+    options = (hoi_phrase(rare.verb, rare.object), hoi_phrase(frequent.verb, frequent.object))
+    choice = prior.score_multiple_choice([Question("c", "", options=options)])[0]
+    assert choice.prediction == "B"
+    with pytest.raises(ValueError, match="statistics"):
+        create_model("p", {"backend": "prior"})
+
+
+def test_training_frequencies_match_counts(demo_anno):
+    stats = training_frequencies(demo_anno)
+    labels = demo_anno.labels["train"]
+    row = stats[(stats.kind == "hoi")].sort_values("positives").iloc[-1]
+    hoi_id = demo_anno.hois[(demo_anno.hois.verb == row.verb) & (demo_anno.hois.object == row.object)].hoi_id.iloc[0]
+    assert row.positives == (labels[:, hoi_id] == 1).sum()
+    assert row.total == np.isin(labels[:, hoi_id], (1, -1)).sum()
+
+
+def test_predict_keeps_order_and_records_missing_images(demo_anno, demo_roots, tmp_path):
+    questions = build_question_set(demo_anno, "yn_obj", QuestionSettings()).head(40)
+    images = sorted(set(questions.image))
+    manifest = apply_condition(demo_roots[0], images[1:], tmp_path / "clean", "clean", {"type": "clean"})
+    assert len(manifest) == len(images) - 1
+
+    class NeedsImages(type(create_model("y", {"backend": "always_yes"}))):
+        uses_images = True
+
+    predictions = predict(questions, NeedsImages("seeing"), ImageResolver(tmp_path / "clean"), batch_size=7)
+    assert predictions.question_id.tolist() == questions.question_id.tolist()
+    missing = questions.image == images[0]
+    assert predictions.error[missing.to_numpy()].notna().all() and predictions.error[~missing.to_numpy()].isna().all()
+    assert (predictions.prediction[missing.to_numpy()] == "unknown").all()
+    blind = predict(questions, create_model("y", {"backend": "always_yes"}), ImageResolver(tmp_path / "clean"))
+    assert blind.error.isna().all()  # a blind model never asks for the image
