@@ -1,0 +1,133 @@
+"""The demo end to end through the Snakemake API, then the incremental re-runs (dry runs)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from verbmirage.io import METRICS, read_provenance, read_table
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def _write_config(workdir: Path, edit=None) -> Path:
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    config["demo"].update(train_images=150, test_images=60)
+    config["metrics"]["bootstrap_resamples"] = 50
+    if edit:
+        edit(config)
+    path = workdir / "config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _run_api(workdir: Path) -> None:
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
+
+    with SnakemakeApi(OutputSettings()) as api:
+        workflow = api.workflow(
+            resource_settings=ResourceSettings(cores=2),
+            config_settings=ConfigSettings(configfiles=[workdir / "config.yaml"]),
+            snakefile=REPO / "Snakefile",
+            workdir=workdir,
+        )
+        workflow.dag(dag_settings=DAGSettings()).execute_workflow(executor="local")
+
+
+def planned_jobs(workdir: Path) -> list[tuple[str, dict]]:
+    """(rule, wildcards) of every job a dry run would execute."""
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--dry-run", "--snakefile", str(REPO / "Snakefile"),
+         "--directory", str(workdir), "--configfile", str(workdir / "config.yaml")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    jobs = []
+    for block in re.split(r"\n(?=(?:localrule|rule) \w+:)", result.stdout):
+        match = re.match(r"(?:localrule|rule) (\w+):", block)
+        if match:
+            found = re.search(r"^\s+wildcards: (.*)$", block, re.M)
+            wildcards = dict(kv.split("=", 1) for kv in found.group(1).split(", ")) if found else {}
+            jobs.append((match.group(1), wildcards))
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("workflow")
+    _write_config(workdir)
+    _run_api(workdir)
+    return workdir
+
+
+def test_demo_produces_metrics_and_tables(demo_run):
+    metrics = read_table(demo_run / "results/metrics/metrics.parquet", METRICS)
+    assert list(metrics.columns) == METRICS.names
+    assert set(metrics.model) == {"always_yes", "random", "prior", "blind_vote"}
+    assert set(metrics.condition) == {"clean", "saltpepper", "clean_vs_saltpepper"}
+    assert metrics.value.notna().all() or metrics[metrics.value.isna()].metric.eq("error_consistency").all()
+    # always-yes: recall 1 and accuracy = share of yes questions, computed from the question table
+    questions = pd.read_parquet(demo_run / "results/benchmark/hico/yn_obj.parquet")
+    row = metrics.set_index(["qset", "condition", "model", "subset", "metric"])["value"]
+    assert row[("yn_obj", "clean", "always_yes", "all", "recall")] == 1.0
+    assert row[("yn_obj", "clean", "always_yes", "all", "accuracy")] == pytest.approx((questions.answer == "yes").mean())
+    for n in (1, 2, 3):
+        table = pd.read_parquet(demo_run / f"results/tables/table{n}.parquet")
+        assert len(table) >= 1 and (demo_run / f"results/tables/table{n}.md").read_text().startswith("## Table")
+    table1 = pd.read_parquet(demo_run / "results/tables/table1.parquet").set_index("model")
+    assert table1.at["always_yes", "yn_obj_recall"] == 100.0
+    counts = pd.read_parquet(demo_run / "results/benchmark/hico/counts.parquet")
+    assert set(counts.qset) == {"yn_obj", "yn_verb", "mc_obj", "mc_verb", "obj_exist"}
+    provenance = read_provenance(demo_run / "results/predictions/hico/yn_obj/clean/random/default.parquet")
+    assert provenance["settings"] == {"backend": "random", "seed": 0}
+    assert (demo_run / "logs/predict/hico/yn_obj/clean/random/default.log").is_file()
+
+
+def test_complete_run_has_nothing_left_to_do(demo_run):
+    assert planned_jobs(demo_run) == []
+
+
+def test_adding_a_model_runs_only_its_jobs(demo_run):
+    _write_config(demo_run, lambda c: c["models"].update(prior_two={"backend": "prior"}))
+    try:
+        jobs = planned_jobs(demo_run)
+    finally:
+        _write_config(demo_run)
+    per_rule = Counter(rule for rule, _ in jobs)
+    assert per_rule == {"predict": 10, "metric_part": 10, "consistency_part": 5, "metrics": 1, "tables": 1, "all": 1}
+    assert {w["model"] for rule, w in jobs if "model" in w} == {"prior_two"}
+
+
+def test_changing_a_model_reruns_only_its_jobs(demo_run):
+    _write_config(demo_run, lambda c: c["models"]["random"].update(seed=7))
+    try:
+        jobs = planned_jobs(demo_run)
+    finally:
+        _write_config(demo_run)
+    predicted = {w["model"] for rule, w in jobs if rule == "predict"}
+    assert predicted == {"random"}
+    # its ensemble depends on it; nothing upstream (questions, images) reruns
+    assert {w["model"] for rule, w in jobs if rule == "ensemble"} == {"blind_vote"}
+    assert not {"question_set", "image_condition", "demo_hico", "train_stats"} & {rule for rule, _ in jobs}
+    assert {w["model"] for rule, w in jobs if rule == "metric_part"} == {"random", "blind_vote"}
+
+
+def test_invalid_config_stops_before_any_job(tmp_path):
+    _write_config(tmp_path, lambda c: c["models"].update(llava={"backend": "llava_next_xl"}))
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "1", "--snakefile", str(REPO / "Snakefile"),
+         "--directory", str(tmp_path), "--configfile", str(tmp_path / "config.yaml")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode != 0
+    assert "models.llava.backend: unknown backend 'llava_next_xl'" in result.stdout + result.stderr
+    assert not (tmp_path / "results").exists() and not (tmp_path / "resources").exists()
