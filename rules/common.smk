@@ -7,11 +7,10 @@ from pathlib import Path
 
 from snakemake.utils import validate
 
-# The package lives in src/; make it importable here and in every job
-# (local, conda or SLURM) even when it is not pip-installed.
-SRC = str(Path(workflow.basedir) / "src")
-sys.path.insert(0, SRC)
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SRC, os.environ.get("PYTHONPATH")]))
+# The package lives in src/; import it here even when it is not pip-installed.
+# Scripts find it the same way through the scripts/verbmirage link (Snakemake
+# puts a script's folder on its sys.path), so conda and cluster jobs work too.
+sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from verbmirage.config import DEMO_HICO_DET_ROOT, DEMO_HICO_ROOT, check_config
 from verbmirage.questions import question_kind
