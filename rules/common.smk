@@ -40,6 +40,7 @@ wildcard_constraints:
     reference=_alternatives(CONDITIONS),
     other=_alternatives(CONDITIONS),
     variant=_alternatives(VARIANTS),
+    shard=r"\d+",
 
 
 # ---- artifact paths: the only place they are spelled out -------------------
@@ -50,6 +51,8 @@ TRAIN_STATS = "results/benchmark/{dataset}/train_stats.parquet"
 QUESTION_COUNTS = expand("results/benchmark/{dataset}/counts.{ext}", dataset=DATASETS, ext=["parquet", "md"])
 CONDITION_DIR = "results/images/{dataset}/{condition}"
 PREDICTIONS = "results/predictions/{dataset}/{qset}/{condition}/{model}/{variant}.parquet"
+# One inference job's output; its resumable parts live beside it in "<shard>.parquet.parts/".
+PREDICTION_SHARD = "results/shards/{dataset}/{qset}/{condition}/{model}/{variant}/{shard}.parquet"
 METRIC_PART = "results/metrics/parts/{dataset}/{qset}/{condition}/{model}/{variant}.parquet"
 CONSISTENCY_PART = "results/metrics/parts/{dataset}/{qset}/{reference}_vs_{other}/{model}/{variant}.parquet"
 METRICS = "results/metrics/metrics.parquet"
@@ -60,6 +63,14 @@ TABLES = expand("results/tables/table{n}.{ext}", n=[1, 2, 3], ext=["parquet", "m
 def model_resource(key, default):
     """Resource of the prediction job, from the model entry's ``resources``."""
     return lambda wildcards: config["models"][wildcards.model].get("resources", {}).get(key, default)
+
+
+def n_shards(model):
+    return config["models"][model].get("shards", config["inference"]["shards"])
+
+
+def prediction_shards(wildcards):
+    return expand(PREDICTION_SHARD, shard=range(n_shards(wildcards.model)), **wildcards)
 
 
 def ensemble_member_predictions(wildcards):

@@ -88,8 +88,9 @@ def test_demo_produces_metrics_and_tables(demo_run):
     counts = pd.read_parquet(demo_run / "results/benchmark/hico/counts.parquet")
     assert set(counts.qset) == {"yn_obj", "yn_verb", "mc_obj", "mc_verb", "obj_exist"}
     provenance = read_provenance(demo_run / "results/predictions/hico/yn_obj/clean/random/default.parquet")
-    assert provenance["settings"] == {"backend": "random", "seed": 0}
-    assert (demo_run / "logs/predict/hico/yn_obj/clean/random/default.log").is_file()
+    assert provenance["model"] == {"backend": "random", "seed": 0, "shards": 2}
+    assert (demo_run / "logs/predict/hico/yn_obj/clean/random/default/1.log").is_file()
+    assert not list((demo_run / "results/shards").rglob("*.parts")), "parts left after complete shards"
 
 
 def test_complete_run_has_nothing_left_to_do(demo_run):
@@ -103,7 +104,10 @@ def test_adding_a_model_runs_only_its_jobs(demo_run):
     finally:
         _write_config(demo_run)
     per_rule = Counter(rule for rule, _ in jobs)
-    assert per_rule == {"predict": 10, "metric_part": 10, "consistency_part": 5, "metrics": 1, "tables": 1, "all": 1}
+    assert per_rule == {
+        "predict_shard": 10, "merge_predictions": 10, "metric_part": 10, "consistency_part": 5,
+        "metrics": 1, "tables": 1, "all": 1,
+    }
     assert {w["model"] for rule, w in jobs if "model" in w} == {"prior_two"}
 
 
@@ -113,8 +117,8 @@ def test_changing_a_model_reruns_only_its_jobs(demo_run):
         jobs = planned_jobs(demo_run)
     finally:
         _write_config(demo_run)
-    predicted = {w["model"] for rule, w in jobs if rule == "predict"}
-    assert predicted == {"random"}
+    predicted = {(w["model"], w["shard"]) for rule, w in jobs if rule == "predict_shard"}
+    assert predicted == {("random", "0"), ("random", "1")}  # the demo splits `random` into two shards
     # its ensemble depends on it; nothing upstream (questions, images) reruns
     assert {w["model"] for rule, w in jobs if rule == "ensemble"} == {"blind_vote"}
     assert not {"question_set", "image_condition", "demo_hico", "train_stats"} & {rule for rule, _ in jobs}

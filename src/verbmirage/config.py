@@ -35,7 +35,7 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
             raise ConfigError(f"datasets.hico.{key}: '{value}' has no {required}")
 
     for slug, entry in config["models"].items():
-        if entry["backend"] not in BACKENDS:
+        if entry["backend"] not in BACKENDS and ":" not in entry["backend"]:
             raise ConfigError(
                 f"models.{slug}.backend: unknown backend '{entry['backend']}'; known: {sorted(BACKENDS)}"
             )

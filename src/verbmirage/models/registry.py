@@ -18,16 +18,22 @@ BACKENDS: dict[str, str] = {
 }
 
 # Keys of a model entry that belong to the workflow, not to the backend.
-WORKFLOW_KEYS = frozenset({"backend", "batch_size", "resources"})
+WORKFLOW_KEYS = frozenset({"backend", "batch_size", "shards", "resources"})
 
 
 def backend_class(backend: str) -> type[VisionLanguageModel]:
-    try:
+    """The class of a registered backend, or of ``package.module:Class`` (your own backend)."""
+    if ":" in backend:
+        target = backend
+    elif backend in BACKENDS:
         target = BACKENDS[backend]
-    except KeyError:
-        raise KeyError(f"unknown backend '{backend}'; known: {sorted(BACKENDS)}") from None
+    else:
+        raise KeyError(f"unknown backend '{backend}'; known: {sorted(BACKENDS)} or 'module:Class'")
     module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+    cls = getattr(importlib.import_module(module), name)
+    if not (isinstance(cls, type) and issubclass(cls, VisionLanguageModel)):
+        raise TypeError(f"backend '{backend}' is not a VisionLanguageModel subclass")
+    return cls
 
 
 def create_model(slug: str, settings: dict, context: ModelContext | None = None) -> VisionLanguageModel:

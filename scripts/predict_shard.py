@@ -1,0 +1,19 @@
+"""Answer one shard of a question set with one model (resumable).
+
+Inputs: ``questions``, ``images`` (condition folder), ``train_stats``.
+Output: the shard's prediction table. Settings: ``params.model`` (the model's
+config entry), ``params.variant``, ``params.n_shards``, ``params.batch_size``,
+``params.part_size``; wildcards name the model and the shard.
+"""
+
+from verbmirage.inference import run_shard
+from verbmirage.joblog import job_log
+
+with job_log(snakemake.log[0]) as log:
+    w, p = snakemake.wildcards, snakemake.params
+    frame = run_shard(
+        snakemake.input.questions, snakemake.input.images, w.model, p.model, p.variant,
+        int(w.shard), p.n_shards, snakemake.output[0], train_stats=snakemake.input.train_stats,
+        dataset=w.dataset, batch_size=p.batch_size, part_size=p.part_size,
+    )
+    log.info("%d predictions, %d errors", len(frame), frame.error.notna().sum())

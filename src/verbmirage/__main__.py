@@ -1,0 +1,46 @@
+"""Command line: run pieces of the workflow by hand, outside Snakemake.
+
+``python -m verbmirage predict --questions Q --images DIR --model-name SLUG
+--model '{"backend": "prior"}' --output OUT [--shard 0 --shards 4]`` answers
+one shard exactly as the workflow's ``predict_shard`` rule does (same parts,
+same resume), which helps to debug one model or one shard.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from verbmirage.inference import run_shard
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m verbmirage", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    predict = commands.add_parser("predict", help="answer one shard of a question set")
+    predict.add_argument("--questions", required=True, help="question set Parquet")
+    predict.add_argument("--images", required=True, help="image-condition folder (with manifest.parquet)")
+    predict.add_argument("--model-name", required=True, help="the model's slug")
+    predict.add_argument("--model", required=True, help="the model's config entry as JSON")
+    predict.add_argument("--variant", default="{}", help="the variant's settings as JSON")
+    predict.add_argument("--output", required=True, help="shard output Parquet")
+    predict.add_argument("--shard", type=int, default=0)
+    predict.add_argument("--shards", type=int, default=1)
+    predict.add_argument("--train-stats", default=None)
+    predict.add_argument("--batch-size", type=int, default=16)
+    predict.add_argument("--part-size", type=int, default=512)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    frame = run_shard(
+        args.questions, args.images, args.model_name, json.loads(args.model), json.loads(args.variant),
+        args.shard, args.shards, args.output, train_stats=args.train_stats,
+        batch_size=args.batch_size, part_size=args.part_size,
+    )
+    print(f"{len(frame)} predictions written to {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
