@@ -15,6 +15,7 @@ BACKENDS: dict[str, str] = {
     "always_yes": "verbmirage.models.baselines:AlwaysYes",
     "random": "verbmirage.models.baselines:RandomGuess",
     "prior": "verbmirage.models.baselines:LanguagePrior",
+    "openai": "verbmirage.models.api:OpenAIChatModel",
 }
 
 # Keys of a model entry that belong to the workflow, not to the backend.
