@@ -16,6 +16,8 @@ BACKENDS: dict[str, str] = {
     "random": "verbmirage.models.baselines:RandomGuess",
     "prior": "verbmirage.models.baselines:LanguagePrior",
     "openai": "verbmirage.models.api:OpenAIChatModel",
+    "hf": "verbmirage.models.hf:TransformersVLM",
+    "llava": "verbmirage.models.hf:LlavaVLM",
 }
 
 # Keys of a model entry that belong to the workflow, not to the backend.

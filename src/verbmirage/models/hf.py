@@ -1,0 +1,330 @@
+"""Hugging Face transformers vision-language backends and their scoring engine.
+
+Scoring reads the logits of the first answer position (no generation):
+P(yes) = softmax mass of the "yes" spellings over yes+no spellings; MC = mass
+of each option letter's tokens, renormalised; ``confidence`` = the max softmax
+probability over the whole vocabulary there (paper Eq. 2); the raw answer is
+the decoded argmax token.
+
+Speed comes from two things, neither of which changes a number:
+
+- **Prefix reuse.** Questions on one image share a token prefix (chat header,
+  the image tokens, the shared words of the question). It is run once, with the
+  vision tower, and its key/value cache is reused for every question on that
+  image (MC rotations included); only the suffixes run per question.
+- **Length-bucketed batches.** Suffixes (or, without reuse, whole prompts) are
+  sorted by length and right-padded; each row's logits are read at its own
+  last token, so padding never moves a position.
+
+Architectures whose image encoder reads the question (InstructBLIP's
+Q-Former) cannot reuse a prefix and take the batched full-forward path.
+Results equal an unbatched full forward pass (tested to 1e-4 on every tiny
+model).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from verbmirage.models.base import (
+    NO,
+    UNKNOWN,
+    YES,
+    MultipleChoiceResult,
+    Question,
+    VisionLanguageModel,
+    YesNoResult,
+    option_letter,
+)
+from verbmirage.models.parsing import letter_token, normalise_token
+from verbmirage.models.prompts import PromptTemplate
+
+log = logging.getLogger(__name__)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MAX_OPTIONS = 26
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
+
+
+class TransformersVLM(VisionLanguageModel):
+    """Any model that loads with ``AutoModelForImageTextToText`` + ``AutoProcessor`` and has a chat template."""
+
+    backend = "hf"
+    #: Whether the image enters only through tokens before the question (so a shared prefix can be cached).
+    supports_prefix_reuse = True
+
+    def __init__(
+        self,
+        name: str,
+        path: str,
+        dtype: str = "float32",
+        device: str = "cpu",
+        prompts: dict | None = None,
+        prefix_reuse: bool = True,
+        trust_remote_code: bool = False,
+        revision: str | None = None,
+        attn_implementation: str | None = None,
+        local_files_only: bool = False,
+    ):
+        super().__init__(name)
+        if dtype not in DTYPES:
+            raise ValueError(f"models.{name}.dtype: '{dtype}' is not one of {sorted(DTYPES)}")
+        self.device, self.dtype = torch.device(device), DTYPES[dtype]
+        self.prompts = PromptTemplate.from_config(prompts, where=f"models.{name}.prompts")
+        self.prefix_reuse = prefix_reuse and self.supports_prefix_reuse
+        load = {"trust_remote_code": trust_remote_code, "revision": revision, "local_files_only": local_files_only}
+        self.processor = self._load_processor(path, load)
+        self.model = self._load_model(path, load, attn_implementation).to(self.device).eval()
+        self.tokenizer = self.processor.tokenizer
+        self._yes_ids, self._no_ids, self._letter_ids = self._answer_token_ids()
+        self._cached_prefix: tuple | None = None  # (image, prefix ids, cache tensors) of the last image
+        # transformers 5.2x renamed the cache argument `past_key_values` -> `cache`.
+        parameters = inspect.signature(self.model.forward).parameters
+        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
+
+    # ---- loading (override per family) ------------------------------------
+    def _load_processor(self, path: str, load: dict):
+        from transformers import AutoProcessor
+
+        return AutoProcessor.from_pretrained(path, **load)
+
+    def _load_model(self, path: str, load: dict, attn_implementation: str | None):
+        from transformers import AutoModelForImageTextToText
+
+        extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        return AutoModelForImageTextToText.from_pretrained(path, dtype=self.dtype, **load, **extra)
+
+    def _answer_token_ids(self):
+        """Ids of every vocabulary token that spells yes / no / an option letter."""
+        yes, no, letters = [], [], [[] for _ in range(MAX_OPTIONS)]
+        for token_id in range(len(self.tokenizer)):
+            text = self.tokenizer.decode([token_id])
+            if text.strip() and not text.strip().isalpha() and not text.strip()[:-1].isalpha():
+                continue  # keep "Yes", " yes", "Yes," but not "Yes!!!" fragments or symbols
+            word = normalise_token(text)
+            if word == YES and text.strip().lower().startswith(YES):
+                yes.append(token_id)
+            elif word == NO and text.strip().lower().startswith(NO):
+                no.append(token_id)
+            letter = letter_token(text, MAX_OPTIONS)
+            if letter is not None and text.strip() == letter:
+                letters[ord(letter) - ord("A")].append(token_id)
+        if not yes or not no:
+            raise ValueError(f"models.{self.name}: the tokenizer has no token for 'yes' or 'no'")
+        to_tensor = lambda ids: torch.tensor(ids, dtype=torch.long)
+        return to_tensor(yes), to_tensor(no), [to_tensor(ids) for ids in letters]
+
+    # ---- prompts ------------------------------------------------------------
+    def render(self, question: Question, multiple_choice: bool) -> str:
+        """The full prompt text through the model's chat template (image placeholder included)."""
+        text = self.prompts.render(question.prompt, multiple_choice)
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
+        return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def encode(self, texts: list[str], images: list[Image.Image]):
+        """Processor call, right-padded, on the model's device."""
+        self.tokenizer.padding_side = "right"
+        encoded = self.processor(text=texts, images=images, return_tensors="pt", padding=True)
+        return encoded.to(self.device)
+
+    @staticmethod
+    def open_image(path: Path) -> Image.Image:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+
+    # ---- the engine -----------------------------------------------------------
+    @torch.inference_mode()
+    def answer_logits(self, questions: list[Question], multiple_choice: bool) -> tuple[torch.Tensor, list[str | None]]:
+        """Float32 logits [N, vocab] at each question's first answer position, and per-question errors."""
+        texts = [self.render(q, multiple_choice) for q in questions]
+        logits = torch.full((len(questions), self.model.config.get_text_config().vocab_size), math.nan)
+        errors: list[str | None] = [None] * len(questions)
+        groups: dict[Path, list[int]] = {}
+        for index, question in enumerate(questions):
+            groups.setdefault(question.image, []).append(index)
+        for image_path, indices in groups.items():
+            try:
+                image = self.open_image(image_path)
+            except (OSError, ValueError) as error:
+                for i in indices:
+                    errors[i] = f"image {image_path}: {type(error).__name__}: {error}"
+                continue
+            group_texts = [texts[i] for i in indices]
+            if self.prefix_reuse:
+                values = self._with_shrinking_batches(self._prefix_logits, image_path, image, group_texts)
+            else:
+                values = self._with_shrinking_batches(self._full_logits, image_path, image, group_texts)
+            logits[indices] = values
+        return logits, errors
+
+    def _with_shrinking_batches(self, method, image_path, image, texts):
+        """Run ``method`` on chunks of ``texts``; on out-of-memory halve the chunk and retry."""
+        size, start, parts = len(texts), 0, []
+        while start < len(texts):
+            chunk = texts[start : start + size]
+            try:
+                parts.append(method(image_path, image, chunk))
+                start += len(chunk)
+            except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
+                if not _is_out_of_memory(error) or size == 1:
+                    raise
+                size = max(1, size // 2)
+                self._cached_prefix = None
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                log.warning("%s: out of memory, batch halved to %d", self.name, size)
+        return torch.cat(parts)
+
+    def _forward(self, **inputs) -> torch.Tensor:
+        return self.model(**inputs, use_cache=False).logits
+
+    def _full_logits(self, image_path, image, texts: list[str]) -> torch.Tensor:
+        """Whole prompts, one batch, right-padded; logits at each row's last real token."""
+        encoded = self.encode(texts, [image] * len(texts))
+        logits = self._forward(**encoded)
+        last = encoded["attention_mask"].sum(dim=1) - 1
+        return logits[torch.arange(len(texts)), last].float().cpu()
+
+    def _prefix_logits(self, image_path, image, texts: list[str]) -> torch.Tensor:
+        """Shared prefix (with the image) once, then the suffixes in length-sorted batches."""
+        encoded = self.encode(texts, [image] * len(texts))
+        lengths = encoded["attention_mask"].sum(dim=1).tolist()
+        ids = [encoded["input_ids"][i, : lengths[i]] for i in range(len(texts))]
+        prefix_length = self._common_prefix_length(ids)
+        if prefix_length <= self._last_image_token(ids[0]):
+            return self._full_logits(image_path, image, texts)  # the image is not inside a shared prefix
+        prefix_ids = ids[0][:prefix_length]
+        cache_keys = self._prefix_cache(image_path, prefix_ids, encoded)
+        suffixes = [row[prefix_length:] for row in ids]
+        order = sorted(range(len(texts)), key=lambda i: len(suffixes[i]))
+        batch = self._suffix_batch(suffixes, order, prefix_length, cache_keys)
+        result = torch.empty(len(texts), batch.shape[1])
+        result[order] = batch
+        return result
+
+    def _common_prefix_length(self, ids: list[torch.Tensor]) -> int:
+        shortest = min(len(row) for row in ids)
+        stacked = torch.stack([row[:shortest] for row in ids])
+        same = (stacked == stacked[0]).all(dim=0)
+        mismatch = torch.nonzero(~same)
+        length = int(mismatch[0]) if len(mismatch) else shortest
+        return min(length, shortest - 1)  # every question keeps at least one token of its own
+
+    def _last_image_token(self, ids: torch.Tensor) -> int:
+        image_token = getattr(self.model.config, "image_token_id", None) or getattr(
+            self.model.config, "image_token_index", None
+        )
+        positions = torch.nonzero(ids == image_token)
+        return int(positions[-1]) if len(positions) else -1
+
+    def _prefix_inputs(self, prefix_ids: torch.Tensor, encoded) -> dict:
+        """Model inputs of the prefix pass: its tokens plus the image tensors of one row."""
+        inputs = {"input_ids": prefix_ids[None], "attention_mask": torch.ones_like(prefix_ids)[None]}
+        for key, value in encoded.items():
+            if key not in ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"):
+                inputs[key] = value[:1]
+        return inputs
+
+    def _prefix_cache(self, image_path, prefix_ids: torch.Tensor, encoded) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Key/value tensors of the prefix, computed once per image (kept for the next batch of it)."""
+        key = (image_path, tuple(prefix_ids.tolist()))
+        if self._cached_prefix is not None and self._cached_prefix[0] == key:
+            return self._cached_prefix[1]
+        output = self.model(**self._prefix_inputs(prefix_ids, encoded), use_cache=True)
+        cache = output.past_key_values
+        tensors = [(layer.keys, layer.values) for layer in cache.layers]
+        self._cached_prefix = (key, tensors)
+        return tensors
+
+    def _suffix_batch(self, suffixes, order, prefix_length, prefix_tensors) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        rows = [suffixes[i] for i in order]
+        width = max(len(row) for row in rows)
+        pad = self.tokenizer.pad_token_id or 0
+        input_ids = torch.full((len(rows), width), pad, dtype=torch.long, device=self.device)
+        mask = torch.zeros((len(rows), prefix_length + width), dtype=torch.long, device=self.device)
+        mask[:, :prefix_length] = 1
+        for r, row in enumerate(rows):
+            input_ids[r, : len(row)] = row
+            mask[r, prefix_length : prefix_length + len(row)] = 1
+        batch = len(rows)
+        cache = DynamicCache(
+            ddp_cache_data=[(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in prefix_tensors],
+            config=self.model.config,
+        )
+        positions = torch.arange(prefix_length, prefix_length + width, device=self.device)
+        logits = self._suffix_forward(input_ids, mask, cache, positions)
+        last = torch.tensor([len(row) - 1 for row in rows], device=self.device)
+        return logits[torch.arange(batch), last].float().cpu()
+
+    def _suffix_forward(self, input_ids, attention_mask, cache, positions) -> torch.Tensor:
+        return self.model(
+            input_ids=input_ids, attention_mask=attention_mask, cache_position=positions, use_cache=True,
+            **{self._cache_argument: cache},
+        ).logits
+
+    # ---- results ----------------------------------------------------------------
+    def _score_yes_no(self, questions: list[Question]) -> list[YesNoResult]:
+        logits, errors = self.answer_logits(questions, multiple_choice=False)
+        probs = torch.softmax(logits, dim=-1)
+        yes, no = probs[:, self._yes_ids].sum(-1), probs[:, self._no_ids].sum(-1)
+        confidence, best = probs.max(dim=-1)
+        results = []
+        for i, error in enumerate(errors):
+            if error is not None:
+                results.append(YesNoResult(math.nan, UNKNOWN, "", math.nan, "error", error))
+                continue
+            p_yes = float(yes[i] / (yes[i] + no[i]))
+            raw = self.tokenizer.decode([int(best[i])])
+            results.append(YesNoResult(p_yes, YES if p_yes >= 0.5 else NO, raw, float(confidence[i]), "logits"))
+        return results
+
+    def _score_multiple_choice(self, questions: list[Question]) -> list[MultipleChoiceResult]:
+        logits, errors = self.answer_logits(questions, multiple_choice=True)
+        probs = torch.softmax(logits, dim=-1)
+        confidence, best = probs.max(dim=-1)
+        results = []
+        for i, (question, error) in enumerate(zip(questions, errors)):
+            n = len(question.options)
+            if error is not None:
+                results.append(MultipleChoiceResult((math.nan,) * n, UNKNOWN, "", math.nan, "error", error))
+                continue
+            mass = np.array([float(probs[i, self._letter_ids[k]].sum()) for k in range(n)])
+            option_probs = tuple(float(x) for x in mass / mass.sum()) if mass.sum() > 0 else (math.nan,) * n
+            letter = option_letter(int(np.argmax(mass)))
+            raw = self.tokenizer.decode([int(best[i])])
+            results.append(MultipleChoiceResult(option_probs, letter, raw, float(confidence[i]), "logits"))
+        return results
+
+    @torch.inference_mode()
+    def _generate(self, questions: list[Question], max_new_tokens: int) -> list[str]:
+        texts = []
+        for question in questions:
+            messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question.prompt}]}]
+            prompt = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            encoded = self.encode([prompt], [self.open_image(question.image)])
+            output = self.model.generate(**encoded, max_new_tokens=max_new_tokens, do_sample=False)
+            texts.append(self.tokenizer.decode(output[0, encoded["input_ids"].shape[1] :], skip_special_tokens=True))
+        return texts
+
+
+class LlavaVLM(TransformersVLM):
+    """LLaVA-1.5 in the llava-hf layout (``LlavaForConditionalGeneration`` + ``LlavaProcessor``)."""
+
+    backend = "llava"
+
+    def _load_model(self, path, load, attn_implementation):
+        from transformers import LlavaForConditionalGeneration
+
+        extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        return LlavaForConditionalGeneration.from_pretrained(path, dtype=self.dtype, **load, **extra)

@@ -1,0 +1,154 @@
+"""Transformers backends on tiny random-weight models of the real classes.
+
+The property that matters: batched scoring with prefix reuse gives the same
+P(yes) and option probabilities as one unbatched full forward pass per question.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from verbmirage.models import Question, create_model
+from verbmirage.questions import QuestionSettings, build_question_set
+from verbmirage.tiny import build_tiny_llava
+
+TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="session")
+def tiny_llava(tmp_path_factory):
+    return build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny_llava")
+
+
+@pytest.fixture(scope="session")
+def images(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("images")
+    paths = []
+    for i, size in enumerate([(50, 40), (64, 64), (30, 70)]):
+        path = folder / f"img{i}.png"
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (*size[::-1], 3), dtype=np.uint8)).save(path)
+        paths.append(path)
+    return paths
+
+
+def _questions(demo_anno, images, qset, n):
+    table = build_question_set(demo_anno, qset, QuestionSettings()).head(n)
+    mapping = {image: images[i % len(images)] for i, image in enumerate(sorted(set(table.image)))}
+    return [
+        Question(row.question_id, row.prompt, image=mapping[row.image], options=tuple(row.options))
+        for row in table.itertuples()
+    ]
+
+
+def _reference(model, question: Question, multiple_choice: bool) -> torch.Tensor:
+    """One question alone, the whole prompt through the model: softmax at the last position."""
+    encoded = model.encode([model.render(question, multiple_choice)], [model.open_image(question.image)])
+    with torch.inference_mode():
+        logits = model.model(**encoded).logits[0, -1].float()
+    return torch.softmax(logits, dim=-1)
+
+
+@pytest.fixture(scope="module")
+def llava(tiny_llava):
+    return create_model("tiny_llava", {"backend": "llava", "path": str(tiny_llava), "local_files_only": True})
+
+
+@pytest.mark.parametrize("prefix_reuse", [True, False])
+def test_yes_no_equals_unbatched_forward(llava, demo_anno, images, prefix_reuse):
+    llava.prefix_reuse, llava._cached_prefix = prefix_reuse, None
+    questions = _questions(demo_anno, images, "yn_obj", 24)
+    results = llava.score_yes_no(questions)
+    for question, result in zip(questions, results):
+        probs = _reference(llava, question, False)
+        yes, no = probs[llava._yes_ids].sum(), probs[llava._no_ids].sum()
+        assert result.p_yes == pytest.approx(float(yes / (yes + no)), abs=TOLERANCE)
+        assert result.confidence == pytest.approx(float(probs.max()), abs=TOLERANCE)
+        assert result.raw_answer == llava.tokenizer.decode([int(probs.argmax())])
+        assert result.prediction == ("yes" if result.p_yes >= 0.5 else "no")
+    llava.prefix_reuse = True
+
+
+def test_multiple_choice_rotations_equal_unbatched_forward(llava, demo_anno, images):
+    questions = _questions(demo_anno, images, "mc_obj", 16)  # four groups of four rotations
+    for question, result in zip(questions, llava.score_multiple_choice(questions)):
+        probs = _reference(llava, question, True)
+        mass = np.array([float(probs[llava._letter_ids[k]].sum()) for k in range(4)])
+        assert result.option_probs == pytest.approx(tuple(mass / mass.sum()), abs=TOLERANCE)
+        assert result.prediction == "ABCD"[int(np.argmax(mass))]
+
+
+def test_vision_tower_runs_once_per_image(llava, demo_anno, images):
+    calls = []
+    hook = llava.model.model.vision_tower.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        questions = _questions(demo_anno, images, "yn_obj", 30)
+        llava.prefix_reuse, llava._cached_prefix = True, None
+        llava.score_yes_no(questions)
+        with_reuse = len(calls)
+        calls.clear()
+        llava.prefix_reuse = False
+        llava.score_yes_no(questions)
+        without = len(calls)
+    finally:
+        hook.remove()
+        llava.prefix_reuse = True
+    assert with_reuse == len({q.image for q in questions})
+    assert without == len({q.image for q in questions})  # one batched pass per image, but every row re-encoded
+    assert with_reuse < len(questions)
+
+
+def test_bad_images_get_an_error_and_the_rest_goes_on(llava, images, tmp_path):
+    corrupt = tmp_path / "corrupt.jpg"
+    corrupt.write_bytes(b"not an image")
+    questions = [
+        Question("a", "Is someone riding a horse?", image=images[0]),
+        Question("b", "Is someone riding a horse?", image=tmp_path / "missing.jpg"),
+        Question("c", "Is someone riding a horse?", image=corrupt),
+    ]
+    results = llava.score_yes_no(questions)
+    assert results[0].error is None and 0 <= results[0].p_yes <= 1
+    assert "missing.jpg" in results[1].error and "corrupt.jpg" in results[2].error
+    assert math.isnan(results[1].p_yes) and results[2].prediction == "unknown"
+
+
+def test_out_of_memory_halves_the_batch(llava, demo_anno, images, caplog):
+    questions = _questions(demo_anno, images, "yn_obj", 12)
+    expected = [r.p_yes for r in llava.score_yes_no(questions)]
+    real = llava._prefix_logits
+
+    def limited(image_path, image, texts):  # a device that fits two prompts at a time
+        if len(texts) > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(image_path, image, texts)
+
+    llava._prefix_logits = limited
+    try:
+        with caplog.at_level(logging.WARNING):
+            got = [r.p_yes for r in llava.score_yes_no(questions)]
+    finally:
+        del llava._prefix_logits
+    assert got == pytest.approx(expected, abs=TOLERANCE)
+    assert any("batch halved" in record.getMessage() for record in caplog.records)
+
+
+def test_generic_auto_backend_and_bfloat16(tiny_llava, llava, images):
+    question = [Question("a", "Is someone riding a horse?", image=images[1])]
+    generic = create_model("g", {"backend": "hf", "path": str(tiny_llava), "local_files_only": True})
+    assert generic.score_yes_no(question)[0].p_yes == pytest.approx(llava.score_yes_no(question)[0].p_yes, abs=TOLERANCE)
+    half = create_model("h", {"backend": "llava", "path": str(tiny_llava), "dtype": "bfloat16", "local_files_only": True})
+    assert half.model.dtype == torch.bfloat16
+    assert 0.0 <= half.score_yes_no(question)[0].p_yes <= 1.0
+    with pytest.raises(ValueError, match="models.x.dtype"):
+        create_model("x", {"backend": "llava", "path": str(tiny_llava), "dtype": "float8"})
+
+
+def test_generate_free_text(llava, images):
+    text = llava.generate([Question("a", "Describe the image.", image=images[0])], max_new_tokens=3)
+    assert isinstance(text[0], str)
