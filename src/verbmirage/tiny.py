@@ -67,8 +67,14 @@ def build_tokenizer(chat_template: str = LLAVA_CHAT_TEMPLATE, vocab_size: int = 
     return fast
 
 
-def build_tiny_llava(out_dir: str | Path, seed: int = 0, image_size: int = 32, patch_size: int = 8) -> Path:
-    """LlavaForConditionalGeneration + LlavaProcessor (CLIP image processor), ~100K parameters."""
+def build_tiny_llava(
+    out_dir: str | Path, seed: int = 0, image_size: int = 32, patch_size: int = 8, hidden_size: int = 32,
+    layers: int = 2,
+) -> Path:
+    """LlavaForConditionalGeneration + LlavaProcessor (CLIP image processor), ~100K parameters.
+
+    ``image_size=336, patch_size=14`` gives LLaVA-1.5's geometry (576 image tokens).
+    """
     import torch
     from transformers import (
         CLIPImageProcessor,
@@ -90,12 +96,13 @@ def build_tiny_llava(out_dir: str | Path, seed: int = 0, image_size: int = 32, p
         num_additional_image_tokens=1,  # the CLS token, as in the llava-hf checkpoints
     )
     vision = CLIPVisionConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        image_size=image_size, patch_size=patch_size, projection_dim=32,
+        hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=layers, num_attention_heads=2,
+        image_size=image_size, patch_size=patch_size, projection_dim=hidden_size,
     )
     text = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=max(512, 2 * (image_size // patch_size) ** 2),
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
     )
     config = LlavaConfig(

@@ -136,6 +136,46 @@ class TransformersVLM(VisionLanguageModel):
         encoded = self.processor(text=texts, images=images, return_tensors="pt", padding=True)
         return encoded.to(self.device)
 
+    def encode_shared_image(self, texts: list[str], image: Image.Image) -> dict:
+        """Like ``encode(texts, [image] * n)`` but the image is preprocessed once.
+
+        The processor runs on the first prompt only; the others are tokenized
+        as text and their image placeholder is expanded to the same number of
+        image tokens. If that does not reproduce the processor's tokens for
+        the first prompt, this falls back to the processor for all rows.
+        """
+        first = self.encode(texts[:1], [image])
+        image_token = self._image_token_id()
+        if image_token is None or len(texts) == 1:
+            return first if len(texts) == 1 else self.encode(texts, [image] * len(texts))
+        expanded_count = int((first["input_ids"][0] == image_token).sum())
+        plain = self.tokenizer(texts, add_special_tokens=getattr(self, "_add_special_tokens", True))["input_ids"]
+
+        def expand(ids: list[int]) -> list[int]:
+            out = []
+            for token in ids:
+                out += [token] * expanded_count if token == image_token else [token]
+            return out
+
+        rows = [expand(ids) for ids in plain]
+        if rows[0] != first["input_ids"][0, : int(first["attention_mask"][0].sum())].tolist():
+            return self.encode(texts, [image] * len(texts))
+        width = max(len(row) for row in rows)
+        input_ids = torch.full((len(rows), width), self.tokenizer.pad_token_id or 0, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, row in enumerate(rows):
+            input_ids[r, : len(row)] = torch.tensor(row)
+            attention_mask[r, : len(row)] = 1
+        encoded = {"input_ids": input_ids.to(self.device), "attention_mask": attention_mask.to(self.device)}
+        for key, value in first.items():
+            if key not in encoded and isinstance(value, torch.Tensor):
+                encoded[key] = value.expand(len(rows), *value.shape[1:]) if value.shape[0] == 1 else value
+        return encoded
+
+    def _image_token_id(self) -> int | None:
+        config = self.model.config
+        return getattr(config, "image_token_id", None) or getattr(config, "image_token_index", None)
+
     @staticmethod
     def open_image(path: Path) -> Image.Image:
         with Image.open(path) as image:
@@ -189,14 +229,14 @@ class TransformersVLM(VisionLanguageModel):
 
     def _full_logits(self, image_path, image, texts: list[str]) -> torch.Tensor:
         """Whole prompts, one batch, right-padded; logits at each row's last real token."""
-        encoded = self.encode(texts, [image] * len(texts))
+        encoded = self.encode_shared_image(texts, image)
         logits = self._forward(**encoded)
         last = encoded["attention_mask"].sum(dim=1) - 1
         return logits[torch.arange(len(texts)), last].float().cpu()
 
     def _prefix_logits(self, image_path, image, texts: list[str]) -> torch.Tensor:
         """Shared prefix (with the image) once, then the suffixes in length-sorted batches."""
-        encoded = self.encode(texts, [image] * len(texts))
+        encoded = self.encode_shared_image(texts, image)
         lengths = encoded["attention_mask"].sum(dim=1).tolist()
         ids = [encoded["input_ids"][i, : lengths[i]] for i in range(len(texts))]
         prefix_length = self._common_prefix_length(ids)
@@ -220,10 +260,7 @@ class TransformersVLM(VisionLanguageModel):
         return min(length, shortest - 1)  # every question keeps at least one token of its own
 
     def _last_image_token(self, ids: torch.Tensor) -> int:
-        image_token = getattr(self.model.config, "image_token_id", None) or getattr(
-            self.model.config, "image_token_index", None
-        )
-        positions = torch.nonzero(ids == image_token)
+        positions = torch.nonzero(ids == self._image_token_id())
         return int(positions[-1]) if len(positions) else -1
 
     def _prefix_inputs(self, prefix_ids: torch.Tensor, encoded) -> dict:

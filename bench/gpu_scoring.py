@@ -1,0 +1,76 @@
+"""GPU benchmark (device machine): the engine on a random-weight model of LLaVA-1.5-7B size.
+
+Builds LLaVA-1.5-7B's architecture (CLIP ViT-L/14-336 + a 7B Llama, 32 layers,
+hidden 4096) directly on the GPU in bf16 with random weights (nothing to
+download), then scores HICO-like yes/no questions (several per image) with
+prefix reuse and batching, and prints prompts/s. Target: >= 250 prompts/s on
+one H200.
+
+    python bench/gpu_scoring.py [--images 64] [--batch-size 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_scoring import hico_like_questions  # noqa: E402
+from verbmirage.models.hf import LlavaVLM  # noqa: E402
+from verbmirage.tiny import build_tiny_llava  # noqa: E402
+
+
+class RandomLlava7B(LlavaVLM):
+    """LLaVA-1.5-7B geometry and width, random bf16 weights built on the device."""
+
+    def _load_model(self, path, load, attn_implementation):
+        from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+        tokenizer_size = len(self.processor.tokenizer)
+        vision = CLIPVisionConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
+                                  num_attention_heads=16, image_size=336, patch_size=14, projection_dim=768)
+        text = LlamaConfig(vocab_size=max(32064, tokenizer_size), hidden_size=4096, intermediate_size=11008,
+                           num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                           max_position_embeddings=4096, pad_token_id=self.processor.tokenizer.pad_token_id)
+        config = LlavaConfig(vision_config=vision, text_config=text,
+                             image_token_index=self.processor.tokenizer.convert_tokens_to_ids("<image>"),
+                             image_seq_length=576, vision_feature_layer=-2)
+        with torch.device(self.device):
+            model = LlavaForConditionalGeneration(config).to(self.dtype)
+        return model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=64)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        processor_dir = build_tiny_llava(work / "processor", image_size=336, patch_size=14)
+        model = RandomLlava7B("llava7b_random", str(processor_dir), dtype="bfloat16", device="cuda",
+                              local_files_only=True)
+        parameters = sum(p.numel() for p in model.model.parameters()) / 1e9
+        questions = hico_like_questions(args.images, work)
+        print(f"{parameters:.2f}B parameters, {len(questions)} questions on {args.images} images")
+        model.score_yes_no(questions[: args.batch_size])  # warm-up
+        torch.cuda.synchronize()
+        model._cached_prefix = None
+        start = time.perf_counter()
+        for i in range(0, len(questions), args.batch_size):
+            model.score_yes_no(questions[i : i + args.batch_size])
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+    print(f"engine, bf16, prefix reuse: {len(questions) / seconds:.1f} prompts/s "
+          f"(peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB)")
+
+
+if __name__ == "__main__":
+    main()
