@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from verbmirage.config import DEMO_HICO_DET_ROOT, DEMO_HICO_ROOT, check_config
 from verbmirage.questions import question_kind
+from verbmirage.tiny import BUILDERS as TINY_BUILDERS
 
 validate(config, workflow.source_path("../schemas/config.schema.yaml"))
 check_config(config, workdir=os.getcwd())
@@ -26,6 +27,7 @@ VARIANTS = list(config["variants"])
 ENSEMBLES = config["ensembles"]
 CONSISTENCY_PAIRS = [tuple(pair) for pair in config["metrics"]["error_consistency"]]
 HICO_ROOT = config["datasets"]["hico"]["root"]
+TINY_FAMILIES = list(TINY_BUILDERS)
 
 
 def _alternatives(names):
@@ -71,6 +73,13 @@ def n_shards(model):
 
 def prediction_shards(wildcards):
     return expand(PREDICTION_SHARD, shard=range(n_shards(wildcards.model)), **wildcards)
+
+
+def model_files(wildcards):
+    """A model folder the workflow builds itself (resources/models/tiny_*) is an input of its jobs."""
+    path = config["models"][wildcards.model].get("path", "")
+    built = [f"resources/models/tiny_{family}" for family in TINY_FAMILIES]
+    return [path] if path in built else []
 
 
 def ensemble_member_predictions(wildcards):

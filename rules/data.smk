@@ -12,3 +12,17 @@ rule demo_hico:
         "../envs/verbmirage.yaml"
     script:
         "../scripts/make_demo_hico.py"
+
+
+rule tiny_model:
+    """A tiny random-weight model of a real transformers class, built offline (tests and demo)."""
+    output:
+        directory("resources/models/tiny_{family}"),
+    wildcard_constraints:
+        family=_alternatives(TINY_FAMILIES),
+    log:
+        "logs/tiny_model/{family}.log",
+    conda:
+        "../envs/verbmirage.yaml"
+    script:
+        "../scripts/build_tiny_model.py"

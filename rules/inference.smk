@@ -8,6 +8,7 @@ rule predict_shard:
         questions=QUESTIONS,
         images=CONDITION_DIR,
         train_stats=TRAIN_STATS,
+        model_files=model_files,
     output:
         PREDICTION_SHARD,
     wildcard_constraints:

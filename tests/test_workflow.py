@@ -72,7 +72,7 @@ def demo_run(tmp_path_factory):
 def test_demo_produces_metrics_and_tables(demo_run):
     metrics = read_table(demo_run / "results/metrics/metrics.parquet", METRICS)
     assert list(metrics.columns) == METRICS.names
-    assert set(metrics.model) == {"always_yes", "random", "prior", "blind_vote"}
+    assert set(metrics.model) == {"always_yes", "random", "prior", "tiny_llava", "blind_vote"}
     assert set(metrics.condition) == {"clean", "saltpepper", "clean_vs_saltpepper"}
     assert metrics.value.notna().all() or metrics[metrics.value.isna()].metric.eq("error_consistency").all()
     # always-yes: recall 1 and accuracy = share of yes questions, computed from the question table
@@ -91,6 +91,9 @@ def test_demo_produces_metrics_and_tables(demo_run):
     assert provenance["model"] == {"backend": "random", "seed": 0, "shards": 2}
     assert (demo_run / "logs/predict/hico/yn_obj/clean/random/default/1.log").is_file()
     assert not list((demo_run / "results/shards").rglob("*.parts")), "parts left after complete shards"
+    tiny = pd.read_parquet(demo_run / "results/predictions/hico/mc_obj/clean/tiny_llava/default.parquet")
+    assert tiny.error.isna().all() and tiny.option_probs.map(len).eq(4).all()
+    assert tiny.parse_rule.eq("logits").all()
 
 
 def test_complete_run_has_nothing_left_to_do(demo_run):
@@ -121,7 +124,7 @@ def test_changing_a_model_reruns_only_its_jobs(demo_run):
     assert predicted == {("random", "0"), ("random", "1")}  # the demo splits `random` into two shards
     # its ensemble depends on it; nothing upstream (questions, images) reruns
     assert {w["model"] for rule, w in jobs if rule == "ensemble"} == {"blind_vote"}
-    assert not {"question_set", "image_condition", "demo_hico", "train_stats"} & {rule for rule, _ in jobs}
+    assert not {"question_set", "image_condition", "demo_hico", "train_stats", "tiny_model"} & {rule for rule, _ in jobs}
     assert {w["model"] for rule, w in jobs if rule == "metric_part"} == {"random", "blind_vote"}
 
 

@@ -115,3 +115,7 @@ def build_tiny_llava(
     model.save_pretrained(out_dir)
     processor.save_pretrained(out_dir)
     return out_dir
+
+
+# Family name -> builder; rule `tiny_model` and tools/build_tiny_models.py use this table.
+BUILDERS = {"llava": build_tiny_llava}

@@ -277,7 +277,7 @@ class TransformersVLM(VisionLanguageModel):
         if self._cached_prefix is not None and self._cached_prefix[0] == key:
             return self._cached_prefix[1]
         output = self.model(**self._prefix_inputs(prefix_ids, encoded), use_cache=True)
-        cache = output.past_key_values
+        cache = output.get("cache") or output.get("past_key_values")
         tensors = [(layer.keys, layer.values) for layer in cache.layers]
         self._cached_prefix = (key, tensors)
         return tensors

@@ -1,0 +1,7 @@
+"""Build one tiny random-weight model (``wildcards.family``) into the output folder."""
+
+from verbmirage.joblog import job_log
+from verbmirage.tiny import BUILDERS
+
+with job_log(snakemake.log[0]):
+    BUILDERS[snakemake.wildcards.family](snakemake.output[0])
