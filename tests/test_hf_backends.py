@@ -17,14 +17,37 @@ from PIL import Image
 
 from verbmirage.models import Question, create_model
 from verbmirage.questions import QuestionSettings, build_question_set
-from verbmirage.tiny import build_tiny_llava
+from verbmirage.tiny import BUILDERS
 
 TOLERANCE = 1e-4
+FAMILIES = sorted(BUILDERS)  # llava, instructblip, qwen2_vl, qwen2_5_vl
 
 
 @pytest.fixture(scope="session")
-def tiny_llava(tmp_path_factory):
-    return build_tiny_llava(tmp_path_factory.mktemp("models") / "tiny_llava")
+def tiny_dirs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("models")
+    return {family: build(base / f"tiny_{family}") for family, build in BUILDERS.items()}
+
+
+@pytest.fixture(scope="session")
+def tiny_llava(tiny_dirs):
+    return tiny_dirs["llava"]
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_dirs):
+    return {
+        family: create_model(family, {"backend": family, "path": str(path), "local_files_only": True})
+        for family, path in tiny_dirs.items()
+    }
+
+
+def _vision_tower(model):
+    for owner in (model, getattr(model, "model", None)):
+        for name in ("vision_tower", "visual", "vision_model"):
+            if owner is not None and hasattr(owner, name):
+                return getattr(owner, name)
+    raise AttributeError("no vision tower found")
 
 
 @pytest.fixture(scope="session")
@@ -56,52 +79,62 @@ def _reference(model, question: Question, multiple_choice: bool) -> torch.Tensor
 
 
 @pytest.fixture(scope="module")
-def llava(tiny_llava):
-    return create_model("tiny_llava", {"backend": "llava", "path": str(tiny_llava), "local_files_only": True})
+def llava(tiny_models):
+    return tiny_models["llava"]
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("prefix_reuse", [True, False])
-def test_yes_no_equals_unbatched_forward(llava, demo_anno, images, prefix_reuse):
-    llava.prefix_reuse, llava._cached_prefix = prefix_reuse, None
+def test_yes_no_equals_unbatched_forward(tiny_models, family, demo_anno, images, prefix_reuse):
+    model = tiny_models[family]
+    model.prefix_reuse, model._cached_prefix = prefix_reuse and model.supports_prefix_reuse, None
     questions = _questions(demo_anno, images, "yn_obj", 24)
-    results = llava.score_yes_no(questions)
+    results = model.score_yes_no(questions)
     for question, result in zip(questions, results):
-        probs = _reference(llava, question, False)
-        yes, no = probs[llava._yes_ids].sum(), probs[llava._no_ids].sum()
+        probs = _reference(model, question, False)
+        yes, no = probs[model._yes_ids].sum(), probs[model._no_ids].sum()
         assert result.p_yes == pytest.approx(float(yes / (yes + no)), abs=TOLERANCE)
         assert result.confidence == pytest.approx(float(probs.max()), abs=TOLERANCE)
-        assert result.raw_answer == llava.tokenizer.decode([int(probs.argmax())])
+        assert result.raw_answer == model.tokenizer.decode([int(probs.argmax())])
         assert result.prediction == ("yes" if result.p_yes >= 0.5 else "no")
-    llava.prefix_reuse = True
+    model.prefix_reuse = model.supports_prefix_reuse
 
 
-def test_multiple_choice_rotations_equal_unbatched_forward(llava, demo_anno, images):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_multiple_choice_rotations_equal_unbatched_forward(tiny_models, family, demo_anno, images):
+    model = tiny_models[family]
     questions = _questions(demo_anno, images, "mc_obj", 16)  # four groups of four rotations
-    for question, result in zip(questions, llava.score_multiple_choice(questions)):
-        probs = _reference(llava, question, True)
-        mass = np.array([float(probs[llava._letter_ids[k]].sum()) for k in range(4)])
+    for question, result in zip(questions, model.score_multiple_choice(questions)):
+        probs = _reference(model, question, True)
+        mass = np.array([float(probs[model._letter_ids[k]].sum()) for k in range(4)])
         assert result.option_probs == pytest.approx(tuple(mass / mass.sum()), abs=TOLERANCE)
         assert result.prediction == "ABCD"[int(np.argmax(mass))]
 
 
-def test_vision_tower_runs_once_per_image(llava, demo_anno, images):
-    calls = []
-    hook = llava.model.model.vision_tower.register_forward_hook(lambda *args: calls.append(1))
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "instructblip"])
+def test_prefix_reuse_embeds_each_image_once(tiny_models, family, demo_anno, images):
+    """With reuse the language model embeds every image's shared prefix once, not once per question."""
+    model = tiny_models[family]
+    embedded, vision_calls = [], []
+    hooks = [
+        model.model.get_input_embeddings().register_forward_hook(lambda m, args, out: embedded.append(args[0].numel())),
+        _vision_tower(model.model).register_forward_hook(lambda *args: vision_calls.append(1)),
+    ]
+    questions = _questions(demo_anno, images, "yn_obj", 30)
     try:
-        questions = _questions(demo_anno, images, "yn_obj", 30)
-        llava.prefix_reuse, llava._cached_prefix = True, None
-        llava.score_yes_no(questions)
-        with_reuse = len(calls)
-        calls.clear()
-        llava.prefix_reuse = False
-        llava.score_yes_no(questions)
-        without = len(calls)
+        counts = {}
+        for reuse in (True, False):
+            embedded.clear(), vision_calls.clear()
+            model.prefix_reuse, model._cached_prefix = reuse, None
+            model.score_yes_no(questions)
+            counts[reuse] = (sum(embedded), len(vision_calls))
     finally:
-        hook.remove()
-        llava.prefix_reuse = True
-    assert with_reuse == len({q.image for q in questions})
-    assert without == len({q.image for q in questions})  # one batched pass per image, but every row re-encoded
-    assert with_reuse < len(questions)
+        for hook in hooks:
+            hook.remove()
+        model.prefix_reuse = True
+    distinct = len({q.image for q in questions})
+    assert counts[True][1] == distinct  # the vision tower runs once per image
+    assert counts[True][0] < 0.7 * counts[False][0], counts
 
 
 def test_bad_images_get_an_error_and_the_rest_goes_on(llava, images, tmp_path):

@@ -21,6 +21,8 @@ from verbmirage.questions import MC_STEM
 from verbmirage.text import hoi_phrase, object_with_article, verb_phrase
 
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", "<image>"]
+QWEN_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                       "<|image_pad|>", "<|video_pad|>"]
 # A LLaVA-1.5 style chat template: "USER: <image>\n{text} ASSISTANT:" (written for these tests).
 LLAVA_CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -47,8 +49,24 @@ def _corpus() -> list[str]:
     return lines * 3 + answers * 50
 
 
-def build_tokenizer(chat_template: str = LLAVA_CHAT_TEMPLATE, vocab_size: int = 1200):
-    """A byte-level BPE tokenizer trained on the benchmark's sentences, as a PreTrainedTokenizerFast."""
+# Qwen's ChatML layout: "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>{text}<|im_end|>\n..."
+QWEN_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_tokenizer(
+    chat_template: str | None = LLAVA_CHAT_TEMPLATE, vocab_size: int = 1200, image_token: str | None = "<image>",
+    extra_special: list[str] | None = None,
+):
+    """A byte-level BPE tokenizer trained on the benchmark's sentences, as a PreTrainedTokenizerFast.
+
+    ``image_token=None`` leaves the attribute undeclared (InstructBLIP's processor adds its own).
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -56,15 +74,36 @@ def build_tokenizer(chat_template: str = LLAVA_CHAT_TEMPLATE, vocab_size: int = 
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS + (extra_special or []),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tokenizer.train_from_iterator(_corpus(), trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-        extra_special_tokens={"image_token": "<image>"},
+        extra_special_tokens={"image_token": image_token} if image_token else None,
     )
-    fast.chat_template = chat_template
+    if chat_template:
+        fast.chat_template = chat_template
     return fast
+
+
+def build_wordpiece_tokenizer(vocab_size: int = 800):
+    """A BERT-style WordPiece tokenizer (InstructBLIP's Q-Former reads the question with one)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertTokenizerFast
+
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.train_from_iterator(_corpus(), trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special))
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    return BertTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                             sep_token="[SEP]", mask_token="[MASK]")
 
 
 def build_tiny_llava(
@@ -117,5 +156,90 @@ def build_tiny_llava(
     return out_dir
 
 
+def build_tiny_instructblip(out_dir: str | Path, seed: int = 0, image_size: int = 32, patch_size: int = 8) -> Path:
+    """InstructBlipForConditionalGeneration (Llama text model) + InstructBlipProcessor with a Q-Former tokenizer."""
+    import torch
+    from transformers import (
+        BlipImageProcessor,
+        InstructBlipConfig,
+        InstructBlipForConditionalGeneration,
+        InstructBlipProcessor,
+        InstructBlipQFormerConfig,
+        InstructBlipVisionConfig,
+        LlamaConfig,
+    )
+
+    out_dir = Path(out_dir)
+    tokenizer = build_tokenizer(chat_template=None, image_token=None)
+    qformer_tokenizer = build_wordpiece_tokenizer()
+    image_processor = BlipImageProcessor(size={"height": image_size, "width": image_size})
+    num_query_tokens = 4
+    processor = InstructBlipProcessor(image_processor=image_processor, tokenizer=tokenizer,
+                                      qformer_tokenizer=qformer_tokenizer, num_query_tokens=num_query_tokens)
+    vision = InstructBlipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=2, image_size=image_size, patch_size=patch_size)
+    qformer = InstructBlipQFormerConfig(vocab_size=len(qformer_tokenizer), hidden_size=32, num_hidden_layers=2,
+                                        num_attention_heads=2, intermediate_size=64, encoder_hidden_size=32,
+                                        max_position_embeddings=128, pad_token_id=qformer_tokenizer.pad_token_id)
+    text = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                       pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                       eos_token_id=tokenizer.eos_token_id)
+    config = InstructBlipConfig(vision_config=vision.to_dict(), qformer_config=qformer.to_dict(),
+                                text_config=text.to_dict(), num_query_tokens=num_query_tokens,
+                                image_token_index=tokenizer.convert_tokens_to_ids("<image>"))
+    torch.manual_seed(seed)
+    model = InstructBlipForConditionalGeneration(config).eval()
+    model.save_pretrained(out_dir)
+    processor.save_pretrained(out_dir)
+    return out_dir
+
+
+def build_tiny_qwen2_vl(out_dir: str | Path, seed: int = 0, version: str = "2") -> Path:
+    """Qwen2VLForConditionalGeneration (``version="2"``) or Qwen2_5_VL... (``"2.5"``) + an images-only processor."""
+    import torch
+    import transformers
+
+    out_dir = Path(out_dir)
+    tokenizer = build_tokenizer(chat_template=QWEN_CHAT_TEMPLATE, image_token="<|image_pad|>",
+                                extra_special=QWEN_SPECIAL_TOKENS)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+    prefix = "Qwen2VL" if version == "2" else "Qwen2_5_VL"
+    image_processor = transformers.Qwen2VLImageProcessor(min_pixels=28 * 28 * 4, max_pixels=56 * 56)
+    from verbmirage.models.hf import images_only_processor
+
+    processor = images_only_processor(getattr(transformers, f"{prefix}Processor"))(
+        image_processor=image_processor, tokenizer=tokenizer, chat_template=QWEN_CHAT_TEMPLATE
+    )
+    vision = {"depth": 2, "embed_dim": 32, "hidden_size": 32, "num_heads": 2, "patch_size": 14,
+              "spatial_merge_size": 2, "temporal_patch_size": 2, "in_chans": 3, "in_channels": 3,
+              "out_hidden_size": 32, "intermediate_size": 64, "fullatt_block_indexes": [1], "window_size": 56}
+    text = {"vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512,
+            "rope_scaling": {"type": "mrope", "mrope_section": [1, 1, 2]},
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]},
+            "pad_token_id": tokenizer.pad_token_id, "bos_token_id": ids["<|endoftext|>"],
+            "eos_token_id": ids["<|im_end|>"]}
+    config = getattr(transformers, f"{prefix}Config")(
+        text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
+    torch.manual_seed(seed)
+    model = getattr(transformers, f"{prefix}ForConditionalGeneration")(config).eval()
+    model.save_pretrained(out_dir)
+    processor.save_pretrained(out_dir)
+    return out_dir
+
+
+def build_tiny_qwen2_5_vl(out_dir: str | Path, seed: int = 0) -> Path:
+    return build_tiny_qwen2_vl(out_dir, seed, version="2.5")
+
+
 # Family name -> builder; rule `tiny_model` and tools/build_tiny_models.py use this table.
-BUILDERS = {"llava": build_tiny_llava}
+BUILDERS = {
+    "llava": build_tiny_llava,
+    "instructblip": build_tiny_instructblip,
+    "qwen2_vl": build_tiny_qwen2_vl,
+    "qwen2_5_vl": build_tiny_qwen2_5_vl,
+}

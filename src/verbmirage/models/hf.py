@@ -51,6 +51,23 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 MAX_OPTIONS = 26
 
 
+def images_only_processor(processor_class):
+    """``processor_class`` without its video processor.
+
+    Qwen-VL processors build a video processor that needs torchvision; for
+    image questions it is never used, so where torchvision is missing (CPU
+    test machines) the processor is assembled without it.
+    """
+
+    class ImagesOnly(processor_class):
+        @classmethod
+        def get_attributes(cls):
+            return [name for name in processor_class.get_attributes() if name != "video_processor"]
+
+    ImagesOnly.__name__ = ImagesOnly.__qualname__ = processor_class.__name__
+    return ImagesOnly
+
+
 def _is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
 
@@ -167,10 +184,15 @@ class TransformersVLM(VisionLanguageModel):
             input_ids[r, : len(row)] = torch.tensor(row)
             attention_mask[r, : len(row)] = 1
         encoded = {"input_ids": input_ids.to(self.device), "attention_mask": attention_mask.to(self.device)}
-        for key, value in first.items():
-            if key not in encoded and isinstance(value, torch.Tensor):
-                encoded[key] = value.expand(len(rows), *value.shape[1:]) if value.shape[0] == 1 else value
-        return encoded
+        return {**encoded, **self._image_inputs(first, len(rows))}
+
+    def _image_inputs(self, first, rows: int) -> dict:
+        """The image tensors of a one-row encoding, repeated for ``rows`` rows (batch-first layout)."""
+        return {
+            key: value.expand(rows, *value.shape[1:])
+            for key, value in first.items()
+            if key not in ("input_ids", "attention_mask") and isinstance(value, torch.Tensor)
+        }
 
     def _image_token_id(self) -> int | None:
         config = self.model.config
@@ -365,3 +387,94 @@ class LlavaVLM(TransformersVLM):
 
         extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
         return LlavaForConditionalGeneration.from_pretrained(path, dtype=self.dtype, **load, **extra)
+
+
+class InstructBlipVLM(TransformersVLM):
+    """InstructBLIP: its Q-Former reads the question, so no prefix can be shared; batched full forwards."""
+
+    backend = "instructblip"
+    supports_prefix_reuse = False
+
+    def _load_model(self, path, load, attn_implementation):
+        from transformers import InstructBlipForConditionalGeneration
+
+        extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        return InstructBlipForConditionalGeneration.from_pretrained(path, dtype=self.dtype, **load, **extra)
+
+    def render(self, question: Question, multiple_choice: bool) -> str:
+        """InstructBLIP takes the bare instruction (its processor prepends the query tokens)."""
+        return self.prompts.render(question.prompt, multiple_choice)
+
+    def encode(self, texts, images):
+        self.processor.qformer_tokenizer.padding_side = "right"
+        return super().encode(texts, images)
+
+    def encode_shared_image(self, texts, image):
+        return self.encode(texts, [image] * len(texts))
+
+    @torch.inference_mode()
+    def _generate(self, questions, max_new_tokens):
+        texts = []
+        for question in questions:
+            encoded = self.encode([question.prompt], [self.open_image(question.image)])
+            output = self.model.generate(**encoded, max_new_tokens=max_new_tokens, do_sample=False)
+            texts.append(self.tokenizer.decode(output[0], skip_special_tokens=True))
+        return texts
+
+
+class QwenVLM(TransformersVLM):
+    """Qwen2-VL and Qwen2.5-VL: M-RoPE positions, images as flattened patches with a grid per image."""
+
+    backend = "qwen2_vl"
+
+    def _load_processor(self, path, load):
+        from transformers import AutoProcessor
+
+        try:
+            return AutoProcessor.from_pretrained(path, **load)
+        except (OSError, ImportError, ValueError) as error:  # no torchvision -> no video processor
+            import transformers
+            from transformers import AutoImageProcessor, AutoTokenizer
+
+            config = transformers.AutoConfig.from_pretrained(path, **load)
+            name = "Qwen2_5_VLProcessor" if config.model_type == "qwen2_5_vl" else "Qwen2VLProcessor"
+            log.info("%s: loading an images-only %s (%s)", self.name, name, error)
+            tokenizer = AutoTokenizer.from_pretrained(path, **load)
+            return images_only_processor(getattr(transformers, name))(
+                image_processor=AutoImageProcessor.from_pretrained(path, **load), tokenizer=tokenizer,
+                chat_template=tokenizer.chat_template,
+            )
+
+    def encode_shared_image(self, texts, image):
+        encoded = dict(super().encode_shared_image(texts, image))
+        encoded["mm_token_type_ids"] = (encoded["input_ids"] == self._image_token_id()).long()
+        return encoded
+
+    def _image_inputs(self, first, rows):
+        """Qwen stores an image as flattened patches plus its grid: one copy of both per row."""
+        return {"pixel_values": first["pixel_values"].repeat(rows, 1), "image_grid_thw": first["image_grid_thw"].repeat(rows, 1)}
+
+    def _prefix_inputs(self, prefix_ids, encoded):
+        patches = int(encoded["image_grid_thw"][0].prod())
+        return {
+            "input_ids": prefix_ids[None],
+            "attention_mask": torch.ones_like(prefix_ids)[None],
+            "pixel_values": encoded["pixel_values"][:patches],
+            "image_grid_thw": encoded["image_grid_thw"][:1],
+            "mm_token_type_ids": (prefix_ids == self._image_token_id()).long()[None],
+        }
+
+    def _prefix_cache(self, image_path, prefix_ids, encoded):
+        tensors = super()._prefix_cache(image_path, prefix_ids, encoded)
+        if len(self._cached_prefix) == 2:  # just computed: keep this image's M-RoPE offset with it
+            self._cached_prefix = (*self._cached_prefix, self.model.model.rope_deltas.clone())
+        return tensors
+
+    def _suffix_forward(self, input_ids, attention_mask, cache, positions):
+        """Text after the image: position = index + the image's rope delta, on all three M-RoPE axes."""
+        rope_delta = self._cached_prefix[2].to(self.device)
+        position_ids = (positions[None, :] + rope_delta).expand(3, input_ids.shape[0], -1)
+        return self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            cache_position=positions, use_cache=True, **{self._cache_argument: cache},
+        ).logits

@@ -18,6 +18,9 @@ BACKENDS: dict[str, str] = {
     "openai": "verbmirage.models.api:OpenAIChatModel",
     "hf": "verbmirage.models.hf:TransformersVLM",
     "llava": "verbmirage.models.hf:LlavaVLM",
+    "instructblip": "verbmirage.models.hf:InstructBlipVLM",
+    "qwen2_vl": "verbmirage.models.hf:QwenVLM",
+    "qwen2_5_vl": "verbmirage.models.hf:QwenVLM",
 }
 
 # Keys of a model entry that belong to the workflow, not to the backend.
