@@ -29,6 +29,30 @@ def demo_anno(demo_roots):
 
 
 @pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
+    """Every tiny random-weight model (real transformers classes), built once per session."""
+    from verbmirage.tiny import BUILDERS
+
+    base = tmp_path_factory.mktemp("models")
+    return {family: build(base / f"tiny_{family}") for family, build in BUILDERS.items()}
+
+
+@pytest.fixture(scope="session")
+def images(tmp_path_factory) -> list[Path]:
+    """Three small random RGB images of different sizes."""
+    import numpy as np
+    from PIL import Image
+
+    folder = tmp_path_factory.mktemp("images")
+    paths = []
+    for i, size in enumerate([(50, 40), (64, 64), (30, 70)]):
+        path = folder / f"img{i}.png"
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (*size[::-1], 3), dtype=np.uint8)).save(path)
+        paths.append(path)
+    return paths
+
+
+@pytest.fixture(scope="session")
 def real_anno():
     if not (REAL_HICO / "anno.mat").is_file():
         pytest.skip(f"real HICO anno.mat not present at {REAL_HICO}")

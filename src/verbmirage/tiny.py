@@ -14,6 +14,7 @@ properties (batched == unbatched), never values.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from verbmirage.hico import hoi_vocabulary
@@ -236,10 +237,59 @@ def build_tiny_qwen2_5_vl(out_dir: str | Path, seed: int = 0) -> Path:
     return build_tiny_qwen2_vl(out_dir, seed, version="2.5")
 
 
+def build_clip_tokenizer(out_dir: Path, vocab_size: int = 800):
+    """A CLIP-style BPE (lower case, "</w>" word ends, <|startoftext|>/<|endoftext|>) as a real CLIPTokenizer."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import CLIPTokenizer
+
+    special = ["<|startoftext|>", "<|endoftext|>"]
+    bpe = Tokenizer(models.BPE(unk_token="<|endoftext|>", end_of_word_suffix="</w>"))
+    bpe.normalizer = normalizers.Lowercase()
+    bpe.pre_tokenizer = pre_tokenizers.Whitespace()
+    bpe.train_from_iterator(
+        [f"a photo of a person {line}" for line in _corpus()],
+        trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, end_of_word_suffix="</w>"),
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    vocab_file, merges_file = bpe.model.save(str(out_dir), "clip")
+    merges = [tuple(line.split()) for line in Path(merges_file).read_text().splitlines() if line and not line.startswith("#")]
+    return CLIPTokenizer(vocab=json.loads(Path(vocab_file).read_text()), merges=merges)
+
+
+def build_tiny_clip(out_dir: str | Path, seed: int = 0, image_size: int = 32, patch_size: int = 8) -> Path:
+    """CLIPModel + CLIPProcessor (CLIP image processor and a CLIPTokenizer trained offline)."""
+    import tempfile
+
+    import torch
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
+
+    out_dir = Path(out_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = build_clip_tokenizer(Path(tmp))
+        image_processor = CLIPImageProcessor(size={"shortest_edge": image_size},
+                                             crop_size={"height": image_size, "width": image_size})
+        processor = CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer)
+        eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+        config = CLIPConfig(
+            text_config={"vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64,
+                         "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 77,
+                         "pad_token_id": eos, "bos_token_id": tokenizer.bos_token_id, "eos_token_id": eos},
+            vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                           "num_attention_heads": 2, "image_size": image_size, "patch_size": patch_size},
+            projection_dim=16,
+        )
+        torch.manual_seed(seed)
+        model = CLIPModel(config).eval()
+        model.save_pretrained(out_dir)
+        processor.save_pretrained(out_dir)
+    return out_dir
+
+
 # Family name -> builder; rule `tiny_model` and tools/build_tiny_models.py use this table.
 BUILDERS = {
     "llava": build_tiny_llava,
     "instructblip": build_tiny_instructblip,
     "qwen2_vl": build_tiny_qwen2_vl,
     "qwen2_5_vl": build_tiny_qwen2_5_vl,
+    "clip": build_tiny_clip,
 }

@@ -21,6 +21,7 @@ BACKENDS: dict[str, str] = {
     "instructblip": "verbmirage.models.hf:InstructBlipVLM",
     "qwen2_vl": "verbmirage.models.hf:QwenVLM",
     "qwen2_5_vl": "verbmirage.models.hf:QwenVLM",
+    "clip": "verbmirage.models.clip:ClipModel",
 }
 
 # Keys of a model entry that belong to the workflow, not to the backend.
