@@ -96,7 +96,7 @@ class ClipModel(VisionLanguageModel):
 
     @property
     def logit_scale(self) -> float:
-        return float(self.model.logit_scale.exp())
+        return float(self.model.logit_scale.detach().exp())
 
     def _score_yes_no(self, questions):
         sims, errors = self.similarities(questions, [[self.caption(q)] for q in questions])

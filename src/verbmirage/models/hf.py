@@ -72,7 +72,75 @@ def _is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
 
 
-class TransformersVLM(VisionLanguageModel):
+class LogitsVLM(VisionLanguageModel):
+    """Scores from the logits at the first answer position; subclasses provide :meth:`answer_logits`.
+
+    Needs ``self.tokenizer`` and a call of :meth:`_find_answer_tokens` once it exists.
+    """
+
+    def answer_logits(self, questions: list[Question], multiple_choice: bool) -> tuple[torch.Tensor, list[str | None]]:
+        """Float32 logits [N, vocab] at each question's first answer position, and per-question errors."""
+        raise NotImplementedError
+
+    def _find_answer_tokens(self) -> None:
+        self._yes_ids, self._no_ids, self._letter_ids = self._answer_token_ids()
+
+    def _answer_token_ids(self):
+        """Ids of every vocabulary token that spells yes / no / an option letter."""
+        yes, no, letters = [], [], [[] for _ in range(MAX_OPTIONS)]
+        for token_id in range(len(self.tokenizer)):
+            text = self.tokenizer.decode([token_id])
+            if text.strip() and not text.strip().isalpha() and not text.strip()[:-1].isalpha():
+                continue  # keep "Yes", " yes", "Yes," but not "Yes!!!" fragments or symbols
+            word = normalise_token(text)
+            if word == YES and text.strip().lower().startswith(YES):
+                yes.append(token_id)
+            elif word == NO and text.strip().lower().startswith(NO):
+                no.append(token_id)
+            letter = letter_token(text, MAX_OPTIONS)
+            if letter is not None and text.strip() == letter:
+                letters[ord(letter) - ord("A")].append(token_id)
+        if not yes or not no:
+            raise ValueError(f"models.{self.name}: the tokenizer has no token for 'yes' or 'no'")
+        to_tensor = lambda ids: torch.tensor(ids, dtype=torch.long)
+        return to_tensor(yes), to_tensor(no), [to_tensor(ids) for ids in letters]
+
+    # ---- results ----------------------------------------------------------------
+    def _score_yes_no(self, questions: list[Question]) -> list[YesNoResult]:
+        logits, errors = self.answer_logits(questions, multiple_choice=False)
+        probs = torch.softmax(logits, dim=-1)
+        yes, no = probs[:, self._yes_ids].sum(-1), probs[:, self._no_ids].sum(-1)
+        confidence, best = probs.max(dim=-1)
+        results = []
+        for i, error in enumerate(errors):
+            if error is not None:
+                results.append(YesNoResult(math.nan, UNKNOWN, "", math.nan, "error", error))
+                continue
+            p_yes = float(yes[i] / (yes[i] + no[i]))
+            raw = self.tokenizer.decode([int(best[i])])
+            results.append(YesNoResult(p_yes, YES if p_yes >= 0.5 else NO, raw, float(confidence[i]), "logits"))
+        return results
+
+    def _score_multiple_choice(self, questions: list[Question]) -> list[MultipleChoiceResult]:
+        logits, errors = self.answer_logits(questions, multiple_choice=True)
+        probs = torch.softmax(logits, dim=-1)
+        confidence, best = probs.max(dim=-1)
+        results = []
+        for i, (question, error) in enumerate(zip(questions, errors)):
+            n = len(question.options)
+            if error is not None:
+                results.append(MultipleChoiceResult((math.nan,) * n, UNKNOWN, "", math.nan, "error", error))
+                continue
+            mass = np.array([float(probs[i, self._letter_ids[k]].sum()) for k in range(n)])
+            option_probs = tuple(float(x) for x in mass / mass.sum()) if mass.sum() > 0 else (math.nan,) * n
+            letter = option_letter(int(np.argmax(mass)))
+            raw = self.tokenizer.decode([int(best[i])])
+            results.append(MultipleChoiceResult(option_probs, letter, raw, float(confidence[i]), "logits"))
+        return results
+
+
+
+class TransformersVLM(LogitsVLM):
     """Any model that loads with ``AutoModelForImageTextToText`` + ``AutoProcessor`` and has a chat template."""
 
     backend = "hf"
@@ -102,7 +170,7 @@ class TransformersVLM(VisionLanguageModel):
         self.processor = self._load_processor(path, load)
         self.model = self._load_model(path, load, attn_implementation).to(self.device).eval()
         self.tokenizer = self.processor.tokenizer
-        self._yes_ids, self._no_ids, self._letter_ids = self._answer_token_ids()
+        self._find_answer_tokens()
         self._cached_prefix: tuple | None = None  # (image, prefix ids, cache tensors) of the last image
         # transformers 5.2x renamed the cache argument `past_key_values` -> `cache`.
         parameters = inspect.signature(self.model.forward).parameters
@@ -119,26 +187,6 @@ class TransformersVLM(VisionLanguageModel):
 
         extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
         return AutoModelForImageTextToText.from_pretrained(path, dtype=self.dtype, **load, **extra)
-
-    def _answer_token_ids(self):
-        """Ids of every vocabulary token that spells yes / no / an option letter."""
-        yes, no, letters = [], [], [[] for _ in range(MAX_OPTIONS)]
-        for token_id in range(len(self.tokenizer)):
-            text = self.tokenizer.decode([token_id])
-            if text.strip() and not text.strip().isalpha() and not text.strip()[:-1].isalpha():
-                continue  # keep "Yes", " yes", "Yes," but not "Yes!!!" fragments or symbols
-            word = normalise_token(text)
-            if word == YES and text.strip().lower().startswith(YES):
-                yes.append(token_id)
-            elif word == NO and text.strip().lower().startswith(NO):
-                no.append(token_id)
-            letter = letter_token(text, MAX_OPTIONS)
-            if letter is not None and text.strip() == letter:
-                letters[ord(letter) - ord("A")].append(token_id)
-        if not yes or not no:
-            raise ValueError(f"models.{self.name}: the tokenizer has no token for 'yes' or 'no'")
-        to_tensor = lambda ids: torch.tensor(ids, dtype=torch.long)
-        return to_tensor(yes), to_tensor(no), [to_tensor(ids) for ids in letters]
 
     # ---- prompts ------------------------------------------------------------
     def render(self, question: Question, multiple_choice: bool) -> str:
@@ -206,7 +254,6 @@ class TransformersVLM(VisionLanguageModel):
     # ---- the engine -----------------------------------------------------------
     @torch.inference_mode()
     def answer_logits(self, questions: list[Question], multiple_choice: bool) -> tuple[torch.Tensor, list[str | None]]:
-        """Float32 logits [N, vocab] at each question's first answer position, and per-question errors."""
         texts = [self.render(q, multiple_choice) for q in questions]
         logits = torch.full((len(questions), self.model.config.get_text_config().vocab_size), math.nan)
         errors: list[str | None] = [None] * len(questions)
@@ -331,39 +378,6 @@ class TransformersVLM(VisionLanguageModel):
             input_ids=input_ids, attention_mask=attention_mask, cache_position=positions, use_cache=True,
             **{self._cache_argument: cache},
         ).logits
-
-    # ---- results ----------------------------------------------------------------
-    def _score_yes_no(self, questions: list[Question]) -> list[YesNoResult]:
-        logits, errors = self.answer_logits(questions, multiple_choice=False)
-        probs = torch.softmax(logits, dim=-1)
-        yes, no = probs[:, self._yes_ids].sum(-1), probs[:, self._no_ids].sum(-1)
-        confidence, best = probs.max(dim=-1)
-        results = []
-        for i, error in enumerate(errors):
-            if error is not None:
-                results.append(YesNoResult(math.nan, UNKNOWN, "", math.nan, "error", error))
-                continue
-            p_yes = float(yes[i] / (yes[i] + no[i]))
-            raw = self.tokenizer.decode([int(best[i])])
-            results.append(YesNoResult(p_yes, YES if p_yes >= 0.5 else NO, raw, float(confidence[i]), "logits"))
-        return results
-
-    def _score_multiple_choice(self, questions: list[Question]) -> list[MultipleChoiceResult]:
-        logits, errors = self.answer_logits(questions, multiple_choice=True)
-        probs = torch.softmax(logits, dim=-1)
-        confidence, best = probs.max(dim=-1)
-        results = []
-        for i, (question, error) in enumerate(zip(questions, errors)):
-            n = len(question.options)
-            if error is not None:
-                results.append(MultipleChoiceResult((math.nan,) * n, UNKNOWN, "", math.nan, "error", error))
-                continue
-            mass = np.array([float(probs[i, self._letter_ids[k]].sum()) for k in range(n)])
-            option_probs = tuple(float(x) for x in mass / mass.sum()) if mass.sum() > 0 else (math.nan,) * n
-            letter = option_letter(int(np.argmax(mass)))
-            raw = self.tokenizer.decode([int(best[i])])
-            results.append(MultipleChoiceResult(option_probs, letter, raw, float(confidence[i]), "logits"))
-        return results
 
     @torch.inference_mode()
     def _generate(self, questions: list[Question], max_new_tokens: int) -> list[str]:

@@ -22,6 +22,11 @@ BACKENDS: dict[str, str] = {
     "qwen2_vl": "verbmirage.models.hf:QwenVLM",
     "qwen2_5_vl": "verbmirage.models.hf:QwenVLM",
     "clip": "verbmirage.models.clip:ClipModel",
+    # trust_remote_code checkpoints (docs/models.md)
+    "qwen_vl_chat": "verbmirage.models.remote:QwenVLChat",
+    "molmo": "verbmirage.models.remote:MolmoVLM",
+    "minicpm_v": "verbmirage.models.remote:MiniCPMV",
+    "mplug_owl2": "verbmirage.models.remote:MplugOwl2",
 }
 
 # Keys of a model entry that belong to the workflow, not to the backend.
