@@ -55,3 +55,16 @@ def test_semantic_errors_name_the_key(config, edit, message):
     validate(config, SCHEMA)
     with pytest.raises(ConfigError, match=message):
         check_config(config, REPO)
+
+
+def test_paper_config_is_valid():
+    paper = yaml.safe_load((REPO / "configs" / "paper.yaml").read_text())
+    validate(paper, SCHEMA)
+    demo = yaml.safe_load((REPO / "config.yaml").read_text())
+    paper["datasets"] = demo["datasets"]  # the real data is not here; everything else must pass
+    check_config(paper, REPO)
+    assert {"llava15_7b", "instructblip_7b", "qwen2_vl_7b", "qwen_vl_chat", "minicpm_llama3_v25",
+            "mplug_owl2", "molmo_7b_d", "gpt4_turbo"} <= set(paper["models"])
+    for slug, entry in paper["models"].items():
+        remote = entry["backend"] in {"qwen_vl_chat", "minicpm_v", "mplug_owl2", "molmo"}
+        assert entry.get("trust_remote_code", False) == remote, slug
