@@ -7,6 +7,7 @@ prefix reuse and batching, and prints prompts/s. Target: >= 250 prompts/s on
 one H200.
 
     python bench/gpu_scoring.py [--images 64] [--batch-size 64]
+    python bench/gpu_scoring.py --smoke --images 2      # on a CPU: checks the script runs
 """
 
 from __future__ import annotations
@@ -27,17 +28,28 @@ from verbmirage.models.hf import LlavaVLM  # noqa: E402
 from verbmirage.tiny import build_tiny_llava  # noqa: E402
 
 
+# LLaVA-1.5-7B: CLIP ViT-L/14-336 + Llama-2-7B (Vicuna). `--smoke` shrinks the widths to check the script on a CPU.
+FULL = {"vision_hidden": 1024, "vision_layers": 24, "vision_heads": 16, "hidden": 4096, "intermediate": 11008,
+        "layers": 32, "heads": 32}
+SMOKE = {"vision_hidden": 32, "vision_layers": 2, "vision_heads": 2, "hidden": 64, "intermediate": 128,
+         "layers": 2, "heads": 4}
+
+
 class RandomLlava7B(LlavaVLM):
-    """LLaVA-1.5-7B geometry and width, random bf16 weights built on the device."""
+    """LLaVA-1.5-7B geometry and width, random weights built directly on the device."""
+
+    size = FULL
 
     def _load_model(self, path, load, attn_implementation):
         from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
-        tokenizer_size = len(self.processor.tokenizer)
-        vision = CLIPVisionConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
-                                  num_attention_heads=16, image_size=336, patch_size=14, projection_dim=768)
-        text = LlamaConfig(vocab_size=max(32064, tokenizer_size), hidden_size=4096, intermediate_size=11008,
-                           num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+        size, tokenizer_size = self.size, len(self.processor.tokenizer)
+        vision = CLIPVisionConfig(hidden_size=size["vision_hidden"], intermediate_size=4 * size["vision_hidden"],
+                                  num_hidden_layers=size["vision_layers"], num_attention_heads=size["vision_heads"],
+                                  image_size=336, patch_size=14, projection_dim=768)
+        text = LlamaConfig(vocab_size=max(32064, tokenizer_size), hidden_size=size["hidden"],
+                           intermediate_size=size["intermediate"], num_hidden_layers=size["layers"],
+                           num_attention_heads=size["heads"], num_key_value_heads=size["heads"],
                            max_position_embeddings=4096, pad_token_id=self.processor.tokenizer.pad_token_id)
         config = LlavaConfig(vision_config=vision, text_config=text,
                              image_token_index=self.processor.tokenizer.convert_tokens_to_ids("<image>"),
@@ -51,25 +63,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--smoke", action="store_true", help="narrow model on the CPU: checks the script, not speed")
     args = parser.parse_args()
+    device, dtype = ("cpu", "float32") if args.smoke else ("cuda", "bfloat16")
+    RandomLlava7B.size = SMOKE if args.smoke else FULL
+    synchronize = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         processor_dir = build_tiny_llava(work / "processor", image_size=336, patch_size=14)
-        model = RandomLlava7B("llava7b_random", str(processor_dir), dtype="bfloat16", device="cuda",
+        model = RandomLlava7B("llava7b_random", str(processor_dir), dtype=dtype, device=device,
                               local_files_only=True)
         parameters = sum(p.numel() for p in model.model.parameters()) / 1e9
         questions = hico_like_questions(args.images, work)
         print(f"{parameters:.2f}B parameters, {len(questions)} questions on {args.images} images")
         model.score_yes_no(questions[: args.batch_size])  # warm-up
-        torch.cuda.synchronize()
+        synchronize()
         model._cached_prefix = None
         start = time.perf_counter()
         for i in range(0, len(questions), args.batch_size):
             model.score_yes_no(questions[i : i + args.batch_size])
-        torch.cuda.synchronize()
+        synchronize()
         seconds = time.perf_counter() - start
-    print(f"engine, bf16, prefix reuse: {len(questions) / seconds:.1f} prompts/s "
-          f"(peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB)")
+    memory = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else float("nan")
+    print(f"engine, {dtype}, prefix reuse: {len(questions) / seconds:.1f} prompts/s (peak memory {memory:.1f} GiB)")
 
 
 if __name__ == "__main__":
