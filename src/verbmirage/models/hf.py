@@ -171,7 +171,8 @@ class TransformersVLM(LogitsVLM):
         self.model = self._load_model(path, load, attn_implementation).to(self.device).eval()
         self.tokenizer = self.processor.tokenizer
         self._find_answer_tokens()
-        self._cached_prefix: tuple | None = None  # (image, prefix ids, cache tensors) of the last image
+        # ((image, prefix ids), cache tensors[, rope delta]) of the last image's shared prefix
+        self._cached_prefix: tuple | None = None
         # transformers 5.2x renamed the cache argument `past_key_values` -> `cache`.
         parameters = inspect.signature(self.model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
@@ -214,7 +215,7 @@ class TransformersVLM(LogitsVLM):
         if image_token is None or len(texts) == 1:
             return first if len(texts) == 1 else self.encode(texts, [image] * len(texts))
         expanded_count = int((first["input_ids"][0] == image_token).sum())
-        plain = self.tokenizer(texts, add_special_tokens=getattr(self, "_add_special_tokens", True))["input_ids"]
+        plain = self.tokenizer(texts)["input_ids"]
 
         def expand(ids: list[int]) -> list[int]:
             out = []
@@ -232,14 +233,18 @@ class TransformersVLM(LogitsVLM):
             input_ids[r, : len(row)] = torch.tensor(row)
             attention_mask[r, : len(row)] = 1
         encoded = {"input_ids": input_ids.to(self.device), "attention_mask": attention_mask.to(self.device)}
+        if "mm_token_type_ids" in first:  # per-token modality marks (1 = image token)
+            encoded["mm_token_type_ids"] = (encoded["input_ids"] == image_token).long()
         return {**encoded, **self._image_inputs(first, len(rows))}
+
+    PER_TOKEN_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"})
 
     def _image_inputs(self, first, rows: int) -> dict:
         """The image tensors of a one-row encoding, repeated for ``rows`` rows (batch-first layout)."""
         return {
             key: value.expand(rows, *value.shape[1:])
             for key, value in first.items()
-            if key not in ("input_ids", "attention_mask") and isinstance(value, torch.Tensor)
+            if key not in self.PER_TOKEN_KEYS and isinstance(value, torch.Tensor)
         }
 
     def _image_token_id(self) -> int | None:
@@ -336,7 +341,7 @@ class TransformersVLM(LogitsVLM):
         """Model inputs of the prefix pass: its tokens plus the image tensors of one row."""
         inputs = {"input_ids": prefix_ids[None], "attention_mask": torch.ones_like(prefix_ids)[None]}
         for key, value in encoded.items():
-            if key not in ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"):
+            if key not in self.PER_TOKEN_KEYS:
                 inputs[key] = value[:1]
         return inputs
 
@@ -458,11 +463,6 @@ class QwenVLM(TransformersVLM):
                 image_processor=AutoImageProcessor.from_pretrained(path, **load), tokenizer=tokenizer,
                 chat_template=tokenizer.chat_template,
             )
-
-    def encode_shared_image(self, texts, image):
-        encoded = dict(super().encode_shared_image(texts, image))
-        encoded["mm_token_type_ids"] = (encoded["input_ids"] == self._image_token_id()).long()
-        return encoded
 
     def _image_inputs(self, first, rows):
         """Qwen stores an image as flattened patches plus its grid: one copy of both per row."""
