@@ -31,7 +31,7 @@ def test_apply_conditions(demo_roots, tmp_path):
     images.append("images/test2015/HICO_test2015_99999999.jpg")  # missing on disk
     clean = apply_condition(root, images, tmp_path / "clean", "clean", {"type": "clean"})
     noisy = apply_condition(root, images, tmp_path / "sp", "saltpepper", {"type": "saltpepper", "probability": 0.75})
-    again = apply_condition(root, images, tmp_path / "sp2", "saltpepper", {"type": "saltpepper", "probability": 0.75})
+    apply_condition(root, images, tmp_path / "sp2", "saltpepper", {"type": "saltpepper", "probability": 0.75})
     assert clean.error.notna().sum() == noisy.error.notna().sum() == 1
     assert "HICO_test2015_99999999" in noisy.error.dropna().iloc[0]
     linked = ImageResolver(tmp_path / "clean").path(images[0])

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import logging
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from verbmirage.models import Question, create_model
 from verbmirage.questions import QuestionSettings, build_question_set

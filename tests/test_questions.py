@@ -1,7 +1,6 @@
 """Question-set invariants, on the demo and on the real anno.mat when present."""
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from verbmirage.io import QUESTIONS, write_table

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 

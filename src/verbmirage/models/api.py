@@ -29,7 +29,6 @@ import requests
 
 from verbmirage.models.base import (
     NO,
-    UNKNOWN,
     YES,
     MultipleChoiceResult,
     Question,
@@ -167,7 +166,7 @@ class OpenAIChatModel(VisionLanguageModel):
         results = []
         for response in self._ask_all(questions, "yn"):
             if isinstance(response, Exception):
-                results.append(YesNoResult(math.nan, UNKNOWN, "", math.nan, "error", str(response)))
+                results.append(YesNoResult.failed(str(response)))
                 continue
             text, candidates = self._text(response), self._first_token_logprobs(response)
             mass = {YES: 0.0, NO: 0.0}
@@ -190,7 +189,7 @@ class OpenAIChatModel(VisionLanguageModel):
         for question, response in zip(questions, self._ask_all(questions, "mc")):
             n = len(question.options)
             if isinstance(response, Exception):
-                results.append(MultipleChoiceResult((math.nan,) * n, UNKNOWN, "", math.nan, "error", str(response)))
+                results.append(MultipleChoiceResult.failed(n, str(response)))
                 continue
             text, candidates = self._text(response), self._first_token_logprobs(response)
             mass = [0.0] * n

@@ -20,6 +20,7 @@ raising, so a batch never loses its other answers.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,11 @@ class YesNoResult:
     parse_rule: str
     error: str | None = None
 
+    @classmethod
+    def failed(cls, error: str) -> "YesNoResult":
+        """The result of a question that could not be asked (the error says why)."""
+        return cls(math.nan, UNKNOWN, "", math.nan, "error", error)
+
 
 @dataclass(frozen=True)
 class MultipleChoiceResult:
@@ -64,6 +70,10 @@ class MultipleChoiceResult:
     confidence: float
     parse_rule: str
     error: str | None = None
+
+    @classmethod
+    def failed(cls, n_options: int, error: str) -> "MultipleChoiceResult":
+        return cls((math.nan,) * n_options, UNKNOWN, "", math.nan, "error", error)
 
 
 @dataclass(frozen=True)

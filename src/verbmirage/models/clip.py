@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from verbmirage.models.base import NO, UNKNOWN, YES, MultipleChoiceResult, Question, VisionLanguageModel, YesNoResult
+from verbmirage.models.base import NO, YES, MultipleChoiceResult, Question, VisionLanguageModel, YesNoResult
 from verbmirage.models.hf import DTYPES
 from verbmirage.text import hoi_phrase, object_with_article, verb_phrase
 
@@ -62,7 +62,7 @@ class ClipModel(VisionLanguageModel):
         """Cosine similarity of each question's image with each of its captions; errors per question."""
         from PIL import Image
 
-        images, errors = {}, [None] * len(questions)
+        images, problems, errors = {}, {}, [None] * len(questions)
         for i, question in enumerate(questions):
             if question.image not in images:
                 try:
@@ -70,8 +70,9 @@ class ClipModel(VisionLanguageModel):
                         images[question.image] = image.convert("RGB")
                 except (OSError, ValueError) as error:
                     images[question.image] = None
+                    problems[question.image] = f"image {question.image}: {type(error).__name__}: {error}"
             if images[question.image] is None:
-                errors[i] = f"image {question.image}: cannot be read"
+                errors[i] = problems[question.image]
         readable = [path for path, image in images.items() if image is not None]
         image_index = {path: i for i, path in enumerate(readable)}
         texts = sorted({c for row in captions for c in row})
@@ -103,7 +104,7 @@ class ClipModel(VisionLanguageModel):
         results = []
         for sim, error in zip(sims, errors):
             if error is not None:
-                results.append(YesNoResult(math.nan, UNKNOWN, "", math.nan, "error", error))
+                results.append(YesNoResult.failed(error))
                 continue
             value = float(sim[0])
             p_yes = 1 / (1 + math.exp(-self.logit_scale * (value - self.threshold)))
@@ -118,7 +119,7 @@ class ClipModel(VisionLanguageModel):
         for question, sim, error in zip(questions, sims, errors):
             n = len(question.options)
             if error is not None:
-                results.append(MultipleChoiceResult((math.nan,) * n, UNKNOWN, "", math.nan, "error", error))
+                results.append(MultipleChoiceResult.failed(n, error))
                 continue
             probs = torch.softmax(self.logit_scale * sim, dim=0)
             best = int(probs.argmax())

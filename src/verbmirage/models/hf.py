@@ -35,7 +35,6 @@ from PIL import Image
 
 from verbmirage.models.base import (
     NO,
-    UNKNOWN,
     YES,
     MultipleChoiceResult,
     Question,
@@ -114,7 +113,7 @@ class LogitsVLM(VisionLanguageModel):
         results = []
         for i, error in enumerate(errors):
             if error is not None:
-                results.append(YesNoResult(math.nan, UNKNOWN, "", math.nan, "error", error))
+                results.append(YesNoResult.failed(error))
                 continue
             p_yes = float(yes[i] / (yes[i] + no[i]))
             raw = self.tokenizer.decode([int(best[i])])
@@ -129,7 +128,7 @@ class LogitsVLM(VisionLanguageModel):
         for i, (question, error) in enumerate(zip(questions, errors)):
             n = len(question.options)
             if error is not None:
-                results.append(MultipleChoiceResult((math.nan,) * n, UNKNOWN, "", math.nan, "error", error))
+                results.append(MultipleChoiceResult.failed(n, error))
                 continue
             mass = np.array([float(probs[i, self._letter_ids[k]].sum()) for k in range(n)])
             option_probs = tuple(float(x) for x in mass / mass.sum()) if mass.sum() > 0 else (math.nan,) * n

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from verbmirage.models.base import UNKNOWN, MultipleChoiceResult, Question, VisionLanguageModel, YesNoResult
+from verbmirage.models.base import MultipleChoiceResult, Question, VisionLanguageModel, YesNoResult
 from verbmirage.models.hf import DTYPES, LogitsVLM
 from verbmirage.models.parsing import parse_choice, parse_yes_no
 from verbmirage.models.prompts import PromptTemplate
@@ -84,7 +84,7 @@ class RemoteCodeVLM(VisionLanguageModel):
         results = []
         for text, error in self._replies(questions, multiple_choice=False):
             if error:
-                results.append(YesNoResult(math.nan, UNKNOWN, "", math.nan, "error", error))
+                results.append(YesNoResult.failed(error))
                 continue
             answer, rule = parse_yes_no(text)
             p_yes = {"yes": 1.0, "no": 0.0}.get(answer, math.nan)
@@ -96,7 +96,7 @@ class RemoteCodeVLM(VisionLanguageModel):
         for question, (text, error) in zip(questions, self._replies(questions, multiple_choice=True)):
             n = len(question.options)
             if error:
-                results.append(MultipleChoiceResult((math.nan,) * n, UNKNOWN, "", math.nan, "error", error))
+                results.append(MultipleChoiceResult.failed(n, error))
                 continue
             letter, rule = parse_choice(text, question.options)
             probs = tuple(1.0 if letter == chr(ord("A") + i) else 0.0 for i in range(n))
