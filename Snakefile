@@ -20,6 +20,23 @@ include: "rules/metrics.smk"
 include: "rules/tables.smk"
 
 
+# Everything but the inference shards runs on the submitting node under a cluster profile.
+localrules:
+    all,
+    demo_hico,
+    tiny_model,
+    question_set,
+    train_stats,
+    question_counts,
+    image_condition,
+    merge_predictions,
+    ensemble,
+    metric_part,
+    consistency_part,
+    metrics,
+    tables,
+
+
 rule all:
     input:
         METRICS,
