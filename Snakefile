@@ -10,6 +10,9 @@ min_version("9.0")
 configfile: "config.yaml"
 
 
+report: "report/workflow.rst"
+
+
 include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/questions.smk"
@@ -23,6 +26,7 @@ include: "rules/tables.smk"
 # Everything but the inference shards runs on the submitting node under a cluster profile.
 localrules:
     all,
+    fetch_dataset,
     demo_hico,
     tiny_model,
     question_set,
@@ -41,4 +45,5 @@ rule all:
     input:
         METRICS,
         TABLES,
+        TABLES_HTML,
         QUESTION_COUNTS,

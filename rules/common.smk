@@ -12,7 +12,7 @@ from snakemake.utils import validate
 # puts a script's folder on its sys.path), so conda and cluster jobs work too.
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from verbmirage.config import DEMO_HICO_DET_ROOT, DEMO_HICO_ROOT, check_config
+from verbmirage.config import DEMO_HICO_DET_ROOT, DEMO_HICO_ROOT, DOWNLOADS_FOLDER, check_config
 from verbmirage.questions import question_kind
 from verbmirage.tiny import BUILDERS as TINY_BUILDERS
 
@@ -27,6 +27,7 @@ VARIANTS = list(config["variants"])
 ENSEMBLES = config["ensembles"]
 CONSISTENCY_PAIRS = [tuple(pair) for pair in config["metrics"]["error_consistency"]]
 HICO_ROOT = config["datasets"]["hico"]["root"]
+DOWNLOADS = config["downloads"]
 TINY_FAMILIES = list(TINY_BUILDERS)
 
 
@@ -37,6 +38,7 @@ def _alternatives(names):
 
 wildcard_constraints:
     dataset=_alternatives(DATASETS),
+    download=_alternatives(DOWNLOADS),
     qset=_alternatives(QSETS),
     condition=_alternatives(CONDITIONS),
     reference=_alternatives(CONDITIONS),
@@ -46,8 +48,22 @@ wildcard_constraints:
 
 
 # ---- artifact paths: the only place they are spelled out -------------------
-HICO_ANNO = f"{HICO_ROOT}/anno.mat"
-HICO_IMAGES = f"{HICO_ROOT}/images"
+DOWNLOADED = f"{DOWNLOADS_FOLDER}/{{download}}"  # fetch_dataset unpacks (or links) a download here
+DOWNLOAD_DONE = f"{DOWNLOADS_FOLDER}/{{download}}.done"
+
+
+def _produced_by_download(root):
+    """The flag of the download whose folder holds ``root``, or None."""
+    for name in DOWNLOADS:
+        folder = Path(DOWNLOADED.format(download=name))
+        if Path(root) == folder or folder in Path(root).parents:
+            return DOWNLOAD_DONE.format(download=name)
+    return None
+
+
+# What HICO jobs wait for: the files themselves, or the download that brings them.
+HICO_ANNO = _produced_by_download(HICO_ROOT) or f"{HICO_ROOT}/anno.mat"
+HICO_IMAGES = _produced_by_download(HICO_ROOT) or f"{HICO_ROOT}/images"
 QUESTIONS = "results/benchmark/{dataset}/{qset}.parquet"
 TRAIN_STATS = "results/benchmark/{dataset}/train_stats.parquet"
 QUESTION_COUNTS = expand("results/benchmark/{dataset}/counts.{ext}", dataset=DATASETS, ext=["parquet", "md"])
@@ -59,6 +75,7 @@ METRIC_PART = "results/metrics/parts/{dataset}/{qset}/{condition}/{model}/{varia
 CONSISTENCY_PART = "results/metrics/parts/{dataset}/{qset}/{reference}_vs_{other}/{model}/{variant}.parquet"
 METRICS = "results/metrics/metrics.parquet"
 TABLES = expand("results/tables/table{n}.{ext}", n=[1, 2, 3], ext=["parquet", "md"])
+TABLES_HTML = expand("results/tables/table{n}.html", n=[1, 2, 3])
 
 
 # ---- input functions ---------------------------------------------------------

@@ -26,3 +26,19 @@ rule tiny_model:
         "../envs/verbmirage.yaml"
     script:
         "../scripts/build_tiny_model.py"
+
+
+rule fetch_dataset:
+    """Download (resumable), verify and unpack one archive of `downloads:`, or link the user's folder."""
+    output:
+        touch(DOWNLOAD_DONE),
+    params:
+        entry=lambda wildcards: DOWNLOADS[wildcards.download],
+        archive=lambda wildcards: f"resources/archives/{DOWNLOADS[wildcards.download]['archive']}",
+        target=DOWNLOADED,
+    log:
+        "logs/fetch_dataset/{download}.log",
+    conda:
+        "../envs/verbmirage.yaml"
+    script:
+        "../scripts/fetch_dataset.py"

@@ -6,6 +6,7 @@ rule image_condition:
     output:
         directory(CONDITION_DIR),
     params:
+        root=lambda wildcards: HICO_ROOT,  # the dataset folder (its files may come from a download)
         settings=lambda wildcards: config["conditions"][wildcards.condition],
         seed=config["condition_seed"],
     log:

@@ -5,6 +5,7 @@ rule question_set:
     output:
         QUESTIONS,
     params:
+        root=lambda wildcards: HICO_ROOT,  # the dataset folder (its files may come from a download)
         settings=config["questions"],
     log:
         "logs/question_set/{dataset}/{qset}.log",
@@ -20,6 +21,8 @@ rule train_stats:
         anno=HICO_ANNO,
     output:
         TRAIN_STATS,
+    params:
+        root=lambda wildcards: HICO_ROOT,  # the dataset folder (its files may come from a download)
     log:
         "logs/train_stats/{dataset}.log",
     conda:

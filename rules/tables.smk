@@ -4,6 +4,7 @@ rule tables:
         METRICS,
     output:
         TABLES,
+        [report(path, category="Paper tables", caption="../report/table.rst") for path in TABLES_HTML],
     params:
         models=MODELS,
         ensembles=ENSEMBLES,

@@ -4,8 +4,6 @@ Input: ``anno``. Output: the question table (schema ``verbmirage.io.QUESTIONS``)
 Settings: ``params.settings`` (config key ``questions``); wildcard ``qset``.
 """
 
-from pathlib import Path
-
 from verbmirage.hico import load_hico
 from verbmirage.io import QUESTIONS, write_table
 from verbmirage.joblog import job_log
@@ -14,6 +12,6 @@ from verbmirage.questions import QuestionSettings, build_question_set
 with job_log(snakemake.log[0]) as log:
     settings = QuestionSettings.from_config(snakemake.params.settings)
     qset = snakemake.wildcards.qset
-    questions = build_question_set(load_hico(Path(snakemake.input.anno).parent), qset, settings)
+    questions = build_question_set(load_hico(snakemake.params.root), qset, settings)
     write_table(questions, snakemake.output[0], QUESTIONS, provenance={"qset": qset, "settings": vars(settings)})
     log.info("%s: %d rows", qset, len(questions))

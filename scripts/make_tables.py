@@ -1,12 +1,12 @@
 """Paper Tables 1-3 from the long metrics table (Parquet + Markdown).
 
-Input: the metrics table. Outputs: ``results/tables/table{1,2,3}.{parquet,md}``.
+Input: the metrics table. Outputs: ``results/tables/table{1,2,3}.{parquet,md,html}``.
 Settings: ``params.models`` (row order), ``params.ensembles``, ``params.consistency_pairs``.
 """
 
 from pathlib import Path
 
-from verbmirage.io import read_table, write_markdown
+from verbmirage.io import read_table, write_html, write_markdown
 from verbmirage.joblog import job_log
 from verbmirage.tables import build_table, table1_columns, table2_columns, table3
 
@@ -28,8 +28,11 @@ with job_log(snakemake.log[0]):
     }
     for number, table in tables.items():
         for path in snakemake.output:
-            if Path(path).stem == f"table{number}":
-                if path.endswith(".parquet"):
-                    table.to_parquet(path, index=False)
-                else:
-                    write_markdown(table, path, title=TITLES[number])
+            if Path(path).stem != f"table{number}":
+                continue
+            if path.endswith(".parquet"):
+                table.to_parquet(path, index=False)
+            elif path.endswith(".html"):
+                write_html(table, path, title=TITLES[number])
+            else:
+                write_markdown(table, path, title=TITLES[number])

@@ -3,11 +3,9 @@
 Input: ``anno``. Output: a table (kind, verb, object, positives, total, p_yes).
 """
 
-from pathlib import Path
-
 from verbmirage.hico import load_hico
 from verbmirage.joblog import job_log
 from verbmirage.models.baselines import training_frequencies
 
 with job_log(snakemake.log[0]):
-    training_frequencies(load_hico(Path(snakemake.input.anno).parent)).to_parquet(snakemake.output[0], index=False)
+    training_frequencies(load_hico(snakemake.params.root)).to_parquet(snakemake.output[0], index=False)

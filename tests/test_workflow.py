@@ -128,6 +128,51 @@ def test_changing_a_model_reruns_only_its_jobs(demo_run):
     assert {w["model"] for rule, w in jobs if rule == "metric_part"} == {"random", "blind_vote"}
 
 
+def test_report_includes_the_tables(demo_run, tmp_path):
+    report = tmp_path / "report.html"
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(demo_run),
+         "--configfile", str(demo_run / "config.yaml"), "--report", str(report)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    html = report.read_text()
+    assert "Paper tables" in html and all(f"table{n}.html" in html for n in (1, 2, 3))
+
+
+def test_dataset_from_a_local_archive(tmp_path):
+    """datasets.hico.root inside a configured download: fetch_dataset unpacks it first (in place, no copy)."""
+    import tarfile
+
+    from verbmirage.demo import DemoSizes, write_demo_hico
+
+    write_demo_hico(tmp_path / "mine" / "hico_20150920", tmp_path / "mine" / "det", DemoSizes(train=60, test=20))
+    archive = tmp_path / "hico_20150920.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tmp_path / "mine" / "hico_20150920", arcname="hico_20150920")
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+
+    def edit(config):
+        config["datasets"]["hico"] = {"root": "resources/data/hico/hico_20150920", "det_root": ""}
+        config["downloads"] = {"hico": {"source": str(archive), "archive": "hico_20150920.tar.gz"}}
+        config["questions"]["sets"] = ["yn_obj"]
+        config["models"] = {"prior": {"backend": "prior"}}
+        config.update(ensembles={}, conditions={"clean": {"type": "clean"}})
+        config["metrics"]["error_consistency"] = []
+
+    _write_config(workdir, edit)
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "2", "--snakefile", str(REPO / "Snakefile"),
+         "--directory", str(workdir), "--configfile", str(workdir / "config.yaml")],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (workdir / "resources/data/hico/hico_20150920/anno.mat").is_file()
+    assert not (workdir / "resources/archives").exists()  # the local archive was read in place
+    assert (workdir / "results/tables/table1.parquet").is_file()
+
+
 def test_invalid_config_stops_before_any_job(tmp_path):
     _write_config(tmp_path, lambda c: c["models"].update(llava={"backend": "llava_next_xl"}))
     result = subprocess.run(

@@ -16,6 +16,8 @@ from verbmirage.models.registry import BACKENDS
 # Where rule `demo_hico` writes the demo; a root pointing here need not exist yet.
 DEMO_HICO_ROOT = "resources/demo/hico_20150920"
 DEMO_HICO_DET_ROOT = "resources/demo/hico_20160224_det"
+# Where rule `fetch_dataset` unpacks `downloads.<name>`.
+DOWNLOADS_FOLDER = "resources/data"
 
 
 class ConfigError(ValueError):
@@ -26,10 +28,13 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
     """Raise :class:`ConfigError` on the first problem found."""
     workdir = Path(workdir)
     hico = config["datasets"]["hico"]
+    downloaded = [Path(DOWNLOADS_FOLDER) / name for name in config.get("downloads", {})]
     for key, demo in (("root", DEMO_HICO_ROOT), ("det_root", DEMO_HICO_DET_ROOT)):
         value = hico.get(key, "")
         if not value or Path(value) == Path(demo):
             continue
+        if any(Path(value) == folder or folder in Path(value).parents for folder in downloaded):
+            continue  # a configured download brings it
         required = "anno.mat" if key == "root" else "anno_bbox.mat"
         if not (workdir / value / required).is_file():
             raise ConfigError(f"datasets.hico.{key}: '{value}' has no {required}")

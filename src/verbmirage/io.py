@@ -141,11 +141,22 @@ def read_provenance(path: str | Path) -> dict:
     return json.loads(metadata.get(b"verbmirage.provenance", b"{}"))
 
 
-def write_markdown(frame: pd.DataFrame, path: str | Path, title: str = "") -> None:
-    """Write a table as Markdown (via tabulate), atomically."""
+def _write_text(path: str | Path, text: str) -> None:
     path = Path(path)
-    text = (f"## {title}\n\n" if title else "") + frame.to_markdown(index=False, floatfmt=".2f") + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def write_markdown(frame: pd.DataFrame, path: str | Path, title: str = "") -> None:
+    """Write a table as Markdown (via tabulate), atomically."""
+    _write_text(path, (f"## {title}\n\n" if title else "") + frame.to_markdown(index=False, floatfmt=".2f") + "\n")
+
+
+def write_html(frame: pd.DataFrame, path: str | Path, title: str = "") -> None:
+    """Write a table as a small standalone HTML page (for the Snakemake report), atomically."""
+    body = frame.to_html(index=False, float_format=lambda v: f"{v:.2f}", na_rep="", border=0)
+    heading = f"<h2>{title}</h2>\n" if title else ""
+    _write_text(path, f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{title}</title></head>"
+                      f"<body>\n{heading}{body}\n</body></html>\n")
