@@ -1,0 +1,210 @@
+"""CharadesEgo (v1): annotations, paired ego/exo videos, frames, and a mini demo copy.
+
+Layout (the real archives): ``CharadesEgo/CharadesEgo_v1_{train,test}.csv``
+(columns ``id, subject, scene, quality, relevance, verified, script, objects,
+descriptions, actions, length, egocentric, charades_video``; ``actions`` like
+``c092 11.90 21.20;c147 0.00 12.60``), the class files
+``Charades_v1_classes.txt`` (``c000 Holding some clothes``),
+``Charades_v1_objectclasses.txt`` (``o012 door``),
+``Charades_v1_verbclasses.txt`` (``v012 open``), ``Charades_v1_mapping.txt``
+(``c008 o012 v012``), and videos ``CharadesEgo_v1_480/<id>.mp4`` where the
+third-person ``ABCDE`` pairs with the egocentric ``ABCDEEGO``. Frames are read
+with PyAV; an ego time is the exo time scaled by the ratio of the lengths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from PIL import Image, ImageDraw
+
+CSV_COLUMNS = ["id", "subject", "scene", "quality", "relevance", "verified", "script", "objects",
+               "descriptions", "actions", "length", "egocentric", "charades_video"]
+EGO_SUFFIX = "EGO"
+
+
+@dataclass(frozen=True)
+class CharadesVocabulary:
+    """Action classes and their (verb, object) decomposition."""
+
+    classes: dict[str, str]  # c008 -> "Opening a door"
+    objects: dict[str, str]  # o012 -> "door"
+    verbs: dict[str, str]  # v012 -> "open"
+    mapping: dict[str, tuple[str, str]]  # c008 -> (o012, v012)
+
+    def object_of(self, action: str) -> str:
+        return self.mapping[action][0]
+
+
+def _id_text_file(path: Path) -> dict[str, str]:
+    entries = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            key, _, text = line.strip().partition(" ")
+            if not text:
+                raise ValueError(f"{path}:{number}: expected '<id> <text>', got {line!r}")
+            entries[key] = text
+    return entries
+
+
+def load_vocabulary(annotations: str | Path) -> CharadesVocabulary:
+    """Read the four class files from the ``CharadesEgo`` annotation folder."""
+    folder = Path(annotations)
+    mapping = {}
+    for number, line in enumerate((folder / "Charades_v1_mapping.txt").read_text().splitlines(), 1):
+        parts = line.split()
+        if parts:
+            if len(parts) != 3:
+                raise ValueError(f"{folder / 'Charades_v1_mapping.txt'}:{number}: expected 'cXXX oXXX vXXX'")
+            mapping[parts[0]] = (parts[1], parts[2])
+    return CharadesVocabulary(
+        classes=_id_text_file(folder / "Charades_v1_classes.txt"),
+        objects=_id_text_file(folder / "Charades_v1_objectclasses.txt"),
+        verbs=_id_text_file(folder / "Charades_v1_verbclasses.txt"),
+        mapping=mapping,
+    )
+
+
+def parse_actions(field, where: str = "actions") -> list[tuple[str, float, float]]:
+    """``"c092 11.90 21.20;c147 0.00 12.60"`` -> [("c092", 11.9, 21.2), ...]; empty -> []."""
+    if field is None or (isinstance(field, float) and np.isnan(field)) or not str(field).strip():
+        return []
+    actions = []
+    for item in str(field).split(";"):
+        parts = item.split()
+        if len(parts) != 3:
+            raise ValueError(f"{where}: cannot read action {item!r} (expected 'cXXX start end')")
+        actions.append((parts[0], float(parts[1]), float(parts[2])))
+    return actions
+
+
+def load_split(annotations: str | Path, split: str) -> pd.DataFrame:
+    """One CSV as a table; ``actions`` parsed into (class, start, end) tuples."""
+    path = Path(annotations) / f"CharadesEgo_v1_{split}.csv"
+    table = pd.read_csv(path, dtype={"id": str})
+    missing = [c for c in CSV_COLUMNS if c not in table.columns]
+    if missing:
+        raise ValueError(f"{path}: missing columns {missing}")
+    table["actions"] = [parse_actions(a, f"{path} row {i + 2}") for i, a in enumerate(table["actions"])]
+    return table
+
+
+def video_pairs(table: pd.DataFrame) -> pd.DataFrame:
+    """Third-person ``ABCDE`` rows next to their egocentric ``ABCDEEGO`` rows (both must exist)."""
+    by_id = table.set_index("id")
+    pairs = []
+    for video in table.id:
+        if video.endswith(EGO_SUFFIX) or f"{video}{EGO_SUFFIX}" not in by_id.index:
+            continue
+        pairs.append({"exo": video, "ego": f"{video}{EGO_SUFFIX}", "exo_length": float(by_id.at[video, "length"]),
+                      "ego_length": float(by_id.at[f"{video}{EGO_SUFFIX}", "length"]),
+                      "actions": by_id.at[video, "actions"]})
+    return pd.DataFrame(pairs)
+
+
+def ego_time(exo_seconds: float, exo_length: float, ego_length: float) -> float:
+    """The same moment in the egocentric video: exo time scaled by the length ratio."""
+    return exo_seconds * ego_length / exo_length
+
+
+def read_frame(video: str | Path, seconds: float) -> Image.Image:
+    """The decoded frame shown at ``seconds`` (the last frame if the video is shorter)."""
+    return frame_at(video, seconds)[1]
+
+
+def frame_at(video: str | Path, seconds: float) -> tuple[float, Image.Image]:
+    """(presentation time, image) of the frame on screen at ``seconds``."""
+    import av
+
+    with av.open(str(video)) as container:
+        stream = container.streams.video[0]
+        container.seek(max(0, int(seconds / stream.time_base) - 1), stream=stream, backward=True, any_frame=False)
+        chosen = None
+        for frame in container.decode(stream):
+            if chosen is not None and frame.time is not None and frame.time > seconds + 1e-6:
+                break
+            chosen = frame
+        if chosen is None:
+            raise ValueError(f"{video}: no frame could be decoded")
+        return float(chosen.time), chosen.to_image()
+
+
+# ---- the demo copy -------------------------------------------------------------
+DEMO_OBJECTS = {"o000": "clothes", "o001": "door", "o002": "cup", "o003": "book", "o004": "laptop", "o005": "chair"}
+DEMO_VERBS = {"v000": "hold", "v001": "put", "v002": "open", "v003": "close", "v004": "take", "v005": "sit",
+              "v006": "drink", "v007": "read", "v008": "watch"}
+DEMO_CLASSES = [  # (class text, object, verb): a few of Charades' everyday actions
+    ("Holding some clothes", "o000", "v000"), ("Putting clothes somewhere", "o000", "v001"),
+    ("Taking some clothes from somewhere", "o000", "v004"), ("Opening a door", "o001", "v002"),
+    ("Closing a door", "o001", "v003"), ("Holding a cup", "o002", "v000"), ("Drinking from a cup", "o002", "v006"),
+    ("Putting a cup somewhere", "o002", "v001"), ("Holding a book", "o003", "v000"), ("Reading a book", "o003", "v007"),
+    ("Opening a book", "o003", "v002"), ("Closing a book", "o003", "v003"), ("Watching a laptop", "o004", "v008"),
+    ("Opening a laptop", "o004", "v002"), ("Holding a laptop", "o004", "v000"), ("Sitting in a chair", "o005", "v005"),
+]
+
+
+def _write_video(path: Path, seconds: float, fps: int, color: tuple[int, int, int], rng) -> None:
+    import av
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frames = max(2, int(round(seconds * fps)))
+    with av.open(str(path), mode="w") as container:
+        stream = container.add_stream("mpeg4", rate=Fraction(fps))
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for index in range(frames):
+            image = Image.new("RGB", (64, 48), color)
+            x = int(index * 56 / frames)
+            ImageDraw.Draw(image).rectangle((x, 10, x + 8, 40), fill=tuple(int(c) for c in rng.integers(0, 256, 3)))
+            for packet in stream.encode(av.VideoFrame.from_image(image)):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+
+
+def write_demo_charadesego(root: str | Path, pairs: int = 12, seed: int = 0) -> Path:
+    """A mini CharadesEgo under ``root``: ``CharadesEgo/`` annotations and ``CharadesEgo_v1_480/`` videos."""
+    root = Path(root)
+    annotations, videos = root / "CharadesEgo", root / "CharadesEgo_v1_480"
+    annotations.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    classes = {f"c{i:03d}": text for i, (text, _, _) in enumerate(DEMO_CLASSES)}
+    (annotations / "Charades_v1_classes.txt").write_text("".join(f"{c} {t}\n" for c, t in classes.items()))
+    (annotations / "Charades_v1_objectclasses.txt").write_text("".join(f"{o} {n}\n" for o, n in DEMO_OBJECTS.items()))
+    (annotations / "Charades_v1_verbclasses.txt").write_text("".join(f"{v} {n}\n" for v, n in DEMO_VERBS.items()))
+    (annotations / "Charades_v1_mapping.txt").write_text(
+        "".join(f"c{i:03d} {o} {v}\n" for i, (_, o, v) in enumerate(DEMO_CLASSES))
+    )
+    for split, count in (("train", pairs), ("test", pairs)):
+        rows = []
+        for n in range(count):
+            video = f"{'TR' if split == 'train' else 'TE'}{n:03d}"
+            exo_length = float(rng.uniform(4, 7))
+            ego_length = round(exo_length * float(rng.uniform(0.8, 1.2)), 2)
+            chosen = rng.choice(len(DEMO_CLASSES), size=int(rng.integers(1, 4)), replace=False)
+            actions = []
+            for c in sorted(int(i) for i in chosen):
+                start = round(float(rng.uniform(0, exo_length * 0.6)), 2)
+                end = round(min(exo_length, start + float(rng.uniform(1, 3))), 2)
+                actions.append(f"c{c:03d} {start:.2f} {end:.2f}")
+            objects = ";".join(sorted({DEMO_OBJECTS[DEMO_CLASSES[int(i)][1]] for i in chosen}))
+            for ego, length in ((False, exo_length), (True, ego_length)):
+                rows.append({
+                    "id": video + (EGO_SUFFIX if ego else ""), "subject": f"S{n:02d}", "scene": "Bedroom",
+                    "quality": 6, "relevance": 7, "verified": "Yes", "script": "(demo) a person at home",
+                    "objects": objects, "descriptions": "(demo)",
+                    # the egocentric row carries the same script's actions, in its own time
+                    "actions": ";".join(
+                        f"{a.split()[0]} {ego_time(float(a.split()[1]), exo_length, ego_length):.2f} "
+                        f"{ego_time(float(a.split()[2]), exo_length, ego_length):.2f}" if ego else a
+                        for a in actions
+                    ),
+                    "length": round(length, 2), "egocentric": "Yes" if ego else "No", "charades_video": video,
+                })
+                color = tuple(int(c) for c in rng.integers(40, 220, 3))
+                _write_video(videos / f"{rows[-1]['id']}.mp4", length, 10, color, rng)
+        pd.DataFrame(rows, columns=CSV_COLUMNS).to_csv(annotations / f"CharadesEgo_v1_{split}.csv", index=False)
+    return root
