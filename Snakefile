@@ -16,6 +16,7 @@ report: "report/workflow.rst"
 include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/questions.smk"
+include: "rules/charades.smk"
 include: "rules/images.smk"
 include: "rules/inference.smk"
 include: "rules/ensembles.smk"
@@ -31,6 +32,10 @@ localrules:
     tiny_model,
     question_set,
     train_stats,
+    demo_charadesego,
+    charades_frames,
+    charades_question_set,
+    charades_train_stats,
     question_counts,
     image_condition,
     merge_predictions,

@@ -12,15 +12,18 @@ from snakemake.utils import validate
 # puts a script's folder on its sys.path), so conda and cluster jobs work too.
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from verbmirage.config import DEMO_HICO_DET_ROOT, DEMO_HICO_ROOT, DOWNLOADS_FOLDER, check_config
+from verbmirage.charades import CHARADES_QUESTION_SETS
+from verbmirage.config import DEMO_CHARADES_ROOT, DEMO_HICO_DET_ROOT, DEMO_HICO_ROOT, DOWNLOADS_FOLDER, check_config
 from verbmirage.questions import question_kind
 from verbmirage.tiny import BUILDERS as TINY_BUILDERS
 
 validate(config, workflow.source_path("../schemas/config.schema.yaml"))
 check_config(config, workdir=os.getcwd())
 
-DATASETS = ["hico"]
-QSETS = config["questions"]["sets"]
+CHARADES = config["datasets"].get("charadesego")  # optional: Table 4 (ego vs exo)
+DATASETS = ["hico"] + (["charadesego"] if CHARADES else [])
+QSETS = config["questions"]["sets"]  # HICO's
+DATASET_QSETS = {"hico": QSETS, "charadesego": list(CHARADES_QUESTION_SETS)}
 CONDITIONS = list(config["conditions"])
 MODELS = list(config["models"])
 VARIANTS = list(config["variants"])
@@ -39,7 +42,7 @@ def _alternatives(names):
 wildcard_constraints:
     dataset=_alternatives(DATASETS),
     download=_alternatives(DOWNLOADS),
-    qset=_alternatives(QSETS),
+    qset=_alternatives(QSETS + list(CHARADES_QUESTION_SETS)),
     condition=_alternatives(CONDITIONS),
     reference=_alternatives(CONDITIONS),
     other=_alternatives(CONDITIONS),
@@ -64,9 +67,15 @@ def _produced_by_download(root):
 # What HICO jobs wait for: the files themselves, or the download that brings them.
 HICO_ANNO = _produced_by_download(HICO_ROOT) or f"{HICO_ROOT}/anno.mat"
 HICO_IMAGES = _produced_by_download(HICO_ROOT) or f"{HICO_ROOT}/images"
+CHARADES_ROOT = CHARADES["root"] if CHARADES else ""
+CHARADES_SPLIT = CHARADES["split"] if CHARADES else "test"
+CHARADES_CSV = _produced_by_download(CHARADES_ROOT) or f"{CHARADES_ROOT}/CharadesEgo/CharadesEgo_v1_{CHARADES_SPLIT}.csv"
+CHARADES_VIDEOS = _produced_by_download(CHARADES_ROOT) or f"{CHARADES_ROOT}/CharadesEgo_v1_480"
+CHARADES_FRAMES = "results/frames/charadesego"  # frames/{exo,ego}/<pair>_<action>.jpg
+CHARADES_FRAME_TABLE = "results/benchmark/charadesego/frames.parquet"
 QUESTIONS = "results/benchmark/{dataset}/{qset}.parquet"
 TRAIN_STATS = "results/benchmark/{dataset}/train_stats.parquet"
-QUESTION_COUNTS = expand("results/benchmark/{dataset}/counts.{ext}", dataset=DATASETS, ext=["parquet", "md"])
+QUESTION_COUNTS = expand("results/benchmark/hico/counts.{ext}", ext=["parquet", "md"])
 CONDITION_DIR = "results/images/{dataset}/{condition}"
 PREDICTIONS = "results/predictions/{dataset}/{qset}/{condition}/{model}/{variant}.parquet"
 # One inference job's output; its resumable parts live beside it in "<shard>.parquet.parts/".
@@ -74,8 +83,9 @@ PREDICTION_SHARD = "results/shards/{dataset}/{qset}/{condition}/{model}/{variant
 METRIC_PART = "results/metrics/parts/{dataset}/{qset}/{condition}/{model}/{variant}.parquet"
 CONSISTENCY_PART = "results/metrics/parts/{dataset}/{qset}/{reference}_vs_{other}/{model}/{variant}.parquet"
 METRICS = "results/metrics/metrics.parquet"
-TABLES = expand("results/tables/table{n}.{ext}", n=[1, 2, 3], ext=["parquet", "md"])
-TABLES_HTML = expand("results/tables/table{n}.html", n=[1, 2, 3])
+TABLE_NUMBERS = [1, 2, 3] + ([4] if CHARADES else [])
+TABLES = expand("results/tables/table{n}.{ext}", n=TABLE_NUMBERS, ext=["parquet", "md"])
+TABLES_HTML = expand("results/tables/table{n}.html", n=TABLE_NUMBERS)
 
 
 # ---- input functions ---------------------------------------------------------
@@ -86,6 +96,11 @@ def model_resource(key, default):
 
 def n_shards(model):
     return config["models"][model].get("shards", config["inference"]["shards"])
+
+
+# A one-shard model writes its prediction table directly (no merge job).
+SHARDED_MODELS = [m for m in MODELS if n_shards(m) > 1]
+UNSHARDED_MODELS = [m for m in MODELS if n_shards(m) == 1]
 
 
 def prediction_shards(wildcards):
@@ -106,23 +121,36 @@ def ensemble_member_predictions(wildcards):
     ]
 
 
+def image_source(wildcards):
+    """The folder a dataset's question images live in (or what produces it)."""
+    return HICO_IMAGES if wildcards.dataset == "hico" else CHARADES_FRAMES
+
+
+def image_root(wildcards):
+    return HICO_ROOT if wildcards.dataset == "hico" else CHARADES_FRAMES
+
+
+def dataset_questions(wildcards):
+    return expand(QUESTIONS, dataset=wildcards.dataset, qset=DATASET_QSETS[wildcards.dataset])
+
+
 def all_scored():
-    """Every (qset, condition, model or ensemble, variant) the metrics cover."""
-    return expand(
-        METRIC_PART,
-        dataset=DATASETS,
-        qset=QSETS,
-        condition=CONDITIONS,
-        model=MODELS + list(ENSEMBLES),
-        variant=VARIANTS,
-    )
+    """Every (dataset, qset, condition, model or ensemble, variant) the metrics cover."""
+    return [
+        METRIC_PART.format(dataset=d, qset=q, condition=c, model=m, variant=v)
+        for d in DATASETS
+        for q in DATASET_QSETS[d]
+        for c in CONDITIONS
+        for m in MODELS + list(ENSEMBLES)
+        for v in VARIANTS
+    ]
 
 
 def all_consistency():
     return [
         CONSISTENCY_PART.format(dataset=d, qset=q, reference=a, other=b, model=m, variant=v)
-        for d in DATASETS
-        for q in QSETS
+        for d in ["hico"]  # paper Table 2 (HICO); CharadesEgo compares views, not conditions
+        for q in DATASET_QSETS[d]
         for a, b in CONSISTENCY_PAIRS
         for m in MODELS + list(ENSEMBLES)
         for v in VARIANTS

@@ -14,6 +14,22 @@ rule demo_hico:
         "../scripts/make_demo_hico.py"
 
 
+rule demo_charadesego:
+    """A mini CharadesEgo in the real format: CSVs, class files, paired ego/exo mp4 videos (PyAV)."""
+    output:
+        csv=f"{DEMO_CHARADES_ROOT}/CharadesEgo/CharadesEgo_v1_test.csv",
+        videos=directory(f"{DEMO_CHARADES_ROOT}/CharadesEgo_v1_480"),
+    params:
+        pairs=config["demo"]["charades_pairs"],
+        seed=config["demo"]["seed"],
+    log:
+        "logs/demo_charadesego.log",
+    conda:
+        "../envs/verbmirage.yaml"
+    script:
+        "../scripts/make_demo_charadesego.py"
+
+
 rule tiny_model:
     """A tiny random-weight model of a real transformers class, built offline (tests and demo)."""
     output:

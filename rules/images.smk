@@ -1,12 +1,12 @@
 rule image_condition:
-    """The test images as a model sees them under one condition, plus manifest.parquet."""
+    """The images a dataset's questions ask about, as a model sees them under one condition (+ manifest.parquet)."""
     input:
-        anno=HICO_ANNO,
-        images=HICO_IMAGES,
+        source=image_source,
+        questions=dataset_questions,
     output:
         directory(CONDITION_DIR),
     params:
-        root=lambda wildcards: HICO_ROOT,  # the dataset folder (its files may come from a download)
+        root=image_root,
         settings=lambda wildcards: config["conditions"][wildcards.condition],
         seed=config["condition_seed"],
     log:

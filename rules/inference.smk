@@ -12,7 +12,7 @@ rule predict_shard:
     output:
         PREDICTION_SHARD,
     wildcard_constraints:
-        model=_alternatives(MODELS),
+        model=_alternatives(SHARDED_MODELS),
     params:
         model=lambda wildcards: config["models"][wildcards.model],
         variant=lambda wildcards: config["variants"][wildcards.variant],
@@ -36,6 +36,17 @@ rule predict_shard:
         "../scripts/predict_shard.py"
 
 
+use rule predict_shard as predict with:
+    output:
+        PREDICTIONS,
+    wildcard_constraints:
+        model=_alternatives(UNSHARDED_MODELS),
+    log:
+        "logs/predict/{dataset}/{qset}/{condition}/{model}/{variant}.log",
+    benchmark:
+        "benchmarks/predict/{dataset}/{qset}/{condition}/{model}/{variant}.tsv"
+
+
 rule merge_predictions:
     """The shards of one run as one prediction table; fails if a question is missing or doubled."""
     input:
@@ -44,7 +55,7 @@ rule merge_predictions:
     output:
         PREDICTIONS,
     wildcard_constraints:
-        model=_alternatives(MODELS),
+        model=_alternatives(SHARDED_MODELS),
     log:
         "logs/merge_predictions/{dataset}/{qset}/{condition}/{model}/{variant}.log",
     conda:

@@ -1,9 +1,11 @@
 rule question_set:
-    """One question set; reads annotations only, never images."""
+    """One HICO question set; reads annotations only, never images."""
     input:
         anno=HICO_ANNO,
     output:
         QUESTIONS,
+    wildcard_constraints:
+        dataset="hico",
     params:
         root=lambda wildcards: HICO_ROOT,  # the dataset folder (its files may come from a download)
         settings=config["questions"],
@@ -21,6 +23,8 @@ rule train_stats:
         anno=HICO_ANNO,
     output:
         TRAIN_STATS,
+    wildcard_constraints:
+        dataset="hico",
     params:
         root=lambda wildcards: HICO_ROOT,  # the dataset folder (its files may come from a download)
     log:
@@ -38,6 +42,8 @@ rule question_counts:
     output:
         parquet="results/benchmark/{dataset}/counts.parquet",
         markdown="results/benchmark/{dataset}/counts.md",
+    wildcard_constraints:
+        dataset="hico",
     log:
         "logs/question_counts/{dataset}.log",
     conda:

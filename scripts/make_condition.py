@@ -1,20 +1,19 @@
-"""Apply one image condition to the HICO test images.
+"""Apply one image condition to every image a dataset's question sets ask about.
 
-Inputs: ``anno`` and ``images`` (or the download that brings them). Settings: ``params.root``.
-Output: the condition folder with ``manifest.parquet``.
-Settings: ``params.settings`` (config ``conditions.<slug>``), ``params.seed``.
+Inputs: ``source`` (the image folder, or what produces it), ``questions`` (the
+dataset's question sets). Output: the condition folder with ``manifest.parquet``.
+Settings: ``params.root`` (where ``image`` paths are relative to),
+``params.settings`` (config ``conditions.<slug>``), ``params.seed``.
 """
 
 from verbmirage.conditions import apply_condition
-from verbmirage.hico import load_hico
+from verbmirage.io import read_table
 from verbmirage.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:
-    anno = load_hico(snakemake.params.root)
-    images = [anno.image_relpath("test", name) for name in anno.images["test"]]
+    images = sorted(set().union(*(set(read_table(path).image) for path in snakemake.input.questions)))
     manifest = apply_condition(
-        anno.root, images, snakemake.output[0], snakemake.wildcards.condition,
+        snakemake.params.root, images, snakemake.output[0], snakemake.wildcards.condition,
         snakemake.params.settings, seed=snakemake.params.seed,
     )
-    failed = manifest.error.notna().sum()
-    log.info("%d images, %d failed", len(manifest), failed)
+    log.info("%d images, %d failed", len(manifest), manifest.error.notna().sum())

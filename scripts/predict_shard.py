@@ -1,4 +1,4 @@
-"""Answer one shard of a question set with one model (resumable).
+"""Answer one shard of a question set with one model (resumable); rule ``predict`` is the one-shard case.
 
 Inputs: ``questions``, ``images`` (condition folder), ``train_stats``.
 Output: the shard's prediction table. Settings: ``params.model`` (the model's
@@ -13,7 +13,7 @@ with job_log(snakemake.log[0]) as log:
     w, p = snakemake.wildcards, snakemake.params
     frame = run_shard(
         snakemake.input.questions, snakemake.input.images, w.model, p.model, p.variant,
-        int(w.shard), p.n_shards, snakemake.output[0], train_stats=snakemake.input.train_stats,
+        int(w.get("shard", 0)), p.n_shards, snakemake.output[0], train_stats=snakemake.input.train_stats,
         dataset=w.dataset, batch_size=p.batch_size, part_size=p.part_size,
     )
     log.info("%d predictions, %d errors", len(frame), frame.error.notna().sum())

@@ -57,3 +57,34 @@ def test_frames_come_from_the_requested_time(demo):
         assert image.size == (64, 48)
     shown, _ = frame_at(video, 999.0)
     assert shown > 3.5  # past the end: the last frame
+
+
+def test_question_sets_ask_both_views_the_same(demo):
+    from verbmirage.charades import build_charades_questions, extract_frames, frame_table
+
+    annotations = demo / "CharadesEgo"
+    vocabulary = load_vocabulary(annotations)
+    frames = frame_table(video_pairs(load_split(annotations, "test")))
+    frames = extract_frames(frames, demo / "CharadesEgo_v1_480", demo / "frames_out")
+    assert frames.error.isna().all() and (demo / "frames_out" / frames.image.iloc[0]).is_file()
+    by_frame = frames.set_index("frame_id")
+    yn = {view: build_charades_questions(frames, vocabulary, f"yn_{view}") for view in ("exo", "ego")}
+    assert yn["exo"].prompt.tolist() == yn["ego"].prompt.tolist()
+    assert yn["exo"].answer.tolist() == yn["ego"].answer.tolist()
+    assert set(yn["exo"].image.str.split("/").str[1]) == {"exo"} and set(yn["ego"].image.str.split("/").str[1]) == {"ego"}
+    counts = yn["exo"].answer.value_counts()
+    assert counts["yes"] == frames.query("view == 'exo'").shape[0] and counts["no"] <= counts["yes"]  # about 1:1
+    text_to_class = {text: c for c, text in vocabulary.classes.items()}
+    for row in yn["ego"].itertuples():
+        positives = by_frame.at[row.image_id, "positives"]
+        asked = text_to_class[row.prompt.removeprefix("Is someone ").rstrip("?").capitalize()]
+        if row.answer == "yes":
+            assert asked in positives
+        else:  # a class that is not happening, about an object that is in the frame
+            assert asked not in positives
+            assert vocabulary.object_of(asked) in {vocabulary.object_of(c) for c in positives}
+    mc = build_charades_questions(frames, vocabulary, "mc_ego")
+    for _, group in mc.groupby("group_id"):
+        assert sorted(group.rotation) == [0, 1, 2, 3]
+        correct = {options[ord(a) - 65] for options, a in zip(group.options, group.answer)}
+        assert len(correct) == 1

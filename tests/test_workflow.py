@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 def _write_config(workdir: Path, edit=None) -> Path:
     config = yaml.safe_load((REPO / "config.yaml").read_text())
-    config["demo"].update(train_images=150, test_images=60)
+    config["demo"].update(train_images=150, test_images=60, charades_pairs=6)
     config["metrics"]["bootstrap_resamples"] = 50
     if edit:
         edit(config)
@@ -74,13 +74,19 @@ def test_demo_produces_metrics_and_tables(demo_run):
     assert list(metrics.columns) == METRICS.names
     assert set(metrics.model) == {"always_yes", "random", "prior", "tiny_llava", "blind_vote"}
     assert set(metrics.condition) == {"clean", "saltpepper", "clean_vs_saltpepper"}
+    assert set(metrics.dataset) == {"hico", "charadesego"}
+    table4 = pd.read_parquet(demo_run / "results/tables/table4.parquet").set_index("model")
+    assert table4.at["always_yes", "ego_recall"] == table4.at["always_yes", "exo_recall"] == 100.0
+    ego = pd.read_parquet(demo_run / "results/benchmark/charadesego/yn_ego.parquet")
+    exo = pd.read_parquet(demo_run / "results/benchmark/charadesego/yn_exo.parquet")
+    assert ego.prompt.tolist() == exo.prompt.tolist() and ego.answer.tolist() == exo.answer.tolist()
     assert metrics.value.notna().all() or metrics[metrics.value.isna()].metric.eq("error_consistency").all()
     # always-yes: recall 1 and accuracy = share of yes questions, computed from the question table
     questions = pd.read_parquet(demo_run / "results/benchmark/hico/yn_obj.parquet")
     row = metrics.set_index(["qset", "condition", "model", "subset", "metric"])["value"]
     assert row[("yn_obj", "clean", "always_yes", "all", "recall")] == 1.0
     assert row[("yn_obj", "clean", "always_yes", "all", "accuracy")] == pytest.approx((questions.answer == "yes").mean())
-    for n in (1, 2, 3):
+    for n in (1, 2, 3, 4):
         table = pd.read_parquet(demo_run / f"results/tables/table{n}.parquet")
         assert len(table) >= 1 and (demo_run / f"results/tables/table{n}.md").read_text().startswith("## Table")
     table1 = pd.read_parquet(demo_run / "results/tables/table1.parquet").set_index("model")
@@ -107,10 +113,8 @@ def test_adding_a_model_runs_only_its_jobs(demo_run):
     finally:
         _write_config(demo_run)
     per_rule = Counter(rule for rule, _ in jobs)
-    assert per_rule == {
-        "predict_shard": 10, "merge_predictions": 10, "metric_part": 10, "consistency_part": 5,
-        "metrics": 1, "tables": 1, "all": 1,
-    }
+    # 5 HICO + 4 CharadesEgo question sets x 2 conditions; error consistency on HICO only
+    assert per_rule == {"predict": 18, "metric_part": 18, "consistency_part": 5, "metrics": 1, "tables": 1, "all": 1}
     assert {w["model"] for rule, w in jobs if "model" in w} == {"prior_two"}
 
 
@@ -124,7 +128,9 @@ def test_changing_a_model_reruns_only_its_jobs(demo_run):
     assert predicted == {("random", "0"), ("random", "1")}  # the demo splits `random` into two shards
     # its ensemble depends on it; nothing upstream (questions, images) reruns
     assert {w["model"] for rule, w in jobs if rule == "ensemble"} == {"blind_vote"}
-    assert not {"question_set", "image_condition", "demo_hico", "train_stats", "tiny_model"} & {rule for rule, _ in jobs}
+    upstream = {"question_set", "image_condition", "demo_hico", "train_stats", "tiny_model", "demo_charadesego",
+                "charades_frames", "charades_question_set", "charades_train_stats"}
+    assert not upstream & {rule for rule, _ in jobs}
     assert {w["model"] for rule, w in jobs if rule == "metric_part"} == {"random", "blind_vote"}
 
 
@@ -137,7 +143,7 @@ def test_report_includes_the_tables(demo_run, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     html = report.read_text()
-    assert "Paper tables" in html and all(f"table{n}.html" in html for n in (1, 2, 3))
+    assert "Paper tables" in html and all(f"table{n}.html" in html for n in (1, 2, 3, 4))
 
 
 def test_dataset_from_a_local_archive(tmp_path):
@@ -159,6 +165,7 @@ def test_dataset_from_a_local_archive(tmp_path):
         config["questions"]["sets"] = ["yn_obj"]
         config["models"] = {"prior": {"backend": "prior"}}
         config.update(ensembles={}, conditions={"clean": {"type": "clean"}})
+        del config["datasets"]["charadesego"]
         config["metrics"]["error_consistency"] = []
 
     _write_config(workdir, edit)

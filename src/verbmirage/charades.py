@@ -208,3 +208,115 @@ def write_demo_charadesego(root: str | Path, pairs: int = 12, seed: int = 0) -> 
                 _write_video(videos / f"{rows[-1]['id']}.mp4", length, 10, color, rng)
         pd.DataFrame(rows, columns=CSV_COLUMNS).to_csv(annotations / f"CharadesEgo_v1_{split}.csv", index=False)
     return root
+
+
+# ---- frames and question sets (paper: Egocentric and Exocentric Images; Appendix A) ----
+VIEWS = ("exo", "ego")
+CHARADES_QUESTION_SETS = {"yn_exo": "yn", "yn_ego": "yn", "mc_exo": "mc", "mc_ego": "mc"}
+
+
+def frame_table(pairs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (pair, exo action, view): the middle frame of the action in each view.
+
+    Both views carry the exo video's labels, so ego and exo are asked about the
+    same actions. ``positives`` are the classes whose interval holds the moment.
+    """
+    rows = []
+    for pair in pairs.itertuples():
+        for action, start, end in pair.actions:
+            moment = round((start + end) / 2, 3)
+            positives = sorted({c for c, s, e in pair.actions if s <= moment <= e})
+            for view in VIEWS:
+                video = pair.exo if view == "exo" else pair.ego
+                seconds = moment if view == "exo" else ego_time(moment, pair.exo_length, pair.ego_length)
+                rows.append({
+                    "frame_id": f"{pair.exo}_{action}_{view}", "view": view, "video": video, "action": action,
+                    "seconds": round(seconds, 3), "positives": positives,
+                    "image": f"frames/{view}/{pair.exo}_{action}.jpg",
+                })
+    return pd.DataFrame(rows)
+
+
+def extract_frames(frames: pd.DataFrame, videos: str | Path, out_root: str | Path) -> pd.DataFrame:
+    """Write every frame of ``frames`` as JPEG under ``out_root``; return ``frames`` with an ``error`` column."""
+    from tqdm import tqdm
+
+    videos, out_root = Path(videos), Path(out_root)
+    errors = []
+    for row in tqdm(frames.itertuples(), total=len(frames), desc="frames", unit="frame"):
+        target = out_root / row.image
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            read_frame(videos / f"{row.video}.mp4", row.seconds).save(target, quality=95)
+            errors.append(None)
+        except (OSError, ValueError) as error:
+            errors.append(f"{row.video}.mp4 at {row.seconds}s: {type(error).__name__}: {error}")
+    return frames.assign(error=errors)
+
+
+def _question_text(class_text: str) -> str:
+    return class_text[0].lower() + class_text[1:]
+
+
+def build_charades_questions(frames: pd.DataFrame, vocabulary: CharadesVocabulary, qset: str,
+                             seed: int = 0, mc_options: int = 4) -> pd.DataFrame:
+    """``yn_{view}`` / ``mc_{view}``: one question per exo action, asked on that view's frame.
+
+    YN: the action ("yes") and one class drawn from those whose object is in
+    the frame but which are not happening ("no"), Yes:No about 1:1. MC: the
+    action and ``mc_options - 1`` such classes, in every circular rotation;
+    skipped when fewer are available. Draws depend only on (seed, pair,
+    action), so both views get the same questions.
+    """
+    from verbmirage.questions import Draft, _circular, _draw, content_hash, image_rng
+
+    kind, view = qset.split("_")
+    rows = []
+    for frame in frames[frames.view == view].itertuples():
+        rng = image_rng(seed, kind, frame.frame_id.rsplit("_", 1)[0])  # same stream for both views
+        objects = {vocabulary.object_of(c) for c in frame.positives}
+        pool = [c for c in vocabulary.classes if vocabulary.object_of(c) in objects and c not in frame.positives]
+        verb, obj = (vocabulary.verbs[vocabulary.mapping[frame.action][1]],
+                     vocabulary.objects[vocabulary.mapping[frame.action][0]])
+        if kind == "yn":
+            drafts = [Draft(f"Is someone {_question_text(vocabulary.classes[c])}?", answer, verb, obj, int(c[1:]))
+                      for c, answer in [(frame.action, "yes")] + [(c, "no") for c in _draw(rng, pool, 1)]]
+        else:
+            if len(pool) < mc_options - 1:
+                continue
+            chosen = [frame.action] + _draw(rng, pool, mc_options - 1)
+            texts = [vocabulary.classes[c] for c in chosen]
+            drafts = _circular(texts, 0, rng, Draft("", "", verb, obj, int(frame.action[1:])))
+        for draft in drafts:
+            question_id = content_hash("charadesego", qset, frame.image, draft.prompt, draft.options, draft.answer)
+            rows.append({
+                "question_id": question_id, "dataset": "charadesego", "qset": qset,
+                "image_id": frame.frame_id, "image": frame.image, "verb": draft.verb, "object": draft.object,
+                "hoi_id": draft.hoi_id, "prompt": draft.prompt,
+                "options": draft.options, "answer": draft.answer,
+                "group_id": content_hash("charadesego", qset, frame.image, *draft.group_key) if draft.options else question_id,
+                "rotation": draft.rotation, "rare": False, "common": False,
+            })
+    table = pd.DataFrame(rows)
+    if table.empty:
+        raise ValueError(f"charadesego question set '{qset}' is empty")
+    table["hoi_id"] = table["hoi_id"].astype("Int64")
+    return table
+
+
+def training_frequencies(videos: pd.DataFrame, vocabulary: CharadesVocabulary) -> pd.DataFrame:
+    """The language prior's knowledge for CharadesEgo: how often a class happens when its object does.
+
+    Same columns as :func:`verbmirage.models.baselines.training_frequencies`
+    (``phrase`` is the class text, as the MC options spell it).
+    """
+    rows = []
+    happened = [{c for c, _, _ in actions} for actions in videos.actions]
+    for c, text in vocabulary.classes.items():
+        obj = vocabulary.object_of(c)
+        with_object = [classes for classes in happened if any(vocabulary.object_of(x) == obj for x in classes)]
+        rows.append(("hoi", vocabulary.verbs[vocabulary.mapping[c][1]], vocabulary.objects[obj], text,
+                     sum(c in classes for classes in with_object), len(with_object)))
+    table = pd.DataFrame(rows, columns=["kind", "verb", "object", "phrase", "positives", "total"])
+    table["p_yes"] = (table.positives + 1) / (table.total + 2)
+    return table

@@ -16,6 +16,7 @@ from verbmirage.models.registry import BACKENDS
 # Where rule `demo_hico` writes the demo; a root pointing here need not exist yet.
 DEMO_HICO_ROOT = "resources/demo/hico_20150920"
 DEMO_HICO_DET_ROOT = "resources/demo/hico_20160224_det"
+DEMO_CHARADES_ROOT = "resources/demo/charadesego"
 # Where rule `fetch_dataset` unpacks `downloads.<name>`.
 DOWNLOADS_FOLDER = "resources/data"
 
@@ -39,6 +40,12 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
         if not (workdir / value / required).is_file():
             raise ConfigError(f"datasets.hico.{key}: '{value}' has no {required}")
 
+    charades = config["datasets"].get("charadesego")
+    if charades and Path(charades["root"]) != Path(DEMO_CHARADES_ROOT):
+        root = Path(charades["root"])
+        inside_download = any(root == folder or folder in root.parents for folder in downloaded)
+        if not inside_download and not (workdir / root / "CharadesEgo" / "Charades_v1_classes.txt").is_file():
+            raise ConfigError(f"datasets.charadesego.root: '{root}' has no CharadesEgo/Charades_v1_classes.txt")
     for slug, entry in config["models"].items():
         if entry["backend"] not in BACKENDS and ":" not in entry["backend"]:
             raise ConfigError(

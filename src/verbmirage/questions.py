@@ -269,11 +269,14 @@ QUESTION_SETS: dict[str, QuestionSet] = {
 
 
 def question_kind(qset: str) -> str:
-    """"yn" or "mc" for a registered question set."""
-    try:
+    """"yn" or "mc" for a registered question set (HICO's or CharadesEgo's)."""
+    from verbmirage.charades import CHARADES_QUESTION_SETS
+
+    if qset in QUESTION_SETS:
         return QUESTION_SETS[qset].kind
-    except KeyError:
-        raise KeyError(f"unknown question set '{qset}'; known: {sorted(QUESTION_SETS)}") from None
+    if qset in CHARADES_QUESTION_SETS:
+        return CHARADES_QUESTION_SETS[qset]
+    raise KeyError(f"unknown question set '{qset}'; known: {sorted(QUESTION_SETS) + sorted(CHARADES_QUESTION_SETS)}")
 
 
 def content_hash(*parts) -> str:
@@ -309,7 +312,8 @@ def build_question_set(
     anno: HicoAnnotations, qset: str, settings: QuestionSettings, dataset: str = "hico"
 ) -> pd.DataFrame:
     """All questions of one set, one row per question (per rotation for MC)."""
-    question_kind(qset)  # fails clearly on an unknown name
+    if qset not in QUESTION_SETS:
+        raise KeyError(f"unknown question set '{qset}'; known: {sorted(QUESTION_SETS)}")
     builder = QUESTION_SETS[qset].build
     vocab = Vocabulary.from_hois(anno.hois)
     rare = rare_hois(anno.labels["train"], vocab, settings.rare_threshold)

@@ -59,6 +59,15 @@ def table3_columns(condition: str = "clean") -> list[Column]:
     return table1_columns(condition)[:6]
 
 
+def table4_columns(condition: str = "clean") -> list[Column]:
+    """Paper Table 4: YN on CharadesEgo, egocentric vs exocentric view of the same actions."""
+    return [
+        Column(f"{view}_{short}", f"yn_{view}", condition, metric)
+        for view in ("ego", "exo")
+        for metric, short in (("accuracy", "acc"), ("precision", "prec"), ("recall", "recall"))
+    ] + [Column(f"mc_{view}_acc", f"mc_{view}", condition, "circular_accuracy") for view in ("ego", "exo")]
+
+
 def build_table(
     metrics: pd.DataFrame,
     columns: Sequence[Column],

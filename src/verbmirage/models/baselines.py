@@ -72,7 +72,8 @@ class RandomGuess(VisionLanguageModel):
 def training_frequencies(anno: HicoAnnotations) -> pd.DataFrame:
     """Label frequencies of the training split, the language prior's only knowledge.
 
-    One row per ``kind``: ``hoi`` (verb, object): positives among training
+    One row per ``kind`` (and ``phrase``, the class as MC options spell it):
+    ``hoi`` (verb, object): positives among training
     images where the object is present and the label is not ambiguous;
     ``verb``: images where the verb is done among images with an object it
     applies to; ``object``: images where the object is present.
@@ -97,6 +98,8 @@ def training_frequencies(anno: HicoAnnotations) -> pd.DataFrame:
     for obj, mask in object_present.items():
         rows.append(("object", None, obj, int(mask.sum()), len(mask)))
     table = pd.DataFrame(rows, columns=["kind", "verb", "object", "positives", "total"])
+    table.insert(3, "phrase", [hoi_phrase(v, o) if k == "hoi" else verb_phrase(v) if k == "verb" else None
+                               for k, v, o in zip(table.kind, table.verb, table.object)])
     # Laplace smoothing keeps unseen pairs away from an absolute 0 or 1.
     table["p_yes"] = (table.positives + 1) / (table.total + 2)
     return table
@@ -113,13 +116,11 @@ class LanguagePrior(VisionLanguageModel):
             raise ValueError(f"models.{name}: the prior backend needs training-split statistics")
         table = pd.read_parquet(path)
         self._by_key, self._by_phrase = {}, {}
-        for kind, verb, obj, p in zip(table.kind, table.verb, table.object, table.p_yes):
+        for verb, obj, phrase, p in zip(table.verb, table.object, table.phrase, table.p_yes):
             verb, obj = (None if pd.isna(verb) else verb), (None if pd.isna(obj) else obj)
             self._by_key[(verb, obj)] = float(p)
-            if kind == "hoi":
-                self._by_phrase[hoi_phrase(verb, obj)] = float(p)
-            elif kind == "verb":
-                self._by_phrase[verb_phrase(verb)] = float(p)
+            if not pd.isna(phrase):
+                self._by_phrase[phrase] = float(p)  # how an MC option spells this class
         self._fallback = float(table.p_yes.mean())
 
     def _score_yes_no(self, questions):

@@ -1,0 +1,53 @@
+rule charades_frames:
+    """Middle frame of every action of the ego/exo pairs, in both views (PyAV)."""
+    input:
+        annotations=CHARADES_CSV,
+        videos=CHARADES_VIDEOS,
+    output:
+        frames=directory(CHARADES_FRAMES),
+        table=CHARADES_FRAME_TABLE,
+    params:
+        root=lambda wildcards: CHARADES_ROOT,
+        split=CHARADES_SPLIT,
+    log:
+        "logs/charades_frames.log",
+    conda:
+        "../envs/verbmirage.yaml"
+    script:
+        "../scripts/charades_frames.py"
+
+
+rule charades_question_set:
+    """yn_/mc_ x exo/ego: the same questions on both views of each action."""
+    input:
+        frames=CHARADES_FRAME_TABLE,
+    output:
+        "results/benchmark/charadesego/{qset}.parquet",
+    wildcard_constraints:
+        qset=_alternatives(CHARADES_QUESTION_SETS),
+    params:
+        root=lambda wildcards: CHARADES_ROOT,
+        seed=config["questions"]["seed"],
+        mc_options=config["questions"]["mc_options"],
+    log:
+        "logs/charades_question_set/{qset}.log",
+    conda:
+        "../envs/verbmirage.yaml"
+    script:
+        "../scripts/charades_question_set.py"
+
+
+rule charades_train_stats:
+    """Class frequencies of the CharadesEgo training split (the language prior's knowledge)."""
+    input:
+        annotations=CHARADES_CSV,
+    output:
+        "results/benchmark/charadesego/train_stats.parquet",
+    params:
+        root=lambda wildcards: CHARADES_ROOT,
+    log:
+        "logs/charades_train_stats.log",
+    conda:
+        "../envs/verbmirage.yaml"
+    script:
+        "../scripts/charades_train_stats.py"

@@ -1,0 +1,18 @@
+"""Extract the frames of the CharadesEgo ego/exo pairs.
+
+Inputs: the split's CSV and the videos (or the download that brings them).
+Outputs: ``frames`` (folder), ``table`` (one row per frame, with ``error``).
+Settings: ``params.root``, ``params.split``.
+"""
+
+from pathlib import Path
+
+from verbmirage.charades import extract_frames, frame_table, load_split, video_pairs
+from verbmirage.joblog import job_log
+
+with job_log(snakemake.log[0]) as log:
+    root = Path(snakemake.params.root)
+    pairs = video_pairs(load_split(root / "CharadesEgo", snakemake.params.split))
+    frames = extract_frames(frame_table(pairs), root / "CharadesEgo_v1_480", snakemake.output.frames)
+    frames.to_parquet(snakemake.output.table, index=False)
+    log.info("%d pairs, %d frames, %d failed", len(pairs), len(frames), frames.error.notna().sum())

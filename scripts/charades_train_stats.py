@@ -1,0 +1,15 @@
+"""Class frequencies of the CharadesEgo training split for the language prior.
+
+Input: the annotations (class files and ``CharadesEgo_v1_train.csv``). Output: the statistics table.
+"""
+
+from pathlib import Path
+
+from verbmirage.charades import load_split, load_vocabulary, training_frequencies
+from verbmirage.joblog import job_log
+
+with job_log(snakemake.log[0]):
+    annotations = Path(snakemake.params.root) / "CharadesEgo"
+    training_frequencies(load_split(annotations, "train"), load_vocabulary(annotations)).to_parquet(
+        snakemake.output[0], index=False
+    )
