@@ -47,7 +47,8 @@ def _config(workdir: Path) -> None:
     config["questions"]["sets"] = ["yn_verb", "mc_verb"]
     del config["datasets"]["charadesego"]  # keep the SLURM run short: HICO only
     config["metrics"]["bootstrap_resamples"] = 50
-    config["models"]["tiny_llava"]["resources"] = {"gpu": 1, "mem_mb": 2000, "runtime": 10}
+    # the test node has 2 CPUs: a GPU job may ask for one per GPU
+    config["models"]["tiny_llava"]["resources"] = {"gpu": 1, "mem_mb": 2000, "runtime": 10, "cpus_per_gpu": 1}
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
