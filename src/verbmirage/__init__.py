@@ -3,15 +3,20 @@
 The package holds all the logic of the workflow; the Snakemake rules only
 call into it. Stages map one to one onto modules:
 
+- ``verbmirage.download``: fetch (resumable, verified) and unpack archives safely.
 - ``verbmirage.hico``: read HICO / HICO-DET annotations (real ``.mat`` files).
 - ``verbmirage.demo``: write a mini HICO in the exact on-disk format.
-- ``verbmirage.questions``: build the question sets (SPEC section 2).
+- ``verbmirage.charades``: CharadesEgo annotations, frames, ego/exo questions, demo copy.
+- ``verbmirage.questions``: build the HICO question sets (SPEC section 2).
 - ``verbmirage.conditions``: image conditions (SPEC section 3).
 - ``verbmirage.models``: the model interface, registry and backends.
-- ``verbmirage.inference``: run a model over a question set.
+- ``verbmirage.tiny``: tiny random-weight models of the real classes, built offline.
+- ``verbmirage.inference``: run a model over a question set, sharded and resumable.
 - ``verbmirage.ensembles``: majority-vote ensembles.
 - ``verbmirage.metrics``: metrics, bootstrap intervals, error consistency.
 - ``verbmirage.tables``: the paper's tables from the long metrics table.
+- ``verbmirage.config``, ``verbmirage.io``, ``verbmirage.joblog``: config checks,
+  table schemas and atomic writes, job logs.
 """
 
 __version__ = "0.1.0"
