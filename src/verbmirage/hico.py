@@ -16,7 +16,6 @@ import pandas as pd
 import scipy.io
 
 NO_INTERACTION = "no_interaction"
-N_HOIS = 600
 SPLITS = ("train", "test")
 LIST_ACTION_FIELDS = ("nname", "vname", "vname_ing", "syn", "def", "synset", "add_def")
 

@@ -23,9 +23,11 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from string import ascii_uppercase
+
+from PIL import Image
 
 YES, NO, UNKNOWN = "yes", "no", "unknown"
 
@@ -82,7 +84,12 @@ class ModelContext:
 
     dataset: str = "hico"
     train_stats: Path | None = None
-    extras: dict = field(default_factory=dict)
+
+
+def open_rgb(path: Path) -> Image.Image:
+    """An image file as RGB, fully loaded (the file is closed again)."""
+    with Image.open(path) as image:
+        return image.convert("RGB")
 
 
 def option_letter(index: int) -> str:

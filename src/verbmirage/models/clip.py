@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from verbmirage.models.base import NO, YES, MultipleChoiceResult, Question, VisionLanguageModel, YesNoResult
+from verbmirage.models.base import NO, YES, MultipleChoiceResult, Question, VisionLanguageModel, YesNoResult, open_rgb
 from verbmirage.models.hf import DTYPES
 from verbmirage.text import hoi_phrase, object_with_article, verb_phrase
 
@@ -60,14 +60,11 @@ class ClipModel(VisionLanguageModel):
     @torch.inference_mode()
     def similarities(self, questions: list[Question], captions: list[list[str]]) -> tuple[list, list]:
         """Cosine similarity of each question's image with each of its captions; errors per question."""
-        from PIL import Image
-
         images, problems, errors = {}, {}, [None] * len(questions)
         for i, question in enumerate(questions):
             if question.image not in images:
                 try:
-                    with Image.open(question.image) as image:
-                        images[question.image] = image.convert("RGB")
+                    images[question.image] = open_rgb(question.image)
                 except (OSError, ValueError) as error:
                     images[question.image] = None
                     problems[question.image] = f"image {question.image}: {type(error).__name__}: {error}"

@@ -40,6 +40,7 @@ from verbmirage.models.base import (
     Question,
     VisionLanguageModel,
     YesNoResult,
+    open_rgb,
     option_letter,
 )
 from verbmirage.models.parsing import letter_token, normalise_token
@@ -143,6 +144,8 @@ class TransformersVLM(LogitsVLM):
     """Any model that loads with ``AutoModelForImageTextToText`` + ``AutoProcessor`` and has a chat template."""
 
     backend = "hf"
+    #: The transformers class that loads the checkpoint.
+    model_class = "AutoModelForImageTextToText"
     #: Whether the image enters only through tokens before the question (so a shared prefix can be cached).
     supports_prefix_reuse = True
 
@@ -183,10 +186,11 @@ class TransformersVLM(LogitsVLM):
         return AutoProcessor.from_pretrained(path, **load)
 
     def _load_model(self, path: str, load: dict, attn_implementation: str | None):
-        from transformers import AutoModelForImageTextToText
+        import transformers
 
         extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
-        return AutoModelForImageTextToText.from_pretrained(path, dtype=self.dtype, **load, **extra)
+        model_class = getattr(transformers, self.model_class)
+        return model_class.from_pretrained(path, dtype=self.dtype, **load, **extra)
 
     # ---- prompts ------------------------------------------------------------
     def render(self, question: Question, multiple_choice: bool) -> str:
@@ -250,10 +254,7 @@ class TransformersVLM(LogitsVLM):
         config = self.model.config
         return getattr(config, "image_token_id", None) or getattr(config, "image_token_index", None)
 
-    @staticmethod
-    def open_image(path: Path) -> Image.Image:
-        with Image.open(path) as image:
-            return image.convert("RGB")
+    open_image = staticmethod(open_rgb)
 
     # ---- the engine -----------------------------------------------------------
     @torch.inference_mode()
@@ -399,12 +400,7 @@ class LlavaVLM(TransformersVLM):
     """LLaVA-1.5 in the llava-hf layout (``LlavaForConditionalGeneration`` + ``LlavaProcessor``)."""
 
     backend = "llava"
-
-    def _load_model(self, path, load, attn_implementation):
-        from transformers import LlavaForConditionalGeneration
-
-        extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
-        return LlavaForConditionalGeneration.from_pretrained(path, dtype=self.dtype, **load, **extra)
+    model_class = "LlavaForConditionalGeneration"
 
 
 class InstructBlipVLM(TransformersVLM):
@@ -412,12 +408,7 @@ class InstructBlipVLM(TransformersVLM):
 
     backend = "instructblip"
     supports_prefix_reuse = False
-
-    def _load_model(self, path, load, attn_implementation):
-        from transformers import InstructBlipForConditionalGeneration
-
-        extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
-        return InstructBlipForConditionalGeneration.from_pretrained(path, dtype=self.dtype, **load, **extra)
+    model_class = "InstructBlipForConditionalGeneration"
 
     def render(self, question: Question, multiple_choice: bool) -> str:
         """InstructBLIP takes the bare instruction (its processor prepends the query tokens)."""

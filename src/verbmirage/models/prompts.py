@@ -13,8 +13,6 @@ from dataclasses import dataclass
 
 YES_NO_INSTRUCTION = "Answer yes or no."
 MULTIPLE_CHOICE_INSTRUCTION = "Answer with the option's letter from the given choices directly."
-# Appendix F of the paper: the "prompt" mitigation variant appends this.
-VERB_ATTENTION_HINT = "Pay attention to the verb in question."
 
 
 @dataclass(frozen=True)

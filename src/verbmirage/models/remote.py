@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from verbmirage.models.base import MultipleChoiceResult, Question, VisionLanguageModel, YesNoResult
+from verbmirage.models.base import MultipleChoiceResult, Question, VisionLanguageModel, YesNoResult, open_rgb
 from verbmirage.models.hf import DTYPES, LogitsVLM
 from verbmirage.models.parsing import parse_choice, parse_yes_no
 from verbmirage.models.prompts import PromptTemplate
@@ -63,10 +63,7 @@ class RemoteCodeVLM(VisionLanguageModel):
         """The model's answer text to ``prompt`` about the image."""
         raise NotImplementedError
 
-    @staticmethod
-    def open_image(path: Path) -> Image.Image:
-        with Image.open(path) as image:
-            return image.convert("RGB")
+    open_image = staticmethod(open_rgb)
 
     def _replies(self, questions: list[Question], multiple_choice: bool | None) -> list[tuple[str, str | None]]:
         out = []
