@@ -15,7 +15,11 @@ A backend answers batches of :class:`Question` in three ways:
 The public methods validate the batch once and call the backend's private
 ``_score_yes_no`` / ``_score_multiple_choice`` / ``_generate``. A backend
 that fails on one question returns a result with ``error`` set rather than
-raising, so a batch never loses its other answers.
+raising, so a batch never loses its other answers. A failure that asking
+again may fix (a timeout, a rate limit) sets ``retry``: such rows are never
+stored, so a resumed job asks those questions again. A failure that no
+question can survive (a rejected API key) raises :class:`FatalBackendError`,
+which stops the job at once.
 """
 
 from __future__ import annotations
@@ -27,9 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import ascii_uppercase
 
-from PIL import Image
+from verbmirage.imaging import open_rgb  # noqa: F401  (re-exported for the backends)
 
 YES, NO, UNKNOWN = "yes", "no", "unknown"
+
+
+class FatalBackendError(RuntimeError):
+    """The backend cannot answer any question (e.g. HTTP 401/403): stop the job, keep what is stored."""
 
 
 @dataclass(frozen=True)
@@ -57,11 +65,13 @@ class YesNoResult:
     confidence: float
     parse_rule: str
     error: str | None = None
+    #: A transient failure: not stored, so a resumed job asks again.
+    retry: bool = False
 
     @classmethod
-    def failed(cls, error: str) -> "YesNoResult":
+    def failed(cls, error: str, retry: bool = False) -> "YesNoResult":
         """The result of a question that could not be asked (the error says why)."""
-        return cls(math.nan, UNKNOWN, "", math.nan, "error", error)
+        return cls(math.nan, UNKNOWN, "", math.nan, "error", error, retry)
 
 
 @dataclass(frozen=True)
@@ -72,10 +82,12 @@ class MultipleChoiceResult:
     confidence: float
     parse_rule: str
     error: str | None = None
+    #: A transient failure: not stored, so a resumed job asks again.
+    retry: bool = False
 
     @classmethod
-    def failed(cls, n_options: int, error: str) -> "MultipleChoiceResult":
-        return cls((math.nan,) * n_options, UNKNOWN, "", math.nan, "error", error)
+    def failed(cls, n_options: int, error: str, retry: bool = False) -> "MultipleChoiceResult":
+        return cls((math.nan,) * n_options, UNKNOWN, "", math.nan, "error", error, retry)
 
 
 @dataclass(frozen=True)
@@ -86,10 +98,24 @@ class ModelContext:
     train_stats: Path | None = None
 
 
-def open_rgb(path: Path) -> Image.Image:
-    """An image file as RGB, fully loaded (the file is closed again)."""
-    with Image.open(path) as image:
-        return image.convert("RGB")
+def allow_remote_code(where: str, trust_remote_code, revision: str | None, path: str | None) -> bool:
+    """Whether a checkpoint's own code may run: only a real ``True``, and only for pinned code.
+
+    A string such as ``"false"`` is truthy in Python, so anything but a bool is
+    refused. With ``True`` the code must be pinned: a ``revision`` for a hub id;
+    a local folder is pinned by its contents (its files are in the fingerprint).
+    """
+    if not isinstance(trust_remote_code, bool):
+        raise ValueError(
+            f"{where}.trust_remote_code: must be a YAML boolean (true or false), "
+            f"got {trust_remote_code!r} ({type(trust_remote_code).__name__})"
+        )
+    if trust_remote_code and not revision and not (path and Path(path).is_dir()):
+        raise ValueError(
+            f"{where}.revision: trust_remote_code runs the checkpoint's code; pin it with `revision: <commit>` "
+            f"(path '{path}' is not a local folder)"
+        )
+    return trust_remote_code
 
 
 def option_letter(index: int) -> str:

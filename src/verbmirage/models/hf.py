@@ -40,6 +40,7 @@ from verbmirage.models.base import (
     Question,
     VisionLanguageModel,
     YesNoResult,
+    allow_remote_code,
     open_rgb,
     option_letter,
 )
@@ -168,7 +169,8 @@ class TransformersVLM(LogitsVLM):
         self.device, self.dtype = torch.device(device), DTYPES[dtype]
         self.prompts = PromptTemplate.from_config(prompts, where=f"models.{name}.prompts")
         self.prefix_reuse = prefix_reuse and self.supports_prefix_reuse
-        load = {"trust_remote_code": trust_remote_code, "revision": revision, "local_files_only": local_files_only}
+        trust = allow_remote_code(f"models.{name}", trust_remote_code, revision, path)
+        load = {"trust_remote_code": trust, "revision": revision, "local_files_only": local_files_only}
         self.processor = self._load_processor(path, load)
         self.model = self._load_model(path, load, attn_implementation).to(self.device).eval()
         self.tokenizer = self.processor.tokenizer

@@ -20,7 +20,14 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from verbmirage.models.base import MultipleChoiceResult, Question, VisionLanguageModel, YesNoResult, open_rgb
+from verbmirage.models.base import (
+    MultipleChoiceResult,
+    Question,
+    VisionLanguageModel,
+    YesNoResult,
+    allow_remote_code,
+    open_rgb,
+)
 from verbmirage.models.hf import DTYPES, LogitsVLM
 from verbmirage.models.parsing import parse_choice, parse_yes_no
 from verbmirage.models.prompts import PromptTemplate
@@ -43,7 +50,7 @@ class RemoteCodeVLM(VisionLanguageModel):
         revision: str | None = None,
     ):
         super().__init__(name)
-        if not trust_remote_code:
+        if not allow_remote_code(f"models.{name}", trust_remote_code, revision, path):
             raise ValueError(
                 f"models.{name}.trust_remote_code: backend '{self.backend}' runs code shipped with the "
                 "checkpoint; set `trust_remote_code: true` in this model's entry to allow it"
