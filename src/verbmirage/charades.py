@@ -22,6 +22,8 @@ import numpy as np
 import pandas as pd
 from PIL import Image, ImageDraw
 
+from verbmirage.paths import inside, replace_entry, safe_name, safe_relative_name
+
 CSV_COLUMNS = ["id", "subject", "scene", "quality", "relevance", "verified", "script", "objects",
                "descriptions", "actions", "length", "egocentric", "charades_video"]
 EGO_SUFFIX = "EGO"
@@ -78,6 +80,7 @@ def parse_actions(field, where: str = "actions") -> list[tuple[str, float, float
         parts = item.split()
         if len(parts) != 3:
             raise ValueError(f"{where}: cannot read action {item!r} (expected 'cXXX start end')")
+        safe_name(parts[0], f"{where}: action class")  # it becomes part of a frame's file name
         actions.append((parts[0], float(parts[1]), float(parts[2])))
     return actions
 
@@ -89,6 +92,8 @@ def load_split(annotations: str | Path, split: str) -> pd.DataFrame:
     missing = [c for c in CSV_COLUMNS if c not in table.columns]
     if missing:
         raise ValueError(f"{path}: missing columns {missing}")
+    for row, video in enumerate(table["id"]):  # ids become video and frame file names
+        safe_name(video, f"{path} row {row + 2}, column 'id'")
     table["actions"] = [parse_actions(a, f"{path} row {i + 2}") for i, a in enumerate(table["actions"])]
     return table
 
@@ -244,10 +249,15 @@ def extract_frames(frames: pd.DataFrame, videos: str | Path, out_root: str | Pat
     videos, out_root = Path(videos), Path(out_root)
     errors = []
     for row in tqdm(frames.itertuples(), total=len(frames), desc="frames", unit="frame"):
-        target = out_root / row.image
+        where = f"frame {row.frame_id}"
+        target = out_root / safe_relative_name(row.image, f"{where}: image")
+        video = videos / f"{safe_name(row.video, f'{where}: video')}.mp4"
+        inside(out_root, target.parent, where)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            read_frame(videos / f"{row.video}.mp4", row.seconds).save(target, quality=95)
+            inside(videos, video, where)
+            frame = read_frame(video, row.seconds)
+            replace_entry(target, lambda tmp: frame.save(tmp, format="JPEG", quality=95))
             errors.append(None)
         except (OSError, ValueError) as error:
             errors.append(f"{row.video}.mp4 at {row.seconds}s: {type(error).__name__}: {error}")

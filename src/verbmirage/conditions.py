@@ -22,10 +22,16 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 from PIL import Image
 from tqdm import tqdm
 
+from verbmirage.imaging import open_rgb
+from verbmirage.paths import UnsafePathError, inside, replace_entry, safe_relative_name
+
 MANIFEST = "manifest.parquet"
+SOURCE_ROOT_KEY = b"verbmirage.source_root"
 
 
 @dataclass(frozen=True)
@@ -68,8 +74,11 @@ def apply_condition(
 ) -> pd.DataFrame:
     """Write ``images`` (paths relative to ``source_root``) under ``out_dir``; return the manifest.
 
-    A missing or unreadable source image is recorded with an ``error`` and the
-    others go on.
+    A missing, unreadable or oversized (decompression bomb) source image, or
+    one that resolves outside ``source_root``, is recorded with an ``error``
+    and the others go on. An unsafe name (absolute, ``..``, odd characters)
+    or a folder under ``out_dir`` that leads outside it stops the job before
+    anything is written there.
     """
     kind = settings.get("type", condition)
     if kind not in CONDITIONS:
@@ -77,40 +86,77 @@ def apply_condition(
     spec = CONDITIONS[kind]
     params = {k: v for k, v in settings.items() if k != "type"}
     source_root, out_dir = Path(source_root).resolve(), Path(out_dir)
+    targets = {}
+    for image in sorted(set(images)):  # a bad name stops the job before anything is written
+        where = f"condition {condition}: image {image!r}"
+        target = Path(safe_relative_name(image, where))
+        targets[image] = target if spec.transform is None else target.with_suffix(".png")
+        inside(out_dir, out_dir / targets[image].parent, where)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
-    for image in tqdm(sorted(set(images)), desc=f"condition {condition}", unit="img"):
+    for image, target in tqdm(targets.items(), desc=f"condition {condition}", unit="img"):
         source = source_root / image
-        target = Path(image) if spec.transform is None else Path(image).with_suffix(".png")
         destination = out_dir / target
+        inside(out_dir, destination.parent, f"condition {condition}: image {image!r}")  # again, before mkdir
         destination.parent.mkdir(parents=True, exist_ok=True)
         error = None
         try:
+            inside(source_root, source, f"condition {condition}: image {image!r}")
             if spec.transform is None:
                 if not source.is_file():
                     raise FileNotFoundError(f"no such image: {source}")
-                if destination.is_symlink() or destination.exists():
-                    destination.unlink()
-                os.symlink(source, destination)
+                replace_entry(destination, _symlink_at(source))
             else:
-                with Image.open(source) as original:
-                    result = spec.transform(original, condition_rng(seed, condition, image), **params)
-                result.save(destination, format="PNG")
+                result = spec.transform(open_rgb(source), condition_rng(seed, condition, image), **params)
+                replace_entry(destination, lambda tmp: result.save(tmp, format="PNG"))
         except (OSError, ValueError) as failure:
             error = f"{type(failure).__name__}: {failure}"
         rows.append({"image": image, "file": None if error else str(target), "error": error})
     manifest = pd.DataFrame(rows, columns=["image", "file", "error"])
-    manifest.to_parquet(out_dir / MANIFEST, index=False)
+    _write_manifest(manifest, out_dir / MANIFEST, source_root)
     return manifest
 
 
+def _symlink_at(source: Path) -> Callable[[Path], None]:
+    """For :func:`~verbmirage.paths.replace_entry`: swap the fresh empty file for a link to ``source``."""
+
+    def create(tmp: Path) -> None:
+        tmp.unlink()
+        os.symlink(source, tmp)
+
+    return create
+
+
+def _write_manifest(manifest: pd.DataFrame, path: Path, source_root: Path) -> None:
+    """The manifest, with the source root its links may point into (read back by :class:`ImageResolver`)."""
+    table = pa.Table.from_pandas(manifest, preserve_index=False)
+    metadata = {**(table.schema.metadata or {}), SOURCE_ROOT_KEY: str(source_root).encode()}
+    table = table.replace_schema_metadata(metadata)
+    replace_entry(path, lambda tmp: pq.write_table(table, tmp))
+
+
 class ImageResolver:
-    """Finds the file a model sees for a question's ``image`` under one condition."""
+    """Finds the file a model sees for a question's ``image`` under one condition.
+
+    Every path it returns stays inside the condition folder or, for the links
+    of ``clean``, inside the source root recorded in the manifest: a tampered
+    manifest or a planted link cannot hand a model (or an API) another file.
+    """
 
     def __init__(self, condition_dir: str | Path):
         self.root = Path(condition_dir)
-        manifest = pd.read_parquet(self.root / MANIFEST)
-        self._files = {i: (None if pd.isna(f) else f) for i, f in zip(manifest.image, manifest.file)}
+        manifest_path = self.root / MANIFEST
+        manifest = pd.read_parquet(manifest_path)
+        source_root = (pq.read_schema(manifest_path).metadata or {}).get(SOURCE_ROOT_KEY)
+        if source_root is None:
+            raise ValueError(f"{manifest_path}: no recorded source root (written by an older version); "
+                             "delete the condition folder to rebuild it")
+        self.source_root = Path(source_root.decode())
+        self._files = {}
+        for row, (image, file) in enumerate(zip(manifest.image, manifest.file)):
+            if not pd.isna(file):
+                safe_relative_name(file, f"{manifest_path} row {row}, column 'file'")
+            self._files[image] = None if pd.isna(file) else file
         self._errors = dict(zip(manifest.image, manifest.error))
 
     def path(self, image: str) -> Path:
@@ -119,4 +165,10 @@ class ImageResolver:
             raise FileNotFoundError(f"{image} is not in {self.root / MANIFEST}")
         if self._files[image] is None:
             raise FileNotFoundError(f"{image}: {self._errors[image]}")
-        return self.root / self._files[image]
+        path = self.root / self._files[image]
+        where = f"{self.root / MANIFEST}: image {image!r}"
+        try:
+            inside(self.root, path, where)
+        except UnsafePathError:  # a clean link: it must point into the source root
+            inside(self.source_root, path, where)
+        return path

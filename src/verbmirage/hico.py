@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 import scipy.io
 
+from verbmirage.paths import UnsafePathError, safe_name
+
 NO_INTERACTION = "no_interaction"
 SPLITS = ("train", "test")
 LIST_ACTION_FIELDS = ("nname", "vname", "vname_ing", "syn", "def", "synset", "add_def")
@@ -51,19 +53,71 @@ def hoi_vocabulary() -> pd.DataFrame:
     return table.rename(columns={"hoi_idx0": "hoi_id"})[["hoi_id", "verb", "object"]]
 
 
-def _mat_string(value) -> str:
-    """A MATLAB char array as loaded by scipy (possibly empty or nested) -> str."""
-    array = np.asarray(value)
-    if array.size == 0:
-        return ""
-    item = array.flat[0]
-    return item if isinstance(item, str) else _mat_string(item)
+def _mat_string(value, where: str = "value") -> str:
+    """A MATLAB char array as loaded by scipy (possibly empty or nested in cells) -> str.
+
+    Only arrays are unwrapped: a number (a numeric ``list_test``) is an error
+    naming ``where``, not an endless recursion.
+    """
+    while isinstance(value, np.ndarray):
+        if value.size == 0:
+            return ""
+        value = value.flat[0]
+    if isinstance(value, str):
+        return value
+    raise AnnotationFormatError(f"{where}: expected a MATLAB string, got {type(value).__name__} {value!r}")
 
 
 def _require(mat: dict, key: str, path: Path):
     if key not in mat:
         raise AnnotationFormatError(f"{path}: missing variable '{key}'")
     return mat[key]
+
+
+def check_hoi_vocabulary(hois: pd.DataFrame, path: Path) -> None:
+    """``list_action`` must be HICO's 600 (verb, object) classes in their order (the packaged list).
+
+    Question sets, rare tags and the paper's tables index HOIs by row, so a
+    missing, extra or swapped class would silently relabel every question.
+    """
+    expected = hoi_vocabulary()
+    if len(hois) != len(expected):
+        raise AnnotationFormatError(
+            f"{path}: list_action has {len(hois)} actions, expected HICO's {len(expected)}"
+        )
+    for row, (got, want) in enumerate(zip(hois[["verb", "object"]].itertuples(index=False),
+                                          expected[["verb", "object"]].itertuples(index=False))):
+        if tuple(got) != tuple(want):
+            raise AnnotationFormatError(
+                f"{path}: list_action[{row}] is (vname={got[0]!r}, nname={got[1]!r}); "
+                f"HICO's class {row} is (vname={want[0]!r}, nname={want[1]!r})"
+            )
+
+
+def _label_matrix(value, where: str) -> np.ndarray:
+    """A label variable as floats; a non-numeric one is an error naming the variable."""
+    try:
+        return np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as error:
+        raise AnnotationFormatError(f"{where}: labels must be numeric ({error})") from None
+
+
+def _image_names(value, where: str) -> list[str]:
+    """An image list as unique, plain file names (they become paths under ``images/``)."""
+    if not isinstance(value, np.ndarray):
+        raise AnnotationFormatError(f"{where}: expected a cell array of file names, got {type(value).__name__}")
+    names = []
+    for index, cell in enumerate(value.reshape(-1)):
+        try:
+            names.append(safe_name(_mat_string(cell, f"{where}[{index}]"), f"{where}[{index}]"))
+        except UnsafePathError as error:
+            raise AnnotationFormatError(str(error)) from None
+    seen = {}
+    for index, name in enumerate(names):
+        if name in seen:
+            raise AnnotationFormatError(f"{where}[{index}]: duplicate image name {name!r} (also at [{seen[name]}])")
+        seen[name] = index
+    return names
 
 
 def load_hico(root: str | Path) -> HicoAnnotations:
@@ -85,16 +139,18 @@ def load_hico(root: str | Path) -> HicoAnnotations:
     hois = pd.DataFrame(
         {
             "hoi_id": np.arange(len(actions)),
-            "verb": [_mat_string(a["vname"]) for a in actions],
-            "verb_ing": [_mat_string(a["vname_ing"]) for a in actions],
-            "object": [_mat_string(a["nname"]) for a in actions],
+            "verb": [_mat_string(a["vname"], f"{path}: list_action[{i}].vname") for i, a in enumerate(actions)],
+            "verb_ing": [_mat_string(a["vname_ing"], f"{path}: list_action[{i}].vname_ing")
+                         for i, a in enumerate(actions)],
+            "object": [_mat_string(a["nname"], f"{path}: list_action[{i}].nname") for i, a in enumerate(actions)],
         }
     )
+    check_hoi_vocabulary(hois, path)
 
     labels, images = {}, {}
     for split in SPLITS:
-        matrix = np.asarray(_require(mat, f"anno_{split}", path), dtype=np.float64)
-        names = [_mat_string(x) for x in _require(mat, f"list_{split}", path).reshape(-1)]
+        matrix = _label_matrix(_require(mat, f"anno_{split}", path), f"{path}: anno_{split}")
+        names = _image_names(_require(mat, f"list_{split}", path), f"{path}: list_{split}")
         if matrix.shape != (len(hois), len(names)):
             raise AnnotationFormatError(
                 f"{path}: anno_{split} has shape {matrix.shape}, expected "
@@ -132,10 +188,18 @@ def load_hico_det(det_root: str | Path) -> pd.DataFrame:
     path = Path(det_root) / "anno_bbox.mat"
     if not path.is_file():
         raise FileNotFoundError(f"HICO-DET annotation file not found: {path}")
-    mat = scipy.io.loadmat(path, squeeze_me=True, struct_as_record=False)
+    try:
+        mat = scipy.io.loadmat(path, squeeze_me=True, struct_as_record=False)
+    except Exception as error:  # scipy raises several types for broken files
+        raise AnnotationFormatError(f"{path}: not a readable MATLAB file ({error})") from error
     rows = []
     for split in SPLITS:
-        for entry in _struct_list(_require(mat, f"bbox_{split}", path)):
+        for index, entry in enumerate(_struct_list(_require(mat, f"bbox_{split}", path))):
+            where = f"{path}: bbox_{split}[{index}].filename"
+            try:
+                safe_name(getattr(entry, "filename", None), where)
+            except UnsafePathError as error:
+                raise AnnotationFormatError(str(error)) from None
             for hoi in _struct_list(entry.hoi):
                 humans, objects = _box_rows(hoi.bboxhuman), _box_rows(hoi.bboxobject)
                 connection = np.atleast_2d(np.asarray(hoi.connection, dtype=int)).reshape(-1, 2)

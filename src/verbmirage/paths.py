@@ -1,0 +1,88 @@
+"""Names read from data files must not lead outside their folder.
+
+Image names in ``anno.mat``/``anno_bbox.mat``, video ids in the CharadesEgo
+CSVs and the ``image`` column of question tables all become file paths. A
+tampered or careless file could name ``../victim.jpg`` or ``/etc/passwd``, and
+the pipeline would then link, overwrite or upload a file outside its folders.
+Every loader checks names with :func:`safe_name` / :func:`safe_relative_name`,
+and every place that opens or writes a file checks the resolved path with
+:func:`inside`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+# letters, digits, "_", "." and "-" only: what HICO and Charades names use
+_SAFE_PART = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # the umask can only be read by setting it
+
+
+class UnsafePathError(ValueError):
+    """A name from a data file would lead outside its folder, or has odd characters."""
+
+
+def safe_name(name, where: str) -> str:
+    """``name`` if it is one plain file name (no folder, no ``.``/``..``), else an error naming ``where``."""
+    if not isinstance(name, str):
+        raise UnsafePathError(f"{where}: name must be a string, got {type(name).__name__} {name!r}")
+    if name in (".", "..") or not _SAFE_PART.fullmatch(name):
+        raise UnsafePathError(
+            f"{where}: unsafe name {name!r} (allowed: one file name of letters, digits, '_', '.', '-')"
+        )
+    return name
+
+
+def safe_relative_name(name, where: str) -> str:
+    """``name`` if it is a relative ``/``-separated path of safe names, else an error naming ``where``."""
+    if not isinstance(name, str):
+        raise UnsafePathError(f"{where}: path must be a string, got {type(name).__name__} {name!r}")
+    if name.startswith("/") or os.path.isabs(name):
+        raise UnsafePathError(f"{where}: absolute path {name!r} not allowed")
+    parts = name.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        raise UnsafePathError(f"{where}: path {name!r} has an empty, '.' or '..' part")
+    for part in parts:
+        if not _SAFE_PART.fullmatch(part):
+            raise UnsafePathError(
+                f"{where}: unsafe path {name!r} (allowed: letters, digits, '_', '.', '-' and '/' between names)"
+            )
+    return name
+
+
+def inside(root: str | Path, path: str | Path, where: str) -> Path:
+    """``path`` resolved (symlinks followed); an error naming ``where`` if that is not under ``root``."""
+    real_root = Path(root).resolve()
+    real_path = Path(path).resolve()
+    if not real_path.is_relative_to(real_root):
+        raise UnsafePathError(f"{where}: {path} resolves to {real_path}, outside {real_root}")
+    return real_path
+
+
+def replace_entry(destination: str | Path, create: Callable[[Path], object]) -> None:
+    """Make ``destination`` by creating a fresh temporary entry beside it and renaming it over.
+
+    ``create(tmp)`` writes to (or replaces) a new, empty file that only we
+    created. Whatever sat at ``destination`` (a stale file, or a symlink
+    planted to point outside) is replaced as a directory entry: a link's
+    target is never written to nor deleted. The file gets the usual mode
+    (0666 less the umask), not mkstemp's 0600.
+    """
+    destination = Path(destination)
+    handle, name = tempfile.mkstemp(dir=destination.parent, prefix=f".{destination.name}.", suffix=".tmp")
+    os.close(handle)
+    tmp = Path(name)
+    try:
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        create(tmp)
+        os.replace(tmp, destination)
+    finally:
+        if os.path.lexists(tmp):
+            tmp.unlink()
