@@ -13,10 +13,19 @@ from snakemake.utils import validate
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from verbmirage.charades import CHARADES_QUESTION_SETS
-from verbmirage.config import DEMO_CHARADES_ROOT, DEMO_HICO_DET_ROOT, DEMO_HICO_ROOT, DOWNLOADS_FOLDER, check_config
+from verbmirage.config import (
+    DEMO_CHARADES_ROOT,
+    DEMO_HICO_DET_ROOT,
+    DEMO_HICO_ROOT,
+    DOWNLOADS_FOLDER,
+    check_config,
+    check_yaml_file,
+)
 from verbmirage.questions import question_kind
 from verbmirage.tiny import BUILDERS as TINY_BUILDERS
 
+for _configfile in workflow.configfiles:  # Snakemake's YAML reader keeps the last of two equal keys silently
+    check_yaml_file(_configfile)
 validate(config, workflow.source_path("../schemas/config.schema.yaml"))
 check_config(config, workdir=os.getcwd())
 

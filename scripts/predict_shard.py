@@ -3,7 +3,9 @@
 Inputs: ``questions``, ``images`` (condition folder), ``train_stats``.
 Output: the shard's prediction table. Settings: ``params.model`` (the model's
 config entry), ``params.variant``, ``params.n_shards``, ``params.batch_size``,
-``params.part_size``; wildcards name the model and the shard.
+``params.part_size``, ``params.max_error_share``, ``params.condition`` (the
+condition's settings, part of the resume fingerprint); wildcards name the
+model and the shard.
 """
 
 from verbmirage.inference import run_shard
@@ -15,5 +17,6 @@ with job_log(snakemake.log[0]) as log:
         snakemake.input.questions, snakemake.input.images, w.model, p.model, p.variant,
         int(w.get("shard", 0)), p.n_shards, snakemake.output[0], train_stats=snakemake.input.train_stats,
         dataset=w.dataset, batch_size=p.batch_size, part_size=p.part_size,
+        condition_settings=p.condition, max_error_share=p.max_error_share,
     )
     log.info("%d predictions, %d errors", len(frame), frame.error.notna().sum())

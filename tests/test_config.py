@@ -68,3 +68,92 @@ def test_paper_config_is_valid():
     for slug, entry in paper["models"].items():
         remote = entry["backend"] in {"qwen_vl_chat", "minicpm_v", "mplug_owl2", "molmo"}
         assert entry.get("trust_remote_code", False) == remote, slug
+
+
+# ---- typed and safe config (reliability review probes 5, 7, 16, 17, 18) -----------------------------------------
+@pytest.mark.parametrize("value", ["false", "no", "0", 0, 1])
+def test_trust_remote_code_must_be_a_yaml_boolean(config, value):
+    config["models"]["tiny_llava"]["trust_remote_code"] = value
+    with pytest.raises(WorkflowError, match="trust_remote_code"):
+        validate(config, SCHEMA)
+    with pytest.raises(ConfigError, match="models.tiny_llava.trust_remote_code: must be a YAML boolean"):
+        check_config(config, REPO)
+
+
+def test_trust_remote_code_needs_a_pinned_revision_for_a_hub_id(config):
+    config["models"]["hub"] = {"backend": "hf", "path": "org/model", "trust_remote_code": True}
+    with pytest.raises(ConfigError, match="models.hub.revision: .*pin it"):
+        check_config(config, REPO)
+    config["models"]["hub"]["revision"] = "0123456789abcdef0123456789abcdef01234567"
+    check_config(config, REPO)
+
+
+def test_the_string_false_never_runs_checkpoint_code(tmp_path):
+    """Probe 5: a checkpoint whose auto_map code would write a marker file."""
+    from verbmirage.models.hf import TransformersVLM
+
+    (tmp_path / "config.json").write_text('{"model_type": "x", "auto_map": {"AutoConfig": "evil.Config"}}')
+    (tmp_path / "evil.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('x')\n")
+    with pytest.raises(ValueError, match="trust_remote_code: must be a YAML boolean"):
+        TransformersVLM("m", str(tmp_path), trust_remote_code="false", local_files_only=True)
+    assert not (tmp_path / "ran").exists()
+
+
+def test_duplicate_yaml_keys_are_refused_with_file_and_line(tmp_path):
+    from verbmirage.config import check_yaml_file
+
+    path = tmp_path / "c.yaml"
+    path.write_text("models:\n  prior: {backend: prior}\n  prior: {backend: always_yes}\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: line 3: key 'prior' appears twice .*first on line 2"):
+        check_yaml_file(path)
+    path.write_text("metrics:\n  bootstrap_resamples: 1000\n  seed: 0\n")
+    assert check_yaml_file(path) == {"metrics": {"bootstrap_resamples": 1000, "seed": 0}}
+    assert check_yaml_file(REPO / "config.yaml") == yaml.safe_load((REPO / "config.yaml").read_text())
+
+
+def test_custom_backends_are_allow_listed_and_never_imported(config, tmp_path, monkeypatch):
+    package = tmp_path / "mybackends"
+    package.mkdir()
+    (package / "__init__.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('x')\n")
+    (package / "model.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config["models"]["mine"] = {"backend": "mybackends.model:Mine"}
+    with pytest.raises(ConfigError, match=r"not listed under custom_backends.*custom_backends: \[mybackends.model\]"):
+        check_config(config, REPO)
+    config["custom_backends"] = ["mybackends.model"]
+    validate(config, SCHEMA)
+    check_config(config, REPO)
+    config["models"]["gone"] = {"backend": "mybackends.missing:Mine"}
+    config["custom_backends"].append("mybackends.missing")
+    with pytest.raises(ConfigError, match="module 'mybackends.missing' cannot be found"):
+        check_config(config, REPO)
+    assert not (tmp_path / "ran").exists()  # locating the module ran none of its package's code
+
+
+@pytest.mark.parametrize(
+    "edit, key",
+    [
+        (lambda c: c["downloads"].update(hico={"source": "x.tar", "archive": ".."}), "archive"),
+        (lambda c: c["downloads"].update(hico={"source": "x.tar", "archive": "."}), "archive"),
+        (lambda c: c["models"].update(api={"backend": "openai", "model": "m", "api_key_env": "SOME_CLOUD_TOKEN"}),
+         "api_key_env"),
+    ],
+)
+def test_schema_refuses_unsafe_values(config, edit, key):
+    edit(config)
+    with pytest.raises(WorkflowError, match=key):
+        validate(config, SCHEMA)
+
+
+def test_semantic_refusals_of_unsafe_values(config):
+    bad = copy.deepcopy(config)
+    bad["conditions"]["clean_vs_noise"] = {"type": "clean"}
+    with pytest.raises(ConfigError, match="conditions.clean_vs_noise: a condition name cannot contain '_vs_'"):
+        check_config(bad, REPO)
+    bad = copy.deepcopy(config)
+    bad["models"]["api"] = {"backend": "openai", "model": "m", "base_url": "http://example.org/v1"}
+    with pytest.raises(ConfigError, match="models.api"):
+        check_config(bad, REPO)
+    config["models"]["api"] = {"backend": "openai", "model": "m", "base_url": "http://127.0.0.1:8000/v1",
+                               "api_key_env": "LOCAL_API_KEY"}
+    check_config(config, REPO)

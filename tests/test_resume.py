@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from verbmirage.conditions import apply_condition
-from verbmirage.inference import PartStore, merge_shards, parts_directory, select_shard
+from verbmirage.inference import IncompleteShardError, PartStore, merge_shards, parts_directory, select_shard
 from verbmirage.io import PREDICTIONS, QUESTIONS, read_table, write_table
 from verbmirage.questions import QuestionSettings, build_question_set
 
@@ -47,6 +47,7 @@ def test_part_store_discards_parts_of_other_settings(tmp_path):
              "option_probs": None, "confidence": 0.9, "error": None}]
     store = PartStore(tmp_path / "parts", "fingerprint-a")
     store.append(rows)
+    store.close()
     (tmp_path / "parts" / ".part-000001.parquet.x.tmp").write_bytes(b"cut off")
     assert PartStore(tmp_path / "parts", "fingerprint-a").rows().question_id.tolist() == ["q1"]
     assert not list((tmp_path / "parts").glob(".*.tmp"))
@@ -59,9 +60,9 @@ def test_merge_refuses_missing_and_doubled_answers(prepared):
     answers = pd.DataFrame({"question_id": few.question_id, "raw_answer": "yes", "prediction": "yes",
                             "parse_rule": "t", "p_yes": 1.0, "option_probs": None, "confidence": 1.0, "error": None})
     assert merge_shards(few, [answers.iloc[2:], answers.iloc[:2]]).question_id.tolist() == few.question_id.tolist()
-    with pytest.raises(ValueError, match="answered twice"):
+    with pytest.raises(IncompleteShardError, match="answered twice"):
         merge_shards(few, [answers, answers.iloc[:1]], where="x.parquet")
-    with pytest.raises(ValueError, match="x.parquet: 1 questions have no answer"):
+    with pytest.raises(IncompleteShardError, match="x.parquet: 1 questions have no answer"):
         merge_shards(few, [answers.iloc[1:]], where="x.parquet")
 
 

@@ -13,7 +13,7 @@ import json
 import logging
 import sys
 
-from verbmirage.inference import run_shard
+from verbmirage.inference import MAX_ERROR_SHARE, run_shard
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,12 +31,16 @@ def main(argv: list[str] | None = None) -> int:
     predict.add_argument("--train-stats", default=None)
     predict.add_argument("--batch-size", type=int, default=16)
     predict.add_argument("--part-size", type=int, default=512)
+    predict.add_argument("--condition", default="null", help="the image condition's settings as JSON")
+    predict.add_argument("--max-error-share", type=float, default=MAX_ERROR_SHARE,
+                         help="fail when more than this share of questions end as errors")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     frame = run_shard(
         args.questions, args.images, args.model_name, json.loads(args.model), json.loads(args.variant),
         args.shard, args.shards, args.output, train_stats=args.train_stats,
         batch_size=args.batch_size, part_size=args.part_size,
+        condition_settings=json.loads(args.condition), max_error_share=args.max_error_share,
     )
     print(f"{len(frame)} predictions written to {args.output}")
     return 0

@@ -1,16 +1,26 @@
 """Checks of the workflow config that a JSON schema cannot express.
 
-``rules/common.smk`` first validates the config against
+``rules/common.smk`` first re-reads each config file with
+:func:`check_yaml_file` (duplicate keys), validates the config against
 ``schemas/config.schema.yaml`` (types, defaults), then calls
 :func:`check_config`, so a bad config stops before any job runs, with a
 message that names the offending key.
+
+A config is code: it names the backends and checkpoints that run. Nothing
+here imports a user's module; custom backends must be allow-listed under
+``custom_backends`` and are only located on disk (:func:`locate_module`).
 """
 
 from __future__ import annotations
 
+import importlib.machinery
+import sys
 from pathlib import Path
 
+import yaml
+
 from verbmirage.conditions import CONDITIONS
+from verbmirage.models.base import allow_remote_code
 from verbmirage.models.registry import BACKENDS
 
 # Where rule `demo_hico` writes the demo; a root pointing here need not exist yet.
@@ -23,6 +33,62 @@ DOWNLOADS_FOLDER = "resources/data"
 
 class ConfigError(ValueError):
     """The config is invalid; the message names the key."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses a key written twice in one mapping (PyYAML keeps the last silently)."""
+
+
+def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False):
+    seen = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise ConfigError(
+                f"{node.start_mark.name}: line {key_node.start_mark.line + 1}: key '{key}' appears twice in one "
+                f"mapping (first on line {seen[key] + 1}); YAML would silently keep the last one"
+            )
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
+def check_yaml_file(path: str | Path) -> dict:
+    """Load a YAML config file, refusing duplicate keys at any depth; the error names file and line."""
+    with open(path) as stream:
+        return yaml.load(stream, Loader=_StrictLoader)  # noqa: S506  (a SafeLoader subclass)
+
+
+def locate_module(dotted: str):
+    """The import spec of ``dotted`` found on ``sys.path`` without executing any of its packages.
+
+    ``importlib.util.find_spec`` imports parent packages (running their
+    ``__init__``); walking the path finders level by level does not.
+    """
+    search = None
+    spec = None
+    for depth, part in enumerate(dotted.split(".")):
+        name = ".".join(dotted.split(".")[: depth + 1])
+        spec = importlib.machinery.PathFinder.find_spec(name, search if search is not None else sys.path)
+        if spec is None:
+            return None
+        search = list(spec.submodule_search_locations or [])
+    return spec
+
+
+def _check_custom_backend(slug: str, backend: str, allowed: list[str]) -> None:
+    module, _, cls = backend.partition(":")
+    if not module or not cls:
+        raise ConfigError(f"models.{slug}.backend: '{backend}' is not 'package.module:Class'")
+    if module not in allowed:
+        raise ConfigError(
+            f"models.{slug}.backend: module '{module}' is not listed under custom_backends; a custom backend runs "
+            f"its module's code, so list it explicitly (custom_backends: [{module}])"
+        )
+    if locate_module(module) is None:
+        raise ConfigError(f"models.{slug}.backend: module '{module}' cannot be found on the Python path")
 
 
 def check_config(config: dict, workdir: str | Path = ".") -> None:
@@ -47,11 +113,33 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
         if not inside_download and not (workdir / root / "CharadesEgo" / "Charades_v1_classes.txt").is_file():
             raise ConfigError(f"datasets.charadesego.root: '{root}' has no CharadesEgo/Charades_v1_classes.txt")
     for slug, entry in config["models"].items():
-        if entry["backend"] not in BACKENDS and ":" not in entry["backend"]:
+        if ":" in entry["backend"]:
+            _check_custom_backend(slug, entry["backend"], config.get("custom_backends", []))
+        elif entry["backend"] not in BACKENDS:
             raise ConfigError(
                 f"models.{slug}.backend: unknown backend '{entry['backend']}'; known: {sorted(BACKENDS)}"
             )
+        if entry["backend"] == "openai":
+            from verbmirage.models.api import DEFAULT_API_KEY_ENV, DEFAULT_BASE_URL, check_endpoint
+
+            try:
+                check_endpoint(f"models.{slug}", entry.get("base_url", DEFAULT_BASE_URL),
+                               entry.get("api_key_env", DEFAULT_API_KEY_ENV))
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
+        if "trust_remote_code" in entry:
+            path = entry.get("path")
+            local = str(workdir / path) if path and not Path(path).is_absolute() else path
+            try:
+                allow_remote_code(f"models.{slug}", entry["trust_remote_code"], entry.get("revision"), local)
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
     for slug, entry in config.get("conditions", {}).items():
+        if "_vs_" in slug:
+            raise ConfigError(
+                f"conditions.{slug}: a condition name cannot contain '_vs_' (it separates the two conditions "
+                "of an error-consistency pair in file names)"
+            )
         if entry["type"] not in CONDITIONS:
             raise ConfigError(
                 f"conditions.{slug}.type: unknown image condition '{entry['type']}'; known: {sorted(CONDITIONS)}"

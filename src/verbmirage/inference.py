@@ -3,30 +3,70 @@
 A (model, variant, condition, question set) is split into ``n`` shards by
 image (:func:`select_shard`), one job each, merged afterwards
 (:func:`merge_shards`). Inside a shard, answered rows are appended to
-numbered Parquet parts, each written atomically (:class:`PartStore`); a job
-killed at any moment resumes from its parts with no lost and no duplicated
-rows. Parts carry a fingerprint of what produced them (model settings,
-questions), so a changed config never reuses stale answers.
+numbered Parquet parts (:class:`PartStore`); a job killed at any moment
+resumes from its parts. The guarantees:
+
+- Complete or loud: a shard's output is written only when it holds every
+  question of the shard exactly once (:func:`check_complete`).
+- Nothing overwritten: a part is published under a new number (one past the
+  highest) with a hard link, so an existing part is never replaced; each part
+  is fsynced before it appears.
+- Damage is repaired, not fatal: an unreadable part or fingerprint is named in
+  the log and removed, and its questions are asked again.
+- One writer: the job holds an OS lock on its parts folder; a second job on
+  the same shard fails at once (:class:`ShardBusyError`).
+- Stale answers never reused: parts carry a fingerprint of the model settings
+  and weights, the variant, the condition settings, the image manifest and the
+  question ids (:func:`fingerprint`).
+- Errors that matter stop the job: more than ``max_error_share`` error rows,
+  or a :class:`~verbmirage.models.base.FatalBackendError` (a rejected API key),
+  fail it with the reason; transient failures are not stored, so a rerun asks
+  them again. SIGTERM flushes the answered rows before the job ends.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
+import signal
+import threading
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
 from tqdm import tqdm
 
-from verbmirage.conditions import ImageResolver
-from verbmirage.io import PREDICTIONS, QUESTIONS, read_table, to_arrow, write_table
-from verbmirage.models.base import MultipleChoiceResult, Question, VisionLanguageModel, YesNoResult
+from verbmirage.conditions import MANIFEST, ImageResolver
+from verbmirage.io import PREDICTIONS, QUESTIONS, atomic_path, read_table, to_arrow, write_table
+from verbmirage.models.base import (
+    FatalBackendError,
+    MultipleChoiceResult,
+    Question,
+    VisionLanguageModel,
+    YesNoResult,
+)
 from verbmirage.questions import question_kind
 
 log = logging.getLogger(__name__)
 FINGERPRINT = "fingerprint.json"
+LOCK = ".lock"
+#: Default largest share of a shard's questions that may end as error rows.
+MAX_ERROR_SHARE = 0.05
+
+
+class ShardBusyError(RuntimeError):
+    """Another job holds the lock of this shard's parts folder."""
+
+
+class IncompleteShardError(RuntimeError):
+    """The shard cannot be written complete (too many errors, or questions still to ask)."""
+
+
+class JobTerminated(Exception):
+    """SIGTERM arrived (SLURM preemption, scancel, Snakemake shutting down)."""
 
 
 def select_shard(questions: pd.DataFrame, shard: int, n_shards: int) -> pd.DataFrame:
@@ -43,7 +83,12 @@ def select_shard(questions: pd.DataFrame, shard: int, n_shards: int) -> pd.DataF
 
 
 def fingerprint(questions: pd.DataFrame, settings: dict) -> str:
-    """What the answers of a shard depend on: its question ids and the model/variant settings."""
+    """What the answers of a shard depend on: its question ids and ``settings``.
+
+    ``settings`` holds everything else that changes an answer: the model entry,
+    the identity of its weights (:func:`model_identity`), the variant, the
+    condition settings and the image manifest's digest (:func:`run_settings`).
+    """
     digest = hashlib.sha256()
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
     for question_id in questions.question_id:
@@ -51,41 +96,152 @@ def fingerprint(questions: pd.DataFrame, settings: dict) -> str:
     return digest.hexdigest()
 
 
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# Files of a checkpoint folder whose content is hashed; weights are identified by size and mtime
+# (hashing gigabytes per job would cost minutes; a rebuilt or replaced weight file changes both).
+_HASHED_SUFFIXES = {".json", ".py", ".txt", ".model", ".tiktoken", ".jinja"}
+
+
+def model_identity(settings: dict) -> dict:
+    """The weights and code a model entry loads: its ``revision``, and for a local folder its files.
+
+    Rebuilding weights at the same ``path`` or moving ``revision`` changes the
+    identity, so answers computed from the old weights are not resumed.
+    """
+    identity = {"revision": settings.get("revision")}
+    path = settings.get("path")
+    if path and Path(path).is_dir():
+        files = {}
+        for file in sorted(Path(path).rglob("*")):
+            if not file.is_file() or any(part.startswith(".") for part in file.relative_to(path).parts):
+                continue
+            name = file.relative_to(path).as_posix()
+            stat = file.stat()
+            if file.suffix in _HASHED_SUFFIXES and stat.st_size < 1 << 24:
+                files[name] = file_sha256(file)
+            else:
+                files[name] = f"{stat.st_size}:{stat.st_mtime_ns}"
+        identity["files"] = files
+    return identity
+
+
+def run_settings(model_settings: dict, variant_settings: dict, condition_settings: dict | None,
+                 images_dir: str | Path | None) -> dict:
+    """Every setting a shard's answers depend on, besides the questions (see :func:`fingerprint`)."""
+    manifest = Path(images_dir) / MANIFEST if images_dir is not None else None
+    return {
+        "model": model_settings,
+        "weights": model_identity(model_settings),
+        "variant": variant_settings,
+        "condition": condition_settings,
+        "manifest": file_sha256(manifest) if manifest is not None and manifest.is_file() else None,
+    }
+
+
 class PartStore:
-    """Prediction rows of one shard, appended as atomically written numbered Parquet parts."""
+    """Prediction rows of one shard, appended as numbered Parquet parts, with one writer at a time.
+
+    Creating a store takes an exclusive, non-blocking ``flock`` on the folder's
+    lock file and keeps it until :meth:`close` or :meth:`clear`; the lock dies
+    with the process, so a killed job never leaves it behind.
+    """
 
     def __init__(self, directory: str | Path, fingerprint: str):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        stamp = self.directory / FINGERPRINT
-        previous = json.loads(stamp.read_text())["fingerprint"] if stamp.is_file() else None
-        if previous != fingerprint:
-            if self._parts():
-                log.warning("%s: discarding %d parts made with other settings", self.directory, len(self._parts()))
-            self.clear()
-            self.directory.mkdir(parents=True, exist_ok=True)
-            stamp.write_text(json.dumps({"fingerprint": fingerprint}))
+        self._lock = self._acquire_lock()
         for leftover in self.directory.glob(".*.tmp"):  # a write cut off by a kill
             leftover.unlink()
+        stamp = self.directory / FINGERPRINT
+        previous = self._read_stamp(stamp)
+        if previous != fingerprint:
+            parts = self._parts()
+            if parts:
+                log.warning("%s: discarding %d parts made with other settings", self.directory, len(parts))
+            self._remove_parts()
+            with atomic_path(stamp) as tmp:
+                tmp.write_text(json.dumps({"fingerprint": fingerprint}))
+
+    def _acquire_lock(self):
+        handle = open(self.directory / LOCK, "a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise ShardBusyError(
+                f"{self.directory}: another job is writing this shard right now (it holds {LOCK}); "
+                "wait for it to finish, or stop it, before rerunning"
+            ) from None
+        return handle
+
+    @staticmethod
+    def _read_stamp(stamp: Path) -> str | None:
+        if not stamp.exists():
+            return None
+        try:
+            return json.loads(stamp.read_text())["fingerprint"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            log.warning("%s: unreadable fingerprint (%s: %s); removing it and the parts it covered",
+                        stamp, type(error).__name__, error)
+            return None
 
     def _parts(self) -> list[Path]:
         return sorted(self.directory.glob("part-*.parquet"))
 
+    @staticmethod
+    def _number(part: Path) -> int:
+        return int(part.stem.split("-", 1)[1])
+
     def rows(self) -> pd.DataFrame:
-        parts = [pd.read_parquet(p) for p in self._parts()]
-        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=PREDICTIONS.names)
+        """Every stored row, the latest answer of a question winning; unreadable parts are removed."""
+        frames = []
+        for part in self._parts():
+            try:
+                frames.append(read_table(part, PREDICTIONS))
+            except Exception as error:  # noqa: BLE001  (any damage: truncated, empty, not Parquet, wrong schema)
+                log.warning("%s: unreadable part (%s: %s); removing it, its questions will be asked again",
+                            part, type(error).__name__, str(error)[:200])
+                part.unlink()
+        if not frames:
+            return pd.DataFrame(columns=PREDICTIONS.names)
+        frame = pd.concat(frames, ignore_index=True)
+        return frame.drop_duplicates("question_id", keep="last").reset_index(drop=True)
 
     def append(self, rows: list[dict]) -> None:
+        """Publish ``rows`` as a new part numbered one past the highest; never overwrites a part."""
         if not rows:
             return
-        number = len(self._parts())
-        write_table(pd.DataFrame(rows), self.directory / f"part-{number:06d}.parquet", PREDICTIONS)
+        parts = self._parts()
+        number = self._number(parts[-1]) + 1 if parts else 0
+        path = self.directory / f"part-{number:06d}.parquet"
+        write_table(pd.DataFrame(rows), path, PREDICTIONS, exclusive=True)
+
+    def _remove_parts(self) -> None:
+        for path in self._parts():
+            path.unlink()
+
+    def close(self) -> None:
+        """Release the lock (the parts stay for a resume)."""
+        if self._lock is not None and not self._lock.closed:
+            self._lock.close()
 
     def clear(self) -> None:
-        if self.directory.exists():
-            for path in self.directory.iterdir():
-                path.unlink()
+        """Remove the folder once its rows are safely in the shard output; releases the lock."""
+        self._remove_parts()
+        for name in (FINGERPRINT, LOCK):
+            (self.directory / name).unlink(missing_ok=True)
+        self.close()
+        try:
             self.directory.rmdir()
+        except OSError as error:  # something we did not create is inside: leave it
+            log.warning("%s: not removed (%s)", self.directory, error)
 
 
 def _to_question(row, resolver: ImageResolver | None) -> tuple[Question, str | None]:
@@ -122,6 +278,7 @@ def _error_row(question_id: str, error: str) -> dict:
 
 def _result_row(question_id: str, result: YesNoResult | MultipleChoiceResult) -> dict:
     row = asdict(result)
+    del row["retry"]
     if isinstance(result, YesNoResult):
         row["option_probs"] = None
     else:
@@ -135,6 +292,44 @@ def _in_question_order(frame: pd.DataFrame, questions: pd.DataFrame) -> pd.DataF
     return frame.sort_values("question_id", key=lambda s: s.map(order), kind="stable").reset_index(drop=True)
 
 
+@contextmanager
+def _sigterm_raises():
+    """Turn SIGTERM into :class:`JobTerminated` (main thread only), so ``finally`` blocks flush rows."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise JobTerminated("terminated by SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _ErrorBudget:
+    """Counts error rows of a shard and fails it once more than ``max_share`` of its questions are errors.
+
+    The count only grows, so failing as soon as it passes the limit gives the
+    same verdict as waiting for the end, without spending GPU hours first.
+    """
+
+    def __init__(self, total: int, max_share: float, already: int = 0):
+        self.total, self.max_share, self.count = total, max_share, already
+        self.example: str | None = None
+
+    def add(self, error: str) -> None:
+        self.count += 1
+        self.example = self.example or error
+        if self.count > self.max_share * self.total:
+            raise IncompleteShardError(
+                f"{self.count} of {self.total} questions failed, more than max_error_share={self.max_share:g}; "
+                f"first error: {self.example}"
+            )
+
+
 def predict(
     questions: pd.DataFrame,
     model: VisionLanguageModel,
@@ -142,12 +337,18 @@ def predict(
     batch_size: int = 16,
     store: PartStore | None = None,
     part_size: int = 512,
+    max_error_share: float = 1.0,
 ) -> pd.DataFrame:
     """One prediction row per question (schema ``verbmirage.io.PREDICTIONS``), in question order.
 
     Questions whose image cannot be found get an ``error`` and the run goes
-    on. With a ``store``, rows already in it are not asked again and new rows
-    are appended every ``part_size`` questions.
+    on, until more than ``max_error_share`` of the questions have failed
+    (:class:`IncompleteShardError`). With a ``store``, rows already in it are
+    not asked again (stored error rows are: the cause may be fixed), new rows
+    are appended every ``part_size`` questions, and whatever was answered is
+    flushed before any exception (SIGTERM included) ends the call.
+    Transient failures (``retry``) are never stored; if any remain at the end
+    the call raises :class:`IncompleteShardError` so a rerun asks them again.
     """
     if questions.empty:
         raise ValueError("no questions to score")
@@ -157,44 +358,83 @@ def predict(
     kind = kinds.pop()
     score = model.score_multiple_choice if kind == "mc" else model.score_yes_no
     done = store.rows() if store is not None else pd.DataFrame(columns=PREDICTIONS.names)
-    todo = questions[~questions.question_id.isin(set(done.question_id))]
-    if len(done):
-        log.info("resuming: %d of %d questions already answered", len(done), len(questions))
-    pending = []  # rows not yet in the store
+    done = done[done.question_id.isin(set(questions.question_id))]
+    answered = done[done.error.isna()]
+    if len(answered):
+        log.info("resuming: %d of %d questions already answered", len(answered), len(questions))
+    if len(done) > len(answered):
+        log.info("asking %d questions again whose stored answer was an error", len(done) - len(answered))
+    todo = questions[~questions.question_id.isin(set(answered.question_id))]
+    budget = _ErrorBudget(len(questions), max_error_share)
+    pending: list[dict] = []  # rows not yet in the store
+    retry: list[str] = []  # transient failures: not stored
     description = f"{model.name} {questions.qset.iloc[0]}"
-    with tqdm(total=len(questions), initial=len(done), desc=description, unit="q") as progress:
-        for start in range(0, len(todo), batch_size):
-            batch = []
-            for row in todo.iloc[start : start + batch_size].itertuples(index=False):
-                question, error = _to_question(row, resolver if model.uses_images else None)
-                if error is not None:
-                    pending.append(_error_row(row.question_id, error))
-                else:
-                    batch.append(question)
-            if batch:
-                pending += [_result_row(q.question_id, r) for q, r in zip(batch, score(batch))]
-            progress.update(min(batch_size, len(todo) - start))
-            if store is not None and len(pending) >= part_size:
-                store.append(pending)
-                pending = []
-    if store is None:
-        return _in_question_order(pd.DataFrame(pending, columns=PREDICTIONS.names), questions)
-    store.append(pending)
-    return _in_question_order(store.rows(), questions)
+
+    def keep(row: dict) -> None:
+        pending.append(row)
+        if row["error"] is not None:
+            budget.add(row["error"])
+
+    try:
+        with _sigterm_raises(), tqdm(total=len(questions), initial=len(answered), desc=description, unit="q") as bar:
+            for start in range(0, len(todo), batch_size):
+                batch = []
+                for row in todo.iloc[start : start + batch_size].itertuples(index=False):
+                    question, error = _to_question(row, resolver if model.uses_images else None)
+                    if error is not None:
+                        keep(_error_row(row.question_id, error))
+                    else:
+                        batch.append(question)
+                for question, result in zip(batch, score(batch) if batch else []):
+                    if result.retry:
+                        retry.append(result.error)
+                        budget.add(result.error)
+                    else:
+                        keep(_result_row(question.question_id, result))
+                bar.update(min(batch_size, len(todo) - start))
+                if store is not None and len(pending) >= part_size:
+                    store.append(pending)
+                    pending = []
+    except (FatalBackendError, IncompleteShardError, JobTerminated, KeyboardInterrupt) as stop:
+        if store is not None:
+            store.append(pending)
+            log.error("%s: stopped (%s: %s); %d answered rows are saved for a resume",
+                      model.name, type(stop).__name__, stop, len(store.rows()))
+        raise
+    except BaseException:
+        if store is not None:  # keep what was answered, whatever went wrong
+            store.append(pending)
+        raise
+    if store is not None:
+        store.append(pending)
+        frame = store.rows()
+    else:
+        frame = pd.DataFrame(pending, columns=PREDICTIONS.names)
+    if retry:
+        raise IncompleteShardError(
+            f"{len(retry)} questions failed transiently and were not stored (first: {retry[0]}); "
+            "rerun to ask them again"
+        )
+    return _in_question_order(frame[frame.question_id.isin(set(questions.question_id))], questions)
+
+
+def check_complete(questions: pd.DataFrame, frame: pd.DataFrame, where: str = "predictions") -> None:
+    """Raise unless ``frame`` answers every question of ``questions`` exactly once, and nothing else."""
+    duplicated = frame.question_id[frame.question_id.duplicated()]
+    if len(duplicated):
+        raise IncompleteShardError(f"{where}: {len(duplicated)} questions answered twice, e.g. {duplicated.iloc[0]}")
+    missing = set(questions.question_id) - set(frame.question_id)
+    if missing:
+        raise IncompleteShardError(f"{where}: {len(missing)} questions have no answer, e.g. {sorted(missing)[0]}")
+    extra = set(frame.question_id) - set(questions.question_id)
+    if extra:
+        raise IncompleteShardError(f"{where}: {len(extra)} answers to unknown questions, e.g. {sorted(extra)[0]}")
 
 
 def merge_shards(questions: pd.DataFrame, shards: list[pd.DataFrame], where: str = "predictions") -> pd.DataFrame:
     """The shards of one run as one table in question order; every question exactly once."""
     frame = pd.concat(shards, ignore_index=True)
-    duplicated = frame.question_id[frame.question_id.duplicated()]
-    if len(duplicated):
-        raise ValueError(f"{where}: {len(duplicated)} questions answered twice, e.g. {duplicated.iloc[0]}")
-    missing = set(questions.question_id) - set(frame.question_id)
-    if missing:
-        raise ValueError(f"{where}: {len(missing)} questions have no answer, e.g. {sorted(missing)[0]}")
-    extra = set(frame.question_id) - set(questions.question_id)
-    if extra:
-        raise ValueError(f"{where}: {len(extra)} answers to unknown questions, e.g. {sorted(extra)[0]}")
+    check_complete(questions, frame, where)
     to_arrow(frame, PREDICTIONS, where)  # schema check
     return _in_question_order(frame, questions)
 
@@ -218,20 +458,31 @@ def run_shard(
     dataset: str = "hico",
     batch_size: int = 16,
     part_size: int = 512,
+    condition_settings: dict | None = None,
+    max_error_share: float = MAX_ERROR_SHARE,
 ) -> pd.DataFrame:
-    """Answer one shard and write it to ``output``; resumes from ``<output>.parts/`` if present."""
+    """Answer one shard and write it to ``output``; resumes from ``<output>.parts/`` if present.
+
+    The output is written only when it answers each question of the shard
+    exactly once; otherwise the job fails and its parts stay for a resume.
+    """
     from verbmirage.models import ModelContext, create_model
 
     questions = select_shard(read_table(questions_path, QUESTIONS), shard, n_shards)
-    settings = {"model": model_settings, "variant": variant_settings}
-    provenance = {**settings, "model_slug": model_slug, "shard": shard, "n_shards": n_shards}
+    settings = run_settings(model_settings, variant_settings, condition_settings, images_dir)
+    provenance = {"model": model_settings, "variant": variant_settings, "condition": condition_settings,
+                  "model_slug": model_slug, "shard": shard, "n_shards": n_shards}
     if questions.empty:
-        frame = pd.DataFrame(columns=PREDICTIONS.names)
-    else:
+        write_table(pd.DataFrame(columns=PREDICTIONS.names), output, PREDICTIONS, provenance=provenance)
+        return pd.DataFrame(columns=PREDICTIONS.names)
+    store = PartStore(parts_directory(output), fingerprint(questions, settings))
+    try:
         model = create_model(model_slug, model_settings, ModelContext(dataset=dataset, train_stats=train_stats))
-        store = PartStore(parts_directory(output), fingerprint(questions, settings))
-        frame = predict(questions, model, ImageResolver(images_dir), batch_size, store, part_size)
-    write_table(frame, output, PREDICTIONS, provenance=provenance)
-    if not questions.empty:
-        store.clear()
+        frame = predict(questions, model, ImageResolver(images_dir), batch_size, store, part_size, max_error_share)
+        check_complete(questions, frame, where=str(output))
+        write_table(frame, output, PREDICTIONS, provenance=provenance)
+    except BaseException:
+        store.close()
+        raise
+    store.clear()
     return frame

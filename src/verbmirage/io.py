@@ -3,15 +3,20 @@
 Every Parquet artifact of the workflow goes through :func:`write_table`: it
 checks the columns against the declared schema, stamps provenance (package
 version and the settings that produced the table) into the file metadata,
-and writes atomically (temporary file + rename), so a killed job never
-leaves a half-written table that a later job could read.
+and writes atomically (temporary file, fsync, rename), so a killed job or a
+crashed node never leaves a half-written table that a later job could read.
+Files get the user's umask (not ``mkstemp``'s 0600), so a shared cluster
+project can read them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -100,12 +105,17 @@ def to_arrow(frame: pd.DataFrame, schema: pa.Schema, where: str = "table") -> pa
 
 
 def write_table(
-    frame: pd.DataFrame, path: str | Path, schema: pa.Schema, provenance: dict | None = None
+    frame: pd.DataFrame,
+    path: str | Path,
+    schema: pa.Schema,
+    provenance: dict | None = None,
+    exclusive: bool = False,
 ) -> None:
     """Write ``frame`` as Parquet under ``schema``, atomically, with provenance metadata.
 
     The bytes depend only on the data and the provenance (no timestamps), so
-    the same inputs give a byte-identical file.
+    the same inputs give a byte-identical file. With ``exclusive`` an existing
+    file is never replaced (``FileExistsError``).
     """
     path = Path(path)
     table = to_arrow(frame, schema, where=str(path))
@@ -114,25 +124,165 @@ def write_table(
         b"verbmirage.provenance": json.dumps(provenance or {}, sort_keys=True, default=str).encode(),
     }
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
-    try:
+    with atomic_path(path, replace=not exclusive) as tmp:
         pq.write_table(table, tmp)
-        os.replace(tmp, path)
+
+
+def _user_file_mode() -> int:
+    """0666 minus the process umask: the mode ``open()`` would give a new file."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def fsync_directory(directory: str | Path) -> None:
+    """Make a rename or link inside ``directory`` durable (a node crash cannot undo it)."""
+    handle = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(handle)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        os.close(handle)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, replace: bool = True) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write to; on success it becomes ``path``.
+
+    The data is fsynced before the rename and the directory after it. With
+    ``replace=False`` an existing ``path`` is never overwritten (the file is
+    published with a hard link, which fails if the name exists:
+    ``FileExistsError``). Leftover temporary files of earlier, killed writers
+    of the same ``path`` are removed first; a failed write leaves none.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        stale.unlink(missing_ok=True)
+    handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(handle)
+    tmp = Path(name)
+    try:
+        yield tmp
+        with tmp.open("rb+") as written:
+            os.fsync(written.fileno())
+        os.chmod(tmp, _user_file_mode())
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+        fsync_directory(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def read_table(path: str | Path, schema: pa.Schema | None = None) -> pd.DataFrame:
-    """Read a Parquet table; with ``schema``, check it has the declared columns."""
+    """Read a Parquet table; with ``schema``, check its columns, their types and (for questions) values.
+
+    A table written by hand or by another tool can have the right column
+    names and still lie: ``rare`` as the strings "True"/"False" makes every
+    row rare, a capitalised answer is never correct. Each error names the
+    file, the column and the first bad row.
+    """
     frame = pd.read_parquet(path)
     if schema is not None:
         missing = [name for name in schema.names if name not in frame.columns]
         if missing:
             raise SchemaError(f"{path}: missing columns {missing}")
+        check_types(pq.read_schema(path), frame, schema, str(path))
+        for declared, check in _VALUE_CHECKS:
+            if schema.equals(declared):
+                check(frame, str(path))
     return frame
+
+
+def _same_kind(actual: pa.DataType, declared: pa.DataType) -> bool:
+    """Whether a stored type reads back as the declared one (widths and string flavours aside)."""
+    if pa.types.is_null(actual):  # a column with no values at all
+        return True
+    if pa.types.is_dictionary(actual):  # a pandas categorical
+        return _same_kind(actual.value_type, declared)
+    for family in (pa.types.is_integer, pa.types.is_floating):
+        if family(declared):
+            return family(actual)
+    if pa.types.is_string(declared) or pa.types.is_large_string(declared):
+        return pa.types.is_string(actual) or pa.types.is_large_string(actual)
+    if pa.types.is_list(declared) or pa.types.is_large_list(declared):
+        return (pa.types.is_list(actual) or pa.types.is_large_list(actual)) and _same_kind(
+            actual.value_type, declared.value_type
+        )
+    return actual.equals(declared)
+
+
+def _first_value(frame: pd.DataFrame, column: str) -> str:
+    """``row N: value`` of the first non-empty cell, for an error message."""
+    filled = frame[column].notna().to_numpy()
+    if not filled.any():
+        return "no values"
+    row = int(filled.argmax())
+    return f"row {row}: {frame[column].iloc[row]!r}"
+
+
+def check_types(stored: pa.Schema, frame: pd.DataFrame, schema: pa.Schema, where: str) -> None:
+    """Each declared column must be stored with the declared type (or a harmless equivalent)."""
+    for field in schema:
+        actual = stored.field(field.name).type
+        if not _same_kind(actual, field.type):
+            raise SchemaError(
+                f"{where}: column '{field.name}' is stored as {actual}, declared {field.type} "
+                f"(first bad {_first_value(frame, field.name)})"
+            )
+
+
+def check_questions(frame: pd.DataFrame, where: str) -> None:
+    """The values a question table must hold: metrics trust these without looking again.
+
+    ``question_id`` unique and set; ``qset`` a registered set; ``answer``
+    "yes"/"no" for a yes/no set and the letter of one of the options for a
+    multiple-choice set; ``image`` a safe relative path; ``rotation``, ``rare``
+    and ``common`` set.
+    """
+    from verbmirage.paths import UnsafePathError, safe_relative_name
+    from verbmirage.questions import question_kind
+
+    def bad(column: str, row: int, problem: str) -> SchemaError:
+        return SchemaError(f"{where}: column '{column}', row {row}: {problem}")
+
+    first_seen: dict = {}
+    for row, question_id in enumerate(frame["question_id"]):
+        if not isinstance(question_id, str):
+            raise bad("question_id", row, f"missing id ({question_id!r})")
+        if question_id in first_seen:
+            raise bad("question_id", row, f"duplicate id {question_id!r} (first at row {first_seen[question_id]})")
+        first_seen[question_id] = row
+    kinds = {}
+    for qset in frame["qset"].unique():
+        try:
+            kinds[qset] = question_kind(qset)
+        except KeyError as error:
+            row = int((frame["qset"] == qset).to_numpy().argmax())
+            raise bad("qset", row, str(error.args[0])) from None
+    for column in ("rotation", "rare", "common"):
+        missing = frame[column].isna().to_numpy()
+        if missing.any():
+            raise bad(column, int(missing.argmax()), "missing value")
+    for row, (qset, answer, options, image) in enumerate(
+        zip(frame["qset"], frame["answer"], frame["options"], frame["image"])
+    ):
+        if kinds[qset] == "yn":
+            if answer not in ("yes", "no"):
+                raise bad("answer", row, f"{answer!r} is not 'yes' or 'no' (qset {qset})")
+        else:
+            count = 0 if options is None else len(options)
+            letters = [chr(ord("A") + k) for k in range(min(count, 26))]
+            if answer not in letters:
+                raise bad("answer", row, f"{answer!r} is not the letter of one of its {count} options (qset {qset})")
+        try:
+            safe_relative_name(image, "image")
+        except UnsafePathError as error:
+            raise bad("image", row, str(error)) from None
+
+
+_VALUE_CHECKS = [(QUESTIONS, check_questions)]  # (schema, check of its values) for read_table
 
 
 def read_provenance(path: str | Path) -> dict:
@@ -141,22 +291,20 @@ def read_provenance(path: str | Path) -> dict:
     return json.loads(metadata.get(b"verbmirage.provenance", b"{}"))
 
 
-def _write_text(path: str | Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def write_text(path: str | Path, text: str) -> None:
+    """Write a small text file atomically (fsynced, user's umask)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
 
 
 def write_markdown(frame: pd.DataFrame, path: str | Path, title: str = "") -> None:
     """Write a table as Markdown (via tabulate), atomically."""
-    _write_text(path, (f"## {title}\n\n" if title else "") + frame.to_markdown(index=False, floatfmt=".2f") + "\n")
+    write_text(path, (f"## {title}\n\n" if title else "") + frame.to_markdown(index=False, floatfmt=".2f") + "\n")
 
 
 def write_html(frame: pd.DataFrame, path: str | Path, title: str = "") -> None:
     """Write a table as a small standalone HTML page (for the Snakemake report), atomically."""
     body = frame.to_html(index=False, float_format=lambda v: f"{v:.2f}", na_rep="", border=0)
     heading = f"<h2>{title}</h2>\n" if title else ""
-    _write_text(path, f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{title}</title></head>"
+    write_text(path, f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{title}</title></head>"
                       f"<body>\n{heading}{body}\n</body></html>\n")
