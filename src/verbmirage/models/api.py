@@ -59,6 +59,8 @@ from verbmirage.models.parsing import letter_token, normalise_token, parse_choic
 from verbmirage.models.prompts import PromptTemplate
 
 log = logging.getLogger(__name__)
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 FATAL_STATUS = frozenset({401, 403})
 #: How much of a response body goes into an error message (after scrubbing).
@@ -194,8 +196,8 @@ class OpenAIChatModel(VisionLanguageModel):
         self,
         name: str,
         model: str,
-        base_url: str = "https://api.openai.com/v1",
-        api_key_env: str = "OPENAI_API_KEY",
+        base_url: str = DEFAULT_BASE_URL,
+        api_key_env: str = DEFAULT_API_KEY_ENV,
         max_concurrency: int = 4,
         max_retries: int = 5,
         timeout: float = 60.0,
