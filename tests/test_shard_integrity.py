@@ -259,3 +259,19 @@ def test_tables_get_the_umask_and_leave_no_temporary_files(tmp_path):
         write_table(frame, tmp_path / "out.parquet", PREDICTIONS, exclusive=True)
     assert [p.name for p in tmp_path.iterdir()] == ["out.parquet"]
     assert read_table(tmp_path / "out.parquet", PREDICTIONS).question_id.tolist() == ["q"]
+
+
+@pytest.mark.parametrize("pixels_over_limit", [1.5, 3.0])  # Pillow warns between 1x and 2x its limit, raises above
+def test_an_oversized_image_is_a_value_error_naming_the_file(tmp_path, monkeypatch, pixels_over_limit):
+    """Probe 8: a decompression bomb must become one error row (ValueError), not a crashed job."""
+    from PIL import Image
+
+    from verbmirage.imaging import open_rgb
+
+    path = tmp_path / "huge.png"
+    Image.new("RGB", (100, 100)).save(path)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", int(100 * 100 / pixels_over_limit))
+    with pytest.raises(ValueError, match=r"huge.png: image too large to open safely"):
+        open_rgb(path)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100 * 100)
+    assert open_rgb(path).size == (100, 100)
