@@ -1,25 +1,54 @@
-"""The shared plumbing of remote-code adapters (the checkpoints themselves cannot load offline)."""
+"""Remote-code adapters: the worker protocol, the adapter's scoring, the answer-token scan, the 5.x patches.
+
+The worker runs as a real subprocess (this interpreter on ``remote_worker.py``)
+with a model-free driver from ``tests/remote_fake_driver.py``; the tiny
+random-weight checkpoints run in ``test_remote_tiny_*.py``.
+"""
+
+from __future__ import annotations
 
 import math
+import sys
+import types
+from pathlib import Path
 
 import pytest
+import torch
 from PIL import Image
 
 from verbmirage.models import Question, create_model
-from verbmirage.models.remote import RemoteCodeVLM
+from verbmirage.models.base import FatalBackendError
+from verbmirage.models.hf import LogitsVLM, answer_token_ids
+from verbmirage.models.remote import InProcessClient, WorkerClient, WorkerError
+from verbmirage.models.remote_worker import (
+    decoding_tag,
+    install_stand_in_module,
+    patch_molmo_for_transformers5,
+    patch_qwen_for_transformers5,
+    qwen_image_path,
+)
+
+sys.path.insert(0, str(Path(__file__).parent))
+import remote_fake_driver as fake  # noqa: E402
+
+FAKE = f"{Path(fake.__file__).resolve()}:FakeDriver"
 
 
-class ScriptedReplies(RemoteCodeVLM):
-    """Answers from a table, so the parsing and error paths of the base class can be checked."""
+@pytest.fixture
+def images(tmp_path):
+    paths = {}
+    for name in ("yes_horse", "bench"):
+        paths[name] = tmp_path / f"{name}.png"
+        Image.new("RGB", (8, 8), (10, 20, 30)).save(paths[name])
+    return paths
 
-    backend = "scripted"
 
-    def load(self):
-        self.prompts_seen = []
-
-    def reply(self, image, image_path, prompt, max_new_tokens):
-        self.prompts_seen.append(prompt)
-        return {"horse": "Yes, someone is.", "bench": "no", "cup": "hard to say"}.get(prompt.split()[4].strip("?"), "(B)")
+def _model(tmp_path, in_process=False, **settings):
+    entry = {"backend": "qwen_vl_chat", "path": str(tmp_path), "trust_remote_code": True, "driver": FAKE,
+             "device": "cpu", **settings}
+    if not in_process:
+        entry["python"] = sys.executable
+    return create_model("m", entry)
 
 
 @pytest.mark.parametrize("backend", ["qwen_vl_chat", "molmo", "minicpm_v", "mplug_owl2"])
@@ -28,15 +57,225 @@ def test_remote_code_must_be_allowed_in_the_entry(backend):
         create_model("m", {"backend": backend, "path": "some/checkpoint"})
 
 
-def test_text_replies_are_parsed(tmp_path):
+# ---- the shared answer-token scan (S4, S5) ----------------------------------------------------------
+class ListTokenizer:
+    """A tokenizer over a token list whose ``decode`` raises where Qwen's does."""
+
+    def __init__(self, tokens, undecodable=()):
+        self.tokens, self.undecodable = tokens, set(undecodable)
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def decode(self, ids):
+        if ids[0] in self.undecodable:
+            raise ValueError("Unclosed image token")
+        return "".join(self.tokens[i] for i in ids)
+
+
+class FixedLogits(LogitsVLM):
+    backend = "fixed"
+
+    def __init__(self, tokenizer, logits):
+        super().__init__("fixed")
+        self.tokenizer, self.logits = tokenizer, logits
+        self._find_answer_tokens()
+
+    def answer_logits(self, questions, multiple_choice):
+        return self.logits.expand(len(questions), -1).clone(), [None] * len(questions)
+
+
+SCAN_TOKENS = ["Yes", " yes", "yes.", "No", " no", "no,", "ności", "ność", "Yesterday", "nod", " NO!", "<img>",
+               "A", " B", "(C)", "Bee"]
+
+
+def test_scan_matches_whole_tokens_only():
+    """S4: "ności"/"ność" (Qwen vocabularies) and "Yesterday"/"nod" are not answers; old code counted "ności"."""
+    model = FixedLogits(ListTokenizer(SCAN_TOKENS, undecodable={11}), torch.zeros(1, len(SCAN_TOKENS)))
+    assert model._yes_ids.tolist() == [0, 1, 2]
+    assert model._no_ids.tolist() == [3, 4, 5, 10]
+    assert model._letter_ids[0].tolist() == [12] and model._letter_ids[1].tolist() == [13]
+
+
+def test_scan_tolerates_undecodable_tokens():
+    """S5/Q1: Qwen's tokenizer raises on a lone <img>; the scan skips that id instead of failing the constructor."""
+    yes, no, _ = answer_token_ids(["Yes", None, "No", "<x>", None], "models.q")
+    assert (yes, no) == ([0], [2])
+    with pytest.raises(ValueError, match="models.q: the tokenizer has no token for 'yes' or 'no'"):
+        answer_token_ids(["maybe", None], "models.q")
+
+
+def test_logits_wider_than_the_tokenizer(tmp_path):
+    """S5: output-layer padding past the tokenizer takes no mass and never becomes the argmax."""
+    tokens = ["Yes", "No", "A", "B"]
+    logits = torch.tensor([[2.0, 1.0, 0.0, 0.0, 30.0, 30.0]])  # two padding columns, largest of all
+    model = FixedLogits(ListTokenizer(tokens), logits)
     image = tmp_path / "i.png"
     Image.new("RGB", (4, 4)).save(image)
-    model = ScriptedReplies("s", "unused", trust_remote_code=True, device="cpu")
-    questions = [Question(str(i), f"Is someone riding a {o}?", image=image) for i, o in enumerate(["horse", "bench", "cup"])]
-    results = model.score_yes_no(questions + [Question("x", "Is someone riding a horse?", image=tmp_path / "gone.png")])
-    assert [r.prediction for r in results] == ["yes", "no", "unknown", "unknown"]
-    assert results[0].p_yes == 1.0 and results[1].p_yes == 0.0 and math.isnan(results[2].p_yes)
-    assert results[2].parse_rule == "text:unparsed" and "gone.png" in results[3].error
-    assert model.prompts_seen[0].endswith("Answer yes or no.")
-    mc = model.score_multiple_choice([Question("m", "Which of the following? A B", image=image, options=("a", "b", "c"))])
-    assert mc[0].prediction == "B" and mc[0].option_probs == (0.0, 1.0, 0.0)
+    result = model.score_yes_no([Question("q", "Is it?", image=image)])[0]
+    real = torch.softmax(logits[0, :4], dim=-1)
+    assert result.raw_answer == "Yes"
+    assert result.confidence == pytest.approx(float(real.max()))
+    assert result.p_yes == pytest.approx(math.exp(2) / (math.exp(2) + math.exp(1)))
+
+
+# ---- the worker protocol and the adapter ------------------------------------------------------------
+@pytest.mark.parametrize("in_process", [False, True], ids=["worker", "in-process"])
+def test_scores_through_the_driver(tmp_path, images, in_process):
+    model = _model(tmp_path, in_process=in_process)
+    assert isinstance(model.client, InProcessClient if in_process else WorkerClient)
+    assert model.vocabulary[8] is None and model.vocabulary[-1] is None and len(model.vocabulary) == 13
+    questions = [Question("1", "Is someone riding a horse?", image=images["yes_horse"]),
+                 Question("2", "Is someone sitting on a bench?", image=images["bench"])]
+    results = model.score_yes_no(questions)
+    assert [r.prediction for r in results] == ["yes", "no"]
+    assert results[0].p_yes == pytest.approx(fake.expected_p_yes("yes_horse"), rel=1e-6)
+    assert results[1].p_yes == pytest.approx(fake.expected_p_yes("bench"), rel=1e-6)
+    real = torch.softmax(fake.FakeDriver("x").logits(str(images["bench"]), "x")[: len(fake.TOKENS)], dim=-1)
+    assert results[1].raw_answer == "No" and results[1].confidence == pytest.approx(float(real.max()), rel=1e-6)
+    assert results[0].raw_answer == " yes" and results[0].parse_rule == "logits"
+    mc = model.score_multiple_choice(
+        [Question("3", "Which of the following actions? A. x B. y C. z", image=images["bench"], options=("x", "y", "z"))])
+    assert mc[0].prediction == "C" and mc[0].raw_answer == "C"
+    e = math.exp
+    assert mc[0].option_probs == pytest.approx((e(1) / (e(1) + e(-5) + e(3)), e(-5) / (e(1) + e(-5) + e(3)),
+                                               e(3) / (e(1) + e(-5) + e(3))), rel=1e-6)
+    assert model.generate([questions[0]], max_new_tokens=4) == ["Yes, I think"]
+    model.close()
+
+
+def test_text_scoring_names_its_decoding(tmp_path, images):
+    """S6/C1: a text answer says how it was decoded; greedy unless the entry asks for beams or a penalty."""
+    greedy = _model(tmp_path, scoring="text")
+    result = greedy.score_yes_no([Question("1", "Is someone riding a horse?", image=images["yes_horse"])])[0]
+    assert (result.prediction, result.p_yes, result.parse_rule) == ("yes", 1.0, "text:greedy:first-word")
+    beams = _model(tmp_path, scoring="text", num_beams=3, repetition_penalty=1.2)
+    mc = beams.score_multiple_choice([Question("2", "Which one?", image=images["bench"], options=("a", "b", "c"))])[0]
+    assert (mc.prediction, mc.parse_rule) == ("C", "text:beam3-rp1.2:letter")
+    assert beams.fingerprint_extra()["decoding"] == "beam3-rp1.2"
+    assert [decoding_tag(1), decoding_tag(5), decoding_tag(1, 1.05)] == ["greedy", "beam5", "greedy-rp1.05"]
+
+
+def test_a_failed_question_does_not_stop_the_worker(tmp_path, images):
+    model = _model(tmp_path)
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not a png")
+    results = model.score_yes_no([Question("1", "Is it?", image=broken),
+                                  Question("2", "Is it?", image=images["yes_horse"])])
+    assert "broken.png" in results[0].error and results[0].prediction == "unknown"
+    assert results[1].error is None and results[1].prediction == "yes"
+    reply = model.client.request("score", image=str(tmp_path / "gone.png"), prompt="Which?", token_ids=[99])
+    assert reply["ok"] is False and "ValueError: token id 99" in reply["error"]
+    assert model.client.request("vocabulary")["ok"]
+
+
+def test_a_crashed_worker_is_named_with_its_stderr(tmp_path, images):
+    model = _model(tmp_path)
+    with pytest.raises(FatalBackendError, match=r"models.m: the worker .* died during 'score' \(exit status 3\)") as info:
+        model.score_yes_no([Question("1", "Did it die?", image=images["bench"])])
+    assert "fake driver loaded (this line must not reach stdout)" in str(info.value)
+
+
+def test_load_failure_and_timeout_are_clear(tmp_path, images):
+    with pytest.raises(WorkerError, match=r"models.m: 'load' failed: RuntimeError: cannot load"):
+        _model(tmp_path, options={"crash_on_load": True})
+    model = _model(tmp_path, timeout=3)
+    with pytest.raises(WorkerError, match="gave no answer to 'score' within 3 s"):
+        model.score_yes_no([Question("1", "Will it hang?", image=images["bench"])])
+    assert model.client.process.poll() is not None  # the hung worker was killed
+
+
+def test_environment_must_exist(tmp_path, monkeypatch):
+    monkeypatch.setenv("VERBMIRAGE_ENVS_DIR", str(tmp_path / "envs"))
+    with pytest.raises(ValueError, match=r"models.m.env: environment 'remote-qwen' is not built .*tools/make_envs.sh"):
+        create_model("m", {"backend": "qwen_vl_chat", "path": str(tmp_path), "trust_remote_code": True,
+                           "env": "remote-qwen"})
+    with pytest.raises(ValueError, match="models.m: give `python:` or `env:`, not both"):
+        _model(tmp_path, env="x")
+
+
+def test_fingerprint_extra_names_code_environment_and_revision(tmp_path):
+    model = _model(tmp_path, revision="0123abc")
+    extra = model.fingerprint_extra()
+    assert extra["revision"] == "0123abc" and extra["decoding"] == "greedy"
+    assert extra["code"]["remote_fake_driver.py"] == __import__("hashlib").sha256(
+        Path(fake.__file__).read_bytes()).hexdigest()
+    assert extra["environment"]["python"] == sys.version.split()[0] and extra["environment"]["torch"]
+    assert len(extra["driver"]) == 64
+
+
+# ---- checkpoint-specific helpers and the transformers 5.x patches -----------------------------------
+def test_qwen_image_path_is_absolute_and_length_checked(tmp_path, monkeypatch):
+    """Q7: the tokenizer carries the path in 256 byte tokens; relative paths depend on the job's cwd."""
+    monkeypatch.chdir(tmp_path)
+    assert qwen_image_path("i.png") == str(tmp_path / "i.png")
+    long_name = "é" * 140 + ".png"  # 284 UTF-8 bytes
+    with pytest.raises(ValueError, match="shorter than 256 UTF-8 bytes"):
+        qwen_image_path(long_name)
+
+
+def test_stand_in_module_only_for_missing_imports(monkeypatch):
+    monkeypatch.delitem(sys.modules, "verbmirage_no_such_package", raising=False)
+    assert install_stand_in_module("verbmirage_no_such_package") is True
+    assert isinstance(sys.modules.pop("verbmirage_no_such_package"), types.ModuleType)
+    assert install_stand_in_module("json") is False
+
+
+def test_molmo_patch_lets_the_class_load_and_generate():
+    """M3/M4: no post_init (all_tied_weights_keys), tie_weights(**kw), and `cache=` instead of past_key_values."""
+
+    class Molmo:
+        def tie_weights(self):
+            raise AssertionError("old signature")
+
+        def prepare_inputs_for_generation(self, input_ids, past_key_values=None, **kwargs):
+            return {"input_ids": input_ids, "past_key_values": past_key_values}
+
+    patch_molmo_for_transformers5(Molmo)
+    model = Molmo()
+    assert Molmo.all_tied_weights_keys == {} and model.tie_weights(missing_keys=set()) is None
+    assert model.prepare_inputs_for_generation([1], cache="C") == {"input_ids": [1], "past_key_values": "C"}
+    patch_molmo_for_transformers5(Molmo)  # idempotent
+    assert model.prepare_inputs_for_generation([1], past_key_values="P")["past_key_values"] == "P"
+
+
+def test_qwen_patch_restores_meta_tensors_and_head_mask():
+    """Q4/Q5: tensors stored as plain attributes stay on meta under 5.x; get_head_mask is gone."""
+
+    class Rotary(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dim, self.base = 8, 10000
+            self.inv_freq = torch.empty(4, device="meta")
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.logn_tensor = torch.empty(1, 5, 1, 1, device="meta")
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = Attention()
+
+    class Transformer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rotary_emb, self.h, self.wte = Rotary(), torch.nn.ModuleList([Block()]), torch.nn.Linear(2, 2)
+
+    class LMHead(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.transformer, self.config = Transformer(), types.SimpleNamespace(seq_length=4)
+
+        def prepare_inputs_for_generation(self, input_ids, past_key_values=None, inputs_embeds=None, **kwargs):
+            return {"past_key_values": past_key_values}
+
+    model = LMHead()
+    patch_qwen_for_transformers5(model)
+    inv_freq = model.transformer.rotary_emb.inv_freq
+    assert not inv_freq.is_meta and torch.allclose(inv_freq, 1.0 / 10000 ** (torch.arange(0, 8, 2).float() / 8))
+    logn = model.transformer.h[0].attn.logn_tensor
+    assert not logn.is_meta and logn[0, 3, 0, 0] == 1 and logn[0, 4, 0, 0] == pytest.approx(math.log(5, 4))
+    assert model.transformer.get_head_mask(None, 3) == [None, None, None]
+    assert model.prepare_inputs_for_generation([1], cache="C") == {"past_key_values": "C"}

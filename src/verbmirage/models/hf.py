@@ -27,6 +27,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +45,7 @@ from verbmirage.models.base import (
     open_rgb,
     option_letter,
 )
-from verbmirage.models.parsing import letter_token, normalise_token
+from verbmirage.models.parsing import letter_token
 from verbmirage.models.prompts import PromptTemplate
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,40 @@ def images_only_processor(processor_class):
     return ImagesOnly
 
 
+#: A whole token that answers yes or no: optional space, the word, at most one closing punctuation mark.
+_YES_NO_TOKEN = re.compile(r"(yes|no)[.,!]?", re.IGNORECASE)
+
+
+def _decode_or_none(tokenizer, token_id: int) -> str | None:
+    """``tokenizer.decode([token_id])``, or None where that raises (Qwen's lone ``<img>``, ids past its table)."""
+    try:
+        return tokenizer.decode([token_id])
+    except Exception:  # noqa: BLE001 - checkpoint tokenizers raise ValueError, KeyError, ...
+        return None
+
+
+def answer_token_ids(vocabulary, where: str) -> tuple[list[int], list[int], list[list[int]]]:
+    """Ids of the tokens that spell yes, no and each option letter, from the decoded vocabulary.
+
+    ``vocabulary[i]`` is the text of token ``i``, or None where it cannot be
+    decoded (skipped). A token counts only as a whole word: ``" Yes"``,
+    ``"no."``, but not ``"ności"`` or ``"Yesterday"`` (S4).
+    """
+    yes, no, letters = [], [], [[] for _ in range(MAX_OPTIONS)]
+    for token_id, text in enumerate(vocabulary):
+        if not text or not text.strip():
+            continue
+        match = _YES_NO_TOKEN.fullmatch(text.strip())
+        if match:
+            (yes if match.group(1).lower() == YES else no).append(token_id)
+        letter = letter_token(text, MAX_OPTIONS)
+        if letter is not None and text.strip() == letter:
+            letters[ord(letter) - ord("A")].append(token_id)
+    if not yes or not no:
+        raise ValueError(f"{where}: the tokenizer has no token for 'yes' or 'no'")
+    return yes, no, letters
+
+
 def _is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
 
@@ -87,29 +122,27 @@ class LogitsVLM(VisionLanguageModel):
         self._yes_ids, self._no_ids, self._letter_ids = self._answer_token_ids()
 
     def _answer_token_ids(self):
-        """Ids of every vocabulary token that spells yes / no / an option letter."""
-        yes, no, letters = [], [], [[] for _ in range(MAX_OPTIONS)]
-        for token_id in range(len(self.tokenizer)):
-            text = self.tokenizer.decode([token_id])
-            if text.strip() and not text.strip().isalpha() and not text.strip()[:-1].isalpha():
-                continue  # keep "Yes", " yes", "Yes," but not "Yes!!!" fragments or symbols
-            word = normalise_token(text)
-            if word == YES and text.strip().lower().startswith(YES):
-                yes.append(token_id)
-            elif word == NO and text.strip().lower().startswith(NO):
-                no.append(token_id)
-            letter = letter_token(text, MAX_OPTIONS)
-            if letter is not None and text.strip() == letter:
-                letters[ord(letter) - ord("A")].append(token_id)
-        if not yes or not no:
-            raise ValueError(f"models.{self.name}: the tokenizer has no token for 'yes' or 'no'")
+        """Ids of every vocabulary token that spells yes / no / an option letter (see :func:`answer_token_ids`)."""
+        yes, no, letters = answer_token_ids(self._vocabulary(), f"models.{self.name}")
         to_tensor = lambda ids: torch.tensor(ids, dtype=torch.long)
         return to_tensor(yes), to_tensor(no), [to_tensor(ids) for ids in letters]
+
+    def _vocabulary(self) -> list[str | None]:
+        """Decoded text of each token id; None where the tokenizer cannot decode an id alone."""
+        return [_decode_or_none(self.tokenizer, i) for i in range(len(self.tokenizer))]
+
+    def _real_tokens(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits of real tokens only: output layers padded past the tokenizer (Qwen: 151936 rows for
+        151860 tokens) would otherwise take probability mass and could win the argmax (S5)."""
+        return logits[:, : len(self.tokenizer)]
+
+    def _token_text(self, token_id: int) -> str:
+        return _decode_or_none(self.tokenizer, token_id) or ""
 
     # ---- results ----------------------------------------------------------------
     def _score_yes_no(self, questions: list[Question]) -> list[YesNoResult]:
         logits, errors = self.answer_logits(questions, multiple_choice=False)
-        probs = torch.softmax(logits, dim=-1)
+        probs = torch.softmax(self._real_tokens(logits), dim=-1)
         yes, no = probs[:, self._yes_ids].sum(-1), probs[:, self._no_ids].sum(-1)
         confidence, best = probs.max(dim=-1)
         results = []
@@ -118,13 +151,13 @@ class LogitsVLM(VisionLanguageModel):
                 results.append(YesNoResult.failed(error))
                 continue
             p_yes = float(yes[i] / (yes[i] + no[i]))
-            raw = self.tokenizer.decode([int(best[i])])
+            raw = self._token_text(int(best[i]))
             results.append(YesNoResult(p_yes, YES if p_yes >= 0.5 else NO, raw, float(confidence[i]), "logits"))
         return results
 
     def _score_multiple_choice(self, questions: list[Question]) -> list[MultipleChoiceResult]:
         logits, errors = self.answer_logits(questions, multiple_choice=True)
-        probs = torch.softmax(logits, dim=-1)
+        probs = torch.softmax(self._real_tokens(logits), dim=-1)
         confidence, best = probs.max(dim=-1)
         results = []
         for i, (question, error) in enumerate(zip(questions, errors)):
@@ -135,7 +168,7 @@ class LogitsVLM(VisionLanguageModel):
             mass = np.array([float(probs[i, self._letter_ids[k]].sum()) for k in range(n)])
             option_probs = tuple(float(x) for x in mass / mass.sum()) if mass.sum() > 0 else (math.nan,) * n
             letter = option_letter(int(np.argmax(mass)))
-            raw = self.tokenizer.decode([int(best[i])])
+            raw = self._token_text(int(best[i]))
             results.append(MultipleChoiceResult(option_probs, letter, raw, float(confidence[i]), "logits"))
         return results
 

@@ -1,12 +1,21 @@
 """Adapters for checkpoints that run their own code (``trust_remote_code``).
 
-Qwen-VL-Chat, MiniCPM-Llama3-V2.5, mPLUG-Owl2 and Molmo do not load through
-``AutoModelForImageTextToText``; each adapter below holds the few lines that
-differ: how the checkpoint is loaded and how an (image, prompt) pair becomes
-either first-answer-position logits (scored exactly like the transformers
-backends) or a reply text (parsed; ``parse_rule`` records which). None of them
-can run offline, so ``docs/models.md`` lists what each needs; the shared
-plumbing (:class:`RemoteCodeVLM`) is unit-tested.
+Qwen-VL-Chat, Molmo-7B-D, MiniCPM-Llama3-V-2.5 and mPLUG-Owl2 were written
+for old transformers/torch releases. Each checkpoint's calling convention
+lives in one *driver* (:mod:`verbmirage.models.remote_worker`); an adapter
+here runs that driver either
+
+- **in a worker process** in the model's own environment (entry key
+  ``python: /path/to/bin/python`` or ``env: <name>``, an environment built by
+  ``tools/make_envs.sh`` under ``.envs/<name>``), speaking a JSON line
+  protocol, so the job stays on the project's pins; or
+- **in-process** (no such key), with the driver's load-time patches for
+  transformers 5.x.
+
+Either way YN and MC are scored from the logits at the first answer position,
+exactly like the transformers backends (P(yes) = yes mass / (yes + no mass);
+``confidence`` = the max softmax probability), and free text is decoded
+greedily unless the entry says otherwise, the decoding named in ``parse_rule``.
 
 ``trust_remote_code: true`` must be written in the model's own config entry:
 it runs Python shipped with the checkpoint, so it is never a global default.
@@ -14,29 +23,158 @@ it runs Python shipped with the checkpoint, so it is never a global default.
 
 from __future__ import annotations
 
+import collections
+import hashlib
+import json
 import math
+import os
+import queue
+import subprocess
+import threading
 from pathlib import Path
 
-import torch
-from PIL import Image
-
+from verbmirage.models import remote_worker
 from verbmirage.models.base import (
+    NO,
+    UNKNOWN,
+    YES,
+    FatalBackendError,
     MultipleChoiceResult,
     Question,
     VisionLanguageModel,
     YesNoResult,
     allow_remote_code,
     open_rgb,
+    option_letter,
 )
-from verbmirage.models.hf import DTYPES, LogitsVLM
+from verbmirage.models.hf import answer_token_ids
 from verbmirage.models.parsing import parse_choice, parse_yes_no
 from verbmirage.models.prompts import PromptTemplate
 
+WORKER_SCRIPT = Path(remote_worker.__file__).resolve()
+#: Where ``env: <name>`` entries are looked up (``tools/make_envs.sh`` builds them there).
+ENVS_DIR_VARIABLE = "VERBMIRAGE_ENVS_DIR"
+STDERR_TAIL = 40
+
+
+class WorkerError(FatalBackendError):
+    """The worker process died, timed out or could not load its model: no question can be answered."""
+
+
+class WorkerClient:
+    """A driver in a worker process started with another interpreter (the model's environment).
+
+    Requests and replies are JSON lines; stderr is kept (last lines) for error
+    messages. A crash, a timeout or a broken reply raises :class:`WorkerError`
+    naming the model and the worker's last stderr lines; a failed request
+    (``ok: false``) is returned to the caller, and the worker keeps serving.
+    """
+
+    def __init__(self, python: str | Path, where: str, timeout: float = 600.0, env: dict | None = None):
+        self.where, self.timeout = where, timeout
+        self.python = str(python)
+        self._stderr = collections.deque(maxlen=STDERR_TAIL)
+        self._replies: queue.Queue = queue.Queue()
+        try:
+            self.process = subprocess.Popen(
+                [self.python, "-u", str(WORKER_SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True, encoding="utf-8", bufsize=1,
+                env={**os.environ, "PYTHONNOUSERSITE": "1", **(env or {})}, cwd=str(WORKER_SCRIPT.parent.parent),
+            )
+        except OSError as error:
+            raise WorkerError(f"{where}: cannot start the worker with {self.python}: {error}") from error
+        threading.Thread(target=self._pump, args=(self.process.stdout, self._replies.put, True), daemon=True).start()
+        threading.Thread(target=self._pump, args=(self.process.stderr, self._stderr.append, False), daemon=True).start()
+
+    @staticmethod
+    def _pump(stream, sink, mark_end: bool) -> None:
+        """Copy lines of a pipe into ``sink``; ``None`` marks the end of the replies (the worker exited)."""
+        for line in stream:
+            sink(line.rstrip("\n"))
+        if mark_end:
+            sink(None)
+
+    def stderr_tail(self, lines: int = 15) -> str:
+        return "\n".join(list(self._stderr)[-lines:])
+
+    def _fail(self, what: str) -> WorkerError:
+        self.close(kill=True)
+        return WorkerError(f"{self.where}: the worker ({self.python}) {what}; its last stderr lines:\n"
+                           f"{self.stderr_tail() or '(none)'}")
+
+    def request(self, op: str, timeout: float | None = None, **fields) -> dict:
+        if self.process.poll() is not None:
+            raise self._fail(f"has exited with status {self.process.returncode}")
+        try:
+            self.process.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise self._fail("closed its input") from None
+        try:
+            line = self._replies.get(timeout=timeout or self.timeout)
+        except queue.Empty:
+            raise self._fail(f"gave no answer to '{op}' within {timeout or self.timeout:g} s") from None
+        if line is None:
+            self.process.wait(timeout=10)
+            raise self._fail(f"died during '{op}' (exit status {self.process.returncode})")
+        try:
+            reply = json.loads(line)
+        except json.JSONDecodeError:
+            raise self._fail(f"wrote a line that is not protocol JSON: {line[:200]!r}") from None
+        return reply
+
+    def close(self, kill: bool = False) -> None:
+        process = getattr(self, "process", None)
+        if process is None or process.poll() is not None:
+            return
+        if not kill:
+            try:
+                process.stdin.write(json.dumps({"op": "shutdown"}) + "\n")
+                process.stdin.flush()
+                process.wait(timeout=30)
+                return
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        process.kill()
+        process.wait(timeout=30)
+
+    def __del__(self):
+        self.close(kill=True)
+
+
+class InProcessClient:
+    """The same requests answered by a driver in this process (the main-environment path)."""
+
+    def __init__(self, where: str):
+        self.where = where
+        self.worker = remote_worker.Worker()
+
+    def request(self, op: str, timeout: float | None = None, **fields) -> dict:
+        try:
+            return self.worker.handle({"op": op, **fields})
+        except Exception as error:  # noqa: BLE001 - the protocol's per-request failure
+            return {"ok": False, "error": f"{type(error).__name__}: {error}"}
+
+    def close(self, kill: bool = False) -> None:
+        self.worker.driver = None
+
+
+def environment_python(name: str, where: str) -> Path:
+    """The interpreter of environment ``name`` built by ``tools/make_envs.sh`` (``.envs/<name>``)."""
+    root = Path(os.environ.get(ENVS_DIR_VARIABLE, ".envs"))
+    python = (root / name / "bin" / "python").absolute()
+    if not python.exists():
+        raise ValueError(f"{where}.env: environment '{name}' is not built ({python} is missing); "
+                         f"run `tools/make_envs.sh {name}`")
+    return python
+
 
 class RemoteCodeVLM(VisionLanguageModel):
-    """Shared set-up of remote-code adapters; subclasses implement :meth:`load` and :meth:`reply`."""
+    """A remote-code checkpoint driven through :mod:`~verbmirage.models.remote_worker` (see the module doc)."""
 
     backend = ""
+    #: Key of the checkpoint's driver in ``remote_worker.DRIVERS``.
+    driver = ""
 
     def __init__(
         self,
@@ -48,210 +186,203 @@ class RemoteCodeVLM(VisionLanguageModel):
         prompts: dict | None = None,
         max_new_tokens: int = 8,
         revision: str | None = None,
+        python: str | None = None,
+        env: str | None = None,
+        scoring: str = "logits",
+        num_beams: int = 1,
+        repetition_penalty: float = 1.0,
+        timeout: float = 600.0,
+        load_timeout: float = 3600.0,
+        driver: str | None = None,
+        options: dict | None = None,
     ):
         super().__init__(name)
-        if not allow_remote_code(f"models.{name}", trust_remote_code, revision, path):
+        where = f"models.{name}"
+        if not allow_remote_code(where, trust_remote_code, revision, path):
             raise ValueError(
-                f"models.{name}.trust_remote_code: backend '{self.backend}' runs code shipped with the "
+                f"{where}.trust_remote_code: backend '{self.backend}' runs code shipped with the "
                 "checkpoint; set `trust_remote_code: true` in this model's entry to allow it"
             )
-        if dtype not in DTYPES:
-            raise ValueError(f"models.{name}.dtype: '{dtype}' is not one of {sorted(DTYPES)}")
-        self.path, self.revision = path, revision
-        self.dtype, self.device = DTYPES[dtype], torch.device(device)
-        self.prompts = PromptTemplate.from_config(prompts, where=f"models.{name}.prompts")
-        self.max_new_tokens = max_new_tokens
-        self.load()
+        if dtype not in remote_worker.DTYPE_NAMES:
+            raise ValueError(f"{where}.dtype: '{dtype}' is not one of {sorted(remote_worker.DTYPE_NAMES)}")
+        if scoring not in ("logits", "text"):
+            raise ValueError(f"{where}.scoring: '{scoring}' is not 'logits' or 'text'")
+        if python and env:
+            raise ValueError(f"{where}: give `python:` or `env:`, not both")
+        try:
+            self.decoding = remote_worker.decoding_tag(num_beams, repetition_penalty)
+        except ValueError as error:
+            raise ValueError(f"{where}.num_beams: {error}") from None
+        self.where, self.path, self.revision = where, path, revision
+        self.num_beams, self.repetition_penalty = int(num_beams), float(repetition_penalty)
+        self.prompts = PromptTemplate.from_config(prompts, where=f"{where}.prompts")
+        self.max_new_tokens, self.scoring = max_new_tokens, scoring
+        self.driver = driver or self.driver
+        if env:
+            python = str(environment_python(env, where))
+        self.python = python
+        if python:
+            self.client = WorkerClient(python, where, timeout=timeout)
+        else:
+            self.client = InProcessClient(where)
+        # A local folder is handed over absolute: the worker runs in another directory.
+        checkpoint = str(Path(path).resolve()) if Path(path).is_dir() else path
+        loaded = self._call("load", timeout=load_timeout, driver=self.driver, path=checkpoint, revision=revision,
+                            dtype=dtype, device=device, options=options or {})
+        self.vocab_size, self.tokenizer_size = loaded["vocab_size"], loaded["tokenizer_size"]
+        self.environment, self.code = loaded.get("environment", {}), loaded.get("code", {})
+        self.vocabulary = self._call("vocabulary")["tokens"]
+        self._yes_ids, self._no_ids, self._letter_ids = answer_token_ids(self.vocabulary, where)
 
-    def load(self) -> None:
-        raise NotImplementedError
+    def _call(self, op: str, **fields) -> dict:
+        """A request whose failure no question can survive (load, vocabulary)."""
+        reply = self.client.request(op, **fields)
+        if not reply.get("ok"):
+            self.client.close(kill=True)
+            raise WorkerError(f"{self.where}: '{op}' failed: {reply.get('error')}")
+        return reply
 
-    def reply(self, image: Image.Image, image_path: Path, prompt: str, max_new_tokens: int) -> str:
-        """The model's answer text to ``prompt`` about the image."""
-        raise NotImplementedError
+    def close(self) -> None:
+        self.client.close()
 
-    open_image = staticmethod(open_rgb)
+    def fingerprint_extra(self) -> dict:
+        """What the answers depend on beyond the entry: the revision, the checkpoint code and the environment.
 
-    def _replies(self, questions: list[Question], multiple_choice: bool | None) -> list[tuple[str, str | None]]:
-        out = []
-        for question in questions:
-            prompt = question.prompt if multiple_choice is None else self.prompts.render(question.prompt, multiple_choice)
-            try:
-                image = self.open_image(question.image)
-            except (OSError, ValueError) as error:
-                out.append(("", f"image {question.image}: {type(error).__name__}: {error}"))
-                continue
-            out.append((self.reply(image, Path(question.image), prompt, self.max_new_tokens), None))
-        return out
+        ``code`` holds the sha256 of the checkpoint's ``*.py``/``*.json`` files
+        as loaded; ``environment`` the versions of python, torch and
+        transformers the driver runs on; ``driver`` the hash of our driver code.
+        """
+        return {
+            "revision": self.revision,
+            "code": dict(self.code),
+            "environment": dict(self.environment),
+            "driver": hashlib.sha256(WORKER_SCRIPT.read_bytes()).hexdigest(),
+            "decoding": self.decoding,
+        }
 
+    # ---- requests per question --------------------------------------------------------------
+    def _image(self, question: Question) -> tuple[str | None, str | None]:
+        """(absolute image path, None) or (None, error naming the file)."""
+        try:
+            open_rgb(question.image)
+        except (OSError, ValueError) as error:
+            return None, f"image {question.image}: {type(error).__name__}: {error}"
+        return str(Path(question.image).resolve()), None
+
+    def prompt_text(self, question: Question, multiple_choice: bool) -> str:
+        """The exact prompt string the checkpoint sees for this question."""
+        image, error = self._image(question)
+        if error:
+            raise ValueError(error)
+        return self._call("prompt", image=image, prompt=self.prompts.render(question.prompt, multiple_choice))["text"]
+
+    def _score(self, question: Question, prompt: str, token_ids: list[int]) -> tuple[dict | None, str | None]:
+        image, error = self._image(question)
+        if error:
+            return None, error
+        reply = self.client.request("score", image=image, prompt=prompt, token_ids=token_ids)
+        if not reply.get("ok"):
+            return None, f"{self.where}: {reply.get('error')}"
+        return reply, None
+
+    def _reply_text(self, question: Question, prompt: str, max_new_tokens: int) -> tuple[str, str | None]:
+        image, error = self._image(question)
+        if error:
+            return "", error
+        reply = self.client.request("generate", image=image, prompt=prompt, max_new_tokens=max_new_tokens,
+                                    num_beams=self.num_beams, repetition_penalty=self.repetition_penalty)
+        if not reply.get("ok"):
+            return "", f"{self.where}: {reply.get('error')}"
+        return reply["text"], None
+
+    def _token_text(self, token_id: int) -> str:
+        token = self.vocabulary[token_id] if 0 <= token_id < len(self.vocabulary) else None
+        return token or ""
+
+    # ---- results ----------------------------------------------------------------------------------
     def _score_yes_no(self, questions):
         results = []
-        for text, error in self._replies(questions, multiple_choice=False):
+        ids = self._yes_ids + self._no_ids
+        for question in questions:
+            prompt = self.prompts.render(question.prompt, False)
+            if self.scoring == "text":
+                text, error = self._reply_text(question, prompt, self.max_new_tokens)
+                if error:
+                    results.append(YesNoResult.failed(error))
+                    continue
+                answer, rule = parse_yes_no(text)
+                p_yes = {YES: 1.0, NO: 0.0}.get(answer, math.nan)
+                results.append(YesNoResult(p_yes, answer, text, math.nan, f"text:{self.decoding}:{rule}"))
+                continue
+            row, error = self._score(question, prompt, ids)
             if error:
                 results.append(YesNoResult.failed(error))
                 continue
-            answer, rule = parse_yes_no(text)
-            p_yes = {"yes": 1.0, "no": 0.0}.get(answer, math.nan)
-            results.append(YesNoResult(p_yes, answer, text, math.nan, f"text:{rule}"))
+            probs = [math.exp(v - row["logsumexp"]) for v in row["logits"]]
+            yes, no = sum(probs[: len(self._yes_ids)]), sum(probs[len(self._yes_ids):])
+            p_yes = yes / (yes + no) if yes + no > 0 else math.nan
+            prediction = UNKNOWN if math.isnan(p_yes) else (YES if p_yes >= 0.5 else NO)
+            confidence = math.exp(row["argmax_logit"] - row["logsumexp"])
+            results.append(YesNoResult(p_yes, prediction, self._token_text(row["argmax_id"]), confidence, "logits"))
         return results
 
     def _score_multiple_choice(self, questions):
         results = []
-        for question, (text, error) in zip(questions, self._replies(questions, multiple_choice=True)):
+        for question in questions:
             n = len(question.options)
+            prompt = self.prompts.render(question.prompt, True)
+            if self.scoring == "text":
+                text, error = self._reply_text(question, prompt, self.max_new_tokens)
+                if error:
+                    results.append(MultipleChoiceResult.failed(n, error))
+                    continue
+                letter, rule = parse_choice(text, question.options)
+                probs = tuple(1.0 if letter == option_letter(i) else 0.0 for i in range(n))
+                results.append(MultipleChoiceResult(probs, letter, text, math.nan, f"text:{self.decoding}:{rule}"))
+                continue
+            groups = self._letter_ids[:n]
+            row, error = self._score(question, prompt, [i for group in groups for i in group])
             if error:
                 results.append(MultipleChoiceResult.failed(n, error))
                 continue
-            letter, rule = parse_choice(text, question.options)
-            probs = tuple(1.0 if letter == chr(ord("A") + i) else 0.0 for i in range(n))
-            results.append(MultipleChoiceResult(probs, letter, text, math.nan, f"text:{rule}"))
+            values = iter(math.exp(v - row["logsumexp"]) for v in row["logits"])
+            mass = [sum(next(values) for _ in group) for group in groups]
+            total = sum(mass)
+            option_probs = tuple(m / total for m in mass) if total > 0 else (math.nan,) * n
+            letter = option_letter(max(range(n), key=lambda k: mass[k])) if total > 0 else UNKNOWN
+            confidence = math.exp(row["argmax_logit"] - row["logsumexp"])
+            results.append(MultipleChoiceResult(option_probs, letter, self._token_text(row["argmax_id"]), confidence,
+                                                "logits"))
         return results
 
     def _generate(self, questions, max_new_tokens):
-        self.max_new_tokens = max_new_tokens
-        return [text for text, _ in self._replies(questions, multiple_choice=None)]
-
-
-class RemoteLogitsVLM(LogitsVLM, RemoteCodeVLM):
-    """A remote-code adapter that can also give first-answer-position logits (:meth:`logits`)."""
-
-    def load(self) -> None:
-        self._load()
-        self._find_answer_tokens()
-
-    def _load(self) -> None:
-        raise NotImplementedError
-
-    def logits(self, image: Image.Image, image_path: Path, prompt: str) -> torch.Tensor:
-        raise NotImplementedError
-
-    @torch.inference_mode()
-    def answer_logits(self, questions, multiple_choice):
-        rows, errors = [], []
-        vocab = None
+        texts = []
         for question in questions:
-            try:
-                image = self.open_image(question.image)
-            except (OSError, ValueError) as error:
-                rows.append(None)
-                errors.append(f"image {question.image}: {type(error).__name__}: {error}")
-                continue
-            row = self.logits(image, Path(question.image), self.prompts.render(question.prompt, multiple_choice))
-            vocab = row.shape[-1]
-            rows.append(row.float().cpu())
-            errors.append(None)
-        vocab = vocab or len(self.tokenizer)
-        stacked = torch.stack([r if r is not None else torch.full((vocab,), math.nan) for r in rows])
-        return stacked, errors
-
-    _score_yes_no = LogitsVLM._score_yes_no
-    _score_multiple_choice = LogitsVLM._score_multiple_choice
+            text, error = self._reply_text(question, question.prompt, max_new_tokens)
+            texts.append(text if error is None else "")
+        return texts
 
 
-class QwenVLChat(RemoteLogitsVLM):
-    """Qwen/Qwen-VL-Chat: ChatML with the image as ``Picture 1: <img>path</img>``; logits from one forward."""
+class QwenVLChat(RemoteCodeVLM):
+    """Qwen/Qwen-VL-Chat: ChatML with ``Picture 1:<img>/abs/path</img>``; the image path travels in the prompt."""
 
-    backend = "qwen_vl_chat"
-    SYSTEM = "You are a helpful assistant."
-
-    def _load(self):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        load = {"trust_remote_code": True, "revision": self.revision}
-        self.tokenizer = AutoTokenizer.from_pretrained(self.path, **load)
-        self.model = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.dtype, **load).to(self.device).eval()
-
-    def _chat_text(self, image_path: Path, prompt: str) -> str:
-        query = self.tokenizer.from_list_format([{"image": str(image_path)}, {"text": prompt}])
-        return (f"<|im_start|>system\n{self.SYSTEM}<|im_end|>\n<|im_start|>user\n{query}<|im_end|>\n"
-                "<|im_start|>assistant\n")
-
-    def logits(self, image, image_path, prompt):
-        ids = self.tokenizer(self._chat_text(image_path, prompt), return_tensors="pt").input_ids.to(self.device)
-        return self.model(input_ids=ids).logits[0, -1]
-
-    def reply(self, image, image_path, prompt, max_new_tokens):
-        query = self.tokenizer.from_list_format([{"image": str(image_path)}, {"text": prompt}])
-        text, _ = self.model.chat(self.tokenizer, query=query, history=None, max_new_tokens=max_new_tokens)
-        return text
+    backend = driver = "qwen_vl_chat"
 
 
-class MolmoVLM(RemoteLogitsVLM):
-    """allenai/Molmo-7B-D: ``processor.process`` builds the inputs; logits from a forward, text from generate_from_batch."""
+class MolmoVLM(RemoteCodeVLM):
+    """allenai/Molmo-7B-D-0924: ``processor.process`` inputs (`` User: ... Assistant:``), images in the weights' dtype."""
 
-    backend = "molmo"
-
-    def _load(self):
-        from transformers import AutoModelForCausalLM, AutoProcessor
-
-        load = {"trust_remote_code": True, "revision": self.revision}
-        self.processor = AutoProcessor.from_pretrained(self.path, **load)
-        self.tokenizer = self.processor.tokenizer
-        self.model = AutoModelForCausalLM.from_pretrained(self.path, dtype=self.dtype, **load).to(self.device).eval()
-
-    def _inputs(self, image, prompt):
-        inputs = self.processor.process(images=[image], text=prompt)
-        return {k: v.to(self.device).unsqueeze(0) for k, v in inputs.items()}
-
-    def logits(self, image, image_path, prompt):
-        return self.model(**self._inputs(image, prompt)).logits[0, -1]
-
-    def reply(self, image, image_path, prompt, max_new_tokens):
-        from transformers import GenerationConfig
-
-        inputs = self._inputs(image, prompt)
-        output = self.model.generate_from_batch(
-            inputs, GenerationConfig(max_new_tokens=max_new_tokens, stop_strings="<|endoftext|>"),
-            tokenizer=self.tokenizer,
-        )
-        return self.tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    backend = driver = "molmo"
 
 
 class MiniCPMV(RemoteCodeVLM):
-    """openbmb/MiniCPM-Llama3-V-2_5: ``model.chat`` with its image slicing; answers are parsed from text."""
+    """openbmb/MiniCPM-Llama3-V-2_5: logits from its vision embedding + the LLM on ``inputs_embeds``; text via ``chat``."""
 
-    backend = "minicpm_v"
-
-    def load(self):
-        from transformers import AutoModel, AutoTokenizer
-
-        load = {"trust_remote_code": True, "revision": self.revision}
-        self.tokenizer = AutoTokenizer.from_pretrained(self.path, **load)
-        self.model = AutoModel.from_pretrained(self.path, dtype=self.dtype, **load).to(self.device).eval()
-
-    def reply(self, image, image_path, prompt, max_new_tokens):
-        return self.model.chat(image=image, msgs=[{"role": "user", "content": prompt}], tokenizer=self.tokenizer,
-                               sampling=False, max_new_tokens=max_new_tokens)
+    backend = driver = "minicpm_v"
 
 
 class MplugOwl2(RemoteCodeVLM):
-    """MAGAer13/mplug-owl2-llama2-7b through the ``mplug_owl2`` package of X-PLUG/mPLUG-Owl (install it first)."""
+    """MAGAer13/mplug-owl2-llama2-7b through the ``mplug_owl2`` package, in its own environment (docs/models.md)."""
 
-    backend = "mplug_owl2"
+    backend = driver = "mplug_owl2"
 
-    def load(self):
-        try:
-            from mplug_owl2.model.builder import load_pretrained_model
-        except ImportError as error:
-            raise ImportError(
-                f"models.{self.name}: backend 'mplug_owl2' needs the mplug_owl2 package "
-                "(pip install git+https://github.com/X-PLUG/mPLUG-Owl.git#subdirectory=mPLUG-Owl2)"
-            ) from error
-        self.tokenizer, self.model, self.image_processor, _ = load_pretrained_model(
-            self.path, None, Path(self.path).name, device=str(self.device)
-        )
-
-    def reply(self, image, image_path, prompt, max_new_tokens):
-        from mplug_owl2.constants import DEFAULT_IMAGE_TOKEN, IMAGE_TOKEN_INDEX
-        from mplug_owl2.conversation import conv_templates
-        from mplug_owl2.mm_utils import process_images, tokenizer_image_token
-
-        conversation = conv_templates["mplug_owl2"].copy()
-        conversation.append_message(conversation.roles[0], DEFAULT_IMAGE_TOKEN + prompt)
-        conversation.append_message(conversation.roles[1], None)
-        ids = tokenizer_image_token(conversation.get_prompt(), self.tokenizer, IMAGE_TOKEN_INDEX, return_tensors="pt")
-        pixels = process_images([image], self.image_processor).to(self.device, dtype=self.dtype)
-        with torch.inference_mode():
-            output = self.model.generate(ids.unsqueeze(0).to(self.device), images=pixels, do_sample=False,
-                                         max_new_tokens=max_new_tokens)
-        return self.tokenizer.decode(output[0, ids.shape[0] :], skip_special_tokens=True)

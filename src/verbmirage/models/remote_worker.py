@@ -1,0 +1,548 @@
+"""Drivers for checkpoints that run their own code, and the worker process that hosts them.
+
+The four remote-code checkpoints of the paper (Qwen-VL-Chat, Molmo-7B-D,
+MiniCPM-Llama3-V-2.5, mPLUG-Owl2) were written for old transformers/torch
+releases. A driver below holds what one checkpoint needs: loading (plus any
+load-time patch for transformers 5.x), the exact prompt its official chat code
+builds, the logits at the first answer position, and greedy (or stated)
+decoding. Drivers run in one of two places:
+
+- in-process, imported by :mod:`verbmirage.models.remote` in the project env;
+- in a **worker**: ``<model env python> remote_worker.py`` reads one JSON
+  request per line on stdin and writes one JSON reply per line on stdout, so a
+  checkpoint can run on the old stack it was written for while the job stays on
+  the project's pins (numpy 2, pandas 3).
+
+This file therefore imports only the standard library at module level (torch,
+transformers and PIL are imported inside the drivers) and nothing of
+``verbmirage``. Protocol (one JSON object per line)::
+
+    {"op": "load", "driver", "path", "revision", "dtype", "device", "options"}
+        -> {"ok": true, "vocab_size", "tokenizer_size", "environment", "code"}
+    {"op": "vocabulary"}                      -> {"ok": true, "tokens": [str | null, ...]}
+    {"op": "score", "image", "prompt", "token_ids"}
+        -> {"ok": true, "logits": [...], "logsumexp", "argmax_id", "argmax_logit"}
+    {"op": "generate", "image", "prompt", "max_new_tokens", "num_beams", "repetition_penalty"}
+        -> {"ok": true, "text", "decoding", "token_ids"}
+    {"op": "prompt", "image", "prompt"}       -> {"ok": true, "text"}
+    {"op": "shutdown"}                        -> {"ok": true}, then the worker exits
+
+A failing request answers ``{"ok": false, "error": "Type: message"}`` and the
+worker keeps serving. Anything the model code prints goes to stderr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import importlib.util
+import json
+import math
+import os
+import sys
+import traceback
+import types
+from pathlib import Path
+
+PROTOCOL_VERSION = 1
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+def decoding_tag(num_beams: int = 1, repetition_penalty: float = 1.0) -> str:
+    """Name of a deterministic decoding: ``greedy``, ``beam5``, ``beam3-rp1.2``."""
+    if int(num_beams) < 1:
+        raise ValueError(f"num_beams must be >= 1, got {num_beams}")
+    tag = "greedy" if int(num_beams) == 1 else f"beam{int(num_beams)}"
+    if float(repetition_penalty) != 1.0:
+        tag += f"-rp{float(repetition_penalty):g}"
+    return tag
+
+
+def decode_or_none(decode, token_id: int):
+    """``decode([token_id])``, or None where the tokenizer cannot decode that id alone (Qwen's ``<img>``)."""
+    try:
+        text = decode([token_id])
+    except Exception:  # noqa: BLE001 - checkpoint tokenizers raise ValueError, KeyError, ...
+        return None
+    return text if isinstance(text, str) else None
+
+
+def code_hashes(folder: str | Path) -> dict[str, str]:
+    """sha256 of the ``*.py`` and ``*.json`` files of a checkpoint's code folder (what really runs)."""
+    out = {}
+    folder = Path(folder)
+    if folder.is_dir():
+        for file in sorted(folder.iterdir()):
+            if file.is_file() and file.suffix in (".py", ".json", ".tiktoken"):
+                out[file.name] = hashlib.sha256(file.read_bytes()).hexdigest()
+    return out
+
+
+def environment() -> dict[str, str]:
+    """Versions of the stack a driver runs on (part of the inference fingerprint)."""
+    versions = {"python": sys.version.split()[0]}
+    for name in ("torch", "transformers", "tokenizers", "numpy", "torchvision"):
+        with contextlib.suppress(Exception):
+            versions[name] = importlib.import_module(name).__version__
+    return versions
+
+
+def _transformers_major() -> int:
+    import transformers
+
+    return int(transformers.__version__.split(".")[0])
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"dtype '{name}' is not one of {list(DTYPE_NAMES)}")
+    return getattr(torch, name)
+
+
+def _dtype_kwarg() -> str:
+    """``torch_dtype`` works from 4.x to 5.x; ``dtype`` only from 4.56 (S2: the old name is silently ignored)."""
+    return "dtype" if _transformers_major() >= 5 else "torch_dtype"
+
+
+def _open_rgb(image_path: str):
+    from PIL import Image
+
+    with Image.open(image_path) as image:
+        return image.convert("RGB")
+
+
+class Driver:
+    """One checkpoint's official calling convention. Subclasses set ``tokenizer``, ``model`` and the methods."""
+
+    name = ""
+
+    def __init__(self, path: str, revision: str | None = None, dtype: str = "bfloat16", device: str = "cuda",
+                 **options):
+        self.path, self.revision, self.options = path, revision, options
+        self.dtype_name, self.dtype, self.device = dtype, _torch_dtype(dtype), device
+        self.load()
+
+    def load(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def tokenizer_size(self) -> int:
+        return len(self.tokenizer)
+
+    @property
+    def vocab_size(self) -> int:
+        """Width of the logits row (may exceed the tokenizer: padded output layers)."""
+        return int(self.model.get_output_embeddings().weight.shape[0])
+
+    def vocabulary(self) -> list[str | None]:
+        decode = self.tokenizer.decode
+        size = self.tokenizer_size
+        return [decode_or_none(decode, i) if i < size else None for i in range(self.vocab_size)]
+
+    def code_folder(self) -> str | None:
+        """The folder of the checkpoint code that really runs (the dynamic-module copy)."""
+        module = sys.modules.get(type(self.model).__module__)
+        file = getattr(module, "__file__", None)
+        return str(Path(file).parent) if file else None
+
+    def prompt_text(self, image_path: str, question: str) -> str:
+        raise NotImplementedError
+
+    def logits(self, image_path: str, question: str):
+        """1-D float32 CPU logits at the first answer position."""
+        raise NotImplementedError
+
+    def generate(self, image_path: str, question: str, max_new_tokens: int, num_beams: int = 1,
+                 repetition_penalty: float = 1.0) -> tuple[str, str]:
+        raise NotImplementedError
+
+    #: Token ids of the last :meth:`generate` (new tokens only), for tests that compare with the logits' argmax.
+    last_token_ids: list[int] = []
+
+
+# ---- Qwen-VL-Chat ----------------------------------------------------------------------------------
+#: Qwen's tokenizer stores the image path as raw bytes padded to this many tokens; the forward needs one pad.
+QWEN_IMAGE_SPAN = 256
+
+
+def qwen_image_path(image_path: str) -> str:
+    """The absolute path Qwen's tokenizer can carry (Q7): shorter than 256 UTF-8 bytes."""
+    resolved = str(Path(image_path).resolve())
+    if len(resolved.encode("utf-8")) >= QWEN_IMAGE_SPAN:
+        raise ValueError(
+            f"image path {resolved}: Qwen-VL-Chat carries the path inside the prompt and needs it shorter than "
+            f"{QWEN_IMAGE_SPAN} UTF-8 bytes (it has {len(resolved.encode('utf-8'))}); use a shorter images folder"
+        )
+    return resolved
+
+
+def install_stand_in_module(name: str) -> bool:
+    """Put an empty module ``name`` in ``sys.modules`` if it cannot be imported (Q3).
+
+    transformers 5.x refuses checkpoint code whose imports are missing, even
+    imports inside methods we never call (Qwen's ``chat_stream`` imports
+    ``transformers_stream_generator``, whose releases do not import on 5.x).
+    """
+    try:
+        importlib.import_module(name)
+        return False
+    except Exception:  # noqa: BLE001 - ImportError, or the package's own breakage on 5.x
+        sys.modules[name] = types.ModuleType(name)
+        return True
+
+
+def patch_qwen_for_transformers5(model) -> None:
+    """Make Qwen-VL-Chat's modeling code run on transformers 5.x (Q4, Q5).
+
+    5.x builds models on the meta device, so tensors that ``__init__`` stores as
+    plain attributes (rotary ``inv_freq``, ``logn_tensor``) never get values;
+    they are recomputed here. ``PreTrainedModel.get_head_mask`` is gone; the
+    generation loop passes the cache as ``cache=``.
+    """
+    import torch
+
+    transformer = model.transformer
+    device = next(model.parameters()).device
+    config = model.config
+    rotary = transformer.rotary_emb
+    if rotary.inv_freq.is_meta or rotary.inv_freq.device != device:
+        rotary.inv_freq = 1.0 / (rotary.base ** (torch.arange(0, rotary.dim, 2, device=device).float() / rotary.dim))
+        rotary._seq_len_cached, rotary._rotary_pos_emb_cache = 0, None
+    for block in transformer.h:
+        attention = block.attn
+        if hasattr(attention, "logn_tensor") and (attention.logn_tensor.is_meta or attention.logn_tensor.device != device):
+            logn = [math.log(i, config.seq_length) if i > config.seq_length else 1 for i in range(1, 32768)]
+            attention.logn_tensor = torch.tensor(logn, device=device)[None, :, None, None]
+    if not hasattr(type(transformer), "get_head_mask"):
+        type(transformer).get_head_mask = lambda self, head_mask, n_layers: [None] * n_layers
+    prepare = type(model).prepare_inputs_for_generation
+    if not getattr(prepare, "_verbmirage_cache_alias", False):
+        def prepare_inputs(self, input_ids, past_key_values=None, inputs_embeds=None, **kwargs):
+            if past_key_values is None:
+                past_key_values = kwargs.pop("cache", None)
+            return prepare(self, input_ids, past_key_values=past_key_values, inputs_embeds=inputs_embeds, **kwargs)
+
+        prepare_inputs._verbmirage_cache_alias = True
+        type(model).prepare_inputs_for_generation = prepare_inputs
+
+
+class QwenVLChatDriver(Driver):
+    """Qwen/Qwen-VL-Chat: ChatML via the checkpoint's own ``make_context``; the path travels in the prompt."""
+
+    name = "qwen_vl_chat"
+    SYSTEM = "You are a helpful assistant."
+
+    def load(self):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if _transformers_major() >= 5:
+            install_stand_in_module("transformers_stream_generator")
+        load = {"trust_remote_code": True, "revision": self.revision}
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path, **load)
+        self.model = AutoModelForCausalLM.from_pretrained(self.path, **{_dtype_kwarg(): self.dtype}, **load)
+        self.model = self.model.to(self.device).eval()
+        if _transformers_major() >= 5:
+            patch_qwen_for_transformers5(self.model)
+        package = type(self.model).__module__.rsplit(".", 1)[0]
+        self._utils = importlib.import_module(f"{package}.qwen_generation_utils")
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.lm_head.weight.shape[0])
+
+    def _context(self, image_path: str, question: str) -> tuple[str, list[int]]:
+        query = self.tokenizer.from_list_format([{"image": qwen_image_path(image_path)}, {"text": question}])
+        return self._utils.make_context(self.tokenizer, query, history=[], system=self.SYSTEM,
+                                        max_window_size=self.model.generation_config.max_window_size,
+                                        chat_format="chatml")
+
+    def prompt_text(self, image_path, question):
+        return self._context(image_path, question)[0]
+
+    def prompt_ids(self, image_path, question) -> list[int]:
+        return list(self._context(image_path, question)[1])
+
+    def logits(self, image_path, question):
+        import torch
+
+        ids = torch.tensor([self.prompt_ids(image_path, question)], device=self.device)
+        with torch.inference_mode():
+            return self.model(input_ids=ids).logits[0, -1].float().cpu()
+
+    def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0):
+        import torch
+
+        tag = decoding_tag(num_beams, repetition_penalty)
+        ids = torch.tensor([self.prompt_ids(image_path, question)], device=self.device)
+        stop = self._utils.get_stop_words_ids("chatml", self.tokenizer)
+        with torch.inference_mode():
+            output = self.model.generate(
+                ids, stop_words_ids=stop, max_new_tokens=max_new_tokens, do_sample=False, top_p=None, top_k=None,
+                num_beams=int(num_beams), repetition_penalty=float(repetition_penalty),
+            )
+        new = output[0, ids.shape[1]:].tolist()
+        self.last_token_ids = new
+        ends = {self.tokenizer.im_end_id, self.tokenizer.im_start_id, self.model.generation_config.eos_token_id}
+        cut = next((i for i, token in enumerate(new) if token in ends), len(new))
+        return self.tokenizer.decode(new[:cut], errors="replace").strip(), tag
+
+
+# ---- Molmo-7B-D -------------------------------------------------------------------------------------
+def patch_molmo_for_transformers5(model_class) -> None:
+    """Let MolmoForCausalLM load and generate on transformers 5.x (M3, M4).
+
+    Its ``__init__`` never calls ``post_init()`` (no ``all_tied_weights_keys``),
+    its ``tie_weights`` takes no keyword arguments (its weights are not tied),
+    and its generation hooks expect the 4.4x keyword ``past_key_values``.
+    """
+    if not hasattr(model_class, "all_tied_weights_keys"):
+        model_class.all_tied_weights_keys = {}
+    model_class.tie_weights = lambda self, *args, **kwargs: None
+    prepare = model_class.prepare_inputs_for_generation
+    if not getattr(prepare, "_verbmirage_cache_alias", False):
+        def prepare_inputs(self, input_ids, past_key_values=None, **kwargs):
+            if past_key_values is None:
+                past_key_values = kwargs.pop("cache", None)
+            return prepare(self, input_ids, past_key_values=past_key_values, **kwargs)
+
+        prepare_inputs._verbmirage_cache_alias = True
+        model_class.prepare_inputs_for_generation = prepare_inputs
+
+
+class MolmoDriver(Driver):
+    """allenai/Molmo-7B-D-0924: ``processor.process`` then the model card's calls, images cast to the weights' dtype."""
+
+    name = "molmo"
+
+    def load(self):
+        from transformers import AutoModelForCausalLM, AutoProcessor
+
+        load = {"trust_remote_code": True, "revision": self.revision}
+        if _transformers_major() >= 5:
+            from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+            patch_molmo_for_transformers5(get_class_from_dynamic_module(
+                "modeling_molmo.MolmoForCausalLM", self.path, revision=self.revision))
+        self.processor = AutoProcessor.from_pretrained(self.path, **load)
+        self.tokenizer = self.processor.tokenizer
+        self.model = AutoModelForCausalLM.from_pretrained(self.path, **{_dtype_kwarg(): self.dtype}, **load)
+        self.model = self.model.to(self.device).eval()
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.embedding_size or self.model.config.vocab_size)
+
+    def _inputs(self, image_path, question) -> dict:
+        inputs = self.processor.process(images=[_open_rgb(image_path)], text=question)
+        batch = {key: value.to(self.device).unsqueeze(0) for key, value in inputs.items()}
+        batch["images"] = batch["images"].to(self.model.dtype)  # M1: float32 pixels meet bf16 weights
+        return batch
+
+    def prompt_text(self, image_path, question):
+        """The text part of the processor's input (image tokens first, then BOS, then `` User: ... Assistant:``)."""
+        ids = self.processor.process(images=[_open_rgb(image_path)], text=question)["input_ids"].tolist()
+        bos = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.tokenizer.eos_token_id
+        start = len(ids) - 1 - ids[::-1].index(bos) if bos in ids else 0
+        return self.tokenizer.decode(ids[start + 1:])
+
+    def logits(self, image_path, question):
+        import torch
+
+        with torch.inference_mode():
+            return self.model(**self._inputs(image_path, question)).logits[0, -1].float().cpu()
+
+    def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0):
+        import torch
+        from transformers import GenerationConfig
+
+        if int(num_beams) != 1:
+            raise ValueError("molmo: generate_from_batch supports greedy decoding only (num_beams=1)")
+        tag = decoding_tag(num_beams, repetition_penalty)
+        inputs = self._inputs(image_path, question)
+        config = GenerationConfig(max_new_tokens=int(max_new_tokens), stop_strings="<|endoftext|>", do_sample=False,
+                                  use_cache=True, repetition_penalty=float(repetition_penalty))
+        with torch.inference_mode():
+            output = self.model.generate_from_batch(inputs, config, tokenizer=self.tokenizer)
+        new = output[0, inputs["input_ids"].shape[1]:].tolist()
+        self.last_token_ids = new
+        return self.tokenizer.decode(new, skip_special_tokens=True).strip(), tag
+
+
+# ---- MiniCPM-Llama3-V-2.5 ---------------------------------------------------------------------------
+class MiniCPMVDriver(Driver):
+    """openbmb/MiniCPM-Llama3-V-2_5: its processor (loaded once), vision embedding, then the LLM on ``inputs_embeds``."""
+
+    name = "minicpm_v"
+
+    def load(self):
+        from transformers import AutoModel, AutoProcessor, AutoTokenizer
+
+        load = {"trust_remote_code": True, "revision": self.revision}
+        if _transformers_major() >= 5:
+            from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+            model_class = get_class_from_dynamic_module("modeling_minicpmv.MiniCPMV", self.path, revision=self.revision)
+            if not hasattr(model_class, "all_tied_weights_keys"):
+                model_class.all_tied_weights_keys = {}  # C4: no post_init(); embeddings are not tied
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path, **load)
+        self.processor = AutoProcessor.from_pretrained(self.path, **load)  # C2: once, pinned, passed to chat()
+        self.model = AutoModel.from_pretrained(self.path, **{_dtype_kwarg(): self.dtype}, **load)
+        self.model = self.model.to(self.device).eval()
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.llm.lm_head.weight.shape[0])
+
+    def _messages(self, image_path, question):
+        image = _open_rgb(image_path)
+        msgs = [{"role": "user", "content": "(<image>./</image>)\n" + question}]
+        return image, msgs
+
+    def prompt_text(self, image_path, question):
+        """What ``chat()`` hands the processor: the Llama-3 template with the image placeholder first."""
+        _, msgs = self._messages(image_path, question)
+        return self.processor.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+
+    def logits(self, image_path, question):
+        """``chat()``'s inputs, the model's own vision embedding, then the language model on ``inputs_embeds``."""
+        import torch
+
+        image, _ = self._messages(image_path, question)
+        inputs = self.processor(self.prompt_text(image_path, question), [image], return_tensors="pt",
+                                max_length=2048).to(self.device)
+        inputs["pixel_values"] = [[p.to(self.device) for p in row] for row in inputs["pixel_values"]]
+        with torch.inference_mode():
+            embeddings, _ = self.model.get_vllm_embedding(inputs)
+            return self.model.llm(inputs_embeds=embeddings).logits[0, -1].float().cpu()
+
+    def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0):
+        """``chat(sampling=False)`` with the beam count and penalty made explicit (its default is beam3-rp1.2, C1)."""
+        tag = decoding_tag(num_beams, repetition_penalty)
+        image = _open_rgb(image_path)
+        text = self.model.chat(image=image, msgs=[{"role": "user", "content": question}], tokenizer=self.tokenizer,
+                               processor=self.processor, sampling=False, max_new_tokens=int(max_new_tokens),
+                               num_beams=int(num_beams), repetition_penalty=float(repetition_penalty))
+        self.last_token_ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return text, tag
+
+
+# ---- mPLUG-Owl2 ---------------------------------------------------------------------------------------
+# Engineer B: the mplug_owl2 driver class goes here and is registered in DRIVERS below.
+
+
+DRIVERS: dict[str, type[Driver]] = {
+    "qwen_vl_chat": QwenVLChatDriver,
+    "molmo": MolmoDriver,
+    "minicpm_v": MiniCPMVDriver,
+}
+
+
+def driver_class(spec: str) -> type:
+    """A registered driver, or ``package.module:Class`` / ``/path/file.py:Class`` (your own, or a test's)."""
+    if spec in DRIVERS:
+        return DRIVERS[spec]
+    if ":" not in spec:
+        raise KeyError(f"unknown driver '{spec}'; known: {sorted(DRIVERS)} or 'module:Class' or 'file.py:Class'")
+    target, _, name = spec.rpartition(":")
+    if target.endswith(".py"):
+        module_spec = importlib.util.spec_from_file_location(Path(target).stem, target)
+        if module_spec is None:
+            raise FileNotFoundError(f"driver file {target} not found")
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    return getattr(module, name)
+
+
+# ---- the worker ------------------------------------------------------------------------------------------
+class Worker:
+    """Answers protocol requests with one loaded driver."""
+
+    def __init__(self):
+        self.driver = None
+
+    def handle(self, request: dict) -> dict:
+        op = request.get("op")
+        if op == "load":
+            cls = driver_class(request["driver"])
+            self.driver = cls(request["path"], revision=request.get("revision"), dtype=request.get("dtype", "bfloat16"),
+                              device=request.get("device", "cuda"), **(request.get("options") or {}))
+            folder = self.driver.code_folder() if hasattr(self.driver, "code_folder") else None
+            return {"ok": True, "protocol": PROTOCOL_VERSION, "vocab_size": self.driver.vocab_size,
+                    "tokenizer_size": self.driver.tokenizer_size, "environment": environment(),
+                    "code": code_hashes(folder) if folder else {}}
+        if op == "shutdown":
+            return {"ok": True}
+        if self.driver is None:
+            raise RuntimeError(f"'{op}' before 'load'")
+        if op == "vocabulary":
+            return {"ok": True, "tokens": self.driver.vocabulary()}
+        if op == "prompt":
+            return {"ok": True, "text": self.driver.prompt_text(request["image"], request["prompt"])}
+        if op == "score":
+            return {"ok": True, **score_row(self.driver.logits(request["image"], request["prompt"]),
+                                            request["token_ids"], self.driver.tokenizer_size)}
+        if op == "generate":
+            text, tag = self.driver.generate(request["image"], request["prompt"], int(request["max_new_tokens"]),
+                                             num_beams=int(request.get("num_beams", 1)),
+                                             repetition_penalty=float(request.get("repetition_penalty", 1.0)))
+            return {"ok": True, "text": text, "decoding": tag, "token_ids": list(self.driver.last_token_ids)}
+        raise ValueError(f"unknown op '{op}'")
+
+
+def score_row(row, token_ids: list[int], tokenizer_size: int) -> dict:
+    """What the adapter needs of one logits row: chosen entries, and logsumexp/argmax over real tokens (S5).
+
+    Columns past the tokenizer (padding rows of the output layer) are left out,
+    so they can neither win the argmax nor take probability mass.
+    """
+    import torch
+
+    row = row.float().reshape(-1)[: int(tokenizer_size)]
+    index = torch.tensor([int(i) for i in token_ids], dtype=torch.long)
+    if len(index) and int(index.max()) >= row.shape[0]:
+        raise ValueError(f"token id {int(index.max())} is outside the {row.shape[0]} real tokens")
+    best = int(torch.argmax(row))
+    return {"logits": row[index].tolist(), "logsumexp": float(torch.logsumexp(row, 0)), "argmax_id": best,
+            "argmax_logit": float(row[best])}
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else (1e308 if value > 0 else -1e308)
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    return value
+
+
+def serve(stdin=None, stdout=None) -> None:
+    """The request loop: stdout carries replies only; everything else printed goes to stderr."""
+    stdin = stdin or sys.stdin
+    reply_stream = stdout or sys.stdout
+    worker = Worker()
+    with contextlib.redirect_stdout(sys.stderr):
+        for line in stdin:
+            if not line.strip():
+                continue
+            request = None
+            try:
+                request = json.loads(line)
+                reply = worker.handle(request)
+            except Exception as error:  # noqa: BLE001 - every failure becomes a reply; the worker keeps serving
+                traceback.print_exc(file=sys.stderr)
+                reply = {"ok": False, "error": f"{type(error).__name__}: {error}"}
+            reply_stream.write(json.dumps(_json_safe(reply)) + "\n")
+            reply_stream.flush()
+            if isinstance(request, dict) and request.get("op") == "shutdown":
+                break
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    serve()
