@@ -45,9 +45,12 @@ rule tiny_model:
 
 
 rule fetch_dataset:
-    """Download (resumable), verify and unpack one archive of `downloads:`, or link the user's folder."""
+    """Download (resumable), verify and unpack one archive of `downloads:`, or link the user's folder.
+
+    The flag records source, archive, size and sha256; a changed entry reruns the job, which
+    fetches and unpacks again whatever no longer matches (docs/downloads.md)."""
     output:
-        touch(DOWNLOAD_DONE),
+        DOWNLOAD_DONE,
     params:
         entry=lambda wildcards: DOWNLOADS[wildcards.download],
         archive=lambda wildcards: f"resources/archives/{DOWNLOADS[wildcards.download]['archive']}",
