@@ -430,13 +430,134 @@ class MiniCPMVDriver(Driver):
 
 
 # ---- mPLUG-Owl2 ---------------------------------------------------------------------------------------
-# Engineer B: the mplug_owl2 driver class goes here and is registered in DRIVERS below.
+def import_mplug_owl2(code_dir: str | None = None):
+    """The ``mplug_owl2`` package, from ``code_dir`` (a checkout of X-PLUG/mPLUG-Owl's ``mPLUG-Owl2/``) if given.
+
+    An ImportError raised inside the package (a missing ``icecream``, or
+    transformers >= 4.3x without the 4.31 internals it patches) propagates as
+    itself (O2): it says what is wrong, which "install the package" would not.
+    """
+    if code_dir:
+        folder = Path(code_dir).resolve()
+        if not (folder / "mplug_owl2" / "__init__.py").is_file():
+            raise FileNotFoundError(f"code_dir {folder}: no mplug_owl2/__init__.py (give the mPLUG-Owl2/ folder)")
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+    try:
+        return importlib.import_module("mplug_owl2")
+    except ModuleNotFoundError as error:
+        if error.name != "mplug_owl2":
+            raise
+        raise ModuleNotFoundError(
+            "the mplug_owl2 package is not importable in this environment "
+            f"({sys.executable}): set the driver option code_dir to a checkout of X-PLUG/mPLUG-Owl's mPLUG-Owl2/ "
+            "folder, or pip install it with --no-deps into the env built from envs/remote-mplug_owl2.txt",
+            name="mplug_owl2",
+        ) from error
+
+
+class MplugOwl2Driver(Driver):
+    """MAGAer13/mplug-owl2-llama2-7b through the ``mplug_owl2`` package (needs transformers 4.31: own env).
+
+    Loads as the package's ``load_pretrained_model`` does for a full checkpoint
+    (slow LLaMA tokenizer, the registered causal-LM class, CLIP image processor),
+    except that the dtype asked for is honoured (the builder forces float16) and
+    a hub id is fetched at the pinned ``revision``. Prompts come from the
+    package's ``conv_templates["mplug_owl2"]`` and ``tokenizer_image_token``
+    (the image as id -200, embedded by the model's own multimodal preparation).
+    """
+
+    name = "mplug_owl2"
+
+    def load(self):
+        import torch  # noqa: F401  (imported before the package, which expects it)
+
+        import_mplug_owl2(self.options.get("code_dir"))
+        from mplug_owl2.model import MPLUGOwl2LlamaForCausalLM  # noqa: F401  (registers the config with Auto*)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.models.clip.image_processing_clip import CLIPImageProcessor
+
+        folder = self._local_folder()
+        self.tokenizer = AutoTokenizer.from_pretrained(folder, use_fast=False)
+        self.model = AutoModelForCausalLM.from_pretrained(folder, low_cpu_mem_usage=True, torch_dtype=self.dtype)
+        self.model = self.model.to(self.device).eval()
+        self.image_processor = CLIPImageProcessor.from_pretrained(folder)
+
+    def _local_folder(self) -> str:
+        """The checkpoint folder: ``path`` itself, or the hub snapshot at ``revision`` (O5: the revision is used)."""
+        if Path(self.path).is_dir():
+            return self.path
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(self.path, revision=self.revision)
+
+    def prompt_text(self, image_path, question):
+        from mplug_owl2.constants import DEFAULT_IMAGE_TOKEN
+        from mplug_owl2.conversation import conv_templates
+
+        conversation = conv_templates["mplug_owl2"].copy()
+        conversation.append_message(conversation.roles[0], DEFAULT_IMAGE_TOKEN + question)
+        conversation.append_message(conversation.roles[1], None)
+        return conversation.get_prompt()
+
+    def prompt_ids(self, image_path, question) -> list[int]:
+        """The prompt's ids with the image as ``IMAGE_TOKEN_INDEX`` (-200), one BOS first."""
+        from mplug_owl2.constants import IMAGE_TOKEN_INDEX
+        from mplug_owl2.mm_utils import tokenizer_image_token
+
+        return tokenizer_image_token(self.prompt_text(image_path, question), self.tokenizer, IMAGE_TOKEN_INDEX)
+
+    def _inputs(self, image_path, question):
+        import torch
+        from mplug_owl2.mm_utils import process_images
+
+        ids = torch.tensor([self.prompt_ids(image_path, question)], device=self.device)
+        pixels = process_images([_open_rgb(image_path)], self.image_processor)
+        return ids, pixels.to(self.device, dtype=self.model.dtype)  # O5: the weights' dtype, whatever was asked
+
+    def logits(self, image_path, question):
+        import torch
+
+        ids, pixels = self._inputs(image_path, question)
+        with torch.inference_mode():
+            return self.model(input_ids=ids, images=pixels).logits[0, -1].float().cpu()
+
+    def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0):
+        """Deterministic decoding as the official evaluations run it (``do_sample=False``, O6), stopping at ``</s>``."""
+        import torch
+
+        tag = decoding_tag(num_beams, repetition_penalty)
+        ids, pixels = self._inputs(image_path, question)
+        with torch.inference_mode():
+            output = self.model.generate(
+                ids, images=pixels, do_sample=False, num_beams=int(num_beams),
+                repetition_penalty=float(repetition_penalty), max_new_tokens=int(max_new_tokens), use_cache=True,
+                pad_token_id=self.tokenizer.eos_token_id,
+            )
+        new = output[0, ids.shape[1]:].tolist()
+        self.last_token_ids = new
+        return self.tokenizer.decode(new, skip_special_tokens=True).strip(), tag
+
+    def reference_text(self, image_path, question, max_new_tokens):
+        """The package README's inference (its stopping criterion and decode), sampling switched off."""
+        import torch
+        from mplug_owl2.mm_utils import KeywordsStoppingCriteria
+
+        ids, pixels = self._inputs(image_path, question)
+        from mplug_owl2.conversation import conv_templates
+
+        stop = KeywordsStoppingCriteria([conv_templates["mplug_owl2"].sep2], self.tokenizer, ids)
+        with torch.inference_mode():
+            output = self.model.generate(ids, images=pixels, do_sample=False, max_new_tokens=int(max_new_tokens),
+                                         use_cache=True, stopping_criteria=[stop])
+        return self.tokenizer.decode(output[0, ids.shape[1]:]).strip()
 
 
 DRIVERS: dict[str, type[Driver]] = {
     "qwen_vl_chat": QwenVLChatDriver,
     "molmo": MolmoDriver,
     "minicpm_v": MiniCPMVDriver,
+    "mplug_owl2": MplugOwl2Driver,
 }
 
 
