@@ -151,3 +151,90 @@ def test_bad_label_value_is_located(tmp_path, demo_roots):
     scipy.io.savemat(tmp_path / "anno.mat", mat)
     with pytest.raises(AnnotationFormatError, match=r"anno_test\[5, 3\] = 2.0"):
         load_hico(tmp_path)
+
+
+# ---- input checks (issue 14, items 4 and 8): a tampered anno.mat is refused, naming the file ----
+def _demo_mat(demo_roots) -> dict:
+    mat = scipy.io.loadmat(demo_roots[0] / "anno.mat")
+    return {k: v for k, v in mat.items() if not k.startswith("__")}
+
+
+def _save(tmp_path, mat) -> str:
+    scipy.io.savemat(tmp_path / "anno.mat", mat)
+    return str(tmp_path / "anno.mat")
+
+
+@pytest.mark.parametrize("name", ["../victim.jpg", "/etc/passwd", "images/HICO_test2015_1.jpg", "a b.jpg", ".."])
+def test_unsafe_image_name_is_refused(tmp_path, demo_roots, name):
+    mat = _demo_mat(demo_roots)
+    mat["list_test"][2, 0] = np.array([name])
+    path = _save(tmp_path, mat)
+    with pytest.raises(AnnotationFormatError) as caught:
+        load_hico(tmp_path)
+    message = str(caught.value)
+    assert path in message and repr(name) in message and "list_test[2]" in message
+
+
+def test_duplicate_image_names_are_refused(tmp_path, demo_roots):
+    mat = _demo_mat(demo_roots)
+    mat["list_test"][4, 0] = mat["list_test"][1, 0]
+    path = _save(tmp_path, mat)
+    with pytest.raises(AnnotationFormatError, match=rf"{path}: list_test\[4\]: duplicate image name .* \[1\]"):
+        load_hico(tmp_path)
+
+
+def test_list_action_with_599_classes_is_refused(tmp_path, demo_roots):
+    mat = _demo_mat(demo_roots)
+    mat["list_action"] = mat["list_action"][:599]
+    for split in ("train", "test"):
+        mat[f"anno_{split}"] = mat[f"anno_{split}"][:599]
+    path = _save(tmp_path, mat)
+    with pytest.raises(AnnotationFormatError, match=rf"{path}: list_action has 599 actions, expected HICO's 600"):
+        load_hico(tmp_path)
+
+
+def test_list_action_with_swapped_verb_and_object_is_refused(tmp_path, demo_roots):
+    mat = _demo_mat(demo_roots)
+    action = mat["list_action"][7, 0]
+    action["vname"], action["nname"] = action["nname"], action["vname"]
+    path = _save(tmp_path, mat)
+    with pytest.raises(AnnotationFormatError, match=rf"{path}: list_action\[7\] is \(vname='airplane'"):
+        load_hico(tmp_path)
+
+
+def test_numeric_image_list_names_the_file(tmp_path, demo_roots):
+    mat = _demo_mat(demo_roots)
+    mat["list_test"] = np.arange(len(mat["list_test"]), dtype=float).reshape(-1, 1)
+    path = _save(tmp_path, mat)
+    with pytest.raises(AnnotationFormatError, match=rf"{path}: list_test\[0\]: expected a MATLAB string"):
+        load_hico(tmp_path)
+
+
+def test_string_labels_name_the_file(tmp_path, demo_roots):
+    mat = _demo_mat(demo_roots)
+    mat["anno_test"] = "not labels"
+    path = _save(tmp_path, mat)
+    with pytest.raises(AnnotationFormatError, match=rf"{path}: anno_test: labels must be numeric"):
+        load_hico(tmp_path)
+
+
+def test_hico_det_unsafe_file_name_is_refused(tmp_path):
+    from verbmirage.demo import _box_struct, _struct_array
+
+    hoi = _struct_array([{"id": 3.0, "bboxhuman": _box_struct([(10, 20, 30, 40)]),
+                          "bboxobject": _box_struct([(1, 2, 3, 4)]), "connection": np.array([[1.0, 1.0]]),
+                          "invis": 0.0}])
+    entry = _struct_array([{"filename": "../../victim.jpg",
+                            "size": {"width": 64.0, "height": 48.0, "depth": 3.0}, "hoi": hoi}])
+    scipy.io.savemat(tmp_path / "anno_bbox.mat", {"bbox_train": np.zeros((1, 0)), "bbox_test": entry})
+    expected = r"anno_bbox.mat: bbox_test\[0\].filename: unsafe name '\.\./\.\./victim"
+    with pytest.raises(AnnotationFormatError, match=expected):
+        load_hico_det(tmp_path)
+
+
+def test_real_anno_still_loads_with_the_checks(real_anno):
+    """The real file passes every check: 600 HICO classes in order, unique plain names."""
+    assert len(real_anno.hois) == 600
+    for split in ("train", "test"):
+        names = real_anno.images[split]
+        assert len(set(names)) == len(names) and all(n.startswith(f"HICO_{split}2015_") for n in names)

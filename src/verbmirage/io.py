@@ -214,12 +214,12 @@ def _same_kind(actual: pa.DataType, declared: pa.DataType) -> bool:
 
 
 def _first_value(frame: pd.DataFrame, column: str) -> str:
-    """``row N: value`` of the first non-empty cell, for an error message."""
+    """``row N (value)`` of the first non-empty cell, for an error message."""
     filled = frame[column].notna().to_numpy()
     if not filled.any():
         return "no values"
     row = int(filled.argmax())
-    return f"row {row}: {frame[column].iloc[row]!r}"
+    return f"row {row} ({frame[column].iloc[row]!r})"
 
 
 def check_types(stored: pa.Schema, frame: pd.DataFrame, schema: pa.Schema, where: str) -> None:
@@ -228,8 +228,8 @@ def check_types(stored: pa.Schema, frame: pd.DataFrame, schema: pa.Schema, where
         actual = stored.field(field.name).type
         if not _same_kind(actual, field.type):
             raise SchemaError(
-                f"{where}: column '{field.name}' is stored as {actual}, declared {field.type} "
-                f"(first bad {_first_value(frame, field.name)})"
+                f"{where}: column '{field.name}', {_first_value(frame, field.name)}: "
+                f"stored as {actual}, declared {field.type}"
             )
 
 
