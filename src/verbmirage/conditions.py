@@ -28,6 +28,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from verbmirage.imaging import open_rgb
+from verbmirage.io import atomic_path
 from verbmirage.paths import UnsafePathError, inside, replace_entry, safe_relative_name
 
 MANIFEST = "manifest.parquet"
@@ -132,7 +133,8 @@ def _write_manifest(manifest: pd.DataFrame, path: Path, source_root: Path) -> No
     table = pa.Table.from_pandas(manifest, preserve_index=False)
     metadata = {**(table.schema.metadata or {}), SOURCE_ROOT_KEY: str(source_root).encode()}
     table = table.replace_schema_metadata(metadata)
-    replace_entry(path, lambda tmp: pq.write_table(table, tmp))
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
 
 
 class ImageResolver:
