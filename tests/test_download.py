@@ -113,7 +113,7 @@ class Server:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def asked(self, path: str) -> list[tuple[str | None, str | None]]:
         """(Range, If-Range) of every request for ``path``, in order."""
@@ -262,7 +262,7 @@ def test_unverified_source_warns_with_the_sha256_to_pin(server, tmp_path, caplog
 def test_a_failed_unpack_deletes_only_an_unverified_archive(server, tmp_path, verified):
     """A checksum-verified archive is the right file, so it is kept; an unverified one may be a bad transfer."""
     checksums = {"sha256": hashlib.sha256(ARCHIVE).hexdigest()} if verified else {}
-    with pytest.raises(UnsafeArchiveError, match="max_members"):
+    with pytest.raises(UnsafeArchiveError, match=r"hico.zip: more than 1 members \(cap downloads.hico.max_members\)"):
         prepare(f"{server.url}/hico.zip", tmp_path / "hico.zip", tmp_path / "data" / "hico", checksums,
                 max_members=1)
     assert (tmp_path / "hico.zip").exists() is verified
@@ -281,6 +281,17 @@ def test_changed_source_fetches_and_unpacks_again(server, tmp_path):
     assert json.loads((archive.parent / "data.zip.source.json").read_text())["source"] == f"{server.url}/v2.zip"
     prepare(f"{server.url}/v2.zip", archive, target)
     assert len(server.asked("/v2.zip")) == 1  # complete and from this source: not fetched again
+
+
+def test_archive_without_a_record_is_reused_only_when_its_checksum_vouches_for_it(server, tmp_path):
+    """An archive left by an older version has no sidecar: a matching sha256 adopts it, otherwise it is fetched."""
+    (tmp_path / "hico.zip").write_bytes(ARCHIVE)
+    prepare(f"{server.url}/hico.zip", tmp_path / "hico.zip", tmp_path / "data" / "hico",
+            {"sha256": hashlib.sha256(ARCHIVE).hexdigest()})
+    assert server.asked("/hico.zip") == []
+    (tmp_path / "other.zip").write_bytes(V1)
+    prepare(f"{server.url}/hico.zip", tmp_path / "other.zip", tmp_path / "data" / "other")
+    assert len(server.asked("/hico.zip")) == 1 and (tmp_path / "other.zip").read_bytes() == ARCHIVE
 
 
 def test_stale_part_from_another_source_is_not_resumed(server, tmp_path):
@@ -338,6 +349,14 @@ def test_folder_and_archive_sources_replace_each_other(tmp_path):
     prepare(str(archive), tmp_path / "unused", target)
     assert not target.is_symlink() and (target / "VERSION").read_bytes() == b"v1"
     assert (folder / "VERSION").read_bytes() == b"mine" and sorted(p.name for p in folder.iterdir()) == ["VERSION"]
+
+
+def test_folder_named_like_a_tar_is_used_in_place_on_every_python(tmp_path):
+    folder = tmp_path / "hico_20150920.tar"  # what a user who unpacked the tar by hand may keep
+    folder.mkdir()
+    (folder / "anno.mat").write_bytes(b"mat")
+    linked = prepare(str(folder), tmp_path / "unused", tmp_path / "data" / "hico")
+    assert (linked / "anno.mat").read_bytes() == b"mat"
 
 
 def test_source_folder_that_overlaps_the_target_is_refused(tmp_path):

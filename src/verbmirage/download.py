@@ -153,6 +153,14 @@ def verify(path: str | Path, checksums: dict[str, str]) -> dict[str, str]:
     return digests
 
 
+def _matches(path: Path, checksums: dict[str, str]) -> bool:
+    try:
+        verify(path, checksums)
+    except ChecksumError:
+        return False
+    return True
+
+
 def _sidecar(archive: Path) -> Path:
     """Where the source of ``archive`` (and of its ``.part``) is recorded."""
     return archive.with_name(archive.name + ".source.json")
@@ -355,9 +363,13 @@ def _fetch(source: str, destination: Path, checksums: dict[str, str], name: str)
     if destination.exists() and not (
         record.get("source") == source and record.get("complete") and record.get("size") == destination.stat().st_size
     ):
-        log.warning("download %s: %s was not fetched from %s (its record says %r); fetching again",
-                    name, destination, source, record.get("source"))
-        destination.unlink()
+        if not record and configured and _matches(destination, checksums):
+            log.info("download %s: %s has no record but matches the configured checksum; using it", name, destination)
+            record = {"source": source, "complete": True, "size": destination.stat().st_size}
+        else:
+            log.warning("download %s: %s was not fetched from %s (its record says %r); fetching again",
+                        name, destination, source, record.get("source"))
+            destination.unlink()
     if not destination.is_file():
         if parsed.kind == "http":
             download_http(parsed.location, destination, name=name)
@@ -399,16 +411,17 @@ def _check_name(archive: Path, name: str) -> None:
         raise UnsafeArchiveError(f"{archive}: member {name!r} would be written outside the target folder")
 
 
-def _check_caps(archive: Path, members: int, size: int, max_members: int, max_bytes: int) -> None:
-    if members > max_members:
-        raise UnsafeArchiveError(f"{archive}: more than {max_members} members (cap max_members); "
+def _check_caps(archive: Path, members: int, size: int, caps: dict[str, int], key: str) -> None:
+    """``caps`` holds max_members and max_bytes; ``key`` is where they are configured (for the message)."""
+    if members > caps["max_members"]:
+        raise UnsafeArchiveError(f"{archive}: more than {caps['max_members']} members (cap {key}max_members); "
                                  f"raise the cap if the archive is genuine")
-    if size > max_bytes:
-        raise UnsafeArchiveError(f"{archive}: unpacks to more than {max_bytes} bytes (cap max_bytes); "
+    if size > caps["max_bytes"]:
+        raise UnsafeArchiveError(f"{archive}: unpacks to more than {caps['max_bytes']} bytes (cap {key}max_bytes); "
                                  f"raise the cap if the archive is genuine")
 
 
-def _tar_members(tar: tarfile.TarFile, archive: Path, max_members: int, max_bytes: int) -> tuple[list, int]:
+def _tar_members(tar: tarfile.TarFile, archive: Path, caps: dict[str, int], key: str) -> tuple[list, int]:
     """Every member, checked, read one by one so that a cap stops the scan early."""
     members, size = [], 0
     for member in tar:
@@ -420,17 +433,17 @@ def _tar_members(tar: tarfile.TarFile, archive: Path, max_members: int, max_byte
             raise UnsafeArchiveError(f"{archive}: member {member.name!r} is not a regular file or folder")
         members.append(member)
         size += member.size
-        _check_caps(archive, len(members), size, max_members, max_bytes)
+        _check_caps(archive, len(members), size, caps, key)
     return members, size
 
 
 _LOCAL_HEADER = struct.Struct("<4s5H3I2H")  # signature, versions/flags/method/time/date, crc, sizes, name/extra lengths
 
 
-def _zip_members(zipped: zipfile.ZipFile, archive: Path, max_members: int, max_bytes: int) -> tuple[list, int]:
+def _zip_members(zipped: zipfile.ZipFile, archive: Path, caps: dict[str, int], key: str) -> tuple[list, int]:
     """Every entry, checked: names, types, caps, and no two entries sharing bytes (the overlap bomb)."""
     infos = zipped.infolist()
-    _check_caps(archive, len(infos), 0, max_members, max_bytes)
+    _check_caps(archive, len(infos), 0, caps, key)
     size = 0
     for info in infos:
         _check_name(archive, info.filename)
@@ -440,7 +453,7 @@ def _zip_members(zipped: zipfile.ZipFile, archive: Path, max_members: int, max_b
         if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
             raise UnsafeArchiveError(f"{archive}: member {info.filename!r} is not a regular file or folder")
         size += info.file_size
-    _check_caps(archive, len(infos), size, max_members, max_bytes)
+    _check_caps(archive, len(infos), size, caps, key)
     ordered = sorted(infos, key=lambda info: info.header_offset)
     with open(archive, "rb") as handle:
         for info, following in zip(ordered, ordered[1:] + [None]):
@@ -487,13 +500,15 @@ def extract(
     sha256: str | None = None,
     max_bytes: int = MAX_BYTES,
     max_members: int = MAX_MEMBERS,
+    name: str | None = None,
 ) -> Path:
     """Unpack ``archive`` into ``target``, unless ``target`` already holds exactly this archive.
 
     The marker records ``source`` (default: the archive's path), the archive's
     name, size and sha256 (computed unless given); a target whose marker
     differs in any of them is unpacked again. Every member is checked
-    (:func:`_tar_members`, :func:`_zip_members`) before the first is written.
+    (:func:`_tar_members`, :func:`_zip_members`) before the first is written;
+    ``name`` (a download's name) lets a cap message name its config key.
     """
     archive, target = Path(archive), Path(target)
     record = {
@@ -511,6 +526,7 @@ def extract(
             f"can be bypassed (CVE-2025-4517). Use Python {TAR_PYTHONS}, or unpack the archive yourself and "
             f"give the folder as the source"
         )
+    caps, key = {"max_bytes": max_bytes, "max_members": max_members}, (f"downloads.{name}." if name else "")
     staging = target.with_name(f".{target.name}.extracting")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -518,7 +534,7 @@ def extract(
         try:
             if is_tar:
                 with tarfile.open(archive) as tar:
-                    members, size = _tar_members(tar, archive, max_members, max_bytes)
+                    members, size = _tar_members(tar, archive, caps, key)
                     _check_space(archive, size, staging)
                     try:
                         tar.extractall(staging, members=members, filter="data")
@@ -526,7 +542,7 @@ def extract(
                         raise UnsafeArchiveError(f"{archive}: {error}") from error
             elif zipfile.is_zipfile(archive):
                 with zipfile.ZipFile(archive) as zipped:
-                    infos, size = _zip_members(zipped, archive, max_members, max_bytes)
+                    infos, size = _zip_members(zipped, archive, caps, key)
                     _check_space(archive, size, staging)
                     zipped.extractall(staging, members=infos)
             else:
@@ -596,8 +612,9 @@ def prepare(
     name = name or target.name
     checksums = {key: value for key, value in (checksums or {}).items() if value}
     parsed = Source.parse(source)
-    file_name = Path(parsed.location).name if parsed.kind == "local" else archive_path.name
-    if not TAR_EXTRACTION_ALLOWED and file_name.lower().endswith(TAR_SUFFIXES):
+    local = Path(parsed.location).expanduser() if parsed.kind == "local" else None
+    file_name = local.name if local is not None else archive_path.name
+    if not TAR_EXTRACTION_ALLOWED and file_name.lower().endswith(TAR_SUFFIXES) and not (local and local.is_dir()):
         raise TarRefusedError(
             f"download {name}: {file_name} is a tar archive, and tar archives are refused on Python "
             f"{sys.version.split()[0]}: its tarfile 'data' filter can be bypassed (CVE-2025-4517). Use Python "
@@ -612,7 +629,7 @@ def prepare(
                     name, source, fetched.sha256, name)
     try:
         return extract(fetched.path, target, source=source, sha256=fetched.sha256,
-                       max_bytes=max_bytes, max_members=max_members)
+                       max_bytes=max_bytes, max_members=max_members, name=name)
     except Exception as error:
         if not fetched.local and not fetched.checksum_verified and _blames_archive(error):
             log.warning("download %s: %s could not be unpacked; deleting it so that the next run fetches it again",
