@@ -24,7 +24,9 @@ transformers and PIL are imported inside the drivers) and nothing of
         -> {"ok": true, "logits": [...], "logsumexp", "argmax_id", "argmax_logit"}
     {"op": "generate", "image", "prompt", "max_new_tokens", "num_beams", "repetition_penalty"}
         -> {"ok": true, "text", "decoding", "token_ids"}
-    {"op": "prompt", "image", "prompt"}       -> {"ok": true, "text"}
+    {"op": "prompt", "image", "prompt"}       -> {"ok": true, "text"[, "ids"]}
+    {"op": "reference", "image", "prompt", "max_new_tokens"}
+        -> {"ok": true, "text"}  (the checkpoint's own chat function, sampling off: a check, not a path)
     {"op": "shutdown"}                        -> {"ok": true}, then the worker exits
 
 A failing request answers ``{"ok": false, "error": "Type: message"}`` and the
@@ -242,7 +244,11 @@ class QwenVLChatDriver(Driver):
             install_stand_in_module("transformers_stream_generator")
         load = {"trust_remote_code": True, "revision": self.revision}
         self.tokenizer = AutoTokenizer.from_pretrained(self.path, **load)
-        self.model = AutoModelForCausalLM.from_pretrained(self.path, **{_dtype_kwarg(): self.dtype}, **load)
+        # The checkpoint casts itself by its own flags (fp16 in the hub config), not by torch_dtype: set them.
+        precision = {flag: self.dtype_name == name for flag, name in
+                     (("bf16", "bfloat16"), ("fp16", "float16"), ("fp32", "float32"))}
+        self.model = AutoModelForCausalLM.from_pretrained(self.path, **{_dtype_kwarg(): self.dtype}, **precision,
+                                                          **load)
         self.model = self.model.to(self.device).eval()
         if _transformers_major() >= 5:
             patch_qwen_for_transformers5(self.model)
@@ -271,6 +277,13 @@ class QwenVLChatDriver(Driver):
         ids = torch.tensor([self.prompt_ids(image_path, question)], device=self.device)
         with torch.inference_mode():
             return self.model(input_ids=ids).logits[0, -1].float().cpu()
+
+    def reference_text(self, image_path, question, max_new_tokens):
+        """The checkpoint's own ``chat()`` with sampling switched off (what ``generate`` must agree with)."""
+        query = self.tokenizer.from_list_format([{"image": qwen_image_path(image_path)}, {"text": question}])
+        text, _ = self.model.chat(self.tokenizer, query=query, history=None, max_new_tokens=int(max_new_tokens),
+                                  do_sample=False, top_p=None, top_k=None)
+        return text
 
     def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0):
         import torch
@@ -372,6 +385,23 @@ class MolmoDriver(Driver):
 
 
 # ---- MiniCPM-Llama3-V-2.5 ---------------------------------------------------------------------------
+def supply_list_to_torch_functional() -> bool:
+    """MiniCPM's ``resampler.py`` gets ``List`` from ``from torch.nn.functional import *`` (C3).
+
+    torch 2.1 imported ``List`` there; later releases do not, and the import of
+    the checkpoint code fails with NameError. ``torch.nn.functional`` has no
+    ``__all__``, so giving it ``List`` back restores the star import.
+    """
+    import typing
+
+    import torch.nn.functional as functional
+
+    if hasattr(functional, "List"):
+        return False
+    functional.List = typing.List
+    return True
+
+
 class MiniCPMVDriver(Driver):
     """openbmb/MiniCPM-Llama3-V-2_5: its processor (loaded once), vision embedding, then the LLM on ``inputs_embeds``."""
 
@@ -381,6 +411,7 @@ class MiniCPMVDriver(Driver):
         from transformers import AutoModel, AutoProcessor, AutoTokenizer
 
         load = {"trust_remote_code": True, "revision": self.revision}
+        supply_list_to_torch_functional()
         if _transformers_major() >= 5:
             from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
@@ -603,7 +634,13 @@ class Worker:
         if op == "vocabulary":
             return {"ok": True, "tokens": self.driver.vocabulary()}
         if op == "prompt":
-            return {"ok": True, "text": self.driver.prompt_text(request["image"], request["prompt"])}
+            reply = {"ok": True, "text": self.driver.prompt_text(request["image"], request["prompt"])}
+            if hasattr(self.driver, "prompt_ids"):
+                reply["ids"] = self.driver.prompt_ids(request["image"], request["prompt"])
+            return reply
+        if op == "reference":
+            return {"ok": True, "text": self.driver.reference_text(request["image"], request["prompt"],
+                                                                   int(request["max_new_tokens"]))}
         if op == "score":
             return {"ok": True, **score_row(self.driver.logits(request["image"], request["prompt"]),
                                             request["token_ids"], self.driver.tokenizer_size)}

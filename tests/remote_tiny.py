@@ -1,0 +1,61 @@
+"""Shared set-up of the tiny remote-code checkpoint tests (test_remote_tiny_*.py).
+
+They need ``../shared/remote_code/`` (the checkpoints' own code, never copied
+into the repository) and the worker environment that ``configs/paper.yaml``
+names for the model, built by ``tools/make_envs.sh``. Without the code folder
+they skip; without the environment they skip on a developer machine but fail
+where ``VERBMIRAGE_REQUIRE_REMOTE_ENVS=1`` (CI builds the envs first).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+REMOTE_CODE = REPO.parent / "shared" / "remote_code"
+BUILDER = Path(__file__).resolve().parent / "remote_tiny_build.py"
+CODE_FOLDERS = {"qwen_vl_chat": "qwen_vl_chat", "molmo": "molmo_7b_d", "minicpm_v": "minicpm_llama3_v2_5"}
+PAPER_SLUGS = {"qwen_vl_chat": "qwen_vl_chat", "molmo": "molmo_7b_d", "minicpm_v": "minicpm_llama3_v25"}
+
+
+def paper_entry(backend: str) -> dict:
+    return yaml.safe_load((REPO / "configs" / "paper.yaml").read_text())["models"][PAPER_SLUGS[backend]]
+
+
+def worker_env(backend: str) -> str:
+    """The env the paper config names for ``backend``, or skip/fail when the code or the env is missing."""
+    if not (REMOTE_CODE / CODE_FOLDERS[backend]).is_dir():
+        pytest.skip(f"{REMOTE_CODE / CODE_FOLDERS[backend]} is absent")
+    env = paper_entry(backend)["env"]
+    python = Path(os.environ.get("VERBMIRAGE_ENVS_DIR", REPO / ".envs")) / env / "bin" / "python"
+    if not python.exists():
+        message = f"worker env '{env}' is not built ({python}): run tools/make_envs.sh {env}"
+        if os.environ.get("VERBMIRAGE_REQUIRE_REMOTE_ENVS") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return env
+
+
+def build_tiny(backend: str, env: str, target: Path) -> Path:
+    """A tiny random-weight checkpoint of ``backend`` built by its own classes, in its own env."""
+    python = Path(os.environ.get("VERBMIRAGE_ENVS_DIR", REPO / ".envs")) / env / "bin" / "python"
+    result = subprocess.run([str(python), str(BUILDER), backend, str(REMOTE_CODE / CODE_FOLDERS[backend]), str(target)],
+                            capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        raise RuntimeError(f"building the tiny {backend} failed:\n{result.stderr[-4000:]}")
+    return target
+
+
+def tiny_entry(backend: str, env: str, path: Path, **settings) -> dict:
+    """The paper config's entry, pointed at the tiny checkpoint, on CPU in float32."""
+    entry = {**paper_entry(backend), "path": str(path), "dtype": "float32", "device": "cpu", **settings}
+    entry.pop("revision", None)  # a local folder is pinned by its files
+    for key in ("batch_size", "shards", "resources"):
+        entry.pop(key, None)
+    entry["env"] = env
+    return entry
