@@ -209,6 +209,24 @@ def test_zip_escape_is_refused(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_members_written_from_dot_unpack(tmp_path):
+    """``tar -C dir .`` style names ("./", "./a/b") are inside the target."""
+    archive = tmp_path / "dots.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        zipped.writestr("./", b"")
+        zipped.writestr("./hico_20150920/anno.mat", b"mat")
+    extract(archive, tmp_path / "out")
+    assert (tmp_path / "out" / "hico_20150920" / "anno.mat").read_bytes() == b"mat"
+
+
+@needs_fixed_tar
+def test_tar_members_written_from_dot_unpack(tmp_path):
+    archive = tmp_path / "dots.tar.gz"
+    archive.write_bytes(_tar({"./hico_20150920/anno.mat": b"mat"}, [_entry(".", tarfile.DIRTYPE)]))
+    extract(archive, tmp_path / "out")
+    assert (tmp_path / "out" / "hico_20150920" / "anno.mat").read_bytes() == b"mat"
+
+
 @pytest.mark.parametrize("mode, message", [(stat.S_IFLNK | 0o777, "is a link"),
                                            (stat.S_IFCHR | 0o644, "is not a regular file or folder")])
 def test_zip_links_and_devices_are_refused(tmp_path, mode, message):

@@ -406,7 +406,7 @@ def _check_name(archive: Path, name: str) -> None:
         or name.startswith(("/", "\\"))
         or path.is_absolute()
         or ".." in path.parts
-        or ":" in path.parts[0]
+        or (path.parts and ":" in path.parts[0])  # a drive letter
     ):
         raise UnsafeArchiveError(f"{archive}: member {name!r} would be written outside the target folder")
 
