@@ -337,6 +337,14 @@ def test_local_sources_are_used_in_place_and_never_redone(tmp_path):
         fetch(str(tmp_path / "missing.zip"), tmp_path / "x")
 
 
+def test_users_own_archive_is_never_deleted_when_it_fails_to_unpack(tmp_path):
+    archive = tmp_path / "hico_20150920.zip"
+    archive.write_bytes(ARCHIVE[: len(ARCHIVE) // 2])
+    with pytest.raises(CorruptArchiveError, match="hico_20150920.zip: neither a tar nor a zip"):
+        prepare(str(archive), tmp_path / "unused", tmp_path / "data" / "hico")
+    assert archive.stat().st_size == len(ARCHIVE) // 2
+
+
 def test_folder_and_archive_sources_replace_each_other(tmp_path):
     """Switching a download between an archive and the user's folder never touches the user's files."""
     folder, archive, target = tmp_path / "mine", tmp_path / "data.zip", tmp_path / "data" / "hico"
