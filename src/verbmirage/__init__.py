@@ -17,6 +17,8 @@ call into it. Stages map one to one onto modules:
 - ``verbmirage.tables``: the paper's tables from the long metrics table.
 - ``verbmirage.config``, ``verbmirage.io``, ``verbmirage.joblog``: config checks,
   table schemas and atomic writes, job logs.
+- ``verbmirage.paths``, ``verbmirage.imaging``: names and paths that stay inside
+  their roots; opening images safely (shared by conditions and backends).
 """
 
 __version__ = "0.1.0"
