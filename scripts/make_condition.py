@@ -7,11 +7,12 @@ Settings: ``params.root`` (where ``image`` paths are relative to),
 """
 
 from verbmirage.conditions import apply_condition
-from verbmirage.io import read_table
+from verbmirage.io import QUESTIONS, read_table
 from verbmirage.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:
-    images = sorted(set().union(*(set(read_table(path).image) for path in snakemake.input.questions)))
+    questions = [read_table(path, QUESTIONS) for path in snakemake.input.questions]  # types and domains checked
+    images = sorted(set().union(*(set(frame.image) for frame in questions)))
     manifest = apply_condition(
         snakemake.params.root, images, snakemake.output[0], snakemake.wildcards.condition,
         snakemake.params.settings, seed=snakemake.params.seed,
