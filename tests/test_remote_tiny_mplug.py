@@ -1,0 +1,191 @@
+"""mPLUG-Owl2 end to end on a tiny random-weight model built from the ``mplug_owl2`` package's own classes.
+
+The package comes from ``../shared/remote_code/mplug_owl2`` (never copied into
+the repository) and runs, with the adapter's worker, in the environment
+``configs/paper.yaml`` names for the model (transformers 4.31, built by
+``tools/make_envs.sh``). The golden prompt is the package's
+``conv_templates["mplug_owl2"]`` text as its README shows it. The tests at the
+end (import errors) need neither the env nor the code folder.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from PIL import Image
+
+from verbmirage.models import Question, create_model
+from verbmirage.models.remote import WorkerError
+
+REPO = Path(__file__).resolve().parents[1]
+CODE_DIR = REPO.parent / "shared" / "remote_code" / "mplug_owl2"
+BUILDER = Path(__file__).resolve().parent / "remote_tiny_mplug_build.py"
+IMAGE_TOKEN_INDEX, BOS = -200, 1
+YN = "Is someone riding a horse?\nAnswer yes or no."
+
+
+def golden_prompt(question: str) -> str:
+    """``conv_templates["mplug_owl2"]``: TWO_NO_SYS, roles USER/ASSISTANT, the image tag first."""
+    return f"USER: <|image|>{question} ASSISTANT:"
+
+
+def paper_entry() -> dict:
+    return yaml.safe_load((REPO / "configs" / "paper.yaml").read_text())["models"]["mplug_owl2"]
+
+
+def envs_dir() -> Path:
+    return Path(os.environ.get("VERBMIRAGE_ENVS_DIR", REPO / ".envs"))
+
+
+@pytest.fixture(scope="module")
+def env() -> str:
+    """The env the paper config names, or skip (fail where VERBMIRAGE_REQUIRE_REMOTE_ENVS=1) when it is missing."""
+    if not CODE_DIR.is_dir():
+        pytest.skip(f"{CODE_DIR} is absent")
+    name = paper_entry()["env"]
+    if not (envs_dir() / name / "bin" / "python").exists():
+        message = f"worker env '{name}' is not built: run tools/make_envs.sh {name}"
+        if os.environ.get("VERBMIRAGE_REQUIRE_REMOTE_ENVS") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return name
+
+
+@pytest.fixture(scope="module")
+def checkpoint(env, tmp_path_factory) -> Path:
+    target = tmp_path_factory.mktemp("tiny_mplug_owl2")
+    result = subprocess.run([str(envs_dir() / env / "bin" / "python"), str(BUILDER), str(CODE_DIR), str(target)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return target
+
+
+def make_model(env: str, checkpoint: Path, **settings):
+    """The paper config's entry, pointed at the tiny checkpoint, on CPU."""
+    entry = {**paper_entry(), "path": str(checkpoint), "dtype": "float32", "device": "cpu", "env": env,
+             "options": {"code_dir": str(CODE_DIR)}, "max_new_tokens": 4, **settings}
+    for key in ("revision", "batch_size", "shards", "resources"):
+        entry.pop(key, None)  # a local folder is pinned by its files
+    return create_model("mplug_owl2", entry)
+
+
+@pytest.fixture(scope="module")
+def mplug(env, checkpoint):
+    model = make_model(env, checkpoint)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> list[Path]:
+    folder = tmp_path_factory.mktemp("mplug_images")
+    paths = []
+    for i, (size, colour) in enumerate([((64, 48), (200, 30, 30)), ((40, 72), (20, 180, 40))]):
+        paths.append(folder / f"img{i}.png")
+        Image.new("RGB", size, colour).save(paths[-1])
+    return paths
+
+
+def test_constructor_runs_the_package_in_its_env(mplug):
+    """O1: the package imports and the model loads (transformers 4.31 in the worker, not the job's 5.x)."""
+    assert mplug.environment["transformers"] == "4.31.0"
+    assert "modeling_mplug_owl2.py" in mplug.code and "visual_encoder.py" in mplug.code
+    assert mplug.vocab_size == mplug.tokenizer_size == len(mplug.vocabulary)
+    words = {mplug.vocabulary[i].strip() for i in mplug._yes_ids + mplug._no_ids}
+    assert words == {"Yes", "yes", "No", "no"}
+    assert mplug.vocabulary[mplug._letter_ids[0][0]].strip() == "A"
+
+
+def test_prompt_equals_the_package_conversation(mplug, images):
+    """The README's prompt; one BOS, and the image as IMAGE_TOKEN_INDEX right after ``USER: ``."""
+    question = Question("q", "Is someone riding a horse?", image=images[0])
+    assert mplug.prompt_text(question, multiple_choice=False) == golden_prompt(YN)
+    ids = mplug.client.request("prompt", image=str(images[0]), prompt=YN)["ids"]
+    assert ids[0] == BOS and ids.count(BOS) == 1 and ids.count(IMAGE_TOKEN_INDEX) == 1
+    image = ids.index(IMAGE_TOKEN_INDEX)
+    spelled = lambda part: "".join("".join(mplug.vocabulary[i] or "?" for i in part).split())
+    assert spelled(ids[1:image]) == "USER:"
+    assert spelled(ids[image + 1 :]) == "".join((YN + " ASSISTANT:").split())
+
+
+def test_yes_no_and_multiple_choice_scores(mplug, images):
+    questions = [Question(str(i), "Is someone riding a horse?", image=p) for i, p in enumerate(images)]
+    results = mplug.score_yes_no(questions)
+    for result in results:
+        assert result.error is None and result.parse_rule == "logits"
+        assert 0.0 < result.p_yes < 1.0 and 0.0 < result.confidence <= 1.0
+        assert result.prediction == ("yes" if result.p_yes >= 0.5 else "no")
+    assert results[0].p_yes != results[1].p_yes  # the image reaches the language model
+    mc = mplug.score_multiple_choice([Question("m", "Which of the following actions is present in the image?\n"
+                                               "A. riding\nB. feeding\nC. washing", image=images[0],
+                                               options=("riding", "feeding", "washing"))])[0]
+    assert mc.error is None and mc.prediction in "ABC" and sum(mc.option_probs) == pytest.approx(1.0)
+    assert all(p > 0 for p in mc.option_probs)
+
+
+def test_logits_argmax_is_the_first_greedy_token(mplug, images):
+    """The scored position is where generation starts; decoding is greedy, tagged and equals the README's (O6)."""
+    for image in images:
+        score = mplug.client.request("score", image=str(image), prompt=YN, token_ids=[])
+        first = mplug.client.request("generate", image=str(image), prompt=YN, max_new_tokens=3, num_beams=1,
+                                     repetition_penalty=1.0)
+        again = mplug.client.request("generate", image=str(image), prompt=YN, max_new_tokens=3, num_beams=1,
+                                     repetition_penalty=1.0)
+        assert first["decoding"] == "greedy" and first["token_ids"] == again["token_ids"]
+        assert score["argmax_id"] == first["token_ids"][0]
+        official = mplug.client.request("reference", image=str(image), prompt=YN, max_new_tokens=3)
+        assert official["ok"], official
+        assert first["text"] == official["text"]
+
+
+def test_text_scoring_names_its_decoding(env, checkpoint, images):
+    """``scoring: text`` parses a decoded answer and writes how it was decoded into parse_rule (S6)."""
+    model = make_model(env, checkpoint, scoring="text", num_beams=2)
+    try:
+        result = model.score_yes_no([Question("t", "Is someone riding a horse?", image=images[0])])[0]
+    finally:
+        model.close()
+    assert result.error is None and result.parse_rule.startswith("text:beam2:")
+
+
+def test_bfloat16_weights_get_bfloat16_pixels(env, checkpoint, images, mplug):
+    """O5: the pixels follow the weights' dtype (the package's builder forced float16 whatever was asked)."""
+    model = make_model(env, checkpoint, dtype="bfloat16")
+    try:
+        low = model.score_yes_no([Question("b", "Is someone riding a horse?", image=images[0])])[0]
+    finally:
+        model.close()
+    full = mplug.score_yes_no([Question("f", "Is someone riding a horse?", image=images[0])])[0]
+    assert low.error is None, low.error
+    assert low.p_yes == pytest.approx(full.p_yes, abs=0.05) and low.p_yes != full.p_yes
+
+
+# ---- import errors: no env needed (the worker runs on this interpreter) -----------------------------
+def load_error(tmp_path: Path, options: dict) -> str:
+    with pytest.raises(WorkerError) as caught:
+        create_model("mplug_owl2", {"backend": "mplug_owl2", "path": str(tmp_path), "trust_remote_code": True,
+                                    "device": "cpu", "dtype": "float32", "python": sys.executable, "options": options})
+    return str(caught.value)
+
+
+def test_an_import_error_inside_the_package_is_shown_as_itself(tmp_path):
+    """O2: a module the package needs is missing: the message names it, not "install mplug_owl2"."""
+    package = tmp_path / "code" / "mplug_owl2"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("import icecream_not_installed_here\n")
+    message = load_error(tmp_path, {"code_dir": str(package.parent)})
+    assert "No module named 'icecream_not_installed_here'" in message
+    assert "not importable in this environment" not in message
+
+
+def test_a_missing_package_says_how_to_provide_it(tmp_path):
+    message = load_error(tmp_path, {})
+    assert "mplug_owl2 package is not importable" in message and "code_dir" in message
+    message = load_error(tmp_path, {"code_dir": str(tmp_path / "nowhere")})
+    assert "no mplug_owl2/__init__.py" in message and str(tmp_path / "nowhere") in message
