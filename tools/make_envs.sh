@@ -13,7 +13,9 @@
 # and .envs/<name> is a symlink to it, so a fresh clone on the same machine (or CI) reuses it, and an
 # edited env file gets a new env. torch/torchvision/torchaudio pins are installed once into a shared base
 # env (base-<hash>) that the model envs see through a .pth file: several envs on one torch build share
-# its gigabytes. Settings: VERBMIRAGE_ENVS_DIR (default .envs), VERBMIRAGE_ENV_FILES (default envs).
+# its gigabytes. The envs have no pip of their own; add a package with
+#   python3.11 -m pip --python .envs/<name>/bin/python install ...
+# Settings: VERBMIRAGE_ENVS_DIR (default .envs), VERBMIRAGE_ENV_FILES (default envs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -71,12 +73,18 @@ build_venv() {
     fi
     rm -rf "$dir"
     echo "make_envs: building $dir"
-    "$python" -m venv "$dir"
+    # Without pip of its own (ensurepip costs ~10 s a venv): the creating interpreter's pip installs into it.
+    "$python" -m venv --without-pip "$dir"
     if [ -n "$base" ]; then
         site_packages "$base" > "$(site_packages "$dir")/_verbmirage_base.pth"
     fi
     if [ -s "$requirements" ]; then
-        "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
+        local pip=("$python" -m pip --python "$dir/bin/python")
+        if ! "${pip[@]}" --version >/dev/null 2>&1; then  # pip < 22.3 has no --python
+            "$dir/bin/python" -m ensurepip --default-pip >/dev/null
+            pip=("$dir/bin/python" -m pip)
+        fi
+        "${pip[@]}" install --quiet --disable-pip-version-check -r "$requirements"
     fi
     { echo "recipe $RECIPE"; cat "$requirements"; } > "$dir/.verbmirage-env"
     exec 9>&-
@@ -131,7 +139,7 @@ mode=build
 case "${1:-}" in
     --check) mode=check; shift ;;
     --list) list_names; exit 0 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     -*) die "unknown option '$1' (see --help)" ;;
 esac
 names=("$@")
