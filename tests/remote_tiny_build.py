@@ -75,6 +75,7 @@ def build_molmo(source: Path, target: Path) -> None:
 
 
 def _save_model(target: Path, auto_class: str) -> None:
+    """Build from the shrunk config, save, then put back the checkpoint's own generation config."""
     import torch
     import transformers
 
@@ -85,8 +86,9 @@ def _save_model(target: Path, auto_class: str) -> None:
         for parameter in model.parameters():
             if parameter.dim() > 1:
                 parameter.normal_(0.0, 0.05)
+    generation_config = (target / "generation_config.json").read_bytes()
     model.save_pretrained(str(target), safe_serialization=True)
-    # save_pretrained rewrites config.json and copies the code again: keep our shrunk code copy as written.
+    (target / "generation_config.json").write_bytes(generation_config)  # save_pretrained writes a default one
     print(f"built {type(model).__name__} with {sum(p.numel() for p in model.parameters()):,} parameters in {target}")
 
 

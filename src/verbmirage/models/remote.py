@@ -279,7 +279,10 @@ class RemoteCodeVLM(VisionLanguageModel):
         image, error = self._image(question)
         if error:
             raise ValueError(error)
-        return self._call("prompt", image=image, prompt=self.prompts.render(question.prompt, multiple_choice))["text"]
+        reply = self.client.request("prompt", image=image, prompt=self.prompts.render(question.prompt, multiple_choice))
+        if not reply.get("ok"):
+            raise ValueError(f"{self.where}: {reply.get('error')}")
+        return reply["text"]
 
     def _score(self, question: Question, prompt: str, token_ids: list[int]) -> tuple[dict | None, str | None]:
         image, error = self._image(question)

@@ -262,7 +262,7 @@ class QwenVLChatDriver(Driver):
     def _context(self, image_path: str, question: str) -> tuple[str, list[int]]:
         query = self.tokenizer.from_list_format([{"image": qwen_image_path(image_path)}, {"text": question}])
         return self._utils.make_context(self.tokenizer, query, history=[], system=self.SYSTEM,
-                                        max_window_size=self.model.generation_config.max_window_size,
+                                        max_window_size=getattr(self.model.generation_config, "max_window_size", 6144),
                                         chat_format="chatml")
 
     def prompt_text(self, image_path, question):
