@@ -25,7 +25,7 @@ def copy_checkpoint_files(source: Path, target: Path) -> None:
     target.mkdir(parents=True, exist_ok=True)
     for file in source.iterdir():
         if file.is_file() and file.suffix in CODE_SUFFIXES and file.name != "requirements.txt":
-            shutil.copy(file, target / file.name)
+            shutil.copyfile(file, target / file.name)  # not the read-only mode of the shared copy
 
 
 def shrink_config(target: Path, changes: dict, drop: tuple[str, ...] = ("quantization_config",)) -> None:
@@ -58,8 +58,31 @@ MOLMO_VISION_SIZES = {"image_emb_dim": 32, "image_num_heads": 2, "image_num_key_
                       "image_num_layers": 9, "image_head_dim": 16, "image_mlp_dim": 64}
 
 
+def use_torchvision_resize(preprocessing: Path) -> None:
+    """The shared copy resizes with TensorFlow ("FIXME remove"); later revisions use the torchvision branch that
+    this copy carries commented out. Switch to it, as the revision we pin does, so no TensorFlow is needed."""
+    lines = preprocessing.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "import tensorflow as tf")
+    other = next(i for i in range(start, len(lines)) if lines[i].strip() == "# else:")
+    end = other + 1
+    while end < len(lines) and lines[end].lstrip().startswith("#     "):
+        end += 1
+    indent = lines[start][: len(lines[start]) - len(lines[start].lstrip())]
+    torchvision_branch = [indent + line.strip()[2:].lstrip() for line in lines[other + 1 : end]]
+    if not any("torchvision.transforms.Resize" in line for line in torchvision_branch):
+        raise RuntimeError(f"{preprocessing}: no commented torchvision resize after the TensorFlow one")
+    # Re-indent the continuation lines of the Resize(...) call relative to the branch.
+    fixed = []
+    for original, line in zip(lines[other + 1 : end], torchvision_branch):
+        extra = len(original.split("#", 1)[1]) - len(original.split("#", 1)[1].lstrip()) - 5
+        fixed.append(indent + " " * max(extra, 0) + line.strip())
+    preprocessing.write_text("\n".join(lines[: start - 2] + fixed + lines[end:]) + "\n")
+
+
 def build_molmo(source: Path, target: Path) -> None:
     copy_checkpoint_files(source, target)
+    if "import tensorflow" in (target / "image_preprocessing_molmo.py").read_text():
+        use_torchvision_resize(target / "image_preprocessing_molmo.py")
     modeling = target / "modeling_molmo.py"
     code = modeling.read_text()
     for name, value in MOLMO_VISION_SIZES.items():

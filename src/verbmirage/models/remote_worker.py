@@ -354,12 +354,12 @@ class MolmoDriver(Driver):
         batch["images"] = batch["images"].to(self.model.dtype)  # M1: float32 pixels meet bf16 weights
         return batch
 
+    def prompt_ids(self, image_path, question) -> list[int]:
+        """The processor's ids: BOS (``<|endoftext|>``), the image tokens, then `` User: {question} Assistant:``."""
+        return self.processor.process(images=[_open_rgb(image_path)], text=question)["input_ids"].tolist()
+
     def prompt_text(self, image_path, question):
-        """The text part of the processor's input (image tokens first, then BOS, then `` User: ... Assistant:``)."""
-        ids = self.processor.process(images=[_open_rgb(image_path)], text=question)["input_ids"].tolist()
-        bos = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.tokenizer.eos_token_id
-        start = len(ids) - 1 - ids[::-1].index(bos) if bos in ids else 0
-        return self.tokenizer.decode(ids[start + 1:])
+        return self.tokenizer.decode(self.prompt_ids(image_path, question))
 
     def logits(self, image_path, question):
         import torch

@@ -1,0 +1,96 @@
+"""Molmo-7B-D end to end on a tiny random-weight model built from the checkpoint's own code.
+
+Code, tokenizer (vocab.json + merges.txt + added_tokens.json) and processor
+come from ``../shared/remote_code/molmo_7b_d``; the vision tower is shrunk in
+the tiny copy (its sizes are written in ``MolmoForCausalLM.__init__``). The
+adapter runs it through the worker in the env ``configs/paper.yaml`` names.
+Golden ids are the official processor's (``" User: " + text + " Assistant:"``).
+"""
+
+from __future__ import annotations
+
+import pytest
+from PIL import Image
+
+from remote_tiny import build_tiny, tiny_entry, worker_env
+from verbmirage.models import Question, create_model
+
+BOS = 151643  # <|endoftext|>, prepended by the processor (the tokenizer has no bos_token)
+IMAGE_TOKENS = {152064, 152065, 152066, 152067, 152068}  # <im_start> <im_end> <im_patch> <im_col> <im_low>
+TEXT_IDS = [2657, 25, 2160, 4325, 19837, 264, 15223, 30, 21388, 25]  # " User: Is someone riding a horse? Assistant:"
+YES_IDS, NO_IDS = {7414, 9454, 9834}, {2308, 902}
+LETTER_IDS = {"A": 362, "B": 425}
+
+
+@pytest.fixture(scope="module")
+def molmo(tmp_path_factory):
+    env = worker_env("molmo")
+    folder = build_tiny("molmo", env, tmp_path_factory.mktemp("tiny_molmo"))
+    model = create_model("molmo_7b_d", tiny_entry("molmo", env, folder, max_new_tokens=4))
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("molmo_images")
+    paths = []
+    for i, (size, colour) in enumerate([((64, 48), (200, 30, 30)), ((40, 90), (20, 180, 40))]):
+        paths.append(folder / f"img{i}.png")
+        Image.new("RGB", size, colour).save(paths[-1])
+    return paths
+
+
+def test_constructor_and_vocabulary(molmo):
+    """M3 (loads), S5 (tokenizer 152069 > logits 152064: ids past the logits are not scanned)."""
+    assert len(molmo.vocabulary) == 152064 and molmo.tokenizer_size == 152069
+    assert YES_IDS <= set(molmo._yes_ids) and NO_IDS <= set(molmo._no_ids)
+    assert LETTER_IDS["A"] in molmo._letter_ids[0] and LETTER_IDS["B"] in molmo._letter_ids[1]
+    assert "modeling_molmo.py" in molmo.code and molmo.environment["transformers"]
+
+
+def test_prompt_equals_the_official_processor(molmo, images):
+    question = Question("q", "Is someone riding a horse?", image=images[0])
+    reply = molmo.client.request("prompt", image=str(images[0]), prompt="Is someone riding a horse?")
+    ids = reply["ids"]
+    assert ids[0] == BOS and ids[-len(TEXT_IDS):] == TEXT_IDS
+    assert set(ids[1 : -len(TEXT_IDS)]) <= IMAGE_TOKENS  # image tokens first, then the text
+    assert reply["text"].startswith("<|endoftext|><im_start>")
+    assert molmo.prompt_text(question, multiple_choice=False).endswith(
+        "<im_end> User: Is someone riding a horse?\nAnswer yes or no. Assistant:")
+
+
+def test_scores_in_bfloat16_weights(molmo, images, tmp_path_factory):
+    """M1: float32 pixels meet bfloat16 weights; the driver casts them as the model card does."""
+    env = worker_env("molmo")
+    bf16 = create_model("molmo_bf16", tiny_entry("molmo", env, molmo.path, dtype="bfloat16"))
+    try:
+        results = bf16.score_yes_no([Question("1", "Is someone riding a horse?", image=images[0])])
+        assert results[0].error is None and 0.0 < results[0].p_yes < 1.0
+    finally:
+        bf16.close()
+
+
+def test_yes_no_and_multiple_choice_scores(molmo, images):
+    questions = [Question(str(i), "Is someone riding a horse?", image=p) for i, p in enumerate(images)]
+    results = molmo.score_yes_no(questions)
+    for result in results:
+        assert result.error is None and result.parse_rule == "logits"
+        assert 0.0 < result.p_yes < 1.0 and 0.0 < result.confidence <= 1.0
+    assert results[0].p_yes != results[1].p_yes
+    mc = molmo.score_multiple_choice([Question("m", "Which of the following actions is present in the image?\n"
+                                               "A. riding\nB. feeding", image=images[1], options=("riding", "feeding"))])[0]
+    assert mc.error is None and mc.prediction in "AB" and sum(mc.option_probs) == pytest.approx(1.0)
+
+
+def test_logits_argmax_is_the_first_greedy_token(molmo, images):
+    """M4/M6: generate_from_batch runs, greedy and reproducible, starting from the scored position."""
+    prompt = "Is someone riding a horse?\nAnswer yes or no."
+    for image in images:
+        score = molmo.client.request("score", image=str(image), prompt=prompt, token_ids=[])
+        first = molmo.client.request("generate", image=str(image), prompt=prompt, max_new_tokens=3)
+        again = molmo.client.request("generate", image=str(image), prompt=prompt, max_new_tokens=3)
+        assert first["ok"] and first["decoding"] == "greedy" and first["token_ids"] == again["token_ids"]
+        assert score["argmax_id"] == first["token_ids"][0]
+    text = molmo.generate([Question("g", "Describe it.", image=images[0])], max_new_tokens=3)
+    assert isinstance(text[0], str)
