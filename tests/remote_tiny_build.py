@@ -97,6 +97,71 @@ def build_molmo(source: Path, target: Path) -> None:
     _save_model(target, "AutoModelForCausalLM")
 
 
+def byte_level_alphabet() -> list[str]:
+    """The printable stand-ins of the 256 bytes used by byte-level BPE (GPT-2, Llama 3): printable bytes map to
+    themselves, the others to code points from 256 up."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
+
+
+LLAMA3_SIZE = 128000  # ids below the special tokens, which sit at 128000-128255 in tokenizer_config.json
+WORDS = ["Yes", "yes", "No", "no", "riding", "horse", "someone", "Is", "Answer", "or", "the", "user", "assistant"]
+
+
+def write_stand_in_llama3_tokenizer(target: Path) -> None:
+    """A byte-level BPE ``tokenizer.json`` with Llama 3's special tokens at their real ids (the checkpoint ships
+    none). Bytes, a few words with and without a leading space, and " A".." Z"; filler ids up to 128000."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = byte_level_alphabet()
+    vocab = {symbol: i for i, symbol in enumerate(alphabet)}
+    merges = []
+
+    def add_word(word: str) -> None:
+        current = word[0]
+        for char in word[1:]:
+            merged = current + char
+            if merged not in vocab:
+                merges.append((current, char))
+                vocab[merged] = len(vocab)
+            current = merged
+
+    space = alphabet[ord(" ")]
+    for word in WORDS:
+        add_word(word)
+        add_word(space + word)
+    for letter in "ABCDEFGHIJKLMNOPQRSTUVWXYZ":
+        add_word(space + letter)
+    for i in range(len(vocab), LLAMA3_SIZE):
+        vocab[f"<filler_{i}>"] = i
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    config = json.loads((target / "tokenizer_config.json").read_text())
+    specials = sorted(config["added_tokens_decoder"].items(), key=lambda item: int(item[0]))
+    for token_id, token in specials:
+        tokenizer.add_special_tokens([AddedToken(token["content"], special=True, normalized=False)])
+        if tokenizer.token_to_id(token["content"]) != int(token_id):
+            raise RuntimeError(f"special token {token['content']} got id {tokenizer.token_to_id(token['content'])}")
+    tokenizer.save(str(target / "tokenizer.json"))
+
+
+def build_minicpm_v(source: Path, target: Path) -> None:
+    copy_checkpoint_files(source, target)
+    write_stand_in_llama3_tokenizer(target)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src" / "verbmirage" / "models"))
+    from remote_worker import supply_list_to_torch_functional  # stdlib-only; the driver applies it too (C3)
+
+    supply_list_to_torch_functional()
+    shrink_config(target, {
+        "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "torch_dtype": "float32",
+        "vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "num_hidden_layers": 2},
+    })
+    _save_model(target, "AutoModel")
+
+
 def _save_model(target: Path, auto_class: str) -> None:
     """Build from the shrunk config, save, then put back the checkpoint's own generation config."""
     import torch
@@ -115,7 +180,7 @@ def _save_model(target: Path, auto_class: str) -> None:
     print(f"built {type(model).__name__} with {sum(p.numel() for p in model.parameters()):,} parameters in {target}")
 
 
-BUILDERS = {"qwen_vl_chat": build_qwen_vl_chat, "molmo": build_molmo}
+BUILDERS = {"qwen_vl_chat": build_qwen_vl_chat, "molmo": build_molmo, "minicpm_v": build_minicpm_v}
 
 if __name__ == "__main__":
     name, source, target = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])

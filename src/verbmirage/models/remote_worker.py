@@ -427,37 +427,50 @@ class MiniCPMVDriver(Driver):
     def vocab_size(self) -> int:
         return int(self.model.llm.lm_head.weight.shape[0])
 
-    def _messages(self, image_path, question):
-        image = _open_rgb(image_path)
-        msgs = [{"role": "user", "content": "(<image>./</image>)\n" + question}]
-        return image, msgs
+    def _chat_messages(self, question: str) -> list[dict]:
+        """What ``chat()`` builds from ``msgs=[{"role": "user", "content": question}]`` and an image: image first."""
+        return [{"role": "user", "content": "(<image>./</image>)\n" + question}]
 
     def prompt_text(self, image_path, question):
-        """What ``chat()`` hands the processor: the Llama-3 template with the image placeholder first."""
-        _, msgs = self._messages(image_path, question)
-        return self.processor.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        """``chat()``'s prompt: the Llama-3 template over its messages, generation header appended."""
+        return self.processor.tokenizer.apply_chat_template(self._chat_messages(question), tokenize=False,
+                                                            add_generation_prompt=True)
 
-    def logits(self, image_path, question):
-        """``chat()``'s inputs, the model's own vision embedding, then the language model on ``inputs_embeds``."""
-        import torch
-
-        image, _ = self._messages(image_path, question)
-        inputs = self.processor(self.prompt_text(image_path, question), [image], return_tensors="pt",
+    def _inputs(self, image_path, question):
+        """``chat()``'s processor call (slices, placeholders, image bounds), pixels on the model's device."""
+        inputs = self.processor(self.prompt_text(image_path, question), [_open_rgb(image_path)], return_tensors="pt",
                                 max_length=2048).to(self.device)
         inputs["pixel_values"] = [[p.to(self.device) for p in row] for row in inputs["pixel_values"]]
+        return inputs
+
+    def prompt_ids(self, image_path, question) -> list[int]:
+        return self._inputs(image_path, question)["input_ids"][0].tolist()
+
+    def logits(self, image_path, question):
+        """The model's own vision embedding, then the language model on ``inputs_embeds`` (C6)."""
+        import torch
+
         with torch.inference_mode():
-            embeddings, _ = self.model.get_vllm_embedding(inputs)
+            embeddings, _ = self.model.get_vllm_embedding(self._inputs(image_path, question))
             return self.model.llm(inputs_embeds=embeddings).logits[0, -1].float().cpu()
 
     def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0):
-        """``chat(sampling=False)`` with the beam count and penalty made explicit (its default is beam3-rp1.2, C1)."""
+        """``chat(sampling=False)``'s path with the beam count and penalty explicit (its default is beam3-rp1.2, C1)."""
+        import torch
+
         tag = decoding_tag(num_beams, repetition_penalty)
-        image = _open_rgb(image_path)
-        text = self.model.chat(image=image, msgs=[{"role": "user", "content": question}], tokenizer=self.tokenizer,
-                               processor=self.processor, sampling=False, max_new_tokens=int(max_new_tokens),
-                               num_beams=int(num_beams), repetition_penalty=float(repetition_penalty))
-        self.last_token_ids = self.tokenizer.encode(text, add_special_tokens=False)
-        return text, tag
+        with torch.inference_mode():
+            output = self.model.generate(self._inputs(image_path, question), tokenizer=self.tokenizer,
+                                         max_new_tokens=int(max_new_tokens), num_beams=int(num_beams),
+                                         repetition_penalty=float(repetition_penalty), decode_text=False)
+        self.last_token_ids = output[0].tolist()
+        return self.model._decode_text(output, self.tokenizer)[0], tag
+
+    def reference_text(self, image_path, question, max_new_tokens):
+        """The checkpoint's own ``chat()`` (sampling off, greedy), with the processor loaded once (C2)."""
+        return self.model.chat(image=_open_rgb(image_path), msgs=[{"role": "user", "content": question}],
+                               tokenizer=self.tokenizer, processor=self.processor, sampling=False,
+                               max_new_tokens=int(max_new_tokens), num_beams=1, repetition_penalty=1.0)
 
 
 # ---- mPLUG-Owl2 ---------------------------------------------------------------------------------------
