@@ -10,22 +10,26 @@ from __future__ import annotations
 import math
 import sys
 import types
+import typing
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from PIL import Image
 
 from verbmirage.models import Question, create_model
 from verbmirage.models.base import FatalBackendError
 from verbmirage.models.hf import LogitsVLM, answer_token_ids
-from verbmirage.models.remote import InProcessClient, WorkerClient, WorkerError
+from verbmirage.models.remote import PLACEHOLDER_REVISION, InProcessClient, WorkerClient, WorkerError
 from verbmirage.models.remote_worker import (
+    MiniCPMVDriver,
     decoding_tag,
     install_stand_in_module,
     patch_molmo_for_transformers5,
     patch_qwen_for_transformers5,
     qwen_image_path,
+    supply_list_to_torch_functional,
 )
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -279,3 +283,50 @@ def test_qwen_patch_restores_meta_tensors_and_head_mask():
     assert not logn.is_meta and logn[0, 3, 0, 0] == 1 and logn[0, 4, 0, 0] == pytest.approx(math.log(5, 4))
     assert model.transformer.get_head_mask(None, 3) == [None, None, None]
     assert model.prepare_inputs_for_generation([1], cache="C") == {"past_key_values": "C"}
+
+
+def test_minicpm_resampler_gets_list_back():
+    """C3: resampler.py takes `List` from `from torch.nn.functional import *`; torch >= 2.2 no longer has it."""
+    import torch.nn.functional as functional
+
+    had = hasattr(functional, "List")
+    try:
+        assert supply_list_to_torch_functional() is (not had)
+        namespace = {}
+        exec("from torch.nn.functional import *\nresult = List[int]", namespace)
+        assert namespace["result"] == typing.List[int]
+        assert supply_list_to_torch_functional() is False
+    finally:
+        if not had:
+            del functional.List
+
+
+def test_minicpm_chat_gets_the_processor_and_explicit_decoding(tmp_path):
+    """C1/C2: chat() is handed the processor loaded once, and greedy settings (its sampling=False is beam3-rp1.2)."""
+
+    class Recorder:
+        def chat(self, **kwargs):
+            self.kwargs = kwargs
+            return "Yes"
+
+    driver = MiniCPMVDriver.__new__(MiniCPMVDriver)
+    driver.model, driver.tokenizer, driver.processor = Recorder(), object(), object()
+    image = tmp_path / "i.png"
+    Image.new("RGB", (4, 4)).save(image)
+    assert driver.reference_text(str(image), "Is it?", 3) == "Yes"
+    kwargs = driver.model.kwargs
+    assert kwargs["processor"] is driver.processor and kwargs["sampling"] is False
+    assert (kwargs["num_beams"], kwargs["repetition_penalty"], kwargs["max_new_tokens"]) == (1, 1.0, 3)
+
+
+def test_paper_config_pins_every_remote_model():
+    """S3: a revision and a worker env per remote entry; the placeholder is refused until replaced."""
+    paper = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "paper.yaml").read_text())["models"]
+    remote = {slug: e for slug, e in paper.items() if e["backend"] in ("qwen_vl_chat", "molmo", "minicpm_v", "mplug_owl2")}
+    assert len(remote) == 4
+    for slug, entry in remote.items():
+        assert entry["revision"] and entry["env"] == f"remote-{entry['backend']}", slug
+        assert (Path(__file__).resolve().parents[1] / "envs" / f"{entry['env']}.txt").is_file(), slug
+    with pytest.raises(ValueError, match="models.m.revision: 'REPLACE-WITH-HF-COMMIT' is a placeholder"):
+        create_model("m", {"backend": "molmo", "path": "allenai/Molmo-7B-D-0924", "trust_remote_code": True,
+                           "revision": PLACEHOLDER_REVISION})

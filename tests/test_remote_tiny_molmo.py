@@ -65,6 +65,7 @@ def test_scores_in_bfloat16_weights(molmo, images, tmp_path_factory):
     env = worker_env("molmo")
     bf16 = create_model("molmo_bf16", tiny_entry("molmo", env, molmo.path, dtype="bfloat16"))
     try:
+        assert bf16.loaded_dtype == "bfloat16"  # S2: the dtype reaches from_pretrained on 4.x (torch_dtype=)
         results = bf16.score_yes_no([Question("1", "Is someone riding a horse?", image=images[0])])
         assert results[0].error is None and 0.0 < results[0].p_yes < 1.0
     finally:

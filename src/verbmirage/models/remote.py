@@ -236,6 +236,7 @@ class RemoteCodeVLM(VisionLanguageModel):
                             dtype=dtype, device=device, options=options or {})
         self.vocab_size, self.tokenizer_size = loaded["vocab_size"], loaded["tokenizer_size"]
         self.environment, self.code = loaded.get("environment", {}), loaded.get("code", {})
+        self.loaded_dtype = loaded.get("dtype", "")
         self.vocabulary = self._call("vocabulary")["tokens"]
         self._yes_ids, self._no_ids, self._letter_ids = answer_token_ids(self.vocabulary, where)
 

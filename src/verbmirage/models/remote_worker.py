@@ -18,7 +18,7 @@ transformers and PIL are imported inside the drivers) and nothing of
 ``verbmirage``. Protocol (one JSON object per line)::
 
     {"op": "load", "driver", "path", "revision", "dtype", "device", "options"}
-        -> {"ok": true, "vocab_size", "tokenizer_size", "environment", "code"}
+        -> {"ok": true, "vocab_size", "tokenizer_size", "dtype", "environment", "code"}
     {"op": "vocabulary"}                      -> {"ok": true, "tokens": [str | null, ...]}
     {"op": "score", "image", "prompt", "token_ids"}
         -> {"ok": true, "logits": [...], "logsumexp", "argmax_id", "argmax_logit"}
@@ -637,7 +637,9 @@ class Worker:
             self.driver = cls(request["path"], revision=request.get("revision"), dtype=request.get("dtype", "bfloat16"),
                               device=request.get("device", "cuda"), **(request.get("options") or {}))
             folder = self.driver.code_folder() if hasattr(self.driver, "code_folder") else None
+            model = getattr(self.driver, "model", None)
             return {"ok": True, "protocol": PROTOCOL_VERSION, "vocab_size": self.driver.vocab_size,
+                    "dtype": str(getattr(model, "dtype", "")).replace("torch.", ""),
                     "tokenizer_size": self.driver.tokenizer_size, "environment": environment(),
                     "code": code_hashes(folder) if folder else {}}
         if op == "shutdown":
