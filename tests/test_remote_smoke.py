@@ -1,7 +1,8 @@
 """tools/remote_smoke.py: goldens stored on the first run, re-checked later, every difference printed.
 
-The models are remote-code entries whose driver is a fake (no weights) run
-through the real worker protocol in a subprocess of this interpreter.
+The models are remote-code entries whose driver is a fake (no weights), run
+through the real worker protocol in a subprocess of this interpreter (and,
+where a test only varies the answers, in-process to save the start-up).
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ def setup(tmp_path):
     return {"tmp": tmp_path, "images": images, "checkpoint": checkpoint, "goldens": tmp_path / "g" / "smoke.json"}
 
 
-def write_config(setup, shift: float = 0.0, **extra_models) -> Path:
+def write_config(setup, shift: float = 0.0, worker: bool = True, **extra_models) -> Path:
+    """A config with the fake remote model (in a worker process, or in-process where speed matters) and a baseline."""
     fake = {"backend": "mplug_owl2", "path": str(setup["checkpoint"]), "trust_remote_code": True,
-            "python": sys.executable, "driver": DRIVER, "dtype": "float32", "device": "cpu",
-            "options": {"shift": shift}, "batch_size": 4, "resources": {"gpu": 1}}
+            "driver": DRIVER, "dtype": "float32", "device": "cpu", "options": {"shift": shift}, "batch_size": 4,
+            "resources": {"gpu": 1}, **({"python": sys.executable} if worker else {})}
     config = {"models": {"fake_remote": fake, "blind": {"backend": "always_yes"}, **extra_models}}
     path = setup["tmp"] / "config.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -75,8 +77,8 @@ def test_first_run_stores_goldens_and_the_next_run_matches(setup, capsys):
 
 
 def test_drift_is_printed_answer_by_answer_and_update_accepts_it(setup, capsys):
-    smoke(setup, write_config(setup), capsys=capsys)
-    moved = write_config(setup, shift=8.0)
+    smoke(setup, write_config(setup, worker=False), capsys=capsys)
+    moved = write_config(setup, shift=8.0, worker=False)
     code, out = smoke(setup, moved, capsys=capsys)
     assert code == 1 and "DIFF fake_remote" in out
     assert "a_yes.png|yn: prediction 'yes' -> 'no'" in out
@@ -92,14 +94,14 @@ def test_drift_is_printed_answer_by_answer_and_update_accepts_it(setup, capsys):
 
 
 def test_a_tolerance_and_changed_images(setup, capsys):
-    smoke(setup, write_config(setup), capsys=capsys)
-    slight = write_config(setup, shift=-0.1)  # b.png: confidence 0.5737 -> 0.5491, within a 0.05 tolerance
+    smoke(setup, write_config(setup, worker=False), capsys=capsys)
+    slight = write_config(setup, shift=-0.1, worker=False)  # b.png: confidence 0.5737 -> 0.5491, within a 0.05 tolerance
     assert smoke(setup, slight, "--tolerance", "0.05", capsys=capsys)[0] == 0
     code, out = smoke(setup, slight, capsys=capsys)
     assert code == 1 and "b.png|yn: confidence 0.5737 -> 0.5491 (|diff| 0.0246 > tolerance 0.02)" in out
     assert "b.png|yn: p_yes" not in out and "a_yes.png" not in out
     Image.new("RGB", (24, 32), (0, 0, 255)).save(setup["images"] / "b.png")
-    code, out = smoke(setup, write_config(setup), capsys=capsys)
+    code, out = smoke(setup, write_config(setup, worker=False), capsys=capsys)
     assert code == 1 and "image b.png: its bytes changed since the goldens were stored" in out
 
 

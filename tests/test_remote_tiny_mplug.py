@@ -10,7 +10,6 @@ end (import errors) need neither the env nor the code folder.
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
@@ -144,26 +143,24 @@ def test_logits_argmax_is_the_first_greedy_token(mplug, images):
         assert first["text"] == official["text"]
 
 
-def test_text_scoring_names_its_decoding(env, checkpoint, images):
-    """``scoring: text`` parses a decoded answer and writes how it was decoded into parse_rule (S6)."""
-    model = make_model(env, checkpoint, scoring="text", num_beams=2)
+def test_bfloat16_text_scoring(env, checkpoint, images, mplug):
+    """One more worker, in bfloat16 and scoring from text with 2 beams.
+
+    O5: the pixels follow the weights' dtype (the package's builder forced
+    float16 whatever was asked), so bf16 logits come out close to float32's.
+    S6: ``scoring: text`` parses a decoded answer and names its decoding.
+    """
+    model = make_model(env, checkpoint, dtype="bfloat16", scoring="text", num_beams=2)
     try:
         result = model.score_yes_no([Question("t", "Is someone riding a horse?", image=images[0])])[0]
+        low = model.client.request("score", image=str(images[0]), prompt=YN, token_ids=mplug._yes_ids)
     finally:
         model.close()
     assert result.error is None and result.parse_rule.startswith("text:beam2:")
-
-
-def test_bfloat16_weights_get_bfloat16_pixels(env, checkpoint, images, mplug):
-    """O5: the pixels follow the weights' dtype (the package's builder forced float16 whatever was asked)."""
-    model = make_model(env, checkpoint, dtype="bfloat16")
-    try:
-        low = model.score_yes_no([Question("b", "Is someone riding a horse?", image=images[0])])[0]
-    finally:
-        model.close()
-    full = mplug.score_yes_no([Question("f", "Is someone riding a horse?", image=images[0])])[0]
-    assert low.error is None, low.error
-    assert low.p_yes == pytest.approx(full.p_yes, abs=0.05) and low.p_yes != full.p_yes
+    full = mplug.client.request("score", image=str(images[0]), prompt=YN, token_ids=mplug._yes_ids)
+    assert low["ok"], low
+    assert low["logits"] == pytest.approx(full["logits"], abs=0.1) and low["logits"] != full["logits"]
+    assert low["logsumexp"] == pytest.approx(full["logsumexp"], abs=0.1)
 
 
 # ---- import errors: no env needed (the worker runs on this interpreter) -----------------------------
