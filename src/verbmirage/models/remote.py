@@ -81,7 +81,7 @@ class WorkerClient:
             self.process = subprocess.Popen(
                 [self.python, "-u", str(WORKER_SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE, text=True, encoding="utf-8", bufsize=1,
-                env={**os.environ, "PYTHONNOUSERSITE": "1", **(env or {})}, cwd=str(WORKER_SCRIPT.parent.parent),
+                env={**os.environ, "PYTHONNOUSERSITE": "1", **(env or {})},
             )
         except OSError as error:
             raise WorkerError(f"{where}: cannot start the worker with {self.python}: {error}") from error

@@ -717,5 +717,9 @@ def serve(stdin=None, stdout=None) -> None:
 
 
 if __name__ == "__main__":
+    # Run as a script, this folder is sys.path[0]: its modules (api.py, base.py, ...) must not shadow the
+    # packages the checkpoint code imports.
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != here]
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     serve()
