@@ -11,6 +11,7 @@ end (import errors) need neither the env nor the code folder.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -66,12 +67,12 @@ def checkpoint(env, tmp_path_factory) -> Path:
 
 
 def make_model(env: str, checkpoint: Path, **settings):
-    """The paper config's entry, pointed at the tiny checkpoint, on CPU."""
+    """The paper config's entry, pointed at the tiny checkpoint (a local folder: pinned by its files), on CPU."""
     entry = {**paper_entry(), "path": str(checkpoint), "dtype": "float32", "device": "cpu", "env": env,
-             "options": {"code_dir": str(CODE_DIR)}, "max_new_tokens": 4, **settings}
+             "options": {"code_dir": str(CODE_DIR)}, "max_new_tokens": 4}
     for key in ("revision", "batch_size", "shards", "resources"):
-        entry.pop(key, None)  # a local folder is pinned by its files
-    return create_model("mplug_owl2", entry)
+        entry.pop(key, None)
+    return create_model("mplug_owl2", {**entry, **settings})
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +162,27 @@ def test_bfloat16_text_scoring(env, checkpoint, images, mplug):
     assert low["ok"], low
     assert low["logits"] == pytest.approx(full["logits"], abs=0.1) and low["logits"] != full["logits"]
     assert low["logsumexp"] == pytest.approx(full["logsumexp"], abs=0.1)
+
+
+def test_a_hub_id_loads_at_its_pinned_revision(env, checkpoint, images, tmp_path, monkeypatch):
+    """O5: ``revision`` chooses the snapshot a hub id loads (here from an offline hub cache), not ``main``."""
+    pinned, main = "0123456789abcdef0123456789abcdef01234567", "fedcba9876543210fedcba9876543210fedcba98"
+    repo = tmp_path / "hub" / "models--example--tiny-mplug-owl2"
+    shutil.copytree(checkpoint, repo / "snapshots" / pinned)
+    (repo / "snapshots" / main).mkdir(parents=True)
+    (repo / "snapshots" / main / "config.json").write_text("{not json")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(main)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = make_model(env, checkpoint, path="example/tiny-mplug-owl2", revision=pinned)
+    try:
+        result = model.score_yes_no([Question("r", "Is someone riding a horse?", image=images[0])])[0]
+    finally:
+        model.close()
+    assert result.error is None and model.fingerprint_extra()["revision"] == pinned
+    with pytest.raises(WorkerError, match="'load' failed: .*(JSON|json)"):
+        make_model(env, checkpoint, path="example/tiny-mplug-owl2", revision=main)
 
 
 # ---- import errors: no env needed (the worker runs on this interpreter) -----------------------------
