@@ -67,8 +67,40 @@ def build(code_dir: Path, target: Path) -> None:
             if parameter.dim() > 1:
                 parameter.normal_(0.0, 0.05)
     model.save_pretrained(str(target))
-    CLIPImageProcessor(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56}).save_pretrained(str(target))
+    processor = CLIPImageProcessor(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56})
+    processor.save_pretrained(str(target))
+    write_probe(model.eval(), tokenizer, processor, target)
     print(f"built {type(model).__name__} with {sum(p.numel() for p in model.parameters()):,} parameters in {target}")
+
+
+PROBE_QUESTION = "Is someone riding a horse?"
+
+
+def write_probe(model, tokenizer, processor, target: Path) -> None:
+    """Logits of the model as built (before any save/load), by the package's README steps, for one image.
+
+    The test compares the adapter's logits with these, so a checkpoint that
+    loads differently from how it was built (a buffer left unset) cannot pass.
+    """
+    import json
+
+    import numpy as np
+    import torch
+    from mplug_owl2.constants import DEFAULT_IMAGE_TOKEN, IMAGE_TOKEN_INDEX
+    from mplug_owl2.conversation import conv_templates
+    from mplug_owl2.mm_utils import process_images, tokenizer_image_token
+    from PIL import Image
+
+    pixels = np.random.default_rng(0).integers(0, 256, size=(40, 60, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(target / "probe.png")
+    conversation = conv_templates["mplug_owl2"].copy()
+    conversation.append_message(conversation.roles[0], DEFAULT_IMAGE_TOKEN + PROBE_QUESTION)
+    conversation.append_message(conversation.roles[1], None)
+    ids = tokenizer_image_token(conversation.get_prompt(), tokenizer, IMAGE_TOKEN_INDEX, return_tensors="pt")
+    images = process_images([Image.open(target / "probe.png").convert("RGB")], processor)
+    with torch.inference_mode():
+        logits = model(input_ids=ids.unsqueeze(0), images=images).logits[0, -1]
+    (target / "probe.json").write_text(json.dumps({"question": PROBE_QUESTION, "logits": logits.tolist()}))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ end (import errors) need neither the env nor the code folder.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -127,6 +128,16 @@ def test_yes_no_and_multiple_choice_scores(mplug, images):
                                                options=("riding", "feeding", "washing"))])[0]
     assert mc.error is None and mc.prediction in "ABC" and sum(mc.option_probs) == pytest.approx(1.0)
     assert all(p > 0 for p in mc.option_probs)
+
+
+def test_logits_equal_the_model_as_built(mplug, checkpoint):
+    """The adapter's logits row (saved, reloaded, run through the worker) equals the package's own forward
+    on the model before it was saved (README steps, in the builder)."""
+    probe = json.loads((checkpoint / "probe.json").read_text())
+    row = mplug.client.request("score", image=str(checkpoint / "probe.png"), prompt=probe["question"],
+                               token_ids=list(range(len(probe["logits"]))))
+    assert row["ok"], row
+    assert row["logits"] == pytest.approx(probe["logits"], abs=1e-4)
 
 
 def test_logits_argmax_is_the_first_greedy_token(mplug, images):
