@@ -136,3 +136,18 @@ def test_bad_names_and_interpreters_are_named(layout):
     old = make_envs(layout, "remote-old")
     assert old.returncode == 1 and f"{path} asks for python 2.9" in old.stderr and "PYTHON_2_9" in old.stderr
     assert not (layout["links"] / "remote-old").exists()
+
+
+def test_every_env_file_has_a_matching_conda_form():
+    """envs/remote-<model>.yaml installs the same pins (-r the .txt) on the python the .txt asks for."""
+    import yaml
+
+    names = subprocess.run(["bash", str(SCRIPT), "--list"], capture_output=True, text=True, check=True).stdout.split()
+    assert {"remote-qwen_vl_chat", "remote-molmo", "remote-minicpm_v", "remote-mplug_owl2"} <= set(names)
+    for name in names:
+        txt = (REPO / "envs" / f"{name}.txt").read_text()
+        python = next(line.split(":", 1)[1].strip() for line in txt.splitlines() if line.startswith("# python:"))
+        conda = yaml.safe_load((REPO / "envs" / f"{name}.yaml").read_text())
+        assert f"python={python}" in conda["dependencies"], name
+        pip = next(item["pip"] for item in conda["dependencies"] if isinstance(item, dict))
+        assert pip == [f"-r {name}.txt"], name
