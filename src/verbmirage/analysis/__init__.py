@@ -1,0 +1,39 @@
+"""Analyses that look inside the models or across runs (SPEC section 6 add-ons).
+
+Public face:
+
+- :mod:`verbmirage.analysis.attention`: visual-token, verb-token and key-area
+  attention at the answer position (:func:`run_attention`, :func:`question_shares`,
+  the box-to-token grids :func:`token_grid`, :func:`clip_style_grid`, :func:`qwen_grid`).
+- :mod:`verbmirage.analysis.attention_figures`: the paper's Figs. 7, 8, 13 and 14 from
+  ``results/analysis/attention.parquet``.
+
+The VCD divergence analysis (issue 12, item 4) will live beside them as
+``analysis/vcd_divergence.py`` once the VCD variant stores its KL.
+"""
+
+from verbmirage.analysis.attention import (
+    AttentionError,
+    AttentionProbe,
+    TokenGrid,
+    TokenSets,
+    clip_style_grid,
+    head_shares,
+    qwen_grid,
+    question_shares,
+    run_attention,
+    token_grid,
+)
+
+__all__ = [
+    "AttentionError",
+    "AttentionProbe",
+    "TokenGrid",
+    "TokenSets",
+    "clip_style_grid",
+    "head_shares",
+    "qwen_grid",
+    "question_shares",
+    "run_attention",
+    "token_grid",
+]
