@@ -391,7 +391,12 @@ class MiniCPMV(RemoteCodeVLM):
 
 
 class MplugOwl2(RemoteCodeVLM):
-    """MAGAer13/mplug-owl2-llama2-7b through the ``mplug_owl2`` package, in its own environment (docs/models.md)."""
+    """MAGAer13/mplug-owl2-llama2-7b through the ``mplug_owl2`` package, in its own environment (docs/models.md).
+
+    The package needs transformers 4.31 internals (no 5.x patch exists), so the
+    entry names its worker env; the package comes from ``options: {code_dir:
+    <mPLUG-Owl2 checkout>}`` or is installed there with ``--no-deps``.
+    """
 
     backend = driver = "mplug_owl2"
 
