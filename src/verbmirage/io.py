@@ -88,6 +88,24 @@ QUESTION_COUNTS = pa.schema(
     ]
 )
 
+# One row per (question, decoder layer) of the attention analysis (analysis/attention.py).
+ATTENTION = pa.schema(
+    [
+        ("dataset", pa.string()),
+        ("qset", pa.string()),
+        ("condition", pa.string()),
+        ("model", pa.string()),
+        ("question_id", pa.string()),
+        ("layer", pa.int64()),
+        ("visual_share", pa.float64()),
+        ("verb_share", pa.float64()),
+        ("object_share", pa.float64()),
+        ("key_area_share", pa.float64()),
+        ("answer", pa.string()),
+        ("correct", pa.bool_()),
+    ]
+)
+
 
 class SchemaError(ValueError):
     """A table does not have the columns its schema declares."""
