@@ -16,6 +16,7 @@ report: "report/workflow.rst"
 include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/questions.smk"
+include: "rules/subsets.smk"
 include: "rules/charades.smk"
 include: "rules/images.smk"
 include: "rules/inference.smk"
@@ -37,6 +38,7 @@ localrules:
     charades_question_set,
     charades_train_stats,
     question_counts,
+    image_tags,
     image_condition,
     merge_predictions,
     ensemble,

@@ -13,6 +13,7 @@ from snakemake.utils import validate
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from verbmirage.charades import CHARADES_QUESTION_SETS
+from verbmirage.hico import hico_det_file
 from verbmirage.config import (
     DEMO_CHARADES_ROOT,
     DEMO_HICO_DET_ROOT,
@@ -39,6 +40,7 @@ VARIANTS = list(config["variants"])
 ENSEMBLES = config["ensembles"]
 CONSISTENCY_PAIRS = [tuple(pair) for pair in config["metrics"]["error_consistency"]]
 HICO_ROOT = config["datasets"]["hico"]["root"]
+HICO_DET_ROOT = config["datasets"]["hico"].get("det_root", "")  # "" -> no boxes, no image subsets
 DOWNLOADS = config["downloads"]
 TINY_FAMILIES = list(TINY_BUILDERS)
 
@@ -76,6 +78,18 @@ def _produced_by_download(root):
 # What HICO jobs wait for: the files themselves, or the download that brings them.
 HICO_ANNO = _produced_by_download(HICO_ROOT) or f"{HICO_ROOT}/anno.mat"
 HICO_IMAGES = _produced_by_download(HICO_ROOT) or f"{HICO_ROOT}/images"
+
+
+def _hico_det_boxes():
+    """The HICO-DET file the tags are computed from (anno_bbox.mat or instances_test2015.json), or what makes it."""
+    if not HICO_DET_ROOT:
+        return []
+    if Path(HICO_DET_ROOT) == Path(DEMO_HICO_DET_ROOT):
+        return f"{DEMO_HICO_DET_ROOT}/anno_bbox.mat"
+    return _produced_by_download(HICO_DET_ROOT) or str(hico_det_file(HICO_DET_ROOT) or f"{HICO_DET_ROOT}/anno_bbox.mat")
+
+
+HICO_DET_BOXES = _hico_det_boxes()
 CHARADES_ROOT = CHARADES["root"] if CHARADES else ""
 CHARADES_SPLIT = CHARADES["split"] if CHARADES else "test"
 CHARADES_CSV = _produced_by_download(CHARADES_ROOT) or f"{CHARADES_ROOT}/CharadesEgo/CharadesEgo_v1_{CHARADES_SPLIT}.csv"
@@ -83,6 +97,7 @@ CHARADES_VIDEOS = _produced_by_download(CHARADES_ROOT) or f"{CHARADES_ROOT}/Char
 CHARADES_FRAMES = "results/frames/charadesego"  # frames/{exo,ego}/<pair>_<action>.jpg
 CHARADES_FRAME_TABLE = "results/benchmark/charadesego/frames.parquet"
 QUESTIONS = "results/benchmark/{dataset}/{qset}.parquet"
+IMAGE_TAGS = "results/benchmark/hico/image_tags.parquet"  # per test image: HICO-DET tags (rule image_tags)
 TRAIN_STATS = "results/benchmark/{dataset}/train_stats.parquet"
 QUESTION_COUNTS = expand("results/benchmark/hico/counts.{ext}", ext=["parquet", "md"])
 CONDITION_DIR = "results/images/{dataset}/{condition}"
@@ -137,6 +152,11 @@ def image_source(wildcards):
 
 def image_root(wildcards):
     return HICO_ROOT if wildcards.dataset == "hico" else CHARADES_FRAMES
+
+
+def image_tags_input(wildcards):
+    """The tags a HICO metric job turns into image subsets; none without boxes or for other datasets."""
+    return IMAGE_TAGS if wildcards.dataset == "hico" and HICO_DET_ROOT else []
 
 
 def dataset_questions(wildcards):

@@ -3,6 +3,7 @@ rule metric_part:
     input:
         questions=QUESTIONS,
         predictions=PREDICTIONS,
+        tags=image_tags_input,  # HICO-DET image subsets (only when datasets.hico.det_root is set)
     output:
         METRIC_PART,
     wildcard_constraints:

@@ -1,9 +1,11 @@
 """Metrics of one prediction table.
 
-Inputs: ``questions``, ``predictions``. Output: long-format metric rows.
+Inputs: ``questions``, ``predictions``, optional ``tags`` (``image_tags.parquet``: adds the image
+subsets). Output: long-format metric rows.
 Settings: ``params.kind`` ("yn" or "mc"), ``params.settings`` (config ``metrics``).
 """
 
+from verbmirage.image_tags import IMAGE_TAGS
 from verbmirage.io import METRICS, PREDICTIONS, QUESTIONS, read_table, write_table
 from verbmirage.joblog import job_log
 from verbmirage.metrics import BootstrapSettings, evaluate
@@ -11,10 +13,11 @@ from verbmirage.metrics import BootstrapSettings, evaluate
 with job_log(snakemake.log[0]):
     w, s = snakemake.wildcards, snakemake.params.settings
     settings = BootstrapSettings(s["bootstrap_resamples"], s["confidence_level"], s["seed"])
+    tags = read_table(snakemake.input.tags, IMAGE_TAGS) if snakemake.input.get("tags") else None
     keys = {"dataset": w.dataset, "qset": w.qset, "condition": w.condition, "model": w.model, "variant": w.variant}
     rows = evaluate(
         read_table(snakemake.input.questions, QUESTIONS),
         read_table(snakemake.input.predictions, PREDICTIONS),
-        snakemake.params.kind, keys, settings,
+        snakemake.params.kind, keys, settings, tags=tags,
     )
     write_table(rows, snakemake.output[0], METRICS, provenance={"metrics": s})

@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from verbmirage.conditions import CONDITIONS
+from verbmirage.hico import hico_det_file
 from verbmirage.models.base import allow_remote_code
 from verbmirage.models.registry import BACKENDS
 
@@ -102,9 +103,10 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
             continue
         if any(Path(value) == folder or folder in Path(value).parents for folder in downloaded):
             continue  # a configured download brings it
-        required = "anno.mat" if key == "root" else "anno_bbox.mat"
-        if not (workdir / value / required).is_file():
-            raise ConfigError(f"datasets.hico.{key}: '{value}' has no {required}")
+        if key == "root" and not (workdir / value / "anno.mat").is_file():
+            raise ConfigError(f"datasets.hico.root: '{value}' has no anno.mat")
+        if key == "det_root" and hico_det_file(workdir / value) is None:
+            raise ConfigError(f"datasets.hico.det_root: '{value}' has no anno_bbox.mat or instances_test2015.json")
 
     charades = config["datasets"].get("charadesego")
     if charades and Path(charades["root"]) != Path(DEMO_CHARADES_ROOT):

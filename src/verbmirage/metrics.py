@@ -19,6 +19,8 @@ import numpy as np
 import pandas as pd
 import scipy.stats
 
+from verbmirage.image_tags import TAG_COLUMNS
+
 YES_NO_COUNTS = ("tp", "fp", "fn", "tn", "unknown_yes", "unknown_no")
 YES_NO_METRICS = (
     "accuracy", "precision", "recall", "f1",
@@ -161,8 +163,26 @@ def mc_group_correctness(joined: pd.DataFrame) -> pd.DataFrame:
         common=("common", "first"),
         circular_correct=("correct", "all"),
         plain_correct=("plain", "any"),
+        **{tag: (tag, "first") for tag in TAG_COLUMNS if tag in joined},
     )
     return groups.reset_index()
+
+
+def attach_tags(frame: pd.DataFrame, tags: pd.DataFrame, where: str = "image tags") -> pd.DataFrame:
+    """``frame`` with the per-image tag columns (``image_tags.parquet``) joined on ``image_id``.
+
+    A question on an image the tags do not know is an error: its subsets would be silently wrong.
+    """
+    missing = [tag for tag in ("image_id", *TAG_COLUMNS) if tag not in tags]
+    if missing:
+        raise ValueError(f"{where}: missing columns {missing}")
+    unknown = sorted(set(frame.image_id) - set(tags.image_id))
+    if unknown:
+        raise ValueError(f"{where}: no row for {len(unknown)} question images, e.g. {unknown[:3]}")
+    table = tags[["image_id", *TAG_COLUMNS]].drop_duplicates("image_id")
+    return frame.drop(columns=[t for t in TAG_COLUMNS if t in frame]).merge(
+        table.astype({tag: bool for tag in TAG_COLUMNS}), on="image_id", how="left", validate="many_to_one"
+    )
 
 
 SUBSETS: dict[str, Callable[[pd.DataFrame], pd.Series]] = {
@@ -172,6 +192,17 @@ SUBSETS: dict[str, Callable[[pd.DataFrame], pd.Series]] = {
     # Paper Fig. 3: questions whose correct answer is No, by rare / common verb.
     "rare_no": lambda f: f.rare.astype(bool) & f.get("answer", pd.Series("", index=f.index)).eq("no"),
     "common_no": lambda f: f.common.astype(bool) & f.get("answer", pd.Series("", index=f.index)).eq("no"),
+    # The complements the paper's figures compare against.
+    "non_rare": lambda f: ~f.rare.astype(bool),
+    "non_common": lambda f: ~f.common.astype(bool),
+}
+
+# Image subsets from HICO-DET boxes (verbmirage.image_tags): only when tags are given (datasets.hico.det_root).
+TAG_SUBSETS: dict[str, Callable[[pd.DataFrame], pd.Series]] = {
+    **{tag: (lambda f, tag=tag: f[tag].astype(bool)) for tag in ("ambiguous", "amb_size", "amb_crowd",
+                                                                 "amb_occlusion", "amb_invisible")},
+    "unambiguous": lambda f: ~f.ambiguous.astype(bool),
+    "single_instance": lambda f: f.single_instance.astype(bool),
 }
 
 
@@ -184,10 +215,22 @@ def _rows(keys: dict, subset: str, names, value, low, high, n) -> list[dict]:
 
 
 def evaluate(
-    questions: pd.DataFrame, predictions: pd.DataFrame, kind: str, keys: dict, settings: BootstrapSettings
+    questions: pd.DataFrame,
+    predictions: pd.DataFrame,
+    kind: str,
+    keys: dict,
+    settings: BootstrapSettings,
+    tags: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """Long-format metric rows of one prediction table, for every non-empty subset."""
+    """Long-format metric rows of one prediction table, for every non-empty subset.
+
+    With ``tags`` (``image_tags.parquet``) the image subsets of ``TAG_SUBSETS`` are added.
+    """
     joined = join_predictions(questions, predictions)
+    subsets = SUBSETS
+    if tags is not None:
+        joined = attach_tags(joined, tags)
+        subsets = {**SUBSETS, **TAG_SUBSETS}
     if kind == "yn":
         units = pd.concat([joined, yes_no_count_columns(joined.answer, joined.prediction)], axis=1)
         columns, names, score = YES_NO_COUNTS, YES_NO_METRICS, yes_no_scores
@@ -197,7 +240,7 @@ def evaluate(
         columns, names, score = MC_COUNTS, MC_METRICS, mc_scores
         units[["circular_correct", "plain_correct"]] = units[["circular_correct", "plain_correct"]].astype(int)
     rows = []
-    for subset, select in SUBSETS.items():
+    for subset, select in subsets.items():
         chosen = units[select(units)]
         if chosen.empty:
             continue
