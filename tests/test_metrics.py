@@ -81,7 +81,8 @@ def test_evaluate_yes_no_with_interval():
     assert accuracy.value == pytest.approx(truth)
     assert accuracy.ci_low < accuracy.value < accuracy.ci_high
     assert accuracy.n == 120
-    assert set(rows.subset) == {"all", "rare", "rare_no"}  # no common question in this frame
+    # no common question in this frame; no image tags given, so no image subsets
+    assert set(rows.subset) == {"all", "rare", "rare_no", "non_rare", "non_common"}
     assert rows[rows.subset == "rare"].n.iloc[0] == 40
     again = evaluate(questions, predictions, "yn", keys, BootstrapSettings(resamples=300, seed=1))
     pd.testing.assert_frame_equal(rows, again)  # seeded
