@@ -204,12 +204,16 @@ def load_error(tmp_path: Path, options: dict) -> str:
     return str(caught.value)
 
 
-def test_an_import_error_inside_the_package_is_shown_as_itself(tmp_path):
-    """O2: a module the package needs is missing: the message names it, not "install mplug_owl2"."""
+def test_an_import_error_inside_the_package_is_shown_as_itself(tmp_path, monkeypatch):
+    """O2: a module the package needs is missing: the message names it, not "install mplug_owl2".
+
+    ``code_dir`` is relative here: it means the job's directory, not the worker's.
+    """
     package = tmp_path / "code" / "mplug_owl2"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("import icecream_not_installed_here\n")
-    message = load_error(tmp_path, {"code_dir": str(package.parent)})
+    monkeypatch.chdir(tmp_path)
+    message = load_error(tmp_path, {"code_dir": "code"})
     assert "No module named 'icecream_not_installed_here'" in message
     assert "not importable in this environment" not in message
 

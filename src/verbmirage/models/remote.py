@@ -400,3 +400,10 @@ class MplugOwl2(RemoteCodeVLM):
 
     backend = driver = "mplug_owl2"
 
+    def _call(self, op: str, **fields) -> dict:
+        """``code_dir`` is handed over absolute: a relative one means the job's directory, not the worker's."""
+        options = fields.get("options") or {}
+        if op == "load" and options.get("code_dir"):
+            fields["options"] = {**options, "code_dir": str(Path(options["code_dir"]).resolve())}
+        return super()._call(op, **fields)
+
