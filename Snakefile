@@ -23,6 +23,7 @@ include: "rules/inference.smk"
 include: "rules/ensembles.smk"
 include: "rules/metrics.smk"
 include: "rules/tables.smk"
+include: "rules/analysis.smk"
 
 
 # Everything but the inference shards runs on the submitting node under a cluster profile.
@@ -46,6 +47,7 @@ localrules:
     consistency_part,
     metrics,
     tables,
+    attention_figures,
 
 
 rule all:
@@ -54,3 +56,4 @@ rule all:
         TABLES,
         TABLES_HTML,
         QUESTION_COUNTS,
+        ATTENTION_OUTPUTS,

@@ -184,3 +184,46 @@ def all_consistency():
         for m in MODELS + list(ENSEMBLES)
         for v in VARIANTS
     ]
+
+
+# ---- attention analysis (rules/analysis.smk; analysis.attention in config) --------------
+from verbmirage.analysis.attention import attention_models
+from verbmirage.analysis.attention_figures import figure_models
+
+ATTENTION_SETTINGS = config.get("analysis", {}).get("attention") or {}
+ATTENTION_MODELS = attention_models(config)  # slug -> model entry (models: or analysis.attention.extra_models)
+ATTENTION_QSETS = [q for q in ATTENTION_SETTINGS.get("qsets", []) if q in QSETS]
+ATTENTION_CONDITIONS = ATTENTION_SETTINGS.get("conditions", [])
+for _condition in ATTENTION_CONDITIONS:
+    if _condition not in CONDITIONS:
+        raise ValueError(f"analysis.attention.conditions: '{_condition}' is not a configured condition {CONDITIONS}")
+ATTENTION_PART = "results/analysis/attention/{dataset}/{qset}/{condition}/{model}.parquet"
+ATTENTION_TABLE = "results/analysis/attention.parquet"
+ATTENTION_FIGURES = {n: f"results/figures/fig{n}_attention.png" for n in (7, 8, 13, 14)}
+ATTENTION_OUTPUTS = [ATTENTION_TABLE, *ATTENTION_FIGURES.values()] if ATTENTION_MODELS else []
+
+
+def attention_resource(key, default):
+    """Resource of an attention job, from its model entry's ``resources`` (as for ``predict``)."""
+    return lambda wildcards: ATTENTION_MODELS[wildcards.model].get("resources", {}).get(key, default)
+
+
+def attention_model_files(wildcards):
+    """A tiny model the workflow builds itself is an input of the attention jobs that load it."""
+    path = ATTENTION_MODELS[wildcards.model].get("path", "")
+    return [path] if path in [f"resources/models/tiny_{family}" for family in TINY_FAMILIES] else []
+
+
+def attention_parts():
+    return [
+        ATTENTION_PART.format(dataset="hico", qset=q, condition=c, model=m)
+        for q in ATTENTION_QSETS
+        for c in ATTENTION_CONDITIONS
+        for m in ATTENTION_MODELS
+    ]
+
+
+def attention_figure_roles():
+    """Figure number -> model slug (config ``analysis.attention.figures``, else the paper's roles)."""
+    backends = {slug: entry["backend"] for slug, entry in ATTENTION_MODELS.items()}
+    return figure_models(list(ATTENTION_MODELS), backends, ATTENTION_SETTINGS.get("figures"))

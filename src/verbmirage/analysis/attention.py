@@ -228,7 +228,7 @@ def key_area_boxes(pairs: pd.DataFrame, image: str, obj: str) -> list[tuple[floa
 
 
 def box_table(det_pairs: pd.DataFrame) -> pd.DataFrame:
-    """``hico.load_hico_det`` rows with the question tables' image path and the HOI's object."""
+    """``hico.read_hico_det(...).pairs`` rows with the question tables' image path and the HOI's object."""
     from verbmirage.hico import hoi_vocabulary
 
     objects = hoi_vocabulary().set_index("hoi_id").object
@@ -451,3 +451,72 @@ def run_attention(questions: pd.DataFrame, model, images, pairs: pd.DataFrame | 
     order = {qid: i for i, qid in enumerate(chosen.question_id)}
     return frame.sort_values(["question_id", "layer"], key=lambda s: s.map(order) if s.name == "question_id" else s,
                              kind="stable").reset_index(drop=True)
+
+
+# ---- the workflow's pieces -----------------------------------------------------------------------
+def attention_models(config: dict) -> dict[str, dict]:
+    """Slug -> model entry of every model in ``analysis.attention.models``.
+
+    A slug names a ``models:`` entry (its predictions are never read) or an
+    ``analysis.attention.extra_models`` entry (a model analysed only here).
+    """
+    settings = config.get("analysis", {}).get("attention") or {}
+    extra = settings.get("extra_models", {})
+    entries = {}
+    for index, slug in enumerate(settings.get("models", [])):
+        where = f"analysis.attention.models[{index}]"
+        if slug in extra and slug in config["models"]:
+            raise AttentionError(f"{where}: '{slug}' is both in models: and in analysis.attention.extra_models")
+        entry = extra.get(slug) or config["models"].get(slug)
+        if entry is None:
+            raise AttentionError(f"{where}: '{slug}' is neither in models: nor in analysis.attention.extra_models")
+        if entry.get("backend") not in ATTENTION_BACKENDS:
+            raise AttentionError(f"{where}: '{slug}' has backend '{entry.get('backend')}'; attention needs a "
+                                 f"transformers backend ({', '.join(sorted(ATTENTION_BACKENDS))})")
+        entries[slug] = entry
+    for slug in extra:
+        if slug not in entries:
+            raise AttentionError(f"analysis.attention.extra_models.{slug}: not listed in analysis.attention.models")
+    return entries
+
+
+def attention_job(questions_path, images_dir, det_root, model_slug: str, model_entry: dict, settings: dict,
+                  condition: str, output) -> pd.DataFrame:
+    """One (question set, condition, model) job: sample, run the probe, write the ``io.ATTENTION`` table.
+
+    Reads the question table, the condition folder and (when ``det_root``
+    is set) HICO-DET's test boxes (``anno_bbox.mat`` or the instances JSON); never the prediction files.
+    """
+    from verbmirage.conditions import ImageResolver
+    from verbmirage.hico import read_hico_det
+    from verbmirage.io import ATTENTION, QUESTIONS, read_table, write_table
+    from verbmirage.models import create_model
+    from verbmirage.models.registry import WORKFLOW_KEYS
+
+    questions = read_table(questions_path, QUESTIONS)
+    pairs = box_table(read_hico_det(det_root, "test").pairs) if det_root else None
+    model = create_model(model_slug, {k: v for k, v in model_entry.items() if k not in WORKFLOW_KEYS})
+    frame = run_attention(questions, model, ImageResolver(images_dir), pairs, settings.get("layers", [-1]),
+                          settings.get("sample", 200), settings.get("seed", 0), settings.get("batch_size", 8))
+    if frame.empty:
+        frame = pd.DataFrame(columns=ATTENTION.names)
+    dataset = questions.dataset.iloc[0] if len(questions) else ""
+    qset = questions.qset.iloc[0] if len(questions) else ""
+    frame = frame.assign(dataset=dataset, qset=qset, condition=condition, model=model_slug)
+    n_key = int(frame.key_area_share.notna().sum()) if len(frame) else 0
+    log.info("%s %s %s: %d rows (%d with a key area), accuracy at q %.3f", model_slug, qset, condition, len(frame),
+             n_key, float(frame.correct.mean()) if len(frame) else math.nan)
+    write_table(frame, output, ATTENTION, provenance={"model": model_entry, "attention": settings,
+                                                      "model_slug": model_slug, "condition": condition})
+    return frame
+
+
+def collect_attention(paths: Iterable[str | Path], output) -> pd.DataFrame:
+    """The per-job tables as one ``results/analysis/attention.parquet``."""
+    from verbmirage.io import ATTENTION, read_table, write_table
+
+    parts = [read_table(path, ATTENTION) for path in paths]
+    parts = [part for part in parts if len(part)]
+    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=ATTENTION.names)
+    write_table(frame, output, ATTENTION, provenance={"parts": len(parts)})
+    return frame

@@ -1,0 +1,55 @@
+rule attention:
+    """Answer-position attention (visual, verb vs object, key area) of one model on a question-set sample.
+
+    Reads questions, images and boxes, never predictions: it can be added to a finished run.
+    """
+    input:
+        questions=QUESTIONS,
+        images=CONDITION_DIR,
+        boxes=HICO_DET_BOXES,
+        model_files=attention_model_files,
+    output:
+        ATTENTION_PART,
+    wildcard_constraints:
+        dataset="hico",
+        model=_alternatives(ATTENTION_MODELS),
+    params:
+        model=lambda wildcards: ATTENTION_MODELS[wildcards.model],
+        settings=ATTENTION_SETTINGS,
+        det_root=HICO_DET_ROOT,
+    resources:
+        gpu=attention_resource("gpu", 0),
+        mem_mb=attention_resource("mem_mb", 4000),
+        runtime=attention_resource("runtime", 60),
+        cpus_per_gpu=attention_resource("cpus_per_gpu", 4),
+    log:
+        "logs/attention/{dataset}/{qset}/{condition}/{model}.log",
+    benchmark:
+        "benchmarks/attention/{dataset}/{qset}/{condition}/{model}.tsv"
+    conda:
+        "../envs/verbmirage.yaml"
+    script:
+        "../scripts/attention.py"
+
+
+rule attention_figures:
+    """The attention table and the paper's Figs. 7, 8, 13, 14 drawn from it."""
+    input:
+        parts=attention_parts(),
+    output:
+        table=ATTENTION_TABLE,
+        figures=[
+            report(path, category="Attention", caption=f"../report/attention_fig{n}.rst")
+            for n, path in ATTENTION_FIGURES.items()
+        ],
+    params:
+        models=ATTENTION_MODELS,
+        roles=attention_figure_roles(),
+        figures=ATTENTION_FIGURES,
+        condition=lambda wildcards: ATTENTION_CONDITIONS[0] if ATTENTION_CONDITIONS else "clean",
+    log:
+        "logs/attention_figures.log",
+    conda:
+        "../envs/verbmirage.yaml"
+    script:
+        "../scripts/attention_figures.py"

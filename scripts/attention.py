@@ -1,0 +1,15 @@
+"""Attention at the answer position for one (question set, condition, model); rule ``attention``.
+
+Inputs: ``questions``, ``images`` (condition folder), ``boxes`` (HICO-DET's file, read from
+``params.det_root``; absent without boxes). Never reads predictions, so it can be added to a finished run.
+Output: the job's ``io.ATTENTION`` table. Settings: ``params.model`` (the model entry),
+``params.settings`` (``analysis.attention``); wildcards name the model and the condition.
+"""
+
+from verbmirage.analysis.attention import attention_job
+from verbmirage.joblog import job_log
+
+with job_log(snakemake.log[0]):
+    attention_job(snakemake.input.questions, snakemake.input.images, snakemake.params.det_root or None, snakemake.wildcards.model,
+                  snakemake.params.model, snakemake.params.settings, snakemake.wildcards.condition,
+                  snakemake.output[0])

@@ -1,0 +1,127 @@
+"""The paper's attention figures (7, 8, 13, 14), drawn from ``results/analysis/attention.parquet`` only.
+
+Every panel shows density histograms (20 bins on [0, 1]) of one share,
+correct vs hallucinated (the attention run's own answer at q), at the last
+analysed layer. As in the paper, YN panels split by the *ground-truth*
+answer (unlike the uncertainty figures, which split by prediction).
+
+- Fig. 7 (LLaVA role, ``yn_obj``): (a) key-area share, (b) verb share (Eq. 3).
+- Fig. 8 (LLaVA role) and Fig. 14 (InstructBLIP role): visual-token share (Eq. 1/4),
+  panels YN ground truth yes, YN ground truth no, MC.
+- Fig. 13 (LLaVA role): the visual-token share per question set (our reading of
+  the appendix figure: the Fig. 8 panels split by set; a proposal, not the paper's words).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+BINS = np.linspace(0.0, 1.0, 21)
+FIGURES = {
+    7: "key-area and verb attention (yn_obj)",
+    8: "visual-token attention (YN by ground truth, MC)",
+    13: "visual-token attention per question set",
+    14: "visual-token attention (YN by ground truth, MC)",
+}
+YN_SETS = ("yn_obj", "yn_verb", "obj_exist")
+MC_SETS = ("mc_obj", "mc_verb")
+
+
+def figure_models(models: list[str], backends: dict[str, str], chosen: dict | None = None) -> dict[int, str | None]:
+    """Which model each figure shows: ``chosen`` (config ``figures``) first, else the paper's roles.
+
+    Figs. 7, 8, 13 show the first LLaVA model (else the first model); Fig. 14 the first
+    InstructBLIP model (else the first model not already shown, else the first).
+    """
+    chosen = {int(str(k).removeprefix("fig")): v for k, v in (chosen or {}).items()}
+    llava = next((m for m in models if backends.get(m) == "llava"), models[0] if models else None)
+    blip = next((m for m in models if backends.get(m) == "instructblip"), None)
+    if blip is None:
+        blip = next((m for m in models if m != llava), llava)
+    roles = {7: llava, 8: llava, 13: llava, 14: blip}
+    roles.update({k: v for k, v in chosen.items() if k in roles})
+    return roles
+
+
+def _last_layer(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame.layer == frame.layer.max()] if len(frame) else frame
+
+
+def _panel(axis, frame: pd.DataFrame, column: str, title: str) -> None:
+    """Density of ``column``, correct vs hallucinated, with counts and means in the legend."""
+    values = frame[[column, "correct"]].dropna()
+    for correct, label, colour in ((True, "correct", "tab:blue"), (False, "hallucinated", "tab:red")):
+        part = values[values.correct == correct][column].to_numpy(dtype=float)
+        if len(part):
+            axis.hist(part, bins=BINS, density=True, alpha=0.5, color=colour,
+                      label=f"{label} (n={len(part)}, mean {part.mean():.3f})")
+    if values.empty:
+        axis.text(0.5, 0.5, "no rows", ha="center", va="center", transform=axis.transAxes)
+    else:
+        axis.legend(fontsize=7)
+    axis.set_title(title, fontsize=9)
+    axis.set_xlim(0, 1)
+    axis.set_xlabel(column.replace("_", " "))
+    axis.set_ylabel("density")
+
+
+def _figure(panels: list[tuple[pd.DataFrame, str, str]], title: str, note: str, path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4), squeeze=False)
+    for axis, (frame, column, panel_title) in zip(axes[0], panels):
+        _panel(axis, frame, column, panel_title)
+    figure.suptitle(title + (f"\n{note}" if note else ""), fontsize=10)
+    figure.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _yn_mc_panels(rows: pd.DataFrame) -> list[tuple[pd.DataFrame, str, str]]:
+    yn, mc = rows[rows.qset.isin(YN_SETS)], rows[rows.qset.isin(MC_SETS)]
+    return [(yn[yn.answer == "yes"], "visual_share", "YN, ground truth yes"),
+            (yn[yn.answer == "no"], "visual_share", "YN, ground truth no"),
+            (mc, "visual_share", "MC")]
+
+
+def _per_set_panels(rows: pd.DataFrame) -> list[tuple[pd.DataFrame, str, str]]:
+    panels = []
+    for qset in sorted(rows.qset.unique()) or ["(none)"]:
+        part = rows[rows.qset == qset]
+        if qset in YN_SETS:
+            panels += [(part[part.answer == answer], "visual_share", f"{qset}, ground truth {answer}")
+                       for answer in ("yes", "no")]
+        else:
+            panels.append((part, "visual_share", qset))
+    return panels
+
+
+def draw_attention_figures(table: pd.DataFrame, paths: dict[int, str | Path], roles: dict[int, str | None],
+                           notes: dict[str, str] | None = None, condition: str = "clean") -> None:
+    """Write Figs. 7, 8, 13, 14 (``paths``: figure number -> PNG) from the attention table.
+
+    ``notes[model]`` is printed under the title (e.g. that a tiny model's weights are random).
+    """
+    notes = notes or {}
+    for number, path in paths.items():
+        model = roles.get(number)
+        rows = table[(table.model == model) & (table.condition == condition)]
+        layer = int(rows.layer.max()) if len(rows) else None
+        rows = _last_layer(rows)
+        heading = f"Fig. {number}: {FIGURES[number]} - {model or 'no model'}, {condition}, layer {layer}"
+        note = notes.get(model, "") if model else "no attention model configured for this figure"
+        if number == 7:
+            yn_obj = rows[rows.qset == "yn_obj"]
+            panels = [(yn_obj, "key_area_share", "(a) key-area share"), (yn_obj, "verb_share", "(b) verb share")]
+        elif number == 13:
+            panels = _per_set_panels(rows)
+        else:
+            panels = _yn_mc_panels(rows)
+        _figure(panels, heading, note, path)
