@@ -97,7 +97,15 @@ def test_demo_produces_metrics_and_tables(demo_run):
     assert provenance["model"] == {"backend": "random", "seed": 0, "shards": 2}
     assert (demo_run / "logs/predict/hico/yn_obj/clean/random/default/1.log").is_file()
     assert not list((demo_run / "results/shards").rglob("*.parts")), "parts left after complete shards"
-    tiny = pd.read_parquet(demo_run / "results/predictions/hico/mc_obj/clean/tiny_llava/default.parquet")
+    # the demo configures HICO-DET boxes: every HICO question set gets the image subsets, CharadesEgo none
+    tags = pd.read_parquet(demo_run / "results/benchmark/hico/image_tags.parquet")
+    assert len(tags) == 60 and tags.image_id.is_unique
+    image_subsets = {"ambiguous", "unambiguous", "amb_size", "amb_crowd", "amb_occlusion", "amb_invisible",
+                     "single_instance"}
+    hico_subsets = metrics[metrics.dataset.eq("hico") & metrics.condition.eq("clean")].groupby("qset").subset
+    assert all({"unambiguous", "non_rare", "non_common"} <= set(s) for _, s in hico_subsets)
+    assert not image_subsets & set(metrics[metrics.dataset.eq("charadesego")].subset)
+        tiny = pd.read_parquet(demo_run / "results/predictions/hico/mc_obj/clean/tiny_llava/default.parquet")
     assert tiny.error.isna().all() and tiny.option_probs.map(len).eq(4).all()
     assert tiny.parse_rule.eq("logits").all()
 
@@ -128,7 +136,7 @@ def test_changing_a_model_reruns_only_its_jobs(demo_run):
     assert predicted == {("random", "0"), ("random", "1")}  # the demo splits `random` into two shards
     # its ensemble depends on it; nothing upstream (questions, images) reruns
     assert {w["model"] for rule, w in jobs if rule == "ensemble"} == {"blind_vote"}
-    upstream = {"question_set", "image_condition", "demo_hico", "train_stats", "tiny_model", "demo_charadesego",
+    upstream = {"question_set", "image_condition", "demo_hico", "image_tags", "train_stats", "tiny_model", "demo_charadesego",
                 "charades_frames", "charades_question_set", "charades_train_stats"}
     assert not upstream & {rule for rule, _ in jobs}
     assert {w["model"] for rule, w in jobs if rule == "metric_part"} == {"random", "blind_vote"}
