@@ -99,6 +99,11 @@ def test_a_tolerance_and_changed_images(setup, capsys):
     assert smoke(setup, slight, "--tolerance", "0.05", capsys=capsys)[0] == 0
     code, out = smoke(setup, slight, capsys=capsys)
     assert code == 1 and "b.png|yn: confidence 0.5737 -> 0.5491 (|diff| 0.0246 > tolerance 0.02)" in out
+    with_dtype = yaml.safe_load(slight.read_text())
+    with_dtype["models"]["fake_remote"]["dtype"] = "bfloat16"
+    slight.write_text(yaml.safe_dump(with_dtype))
+    code, out = smoke(setup, slight, "--tolerance", "0.05", capsys=capsys)
+    assert code == 0 and "(changed since the goldens: dtype float32 -> bfloat16)" in out
     assert "b.png|yn: p_yes" not in out and "a_yes.png" not in out
     Image.new("RGB", (24, 32), (0, 0, 255)).save(setup["images"] / "b.png")
     code, out = smoke(setup, write_config(setup, worker=False), capsys=capsys)

@@ -115,7 +115,8 @@ class Report:
         if self.stored:
             return f"stored {self.model}: goldens written to {goldens_path}"
         if self.ok:
-            return f"ok {self.model}: every answer matches {goldens_path}"
+            since = f" (changed since the goldens: {'; '.join(self.context)})" if self.context else ""
+            return f"ok {self.model}: every answer matches {goldens_path}{since}"
         out = [f"DIFF {self.model}: {len(self.lines)} difference(s) from {goldens_path}"]
         out += [f"    what changed: {line}" for line in self.context]
         out += [f"    {line}" for line in self.lines]
@@ -137,7 +138,11 @@ def compare(model: str, golden: dict, current: dict, tolerance: float = DEFAULT_
             report.lines.append(f"image {name}: in the goldens but not among this run's images")
         elif now != digest:
             report.lines.append(f"image {name}: its bytes changed since the goldens were stored")
-    report.context = _fingerprint_changes(golden.get("fingerprint", {}), current.get("fingerprint", {}))
+    old_settings, new_settings = golden.get("settings", {}), current.get("settings", {})
+    report.context = [f"{key} {old_settings.get(key)} -> {new_settings.get(key)}"
+                      for key in sorted(set(old_settings) | set(new_settings))
+                      if old_settings.get(key) != new_settings.get(key)]
+    report.context += _fingerprint_changes(golden.get("fingerprint", {}), current.get("fingerprint", {}))
     old_answers, new_answers = golden.get("answers", {}), current.get("answers", {})
     for key in sorted(set(old_answers) | set(new_answers)):
         old, new = old_answers.get(key), new_answers.get(key)
@@ -174,9 +179,11 @@ def _delta(old, new, tolerance) -> str:
 def _fingerprint_changes(old: dict, new: dict) -> list[str]:
     """Readable changes of revision, decoding, driver, versions and checkpoint code files."""
     changes = []
-    for key in ("revision", "decoding", "driver"):
+    for key in ("revision", "decoding"):
         if old.get(key) != new.get(key):
             changes.append(f"{key} {old.get(key)} -> {new.get(key)}")
+    if old.get("driver") != new.get("driver"):
+        changes.append(f"driver code {str(old.get('driver'))[:12]} -> {str(new.get('driver'))[:12]}")
     old_env, new_env = old.get("environment", {}), new.get("environment", {})
     for name in sorted(set(old_env) | set(new_env)):
         if old_env.get(name) != new_env.get(name):
