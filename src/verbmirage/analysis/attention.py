@@ -491,11 +491,10 @@ def attention_job(questions_path, images_dir, det_root, model_slug: str, model_e
     from verbmirage.hico import read_hico_det
     from verbmirage.io import ATTENTION, QUESTIONS, read_table, write_table
     from verbmirage.models import create_model
-    from verbmirage.models.registry import WORKFLOW_KEYS
 
     questions = read_table(questions_path, QUESTIONS)
     pairs = box_table(read_hico_det(det_root, "test").pairs) if det_root else None
-    model = create_model(model_slug, {k: v for k, v in model_entry.items() if k not in WORKFLOW_KEYS})
+    model = create_model(model_slug, model_entry)  # drops the workflow keys (resources, ...) itself
     frame = run_attention(questions, model, ImageResolver(images_dir), pairs, settings.get("layers", [-1]),
                           settings.get("sample", 200), settings.get("seed", 0), settings.get("batch_size", 8))
     if frame.empty:
