@@ -84,7 +84,8 @@ build_venv() {
             "$dir/bin/python" -m ensurepip --default-pip >/dev/null
             pip=("$dir/bin/python" -m pip)
         fi
-        "${pip[@]}" install --quiet --disable-pip-version-check -r "$requirements"
+        "${pip[@]}" install --quiet --disable-pip-version-check -r "$requirements" \
+            || die "pip could not install the requirements of $current_file into $dir (its message is above)"
     fi
     { echo "recipe $RECIPE"; cat "$requirements"; } > "$dir/.verbmirage-env"
     exec 9>&-
@@ -93,6 +94,7 @@ build_venv() {
 make_env() {
     local name file python version lines base_lines base_key base="" key target
     file=$(env_file "$1")
+    current_file=$file
     name=$(basename "$file" .txt)
     python=$(interpreter "$file")
     version=$("$python" -c 'import sys; print(sys.version.split()[0])')
