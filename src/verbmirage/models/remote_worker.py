@@ -523,8 +523,9 @@ class MplugOwl2Driver(Driver):
 
         folder = self._local_folder()
         self.tokenizer = AutoTokenizer.from_pretrained(folder, use_fast=False)
-        self.model = AutoModelForCausalLM.from_pretrained(folder, low_cpu_mem_usage=True, torch_dtype=self.dtype)
-        self.model = self.model.to(self.device).eval()
+        # As the builder: weights straight onto the one device (device_map needs accelerate, which the env has).
+        self.model = AutoModelForCausalLM.from_pretrained(folder, low_cpu_mem_usage=True, torch_dtype=self.dtype,
+                                                          device_map={"": self.device}).eval()
         self.image_processor = CLIPImageProcessor.from_pretrained(folder)
 
     def _local_folder(self) -> str:
