@@ -13,6 +13,7 @@ from snakemake.utils import validate
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from verbmirage.charades import CHARADES_QUESTION_SETS
+from verbmirage.conditions import CONDITIONS as CONDITION_TYPES
 from verbmirage.hico import hico_det_file
 from verbmirage.config import (
     DEMO_CHARADES_ROOT,
@@ -35,6 +36,8 @@ DATASETS = ["hico"] + (["charadesego"] if CHARADES else [])
 QSETS = config["questions"]["sets"]  # HICO's
 DATASET_QSETS = {"hico": QSETS, "charadesego": list(CHARADES_QUESTION_SETS)}
 CONDITIONS = list(config["conditions"])
+# Conditions that need HICO-DET boxes (crop): HICO only, single-instance images only.
+BOX_CONDITIONS = [c for c, s in config["conditions"].items() if CONDITION_TYPES[s["type"]].needs_boxes]
 MODELS = list(config["models"])
 VARIANTS = list(config["variants"])
 ENSEMBLES = config["ensembles"]
@@ -154,6 +157,23 @@ def image_root(wildcards):
     return HICO_ROOT if wildcards.dataset == "hico" else CHARADES_FRAMES
 
 
+def dataset_conditions(dataset):
+    """The conditions a dataset is asked under: box conditions (crop) need HICO-DET boxes, so HICO only."""
+    return [c for c in CONDITIONS if dataset == "hico" or c not in BOX_CONDITIONS]
+
+
+def partial_condition_images(wildcards):
+    """A box condition's folder: its manifest names the images (so the questions) it covers; none otherwise."""
+    if wildcards.condition not in BOX_CONDITIONS:
+        return []
+    return CONDITION_DIR.format(dataset=wildcards.dataset, condition=wildcards.condition)
+
+
+def condition_tags_input(wildcards):
+    """The image tags a box condition takes its single-instance union boxes from."""
+    return IMAGE_TAGS if wildcards.condition in BOX_CONDITIONS else []
+
+
 def image_tags_input(wildcards):
     """The tags a HICO metric job turns into image subsets; none without boxes or for other datasets."""
     return IMAGE_TAGS if wildcards.dataset == "hico" and HICO_DET_ROOT else []
@@ -169,7 +189,7 @@ def all_scored():
         METRIC_PART.format(dataset=d, qset=q, condition=c, model=m, variant=v)
         for d in DATASETS
         for q in DATASET_QSETS[d]
-        for c in CONDITIONS
+        for c in dataset_conditions(d)
         for m in MODELS + list(ENSEMBLES)
         for v in VARIANTS
     ]

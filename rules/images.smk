@@ -3,6 +3,7 @@ rule image_condition:
     input:
         source=image_source,
         questions=dataset_questions,
+        tags=condition_tags_input,  # crop: the union boxes of the single-instance images
     output:
         directory(CONDITION_DIR),
     params:

@@ -54,6 +54,7 @@ rule merge_predictions:
     input:
         questions=QUESTIONS,
         shards=prediction_shards,
+        images=partial_condition_images,  # crop: only the questions on its images are expected
     output:
         PREDICTIONS,
     wildcard_constraints:

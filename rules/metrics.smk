@@ -4,6 +4,7 @@ rule metric_part:
         questions=QUESTIONS,
         predictions=PREDICTIONS,
         tags=image_tags_input,  # HICO-DET image subsets (only when datasets.hico.det_root is set)
+        images=partial_condition_images,  # crop: only the questions on its images count
     output:
         METRIC_PART,
     wildcard_constraints:

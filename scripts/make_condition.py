@@ -1,20 +1,27 @@
 """Apply one image condition to every image a dataset's question sets ask about.
 
 Inputs: ``source`` (the image folder, or what produces it), ``questions`` (the
-dataset's question sets). Output: the condition folder with ``manifest.parquet``.
+dataset's question sets), optional ``tags`` (``image_tags.parquet``: a box condition such as ``crop``
+covers only the single-instance images, cropped to their union box). Output: the condition folder with
+``manifest.parquet``.
 Settings: ``params.root`` (where ``image`` paths are relative to),
 ``params.settings`` (config ``conditions.<slug>``), ``params.seed``.
 """
 
 from verbmirage.conditions import apply_condition
+from verbmirage.image_tags import IMAGE_TAGS, single_instance_boxes
 from verbmirage.io import QUESTIONS, read_table
 from verbmirage.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:
     questions = [read_table(path, QUESTIONS) for path in snakemake.input.questions]  # types and domains checked
     images = sorted(set().union(*(set(frame.image) for frame in questions)))
+    boxes = None
+    if snakemake.input.get("tags"):
+        boxes = single_instance_boxes(read_table(snakemake.input.tags, IMAGE_TAGS), images)
+        log.info("%d of %d question images are single-instance", len(boxes), len(images))
     manifest = apply_condition(
         snakemake.params.root, images, snakemake.output[0], snakemake.wildcards.condition,
-        snakemake.params.settings, seed=snakemake.params.seed,
+        snakemake.params.settings, seed=snakemake.params.seed, boxes=boxes,
     )
     log.info("%d images, %d failed", len(manifest), manifest.error.notna().sum())

@@ -73,7 +73,7 @@ def test_demo_produces_metrics_and_tables(demo_run):
     metrics = read_table(demo_run / "results/metrics/metrics.parquet", METRICS)
     assert list(metrics.columns) == METRICS.names
     assert set(metrics.model) == {"always_yes", "random", "prior", "tiny_llava", "blind_vote"}
-    assert set(metrics.condition) == {"clean", "saltpepper", "clean_vs_saltpepper"}
+    assert set(metrics.condition) == {"clean", "saltpepper", "crop", "clean_vs_saltpepper"}
     assert set(metrics.dataset) == {"hico", "charadesego"}
     table4 = pd.read_parquet(demo_run / "results/tables/table4.parquet").set_index("model")
     assert table4.at["always_yes", "ego_recall"] == table4.at["always_yes", "exo_recall"] == 100.0
@@ -121,8 +121,8 @@ def test_adding_a_model_runs_only_its_jobs(demo_run):
     finally:
         _write_config(demo_run)
     per_rule = Counter(rule for rule, _ in jobs)
-    # 5 HICO + 4 CharadesEgo question sets x 2 conditions; error consistency on HICO only
-    assert per_rule == {"predict": 18, "metric_part": 18, "consistency_part": 5, "metrics": 1, "tables": 1, "all": 1}
+    # 5 HICO question sets x 3 conditions (crop: HICO only) + 4 CharadesEgo x 2; error consistency on HICO only
+    assert per_rule == {"predict": 23, "metric_part": 23, "consistency_part": 5, "metrics": 1, "tables": 1, "all": 1}
     assert {w["model"] for rule, w in jobs if "model" in w} == {"prior_two"}
 
 

@@ -10,10 +10,16 @@ A condition folder holds the images and ``manifest.parquet``
 images through the manifest, never by rebuilding paths. ``clean`` links to the
 source files instead of copying them. Noisy images are stored as PNG: a JPEG
 would smear the exact noise the condition defines.
+
+A condition that needs boxes (``crop``: the field-of-view study) covers only
+the images it is given a box for (HICO-DET ``single_instance`` images); its
+manifest lists only those and is marked partial, and inference and metrics
+under it use only the questions on those images (:func:`condition_questions`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import zlib
 from collections.abc import Callable, Iterable
@@ -33,6 +39,7 @@ from verbmirage.paths import UnsafePathError, inside, replace_entry, safe_relati
 
 MANIFEST = "manifest.parquet"
 SOURCE_ROOT_KEY = b"verbmirage.source_root"
+PARTIAL_KEY = b"verbmirage.partial"  # the manifest covers only some images: ask only their questions
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,7 @@ class ImageCondition:
 
     transform: Callable[..., Image.Image] | None
     description: str
+    needs_boxes: bool = False  # transform(image, rng, box=(x1, y1, x2, y2), **params); images without a box skipped
 
 
 def salt_and_pepper(image: Image.Image, rng: np.random.Generator, probability: float = 0.75) -> Image.Image:
@@ -54,9 +62,34 @@ def salt_and_pepper(image: Image.Image, rng: np.random.Generator, probability: f
     return Image.fromarray(pixels)
 
 
+def crop_box(box, width: int, height: int, margin: float = 0.1) -> tuple[int, int, int, int]:
+    """PIL crop box (left, upper, right, lower) of a 1-based inclusive box grown by ``margin`` x its size.
+
+    The box (x1, y1, x2, y2) covers the continuous area [x1-1, x2] x [y1-1, y2];
+    it grows by ``margin`` times its width/height on every side, outwards to
+    whole pixels, and is clipped to the image.
+    """
+    x1, y1, x2, y2 = (float(v) for v in box)
+    if not (math.isfinite(x1 + y1 + x2 + y2) and x1 <= x2 and y1 <= y2) or margin < 0:
+        raise ValueError(f"crop: bad box {box!r} or margin {margin!r}")
+    w, h = x2 - x1 + 1, y2 - y1 + 1
+    left, upper = max(0, math.floor(x1 - 1 - margin * w)), max(0, math.floor(y1 - 1 - margin * h))
+    right, lower = min(width, math.ceil(x2 + margin * w)), min(height, math.ceil(y2 + margin * h))
+    if right <= left or lower <= upper:
+        raise ValueError(f"crop: box {box!r} lies outside the {width}x{height} image")
+    return left, upper, right, lower
+
+
+def crop_to_box(image: Image.Image, rng: np.random.Generator, box, margin: float = 0.1) -> Image.Image:
+    """The interaction's union box plus a margin (paper: field of view); ``rng`` unused."""
+    return image.convert("RGB").crop(crop_box(box, *image.size, margin=margin))
+
+
 CONDITIONS: dict[str, ImageCondition] = {
     "clean": ImageCondition(None, "the original image"),
     "saltpepper": ImageCondition(salt_and_pepper, "salt-and-pepper noise, paper: 75% of pixels"),
+    "crop": ImageCondition(crop_to_box, "the union box of the human-object pair plus a margin (single-instance "
+                                        "images only)", needs_boxes=True),
 }
 
 
@@ -72,8 +105,13 @@ def apply_condition(
     condition: str,
     settings: dict,
     seed: int = 0,
+    boxes: dict | None = None,
 ) -> pd.DataFrame:
     """Write ``images`` (paths relative to ``source_root``) under ``out_dir``; return the manifest.
+
+    A condition that needs boxes gets ``boxes`` (image -> (x1, y1, x2, y2))
+    and covers only the images that have one; its manifest also stores
+    ``crop_area_frac`` (output area / source area).
 
     A missing, unreadable or oversized (decompression bomb) source image, or
     one that resolves outside ``source_root``, is recorded with an ``error``
@@ -86,6 +124,10 @@ def apply_condition(
         raise KeyError(f"conditions.{condition}.type: unknown image condition '{kind}'; known: {sorted(CONDITIONS)}")
     spec = CONDITIONS[kind]
     params = {k: v for k, v in settings.items() if k != "type"}
+    if spec.needs_boxes:
+        if boxes is None:
+            raise ValueError(f"conditions.{condition}: type '{kind}' needs boxes (datasets.hico.det_root)")
+        images = [image for image in images if image in boxes]
     source_root, out_dir = Path(source_root).resolve(), Path(out_dir)
     targets = {}
     for image in sorted(set(images)):  # a bad name stops the job before anything is written
@@ -100,7 +142,7 @@ def apply_condition(
         destination = out_dir / target
         inside(out_dir, destination.parent, f"condition {condition}: image {image!r}")  # again, before mkdir
         destination.parent.mkdir(parents=True, exist_ok=True)
-        error = None
+        error, area_frac = None, math.nan
         try:
             inside(source_root, source, f"condition {condition}: image {image!r}")
             if spec.transform is None:
@@ -108,14 +150,28 @@ def apply_condition(
                     raise FileNotFoundError(f"no such image: {source}")
                 replace_entry(destination, _symlink_at(source))
             else:
-                result = spec.transform(open_rgb(source), condition_rng(seed, condition, image), **params)
+                original = open_rgb(source)
+                extra = {"box": boxes[image]} if spec.needs_boxes else {}
+                result = spec.transform(original, condition_rng(seed, condition, image), **extra, **params)
+                area_frac = result.width * result.height / (original.width * original.height)
                 replace_entry(destination, lambda tmp: result.save(tmp, format="PNG"))
         except (OSError, ValueError) as failure:
             error = f"{type(failure).__name__}: {failure}"
-        rows.append({"image": image, "file": None if error else str(target), "error": error})
-    manifest = pd.DataFrame(rows, columns=["image", "file", "error"])
-    _write_manifest(manifest, out_dir / MANIFEST, source_root)
+        rows.append({"image": image, "file": None if error else str(target), "error": error,
+                     "crop_area_frac": area_frac})
+    columns = ["image", "file", "error"] + (["crop_area_frac"] if spec.needs_boxes else [])
+    manifest = pd.DataFrame(rows, columns=columns)
+    _write_manifest(manifest, out_dir / MANIFEST, source_root, partial=spec.needs_boxes)
     return manifest
+
+
+def condition_questions(questions: pd.DataFrame, condition_dir: str | Path) -> pd.DataFrame:
+    """The questions asked under a condition: all, or for a partial one (``crop``) those on its images."""
+    path = Path(condition_dir) / MANIFEST
+    if (pq.read_schema(path).metadata or {}).get(PARTIAL_KEY) != b"true":
+        return questions
+    covered = set(pd.read_parquet(path, columns=["image"]).image)
+    return questions[questions.image.isin(covered)].reset_index(drop=True)
 
 
 def _symlink_at(source: Path) -> Callable[[Path], None]:
@@ -128,10 +184,11 @@ def _symlink_at(source: Path) -> Callable[[Path], None]:
     return create
 
 
-def _write_manifest(manifest: pd.DataFrame, path: Path, source_root: Path) -> None:
+def _write_manifest(manifest: pd.DataFrame, path: Path, source_root: Path, partial: bool = False) -> None:
     """The manifest, with the source root its links may point into (read back by :class:`ImageResolver`)."""
     table = pa.Table.from_pandas(manifest, preserve_index=False)
-    metadata = {**(table.schema.metadata or {}), SOURCE_ROOT_KEY: str(source_root).encode()}
+    metadata = {**(table.schema.metadata or {}), SOURCE_ROOT_KEY: str(source_root).encode(),
+                PARTIAL_KEY: b"true" if partial else b"false"}
     table = table.replace_schema_metadata(metadata)
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)

@@ -92,6 +92,19 @@ def _check_custom_backend(slug: str, backend: str, allowed: list[str]) -> None:
         raise ConfigError(f"models.{slug}.backend: module '{module}' cannot be found on the Python path")
 
 
+def _check_box_condition(slug: str, entry: dict, config: dict) -> None:
+    """A crop condition needs HICO-DET boxes and a margin >= 0 (its only parameter)."""
+    if not config["datasets"]["hico"].get("det_root"):
+        raise ConfigError(f"conditions.{slug}: type '{entry['type']}' crops to HICO-DET boxes; "
+                          "set datasets.hico.det_root")
+    unknown = sorted(set(entry) - {"type", "margin"})
+    if unknown:
+        raise ConfigError(f"conditions.{slug}: unknown keys {unknown} for type '{entry['type']}' (known: margin)")
+    margin = entry.get("margin", 0.1)
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 100:
+        raise ConfigError(f"conditions.{slug}.margin: {margin!r} is not a number >= 0")
+
+
 def check_config(config: dict, workdir: str | Path = ".") -> None:
     """Raise :class:`ConfigError` on the first problem found."""
     workdir = Path(workdir)
@@ -146,6 +159,8 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
             raise ConfigError(
                 f"conditions.{slug}.type: unknown image condition '{entry['type']}'; known: {sorted(CONDITIONS)}"
             )
+        if CONDITIONS[entry["type"]].needs_boxes:
+            _check_box_condition(slug, entry, config)
     models = set(config["models"])
     for name, members in config.get("ensembles", {}).items():
         if name in models:

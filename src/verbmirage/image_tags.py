@@ -224,3 +224,11 @@ def subset_counts(tags: pd.DataFrame, questions: dict[str, pd.DataFrame]) -> pd.
             row[qset] = on_tagged.group_id.nunique() if qset.startswith("mc") else len(on_tagged)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def single_instance_boxes(tags: pd.DataFrame, images) -> dict[str, Box]:
+    """Question image path -> union box, for the images whose file is tagged ``single_instance`` (crop input)."""
+    single = tags[tags.single_instance.astype(bool)]
+    boxes = {name: (x1, y1, x2, y2) for name, x1, y1, x2, y2 in
+             zip(single.image, single.union_x1, single.union_y1, single.union_x2, single.union_y2)}
+    return {image: boxes[image.rsplit("/", 1)[-1]] for image in images if image.rsplit("/", 1)[-1] in boxes}

@@ -39,7 +39,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from verbmirage.conditions import MANIFEST, ImageResolver
+from verbmirage.conditions import MANIFEST, ImageResolver, condition_questions
 from verbmirage.io import PREDICTIONS, QUESTIONS, atomic_path, read_table, to_arrow, write_table
 from verbmirage.models.base import (
     FatalBackendError,
@@ -468,7 +468,8 @@ def run_shard(
     """
     from verbmirage.models import ModelContext, create_model
 
-    questions = select_shard(read_table(questions_path, QUESTIONS), shard, n_shards)
+    # a partial condition (crop: single-instance images only) asks only the questions on its images
+    questions = select_shard(condition_questions(read_table(questions_path, QUESTIONS), images_dir), shard, n_shards)
     settings = run_settings(model_settings, variant_settings, condition_settings, images_dir)
     provenance = {"model": model_settings, "variant": variant_settings, "condition": condition_settings,
                   "model_slug": model_slug, "shard": shard, "n_shards": n_shards}
