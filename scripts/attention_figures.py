@@ -16,4 +16,5 @@ with job_log(snakemake.log[0]):
     table = read_table(snakemake.output.table, ATTENTION)
     notes = {slug: "tiny model with RANDOM weights: the shares are noise, the figure only shows the layout"
              for slug, entry in p.models.items() if "tiny_" in str(entry.get("path", ""))}
-    draw_attention_figures(table, p.figures, p.roles, notes, condition=p.condition)
+    backends = {slug: entry["backend"] for slug, entry in p.models.items()}
+    draw_attention_figures(table, p.figures, p.roles, notes, condition=p.condition, backends=backends)

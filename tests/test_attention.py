@@ -304,7 +304,7 @@ def test_figures_are_drawn_from_the_parquet_table(tmp_path):
     paths = {n: tmp_path / f"fig{n}.png" for n in (7, 8, 13, 14)}
     roles = figure_models(["llava"], {"llava": "llava"})
     assert roles == {7: "llava", 8: "llava", 13: "llava", 14: "llava"}
-    draw_attention_figures(table, paths, roles, {"llava": "random weights"})
+    draw_attention_figures(table, paths, roles, {"llava": "random weights"}, backends={"llava": "llava"})
     for path in paths.values():
         with Image.open(path) as image:
             assert image.format == "PNG" and image.size[0] > 300

@@ -74,9 +74,13 @@ def _figure(panels: list[tuple[pd.DataFrame, str, str]], title: str, note: str, 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.4), squeeze=False)
-    for axis, (frame, column, panel_title) in zip(axes[0], panels):
+    columns = min(3, len(panels))
+    rows = -(-len(panels) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3.2 * rows + 0.6), squeeze=False)
+    for axis, (frame, column, panel_title) in zip(axes.flat, panels):
         _panel(axis, frame, column, panel_title)
+    for axis in list(axes.flat)[len(panels) :]:
+        axis.set_visible(False)
     figure.suptitle(title + (f"\n{note}" if note else ""), fontsize=10)
     figure.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -93,7 +97,8 @@ def _yn_mc_panels(rows: pd.DataFrame) -> list[tuple[pd.DataFrame, str, str]]:
 
 def _per_set_panels(rows: pd.DataFrame) -> list[tuple[pd.DataFrame, str, str]]:
     panels = []
-    for qset in sorted(rows.qset.unique()) or ["(none)"]:
+    order = {qset: i for i, qset in enumerate(YN_SETS + MC_SETS)}
+    for qset in sorted(rows.qset.unique(), key=lambda q: (order.get(q, len(order)), q)) or ["(none)"]:
         part = rows[rows.qset == qset]
         if qset in YN_SETS:
             panels += [(part[part.answer == answer], "visual_share", f"{qset}, ground truth {answer}")
@@ -103,13 +108,19 @@ def _per_set_panels(rows: pd.DataFrame) -> list[tuple[pd.DataFrame, str, str]]:
     return panels
 
 
+#: The model family each figure shows in the paper.
+PAPER_ROLES = {7: "llava", 8: "llava", 13: "llava", 14: "instructblip"}
+
+
 def draw_attention_figures(table: pd.DataFrame, paths: dict[int, str | Path], roles: dict[int, str | None],
-                           notes: dict[str, str] | None = None, condition: str = "clean") -> None:
+                           notes: dict[str, str] | None = None, condition: str = "clean",
+                           backends: dict[str, str] | None = None) -> None:
     """Write Figs. 7, 8, 13, 14 (``paths``: figure number -> PNG) from the attention table.
 
-    ``notes[model]`` is printed under the title (e.g. that a tiny model's weights are random).
+    ``notes[model]`` is printed under the title (e.g. that a tiny model's weights are random);
+    a model standing in for the paper's family (``backends``) is said so too.
     """
-    notes = notes or {}
+    notes, backends = notes or {}, backends or {}
     for number, path in paths.items():
         model = roles.get(number)
         rows = table[(table.model == model) & (table.condition == condition)]
@@ -117,6 +128,9 @@ def draw_attention_figures(table: pd.DataFrame, paths: dict[int, str | Path], ro
         rows = _last_layer(rows)
         heading = f"Fig. {number}: {FIGURES[number]} - {model or 'no model'}, {condition}, layer {layer}"
         note = notes.get(model, "") if model else "no attention model configured for this figure"
+        if model and backends and backends.get(model) != PAPER_ROLES[number]:
+            note = "; ".join(filter(None, [f"stands in for the paper's {PAPER_ROLES[number]} model "
+                                           f"(none configured)", note]))
         if number == 7:
             yn_obj = rows[rows.qset == "yn_obj"]
             panels = [(yn_obj, "key_area_share", "(a) key-area share"), (yn_obj, "verb_share", "(b) verb share")]
