@@ -212,11 +212,8 @@ from verbmirage.analysis.attention_figures import figure_models
 
 ATTENTION_SETTINGS = config.get("analysis", {}).get("attention") or {}
 ATTENTION_MODELS = attention_models(config)  # slug -> model entry (models: or analysis.attention.extra_models)
-ATTENTION_QSETS = [q for q in ATTENTION_SETTINGS.get("qsets", []) if q in QSETS]
+ATTENTION_QSETS = ATTENTION_SETTINGS.get("qsets", [])  # checked against questions.sets by attention_models
 ATTENTION_CONDITIONS = ATTENTION_SETTINGS.get("conditions", [])
-for _condition in ATTENTION_CONDITIONS:
-    if _condition not in CONDITIONS:
-        raise ValueError(f"analysis.attention.conditions: '{_condition}' is not a configured condition {CONDITIONS}")
 ATTENTION_PART = "results/analysis/attention/{dataset}/{qset}/{condition}/{model}.parquet"
 ATTENTION_TABLE = "results/analysis/attention.parquet"
 ATTENTION_FIGURES = {n: f"results/figures/fig{n}_attention.png" for n in (7, 8, 13, 14)}
