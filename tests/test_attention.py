@@ -282,6 +282,33 @@ def test_config_names_unknown_and_unsuitable_models():
     with pytest.raises(AttentionError, match=r"models\[0\]: 'nope' is neither"):
         attention_models(config)
     assert attention_models({"models": {}}) == {}
+    config["analysis"]["attention"].update(models=["llava", "qwen"], figures={"fig14": "prior"})
+    with pytest.raises(AttentionError, match=r"analysis.attention.figures.fig14: 'prior' is not one of"):
+        attention_models(config)
+    config["analysis"]["attention"].update(figures={}, conditions=["foggy"])
+    with pytest.raises(AttentionError, match=r"analysis.attention.conditions\[0\]: 'foggy'"):
+        attention_models({**config, "conditions": {"clean": {"type": "clean"}}})
+
+
+def test_attention_is_added_to_a_run_without_inference(tmp_path):
+    """The demo config plans attention jobs for both tiny models and no prediction job (dry run)."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "results/analysis/attention.parquet", "--dry-run", "--snakefile",
+         str(repo / "Snakefile"), "--directory", str(tmp_path), "--configfile", str(repo / "config.yaml")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rules = re.findall(r"^(?:localrule|rule) (\w+):", result.stdout, re.M)
+    assert not {"predict", "predict_shard", "merge_predictions"} & set(rules)
+    models = set(re.findall(r"wildcards: dataset=hico, qset=\w+, condition=clean, model=(\w+)", result.stdout))
+    assert models == {"tiny_llava", "tiny_qwen2_vl"}
+    assert "results/predictions" not in result.stdout
 
 
 # ---- table and figures --------------------------------------------------------------------------------

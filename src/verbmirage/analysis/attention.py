@@ -477,6 +477,17 @@ def attention_models(config: dict) -> dict[str, dict]:
     for slug in extra:
         if slug not in entries:
             raise AttentionError(f"analysis.attention.extra_models.{slug}: not listed in analysis.attention.models")
+    for figure, slug in (settings.get("figures") or {}).items():
+        if slug not in entries:
+            raise AttentionError(f"analysis.attention.figures.{figure}: '{slug}' is not one of the attention "
+                                 f"models {list(entries)}")
+    for index, condition in enumerate(settings.get("conditions", [])):
+        if "conditions" in config and condition not in config["conditions"]:
+            raise AttentionError(f"analysis.attention.conditions[{index}]: '{condition}' is not a configured "
+                                 f"condition {list(config['conditions'])}")
+    for index, qset in enumerate(settings.get("qsets", [])):
+        if "questions" in config and qset not in config["questions"].get("sets", [qset]):
+            raise AttentionError(f"analysis.attention.qsets[{index}]: '{qset}' is not in questions.sets")
     return entries
 
 
