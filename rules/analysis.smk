@@ -16,7 +16,7 @@ rule attention:
     params:
         model=lambda wildcards: ATTENTION_MODELS[wildcards.model],
         settings=ATTENTION_SETTINGS,
-        det_root=HICO_DET_ROOT,
+        det_root=lambda wildcards: HICO_DET_ROOT,  # the folder (its file may come from a download)
     resources:
         gpu=attention_resource("gpu", 0),
         mem_mb=attention_resource("mem_mb", 4000),
