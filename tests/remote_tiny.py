@@ -27,11 +27,19 @@ def paper_entry(backend: str) -> dict:
     return yaml.safe_load((REPO / "configs" / "paper.yaml").read_text())["models"][PAPER_SLUGS[backend]]
 
 
+#: transformers 5.x with torchvision: runs the drivers' in-process code path (their 5.x patches) in a worker.
+TRANSFORMERS5_ENV = "remote-transformers5"
+
+
 def worker_env(backend: str) -> str:
     """The env the paper config names for ``backend``, or skip/fail when the code or the env is missing."""
     if not (REMOTE_CODE / CODE_FOLDERS[backend]).is_dir():
         pytest.skip(f"{REMOTE_CODE / CODE_FOLDERS[backend]} is absent")
-    env = paper_entry(backend)["env"]
+    return require_env(paper_entry(backend)["env"])
+
+
+def require_env(env: str) -> str:
+    """``env`` if built; else skip, or fail where VERBMIRAGE_REQUIRE_REMOTE_ENVS=1."""
     python = Path(os.environ.get("VERBMIRAGE_ENVS_DIR", REPO / ".envs")) / env / "bin" / "python"
     if not python.exists():
         message = f"worker env '{env}' is not built ({python}): run tools/make_envs.sh {env}"

@@ -95,6 +95,11 @@ def build_molmo(source: Path, target: Path) -> None:
         "num_hidden_layers": 2, "torch_dtype": "float32",
     })
     _save_model(target, "AutoModelForCausalLM")
+    # The model repo ships tokenizer.json; the shared copy does not: write it from vocab.json + merges.txt.
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(target), trust_remote_code=True)
+    tokenizer.backend_tokenizer.save(str(target / "tokenizer.json"))
 
 
 def byte_level_alphabet() -> list[str]:

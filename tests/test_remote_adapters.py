@@ -24,8 +24,11 @@ from verbmirage.models.hf import LogitsVLM, answer_token_ids
 from verbmirage.models.remote import PLACEHOLDER_REVISION, InProcessClient, WorkerClient, WorkerError
 from verbmirage.models.remote_worker import (
     MiniCPMVDriver,
+    check_buffers,
     decoding_tag,
     install_stand_in_module,
+    keep_loaded_weights,
+    patch_minicpm_after_load,
     patch_molmo_for_transformers5,
     patch_qwen_for_transformers5,
     qwen_image_path,
@@ -225,26 +228,19 @@ def test_stand_in_module_only_for_missing_imports(monkeypatch):
     assert install_stand_in_module("json") is False
 
 
-def test_molmo_patch_lets_the_class_load_and_generate():
-    """M3/M4: no post_init (all_tied_weights_keys), tie_weights(**kw), and `cache=` instead of past_key_values."""
+def test_molmo_patch_lets_the_class_load():
+    """M3: no post_init (all_tied_weights_keys), and tie_weights(**kw) from the 5.x loader."""
 
     class Molmo:
         def tie_weights(self):
             raise AssertionError("old signature")
 
-        def prepare_inputs_for_generation(self, input_ids, past_key_values=None, **kwargs):
-            return {"input_ids": input_ids, "past_key_values": past_key_values}
-
     patch_molmo_for_transformers5(Molmo)
-    model = Molmo()
-    assert Molmo.all_tied_weights_keys == {} and model.tie_weights(missing_keys=set()) is None
-    assert model.prepare_inputs_for_generation([1], cache="C") == {"input_ids": [1], "past_key_values": "C"}
-    patch_molmo_for_transformers5(Molmo)  # idempotent
-    assert model.prepare_inputs_for_generation([1], past_key_values="P")["past_key_values"] == "P"
+    assert Molmo.all_tied_weights_keys == {} and Molmo().tie_weights(missing_keys=set()) is None
 
 
 def test_qwen_patch_restores_meta_tensors_and_head_mask():
-    """Q4/Q5: tensors stored as plain attributes stay on meta under 5.x; get_head_mask is gone."""
+    """Q4: tensors stored as plain attributes stay on meta under 5.x; get_head_mask is gone."""
 
     class Rotary(torch.nn.Module):
         def __init__(self):
@@ -272,9 +268,6 @@ def test_qwen_patch_restores_meta_tensors_and_head_mask():
             super().__init__()
             self.transformer, self.config = Transformer(), types.SimpleNamespace(seq_length=4)
 
-        def prepare_inputs_for_generation(self, input_ids, past_key_values=None, inputs_embeds=None, **kwargs):
-            return {"past_key_values": past_key_values}
-
     model = LMHead()
     patch_qwen_for_transformers5(model)
     inv_freq = model.transformer.rotary_emb.inv_freq
@@ -282,7 +275,6 @@ def test_qwen_patch_restores_meta_tensors_and_head_mask():
     logn = model.transformer.h[0].attn.logn_tensor
     assert not logn.is_meta and logn[0, 3, 0, 0] == 1 and logn[0, 4, 0, 0] == pytest.approx(math.log(5, 4))
     assert model.transformer.get_head_mask(None, 3) == [None, None, None]
-    assert model.prepare_inputs_for_generation([1], cache="C") == {"past_key_values": "C"}
 
 
 def test_minicpm_resampler_gets_list_back():
@@ -330,3 +322,45 @@ def test_paper_config_pins_every_remote_model():
     with pytest.raises(ValueError, match="models.m.revision: 'REPLACE-WITH-HF-COMMIT' is a placeholder"):
         create_model("m", {"backend": "molmo", "path": "allenai/Molmo-7B-D-0924", "trust_remote_code": True,
                            "revision": PLACEHOLDER_REVISION})
+
+
+def test_loaded_weights_are_not_reinitialised():
+    """Qwen on 5.24: _init_weights re-drew every c_proj.weight after loading; now a no-op for checkpoint classes."""
+
+    class Base:
+        def _init_weights(self, module):
+            module.weight = "random"
+
+    class Model(Base):
+        pass
+
+    Base.__module__ = Model.__module__ = "transformers_modules.ckpt.modeling_qwen"
+    module = types.SimpleNamespace(weight="loaded")
+    keep_loaded_weights(Model)
+    Model()._init_weights(module)
+    assert module.weight == "loaded"
+
+
+def test_unfilled_buffers_stop_the_load():
+    """5.x leaves non-persistent buffers computed in __init__ unfilled (MiniCPM's resampler table came back NaN)."""
+    model = torch.nn.Module()
+    model.register_buffer("table", torch.tensor([1.0, float("nan")]), persistent=False)
+    with pytest.raises(RuntimeError, match="minicpm_v: buffer table was not initialised"):
+        check_buffers(model, "minicpm_v")
+    model.table = torch.ones(2)
+    check_buffers(model, "minicpm_v")
+
+
+def test_minicpm_resampler_table_is_recomputed():
+    class Resampler(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.max_size, self.weight = [2, 3], torch.nn.Parameter(torch.zeros(1))
+            self.register_buffer("pos_embed", torch.full((2, 3, 4), float("nan")), persistent=False)
+
+        def _set_2d_pos_cache(self, max_size, device="cpu"):
+            self.register_buffer("pos_embed", torch.ones(*max_size, 4, device=device), persistent=False)
+
+    model = types.SimpleNamespace(resampler=Resampler())
+    patch_minicpm_after_load(model)
+    assert torch.equal(model.resampler.pos_embed, torch.ones(2, 3, 4))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from remote_tiny import build_tiny, tiny_entry, worker_env
+from remote_tiny import TRANSFORMERS5_ENV, build_tiny, require_env, tiny_entry, worker_env
 from verbmirage.models import Question, create_model
 
 BOS = 151643  # <|endoftext|>, prepended by the processor (the tokenizer has no bos_token)
@@ -95,3 +95,19 @@ def test_logits_argmax_is_the_first_greedy_token(molmo, images):
         assert score["argmax_id"] == first["token_ids"][0]
     text = molmo.generate([Question("g", "Describe it.", image=images[0])], max_new_tokens=3)
     assert isinstance(text[0], str)
+
+
+def test_in_process_path_on_transformers5_scores_like_the_official_stack(molmo, images):
+    """M3 patched: Molmo loads on transformers 5.24 and its logits equal the worker env's; text decoding there
+    is refused with a message that names the worker env (M4 is not patched)."""
+    env5 = require_env(TRANSFORMERS5_ENV)
+    patched = create_model("molmo5", tiny_entry("molmo", env5, molmo.path))
+    try:
+        assert patched.environment["transformers"].startswith("5.")
+        questions = [Question(str(i), "Is someone riding a horse?", image=p) for i, p in enumerate(images)]
+        for official, ours in zip(molmo.score_yes_no(questions), patched.score_yes_no(questions)):
+            assert ours.error is None and ours.p_yes == pytest.approx(official.p_yes, abs=1e-4)
+        reply = patched.client.request("generate", image=str(images[0]), prompt="Is it?", max_new_tokens=2)
+        assert not reply["ok"] and "env: remote-molmo" in reply["error"]
+    finally:
+        patched.close()

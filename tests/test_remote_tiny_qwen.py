@@ -14,7 +14,7 @@ import os
 import pytest
 from PIL import Image
 
-from remote_tiny import build_tiny, tiny_entry, worker_env
+from remote_tiny import TRANSFORMERS5_ENV, build_tiny, require_env, tiny_entry, worker_env
 from verbmirage.models import Question, create_model
 
 SYSTEM_HEADER_IDS = [151644, 8948, 198, 2610, 525, 264, 10950, 17847, 13, 151645, 198, 151644, 872, 198]
@@ -117,3 +117,22 @@ def test_text_answers_and_overlong_paths(qwen, images, tmp_path):
     assert "shorter than 256 UTF-8 bytes" in results[0].error and str(long_image) in results[0].error
     assert results[1].error is None and not math.isnan(results[1].p_yes)
     assert os.path.isabs(str(images[0]))
+
+
+def test_in_process_path_on_transformers5_equals_the_official_stack(qwen, images):
+    """The drivers' 5.x patches (the in-process path), run in a transformers 5.24 env, give the worker env's
+    numbers: before them, 5.24 re-drew every c_proj.weight after loading and left masked_bias unset."""
+    env5 = require_env(TRANSFORMERS5_ENV)
+    patched = create_model("qwen5", tiny_entry("qwen_vl_chat", env5, qwen.path, max_new_tokens=3))
+    try:
+        assert patched.environment["transformers"].startswith("5.")
+        questions = [Question(str(i), "Is someone riding a horse?", image=p) for i, p in enumerate(images)]
+        for official, ours in zip(qwen.score_yes_no(questions), patched.score_yes_no(questions)):
+            assert ours.error is None and ours.p_yes == pytest.approx(official.p_yes, abs=1e-4)
+            assert ours.raw_answer == official.raw_answer
+        prompt = "Is someone riding a horse?\nAnswer yes or no."
+        reference = qwen.client.request("generate", image=str(images[0]), prompt=prompt, max_new_tokens=3)
+        assert patched.client.request("generate", image=str(images[0]), prompt=prompt,
+                                      max_new_tokens=3)["token_ids"] == reference["token_ids"]
+    finally:
+        patched.close()

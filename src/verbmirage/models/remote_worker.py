@@ -165,6 +165,17 @@ class Driver:
     last_token_ids: list[int] = []
 
 
+def check_buffers(model, where: str) -> None:
+    """Fail loudly where a buffer was never filled: transformers 5.x builds models on the meta device and does
+    not recompute non-persistent buffers that checkpoint code fills in ``__init__`` (they come back as garbage)."""
+    import torch
+
+    for name, buffer in model.named_buffers():
+        if buffer.is_meta or (buffer.is_floating_point() and not torch.isfinite(buffer).all()):
+            raise RuntimeError(f"{where}: buffer {name} was not initialised by this transformers version; "
+                               "run the model in its worker env (docs/models.md)")
+
+
 # ---- Qwen-VL-Chat ----------------------------------------------------------------------------------
 #: Qwen's tokenizer stores the image path as raw bytes padded to this many tokens; the forward needs one pad.
 QWEN_IMAGE_SPAN = 256
@@ -196,19 +207,36 @@ def install_stand_in_module(name: str) -> bool:
         return True
 
 
+def keep_loaded_weights(model_class) -> None:
+    """Stop transformers 5.x from re-initialising loaded weights (Qwen-VL-Chat on 5.24: every ``c_proj.weight``).
+
+    Qwen's ``_init_weights`` re-draws ``c_proj.weight`` from the *parent*
+    module, which 5.x does not mark as loaded, so a real checkpoint silently
+    loses those weights. A full checkpoint has every weight: no init is needed.
+    """
+    for cls in model_class.__mro__:
+        if "_init_weights" in vars(cls) and cls.__module__ == model_class.__module__:
+            cls._init_weights = lambda self, module: None
+
+
 def patch_qwen_for_transformers5(model) -> None:
     """Make Qwen-VL-Chat's modeling code run on transformers 5.x (Q4, Q5).
 
     5.x builds models on the meta device, so tensors that ``__init__`` stores as
-    plain attributes (rotary ``inv_freq``, ``logn_tensor``) never get values;
-    they are recomputed here. ``PreTrainedModel.get_head_mask`` is gone; the
-    generation loop passes the cache as ``cache=``.
+    plain attributes (rotary ``inv_freq``, ``logn_tensor``) and the
+    non-persistent ``masked_bias`` never get values; they are recomputed here.
+    ``PreTrainedModel.get_head_mask`` is gone. The checkpoint's tuple caches do
+    not fit 5.x's cache objects, so :class:`QwenVLChatDriver` generates without
+    a cache there (Q5: right tokens, quadratic time).
     """
     import torch
 
     transformer = model.transformer
     device = next(model.parameters()).device
     config = model.config
+    for block in transformer.h:
+        if hasattr(block.attn, "masked_bias"):
+            block.attn.masked_bias = torch.tensor(-1e4, device=device)  # a non-persistent buffer: never loaded
     rotary = transformer.rotary_emb
     if rotary.inv_freq.is_meta or rotary.inv_freq.device != device:
         rotary.inv_freq = 1.0 / (rotary.base ** (torch.arange(0, rotary.dim, 2, device=device).float() / rotary.dim))
@@ -220,15 +248,6 @@ def patch_qwen_for_transformers5(model) -> None:
             attention.logn_tensor = torch.tensor(logn, device=device)[None, :, None, None]
     if not hasattr(type(transformer), "get_head_mask"):
         type(transformer).get_head_mask = lambda self, head_mask, n_layers: [None] * n_layers
-    prepare = type(model).prepare_inputs_for_generation
-    if not getattr(prepare, "_verbmirage_cache_alias", False):
-        def prepare_inputs(self, input_ids, past_key_values=None, inputs_embeds=None, **kwargs):
-            if past_key_values is None:
-                past_key_values = kwargs.pop("cache", None)
-            return prepare(self, input_ids, past_key_values=past_key_values, inputs_embeds=inputs_embeds, **kwargs)
-
-        prepare_inputs._verbmirage_cache_alias = True
-        type(model).prepare_inputs_for_generation = prepare_inputs
 
 
 class QwenVLChatDriver(Driver):
@@ -240,9 +259,13 @@ class QwenVLChatDriver(Driver):
     def load(self):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        if _transformers_major() >= 5:
-            install_stand_in_module("transformers_stream_generator")
         load = {"trust_remote_code": True, "revision": self.revision}
+        if _transformers_major() >= 5:
+            from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+            install_stand_in_module("transformers_stream_generator")
+            keep_loaded_weights(get_class_from_dynamic_module("modeling_qwen.QWenLMHeadModel", self.path,
+                                                              revision=self.revision))
         self.tokenizer = AutoTokenizer.from_pretrained(self.path, **load)
         # The checkpoint casts itself by its own flags (fp16 in the hub config), not by torch_dtype: set them.
         precision = {flag: self.dtype_name == name for flag, name in
@@ -252,6 +275,7 @@ class QwenVLChatDriver(Driver):
         self.model = self.model.to(self.device).eval()
         if _transformers_major() >= 5:
             patch_qwen_for_transformers5(self.model)
+            check_buffers(self.model, "qwen_vl_chat")
         package = type(self.model).__module__.rsplit(".", 1)[0]
         self._utils = importlib.import_module(f"{package}.qwen_generation_utils")
 
@@ -295,6 +319,7 @@ class QwenVLChatDriver(Driver):
             output = self.model.generate(
                 ids, stop_words_ids=stop, max_new_tokens=max_new_tokens, do_sample=False, top_p=None, top_k=None,
                 num_beams=int(num_beams), repetition_penalty=float(repetition_penalty),
+                use_cache=_transformers_major() < 5,
             )
         new = output[0, ids.shape[1]:].tolist()
         self.last_token_ids = new
@@ -305,24 +330,16 @@ class QwenVLChatDriver(Driver):
 
 # ---- Molmo-7B-D -------------------------------------------------------------------------------------
 def patch_molmo_for_transformers5(model_class) -> None:
-    """Let MolmoForCausalLM load and generate on transformers 5.x (M3, M4).
+    """Let MolmoForCausalLM load on transformers 5.x (M3): its ``__init__`` never calls ``post_init()`` (no
+    ``all_tied_weights_keys``) and its ``tie_weights`` takes no keyword arguments (its weights are not tied).
 
-    Its ``__init__`` never calls ``post_init()`` (no ``all_tied_weights_keys``),
-    its ``tie_weights`` takes no keyword arguments (its weights are not tied),
-    and its generation hooks expect the 4.4x keyword ``past_key_values``.
+    Its generation hooks (M4) are not patched: on 5.24 its tuple cache and
+    causal-bias cache do not survive the new generation loop, so text decoding
+    of Molmo needs its worker env (:meth:`MolmoDriver.generate` says so).
     """
     if not hasattr(model_class, "all_tied_weights_keys"):
         model_class.all_tied_weights_keys = {}
     model_class.tie_weights = lambda self, *args, **kwargs: None
-    prepare = model_class.prepare_inputs_for_generation
-    if not getattr(prepare, "_verbmirage_cache_alias", False):
-        def prepare_inputs(self, input_ids, past_key_values=None, **kwargs):
-            if past_key_values is None:
-                past_key_values = kwargs.pop("cache", None)
-            return prepare(self, input_ids, past_key_values=past_key_values, **kwargs)
-
-        prepare_inputs._verbmirage_cache_alias = True
-        model_class.prepare_inputs_for_generation = prepare_inputs
 
 
 class MolmoDriver(Driver):
@@ -343,6 +360,8 @@ class MolmoDriver(Driver):
         self.tokenizer = self.processor.tokenizer
         self.model = AutoModelForCausalLM.from_pretrained(self.path, **{_dtype_kwarg(): self.dtype}, **load)
         self.model = self.model.to(self.device).eval()
+        if _transformers_major() >= 5:
+            check_buffers(self.model, "molmo")
 
     @property
     def vocab_size(self) -> int:
@@ -373,6 +392,9 @@ class MolmoDriver(Driver):
 
         if int(num_beams) != 1:
             raise ValueError("molmo: generate_from_batch supports greedy decoding only (num_beams=1)")
+        if _transformers_major() >= 5:
+            raise NotImplementedError("molmo: generate_from_batch does not run on transformers 5.x; decode text in "
+                                      "its worker env (env: remote-molmo); scores from logits work here")
         tag = decoding_tag(num_beams, repetition_penalty)
         inputs = self._inputs(image_path, question)
         config = GenerationConfig(max_new_tokens=int(max_new_tokens), stop_strings="<|endoftext|>", do_sample=False,
@@ -385,6 +407,12 @@ class MolmoDriver(Driver):
 
 
 # ---- MiniCPM-Llama3-V-2.5 ---------------------------------------------------------------------------
+def patch_minicpm_after_load(model) -> None:
+    """Recompute the resampler's 2-D sin-cos table, a non-persistent buffer that 5.x leaves uninitialised."""
+    resampler = model.resampler
+    resampler._set_2d_pos_cache(resampler.max_size, device=next(resampler.parameters()).device)
+
+
 def supply_list_to_torch_functional() -> bool:
     """MiniCPM's ``resampler.py`` gets ``List`` from ``from torch.nn.functional import *`` (C3).
 
@@ -422,6 +450,9 @@ class MiniCPMVDriver(Driver):
         self.processor = AutoProcessor.from_pretrained(self.path, **load)  # C2: once, pinned, passed to chat()
         self.model = AutoModel.from_pretrained(self.path, **{_dtype_kwarg(): self.dtype}, **load)
         self.model = self.model.to(self.device).eval()
+        if _transformers_major() >= 5:
+            patch_minicpm_after_load(self.model)
+            check_buffers(self.model, "minicpm_v")
 
     @property
     def vocab_size(self) -> int:
