@@ -170,8 +170,9 @@ def questions_frame() -> pd.DataFrame:
                          for q, s, p, v, o, opts, a in rows])
 
 
-def box_pairs(human, obj_box, obj="bicycle") -> pd.DataFrame:
-    return pd.DataFrame([dict(image_path=IMAGE, object=obj, human_box=human, object_box=obj_box)])
+def box_pairs(human, obj_box, obj="bicycle", size=(64, 48)) -> pd.DataFrame:
+    return pd.DataFrame([dict(image_path=IMAGE, object=obj, human_box=human, object_box=obj_box, width=size[0],
+                              height=size[1])])
 
 
 def test_language_model_eager_vision_tower_untouched(probes):
@@ -239,6 +240,13 @@ def test_small_box_gives_a_partial_key_area(probes, image_file):
     records = probes["llava"].measure(questions_frame(), image_file, box_pairs((1, 1, 32, 24), (1, 1, 4, 4)), False)
     share = next(r for r in records if r["question_id"] == "b")["key_area_share"]
     assert 0 < share < 1
+
+
+def test_boxes_of_another_image_size_give_no_key_area(probes, image_file):
+    """A condition that changes the geometry (a crop) must not reuse the original boxes."""
+    pairs = box_pairs((1, 1, 640, 480), (1, 1, 40, 40), size=(640, 480))
+    records = probes["llava"].measure(questions_frame(), image_file, pairs, False)
+    assert np.isnan(next(r for r in records if r["question_id"] == "b")["key_area_share"])
 
 
 def test_instructblip_has_no_key_area_and_says_why(probes, image_file):

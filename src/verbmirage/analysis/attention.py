@@ -227,6 +227,14 @@ def key_area_boxes(pairs: pd.DataFrame, image: str, obj: str) -> list[tuple[floa
     return [tuple(box) for box in chosen.human_box] + [tuple(box) for box in chosen.object_box]
 
 
+def annotated_size(pairs: pd.DataFrame | None, image: str) -> tuple[int, int] | None:
+    """(width, height) HICO-DET gives ``image``, or None when it is not listed; boxes only fit an image of that size."""
+    if pairs is None or pairs.empty:
+        return None
+    rows = pairs[pairs.image_path == image]
+    return (int(rows.width.iloc[0]), int(rows.height.iloc[0])) if len(rows) else None
+
+
 def box_table(det_pairs: pd.DataFrame) -> pd.DataFrame:
     """``hico.read_hico_det(...).pairs`` rows with the question tables' image path and the HOI's object."""
     from verbmirage.hico import hoi_vocabulary
@@ -412,8 +420,11 @@ class AttentionProbe:
         if row.qset in KEY_AREA_QSETS:
             grid = token_grid(self.model, encoded, b, width, height, len(visual))
             boxes = key_area_boxes(pairs, row.image, row.object)
+            annotated = annotated_size(pairs, row.image)
             if isinstance(grid, str):
                 reason = grid
+            elif annotated is not None and annotated != (width, height):
+                reason = f"{row.image} is {width}x{height} here but {annotated[0]}x{annotated[1]} in HICO-DET"
             elif not boxes:
                 reason = f"no visible HICO-DET pair with object {row.object!r} in {row.image}"
             else:
