@@ -169,6 +169,15 @@ def partial_condition_images(wildcards):
     return CONDITION_DIR.format(dataset=wildcards.dataset, condition=wildcards.condition)
 
 
+def partial_pair_images(wildcards):
+    """The folders of the box conditions of an error-consistency pair (their questions are the shared ones)."""
+    return [
+        CONDITION_DIR.format(dataset=wildcards.dataset, condition=c)
+        for c in (wildcards.reference, wildcards.other)
+        if c in BOX_CONDITIONS
+    ]
+
+
 def condition_tags_input(wildcards):
     """The image tags a box condition takes its single-instance union boxes from."""
     return IMAGE_TAGS if wildcards.condition in BOX_CONDITIONS else []

@@ -26,6 +26,7 @@ rule consistency_part:
         questions=QUESTIONS,
         reference=PREDICTIONS.replace("{condition}", "{reference}"),
         other=PREDICTIONS.replace("{condition}", "{other}"),
+        images=partial_pair_images,  # crop: compare on the questions of its images only
     output:
         CONSISTENCY_PART,
     wildcard_constraints:

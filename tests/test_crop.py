@@ -114,3 +114,19 @@ def test_config_checks_crop_conditions():
         with pytest.raises(ConfigError, match=message):
             check_config(changed, REPO)
     check_config(config, REPO)
+
+
+def test_a_crop_without_any_question_gives_empty_typed_tables():
+    """A demo or subset with no single-instance image: predictions, votes and metrics are empty, not errors."""
+    from verbmirage.ensembles import majority_vote
+    from verbmirage.io import METRICS, to_arrow
+    from verbmirage.metrics import BootstrapSettings, evaluate
+
+    empty_predictions = pd.DataFrame(columns=PREDICTIONS.names)
+    votes = majority_vote({"a": empty_predictions, "b": empty_predictions}, "yn")
+    assert list(votes.columns) == PREDICTIONS.names and votes.empty
+    questions = pd.DataFrame(columns=QUESTIONS.names)
+    keys = dict(dataset="hico", qset="mc_obj", condition="crop", model="m", variant="default")
+    for kind in ("yn", "mc"):
+        rows = evaluate(questions, votes, kind, keys, BootstrapSettings(resamples=0))
+        assert rows.empty and to_arrow(rows, METRICS).num_rows == 0

@@ -73,7 +73,15 @@ def test_demo_produces_metrics_and_tables(demo_run):
     metrics = read_table(demo_run / "results/metrics/metrics.parquet", METRICS)
     assert list(metrics.columns) == METRICS.names
     assert set(metrics.model) == {"always_yes", "random", "prior", "tiny_llava", "blind_vote"}
-    assert set(metrics.condition) == {"clean", "saltpepper", "crop", "clean_vs_saltpepper"}
+    assert set(metrics.condition) == {"clean", "saltpepper", "crop", "clean_vs_saltpepper", "clean_vs_crop"}
+    # crop: single-instance images only, the same questions in its error-consistency pair with clean
+    tags = pd.read_parquet(demo_run / "results/benchmark/hico/image_tags.parquet")
+    single = set("images/test2015/" + tags.image[tags.single_instance])
+    yn_obj = pd.read_parquet(demo_run / "results/benchmark/hico/yn_obj.parquet")
+    cropped = pd.read_parquet(demo_run / "results/predictions/hico/yn_obj/crop/prior/default.parquet")
+    assert set(cropped.question_id) == set(yn_obj.question_id[yn_obj.image.isin(single)])
+    crop_rows = metrics[metrics.condition.isin(["crop", "clean_vs_crop"]) & metrics.qset.eq("yn_obj")]
+    assert set(crop_rows.n[crop_rows.subset.eq("all")]) == {len(cropped)}
     assert set(metrics.dataset) == {"hico", "charadesego"}
     table4 = pd.read_parquet(demo_run / "results/tables/table4.parquet").set_index("model")
     assert table4.at["always_yes", "ego_recall"] == table4.at["always_yes", "exo_recall"] == 100.0
@@ -122,7 +130,7 @@ def test_adding_a_model_runs_only_its_jobs(demo_run):
         _write_config(demo_run)
     per_rule = Counter(rule for rule, _ in jobs)
     # 5 HICO question sets x 3 conditions (crop: HICO only) + 4 CharadesEgo x 2; error consistency on HICO only
-    assert per_rule == {"predict": 23, "metric_part": 23, "consistency_part": 5, "metrics": 1, "tables": 1, "all": 1}
+    assert per_rule == {"predict": 23, "metric_part": 23, "consistency_part": 10, "metrics": 1, "tables": 1, "all": 1}
     assert {w["model"] for rule, w in jobs if "model" in w} == {"prior_two"}
 
 

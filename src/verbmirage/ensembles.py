@@ -7,6 +7,8 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 
+from verbmirage.io import PREDICTIONS
+
 
 def majority_vote(members: dict[str, pd.DataFrame], kind: str) -> pd.DataFrame:
     """Plurality vote per question over the members' parsed answers.
@@ -59,4 +61,4 @@ def majority_vote(members: dict[str, pd.DataFrame], kind: str) -> pd.DataFrame:
                 "error": None,
             }
         )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=PREDICTIONS.names)  # typed columns even with no question (an empty crop)

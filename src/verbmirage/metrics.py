@@ -246,7 +246,8 @@ def evaluate(
             continue
         value, low, high = score_with_interval(_per_image(chosen, columns), score, settings)
         rows += _rows(keys, subset, names, value, low, high, len(chosen))
-    return pd.DataFrame(rows)
+    # no question at all (a crop condition on a dataset without single-instance images): no rows, same columns
+    return pd.DataFrame(rows, columns=[*keys, "subset", "metric", "value", "ci_low", "ci_high", "n"])
 
 
 def correctness(questions: pd.DataFrame, predictions: pd.DataFrame, kind: str) -> pd.DataFrame:
