@@ -21,7 +21,13 @@ from PIL import Image
 from verbmirage.models import Question, create_model
 from verbmirage.models.base import FatalBackendError
 from verbmirage.models.hf import LogitsVLM, answer_token_ids
-from verbmirage.models.remote import PLACEHOLDER_REVISION, InProcessClient, WorkerClient, WorkerError
+from verbmirage.models.remote import (
+    PLACEHOLDER_REVISION,
+    InProcessClient,
+    RemoteCodeVLM,
+    WorkerClient,
+    WorkerError,
+)
 from verbmirage.models.remote_worker import (
     MiniCPMVDriver,
     check_buffers,
@@ -50,12 +56,18 @@ def images(tmp_path):
     return paths
 
 
+class FakeRemote(RemoteCodeVLM):
+    """A remote-code adapter whose driver is the model-free one of remote_fake_driver.py."""
+
+    backend = "fake_remote"
+    driver = FAKE
+
+
 def _model(tmp_path, in_process=False, **settings):
-    entry = {"backend": "qwen_vl_chat", "path": str(tmp_path), "trust_remote_code": True, "driver": FAKE,
-             "device": "cpu", **settings}
+    entry = {"path": str(tmp_path), "trust_remote_code": True, "device": "cpu", **settings}
     if not in_process:
-        entry["python"] = sys.executable
-    return create_model("m", entry)
+        entry.setdefault("python", sys.executable)
+    return FakeRemote("m", **entry)
 
 
 @pytest.mark.parametrize("backend", ["qwen_vl_chat", "molmo", "minicpm_v", "mplug_owl2"])
@@ -190,6 +202,17 @@ def test_load_failure_and_timeout_are_clear(tmp_path, images):
     with pytest.raises(WorkerError, match="gave no answer to 'score' within 3 s"):
         model.score_yes_no([Question("1", "Will it hang?", image=images["bench"])])
     assert model.client.process.poll() is not None  # the hung worker was killed
+
+
+def test_a_missing_interpreter_is_named(tmp_path):
+    with pytest.raises(WorkerError, match=r"models.m: cannot start the worker with /nonexistent/bin/python"):
+        _model(tmp_path, in_process=True, python="/nonexistent/bin/python")
+
+
+def test_a_config_entry_cannot_name_driver_code(tmp_path):
+    with pytest.raises(TypeError, match=r"models.m: backend 'qwen_vl_chat' takes no setting\(s\) \['driver'\]"):
+        create_model("m", {"backend": "qwen_vl_chat", "path": str(tmp_path), "trust_remote_code": True,
+                           "driver": FAKE})
 
 
 def test_environment_must_exist(tmp_path, monkeypatch):
