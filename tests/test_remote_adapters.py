@@ -209,10 +209,10 @@ def test_a_missing_interpreter_is_named(tmp_path):
         _model(tmp_path, in_process=True, python="/nonexistent/bin/python")
 
 
-def test_a_config_entry_cannot_name_driver_code(tmp_path):
-    with pytest.raises(TypeError, match=r"models.m: backend 'qwen_vl_chat' takes no setting\(s\) \['driver'\]"):
+def test_an_unknown_driver_is_named(tmp_path):
+    with pytest.raises(WorkerError, match=r"models.m: 'load' failed: KeyError: .*unknown driver 'no_such'"):
         create_model("m", {"backend": "qwen_vl_chat", "path": str(tmp_path), "trust_remote_code": True,
-                           "driver": FAKE})
+                           "driver": "no_such", "python": sys.executable})
 
 
 def test_environment_must_exist(tmp_path, monkeypatch):

@@ -175,8 +175,7 @@ class RemoteCodeVLM(VisionLanguageModel):
     """A remote-code checkpoint driven through :mod:`~verbmirage.models.remote_worker` (see the module doc)."""
 
     backend = ""
-    #: Key of the checkpoint's driver in ``remote_worker.DRIVERS`` (a class attribute only: a config entry
-    #: cannot name code to run).
+    #: Key of the checkpoint's driver in ``remote_worker.DRIVERS`` (an entry's ``driver:`` may replace it).
     driver = ""
 
     def __init__(
@@ -196,6 +195,7 @@ class RemoteCodeVLM(VisionLanguageModel):
         repetition_penalty: float = 1.0,
         timeout: float = 600.0,
         load_timeout: float = 3600.0,
+        driver: str | None = None,
         options: dict | None = None,
     ):
         super().__init__(name)
@@ -222,6 +222,7 @@ class RemoteCodeVLM(VisionLanguageModel):
         self.num_beams, self.repetition_penalty = int(num_beams), float(repetition_penalty)
         self.prompts = PromptTemplate.from_config(prompts, where=f"{where}.prompts")
         self.max_new_tokens, self.scoring = max_new_tokens, scoring
+        self.driver = driver or self.driver  # your own: `module:Class` or `/path/file.py:Class` (as `backend:`)
         if env:
             python = str(environment_python(env, where))
         self.python = python
