@@ -53,3 +53,8 @@ rule attention_figures:
         "../envs/verbmirage.yaml"
     script:
         "../scripts/attention_figures.py"
+
+
+# VCD divergence (issue 12, item 4) goes here once the VCD variant stores its KL and head-set size:
+# a rule reading those prediction columns (analysis.vcd_kl in config), writing results/analysis/vcd_kl.parquet
+# and its figure through verbmirage.analysis.vcd_divergence (docs/analysis.md, "Not yet here").

@@ -204,6 +204,25 @@ def test_shares_in_unit_interval_and_visual_plus_text_is_one_per_head(probes, im
     assert logits.shape[0] == 3
 
 
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+def test_batched_hook_rows_equal_an_unbatched_output_attentions_pass(probes, image_file, family):
+    """The hook's row q of a right-padded batch is the row q of each prompt's own full attention map."""
+    import torch
+
+    probe = probes[family]
+    questions = questions_frame()
+    image = Image.open(image_file).convert("RGB")
+    texts = [probe.model.render(_question(row, image_file), False) for row in questions.itertuples()]
+    captured, _ = probe.forward(probe.model.encode_shared_image(texts, image))
+    for b, text in enumerate(texts):
+        single = probe.model.encode([text], [image])
+        with torch.inference_mode():
+            maps = probe.model.model(**single, output_attentions=True, use_cache=False).attentions
+        q = single["input_ids"].shape[1] - 1
+        for layer in probe.layers:
+            np.testing.assert_allclose(captured[layer][b, :, : q + 1], maps[layer][0, :, q].numpy(), atol=1e-5)
+
+
 def _question(row, image_file):
     from verbmirage.models.base import Question
 
