@@ -62,6 +62,13 @@ def test_paper_config_is_valid():
     validate(paper, SCHEMA)
     demo = yaml.safe_load((REPO / "config.yaml").read_text())
     paper["datasets"] = demo["datasets"]  # the real data is not here; everything else must pass
+    # The hub commits of the remote-code checkpoints cannot be looked up offline: the shipped placeholders are
+    # refused, naming the key, until a user writes the commit they run.
+    with pytest.raises(ConfigError, match=r"models\.\w+\.revision: 'REPLACE-WITH-HF-COMMIT' is a placeholder"):
+        check_config(paper, REPO)
+    for entry in paper["models"].values():
+        if entry.get("revision") == "REPLACE-WITH-HF-COMMIT":
+            entry["revision"] = "0123456789abcdef0123456789abcdef01234567"
     check_config(paper, REPO)
     assert {"llava15_7b", "instructblip_7b", "qwen2_vl_7b", "qwen_vl_chat", "minicpm_llama3_v25",
             "mplug_owl2", "molmo_7b_d", "gpt4_turbo"} <= set(paper["models"])
@@ -156,4 +163,16 @@ def test_semantic_refusals_of_unsafe_values(config):
         check_config(bad, REPO)
     config["models"]["api"] = {"backend": "openai", "model": "m", "base_url": "http://127.0.0.1:8000/v1",
                                "api_key_env": "LOCAL_API_KEY"}
+    check_config(config, REPO)
+
+
+def test_custom_remote_drivers_are_allow_listed(config):
+    config["models"]["remote"] = {"backend": "molmo", "path": "org/m", "trust_remote_code": True,
+                                  "revision": "0123456789abcdef0123456789abcdef01234567", "driver": "molmo"}
+    check_config(config, REPO)
+    config["models"]["remote"]["driver"] = "/tmp/x/mine.py:MyDriver"
+    with pytest.raises(ConfigError, match=r"models.remote.driver: .*custom_backends: \[/tmp/x/mine.py\]"):
+        check_config(config, REPO)
+    config["custom_backends"] = ["/tmp/x/mine.py"]
+    validate(config, SCHEMA)
     check_config(config, REPO)

@@ -152,6 +152,16 @@ def test_a_second_writer_fails_at_once_naming_the_folder(prepared, tmp_path):
     PartStore(parts_directory(output), "whatever").close()  # free again once the holder is gone
 
 
+def _stored_rows(output) -> pd.DataFrame:
+    """The rows a failed job left for its resume (read under the job's own fingerprint)."""
+    parts = parts_directory(output)
+    store = PartStore(parts, json.loads((parts / "fingerprint.json").read_text())["fingerprint"])
+    try:
+        return store.rows()
+    finally:
+        store.close()
+
+
 def _run(base, output, model_settings, **kwargs):
     return run_shard(base / "yn_obj.parquet", base / "clean", "m", model_settings, {}, 0, 1, output,
                      batch_size=8, part_size=8, **kwargs)
@@ -177,11 +187,7 @@ def test_a_fatal_backend_error_stops_at_once_and_keeps_answered_rows(prepared, t
     with pytest.raises(FatalBackendError, match="401"):
         _run(base, output, {"backend": "test_shard_integrity:ScriptedModel", "fatal_after": 3})
     assert not output.exists()
-    store = PartStore(parts_directory(output), fingerprint(
-        questions, run_settings({"backend": "test_shard_integrity:ScriptedModel", "fatal_after": 3}, {}, None,
-                                base / "clean")))
-    assert len(store.rows()) == 24  # three batches of 8 flushed before the error propagated
-    store.close()
+    assert len(_stored_rows(output)) == 24  # three batches of 8 flushed before the error propagated
 
 
 def test_transient_failures_are_not_stored_and_a_rerun_asks_them(prepared, tmp_path):
@@ -191,9 +197,7 @@ def test_transient_failures_are_not_stored_and_a_rerun_asks_them(prepared, tmp_p
     with pytest.raises(IncompleteShardError, match="3 questions failed transiently"):
         _run(base, output, settings)
     assert not output.exists()
-    store = PartStore(parts_directory(output), fingerprint(questions, run_settings(settings, {}, None, base / "clean")))
-    stored = store.rows()
-    store.close()
+    stored = _stored_rows(output)
     assert len(stored) == len(questions) - 3 and stored.error.isna().all()
 
 
@@ -275,3 +279,31 @@ def test_an_oversized_image_is_a_value_error_naming_the_file(tmp_path, monkeypat
         open_rgb(path)
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100 * 100)
     assert open_rgb(path).size == (100, 100)
+
+
+class LoadedElsewhere(ScriptedModel):
+    """A backend whose answers depend on what it loaded (as remote-code adapters report their environment)."""
+
+    backend = "test_shard_integrity:LoadedElsewhere"
+    environment = "torch 2.13"
+
+    def fingerprint_extra(self):
+        return {"environment": LoadedElsewhere.environment}
+
+
+def test_parts_from_another_loaded_environment_are_not_reused(prepared, tmp_path, monkeypatch, caplog):
+    base, questions = prepared
+    output = tmp_path / "out.parquet"
+    settings = {"backend": "test_shard_integrity:LoadedElsewhere", "transient": list(questions.question_id[:1])}
+    with pytest.raises(IncompleteShardError):
+        _run(base, output, settings)
+    assert len(_stored_rows(output)) == len(questions) - 1
+    with caplog.at_level(logging.INFO), pytest.raises(IncompleteShardError):
+        _run(base, output, settings)  # same environment: resumed
+    assert f"resuming: {len(questions) - 1} of {len(questions)}" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(LoadedElsewhere, "environment", "torch 2.14")
+    with caplog.at_level(logging.INFO), pytest.raises(IncompleteShardError):
+        _run(base, output, settings)
+    assert "discarding" in caplog.text and "parts made with other settings" in caplog.text
+    assert "resuming" not in caplog.text

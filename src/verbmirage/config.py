@@ -105,6 +105,20 @@ def _check_box_condition(slug: str, entry: dict, config: dict) -> None:
         raise ConfigError(f"conditions.{slug}.margin: {margin!r} is not a number >= 0")
 
 
+def _check_custom_driver(slug: str, driver: str, allowed: list[str]) -> None:
+    """A remote model's ``driver:`` other than a registered one runs its code in the worker: allow-list it too."""
+    from verbmirage.models.remote_worker import DRIVERS  # stdlib only at import
+
+    if driver in DRIVERS:
+        return
+    target = driver.rpartition(":")[0] or driver
+    if target not in allowed:
+        raise ConfigError(
+            f"models.{slug}.driver: '{driver}' is not a registered driver ({sorted(DRIVERS)}); a custom driver runs "
+            f"its code, so list it explicitly (custom_backends: [{target}])"
+        )
+
+
 def check_config(config: dict, workdir: str | Path = ".") -> None:
     """Raise :class:`ConfigError` on the first problem found."""
     workdir = Path(workdir)
@@ -142,6 +156,8 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
                                entry.get("api_key_env", DEFAULT_API_KEY_ENV))
             except ValueError as error:
                 raise ConfigError(str(error)) from None
+        if entry.get("driver") is not None:
+            _check_custom_driver(slug, str(entry["driver"]), config.get("custom_backends", []))
         if "trust_remote_code" in entry:
             path = entry.get("path")
             local = str(workdir / path) if path and not Path(path).is_absolute() else path

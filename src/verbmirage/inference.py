@@ -153,12 +153,21 @@ class PartStore:
     with the process, so a killed job never leaves it behind.
     """
 
-    def __init__(self, directory: str | Path, fingerprint: str):
+    def __init__(self, directory: str | Path, fingerprint: str | None = None):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock = self._acquire_lock()
         for leftover in self.directory.glob(".*.tmp"):  # a write cut off by a kill
             leftover.unlink()
+        if fingerprint is not None:
+            self.use_fingerprint(fingerprint)
+
+    def use_fingerprint(self, fingerprint: str) -> None:
+        """Keep the parts only if they were made with ``fingerprint``; otherwise start afresh under it.
+
+        Separate from the constructor so a job can take the lock at once and
+        fingerprint what it learns while loading the model (code, environment).
+        """
         stamp = self.directory / FINGERPRINT
         previous = self._read_stamp(stamp)
         if previous != fingerprint:
@@ -476,14 +485,19 @@ def run_shard(
     if questions.empty:
         write_table(pd.DataFrame(columns=PREDICTIONS.names), output, PREDICTIONS, provenance=provenance)
         return pd.DataFrame(columns=PREDICTIONS.names)
-    store = PartStore(parts_directory(output), fingerprint(questions, settings))
+    store = PartStore(parts_directory(output))  # the lock first: a second writer fails before loading a model
+    model = None
     try:
         model = create_model(model_slug, model_settings, ModelContext(dataset=dataset, train_stats=train_stats))
+        store.use_fingerprint(fingerprint(questions, {**settings, "loaded": model.fingerprint_extra()}))
         frame = predict(questions, model, ImageResolver(images_dir), batch_size, store, part_size, max_error_share)
         check_complete(questions, frame, where=str(output))
         write_table(frame, output, PREDICTIONS, provenance=provenance)
     except BaseException:
         store.close()
         raise
+    finally:
+        if model is not None:
+            model.close()
     store.clear()
     return frame

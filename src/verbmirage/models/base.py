@@ -98,6 +98,10 @@ class ModelContext:
     train_stats: Path | None = None
 
 
+#: What configs/paper.yaml says where a checkpoint's commit must be written in; refused until replaced.
+PLACEHOLDER_REVISION = "REPLACE-WITH-HF-COMMIT"
+
+
 def allow_remote_code(where: str, trust_remote_code, revision: str | None, path: str | None) -> bool:
     """Whether a checkpoint's own code may run: only a real ``True``, and only for pinned code.
 
@@ -109,6 +113,11 @@ def allow_remote_code(where: str, trust_remote_code, revision: str | None, path:
         raise ValueError(
             f"{where}.trust_remote_code: must be a YAML boolean (true or false), "
             f"got {trust_remote_code!r} ({type(trust_remote_code).__name__})"
+        )
+    if trust_remote_code and revision == PLACEHOLDER_REVISION:
+        raise ValueError(
+            f"{where}.revision: '{revision}' is a placeholder; write the commit of {path} that you run "
+            "(its hub page, 'Files and versions', lists them)"
         )
     if trust_remote_code and not revision and not (path and Path(path).is_dir()):
         raise ValueError(
@@ -158,6 +167,17 @@ class VisionLanguageModel(ABC):
 
     def _generate(self, questions: list[Question], max_new_tokens: int) -> list[str]:
         raise NotImplementedError(f"backend '{self.backend}' does not generate free text")
+
+    def fingerprint_extra(self) -> dict:
+        """What the answers depend on beyond the config entry, known once loaded (code, environment).
+
+        It joins the resume fingerprint, so parts made by other code or another
+        environment are not reused. Most backends are fully described by their entry.
+        """
+        return {}
+
+    def close(self) -> None:
+        """Release what the backend holds (a worker process); called when a job ends."""
 
     def _check(self, questions: Sequence[Question], multiple_choice: bool | None) -> None:
         for question in questions:

@@ -36,6 +36,7 @@ from pathlib import Path
 from verbmirage.models import remote_worker
 from verbmirage.models.base import (
     NO,
+    PLACEHOLDER_REVISION,
     UNKNOWN,
     YES,
     FatalBackendError,
@@ -55,7 +56,6 @@ WORKER_SCRIPT = Path(remote_worker.__file__).resolve()
 #: Where ``env: <name>`` entries are looked up (``tools/make_envs.sh`` builds them there).
 ENVS_DIR_VARIABLE = "VERBMIRAGE_ENVS_DIR"
 #: What ``configs/paper.yaml`` writes where a hub commit must be filled in; refused until replaced.
-PLACEHOLDER_REVISION = "REPLACE-WITH-HF-COMMIT"
 STDERR_TAIL = 40
 
 
@@ -205,9 +205,6 @@ class RemoteCodeVLM(VisionLanguageModel):
                 f"{where}.trust_remote_code: backend '{self.backend}' runs code shipped with the "
                 "checkpoint; set `trust_remote_code: true` in this model's entry to allow it"
             )
-        if revision == PLACEHOLDER_REVISION:
-            raise ValueError(f"{where}.revision: '{revision}' is a placeholder; write the commit of {path} that you "
-                             "run (its hub page, 'Files and versions', lists them)")
         if dtype not in remote_worker.DTYPE_NAMES:
             raise ValueError(f"{where}.dtype: '{dtype}' is not one of {sorted(remote_worker.DTYPE_NAMES)}")
         if scoring not in ("logits", "text"):
