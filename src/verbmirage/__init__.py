@@ -8,13 +8,16 @@ call into it. Stages map one to one onto modules:
 - ``verbmirage.demo``: write a mini HICO in the exact on-disk format.
 - ``verbmirage.charades``: CharadesEgo annotations, frames, ego/exo questions, demo copy.
 - ``verbmirage.questions``: build the HICO question sets (SPEC section 2).
-- ``verbmirage.conditions``: image conditions (SPEC section 3).
-- ``verbmirage.models``: the model interface, registry and backends.
+- ``verbmirage.image_tags``: per-image HICO-DET tags (ambiguity rules, single instance).
+- ``verbmirage.conditions``: image conditions (SPEC section 3), crops included.
+- ``verbmirage.models``: the model interface, registry and backends; remote-code
+  checkpoints run through ``models.remote_worker`` in their own environments.
 - ``verbmirage.tiny``: tiny random-weight models of the real classes, built offline.
 - ``verbmirage.inference``: run a model over a question set, sharded and resumable.
 - ``verbmirage.ensembles``: majority-vote ensembles.
 - ``verbmirage.metrics``: metrics, bootstrap intervals, error consistency.
 - ``verbmirage.tables``: the paper's tables from the long metrics table.
+- ``verbmirage.analysis``: analyses inside the model (attention) and their figures.
 - ``verbmirage.config``, ``verbmirage.io``, ``verbmirage.joblog``: config checks,
   table schemas and atomic writes, job logs.
 - ``verbmirage.paths``, ``verbmirage.imaging``: names and paths that stay inside
