@@ -62,14 +62,14 @@ def test_paper_config_is_valid():
     validate(paper, SCHEMA)
     demo = yaml.safe_load((REPO / "config.yaml").read_text())
     paper["datasets"] = demo["datasets"]  # the real data is not here; everything else must pass
-    # The hub commits of the remote-code checkpoints cannot be looked up offline: the shipped placeholders are
-    # refused, naming the key, until a user writes the commit they run.
-    with pytest.raises(ConfigError, match=r"models\.\w+\.revision: 'REPLACE-WITH-HF-COMMIT' is a placeholder"):
-        check_config(paper, REPO)
-    for entry in paper["models"].values():
-        if entry.get("revision") == "REPLACE-WITH-HF-COMMIT":
-            entry["revision"] = "0123456789abcdef0123456789abcdef01234567"
     check_config(paper, REPO)
+    for slug, entry in paper["models"].items():  # remote code is pinned to a full commit
+        if entry.get("trust_remote_code"):
+            assert len(entry["revision"]) == 40 and int(entry["revision"], 16) >= 0, slug
+    entry = paper["models"]["qwen_vl_chat"]
+    entry["revision"] = "REPLACE-WITH-HF-COMMIT"
+    with pytest.raises(ConfigError, match=r"models\.qwen_vl_chat\.revision: 'REPLACE-WITH-HF-COMMIT' is a placeholder"):
+        check_config(paper, REPO)
     assert {"llava15_7b", "instructblip_7b", "qwen2_vl_7b", "qwen_vl_chat", "minicpm_llama3_v25",
             "mplug_owl2", "molmo_7b_d", "gpt4_turbo"} <= set(paper["models"])
     for slug, entry in paper["models"].items():
