@@ -113,7 +113,7 @@ def test_demo_produces_metrics_and_tables(demo_run):
     hico_subsets = metrics[metrics.dataset.eq("hico") & metrics.condition.eq("clean")].groupby("qset").subset
     assert all({"unambiguous", "non_rare", "non_common"} <= set(s) for _, s in hico_subsets)
     assert not image_subsets & set(metrics[metrics.dataset.eq("charadesego")].subset)
-        tiny = pd.read_parquet(demo_run / "results/predictions/hico/mc_obj/clean/tiny_llava/default.parquet")
+    tiny = pd.read_parquet(demo_run / "results/predictions/hico/mc_obj/clean/tiny_llava/default.parquet")
     assert tiny.error.isna().all() and tiny.option_probs.map(len).eq(4).all()
     assert tiny.parse_rule.eq("logits").all()
 
