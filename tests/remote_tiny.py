@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
 REMOTE_CODE = REPO.parent / "shared" / "remote_code"
@@ -67,3 +68,27 @@ def tiny_entry(backend: str, env: str, path: Path, **settings) -> dict:
         entry.pop(key, None)
     entry["env"] = env
     return entry
+
+
+#: The yes/no question every tiny remote test asks.
+YES_NO_PROMPT = "Is someone riding a horse?\nAnswer yes or no."
+
+
+def colour_images(folder: Path, specs: list[tuple[tuple[int, int], tuple[int, int, int]]]) -> list[Path]:
+    """Plain-colour PNGs of the given (size, colour): cheap images of different shapes for the tiny models."""
+    paths = []
+    for i, (size, colour) in enumerate(specs):
+        paths.append(folder / f"img{i}.png")
+        Image.new("RGB", size, colour).save(paths[-1])
+    return paths
+
+
+def first_greedy_answer(model, image: Path, prompt: str = YES_NO_PROMPT, max_new_tokens: int = 3) -> dict:
+    """Decode greedily twice and score once through the worker; check that decoding is tagged greedy and
+    reproducible and that the scored logits' argmax is the first generated token. Returns the decoded reply."""
+    score = model.client.request("score", image=str(image), prompt=prompt, token_ids=[])
+    first, again = (model.client.request("generate", image=str(image), prompt=prompt, max_new_tokens=max_new_tokens,
+                                         num_beams=1, repetition_penalty=1.0) for _ in range(2))
+    assert first["ok"] and first["decoding"] == "greedy" and first["token_ids"] == again["token_ids"], first
+    assert score["argmax_id"] == first["token_ids"][0]
+    return first

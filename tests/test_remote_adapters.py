@@ -19,10 +19,9 @@ import yaml
 from PIL import Image
 
 from verbmirage.models import Question, create_model
-from verbmirage.models.base import FatalBackendError
+from verbmirage.models.base import PLACEHOLDER_REVISION, FatalBackendError
 from verbmirage.models.hf import LogitsVLM, answer_token_ids
 from verbmirage.models.remote import (
-    PLACEHOLDER_REVISION,
     InProcessClient,
     RemoteCodeVLM,
     WorkerClient,

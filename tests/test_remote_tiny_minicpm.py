@@ -10,9 +10,8 @@ embedding followed by the language model on ``inputs_embeds`` (C6).
 from __future__ import annotations
 
 import pytest
-from PIL import Image
 
-from remote_tiny import build_tiny, tiny_entry, worker_env
+from remote_tiny import build_tiny, colour_images, first_greedy_answer, tiny_entry, worker_env
 from verbmirage.models import Question, create_model
 
 BEGIN, START_HEADER, END_HEADER, EOT = 128000, 128006, 128007, 128009
@@ -36,12 +35,7 @@ def minicpm(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("minicpm_images")
-    paths = []
-    for i, (size, colour) in enumerate([((64, 48), (200, 30, 30)), ((300, 120), (20, 180, 40))]):
-        paths.append(folder / f"img{i}.png")
-        Image.new("RGB", size, colour).save(paths[-1])
-    return paths
+    return colour_images(tmp_path_factory.mktemp("minicpm_images"), [((64, 48), (200, 30, 30)), ((300, 120), (20, 180, 40))])
 
 
 def test_constructor_and_vocabulary(minicpm):
@@ -81,10 +75,7 @@ def test_logits_argmax_is_the_first_greedy_token_and_chat_agrees(minicpm, images
     """C1/C2: greedy unless asked; the checkpoint's own chat() (processor passed once) gives the same text."""
     prompt = "Is someone riding a horse?\nAnswer yes or no."
     for image in images:
-        score = minicpm.client.request("score", image=str(image), prompt=prompt, token_ids=[])
-        first = minicpm.client.request("generate", image=str(image), prompt=prompt, max_new_tokens=3)
-        assert first["ok"] and first["decoding"] == "greedy"
-        assert score["argmax_id"] == first["token_ids"][0]
+        first = first_greedy_answer(minicpm, image, prompt)
         official = minicpm.client.request("reference", image=str(image), prompt=prompt, max_new_tokens=3)
         assert official["ok"] and official["text"] == first["text"]
     beams = minicpm.client.request("generate", image=str(images[0]), prompt=prompt, max_new_tokens=2, num_beams=3,

@@ -10,9 +10,16 @@ Golden ids are the official processor's (``" User: " + text + " Assistant:"``).
 from __future__ import annotations
 
 import pytest
-from PIL import Image
 
-from remote_tiny import TRANSFORMERS5_ENV, build_tiny, require_env, tiny_entry, worker_env
+from remote_tiny import (
+    TRANSFORMERS5_ENV,
+    build_tiny,
+    colour_images,
+    first_greedy_answer,
+    require_env,
+    tiny_entry,
+    worker_env,
+)
 from verbmirage.models import Question, create_model
 
 BOS = 151643  # <|endoftext|>, prepended by the processor (the tokenizer has no bos_token)
@@ -33,12 +40,7 @@ def molmo(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("molmo_images")
-    paths = []
-    for i, (size, colour) in enumerate([((64, 48), (200, 30, 30)), ((40, 90), (20, 180, 40))]):
-        paths.append(folder / f"img{i}.png")
-        Image.new("RGB", size, colour).save(paths[-1])
-    return paths
+    return colour_images(tmp_path_factory.mktemp("molmo_images"), [((64, 48), (200, 30, 30)), ((40, 90), (20, 180, 40))])
 
 
 def test_constructor_and_vocabulary(molmo):
@@ -86,13 +88,8 @@ def test_yes_no_and_multiple_choice_scores(molmo, images):
 
 def test_logits_argmax_is_the_first_greedy_token(molmo, images):
     """M4/M6: generate_from_batch runs, greedy and reproducible, starting from the scored position."""
-    prompt = "Is someone riding a horse?\nAnswer yes or no."
     for image in images:
-        score = molmo.client.request("score", image=str(image), prompt=prompt, token_ids=[])
-        first = molmo.client.request("generate", image=str(image), prompt=prompt, max_new_tokens=3)
-        again = molmo.client.request("generate", image=str(image), prompt=prompt, max_new_tokens=3)
-        assert first["ok"] and first["decoding"] == "greedy" and first["token_ids"] == again["token_ids"]
-        assert score["argmax_id"] == first["token_ids"][0]
+        first_greedy_answer(molmo, image)
     text = molmo.generate([Question("g", "Describe it.", image=images[0])], max_new_tokens=3)
     assert isinstance(text[0], str)
 

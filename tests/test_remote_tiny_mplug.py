@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from PIL import Image
+
+from remote_tiny import colour_images, first_greedy_answer
 
 from verbmirage.models import Question, create_model
 from verbmirage.models.remote import WorkerError
@@ -85,12 +86,7 @@ def mplug(env, checkpoint):
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory) -> list[Path]:
-    folder = tmp_path_factory.mktemp("mplug_images")
-    paths = []
-    for i, (size, colour) in enumerate([((64, 48), (200, 30, 30)), ((40, 72), (20, 180, 40))]):
-        paths.append(folder / f"img{i}.png")
-        Image.new("RGB", size, colour).save(paths[-1])
-    return paths
+    return colour_images(tmp_path_factory.mktemp("mplug_images"), [((64, 48), (200, 30, 30)), ((40, 72), (20, 180, 40))])
 
 
 def test_constructor_runs_the_package_in_its_env(mplug):
@@ -143,13 +139,7 @@ def test_logits_equal_the_model_as_built(mplug, checkpoint):
 def test_logits_argmax_is_the_first_greedy_token(mplug, images):
     """The scored position is where generation starts; decoding is greedy, tagged and equals the README's (O6)."""
     for image in images:
-        score = mplug.client.request("score", image=str(image), prompt=YN, token_ids=[])
-        first = mplug.client.request("generate", image=str(image), prompt=YN, max_new_tokens=3, num_beams=1,
-                                     repetition_penalty=1.0)
-        again = mplug.client.request("generate", image=str(image), prompt=YN, max_new_tokens=3, num_beams=1,
-                                     repetition_penalty=1.0)
-        assert first["decoding"] == "greedy" and first["token_ids"] == again["token_ids"]
-        assert score["argmax_id"] == first["token_ids"][0]
+        first = first_greedy_answer(mplug, image, YN)
         official = mplug.client.request("reference", image=str(image), prompt=YN, max_new_tokens=3)
         assert official["ok"], official
         assert first["text"] == official["text"]

@@ -14,7 +14,15 @@ import os
 import pytest
 from PIL import Image
 
-from remote_tiny import TRANSFORMERS5_ENV, build_tiny, require_env, tiny_entry, worker_env
+from remote_tiny import (
+    TRANSFORMERS5_ENV,
+    build_tiny,
+    colour_images,
+    first_greedy_answer,
+    require_env,
+    tiny_entry,
+    worker_env,
+)
 from verbmirage.models import Question, create_model
 
 SYSTEM_HEADER_IDS = [151644, 8948, 198, 2610, 525, 264, 10950, 17847, 13, 151645, 198, 151644, 872, 198]
@@ -41,12 +49,7 @@ def qwen(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("qwen_images")
-    paths = []
-    for i, colour in enumerate([(200, 30, 30), (20, 180, 40)]):
-        paths.append(folder / f"img{i}.png")
-        Image.new("RGB", (64, 48), colour).save(paths[-1])
-    return paths
+    return colour_images(tmp_path_factory.mktemp("qwen_images"), [((64, 48), (200, 30, 30)), ((64, 48), (20, 180, 40))])
 
 
 def test_constructor_scans_the_real_vocabulary(qwen):
@@ -94,13 +97,7 @@ def test_logits_argmax_is_the_first_greedy_token(qwen, images):
     """The scored position is the one generation starts from, and decoding is greedy and reproducible (Q6)."""
     prompt = "Is someone riding a horse?\nAnswer yes or no."
     for image in images:
-        score = qwen.client.request("score", image=str(image), prompt=prompt, token_ids=[])
-        first = qwen.client.request("generate", image=str(image), prompt=prompt, max_new_tokens=3, num_beams=1,
-                                    repetition_penalty=1.0)
-        again = qwen.client.request("generate", image=str(image), prompt=prompt, max_new_tokens=3, num_beams=1,
-                                    repetition_penalty=1.0)
-        assert first["decoding"] == "greedy" and first["token_ids"] == again["token_ids"]
-        assert score["argmax_id"] == first["token_ids"][0]
+        first = first_greedy_answer(qwen, image, prompt)
         official = qwen.client.request("reference", image=str(image), prompt=prompt, max_new_tokens=3)
         assert official["ok"], official
         assert first["text"].startswith(official["text"].strip())  # chat() drops the last token at max_new_tokens

@@ -188,6 +188,7 @@ def test_dataset_from_a_local_archive(tmp_path):
         config["models"] = {"prior": {"backend": "prior"}}
         config.update(ensembles={}, conditions={"clean": {"type": "clean"}})
         del config["datasets"]["charadesego"]
+        config.pop("analysis", None)  # its models are not configured here
         config["metrics"]["error_consistency"] = []
 
     _write_config(workdir, edit)

@@ -36,7 +36,6 @@ from pathlib import Path
 from verbmirage.models import remote_worker
 from verbmirage.models.base import (
     NO,
-    PLACEHOLDER_REVISION,
     UNKNOWN,
     YES,
     FatalBackendError,
