@@ -202,7 +202,9 @@ class PartStore:
             return None
 
     def _parts(self) -> list[Path]:
-        return sorted(self.directory.glob("part-*.parquet"))
+        """The parts in the order they were written (by number, not by name: numbers may outgrow the padding)."""
+        parts = [p for p in self.directory.glob("part-*.parquet") if p.stem.split("-", 1)[1].isdigit()]
+        return sorted(parts, key=self._number)
 
     @staticmethod
     def _number(part: Path) -> int:
