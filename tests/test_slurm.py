@@ -47,6 +47,8 @@ def _config(workdir: Path) -> None:
     config["questions"]["sets"] = ["yn_verb", "mc_verb"]
     del config["datasets"]["charadesego"]  # keep the SLURM run short: HICO only, no attention analysis
     config.pop("analysis", None)
+    config["conditions"] = {name: config["conditions"][name] for name in ("clean", "saltpepper")}  # no crop
+    config["metrics"]["error_consistency"] = [["clean", "saltpepper"]]
     config["metrics"]["bootstrap_resamples"] = 50
     # the test node has 2 CPUs: a GPU job may ask for one per GPU
     config["models"]["tiny_llava"]["resources"] = {"gpu": 1, "mem_mb": 2000, "runtime": 10, "cpus_per_gpu": 1}
