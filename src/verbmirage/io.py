@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from verbmirage import __version__
+from verbmirage.paths import user_file_mode
 
 QUESTIONS = pa.schema(
     [
@@ -146,13 +147,6 @@ def write_table(
         pq.write_table(table, tmp)
 
 
-def _user_file_mode() -> int:
-    """0666 minus the process umask: the mode ``open()`` would give a new file."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
-
-
 def fsync_directory(directory: str | Path) -> None:
     """Make a rename or link inside ``directory`` durable (a node crash cannot undo it)."""
     handle = os.open(directory, os.O_RDONLY)
@@ -183,7 +177,7 @@ def atomic_path(path: str | Path, replace: bool = True) -> Iterator[Path]:
         yield tmp
         with tmp.open("rb+") as written:
             os.fsync(written.fileno())
-        os.chmod(tmp, _user_file_mode())
+        os.chmod(tmp, user_file_mode())
         if replace:
             os.replace(tmp, path)
         else:

@@ -21,8 +21,12 @@ from pathlib import Path
 _SAFE_PART = re.compile(r"[A-Za-z0-9_.-]+")
 
 
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)  # the umask can only be read by setting it
+
+def user_file_mode() -> int:
+    """0666 less the process umask: the mode ``open()`` gives a new file (``mkstemp`` gives 0600)."""
+    umask = os.umask(0o022)
+    os.umask(umask)  # the umask can only be read by setting it
+    return 0o666 & ~umask
 
 
 class UnsafePathError(ValueError):
@@ -80,7 +84,7 @@ def replace_entry(destination: str | Path, create: Callable[[Path], object]) -> 
     os.close(handle)
     tmp = Path(name)
     try:
-        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.chmod(tmp, user_file_mode())
         create(tmp)
         os.replace(tmp, destination)
     finally:
