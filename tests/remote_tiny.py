@@ -60,6 +60,15 @@ def build_tiny(backend: str, env: str, target: Path) -> Path:
     return target
 
 
+def open_tiny_model(backend: str, tmp_path_factory, **settings):
+    """Our adapter on a freshly built tiny ``backend`` checkpoint, in the env the paper entry names (close it)."""
+    from verbmirage.models import create_model
+
+    env = worker_env(backend)
+    folder = build_tiny(backend, env, tmp_path_factory.mktemp(f"tiny_{backend}"))
+    return create_model(PAPER_SLUGS[backend], tiny_entry(backend, env, folder, **settings))
+
+
 def tiny_entry(backend: str, env: str, path: Path, **settings) -> dict:
     """The paper config's entry, pointed at the tiny checkpoint, on CPU in float32."""
     entry = {**paper_entry(backend), "path": str(path), "dtype": "float32", "device": "cpu", **settings}

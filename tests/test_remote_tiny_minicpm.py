@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from remote_tiny import build_tiny, colour_images, first_greedy_answer, tiny_entry, worker_env
-from verbmirage.models import Question, create_model
+from remote_tiny import colour_images, first_greedy_answer, open_tiny_model
+from verbmirage.models import Question
 
 BEGIN, START_HEADER, END_HEADER, EOT = 128000, 128006, 128007, 128009
 IMAGE, IMAGE_END, UNK = 128010, 128011, 128002
@@ -26,16 +26,15 @@ def golden_prompt(question: str) -> str:
 
 @pytest.fixture(scope="module")
 def minicpm(tmp_path_factory):
-    env = worker_env("minicpm_v")
-    folder = build_tiny("minicpm_v", env, tmp_path_factory.mktemp("tiny_minicpm"))
-    model = create_model("minicpm_llama3_v25", tiny_entry("minicpm_v", env, folder, max_new_tokens=4))
+    model = open_tiny_model("minicpm_v", tmp_path_factory, max_new_tokens=4)
     yield model
     model.close()
 
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    return colour_images(tmp_path_factory.mktemp("minicpm_images"), [((64, 48), (200, 30, 30)), ((300, 120), (20, 180, 40))])
+    specs = [((64, 48), (200, 30, 30)), ((300, 120), (20, 180, 40))]
+    return colour_images(tmp_path_factory.mktemp("minicpm_images"), specs)
 
 
 def test_constructor_and_vocabulary(minicpm):

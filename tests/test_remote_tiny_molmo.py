@@ -13,7 +13,7 @@ import pytest
 
 from remote_tiny import (
     TRANSFORMERS5_ENV,
-    build_tiny,
+    open_tiny_model,
     colour_images,
     first_greedy_answer,
     require_env,
@@ -31,16 +31,15 @@ LETTER_IDS = {"A": 362, "B": 425}
 
 @pytest.fixture(scope="module")
 def molmo(tmp_path_factory):
-    env = worker_env("molmo")
-    folder = build_tiny("molmo", env, tmp_path_factory.mktemp("tiny_molmo"))
-    model = create_model("molmo_7b_d", tiny_entry("molmo", env, folder, max_new_tokens=4))
+    model = open_tiny_model("molmo", tmp_path_factory, max_new_tokens=4)
     yield model
     model.close()
 
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    return colour_images(tmp_path_factory.mktemp("molmo_images"), [((64, 48), (200, 30, 30)), ((40, 90), (20, 180, 40))])
+    specs = [((64, 48), (200, 30, 30)), ((40, 90), (20, 180, 40))]
+    return colour_images(tmp_path_factory.mktemp("molmo_images"), specs)
 
 
 def test_constructor_and_vocabulary(molmo):

@@ -86,7 +86,8 @@ def mplug(env, checkpoint):
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory) -> list[Path]:
-    return colour_images(tmp_path_factory.mktemp("mplug_images"), [((64, 48), (200, 30, 30)), ((40, 72), (20, 180, 40))])
+    specs = [((64, 48), (200, 30, 30)), ((40, 72), (20, 180, 40))]
+    return colour_images(tmp_path_factory.mktemp("mplug_images"), specs)
 
 
 def test_constructor_runs_the_package_in_its_env(mplug):

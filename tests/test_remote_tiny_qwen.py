@@ -16,12 +16,11 @@ from PIL import Image
 
 from remote_tiny import (
     TRANSFORMERS5_ENV,
-    build_tiny,
+    open_tiny_model,
     colour_images,
     first_greedy_answer,
     require_env,
     tiny_entry,
-    worker_env,
 )
 from verbmirage.models import Question, create_model
 
@@ -40,16 +39,15 @@ def golden_prompt(image: str, question: str) -> str:
 
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory):
-    env = worker_env("qwen_vl_chat")
-    folder = build_tiny("qwen_vl_chat", env, tmp_path_factory.mktemp("tiny_qwen_vl_chat"))
-    model = create_model("qwen_vl_chat", tiny_entry("qwen_vl_chat", env, folder, max_new_tokens=4))
+    model = open_tiny_model("qwen_vl_chat", tmp_path_factory, max_new_tokens=4)
     yield model
     model.close()
 
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    return colour_images(tmp_path_factory.mktemp("qwen_images"), [((64, 48), (200, 30, 30)), ((64, 48), (20, 180, 40))])
+    specs = [((64, 48), (200, 30, 30)), ((64, 48), (20, 180, 40))]
+    return colour_images(tmp_path_factory.mktemp("qwen_images"), specs)
 
 
 def test_constructor_scans_the_real_vocabulary(qwen):
