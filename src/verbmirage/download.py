@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import errno
 import glob
-import hashlib
 import json
 import logging
 import lzma
@@ -48,6 +47,8 @@ from pathlib import Path, PurePosixPath
 import requests
 import urllib3
 from tqdm import tqdm
+
+from verbmirage.paths import file_digest, file_digests  # noqa: F401  (file_digest is public here too)
 
 log = logging.getLogger(__name__)
 COMPLETE_MARKER = ".extracted"
@@ -124,20 +125,6 @@ class Source:
         if text.startswith("gdrive:"):
             return cls("gdrive", text.removeprefix("gdrive:"))
         return cls("local", text)
-
-
-def file_digests(path: str | Path, algorithms: list[str] | tuple[str, ...]) -> dict[str, str]:
-    """Hex digests of ``path`` for each algorithm, reading the file once."""
-    digests = {algorithm: hashlib.new(algorithm) for algorithm in algorithms}
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(CHUNK), b""):
-            for digest in digests.values():
-                digest.update(block)
-    return {algorithm: digest.hexdigest() for algorithm, digest in digests.items()}
-
-
-def file_digest(path: str | Path, algorithm: str) -> str:
-    return file_digests(path, [algorithm])[algorithm]
 
 
 def verify(path: str | Path, checksums: dict[str, str]) -> dict[str, str]:

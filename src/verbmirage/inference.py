@@ -48,6 +48,7 @@ from verbmirage.models.base import (
     VisionLanguageModel,
     YesNoResult,
 )
+from verbmirage.paths import file_digest
 from verbmirage.questions import question_kind
 
 log = logging.getLogger(__name__)
@@ -96,14 +97,6 @@ def fingerprint(questions: pd.DataFrame, settings: dict) -> str:
     return digest.hexdigest()
 
 
-def file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 # Files of a checkpoint folder whose content is hashed; weights are identified by size and mtime
 # (hashing gigabytes per job would cost minutes; a rebuilt or replaced weight file changes both).
 _HASHED_SUFFIXES = {".json", ".py", ".txt", ".model", ".tiktoken", ".jinja"}
@@ -125,7 +118,7 @@ def model_identity(settings: dict) -> dict:
             name = file.relative_to(path).as_posix()
             stat = file.stat()
             if file.suffix in _HASHED_SUFFIXES and stat.st_size < 1 << 24:
-                files[name] = file_sha256(file)
+                files[name] = file_digest(file)
             else:
                 files[name] = f"{stat.st_size}:{stat.st_mtime_ns}"
         identity["files"] = files
@@ -141,7 +134,7 @@ def run_settings(model_settings: dict, variant_settings: dict, condition_setting
         "weights": model_identity(model_settings),
         "variant": variant_settings,
         "condition": condition_settings,
-        "manifest": file_sha256(manifest) if manifest is not None and manifest.is_file() else None,
+        "manifest": file_digest(manifest) if manifest is not None and manifest.is_file() else None,
     }
 
 
@@ -327,8 +320,8 @@ class _ErrorBudget:
     same verdict as waiting for the end, without spending GPU hours first.
     """
 
-    def __init__(self, total: int, max_share: float, already: int = 0):
-        self.total, self.max_share, self.count = total, max_share, already
+    def __init__(self, total: int, max_share: float):
+        self.total, self.max_share, self.count = total, max_share, 0
         self.example: str | None = None
 
     def add(self, error: str) -> None:

@@ -11,6 +11,7 @@ and every place that opens or writes a file checks the resolved path with
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import tempfile
@@ -90,3 +91,17 @@ def replace_entry(destination: str | Path, create: Callable[[Path], object]) -> 
     finally:
         if os.path.lexists(tmp):
             tmp.unlink()
+
+
+def file_digests(path: str | Path, algorithms: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """Hex digests of ``path`` for each algorithm, reading the file once in 1 MiB blocks."""
+    digests = {algorithm: hashlib.new(algorithm) for algorithm in algorithms}
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            for digest in digests.values():
+                digest.update(block)
+    return {algorithm: digest.hexdigest() for algorithm, digest in digests.items()}
+
+
+def file_digest(path: str | Path, algorithm: str = "sha256") -> str:
+    return file_digests(path, [algorithm])[algorithm]

@@ -13,7 +13,6 @@ what changed in the model's fingerprint (revision, checkpoint code, versions).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verbmirage.models.base import Question
+from verbmirage.paths import file_digest
 from verbmirage.questions import MC_STEM
 
 GOLDENS_VERSION = 1
@@ -41,10 +41,6 @@ def smoke_images(folder: str | Path, count: int = 4) -> list[Path]:
     if not images:
         raise FileNotFoundError(f"--images {folder}: no image files ({', '.join(IMAGE_SUFFIXES)})")
     return images[:count]
-
-
-def image_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def remote_entries(config: dict, only: list[str] | None = None) -> dict[str, dict]:
@@ -227,7 +223,7 @@ def run_smoke(config: dict, images_dir: str | Path, goldens_path: str | Path, up
     from verbmirage.models.registry import create_model
 
     images = smoke_images(images_dir, count)
-    digests = {image.name: image_digest(image) for image in images}
+    digests = {image.name: file_digest(image) for image in images}
     goldens = load_goldens(goldens_path)
     entries = remote_entries(config, only)
     if not entries:
