@@ -57,3 +57,14 @@ def real_anno():
     if not (REAL_HICO / "anno.mat").is_file():
         pytest.skip(f"real HICO anno.mat not present at {REAL_HICO}")
     return load_hico(REAL_HICO)
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory) -> Path:
+    """The demo workflow run once per session (a smaller config); every slow test file reads its results."""
+    from workflow_run import run_api, write_config
+
+    workdir = tmp_path_factory.mktemp("workflow")
+    write_config(workdir)
+    run_api(workdir)
+    return workdir

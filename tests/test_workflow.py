@@ -2,71 +2,17 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
+from workflow_run import REPO, planned_jobs, write_config
 
 from verbmirage.io import METRICS, read_provenance, read_table
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-
-
-def _write_config(workdir: Path, edit=None) -> Path:
-    config = yaml.safe_load((REPO / "config.yaml").read_text())
-    config["demo"].update(train_images=150, test_images=60, charades_pairs=6)
-    config["metrics"]["bootstrap_resamples"] = 50
-    if edit:
-        edit(config)
-    path = workdir / "config.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
-
-
-def _run_api(workdir: Path) -> None:
-    from snakemake.api import SnakemakeApi
-    from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
-
-    with SnakemakeApi(OutputSettings()) as api:
-        workflow = api.workflow(
-            resource_settings=ResourceSettings(cores=2),
-            config_settings=ConfigSettings(configfiles=[workdir / "config.yaml"]),
-            snakefile=REPO / "Snakefile",
-            workdir=workdir,
-        )
-        workflow.dag(dag_settings=DAGSettings()).execute_workflow(executor="local")
-
-
-def planned_jobs(workdir: Path) -> list[tuple[str, dict]]:
-    """(rule, wildcards) of every job a dry run would execute."""
-    result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--dry-run", "--snakefile", str(REPO / "Snakefile"),
-         "--directory", str(workdir), "--configfile", str(workdir / "config.yaml")],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    jobs = []
-    for block in re.split(r"\n(?=(?:localrule|rule) \w+:)", result.stdout):
-        match = re.match(r"(?:localrule|rule) (\w+):", block)
-        if match:
-            found = re.search(r"^\s+wildcards: (.*)$", block, re.M)
-            wildcards = dict(kv.split("=", 1) for kv in found.group(1).split(", ")) if found else {}
-            jobs.append((match.group(1), wildcards))
-    return jobs
-
-
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("workflow")
-    _write_config(workdir)
-    _run_api(workdir)
-    return workdir
 
 
 def test_demo_produces_metrics_and_tables(demo_run):
@@ -123,11 +69,11 @@ def test_complete_run_has_nothing_left_to_do(demo_run):
 
 
 def test_adding_a_model_runs_only_its_jobs(demo_run):
-    _write_config(demo_run, lambda c: c["models"].update(prior_two={"backend": "prior"}))
+    write_config(demo_run, lambda c: c["models"].update(prior_two={"backend": "prior"}))
     try:
         jobs = planned_jobs(demo_run)
     finally:
-        _write_config(demo_run)
+        write_config(demo_run)
     per_rule = Counter(rule for rule, _ in jobs)
     # 5 HICO question sets x 3 conditions (crop: HICO only) + 4 CharadesEgo x 2; error consistency on HICO only
     assert per_rule == {"predict": 23, "metric_part": 23, "consistency_part": 10, "metrics": 1, "tables": 1, "all": 1}
@@ -135,11 +81,11 @@ def test_adding_a_model_runs_only_its_jobs(demo_run):
 
 
 def test_changing_a_model_reruns_only_its_jobs(demo_run):
-    _write_config(demo_run, lambda c: c["models"]["random"].update(seed=7))
+    write_config(demo_run, lambda c: c["models"]["random"].update(seed=7))
     try:
         jobs = planned_jobs(demo_run)
     finally:
-        _write_config(demo_run)
+        write_config(demo_run)
     predicted = {(w["model"], w["shard"]) for rule, w in jobs if rule == "predict_shard"}
     assert predicted == {("random", "0"), ("random", "1")}  # the demo splits `random` into two shards
     # its ensemble depends on it; nothing upstream (questions, images) reruns
@@ -191,7 +137,7 @@ def test_dataset_from_a_local_archive(tmp_path):
         config.pop("analysis", None)  # its models are not configured here
         config["metrics"]["error_consistency"] = []
 
-    _write_config(workdir, edit)
+    write_config(workdir, edit)
     result = subprocess.run(
         [sys.executable, "-m", "snakemake", "--cores", "2", "--snakefile", str(REPO / "Snakefile"),
          "--directory", str(workdir), "--configfile", str(workdir / "config.yaml")],
@@ -206,7 +152,7 @@ def test_dataset_from_a_local_archive(tmp_path):
 
 
 def test_invalid_config_stops_before_any_job(tmp_path):
-    _write_config(tmp_path, lambda c: c["models"].update(llava={"backend": "llava_next_xl"}))
+    write_config(tmp_path, lambda c: c["models"].update(llava={"backend": "llava_next_xl"}))
     result = subprocess.run(
         [sys.executable, "-m", "snakemake", "--cores", "1", "--snakefile", str(REPO / "Snakefile"),
          "--directory", str(tmp_path), "--configfile", str(tmp_path / "config.yaml")],

@@ -1,0 +1,63 @@
+"""Run the workflow in a scratch folder: a smaller demo config, the Snakemake API, dry-run job lists.
+
+The demo run itself is one session fixture (`demo_run` in conftest.py) shared by every slow test file.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_config(workdir: Path, edit=None) -> Path:
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    config["demo"].update(train_images=150, test_images=60, charades_pairs=6)
+    config["metrics"]["bootstrap_resamples"] = 50
+    if edit:
+        edit(config)
+    path = workdir / "config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def run_api(workdir: Path) -> None:
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import (
+        ConfigSettings,
+        DAGSettings,
+        OutputSettings,
+        ResourceSettings,
+    )
+
+    with SnakemakeApi(OutputSettings()) as api:
+        workflow = api.workflow(
+            resource_settings=ResourceSettings(cores=2),
+            config_settings=ConfigSettings(configfiles=[workdir / "config.yaml"]),
+            snakefile=REPO / "Snakefile",
+            workdir=workdir,
+        )
+        workflow.dag(dag_settings=DAGSettings()).execute_workflow(executor="local")
+
+
+def planned_jobs(workdir: Path) -> list[tuple[str, dict]]:
+    """(rule, wildcards) of every job a dry run would execute."""
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--dry-run", "--snakefile", str(REPO / "Snakefile"),
+         "--directory", str(workdir), "--configfile", str(workdir / "config.yaml")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    jobs = []
+    for block in re.split(r"\n(?=(?:localrule|rule) \w+:)", result.stdout):
+        match = re.match(r"(?:localrule|rule) (\w+):", block)
+        if match:
+            found = re.search(r"^\s+wildcards: (.*)$", block, re.M)
+            wildcards = dict(kv.split("=", 1) for kv in found.group(1).split(", ")) if found else {}
+            jobs.append((match.group(1), wildcards))
+    return jobs
