@@ -82,7 +82,8 @@ def test_evaluate_yes_no_with_interval():
     assert accuracy.ci_low < accuracy.value < accuracy.ci_high
     assert accuracy.n == 120
     # no common question in this frame; no image tags given, so no image subsets
-    assert set(rows.subset) == {"all", "rare", "rare_no", "non_rare", "non_common"}
+    assert set(rows.subset) == {"all", "rare", "rare_no", "non_rare", "non_common", "non_rare_no", "non_common_no",
+                                "non_rare_yes", "non_common_yes"}
     assert rows[rows.subset == "rare"].n.iloc[0] == 40
     again = evaluate(questions, predictions, "yn", keys, BootstrapSettings(resamples=300, seed=1))
     pd.testing.assert_frame_equal(rows, again)  # seeded
@@ -105,6 +106,32 @@ def test_missing_prediction_counts_as_unknown():
     assert unknown == pytest.approx(1 / 15)
     with pytest.raises(ValueError, match="answer no known question"):
         evaluate(questions.iloc[1:], predictions, "yn", {}, NO_BOOTSTRAP)
+
+
+def test_rare_and_common_subsets_split_by_answer():
+    """Fig. 3: rare / non-rare (and common / non-common) split the answer-No and the answer-Yes questions."""
+    # (answer, rare, common, prediction) per question, one image each
+    spec = [("no", True, False, "yes"), ("no", True, True, "no"), ("no", False, True, "yes"),
+            ("no", False, False, "no"), ("no", False, False, "no"), ("yes", True, False, "no"),
+            ("yes", False, True, "yes"), ("yes", False, False, "yes")]
+    questions = pd.DataFrame([{"question_id": f"q{i}", "image_id": f"img{i}", "answer": a, "rotation": 0,
+                               "group_id": f"q{i}", "rare": r, "common": c} for i, (a, r, c, _) in enumerate(spec)])
+    predictions = pd.DataFrame({"question_id": questions.question_id, "prediction": [p for *_, p in spec]})
+    rows = evaluate(questions, predictions, "yn", {}, NO_BOOTSTRAP)
+    accuracy = rows[rows.metric == "accuracy"].set_index("subset")
+    expected = {  # subset: (questions, accuracy)
+        "rare_no": (2, 1 / 2), "non_rare_no": (3, 2 / 3), "common_no": (2, 1 / 2), "non_common_no": (3, 2 / 3),
+        "rare_yes": (1, 0.0), "non_rare_yes": (2, 1.0), "common_yes": (1, 1.0), "non_common_yes": (2, 1 / 2),
+    }
+    for subset, (n, value) in expected.items():
+        assert accuracy.at[subset, "n"] == n, subset
+        assert accuracy.at[subset, "value"] == pytest.approx(value), subset
+    # on a yes-only subset accuracy is recall
+    recall = rows[(rows.subset == "rare_yes") & (rows.metric == "recall")].value.iloc[0]
+    assert recall == accuracy.at["rare_yes", "value"]
+    # MC groups carry no yes/no answer: no answer-split subset appears
+    mc = evaluate(*_mc_frame(), "mc", {}, NO_BOOTSTRAP)
+    assert not {"rare_no", "non_rare_no", "rare_yes", "non_common_yes"} & set(mc.subset)
 
 
 def _mc_frame():

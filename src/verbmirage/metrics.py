@@ -185,16 +185,29 @@ def attach_tags(frame: pd.DataFrame, tags: pd.DataFrame, where: str = "image tag
     )
 
 
+def _answer_is(frame: pd.DataFrame, answer: str) -> pd.Series:
+    """Questions whose correct answer is ``answer``; none for MC groups (they carry no yes/no answer)."""
+    return frame.get("answer", pd.Series("", index=frame.index)).eq(answer)
+
+
 SUBSETS: dict[str, Callable[[pd.DataFrame], pd.Series]] = {
     "all": lambda f: pd.Series(True, index=f.index),
     "rare": lambda f: f.rare.astype(bool),
     "common": lambda f: f.common.astype(bool),
     # Paper Fig. 3: questions whose correct answer is No, by rare / common verb.
-    "rare_no": lambda f: f.rare.astype(bool) & f.get("answer", pd.Series("", index=f.index)).eq("no"),
-    "common_no": lambda f: f.common.astype(bool) & f.get("answer", pd.Series("", index=f.index)).eq("no"),
+    "rare_no": lambda f: f.rare.astype(bool) & _answer_is(f, "no"),
+    "common_no": lambda f: f.common.astype(bool) & _answer_is(f, "no"),
     # The complements the paper's figures compare against.
     "non_rare": lambda f: ~f.rare.astype(bool),
     "non_common": lambda f: ~f.common.astype(bool),
+    # Fig. 3's other bar, among the same answer-No questions.
+    "non_rare_no": lambda f: ~f.rare.astype(bool) & _answer_is(f, "no"),
+    "non_common_no": lambda f: ~f.common.astype(bool) & _answer_is(f, "no"),
+    # The yes side ("refuse existent rare verbs"): accuracy here is the recall of that subset.
+    "rare_yes": lambda f: f.rare.astype(bool) & _answer_is(f, "yes"),
+    "non_rare_yes": lambda f: ~f.rare.astype(bool) & _answer_is(f, "yes"),
+    "common_yes": lambda f: f.common.astype(bool) & _answer_is(f, "yes"),
+    "non_common_yes": lambda f: ~f.common.astype(bool) & _answer_is(f, "yes"),
 }
 
 # Image subsets from HICO-DET boxes (verbmirage.image_tags): only when tags are given (datasets.hico.det_root).
