@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from verbmirage.charades import CHARADES_QUESTION_SETS
 from verbmirage.conditions import CONDITIONS as CONDITION_TYPES
 from verbmirage.hico import hico_det_file
+from verbmirage.conditions import image_settings
 from verbmirage.config import (
     DEMO_CHARADES_ROOT,
     DEMO_HICO_DET_ROOT,
@@ -22,6 +23,7 @@ from verbmirage.config import (
     DOWNLOADS_FOLDER,
     check_config,
     check_yaml_file,
+    condition_question_sets,
 )
 from verbmirage.questions import question_kind
 from verbmirage.tiny import BUILDERS as TINY_BUILDERS
@@ -158,8 +160,18 @@ def image_root(wildcards):
 
 
 def dataset_conditions(dataset):
-    """The conditions a dataset is asked under: box conditions (crop) need HICO-DET boxes, so HICO only."""
-    return [c for c in CONDITIONS if dataset == "hico" or c not in BOX_CONDITIONS]
+    """The conditions a dataset is asked under (box conditions such as crop: HICO only)."""
+    return [c for c in CONDITIONS if condition_qsets(dataset, c)]
+
+
+def condition_qsets(dataset, condition):
+    """The question sets of ``dataset`` asked under ``condition`` (``conditions.<slug>.qsets``, default all)."""
+    return condition_question_sets(config, condition, dataset, DATASET_QSETS[dataset])
+
+
+def condition_settings(condition):
+    """What a condition's images and answers depend on: its entry without ``qsets``."""
+    return image_settings(config["conditions"][condition])
 
 
 def partial_condition_images(wildcards):
@@ -197,8 +209,8 @@ def all_scored():
     return [
         METRIC_PART.format(dataset=d, qset=q, condition=c, model=m, variant=v)
         for d in DATASETS
-        for q in DATASET_QSETS[d]
         for c in dataset_conditions(d)
+        for q in condition_qsets(d, c)
         for m in MODELS + list(ENSEMBLES)
         for v in VARIANTS
     ]
@@ -208,8 +220,9 @@ def all_consistency():
     return [
         CONSISTENCY_PART.format(dataset=d, qset=q, reference=a, other=b, model=m, variant=v)
         for d in ["hico"]  # paper Table 2 (HICO); CharadesEgo compares views, not conditions
-        for q in DATASET_QSETS[d]
         for a, b in CONSISTENCY_PAIRS
+        for q in condition_qsets(d, a)
+        if q in condition_qsets(d, b)
         for m in MODELS + list(ENSEMBLES)
         for v in VARIANTS
     ]

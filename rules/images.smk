@@ -8,7 +8,7 @@ rule image_condition:
         directory(CONDITION_DIR),
     params:
         root=image_root,
-        settings=lambda wildcards: config["conditions"][wildcards.condition],
+        settings=lambda wildcards: condition_settings(wildcards.condition),
         seed=config["condition_seed"],
     log:
         "logs/image_condition/{dataset}/{condition}.log",

@@ -22,7 +22,7 @@ rule predict_shard:
         ),
         part_size=config["inference"]["part_size"],
         max_error_share=config["inference"]["max_error_share"],
-        condition=lambda wildcards: config["conditions"].get(wildcards.condition, {}),
+        condition=lambda wildcards: condition_settings(wildcards.condition),
     resources:
         gpu=model_resource("gpu", 0),
         mem_mb=model_resource("mem_mb", 4000),

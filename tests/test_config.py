@@ -47,6 +47,12 @@ def test_unknown_top_level_key_is_refused(config):
         (lambda c: c["ensembles"].update(prior=["prior", "random"]), "ensembles.prior: the name is already a model slug"),
         (lambda c: c["conditions"].update(fog={"type": "fog"}), "conditions.fog.type: unknown image condition"),
         (lambda c: c["metrics"].update(error_consistency=[["clean", "blur"]]), r"metrics.error_consistency\[0\]"),
+        (lambda c: c["conditions"]["saltpepper"].update(qsets=["yn_obj", "yn_objj"]),
+         r"conditions.saltpepper.qsets: \['yn_objj'\] are not asked"),
+        (lambda c: (c["conditions"]["saltpepper"].update(qsets=["yn_obj"]),
+                    c["conditions"]["crop"].update(qsets=["mc_obj"]),
+                    c["metrics"].update(error_consistency=[["saltpepper", "crop"]])),
+         r"metrics.error_consistency\[0\]: saltpepper and crop share no HICO question set"),
     ],
 )
 def test_semantic_errors_name_the_key(config, edit, message):
@@ -176,3 +182,23 @@ def test_custom_remote_drivers_are_allow_listed(config):
     config["custom_backends"] = ["/tmp/x/mine.py"]
     validate(config, SCHEMA)
     check_config(config, REPO)
+
+
+def test_condition_question_sets_default_to_all_and_crop_asks_hico_only(config):
+    from verbmirage.config import condition_question_sets
+
+    hico, charades = ["yn_obj", "mc_obj"], ["yn_ego", "mc_ego"]
+    config = copy.deepcopy(config)
+    config["conditions"] = {"clean": {"type": "clean"}, "noise": {"type": "saltpepper", "qsets": ["mc_obj", "mc_ego"]},
+                            "crop": {"type": "crop", "margin": 0.1}}
+    assert condition_question_sets(config, "clean", "hico", hico) == hico
+    assert condition_question_sets(config, "noise", "hico", hico) == ["mc_obj"]
+    assert condition_question_sets(config, "noise", "charadesego", charades) == ["mc_ego"]
+    assert condition_question_sets(config, "crop", "hico", hico) == hico
+    assert condition_question_sets(config, "crop", "charadesego", charades) == []
+
+
+def test_qsets_never_reach_the_image_transform():
+    from verbmirage.conditions import image_settings
+
+    assert image_settings({"type": "crop", "margin": 0.2, "qsets": ["mc_obj"]}) == {"type": "crop", "margin": 0.2}

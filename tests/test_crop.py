@@ -102,7 +102,7 @@ def test_inference_under_crop_asks_only_single_instance_questions(crop_setup):
 
 def test_config_checks_crop_conditions():
     config = yaml.safe_load((REPO / "config.yaml").read_text())
-    assert config["conditions"]["crop"] == {"type": "crop", "margin": 0.1}
+    assert config["conditions"]["crop"] == {"type": "crop", "margin": 0.1, "qsets": ["mc_obj", "mc_verb"]}
     cases = [
         (lambda c: c["datasets"]["hico"].update(det_root=""), "conditions.crop: type 'crop' crops to HICO-DET boxes"),
         (lambda c: c["conditions"]["crop"].update(margin=-0.1), "conditions.crop.margin: -0.1"),

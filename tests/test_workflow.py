@@ -23,11 +23,16 @@ def test_demo_produces_metrics_and_tables(demo_run):
     # crop: single-instance images only, the same questions in its error-consistency pair with clean
     tags = pd.read_parquet(demo_run / "results/benchmark/hico/image_tags.parquet")
     single = set("images/test2015/" + tags.image[tags.single_instance])
-    yn_obj = pd.read_parquet(demo_run / "results/benchmark/hico/yn_obj.parquet")
-    cropped = pd.read_parquet(demo_run / "results/predictions/hico/yn_obj/crop/prior/default.parquet")
-    assert set(cropped.question_id) == set(yn_obj.question_id[yn_obj.image.isin(single)])
-    crop_rows = metrics[metrics.condition.isin(["crop", "clean_vs_crop"]) & metrics.qset.eq("yn_obj")]
-    assert set(crop_rows.n[crop_rows.subset.eq("all")]) == {len(cropped)}
+    mc_verb = pd.read_parquet(demo_run / "results/benchmark/hico/mc_verb.parquet")
+    cropped = pd.read_parquet(demo_run / "results/predictions/hico/mc_verb/crop/prior/default.parquet")
+    assert set(cropped.question_id) == set(mc_verb.question_id[mc_verb.image.isin(single)])
+    crop_rows = metrics[metrics.condition.isin(["crop", "clean_vs_crop"]) & metrics.qset.eq("mc_verb")]
+    assert set(crop_rows.n[crop_rows.subset.eq("all")]) == {cropped.question_id.map(mc_verb.set_index(
+        "question_id").group_id).nunique()}  # MC counts circular groups
+    # conditions.<slug>.qsets: crop asks the MC sets only, saltpepper four HICO sets and no CharadesEgo set
+    asked = metrics[metrics.subset.eq("all")].groupby("condition").qset.agg(set)
+    assert asked["crop"] == {"mc_obj", "mc_verb"} and asked["clean_vs_crop"] == {"mc_obj", "mc_verb"}
+    assert asked["saltpepper"] == {"yn_obj", "yn_verb", "mc_verb", "obj_exist"}
     assert set(metrics.dataset) == {"hico", "charadesego"}
     table4 = pd.read_parquet(demo_run / "results/tables/table4.parquet").set_index("model")
     assert table4.at["always_yes", "ego_recall"] == table4.at["always_yes", "exo_recall"] == 100.0
@@ -75,8 +80,9 @@ def test_adding_a_model_runs_only_its_jobs(demo_run):
     finally:
         write_config(demo_run)
     per_rule = Counter(rule for rule, _ in jobs)
-    # 5 HICO question sets x 3 conditions (crop: HICO only) + 4 CharadesEgo x 2; error consistency on HICO only
-    assert per_rule == {"predict": 23, "metric_part": 23, "consistency_part": 10, "metrics": 1, "tables": 1, "all": 1}
+    # HICO: 5 sets clean + 4 saltpepper + 2 crop (conditions.*.qsets); CharadesEgo: 4 clean. Error consistency
+    # on HICO only, on the sets both conditions ask: 4 clean~saltpepper + 2 clean~crop.
+    assert per_rule == {"predict": 15, "metric_part": 15, "consistency_part": 6, "metrics": 1, "tables": 1, "all": 1}
     assert {w["model"] for rule, w in jobs if "model" in w} == {"prior_two"}
 
 

@@ -93,6 +93,16 @@ CONDITIONS: dict[str, ImageCondition] = {
 }
 
 
+# Keys of a condition entry that choose what is asked under it, not how its images look: they never reach a
+# transform or an inference fingerprint, so changing them does not remake images or answers already given.
+PLANNING_KEYS = frozenset({"qsets"})
+
+
+def image_settings(settings: dict) -> dict:
+    """A condition entry as its images are made from it (``type`` and parameters; no planning keys)."""
+    return {key: value for key, value in settings.items() if key not in PLANNING_KEYS}
+
+
 def condition_rng(seed: int, condition: str, image: str) -> np.random.Generator:
     """Per-image random stream: reruns and any image order give identical images."""
     return np.random.default_rng([seed, zlib.crc32(condition.encode()), zlib.crc32(image.encode())])
@@ -123,7 +133,7 @@ def apply_condition(
     if kind not in CONDITIONS:
         raise KeyError(f"conditions.{condition}.type: unknown image condition '{kind}'; known: {sorted(CONDITIONS)}")
     spec = CONDITIONS[kind]
-    params = {k: v for k, v in settings.items() if k != "type"}
+    params = {k: v for k, v in image_settings(settings).items() if k != "type"}
     if spec.needs_boxes:
         if boxes is None:
             raise ValueError(f"conditions.{condition}: type '{kind}' needs boxes (datasets.hico.det_root)")

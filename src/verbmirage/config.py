@@ -97,9 +97,10 @@ def _check_box_condition(slug: str, entry: dict, config: dict) -> None:
     if not config["datasets"]["hico"].get("det_root"):
         raise ConfigError(f"conditions.{slug}: type '{entry['type']}' crops to HICO-DET boxes; "
                           "set datasets.hico.det_root")
-    unknown = sorted(set(entry) - {"type", "margin"})
+    unknown = sorted(set(entry) - {"type", "qsets", "margin"})
     if unknown:
-        raise ConfigError(f"conditions.{slug}: unknown keys {unknown} for type '{entry['type']}' (known: margin)")
+        raise ConfigError(f"conditions.{slug}: unknown keys {unknown} for type '{entry['type']}' "
+                          "(known: margin, qsets)")
     margin = entry.get("margin", 0.1)
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 100:
         raise ConfigError(f"conditions.{slug}.margin: {margin!r} is not a number >= 0")
@@ -117,6 +118,26 @@ def _check_custom_driver(slug: str, driver: str, allowed: list[str]) -> None:
             f"models.{slug}.driver: '{driver}' is not a registered driver ({sorted(DRIVERS)}); a custom driver runs "
             f"its code, so list it explicitly (custom_backends: [{target}])"
         )
+
+
+def known_question_sets(config: dict) -> list[str]:
+    """Every question set of this run: HICO's ``questions.sets``, then CharadesEgo's when it is configured."""
+    from verbmirage.charades import CHARADES_QUESTION_SETS
+
+    charades = list(CHARADES_QUESTION_SETS) if config["datasets"].get("charadesego") else []
+    return list(config["questions"]["sets"]) + charades
+
+
+def condition_question_sets(config: dict, condition: str, dataset: str, dataset_sets: list[str]) -> list[str]:
+    """The sets of ``dataset`` asked under ``condition``: its ``qsets`` when given, else all of them.
+
+    Box conditions (crop) need HICO-DET boxes, so they ask nothing of another dataset.
+    """
+    entry = config["conditions"][condition]
+    if dataset != "hico" and CONDITIONS[entry["type"]].needs_boxes:
+        return []
+    chosen = entry.get("qsets")
+    return [q for q in dataset_sets if chosen is None or q in chosen]
 
 
 def check_config(config: dict, workdir: str | Path = ".") -> None:
@@ -177,6 +198,10 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
             )
         if CONDITIONS[entry["type"]].needs_boxes:
             _check_box_condition(slug, entry, config)
+        unknown_sets = sorted(set(entry.get("qsets", [])) - set(known_question_sets(config)))
+        if unknown_sets:
+            raise ConfigError(f"conditions.{slug}.qsets: {unknown_sets} are not asked in this run; "
+                              f"known: {known_question_sets(config)}")
     models = set(config["models"])
     for name, members in config.get("ensembles", {}).items():
         if name in models:
@@ -191,3 +216,9 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
             raise ConfigError(f"metrics.error_consistency[{i}]: unknown condition(s) {unknown}")
         if pair[0] == pair[1]:
             raise ConfigError(f"metrics.error_consistency[{i}]: a condition is compared with itself")
+        shared = set.intersection(
+            *(set(condition_question_sets(config, c, "hico", config["questions"]["sets"])) for c in pair)
+        )
+        if not shared:
+            raise ConfigError(f"metrics.error_consistency[{i}]: {pair[0]} and {pair[1]} share no HICO question "
+                              "set (conditions.*.qsets)")
