@@ -18,6 +18,16 @@ def test_parse_choice(text, letter):
     assert parse_choice(text, ("riding a horse", "feeding a horse", "petting a horse", "washing a horse"))[0] == letter
 
 
+@pytest.mark.parametrize("text, letter", [
+    ("A man is riding a horse.", "unknown"),  # a word, not option A
+    ("A horse", "unknown"), ("B, riding", "unknown"), ("(A man rides)", "unknown"),
+    ("B) feeding a horse", "B"), ("C: petting", "C"), ("**D**", "D"), (" (B). ", "B"), ("A\n", "A"),
+])
+def test_parse_choice_letter_only_alone_or_marked(text, letter):
+    """A letter counts only when it stands alone or is followed by ".", ")" or ":"."""
+    assert parse_choice(text, ("riding a horse", "feeding a horse", "petting a horse", "washing a horse"))[0] == letter
+
+
 def test_tokens():
     assert normalise_token("▁Yes") == "yes"
     assert letter_token(" B", 4) == "B" and letter_token("E", 4) is None and letter_token("Yes", 4) is None

@@ -13,7 +13,9 @@ from string import ascii_uppercase
 from verbmirage.models.base import NO, UNKNOWN, YES
 
 _WORD = re.compile(r"[A-Za-z]+")
-_LETTER = re.compile(r"^\W*\(?([A-Z])(?:\)|\.|:|,|\s|$)")
+# A leading option letter followed by ".", ")" or ":" ("B. riding", "(B) riding", "B: riding"). A letter
+# followed by a space is a word ("A man is riding"), not an answer.
+_MARKED_LETTER = re.compile(r"^\W*?\(?([A-Z])[.):]")
 
 
 def normalise_token(token: str) -> str:
@@ -33,13 +35,20 @@ def parse_yes_no(text: str | None) -> tuple[str, str]:
 
 
 def parse_choice(text: str | None, options: tuple[str, ...]) -> tuple[str, str]:
-    """(letter, rule): a leading option letter ("B", "(B)", "B. riding"), else an exact option text."""
+    """(letter, rule): an option letter, else an exact option text.
+
+    A letter counts only when it stands alone ("B", "(B)", "**B**") or leads
+    the answer followed by ".", ")" or ":" ("B. riding", "B) riding"); so
+    "A man is riding" is not option A.
+    """
     if not text:
         return UNKNOWN, "empty"
     letters = ascii_uppercase[: len(options)]
-    match = _LETTER.match(text.strip())
-    if match and match.group(1) in letters:
-        return match.group(1), "letter"
+    alone = re.sub(r"^\W+|\W+$", "", text)
+    match = _MARKED_LETTER.match(text.strip())
+    letter = alone if len(alone) == 1 else match.group(1) if match else None
+    if letter is not None and letter in letters:
+        return letter, "letter"
     cleaned = text.strip().rstrip(".").lower()
     for letter, option in zip(letters, options):
         if cleaned == option.lower():
