@@ -53,6 +53,9 @@ PREDICTIONS = pa.schema(
         ("prediction", pa.string()),
         ("parse_rule", pa.string()),
         ("p_yes", pa.float64()),
+        # logsumexp(z[yes]) - logsumexp(z[no]) at the first answer position (float64): sigmoid of it is p_yes,
+        # finite where p_yes saturates at 1.0; null without yes/no logits (baselines, parsed text, MC rows)
+        ("yes_margin", pa.float64()),
         ("option_probs", pa.list_(pa.float64())),
         ("confidence", pa.float64()),
         ("error", pa.string()),
@@ -84,8 +87,10 @@ QUESTION_COUNTS = pa.schema(
         ("images", pa.int64()),
         ("yes", pa.int64()),
         ("no", pa.int64()),
+        ("yes_share", pa.float64()),  # yes / (yes + no): 1/3 is the paper's 1:2
         ("paper_unique_questions", pa.int64()),
         ("paper_yes_to_no", pa.string()),
+        ("paper_yes_share", pa.float64()),
     ]
 )
 
@@ -102,8 +107,142 @@ ATTENTION = pa.schema(
         ("verb_share", pa.float64()),
         ("object_share", pa.float64()),
         ("key_area_share", pa.float64()),
+        ("key_area_raw", pa.float64()),
+        ("key_area_lift", pa.float64()),
+        ("image_id", pa.string()),
         ("answer", pa.string()),
         ("correct", pa.bool_()),
+    ]
+)
+
+# Attention summary (analysis/attention_summary.py): per (qset, condition, model, layer, measure, group),
+# the correct and hallucinated rows compared (means, medians, difference with an image-bootstrap CI, AUROC).
+ATTENTION_SUMMARY = pa.schema(
+    [
+        ("dataset", pa.string()),
+        ("qset", pa.string()),
+        ("condition", pa.string()),
+        ("model", pa.string()),
+        ("layer", pa.int64()),
+        ("measure", pa.string()),
+        ("group", pa.string()),
+        ("statistic", pa.string()),
+        ("value", pa.float64()),
+        ("ci_low", pa.float64()),
+        ("ci_high", pa.float64()),
+        ("n", pa.int64()),
+    ]
+)
+
+# Object reliance (analysis/object_reliance.py): one row per (model, object, yn|mc), Fig. 15 and Table 6 ...
+OBJECT_RELIANCE = pa.schema(
+    [
+        ("model", pa.string()),
+        ("object", pa.string()),
+        ("qset_pair", pa.string()),
+        ("n_obj", pa.int64()),
+        ("n_verb", pa.int64()),
+        ("acc_obj", pa.float64()),
+        ("acc_verb", pa.float64()),
+        ("delta", pa.float64()),
+        ("in_set", pa.bool_()),
+    ]
+)
+
+# ... and one row per (model, verb), Table 7.
+VERB_INFLUENCE = pa.schema(
+    [
+        ("model", pa.string()),
+        ("verb", pa.string()),
+        ("n_obj", pa.int64()),
+        ("n_verb", pa.int64()),
+        ("yes_obj", pa.float64()),
+        ("yes_verb", pa.float64()),
+        ("delta", pa.float64()),
+        ("influenced", pa.bool_()),
+    ]
+)
+
+# Paper Tables 6 and 7 (percent): our rows ("ours", with the set sizes) and the paper's ("paper").
+RELIANCE_TABLE6 = pa.schema(
+    [
+        ("source", pa.string()),
+        ("model", pa.string()),
+        ("variant", pa.string()),
+        ("overlap_index", pa.float64()),
+        ("s1", pa.int64()),
+        ("s2", pa.int64()),
+        ("s1_and_s2", pa.int64()),
+    ]
+)
+
+RELIANCE_TABLE7 = pa.schema(
+    [
+        ("source", pa.string()),
+        ("model_a", pa.string()),
+        ("model_b", pa.string()),
+        ("variant", pa.string()),
+        ("iou", pa.float64()),
+        ("w_a", pa.int64()),
+        ("w_b", pa.int64()),
+        ("w_a_and_w_b", pa.int64()),
+        ("w_a_or_w_b", pa.int64()),
+    ]
+)
+
+# Token uncertainty (analysis/uncertainty.py, Figs. 9 and 12): one row per histogram bin of one
+# (model, variant, condition, qset, group, correct) series; group is pred_yes, pred_no or mc.
+UNCERTAINTY_HIST = pa.schema(
+    [
+        ("model", pa.string()),
+        ("variant", pa.string()),
+        ("condition", pa.string()),
+        ("qset", pa.string()),
+        ("group", pa.string()),
+        ("correct", pa.bool_()),
+        ("bin_left", pa.float64()),
+        ("bin_right", pa.float64()),
+        ("count", pa.int64()),
+        ("density", pa.float64()),
+    ]
+)
+
+# Field of view (analysis/fov.py, Fig. 10): one row per (model, variant, qset, condition) on the questions
+# every FOV condition shares; delta_* is the paired change against the first (reference) condition.
+FOV = pa.schema(
+    [
+        ("model", pa.string()),
+        ("variant", pa.string()),
+        ("qset", pa.string()),
+        ("condition", pa.string()),
+        ("margin", pa.float64()),
+        ("crop_area_frac_mean", pa.float64()),
+        ("n", pa.int64()),
+        ("n_groups", pa.int64()),
+        ("acc_plain", pa.float64()),
+        ("acc_circular", pa.float64()),
+        ("conf_mean", pa.float64()),
+        ("conf_mean_correct", pa.float64()),
+        ("conf_mean_hallucinated", pa.float64()),
+        ("delta_conf_mean", pa.float64()),
+        ("delta_ci_low", pa.float64()),
+        ("delta_ci_high", pa.float64()),
+    ]
+)
+
+# The question rows behind FOV (what Fig. 10's boxes are drawn from); confidence is null where it is not
+# a token probability (baselines) or the row has an error.
+FOV_ROWS = pa.schema(
+    [
+        ("model", pa.string()),
+        ("variant", pa.string()),
+        ("qset", pa.string()),
+        ("condition", pa.string()),
+        ("question_id", pa.string()),
+        ("image_id", pa.string()),
+        ("group_id", pa.string()),
+        ("correct", pa.bool_()),
+        ("confidence", pa.float64()),
     ]
 )
 
@@ -113,7 +252,11 @@ class SchemaError(ValueError):
 
 
 def to_arrow(frame: pd.DataFrame, schema: pa.Schema, where: str = "table") -> pa.Table:
-    """Cast a DataFrame to ``schema`` (column order and types), naming what is wrong."""
+    """Cast a DataFrame to ``schema`` (column order and types), naming what is wrong.
+
+    A column added to the schema later (``_ADDED_COLUMNS``) that ``frame`` lacks is written null.
+    """
+    frame = _with_added_columns(frame, schema)
     missing = [name for name in schema.names if name not in frame.columns]
     if missing:
         raise SchemaError(f"{where}: missing columns {missing}")
@@ -197,10 +340,14 @@ def read_table(path: str | Path, schema: pa.Schema | None = None) -> pd.DataFram
     """
     frame = pd.read_parquet(path)
     if schema is not None:
+        added = _added_columns(schema)
+        frame = _with_added_columns(frame, schema)  # a table written before such a column existed: null
         missing = [name for name in schema.names if name not in frame.columns]
         if missing:
             raise SchemaError(f"{path}: missing columns {missing}")
-        check_types(pq.read_schema(path), frame, schema, str(path))
+        stored = pq.read_schema(path)
+        check_types(stored, frame, pa.schema([f for f in schema if f.name in stored.names or f.name not in added]),
+                    str(path))
         for declared, check in _VALUE_CHECKS:
             if schema.equals(declared):
                 check(frame, str(path))
@@ -295,6 +442,24 @@ def check_questions(frame: pd.DataFrame, where: str) -> None:
 
 
 _VALUE_CHECKS = [(QUESTIONS, check_questions)]  # (schema, check of its values) for read_table
+# (schema, nullable columns added after tables were written with it): an older table reads with them null,
+# and a writer that does not know them yet writes them null.
+_ADDED_COLUMNS = [(PREDICTIONS, ("yes_margin",))]
+
+
+def _added_columns(schema: pa.Schema) -> tuple[str, ...]:
+    return next((names for declared, names in _ADDED_COLUMNS if schema.equals(declared)), ())
+
+
+def _with_added_columns(frame: pd.DataFrame, schema: pa.Schema) -> pd.DataFrame:
+    """``frame`` with each later-added column of ``schema`` it lacks, as nulls."""
+    absent = [name for name in _added_columns(schema) if name not in frame.columns]
+    if not absent:
+        return frame
+    frame = frame.copy()
+    for name in absent:
+        frame[name] = pd.Series(None, index=frame.index, dtype=schema.field(name).type.to_pandas_dtype())
+    return frame
 
 
 def read_provenance(path: str | Path) -> dict:
