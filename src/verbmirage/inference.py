@@ -274,6 +274,7 @@ def _error_row(question_id: str, error: str) -> dict:
         "prediction": "unknown",
         "parse_rule": "error",
         "p_yes": None,
+        "yes_margin": None,
         "option_probs": None,
         "confidence": None,
         "error": error,
@@ -287,7 +288,7 @@ def _result_row(question_id: str, result: YesNoResult | MultipleChoiceResult) ->
         row["option_probs"] = None
     else:
         row["option_probs"] = list(row["option_probs"])
-        row["p_yes"] = None
+        row["p_yes"] = row["yes_margin"] = None
     return {"question_id": question_id, **row}
 
 

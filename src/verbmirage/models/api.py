@@ -3,7 +3,8 @@ OpenAI endpoint, a vLLM or SGLang server).
 
 The image goes as a base64 data URL. Answer probabilities come from the
 first answer token's ``top_logprobs`` when the server returns them (P(yes) =
-yes mass over yes+no mass; MC = renormalised mass of the option letters);
+yes mass over yes+no mass; ``yes_margin`` = logsumexp of the yes logprobs minus that
+of the no logprobs, when both words are among the top logprobs; MC = renormalised mass of the option letters);
 otherwise the text is parsed and the probability is 1 for the parsed answer.
 
 Requests run concurrently (``max_concurrency``) and are retried with
@@ -54,6 +55,7 @@ from verbmirage.models.base import (
     VisionLanguageModel,
     YesNoResult,
     option_letter,
+    yes_no_margin,
 )
 from verbmirage.models.parsing import letter_token, normalise_token, parse_choice, parse_yes_no
 from verbmirage.models.prompts import PromptTemplate
@@ -354,14 +356,19 @@ class OpenAIChatModel(VisionLanguageModel):
                 continue
             text, candidates = answer
             mass = {YES: 0.0, NO: 0.0}
+            logprobs = {YES: [], NO: []}
             for token, logprob in candidates:
                 word = normalise_token(token)
                 if word in mass:
                     mass[word] += math.exp(logprob)
+                    logprobs[word].append(logprob)
             confidence = math.exp(max(lp for _, lp in candidates)) if candidates else math.nan
             if mass[YES] + mass[NO] > 0:
                 p_yes = mass[YES] / (mass[YES] + mass[NO])
-                results.append(YesNoResult(p_yes, YES if p_yes >= 0.5 else NO, text, confidence, "logprobs"))
+                # only where both words are among the top logprobs; one side missing gives a bound, not a score
+                margin = yes_no_margin(logprobs[YES], logprobs[NO])
+                results.append(YesNoResult(p_yes, YES if p_yes >= 0.5 else NO, text, confidence, "logprobs",
+                                           yes_margin=margin))
             else:
                 answer, rule = parse_yes_no(text)
                 p_yes = {YES: 1.0, NO: 0.0}.get(answer, math.nan)

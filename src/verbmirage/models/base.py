@@ -6,7 +6,10 @@ A backend answers batches of :class:`Question` in three ways:
   question: ``p_yes`` (probability mass of "yes" over "yes"+"no" at the first
   answer position), the parsed ``prediction`` ("yes", "no" or "unknown"), the
   raw answer text, ``confidence`` (max softmax probability of the answer token,
-  paper Eq. 2) and the rule that parsed the text.
+  paper Eq. 2), the rule that parsed the text, and, where the backend has the
+  yes/no logits at hand, ``yes_margin`` = logsumexp(z[yes]) - logsumexp(z[no])
+  in float64 (P(yes) = sigmoid(yes_margin); it stays finite and keeps the
+  ranking where P(yes) saturates at 1.0, which average precision needs).
 - :meth:`VisionLanguageModel.score_multiple_choice` -> one
   :class:`MultipleChoiceResult`: a probability per option (in the order of
   ``Question.options``), the chosen letter, raw text, confidence.
@@ -67,6 +70,8 @@ class YesNoResult:
     error: str | None = None
     #: A transient failure: not stored, so a resumed job asks again.
     retry: bool = False
+    #: logsumexp(z[yes]) - logsumexp(z[no]) at the first answer position (float64); None without logits.
+    yes_margin: float | None = None
 
     @classmethod
     def failed(cls, error: str, retry: bool = False) -> "YesNoResult":
@@ -125,6 +130,29 @@ def allow_remote_code(where: str, trust_remote_code, revision: str | None, path:
             f"(path '{path}' is not a local folder)"
         )
     return trust_remote_code
+
+
+def logsumexp(values) -> float:
+    """log(sum(exp(v))) in float64 without overflow; -inf for no values."""
+    values = [float(v) for v in values]
+    if not values:
+        return -math.inf
+    top = max(values)
+    if math.isinf(top):
+        return top
+    return top + math.log(sum(math.exp(v - top) for v in values))
+
+
+def yes_no_margin(yes_logits, no_logits) -> float | None:
+    """logsumexp(yes) - logsumexp(no) (logits or log-probabilities: the normaliser cancels); None if undefined.
+
+    Undefined when a side has no value (an API's top-k list without any "no" token) or
+    both sides are -inf: the margin would only be a bound, not a score.
+    """
+    yes, no = logsumexp(yes_logits), logsumexp(no_logits)
+    if math.isinf(yes) or math.isinf(no) or math.isnan(yes) or math.isnan(no):
+        return None
+    return yes - no
 
 
 def option_letter(index: int) -> str:

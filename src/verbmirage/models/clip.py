@@ -2,8 +2,9 @@
 
 Each question becomes a caption ("a photo of a person riding a horse");
 YN answers yes when the image-caption cosine similarity reaches
-``threshold`` (P(yes) = sigmoid(logit_scale * (similarity - threshold)), a
-monotone score usable for average precision); MC picks the option whose
+``threshold`` (P(yes) = sigmoid(logit_scale * (similarity - threshold)); the
+argument of the sigmoid is stored as ``yes_margin``, the score average precision
+ranks by); MC picks the option whose
 caption is most similar (softmax of the scaled similarities). Images and
 captions are each encoded once per batch.
 """
@@ -104,9 +105,11 @@ class ClipModel(VisionLanguageModel):
                 results.append(YesNoResult.failed(error))
                 continue
             value = float(sim[0])
-            p_yes = 1 / (1 + math.exp(-self.logit_scale * (value - self.threshold)))
+            margin = self.logit_scale * (value - self.threshold)  # the logit of p_yes: a score for AP
+            p_yes = 1 / (1 + math.exp(-margin))
             answer = YES if value >= self.threshold else NO
-            results.append(YesNoResult(p_yes, answer, f"similarity={value:.4f}", max(p_yes, 1 - p_yes), "clip-threshold"))
+            results.append(YesNoResult(p_yes, answer, f"similarity={value:.4f}", max(p_yes, 1 - p_yes), "clip-threshold",
+                                       yes_margin=margin))
         return results
 
     def _score_multiple_choice(self, questions):

@@ -1,7 +1,9 @@
 """Hugging Face transformers vision-language backends and their scoring engine.
 
 Scoring reads the logits of the first answer position (no generation):
-P(yes) = softmax mass of the "yes" spellings over yes+no spellings; MC = mass
+P(yes) = softmax mass of the "yes" spellings over yes+no spellings, and
+``yes_margin`` = logsumexp of their logits minus that of the "no" logits (float64,
+so it still ranks answers where P(yes) rounds to 1.0); MC = mass
 of each option letter's tokens, renormalised; ``confidence`` = the max softmax
 probability over the whole vocabulary there (paper Eq. 2); the raw answer is
 the decoded argmax token.
@@ -144,6 +146,9 @@ class LogitsVLM(VisionLanguageModel):
         logits, errors = self.answer_logits(questions, multiple_choice=False)
         probs = torch.softmax(self._real_tokens(logits), dim=-1)
         yes, no = probs[:, self._yes_ids].sum(-1), probs[:, self._no_ids].sum(-1)
+        # float64, from the logits themselves: finite where the float32 P(yes) above is exactly 1.0
+        real = self._real_tokens(logits).double()
+        margins = torch.logsumexp(real[:, self._yes_ids], -1) - torch.logsumexp(real[:, self._no_ids], -1)
         confidence, best = probs.max(dim=-1)
         results = []
         for i, error in enumerate(errors):
@@ -152,7 +157,9 @@ class LogitsVLM(VisionLanguageModel):
                 continue
             p_yes = float(yes[i] / (yes[i] + no[i]))
             raw = self._token_text(int(best[i]))
-            results.append(YesNoResult(p_yes, YES if p_yes >= 0.5 else NO, raw, float(confidence[i]), "logits"))
+            margin = float(margins[i]) if math.isfinite(float(margins[i])) else None
+            results.append(YesNoResult(p_yes, YES if p_yes >= 0.5 else NO, raw, float(confidence[i]), "logits",
+                                       yes_margin=margin))
         return results
 
     def _score_multiple_choice(self, questions: list[Question]) -> list[MultipleChoiceResult]:

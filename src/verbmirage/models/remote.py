@@ -14,6 +14,7 @@ here runs that driver either
 
 Either way YN and MC are scored from the logits at the first answer position,
 exactly like the transformers backends (P(yes) = yes mass / (yes + no mass);
+``yes_margin`` = logsumexp(yes logits) - logsumexp(no logits) in float64;
 ``confidence`` = the max softmax probability), and free text is decoded
 greedily unless the entry says otherwise, the decoding named in ``parse_rule``.
 
@@ -46,6 +47,7 @@ from verbmirage.models.base import (
     allow_remote_code,
     open_rgb,
     option_letter,
+    yes_no_margin,
 )
 from verbmirage.models.hf import answer_token_ids
 from verbmirage.models.parsing import parse_choice, parse_yes_no
@@ -328,7 +330,9 @@ class RemoteCodeVLM(VisionLanguageModel):
             p_yes = yes / (yes + no) if yes + no > 0 else math.nan
             prediction = UNKNOWN if math.isnan(p_yes) else (YES if p_yes >= 0.5 else NO)
             confidence = math.exp(row["argmax_logit"] - row["logsumexp"])
-            results.append(YesNoResult(p_yes, prediction, self._token_text(row["argmax_id"]), confidence, "logits"))
+            margin = yes_no_margin(row["logits"][: len(self._yes_ids)], row["logits"][len(self._yes_ids):])
+            results.append(YesNoResult(p_yes, prediction, self._token_text(row["argmax_id"]), confidence, "logits",
+                                       yes_margin=margin))
         return results
 
     def _score_multiple_choice(self, questions):
