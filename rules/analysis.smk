@@ -33,11 +33,13 @@ rule attention:
 
 
 rule attention_figures:
-    """The attention table and the paper's Figs. 7, 8, 13, 14 drawn from it."""
+    """The attention table, its correct-vs-hallucinated summary and the paper's Figs. 7, 8, 13, 14 drawn from it."""
     input:
         parts=attention_parts(),
     output:
         table=ATTENTION_TABLE,
+        summary=ATTENTION_SUMMARY[0],
+        summary_html=report(ATTENTION_SUMMARY[1], category="Attention", caption="../report/attention_summary.rst"),
         figures=[
             report(path, category="Attention", caption=f"../report/attention_fig{n}.rst")
             for n, path in ATTENTION_FIGURES.items()
@@ -47,6 +49,7 @@ rule attention_figures:
         roles=attention_figure_roles(),
         figures=ATTENTION_FIGURES,
         condition=lambda wildcards: ATTENTION_CONDITIONS[0] if ATTENTION_CONDITIONS else "clean",
+        bootstrap=config["metrics"],
     log:
         "logs/attention_figures.log",
     conda:

@@ -239,7 +239,8 @@ ATTENTION_CONDITIONS = ATTENTION_SETTINGS.get("conditions", [])
 ATTENTION_PART = "results/analysis/attention/{dataset}/{qset}/{condition}/{model}.parquet"
 ATTENTION_TABLE = "results/analysis/attention.parquet"
 ATTENTION_FIGURES = {n: f"results/figures/fig{n}_attention.png" for n in (7, 8, 13, 14)}
-ATTENTION_OUTPUTS = [ATTENTION_TABLE, *ATTENTION_FIGURES.values()] if ATTENTION_MODELS else []
+ATTENTION_SUMMARY = expand("results/analysis/attention_summary.{ext}", ext=["parquet", "html"])
+ATTENTION_OUTPUTS = [ATTENTION_TABLE, *ATTENTION_SUMMARY, *ATTENTION_FIGURES.values()] if ATTENTION_MODELS else []
 
 
 def attention_resource(key, default):

@@ -1,19 +1,25 @@
-"""The attention table and Figs. 7, 8, 13, 14; rule ``attention_figures``.
+"""The attention table, its summary and Figs. 7, 8, 13, 14; rule ``attention_figures``.
 
-Inputs: the per-job attention tables. Outputs: ``results/analysis/attention.parquet`` and one PNG
-per figure (drawn from that table only). Settings: ``params.models`` (slug -> entry),
-``params.roles`` (figure -> model), ``params.figures`` (figure -> path), ``params.condition``.
+Inputs: the per-job attention tables. Outputs: ``results/analysis/attention.parquet``, the summary
+(``attention_summary.parquet`` and its HTML page) and one PNG per figure (drawn from that table only).
+Settings: ``params.models`` (slug -> entry), ``params.roles`` (figure -> model), ``params.figures``
+(figure -> path), ``params.condition``, ``params.bootstrap`` (the ``metrics:`` block: resamples, level, seed).
 """
 
 from verbmirage.analysis.attention import collect_attention
 from verbmirage.analysis.attention_figures import draw_attention_figures
-from verbmirage.io import ATTENTION, read_table
+from verbmirage.analysis.attention_summary import summarize_attention
+from verbmirage.io import ATTENTION, ATTENTION_SUMMARY, read_table, write_html, write_table
 from verbmirage.joblog import job_log
 
 with job_log(snakemake.log[0]):
     p = snakemake.params
     collect_attention(snakemake.input.parts, snakemake.output.table)
     table = read_table(snakemake.output.table, ATTENTION)
+    b = p.bootstrap
+    summary = summarize_attention(table, b["bootstrap_resamples"], b["confidence_level"], b["seed"])
+    write_table(summary, snakemake.output.summary, ATTENTION_SUMMARY)
+    write_html(summary, snakemake.output.summary_html, title="Attention: correct vs hallucinated answers (ours)")
     notes = {slug: "tiny model with RANDOM weights: the shares are noise, the figure only shows the layout"
              for slug, entry in p.models.items() if "tiny_" in str(entry.get("path", ""))}
     backends = {slug: entry["backend"] for slug, entry in p.models.items()}

@@ -20,8 +20,11 @@ from verbmirage.analysis.attention import (
     question_shares,
     resolve_layers,
 )
+from sklearn.metrics import roc_auc_score
+
 from verbmirage.analysis.attention_figures import draw_attention_figures, figure_models
-from verbmirage.io import ATTENTION, read_table, write_table
+from verbmirage.analysis.attention_summary import bootstrap_difference, summarize_attention
+from verbmirage.io import ATTENTION, ATTENTION_SUMMARY, read_table, write_table
 from verbmirage.models import create_model
 
 FAMILIES = ["llava", "qwen2_vl", "instructblip"]
@@ -46,6 +49,7 @@ def test_hand_built_pattern_gives_the_notes_shares():
     assert shares["verb_share"] == pytest.approx(0.4583, abs=1e-4)
     assert shares["object_share"] == pytest.approx(1 - 0.4583, abs=1e-4)
     assert shares["key_area_share"] == pytest.approx(0.625)
+    assert shares["key_area_raw"] == pytest.approx(0.225) and shares["key_area_lift"] == pytest.approx(1.25)
 
 
 def test_positions_after_q_and_missing_sets_do_not_count():
@@ -166,7 +170,7 @@ def questions_frame() -> pd.DataFrame:
     rows = [("a", "yn_obj", "Is someone sitting on a hair drier?", "sit_on", "hair_drier", None, "yes"),
             ("b", "yn_obj", "Is someone riding a bicycle?", "ride", "bicycle", None, "no"),
             ("c", "yn_verb", "Is someone riding something?", "ride", None, None, "yes")]
-    return pd.DataFrame([dict(question_id=q, qset=s, image=IMAGE, prompt=p, verb=v, object=o, options=opts, answer=a)
+    return pd.DataFrame([dict(question_id=q, qset=s, image_id="img", image=IMAGE, prompt=p, verb=v, object=o, options=opts, answer=a)
                          for q, s, p, v, o, opts, a in rows])
 
 
@@ -347,7 +351,8 @@ def attention_table(rng) -> pd.DataFrame:
         for layer in (0, 1):
             rows.append(dict(dataset="hico", qset=qset, condition="clean", model="llava", question_id=f"q{i}",
                              layer=layer, visual_share=rng.random(), verb_share=rng.random() if qset == "yn_obj" else None,
-                             object_share=None, key_area_share=rng.random(), answer=answer, correct=bool(i % 2)))
+                             object_share=None, key_area_share=rng.random(), key_area_raw=rng.random(),
+                             key_area_lift=rng.random(), image_id=f"img{i % 7}", answer=answer, correct=bool(i // 4 % 2)))
     return pd.DataFrame(rows)
 
 
@@ -374,4 +379,42 @@ def test_figure_roles_follow_the_paper_then_the_config():
 
 def test_table_schema_is_the_declared_one():
     assert ATTENTION.names == ["dataset", "qset", "condition", "model", "question_id", "layer", "visual_share",
-                               "verb_share", "object_share", "key_area_share", "answer", "correct"]
+                               "verb_share", "object_share", "key_area_share", "key_area_raw", "key_area_lift",
+                               "image_id", "answer", "correct"]
+
+
+# ---- summary: correct vs hallucinated ---------------------------------------------------------------
+def test_summary_compares_correct_and_hallucinated_per_figure_group():
+    table = attention_table(np.random.default_rng(1))
+    summary = summarize_attention(table, resamples=200, seed=0)
+    assert list(summary.columns) == ATTENTION_SUMMARY.names
+    assert set(summary.group) == {"answer_yes", "answer_no", "mc"}
+    # an independent computation on one group: yn_obj, ground truth yes, layer 0, visual share
+    rows = table[table.qset.eq("yn_obj") & table.answer.eq("yes") & table.layer.eq(0)]
+    wrong = ~rows.correct
+    got = summary[summary.qset.eq("yn_obj") & summary.group.eq("answer_yes") & summary.layer.eq(0)
+                  & summary.measure.eq("visual_share")].set_index("statistic")
+    delta = rows.visual_share[wrong].mean() - rows.visual_share[~wrong].mean()
+    assert got.at["delta_mean", "value"] == pytest.approx(delta)
+    assert got.at["delta_mean", "ci_low"] <= delta <= got.at["delta_mean", "ci_high"]
+    assert got.at["auroc_hallucinated", "value"] == pytest.approx(roc_auc_score(wrong, rows.visual_share))
+    assert got.at["median_correct", "value"] == pytest.approx(rows.visual_share[~wrong].median())
+    assert got.at["mean_hallucinated", "n"] == wrong.sum()
+    # a measure that is NaN everywhere in a group (verb share outside yn_obj) gives no rows
+    assert not summary[summary.qset.eq("mc_obj") & summary.measure.eq("verb_share")].size
+
+
+def test_summary_with_one_outcome_only_has_no_difference():
+    table = attention_table(np.random.default_rng(2)).assign(correct=True)
+    summary = summarize_attention(table, resamples=50)
+    deltas = summary[summary.statistic.isin(["delta_mean", "auroc_hallucinated"])]
+    assert len(deltas) and deltas.value.isna().all()
+    assert summary[summary.statistic.eq("mean_hallucinated")].n.eq(0).all()
+
+
+def test_bootstrap_resamples_images_not_rows():
+    # two images: all of image a's rows correct, all of b's hallucinated; a replicate without one of them has
+    # no difference, so the interval comes from the replicates that draw both
+    values, hallucinated, images = [0.1, 0.1, 0.9, 0.9], [False, False, True, True], ["a", "a", "b", "b"]
+    point, low, high = bootstrap_difference(values, hallucinated, images, resamples=200, confidence=0.95, seed=0)
+    assert point == pytest.approx(0.8) and low == pytest.approx(0.8) and high == pytest.approx(0.8)

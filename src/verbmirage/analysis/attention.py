@@ -17,7 +17,10 @@ q to position i (rows sum to 1 over positions 0..q):
   ``object_share`` its complement on the object tokens;
 - ``key_area_share`` = mean_j sum_{i in K} alpha_ij / sum_{i in V} alpha_ij, K = the
   visual tokens whose patch centre lies inside a human or object box of a
-  visible pair with the question's object (``yn_obj``, ``mc_obj``).
+  visible pair with the question's object (``yn_obj``, ``mc_obj``);
+  ``key_area_raw`` = mean_j sum_{i in K} alpha_ij (not normalised by the visual share) and
+  ``key_area_lift`` = key_area_share / (|K| / |V|): 1 when the key area gets exactly its
+  share of the patches (both ours, the paper gives only the figure).
 
 T_v and T_o come from character offsets of the rendered prompt (the fast
 tokenizer's offset map), shifted for the expanded image tokens. The box to
@@ -84,6 +87,8 @@ def head_shares(rows: np.ndarray, tokens: TokenSets) -> dict[str, np.ndarray]:
             "object": obj / (verb + obj) if len(tokens.object) else np.full(len(rows), np.nan),
             "key_area": (rows[:, tokens.key].sum(axis=1) / visual if tokens.key is not None
                          else np.full(len(rows), np.nan)),
+            "key_area_raw": (rows[:, tokens.key].sum(axis=1) if tokens.key is not None
+                             else np.full(len(rows), np.nan)),
         }
     return shares
 
@@ -95,11 +100,15 @@ def question_shares(rows: np.ndarray, tokens: TokenSets) -> dict[str, float]:
     def mean(values: np.ndarray) -> float:
         return float(values.mean()) if len(values) and not np.isnan(values).any() else math.nan
 
+    key_area = mean(per_head["key_area"])
+    key_fraction = len(tokens.key) / len(tokens.visual) if tokens.key is not None and len(tokens.visual) else 0.0
     return {
         "visual_share": mean(per_head["visual"]),
         "verb_share": mean(per_head["verb"]),
         "object_share": mean(per_head["object"]),
-        "key_area_share": mean(per_head["key_area"]),
+        "key_area_share": key_area,
+        "key_area_raw": mean(per_head["key_area_raw"]),
+        "key_area_lift": key_area / key_fraction if key_fraction > 0 else math.nan,
     }
 
 
@@ -399,8 +408,8 @@ class AttentionProbe:
                 prediction = self._predict(logits[b], "mc" if multiple_choice else "yn", len(asked[b].options))
                 for layer in self.layers:
                     shares = question_shares(captured[layer][b], tokens)
-                    records.append({"question_id": row.question_id, "layer": layer, **shares,
-                                    "answer": row.answer, "prediction": prediction,
+                    records.append({"question_id": row.question_id, "image_id": row.image_id, "layer": layer,
+                                    **shares, "answer": row.answer, "prediction": prediction,
                                     "correct": prediction == row.answer})
         return records
 
