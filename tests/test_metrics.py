@@ -48,7 +48,7 @@ def test_yes_no_scores_equal_sklearn():
     ours = dict(zip(YES_NO_METRICS, yes_no_scores(counts)))
     for positive, suffix in (("yes", ""), ("no", "_no")):
         p, r, f, _ = precision_recall_fscore_support(
-            answer, prediction, labels=[positive], average=None, zero_division=0
+            answer, prediction, labels=[positive], average=None, zero_division=np.nan
         )
         assert ours[f"precision{suffix}"] == pytest.approx(p[0])
         assert ours[f"recall{suffix}"] == pytest.approx(r[0])
@@ -56,6 +56,59 @@ def test_yes_no_scores_equal_sklearn():
     assert ours["accuracy"] == pytest.approx(accuracy_score(answer, prediction))
     assert ours["yes_ratio"] == pytest.approx((prediction == "yes").mean())
     assert ours["unknown_ratio"] == pytest.approx((prediction == "unknown").mean())
+
+
+@pytest.mark.parametrize("answers, predictions", [
+    (["yes", "yes", "no"], ["no", "no", "no"]),  # never says yes: precision undefined, F1 0
+    (["no", "no"], ["yes", "no"]),  # no yes question: recall undefined
+    (["no", "no"], ["no", "unknown"]),  # neither: precision, recall and F1 undefined
+    (["yes", "yes"], ["yes", "yes"]),  # never says no: precision_no and recall_no undefined
+    (["yes", "no"], ["unknown", "yes"]),
+])
+def test_zero_denominator_is_nan_as_in_sklearn(answers, predictions):
+    """A metric whose denominator is 0 is NaN (sklearn ``zero_division=np.nan``), never 0."""
+    answer, prediction = pd.Series(answers), pd.Series(predictions)
+    ours = dict(zip(YES_NO_METRICS, yes_no_scores(yes_no_count_columns(answer, prediction).sum().to_numpy())))
+    for positive, suffix in (("yes", ""), ("no", "_no")):
+        expected = precision_recall_fscore_support(
+            answer, prediction, labels=[positive], average=None, zero_division=np.nan
+        )[:3]
+        got = [ours[f"{name}{suffix}"] for name in ("precision", "recall", "f1")]
+        np.testing.assert_array_equal(got, [e[0] for e in expected])  # NaN where sklearn has NaN
+    never_yes = dict(zip(YES_NO_METRICS, yes_no_scores([0, 0, 2, 1, 0, 0])))
+    assert np.isnan(never_yes["precision"]) and never_yes["recall"] == 0.0 and never_yes["f1"] == 0.0
+
+
+def test_recall_on_rare_no_is_nan_and_intervals_skip_undefined_resamples():
+    questions, predictions = _yes_no_frame(n_images=12)
+    rows = evaluate(questions, predictions, "yn", {}, BootstrapSettings(resamples=200, seed=3))
+    rare_no = rows[rows.subset == "rare_no"].set_index("metric")
+    assert np.isnan(rare_no.loc["recall", ["value", "ci_low", "ci_high"]].astype(float)).all()  # no yes question
+    assert rare_no.at["accuracy", "value"] == pytest.approx(rare_no.at["recall_no", "value"])
+    # 'all': some resamples may lack a wrong yes, but the interval is still over the defined ones
+    everything = rows[rows.subset == "all"].set_index("metric")
+    for metric in ("precision", "recall", "f1", "precision_no"):
+        low, value, high = everything.loc[metric, ["ci_low", "value", "ci_high"]]
+        assert np.isfinite([low, high]).all() and low <= value <= high, metric
+
+
+def test_interval_equals_scipy_where_every_resample_is_defined():
+    import scipy.stats
+
+    from verbmirage.metrics import mc_scores, score_with_interval
+
+    rng = np.random.default_rng(0)
+    per_image = np.column_stack([np.full(30, 2), rng.integers(0, 3, 30), rng.integers(0, 3, 30)])
+    settings = BootstrapSettings(resamples=500, seed=4)
+    value, low, high = score_with_interval(per_image, mc_scores, settings)
+    reference = scipy.stats.bootstrap(
+        tuple(per_image.T), lambda *c, axis=-1: mc_scores(np.stack([x.sum(axis=axis) for x in c], -1)),
+        paired=True, vectorized=True, n_resamples=500, method="percentile",
+        random_state=np.random.default_rng(4),
+    ).confidence_interval
+    np.testing.assert_allclose(low, reference.low)
+    np.testing.assert_allclose(high, reference.high)
+    assert value == pytest.approx(mc_scores(per_image.sum(axis=0)))
 
 
 def _yes_no_frame(n_images=40, per_image=3, p_correct=0.7, seed=0):

@@ -39,7 +39,16 @@ def test_demo_produces_metrics_and_tables(demo_run):
     ego = pd.read_parquet(demo_run / "results/benchmark/charadesego/yn_ego.parquet")
     exo = pd.read_parquet(demo_run / "results/benchmark/charadesego/yn_exo.parquet")
     assert ego.prompt.tolist() == exo.prompt.tolist() and ego.answer.tolist() == exo.answer.tolist()
-    assert metrics.value.notna().all() or metrics[metrics.value.isna()].metric.eq("error_consistency").all()
+    # NaN only where the metric is undefined (docs/analysis.md): kappa with c_exp = 1, or a YN ratio whose
+    # denominator is 0 (accuracy, yes/unknown ratios and MC accuracies always have one)
+    undefined = metrics[metrics.value.isna()].metric
+    assert undefined.isin({"error_consistency", "precision", "recall", "f1", "precision_no", "recall_no",
+                           "f1_no"}).all(), sorted(set(undefined))
+    keyed = metrics[metrics.dataset.eq("hico") & metrics.variant.eq("default")].set_index(
+        ["qset", "condition", "model", "subset", "metric"], verify_integrity=True)["value"]
+    assert pd.isna(keyed[("yn_obj", "clean", "always_yes", "all", "precision_no")])  # never says no
+    assert pd.isna(keyed[("yn_obj", "clean", "always_yes", "rare_no", "recall")])  # no yes question there
+    assert keyed[("yn_obj", "clean", "always_yes", "rare_no", "f1_no")] == 0.0  # recall_no 0: F1 defined
     # always-yes: recall 1 and accuracy = share of yes questions, computed from the question table
     questions = pd.read_parquet(demo_run / "results/benchmark/hico/yn_obj.parquet")
     row = metrics.set_index(["qset", "condition", "model", "subset", "metric"])["value"]

@@ -247,6 +247,26 @@ FOV_ROWS = pa.schema(
 )
 
 
+# One row per (condition, model, variant, asked HOI) of the Known-Object AP (analysis/known_object.py).
+KNOWN_OBJECT_AP = pa.schema(
+    [
+        ("dataset", pa.string()),
+        ("condition", pa.string()),
+        ("model", pa.string()),
+        ("variant", pa.string()),
+        ("hoi_id", pa.int64()),
+        ("verb", pa.string()),
+        ("object", pa.string()),
+        ("rare", pa.bool_()),
+        ("n_pos", pa.int64()),
+        ("n", pa.int64()),
+        ("ap", pa.float64()),
+        ("ap_voc11", pa.float64()),
+        ("n_tied_scores", pa.int64()),
+    ]
+)
+
+
 class SchemaError(ValueError):
     """A table does not have the columns its schema declares."""
 
@@ -474,14 +494,20 @@ def write_text(path: str | Path, text: str) -> None:
         tmp.write_text(text)
 
 
+#: How tables print a missing or undefined value (no run, or a metric whose denominator is 0).
+MISSING_VALUE = "–"
+
+
 def write_markdown(frame: pd.DataFrame, path: str | Path, title: str = "") -> None:
-    """Write a table as Markdown (via tabulate), atomically."""
-    write_text(path, (f"## {title}\n\n" if title else "") + frame.to_markdown(index=False, floatfmt=".2f") + "\n")
+    """Write a table as Markdown (via tabulate), atomically; NaN prints as ``MISSING_VALUE``."""
+    cells = frame.astype(object).where(frame.notna(), None)  # tabulate's missingval applies to None only
+    table = cells.to_markdown(index=False, floatfmt=".2f", missingval=MISSING_VALUE)
+    write_text(path, (f"## {title}\n\n" if title else "") + table + "\n")
 
 
 def write_html(frame: pd.DataFrame, path: str | Path, title: str = "") -> None:
     """Write a table as a small standalone HTML page (for the Snakemake report), atomically."""
-    body = frame.to_html(index=False, float_format=lambda v: f"{v:.2f}", na_rep="", border=0)
+    body = frame.to_html(index=False, float_format=lambda v: f"{v:.2f}", na_rep=MISSING_VALUE, border=0)
     heading = f"<h2>{title}</h2>\n" if title else ""
     write_text(path, f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{title}</title></head>"
                       f"<body>\n{heading}{body}\n</body></html>\n")

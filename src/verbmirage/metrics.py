@@ -7,11 +7,16 @@ per-image counts, which scipy's vectorised ``bootstrap`` does for all metrics
 of a table at once. The formulas equal scikit-learn's (tests check it); they
 are written on counts because the bootstrap evaluates them thousands of times.
 
-Values are fractions in [0, 1]; tables turn them into percent.
+Values are fractions in [0, 1]; tables turn them into percent. A metric whose
+denominator is 0 (precision of a model that never says yes, recall on
+``rare_no``) is NaN, not 0: it is undefined, not bad. F1 is
+2tp / (2tp + fp + fn) (scikit-learn's form), so it is 0 rather than NaN when
+only one of precision and recall is undefined, and NaN when tp = fp = fn = 0.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,13 +47,15 @@ class BootstrapSettings:
 
 
 def _ratio(numerator, denominator):
+    """numerator / denominator, NaN where the denominator is 0 (the metric is undefined there)."""
     numerator, denominator = np.asarray(numerator, float), np.asarray(denominator, float)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(denominator > 0, numerator / np.where(denominator > 0, denominator, 1), 0.0)
+        return np.where(denominator > 0, numerator / np.where(denominator > 0, denominator, 1), np.nan)
 
 
-def _f1(precision, recall):
-    return _ratio(2 * precision * recall, precision + recall)
+def _f1(true_positive, false_positive, false_negative):
+    """Harmonic mean of precision and recall, from counts: defined whenever any of them is non-zero."""
+    return _ratio(2 * true_positive, 2 * true_positive + false_positive + false_negative)
 
 
 def yes_no_scores(counts: np.ndarray) -> np.ndarray:
@@ -63,8 +70,8 @@ def yes_no_scores(counts: np.ndarray) -> np.ndarray:
     precision_no, recall_no = _ratio(tn, tn + fn), _ratio(tn, tn + fp + unknown_no)
     return np.stack(
         [
-            _ratio(tp + tn, n), precision, recall, _f1(precision, recall),
-            precision_no, recall_no, _f1(precision_no, recall_no),
+            _ratio(tp + tn, n), precision, recall, _f1(tp, fp, fn + unknown_yes),
+            precision_no, recall_no, _f1(tn, fn, fp + unknown_no),
             _ratio(tp + fp, n), _ratio(unknown_yes + unknown_no, n),
         ]
     )
@@ -125,18 +132,27 @@ def score_with_interval(
     def statistic(*columns, axis=-1):
         return score(np.stack([c.sum(axis=axis) for c in columns], axis=-1))
 
-    result = scipy.stats.bootstrap(
-        tuple(per_image.T),
-        statistic,
-        paired=True,
-        vectorized=True,
-        n_resamples=settings.resamples,
-        confidence_level=settings.level,
-        method="percentile",
-        batch=max(1, min(settings.resamples, 2_000_000 // max(1, per_image.size))),
-        random_state=np.random.default_rng(settings.seed),
-    )
-    return value, result.confidence_interval.low, result.confidence_interval.high
+    with warnings.catch_warnings():  # undefined (NaN) resamples are handled below
+        warnings.simplefilter("ignore", scipy.stats.DegenerateDataWarning)
+        result = scipy.stats.bootstrap(
+            tuple(per_image.T),
+            statistic,
+            paired=True,
+            vectorized=True,
+            n_resamples=settings.resamples,
+            confidence_level=settings.level,
+            method="percentile",
+            batch=max(1, min(settings.resamples, 2_000_000 // max(1, per_image.size))),
+            random_state=np.random.default_rng(settings.seed),
+        )
+    # scipy's percentile interval, but over the resamples where the metric is defined: a resample of a
+    # small subset may draw no image with a yes answer (recall undefined), which would make the
+    # whole interval NaN. Equal to scipy's interval when every resample is defined.
+    tail = 100 * (1 - settings.level) / 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN: the metric itself is undefined
+        low, high = np.nanpercentile(result.bootstrap_distribution, [tail, 100 - tail], axis=-1)
+    return value, low, high
 
 
 def _per_image(frame: pd.DataFrame, columns) -> np.ndarray:

@@ -76,10 +76,19 @@ def build_table(
     dataset: str = "hico",
     subset: str = "all",
 ) -> pd.DataFrame:
-    """One row per model, one column per :class:`Column`, values x100; missing values stay NaN."""
+    """One row per model, one column per :class:`Column`, values x100; missing values stay NaN.
+
+    A key found twice (two metric parts for one cell) is an error: which value is right cannot be guessed.
+    """
     chosen = metrics[(metrics.dataset == dataset) & (metrics.variant == variant) & (metrics.subset == subset)]
     lookup = chosen.set_index(["model", "qset", "condition", "metric"])["value"]
-    lookup = lookup[~lookup.index.duplicated()]
+    duplicated = lookup.index[lookup.index.duplicated()].unique()
+    if len(duplicated):
+        first = dict(zip(("model", "qset", "condition", "metric"), duplicated[0]))
+        raise ValueError(
+            f"metrics table: {len(duplicated)} key(s) appear more than once for dataset={dataset}, "
+            f"variant={variant}, subset={subset}, e.g. {first}"
+        )
     rows = []
     for model in models:
         row = {"model": model}
