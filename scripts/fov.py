@@ -1,0 +1,28 @@
+"""Field of view (Fig. 10): the same single-instance questions on the full image and on each crop; rule ``fov``.
+
+Inputs: ``tags`` (``image_tags.parquet``), the question and prediction tables of ``params.runs`` (one dict per
+model, variant and set: questions, predictions = {condition: path}). Outputs: ``summary``
+(``io.FOV``) and ``rows`` (``io.FOV_ROWS``). Settings: ``params.conditions`` (slug -> config entry, the
+first is the reference), ``params.bootstrap`` (config ``metrics``).
+"""
+
+from verbmirage.analysis.fov import fov_tables
+from verbmirage.image_tags import IMAGE_TAGS
+from verbmirage.io import FOV, FOV_ROWS, PREDICTIONS, QUESTIONS, read_table, write_table
+from verbmirage.joblog import job_log
+from verbmirage.metrics import BootstrapSettings
+
+with job_log(snakemake.log[0]):
+    p = snakemake.params
+    bootstrap = BootstrapSettings(p.bootstrap["bootstrap_resamples"], p.bootstrap["confidence_level"],
+                                  p.bootstrap["seed"])
+    questions = {path: read_table(path, QUESTIONS) for path in snakemake.input.questions}
+    runs = [
+        ({k: run[k] for k in ("model", "variant", "qset")}, questions[run["questions"]],
+         {c: read_table(path, PREDICTIONS) for c, path in run["predictions"].items()})
+        for run in p.runs
+    ]
+    summary, rows = fov_tables(runs, read_table(snakemake.input.tags, IMAGE_TAGS), dict(p.conditions), bootstrap)
+    provenance = {"conditions": dict(p.conditions), "metrics": p.bootstrap}
+    write_table(summary, snakemake.output.summary, FOV, provenance=provenance)
+    write_table(rows, snakemake.output.rows, FOV_ROWS, provenance=provenance)

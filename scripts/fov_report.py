@@ -1,0 +1,23 @@
+"""The FOV table (full image beside each crop, percent) and Fig. 10; rule ``fov_report``.
+
+Inputs: ``summary`` (``fov.parquet``) and ``rows`` (``fov_rows.parquet``). Outputs: ``results/tables/fov``
+as Parquet, Markdown and HTML, and ``fig10_fov.png``. Settings: ``params.models`` (order),
+``params.notes`` (per-model figure notes), ``params.variant`` (the one Fig. 10 shows).
+"""
+
+from verbmirage.analysis.fov import PAPER_NOTE, fov_report_table
+from verbmirage.analysis.uncertainty_figures import draw_fov_figure
+from verbmirage.io import FOV, FOV_ROWS, read_table, write_html, write_markdown
+from verbmirage.joblog import job_log
+
+TITLE = "Field of view: full image vs crop on the same single-instance questions (percent)"
+
+with job_log(snakemake.log[0]):
+    p, out = snakemake.params, snakemake.output
+    summary = read_table(snakemake.input.summary, FOV)
+    rows = read_table(snakemake.input.rows, FOV_ROWS)
+    table = fov_report_table(summary)
+    table.to_parquet(out.table, index=False)
+    write_markdown(table, out.markdown, title=f"{TITLE}. {PAPER_NOTE}")
+    write_html(table, out.html, title=f"{TITLE}. {PAPER_NOTE}")
+    draw_fov_figure(summary, rows, out.figure, list(p.models), p.notes, variant=p.variant)

@@ -1,0 +1,29 @@
+"""Token-uncertainty histograms and metric rows (paper Eq. 2, Figs. 9, 12); rule ``uncertainty``.
+
+Inputs: the question tables and the prediction tables of ``params.runs`` (one dict per prediction table:
+model, variant, condition, qset, questions, predictions). Outputs: ``hist`` (``io.UNCERTAINTY_HIST``) and
+``metrics``, a part of the long metrics table (``io.METRICS``).
+Settings: ``params.settings`` (``analysis.uncertainty``), ``params.bootstrap`` (config ``metrics``).
+"""
+
+from verbmirage.analysis.uncertainty import uncertainty_tables
+from verbmirage.io import METRICS, PREDICTIONS, QUESTIONS, UNCERTAINTY_HIST, read_table, write_table
+from verbmirage.joblog import job_log
+from verbmirage.metrics import BootstrapSettings
+
+with job_log(snakemake.log[0]) as log:
+    p = snakemake.params
+    bootstrap = BootstrapSettings(p.bootstrap["bootstrap_resamples"], p.bootstrap["confidence_level"],
+                                  p.bootstrap["seed"])
+    questions = {path: read_table(path, QUESTIONS) for path in snakemake.input.questions}
+    runs = [
+        ({**{k: run[k] for k in ("model", "variant", "condition", "qset")}, "where": run["predictions"]},
+         questions[run["questions"]], read_table(run["predictions"], PREDICTIONS))
+        for run in p.runs
+    ]
+    hist, metrics, skipped = uncertainty_tables(runs, p.settings, bootstrap)
+    if skipped:
+        log.info("skipped (no token probability in their predictions): %s", ", ".join(skipped))
+    provenance = {"uncertainty": repr(p.settings), "metrics": p.bootstrap}
+    write_table(hist, snakemake.output.hist, UNCERTAINTY_HIST, provenance=provenance)
+    write_table(metrics, snakemake.output.metrics, METRICS, provenance=provenance)

@@ -1,0 +1,177 @@
+"""The paper's uncertainty figures, drawn from Parquet tables only (never from a model).
+
+- Figs. 9 (LLaVA role) and 12 (InstructBLIP role): density histograms of the answer token's
+  probability u, correct vs hallucinated, in panels YN *predicted* yes, YN predicted no and MC
+  (``uncertainty_hist.parquet``; the MC panel adds the MC sets' bin counts). With ``pool_yn`` off,
+  each YN set gets its own pair of panels.
+- Fig. 10 (field of view): per model and MC set, boxes of u for correct and hallucinated rows under
+  each FOV condition, ordered by mean crop area (full image first), with plain and circular accuracy
+  written above (``fov.parquet`` and ``fov_rows.parquet``).
+
+Only logit-scored models have a u; the others are named as skipped under the title.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from verbmirage.analysis.attention_figures import figure_models
+from verbmirage.questions import question_kind
+
+COLOURS = {True: "tab:blue", False: "tab:red"}
+LABELS = {True: "correct", False: "hallucinated"}
+PAPER_ROLES = {9: "llava", 12: "instructblip"}
+TITLES = {9: "Fig. 9: token uncertainty", 12: "Fig. 12: token uncertainty"}
+
+
+def uncertainty_roles(models: list[str], backends: dict[str, str]) -> dict[int, str | None]:
+    """Fig. 9: the first llava model (else the first model); Fig. 12: the first instructblip model, else the
+    next model, else the Fig. 9 one (the same rule as the attention figures)."""
+    roles = figure_models(models, backends)
+    return {9: roles[7], 12: roles[14]}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _hist_panels(rows: pd.DataFrame) -> list[tuple[pd.DataFrame, str]]:
+    """(bin rows, title) per panel: each YN label's pred_yes and pred_no, then MC (its sets' counts added)."""
+    panels = []
+    labels = list(dict.fromkeys(rows.qset))
+    yn = [q for q in labels if question_kind(q.split("+")[0]) == "yn"]
+    for label in yn or ["YN"]:
+        for group, said in (("pred_yes", "yes"), ("pred_no", "no")):
+            panels.append((rows[(rows.qset == label) & (rows.group == group)], f"{label}, answered {said}"))
+    mc = rows[rows.group == "mc"]
+    mc_sets = "+".join(dict.fromkeys(mc.qset)) or "MC"
+    panels.append((mc.groupby(["correct", "bin_left", "bin_right"], as_index=False)["count"].sum(), f"MC ({mc_sets})"))
+    return panels
+
+
+def _hist_panel(axis, bins: pd.DataFrame, title: str) -> None:
+    """Density bars (count / (n x width)) of one panel, correct vs hallucinated."""
+    for correct in (True, False):
+        part = bins[bins.correct == correct].sort_values("bin_left")
+        n = int(part["count"].sum())
+        if not n:
+            continue
+        width = (part.bin_right - part.bin_left).to_numpy()
+        density = part["count"].to_numpy() / (n * width)
+        axis.stairs(density, np.append(part.bin_left.to_numpy(), part.bin_right.iloc[-1]), fill=True, alpha=0.5,
+                    color=COLOURS[correct], label=f"{LABELS[correct]} (n={n})")
+    if bins.empty or not bins["count"].sum():
+        axis.text(0.5, 0.5, "no rows", ha="center", va="center", transform=axis.transAxes)
+    else:
+        axis.legend(fontsize=7)
+    axis.set_title(title, fontsize=9)
+    axis.set_xlim(0, 1)
+    axis.set_xlabel("u = P(answer token)")
+    axis.set_ylabel("density")
+
+
+def _save(figure, path: str | Path) -> None:
+    figure.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+
+
+def _note_lines(model: str | None, number: int, backends: dict, notes: dict, skipped: list[str]) -> str:
+    lines = []
+    if model and backends.get(model) != PAPER_ROLES[number]:
+        lines.append(f"stands in for the paper's {PAPER_ROLES[number]} model (none in this run)")
+    if model and notes.get(model):
+        lines.append(notes[model])
+    if skipped:
+        lines.append(f"skipped, no token probability: {', '.join(skipped)}")
+    return "\n".join(lines)
+
+
+def draw_uncertainty_figures(hist: pd.DataFrame, paths: dict[int, str | Path], models: list[str],
+                             backends: dict[str, str], notes: dict[str, str] | None = None,
+                             variant: str = "default", condition: str = "clean") -> dict[int, str | None]:
+    """Write Figs. 9 and 12 (``paths``: number -> PNG) from the histogram table; return the roles used.
+
+    ``models``: every configured model in order (those absent from ``hist`` are named as skipped).
+    """
+    plt = _pyplot()
+    notes = notes or {}
+    covered = [m for m in models if m in set(hist.model)]
+    skipped = [m for m in models if m not in covered]
+    roles = uncertainty_roles(covered, backends)
+    for number, path in paths.items():
+        model = roles.get(number)
+        rows = hist[(hist.model == model) & (hist.variant == variant) & (hist.condition == condition)]
+        panels = _hist_panels(rows)
+        columns = min(3, len(panels))
+        n_rows = -(-len(panels) // columns)
+        figure, axes = plt.subplots(n_rows, columns, figsize=(4 * columns, 3.2 * n_rows + 0.8), squeeze=False)
+        for axis, (bins, title) in zip(axes.flat, panels):
+            _hist_panel(axis, bins, title)
+        for axis in list(axes.flat)[len(panels):]:
+            axis.set_visible(False)
+        heading = f"{TITLES[number]} - {model or 'no logit-scored model'}, {variant}, {condition}"
+        note = _note_lines(model, number, backends, notes, skipped)
+        figure.suptitle(heading + (f"\n{note}" if note else ""), fontsize=10)
+        _save(figure, path)
+        plt.close(figure)
+    return roles
+
+
+def draw_fov_figure(fov: pd.DataFrame, rows: pd.DataFrame, path: str | Path, models: list[str],
+                    notes: dict[str, str] | None = None, variant: str = "default") -> None:
+    """Write Fig. 10: per model (rows) and question set (columns), u by condition, correct vs hallucinated."""
+    plt = _pyplot()
+    notes = notes or {}
+    scored = set(rows.model[rows.confidence.notna()])
+    shown = [m for m in models if m in scored]
+    skipped = [m for m in models if m in set(fov.model) and m not in scored]
+    qsets = list(dict.fromkeys(fov.qset)) or ["(none)"]
+    figure, axes = plt.subplots(max(1, len(shown)), len(qsets), figsize=(5.5 * len(qsets), 3.6 * max(1, len(shown)) + 0.8),
+                                squeeze=False)
+    for i, model in enumerate(shown or [None]):
+        for j, qset in enumerate(qsets):
+            axis = axes[i, j]
+            summary = fov[(fov.model == model) & (fov.variant == variant) & (fov.qset == qset)]
+            summary = summary.sort_values("crop_area_frac_mean", ascending=False, kind="stable")
+            if summary.empty:
+                axis.text(0.5, 0.5, "no logit-scored model", ha="center", va="center", transform=axis.transAxes)
+                axis.set_axis_off()
+                continue
+            part = rows[(rows.model == model) & (rows.variant == variant) & (rows.qset == qset)]
+            for x, condition in enumerate(summary.itertuples(index=False)):
+                here = part[part.condition == condition.condition]
+                for correct, offset in ((True, -0.18), (False, 0.18)):
+                    values = here.confidence[here.correct == correct].dropna().to_numpy(float)
+                    if len(values):
+                        box = axis.boxplot([values], positions=[x + offset], widths=0.3, patch_artist=True,
+                                           showfliers=True, flierprops={"markersize": 2})
+                        box["boxes"][0].set_facecolor(COLOURS[correct])
+                        box["boxes"][0].set_alpha(0.5)
+                circular = "" if np.isnan(condition.acc_circular) else f"\ncirc {100 * condition.acc_circular:.0f}%"
+                axis.text(x, 1.02, f"plain {100 * condition.acc_plain:.0f}%{circular}", ha="center", va="bottom",
+                          fontsize=7)
+            axis.set_xticks(range(len(summary)))
+            axis.set_xticklabels([f"{c}\narea {100 * a:.0f}%" for c, a in
+                                  zip(summary.condition, summary.crop_area_frac_mean)], fontsize=7)
+            axis.set_xlim(-0.6, len(summary) - 0.4)
+            axis.set_ylim(0, 1.18)
+            axis.set_ylabel("u = P(answer token)")
+            axis.set_title(f"{model}, {qset} (n={int(summary.n.iloc[0])} rows)"
+                           + (f"\n{notes[model]}" if notes.get(model) else ""), fontsize=8)
+            handles = [plt.Rectangle((0, 0), 1, 1, color=COLOURS[c], alpha=0.5) for c in (True, False)]
+            axis.legend(handles, [LABELS[True], LABELS[False]], fontsize=7, loc="lower left")
+    heading = f"Fig. 10: field of view and token uncertainty ({variant}; same questions in every condition)"
+    if skipped:
+        heading += f"\nskipped, no token probability: {', '.join(skipped)}"
+    figure.suptitle(heading, fontsize=10)
+    _save(figure, path)
+    plt.close(figure)
