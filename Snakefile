@@ -24,6 +24,10 @@ include: "rules/ensembles.smk"
 include: "rules/metrics.smk"
 include: "rules/tables.smk"
 include: "rules/analysis.smk"
+include: "rules/known_object.smk"
+include: "rules/uncertainty.smk"
+include: "rules/reliance.smk"
+include: "rules/figures.smk"
 
 
 # Everything but the inference shards runs on the submitting node under a cluster profile.
@@ -48,6 +52,15 @@ localrules:
     metrics,
     tables,
     attention_figures,
+    known_object,
+    known_object_figure,
+    uncertainty,
+    uncertainty_figures,
+    fov,
+    fov_report,
+    object_reliance,
+    reliance_report,
+    paper_figures,
 
 
 rule all:
@@ -57,3 +70,7 @@ rule all:
         TABLES_HTML,
         QUESTION_COUNTS,
         ATTENTION_OUTPUTS,
+        KNOWN_OBJECT_OUTPUTS,
+        UNCERTAINTY_OUTPUTS,
+        RELIANCE_OUTPUTS,
+        PAPER_FIGURE_OUTPUTS,

@@ -267,3 +267,183 @@ def attention_figure_roles():
     """Figure number -> model slug (config ``analysis.attention.figures``, else the paper's roles)."""
     backends = {slug: entry["backend"] for slug, entry in ATTENTION_MODELS.items()}
     return figure_models(list(ATTENTION_MODELS), backends, ATTENTION_SETTINGS.get("figures"))
+
+
+# ---- Known-Object mAP, Fig. 11 (rules/known_object.smk; analysis.known_object in config) ----------------
+from dataclasses import asdict as _asdict
+
+from verbmirage.analysis.known_object import known_object_settings
+
+KNOWN_OBJECT = known_object_settings(config)  # None: off; checked against models, question sets and conditions
+KNOWN_OBJECT_PARAMS = _asdict(KNOWN_OBJECT) if KNOWN_OBJECT else {}
+KNOWN_OBJECT_AP = "results/metrics/ap_per_hoi.parquet"
+KNOWN_OBJECT_METRIC_PART = "results/metrics/parts/analysis/known_object.parquet"  # read by rule metrics
+KNOWN_OBJECT_METRIC_PARTS = [KNOWN_OBJECT_METRIC_PART] if KNOWN_OBJECT else []
+KNOWN_OBJECT_FIGURE = "results/figures/fig11_known_object_ap.png"
+KNOWN_OBJECT_OUTPUTS = [KNOWN_OBJECT_AP, KNOWN_OBJECT_FIGURE] if KNOWN_OBJECT else []
+KNOWN_OBJECT_QUESTIONS = QUESTIONS.format(dataset="hico", qset=KNOWN_OBJECT.qset) if KNOWN_OBJECT else []
+KNOWN_OBJECT_RUNS = {  # "condition/model/variant" -> its prediction table
+    f"{c}/{m}/{v}": PREDICTIONS.format(dataset="hico", qset=KNOWN_OBJECT.qset, condition=c, model=m, variant=v)
+    for c in KNOWN_OBJECT.conditions
+    for m in KNOWN_OBJECT.models
+    for v in VARIANTS
+} if KNOWN_OBJECT else {}
+KNOWN_OBJECT_PARTIAL_IMAGES = {  # crop conditions: only the questions on their images are ranked
+    c: CONDITION_DIR.format(dataset="hico", condition=c) for c in KNOWN_OBJECT.conditions if c in BOX_CONDITIONS
+} if KNOWN_OBJECT else {}
+KNOWN_OBJECT_MODEL_ENTRIES = {  # backends mark the paper's numbers on Fig. 11; paths flag the tiny models
+    m: config["models"].get(m, {"backend": "ensemble"}) for m in KNOWN_OBJECT.models
+} if KNOWN_OBJECT else {}
+
+
+# ---- token uncertainty and field of view (rules/uncertainty.smk; analysis.uncertainty, analysis.fov) ----
+from verbmirage.analysis.fov import fov_settings
+from verbmirage.analysis.uncertainty import uncertainty_settings
+
+UNCERTAINTY = uncertainty_settings(config)  # None: the analysis is off
+FOV = fov_settings(config, {c: condition_qsets("hico", c) for c in CONDITIONS})  # None: off
+UNCERTAINTY_HIST = "results/analysis/uncertainty_hist.parquet"
+UNCERTAINTY_METRIC_PART = "results/metrics/parts/analysis/uncertainty.parquet"  # read by rule metrics
+UNCERTAINTY_METRIC_PARTS = [UNCERTAINTY_METRIC_PART] if UNCERTAINTY else []
+UNCERTAINTY_FIGURES = {n: f"results/figures/fig{n}_uncertainty.png" for n in (9, 12)}
+FOV_SUMMARY = "results/analysis/fov.parquet"
+FOV_ROWS = "results/analysis/fov_rows.parquet"  # the question rows behind fov.parquet (Fig. 10's boxes)
+FOV_TABLE = {ext: f"results/tables/fov.{ext}" for ext in ("parquet", "md", "html")}
+FOV_FIGURE = "results/figures/fig10_fov.png"
+UNCERTAINTY_OUTPUTS = ([UNCERTAINTY_HIST, *UNCERTAINTY_FIGURES.values()] if UNCERTAINTY else []) + (
+    [FOV_SUMMARY, FOV_FIGURE, *FOV_TABLE.values()] if FOV else []
+)
+
+
+def uncertainty_runs():
+    """The prediction tables the histograms read: each configured set asked under each configured condition."""
+    return [
+        {"model": m, "variant": v, "condition": c, "qset": q,
+         "questions": QUESTIONS.format(dataset="hico", qset=q),
+         "predictions": PREDICTIONS.format(dataset="hico", qset=q, condition=c, model=m, variant=v)}
+        for c in UNCERTAINTY.conditions
+        for q in UNCERTAINTY.qsets
+        if q in condition_qsets("hico", c)
+        for m in UNCERTAINTY.models or MODELS
+        for v in VARIANTS
+    ] if UNCERTAINTY else []
+
+
+def fov_runs():
+    """Per (model, variant, FOV set): its questions and its prediction table under every FOV condition."""
+    return [
+        {"model": m, "variant": v, "qset": q, "questions": QUESTIONS.format(dataset="hico", qset=q),
+         "predictions": {c: PREDICTIONS.format(dataset="hico", qset=q, condition=c, model=m, variant=v)
+                         for c in FOV.conditions}}
+        for q in FOV.qsets
+        for m in MODELS
+        for v in VARIANTS
+    ] if FOV else []
+
+
+def model_backends():
+    return {slug: entry["backend"] for slug, entry in config["models"].items()}
+
+
+def random_weight_notes():
+    """A note for the figures of the tiny demo models: their weights are random, their u is noise."""
+    return {slug: "tiny model with RANDOM weights: u is noise, the figure only shows the layout"
+            for slug, entry in config["models"].items() if "tiny_" in str(entry.get("path", ""))}
+
+
+# ---- the paper's Figs. 1, 3, 4(b), 5, 6 (rules/figures.smk; analysis.paper_figures in config) ----------
+from verbmirage.paper_numbers import paper_model_names
+
+PAPER_FIGURE_SETTINGS = config.get("analysis", {}).get("paper_figures") or {}
+
+
+def _paper_numbers_file():
+    """``paper_tables.csv`` as an absolute path ("" when not configured); relative means beside the workflow."""
+    path = PAPER_FIGURE_SETTINGS.get("paper_numbers", "../shared/data/paper_tables.csv")
+    return str((Path(workflow.basedir) / path).resolve()) if path else ""
+
+
+PAPER_NUMBERS = _paper_numbers_file()
+PAPER_NUMBERS_INPUT = [PAPER_NUMBERS] if PAPER_NUMBERS and Path(PAPER_NUMBERS).is_file() else []  # absent: no marks
+PAPER_FIGURE_PAIR = next(  # Fig. 4(b): the noise pair of Table 2 (the first pair with a salt-and-pepper condition)
+    (pair for pair in CONSISTENCY_PAIRS if config["conditions"][pair[1]]["type"] == "saltpepper"),
+    CONSISTENCY_PAIRS[0] if CONSISTENCY_PAIRS else None,
+)
+PAPER_FIGURES = {
+    "fig1": "results/figures/fig1_object_vs_verb.png",
+    "fig3": "results/figures/fig3_rare_common.png",
+    **({"fig4b": "results/figures/fig4b_error_consistency.png"} if PAPER_FIGURE_PAIR else {}),
+    **({"fig5": "results/figures/fig5_ego_exo.png"} if CHARADES else {}),  # CharadesEgo only
+    **({"fig6": "results/figures/fig6_ambiguity.png"} if HICO_DET_ROOT else {}),  # needs the HICO-DET tags
+}
+PAPER_FIGURE_OUTPUTS = list(PAPER_FIGURES.values())
+PAPER_MODEL_NAMES = paper_model_names(  # slug -> the paper's model it stands for (marks the paper's numbers)
+    {slug: entry["backend"] for slug, entry in config["models"].items()},
+    ENSEMBLES,
+    PAPER_FIGURE_SETTINGS.get("paper_models"),
+)
+
+
+# ---- object reliance: Fig. 15, Tables 6 and 7 (rules/reliance.smk; analysis.object_reliance in config) ----
+from verbmirage.analysis.object_reliance import RELIANCE_QSETS as _RELIANCE_QSETS, reliance_plan
+
+RELIANCE = reliance_plan(config)  # None when analysis.object_reliance is absent; checked, defaults resolved
+RELIANCE_QSETS = list(_RELIANCE_QSETS)
+RELIANCE_MODELS = RELIANCE["models"] if RELIANCE else []
+# the config block (thresholds, schema defaults filled) with models, condition, variant, figure_model resolved
+RELIANCE_SETTINGS = (
+    {**config["analysis"]["object_reliance"], **{k: v for k, v in RELIANCE.items() if k != "settings"}}
+    if RELIANCE
+    else {}
+)
+RELIANCE_OBJECTS = "results/analysis/object_reliance.parquet"
+RELIANCE_VERBS = "results/analysis/verb_influence.parquet"
+RELIANCE_METRIC_PART = "results/metrics/parts/hico/object_reliance.parquet"  # read by rule metrics
+RELIANCE_METRIC_PARTS = [RELIANCE_METRIC_PART] if RELIANCE else []
+RELIANCE_TABLES = {n: [f"results/tables/table{n}.{ext}" for ext in ("parquet", "md", "html")] for n in (6, 7)}
+RELIANCE_FIGURE = "results/figures/fig15_object_reliance.png"
+RELIANCE_OUTPUTS = [*RELIANCE_TABLES[6], *RELIANCE_TABLES[7], RELIANCE_FIGURE] if RELIANCE else []
+
+
+def reliance_prediction_keys():
+    """[model, qset] of every prediction table the analysis reads, in input order."""
+    return [[m, q] for m in RELIANCE_MODELS for q in RELIANCE_QSETS]
+
+
+def reliance_predictions():
+    return [
+        PREDICTIONS.format(dataset="hico", qset=q, condition=RELIANCE_SETTINGS["condition"], model=m,
+                           variant=RELIANCE_SETTINGS["variant"])
+        for m, q in reliance_prediction_keys()
+    ]
+
+
+def reliance_questions():
+    return [QUESTIONS.format(dataset="hico", qset=q) for q in RELIANCE_QSETS] if RELIANCE else []
+
+
+def reliance_condition_images():
+    """A box condition's folder (its questions are those on its images); none for clean."""
+    condition = RELIANCE_SETTINGS.get("condition")
+    return CONDITION_DIR.format(dataset="hico", condition=condition) if condition in BOX_CONDITIONS else []
+
+
+def reliance_table_outputs(number):
+    """Table 6 or 7 as Parquet, Markdown and HTML; the HTML in the report beside Tables 1-4."""
+    parquet, markdown, html = RELIANCE_TABLES[number]
+    caption = {6: "table6_object_reliance.rst", 7: "table7_verb_influence.rst"}[number]
+    return [parquet, markdown, report(html, category="Paper tables", caption=f"../report/{caption}")]
+
+
+def reliance_figure_notes():
+    """Fig. 15's note for a tiny demo model (random weights) or a model standing in for mPLUG-Owl2."""
+    notes = {}
+    for slug in RELIANCE_MODELS:
+        entry = config["models"].get(slug, {})
+        lines = []
+        if "tiny_" in str(entry.get("path", "")):
+            lines.append("tiny model with RANDOM weights: the deltas are noise, the figure only shows the layout")
+        if entry.get("backend") != "mplug_owl2":
+            lines.append("stands in for the paper's mPLUG-Owl2")
+        notes[slug] = "; ".join(lines)
+    return notes

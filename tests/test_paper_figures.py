@@ -1,0 +1,225 @@
+"""The paper's Figs. 1, 3, 4(b), 5, 6: the bars and marks drawn are the metric rows and the paper's numbers."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+import pandas as pd
+import pytest
+
+from verbmirage.analysis.paper_figures import (
+    DRAW,
+    bar_values,
+    draw_paper_figures,
+    fig1_object_vs_verb,
+    fig3_rare_common,
+    fig4b_error_consistency,
+    fig5_ego_exo,
+    fig6_ambiguity,
+    figure_note,
+)
+from verbmirage.paper_numbers import load_paper_numbers, paper_model_names, paper_value
+
+matplotlib.use("Agg")
+
+REAL_PAPER_NUMBERS = Path(__file__).resolve().parents[2] / "shared" / "data" / "paper_tables.csv"
+PAPER = pd.DataFrame(
+    [
+        ("1", "LLaVA-1.5-7B", "beam5", "yn_obj", "clean", "accuracy", 52.16),
+        ("1", "LLaVA-1.5-7B", "beam5", "yn_verb", "clean", "accuracy", 59.16),
+        ("2", "LLaVA-1.5-7B", "beam5", "yn_verb", "clean~saltpepper", "error_consistency_kappa_x100", 73.85),
+        ("3", "Ensemble(MiniCPM,Qwen-VL-Chat,InstructBLIP)", "beam5", "yn_obj", "clean", "accuracy", 75.59),
+        ("4", "LLaVA-1.5-7B", "beam5", "charadesego_yn", "ego", "accuracy", 50.0),
+        ("4", "LLaVA-1.5-7B", "beam5", "charadesego_yn", "exo", "accuracy", 60.0),
+        ("5", "LLaVA-1.5-7B", "OPERA", "yn_obj", "clean", "accuracy", 42.46),
+    ],
+    columns=["table", "model", "variant", "qset", "condition", "metric", "value"],
+)
+NAMES = {"llava": "LLaVA-1.5-7B", "vote": "Ensemble(MiniCPM,Qwen-VL-Chat,InstructBLIP)"}
+
+
+def _row(model, qset, metric, value, subset="all", condition="clean", dataset="hico", variant="default", ci=0.05):
+    return {"dataset": dataset, "qset": qset, "condition": condition, "model": model, "variant": variant,
+            "subset": subset, "metric": metric, "value": value, "ci_low": value - ci, "ci_high": value + ci, "n": 10}
+
+
+def _metrics() -> pd.DataFrame:
+    rows = [
+        _row("llava", "yn_obj", "accuracy", 0.60), _row("llava", "yn_verb", "accuracy", 0.55),
+        _row("llava", "obj_exist", "accuracy", 0.90), _row("llava", "yn_obj", "precision", 0.11),
+        _row("llava", "yn_obj", "accuracy", 0.99, variant="vcd"),  # another variant: never drawn
+        _row("llava", "yn_obj", "accuracy", 0.01, condition="saltpepper"),  # another condition: never drawn
+        _row("vote", "yn_obj", "accuracy", 0.70), _row("vote", "yn_verb", "accuracy", 0.72),
+        # vote has no obj_exist row: that bar is left out
+        _row("llava", "yn_obj", "accuracy", 0.30, "rare_no"), _row("llava", "yn_obj", "accuracy", 0.80, "non_rare_no"),
+        _row("llava", "yn_verb", "accuracy", 0.20, "common_no"),
+        _row("llava", "yn_verb", "accuracy", 0.65, "non_common_no"),
+        _row("llava", "yn_obj", "accuracy", 0.40, "rare_yes"), _row("llava", "yn_obj", "accuracy", 0.95, "non_rare_yes"),
+        _row("llava", "obj_exist", "error_consistency", 0.85, condition="clean_vs_saltpepper"),
+        _row("llava", "yn_verb", "error_consistency", -0.10, condition="clean_vs_saltpepper"),
+        _row("llava", "yn_obj", "error_consistency", 0.30, condition="clean_vs_crop"),  # another pair
+        {**_row("vote", "yn_verb", "error_consistency", 0.5, condition="clean_vs_saltpepper"),
+         "ci_low": math.nan, "ci_high": math.nan},  # no interval (bootstrap off): a bar without error bar
+        _row("llava", "mc_ego", "circular_accuracy", 0.25, dataset="charadesego"),
+        _row("llava", "mc_exo", "circular_accuracy", 0.35, dataset="charadesego"),
+        _row("llava", "yn_ego", "accuracy", 0.52, dataset="charadesego"),
+        _row("llava", "yn_exo", "accuracy", 0.58, dataset="charadesego"),
+        _row("llava", "yn_obj", "accuracy", 0.45, "ambiguous"), _row("llava", "yn_obj", "accuracy", 0.65, "unambiguous"),
+        _row("llava", "mc_verb", "circular_accuracy", 0.10, "amb_crowd"),
+        _row("llava", "mc_verb", "circular_accuracy", 0.33, "unambiguous"),
+    ]
+    return pd.DataFrame(rows)
+
+
+def _values(figure):
+    """gid -> height, without the panel title."""
+    return {key.split("|", 1)[1]: value for key, value in bar_values(figure).items()}
+
+
+def _panel(figure, title_start):
+    axis = next(a for a in figure.axes if a.get_title().startswith(title_start))
+    return {p.get_gid(): p.get_height() for p in axis.patches if p.get_gid()}, {
+        line.get_gid(): float(line.get_ydata()[0]) for line in axis.lines if (line.get_gid() or "").startswith("paper|")
+    }
+
+
+def test_fig1_bars_are_the_clean_accuracies_and_the_paper_marks_table1():
+    figure = fig1_object_vs_verb(_metrics(), PAPER, models=["llava", "vote"], paper_names=NAMES)
+    values = _values(figure)
+    assert values["llava|YN w/ object (yn_obj)"] == pytest.approx(60.0)
+    assert values["llava|YN verb only (yn_verb)"] == pytest.approx(55.0)
+    assert values["llava|object existence (obj_exist, not POPE)"] == pytest.approx(90.0)
+    assert values["vote|YN w/ object (yn_obj)"] == pytest.approx(70.0)
+    assert "vote|object existence (obj_exist, not POPE)" not in values  # missing row: no bar, no failure
+    assert values["paper|llava|YN w/ object (yn_obj)"] == 52.16
+    assert values["paper|llava|YN verb only (yn_verb)"] == 59.16
+    assert values["paper|vote|YN w/ object (yn_obj)"] == 75.59  # Table 3's ensemble
+    assert "paper|vote|YN verb only (yn_verb)" not in values  # not in this paper frame
+    assert not any("obj_exist" in key and key.startswith("paper|") for key in values)  # POPE is not ours
+    # the error bar spans the bootstrap interval
+    axis = figure.axes[0]
+    segments = [seg for coll in axis.collections for seg in coll.get_segments()]
+    assert any(seg[0][1] == pytest.approx(55.0) and seg[1][1] == pytest.approx(65.0) for seg in segments)
+    labels = [t.get_text() for t in axis.get_xticklabels()]
+    assert labels == ["llava\n(LLaVA-1.5-7B)", "vote\n(Ensemble(MiniCPM,Qwen-VL-Chat,InstructBLIP))"]
+
+
+def test_fig1_without_paper_numbers_has_no_marks():
+    values = _values(fig1_object_vs_verb(_metrics(), None, models=["llava"], paper_names=NAMES))
+    assert values and not any(key.startswith("paper|") for key in values)
+
+
+def test_fig3_answer_no_and_yes_panels():
+    figure = fig3_rare_common(_metrics(), PAPER, models=["llava", "vote"], paper_names=NAMES)
+    no, no_marks = _panel(figure, "(a)")
+    assert no == pytest.approx({"llava|yn_obj rare HOI": 30.0, "llava|yn_obj non-rare HOI": 80.0,
+                                "llava|yn_verb common verb": 20.0, "llava|yn_verb non-common verb": 65.0})
+    assert not no_marks  # the paper prints no number for Fig. 3
+    yes, _ = _panel(figure, "(b)")
+    assert yes == pytest.approx({"llava|yn_obj rare HOI": 40.0, "llava|yn_obj non-rare HOI": 95.0})
+
+
+def test_fig4b_kappa_x100_for_the_chosen_pair():
+    figure = fig4b_error_consistency(_metrics(), PAPER, models=["llava", "vote"], paper_names=NAMES,
+                                     pair=("clean", "saltpepper"))
+    values = _values(figure)
+    assert values["llava|object existence (obj_exist)"] == pytest.approx(85.0)
+    assert values["llava|YN verb only (yn_verb)"] == pytest.approx(-10.0)  # negative kappa drawn below 0
+    assert "llava|YN w/ object (yn_obj)" not in values  # only under clean_vs_crop
+    assert values["vote|YN verb only (yn_verb)"] == pytest.approx(50.0)
+    assert values["paper|llava|YN verb only (yn_verb)"] == 73.85
+    assert figure.axes[0].get_ylim()[0] < -10
+    crop = _values(fig4b_error_consistency(_metrics(), PAPER, models=["llava"], paper_names=NAMES,
+                                           pair=("clean", "crop")))
+    assert crop == {"llava|YN w/ object (yn_obj)": pytest.approx(30.0)}  # no paper kappa for crops
+
+
+def test_fig5_ego_exo_from_charadesego_with_table4_marks():
+    figure = fig5_ego_exo(_metrics(), PAPER, models=["llava"], paper_names=NAMES)
+    mc, mc_marks = _panel(figure, "(a)")
+    assert mc == pytest.approx({"llava|egocentric": 25.0, "llava|exocentric": 35.0})
+    assert not mc_marks
+    yn, yn_marks = _panel(figure, "(b)")
+    assert yn == pytest.approx({"llava|egocentric": 52.0, "llava|exocentric": 58.0})
+    assert yn_marks == {"paper|llava|egocentric": 50.0, "paper|llava|exocentric": 60.0}
+
+
+def test_fig6_one_column_per_rule_ambiguous_vs_unambiguous():
+    figure = fig6_ambiguity(_metrics(), PAPER, models=["llava"], paper_names=NAMES)
+    assert len(figure.axes) == 10  # (YN, MC) x (any rule + 4 rules)
+    yn_any, _ = _panel(figure, "YN accuracy: any rule")
+    assert yn_any == pytest.approx({"llava|yn_obj amb.": 45.0, "llava|yn_obj unamb.": 65.0})
+    crowd, _ = _panel(figure, "MC circular accuracy: crowd")
+    assert crowd == pytest.approx({"llava|mc_verb amb.": 10.0, "llava|mc_verb unamb.": 33.0})
+    size, _ = _panel(figure, "MC circular accuracy: size ratio")
+    assert size == pytest.approx({"llava|mc_verb unamb.": 33.0})  # no amb_size row: only the reference bar
+    yn_crowd, _ = _panel(figure, "YN accuracy: crowd")
+    assert yn_crowd == pytest.approx({"llava|yn_obj unamb.": 65.0})
+    # a run without HICO-DET tags has no such subset: every panel says so instead of failing
+    bare = fig6_ambiguity(_metrics()[lambda f: f.subset == "all"], PAPER, models=["llava"], paper_names=NAMES)
+    assert not bar_values(bare)
+    assert all(any("no questions" in t.get_text() for t in axis.texts) for axis in bare.axes)
+
+
+def test_draw_writes_every_png(tmp_path):
+    assert set(DRAW) == {"fig1", "fig3", "fig4b", "fig5", "fig6"}
+    paths = {name: tmp_path / f"{name}.png" for name in ("fig1", "fig4b")}  # each figure is drawn above
+    draw_paper_figures(_metrics(), paths, PAPER, note="a note", models=["llava", "vote"], paper_names=NAMES)
+    for path in paths.values():
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="unknown paper figures"):
+        draw_paper_figures(_metrics(), {"fig2": tmp_path / "x.png"}, PAPER)
+
+
+def test_figure_note_names_random_weights_and_missing_numbers():
+    entries = {"tiny_llava": {"path": "resources/models/tiny_llava"}, "prior": {}}
+    note = figure_note(entries, {"tiny_llava": "LLaVA-1.5-7B"}, "/x/paper_tables.csv", paper_found=False)
+    assert "/x/paper_tables.csv not found" in note and "tiny_llava" in note and "RANDOM" in note
+    assert "prior" not in note
+    assert "paper_numbers is empty" in figure_note({}, {}, "", paper_found=False)
+
+
+def test_paper_model_names_by_backend_ensemble_and_override():
+    backends = {"llava15_7b": "llava", "qwen": "qwen_vl_chat", "minicpm": "minicpm_v", "blip": "instructblip",
+                "prior": "prior"}
+    ensembles = {"vote3": ["minicpm", "qwen", "blip"], "blind": ["prior", "qwen"]}
+    names = paper_model_names(backends, ensembles, {"prior": "Molmo-7B-D"})
+    assert names["llava15_7b"] == "LLaVA-1.5-7B" and names["prior"] == "Molmo-7B-D"
+    assert names["vote3"] == "Ensemble(MiniCPM,Qwen-VL-Chat,InstructBLIP)"
+    assert "blind" not in names
+    with pytest.raises(ValueError, match="analysis.paper_figures.paper_models.*typo"):
+        paper_model_names(backends, ensembles, {"typo": "LLaVA-1.5-7B"})
+
+
+def test_paper_value_takes_the_default_decoding():
+    assert paper_value(PAPER, "LLaVA-1.5-7B", "yn_obj", "clean", "accuracy") == 52.16  # beam5, not OPERA
+    assert paper_value(PAPER, "LLaVA-1.5-7B", "yn_obj", "clean", "accuracy", variant="OPERA") == 42.46
+    assert math.isnan(paper_value(PAPER, "LLaVA-1.5-7B", "mc_obj", "clean", "circular_accuracy"))
+    assert math.isnan(paper_value(PAPER, None, "yn_obj", "clean", "accuracy"))
+
+
+def test_load_paper_numbers_absent_and_malformed(tmp_path):
+    assert load_paper_numbers(tmp_path / "absent.csv").empty
+    assert load_paper_numbers("").empty
+    bad = tmp_path / "bad.csv"
+    bad.write_text("table,model,variant,qset,condition,metric,value,note\n1,M,beam5,yn_obj,clean,accuracy,52.1,\n"
+                   "1,M,beam5,yn_verb,clean,accuracy,n/a,\n")
+    with pytest.raises(ValueError, match=r"bad.csv: row 3 has a non-numeric value 'n/a'"):
+        load_paper_numbers(bad)
+    (tmp_path / "cols.csv").write_text("model,value\nM,1\n")
+    with pytest.raises(ValueError, match="missing columns"):
+        load_paper_numbers(tmp_path / "cols.csv")
+
+
+def test_real_paper_numbers_mark_table1_and_table2():
+    if not REAL_PAPER_NUMBERS.is_file():
+        pytest.skip(f"{REAL_PAPER_NUMBERS} not present")
+    paper = load_paper_numbers(REAL_PAPER_NUMBERS)
+    assert paper_value(paper, "LLaVA-1.5-7B", "yn_verb", "clean", "accuracy") == 59.16
+    assert paper_value(paper, "InstructBLIP-7B", "yn_verb", "clean", "accuracy") == 73.82  # Table 1, not Table 3
+    assert paper_value(paper, "Qwen-VL-Chat", "yn_verb", "clean~saltpepper", "error_consistency_kappa_x100") == 38.47
+    assert paper_value(paper, "Qwen2-VL-7B", "charadesego_yn", "exo", "accuracy") == 63.01
+    values = _values(fig4b_error_consistency(_metrics(), paper, models=["llava"], paper_names=NAMES))
+    assert values["paper|llava|YN verb only (yn_verb)"] == 73.85
