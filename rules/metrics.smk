@@ -45,7 +45,9 @@ rule consistency_part:
 rule metrics:
     """The long metrics table: dataset, qset, condition, model, variant, subset, metric, value, CI, n."""
     input:
-        all_scored() + all_consistency(),
+        all_scored() + all_consistency() + RELIANCE_METRIC_PARTS,  # + object reliance (Tables 6, 7)
+        UNCERTAINTY_METRIC_PARTS,  # + conf_mean, conf_median, conf_auroc (rule uncertainty)
+        KNOWN_OBJECT_METRIC_PARTS,  # + map, map_voc11 of the Known-Object ranking (rule known_object)
     output:
         METRICS,
     log:
