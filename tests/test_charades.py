@@ -5,10 +5,16 @@ import pytest
 
 from verbmirage.charades import (
     CSV_COLUMNS,
+    DEMO_REPEATED_ACTION,
+    action_option,
+    action_phrase,
+    build_charades_questions,
     ego_time,
     frame_at,
     load_split,
+    frame_table,
     load_vocabulary,
+    packaged_classes,
     parse_actions,
     video_pairs,
     write_demo_charadesego,
@@ -26,9 +32,35 @@ def test_demo_has_the_real_layout(demo):
     assert list(raw.columns) == CSV_COLUMNS
     assert set(raw.egocentric) == {"Yes", "No"}
     vocabulary = load_vocabulary(annotations)
-    assert vocabulary.mapping["c003"] == ("o001", "v002")  # "Opening a door" = (door, open)
-    assert vocabulary.classes["c003"] == "Opening a door" and vocabulary.objects["o001"] == "door"
+    assert vocabulary.mapping["c008"] == ("o012", "v012")  # the real "c008 o012 v012": "Opening a door" = (door, open)
+    assert vocabulary.classes["c008"] == "Opening a door" and vocabulary.objects["o012"] == "door"
+    assert vocabulary.verbs["v012"] == "open"
     assert all((demo / "CharadesEgo_v1_480" / f"{video}.mp4").is_file() for video in raw.id)
+
+
+def test_demo_class_files_are_the_real_157_classes(demo):
+    vocabulary = load_vocabulary(demo / "CharadesEgo")
+    assert list(vocabulary.classes) == [f"c{i:03d}" for i in range(157)]
+    assert len(vocabulary.objects) == 38 and len(vocabulary.verbs) == 33
+    assert vocabulary.classes["c149"] == "Someone is laughing" and vocabulary.mapping["c149"] == ("o000", "v009")
+    assert vocabulary.objects["o000"] == "None" and vocabulary.verbs["v009"] == "laugh"
+    assert vocabulary.classes["c087"] == "Taking a picture of something"
+    assert vocabulary.objects[vocabulary.object_of("c087")] == "phone/camera"  # (phone/camera, photograph)
+    no_object = [c for c in vocabulary.classes if vocabulary.object_of(c) == "o000"]
+    assert no_object == ["c146", "c149", "c150", "c151", "c152", "c153", "c154"]
+    assert set(packaged_classes().text) == set(vocabulary.classes.values())
+
+
+def test_sentence_classes_become_questions():
+    """Real classes written as sentences must not read "Is someone someone is laughing?"."""
+    assert action_phrase("Someone is laughing") == "laughing"
+    assert action_phrase("Someone is holding a paper/notebook") == "holding a paper/notebook"
+    assert action_phrase("Opening a door") == "opening a door"
+    assert action_phrase("Wash a dish/dishes") == "washing a dish/dishes"  # c121, the one non-gerund text
+    assert action_option("Someone is eating something") == "Eating something"
+    for text in packaged_classes().text:
+        phrase = action_phrase(text)
+        assert phrase.split()[0].split("/")[0].endswith("ing") and "someone is" not in phrase.lower(), text
 
 
 def test_actions_field():
@@ -74,10 +106,12 @@ def test_question_sets_ask_both_views_the_same(demo):
     assert set(yn["exo"].image.str.split("/").str[1]) == {"exo"} and set(yn["ego"].image.str.split("/").str[1]) == {"ego"}
     counts = yn["exo"].answer.value_counts()
     assert counts["yes"] == frames.query("view == 'exo'").shape[0] and counts["no"] <= counts["yes"]  # about 1:1
-    text_to_class = {text: c for c, text in vocabulary.classes.items()}
+    prompt_to_class = {f"Is someone {action_phrase(text)}?": c for c, text in vocabulary.classes.items()}
+    assert not yn["ego"].prompt.str.contains("someone is", case=False).any()
+    assert yn["exo"].question_id.is_unique and not set(yn["exo"].question_id) & set(yn["ego"].question_id)
     for row in yn["ego"].itertuples():
         positives = by_frame.at[row.image_id, "positives"]
-        asked = text_to_class[row.prompt.removeprefix("Is someone ").rstrip("?").capitalize()]
+        asked = prompt_to_class[row.prompt]
         if row.answer == "yes":
             assert asked in positives
         else:  # a class that is not happening, about an object that is in the frame
@@ -88,3 +122,30 @@ def test_question_sets_ask_both_views_the_same(demo):
         assert sorted(group.rotation) == [0, 1, 2, 3]
         correct = {options[ord(a) - 65] for options, a in zip(group.options, group.answer)}
         assert len(correct) == 1
+
+
+def test_a_class_done_twice_gets_a_frame_and_questions_per_interval(demo):
+    """Two intervals of one class in one video: two frames, two files, distinct question ids."""
+    vocabulary = load_vocabulary(demo / "CharadesEgo")
+    pairs = pd.DataFrame([{"exo": "AB12", "ego": "AB12EGO", "exo_length": 10.0, "ego_length": 8.0,
+                           "actions": [("c149", 0.5, 2.5), ("c152", 0.0, 9.0), ("c149", 6.0, 8.0), ("c149", 6.0, 8.0)]}])
+    frames = frame_table(pairs)
+    exo = frames[frames.view == "exo"]
+    assert exo.frame_id.tolist() == ["AB12_c149_0.50-2.50_exo", "AB12_c152_0.00-9.00_exo", "AB12_c149_6.00-8.00_exo"]
+    assert frames.frame_id.is_unique and frames.image.is_unique  # one file per interval and view
+    assert exo.seconds.tolist() == [1.5, 4.5, 7.0]
+    for qset in ("yn_exo", "yn_ego", "mc_exo"):
+        questions = build_charades_questions(frames, vocabulary, qset)
+        assert questions.question_id.is_unique, qset
+        if qset.startswith("yn"):  # every interval is asked, on its own frame
+            assert questions[questions.answer.eq("yes")].image_id.nunique() == 3
+
+
+def test_demo_has_a_video_with_a_class_done_twice(demo):
+    pairs = video_pairs(load_split(demo / "CharadesEgo", "test"))
+    first = pairs.set_index("exo").at["TE000", "actions"]
+    intervals = [(s, e) for c, s, e in first if c == DEMO_REPEATED_ACTION]
+    assert len(intervals) >= 2 and len(set(intervals)) == len(intervals)
+    frames = frame_table(pairs)
+    repeated = frames[(frames.video == "TE000") & frames.action.eq(DEMO_REPEATED_ACTION)]
+    assert repeated.image.nunique() == len(intervals)

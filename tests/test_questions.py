@@ -1,14 +1,18 @@
 """Question-set invariants, on the demo and on the real anno.mat when present."""
 
 import numpy as np
+import pandas as pd
 import pytest
 
+from verbmirage.hico import hoi_vocabulary
 from verbmirage.io import QUESTIONS, write_table
 from verbmirage.questions import (
     QUESTION_SETS,
+    ImageLabels,
     QuestionSettings,
     Vocabulary,
     build_question_set,
+    build_yn_obj,
     question_counts,
     rare_hois,
 )
@@ -38,8 +42,29 @@ def test_yn_obj_invariants(built):
         assert row.verb != "no_interaction"
         # yes: positive; no: object present, HOI absent (neither positive nor ambiguous)
         assert label == (1 if row.answer == "yes" else -1), row
-    per_image = questions.groupby(["image_id", "object"]).answer.value_counts().unstack(fill_value=0)
-    assert (per_image["no"] <= 2 * per_image["yes"]).all()
+    per_object = questions.groupby(["image_id", "object"]).answer.value_counts().unstack(fill_value=0)
+    assert (per_object["no"] == 2 * per_object["yes"]).all()  # protocol "paired": exactly 1:2 per object
+
+
+def test_yn_sets_are_exactly_one_to_two(built):
+    _, _, frames = built
+    for qset in ("yn_obj", "yn_verb", "obj_exist"):
+        answers = frames[qset].answer.value_counts()
+        assert answers["no"] == 2 * answers["yes"], qset
+    per_image = frames["yn_verb"].groupby("image_id").answer.value_counts().unstack(fill_value=0)
+    assert (per_image["no"] == 2 * per_image["yes"]).all()
+    assert frames["yn_obj"].groupby("image_id").prompt.apply(lambda p: p.is_unique).all()  # no negative twice
+
+
+def test_obj_exist_is_on_the_verb_sets_images(built):
+    _, anno, frames = built
+    both = set(frames["yn_obj"].image_id) & set(frames["yn_verb"].image_id)
+    asked = set(frames["obj_exist"].image_id)
+    assert asked <= both
+    # the only images of both left out show no object but a person ("Is there a person?" is never asked)
+    objects, labels_of = anno.hois.object.to_numpy(), _image_labels(anno)
+    for image_id in both - asked:
+        assert set(objects[~np.isnan(labels_of(image_id))]) == {"person"}
 
 
 def test_yn_verb_negatives_are_absent_from_the_image(built):
@@ -125,20 +150,78 @@ def test_byte_identical_and_seeded(demo_anno, tmp_path):
     assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
     other = build_question_set(demo_anno, "mc_obj", QuestionSettings(seed=1))
     assert set(other.question_id) != set(first.question_id)
-    # positives do not depend on the seed, only the sampled negatives do
-    yes = lambda s: set(build_question_set(demo_anno, "yn_obj", QuestionSettings(seed=s)).query("answer == 'yes'").question_id)
-    assert yes(0) == yes(1)
+
+    def yes(seed, protocol):
+        questions = build_question_set(demo_anno, "yn_obj", QuestionSettings(seed=seed, protocol=protocol))
+        return set(questions.query("answer == 'yes'").question_id)
+
+    # all_positives: positives do not depend on the seed, only the sampled negatives do; paired: how many do not
+    assert yes(0, "all_positives") == yes(1, "all_positives")
+    assert len(yes(0, "paired")) == len(yes(1, "paired"))
 
 
-def test_real_counts_near_the_paper(real_anno):
-    frames = {qset: build_question_set(real_anno, qset, SETTINGS) for qset in ("yn_obj", "mc_obj")}
+def test_real_counts_near_the_paper(built):
+    """docs/questions.md, "Counts on the real anno.mat": the default protocol (paired), seed 0."""
+    source, _, frames = built
+    if source != "real":
+        pytest.skip("real anno.mat counts")
     counts = question_counts(frames).set_index("qset")
-    yn = counts.loc["yn_obj"]
-    assert abs(yn.unique_questions - 47_000) / 47_000 < 0.05  # 48,280
-    assert 1.3 < yn["no"] / yn["yes"] < 2.2  # 1:1.52 (paper: "about 1:2")
+    measured = {q: tuple(counts.loc[q, ["unique_questions", "yes", "no", "images"]]) for q in ("yn_obj", "yn_verb", "obj_exist")}
+    assert measured == {
+        "yn_obj": (40_749, 13_583, 27_166, 7_611),  # paper: 47K unique YN questions, Yes:No about 1:2
+        "yn_verb": (40_731, 13_577, 27_154, 7_611),
+        "obj_exist": (22_770, 7_590, 15_180, 7_445),
+    }
+    assert (counts.loc[["yn_obj", "yn_verb", "obj_exist"], "yes_share"] - 1 / 3).abs().max() < 1e-12
+    assert counts.loc["yn_obj", "paper_yes_share"] == pytest.approx(1 / 3)
     mc = counts.loc["mc_obj"]
     assert abs(mc.unique_questions - 16_600) / 16_600 < 0.12  # 14,879: ambiguous HOIs are never negatives
-    assert mc.rows == 4 * mc.unique_questions
+    assert mc.rows == 4 * mc.unique_questions and pd.isna(mc.yes_share)
+
+
+def test_real_counts_all_positives(real_anno):
+    """The former default, kept as ``questions.protocol: all_positives``: every positive, Yes:No about 1:1.5."""
+    settings = QuestionSettings(protocol="all_positives")
+    frames = {qset: build_question_set(real_anno, qset, settings) for qset in ("yn_obj", "yn_verb")}
+    counts = question_counts(frames).set_index("qset")
+    assert tuple(counts.loc["yn_obj", ["unique_questions", "yes", "no", "images"]]) == (48_280, 19_145, 29_135, 8_593)
+    assert tuple(counts.loc["yn_verb", ["unique_questions", "yes", "no", "images"]]) == (48_195, 19_092, 29_103, 8_593)
+    assert counts.loc["yn_obj", "yes_share"] == pytest.approx(19_145 / 48_280)
+
+
+def _one_image(positives: dict[str, int], negatives_available: dict[str, int]) -> tuple[ImageLabels, Vocabulary]:
+    """An image with ``positives[o]`` positive HOIs of object o and ``negatives_available[o]`` absent ones."""
+    vocab = Vocabulary.from_hois(hoi_vocabulary())
+    chosen, present = set(), set()
+    for obj, count in positives.items():
+        hois_of = vocab.hois_of_object[obj]
+        chosen |= set(hois_of[:count])
+        present |= set(hois_of[: count + negatives_available[obj]])
+    ambiguous = frozenset(h for obj in positives for h in vocab.hois_of_object[obj]) - present
+    return ImageLabels("img", "img.jpg", frozenset(chosen), ambiguous, frozenset(positives)), vocab
+
+
+def test_paired_protocol_oracle():
+    """Per object: p positives, n negatives available, k = 2 -> min(p, n // 2) yes and twice as many no."""
+    labels, vocab = _one_image({"horse": 3, "bed": 1, "dog": 1}, {"horse": 4, "bed": 1, "dog": 7})
+    cases = {
+        "paired": {"horse": (2, 4), "bed": (0, 0), "dog": (1, 2)},
+        "all_positives": {"horse": (3, 4), "bed": (1, 1), "dog": (1, 2)},
+    }
+    for protocol, expected in cases.items():
+        drafts = build_yn_obj(labels, vocab, QuestionSettings(protocol=protocol), np.random.default_rng(0))
+        got = {o: (sum(d.answer == "yes" and d.object == o for d in drafts), sum(d.answer == "no" and d.object == o for d in drafts))
+               for o in expected}
+        assert got == expected, protocol
+        assert all(d.hoi_id in labels.positives for d in drafts if d.answer == "yes")
+        assert not {d.hoi_id for d in drafts if d.answer == "no"} & (labels.positives | labels.ambiguous)
+
+
+def test_protocol_setting():
+    assert QuestionSettings().protocol == "paired"
+    assert QuestionSettings.from_config({"protocol": "all_positives", "seed": 3}).protocol == "all_positives"
+    with pytest.raises(ValueError, match="questions.protocol: unknown protocol 'balanced'"):
+        QuestionSettings(protocol="balanced")
 
 
 def test_unknown_question_set(demo_anno):

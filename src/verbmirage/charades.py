@@ -138,18 +138,27 @@ def frame_at(video: str | Path, seconds: float) -> tuple[float, Image.Image]:
         return float(chosen.time), chosen.to_image()
 
 
-# ---- the demo copy -------------------------------------------------------------
-DEMO_OBJECTS = {"o000": "clothes", "o001": "door", "o002": "cup", "o003": "book", "o004": "laptop", "o005": "chair"}
-DEMO_VERBS = {"v000": "hold", "v001": "put", "v002": "open", "v003": "close", "v004": "take", "v005": "sit",
-              "v006": "drink", "v007": "read", "v008": "watch"}
-DEMO_CLASSES = [  # (class text, object, verb): a few of Charades' everyday actions
-    ("Holding some clothes", "o000", "v000"), ("Putting clothes somewhere", "o000", "v001"),
-    ("Taking some clothes from somewhere", "o000", "v004"), ("Opening a door", "o001", "v002"),
-    ("Closing a door", "o001", "v003"), ("Holding a cup", "o002", "v000"), ("Drinking from a cup", "o002", "v006"),
-    ("Putting a cup somewhere", "o002", "v001"), ("Holding a book", "o003", "v000"), ("Reading a book", "o003", "v007"),
-    ("Opening a book", "o003", "v002"), ("Closing a book", "o003", "v003"), ("Watching a laptop", "o004", "v008"),
-    ("Opening a laptop", "o004", "v002"), ("Holding a laptop", "o004", "v000"), ("Sitting in a chair", "o005", "v005"),
-]
+# ---- the real class list and the demo copy --------------------------------------
+def packaged_classes() -> pd.DataFrame:
+    """The real 157 Charades classes c000-c156 (``class, object_id, object, verb_id, verb, text``).
+
+    The texts of ``Charades_v1_classes.txt`` with each class's object and verb
+    from ``Charades_v1_mapping.txt``, ``_objectclasses.txt`` (o000 "None" for
+    the 7 classes without an object) and ``_verbclasses.txt``, transcribed from
+    public copies of those files (``docs/questions.md``). The demo writes them
+    back in the real format, so it asks the real class texts.
+    """
+    from importlib import resources
+
+    with resources.files("verbmirage.data").joinpath("charades_v1_classes.tsv").open() as handle:
+        return pd.read_csv(handle, sep="\t", dtype=str, keep_default_na=False)
+
+
+# The demo's videos draw their actions from these real classes (objects with several classes each, so YN
+# and MC negatives exist) and always include classes written as sentences ("Someone is laughing").
+DEMO_ACTIONS = ("c000", "c001", "c002", "c004", "c006", "c008", "c025", "c026", "c027", "c028", "c032", "c046",
+                "c047", "c048", "c051", "c059", "c061", "c063", "c106", "c107", "c109", "c149", "c152", "c156")
+DEMO_REPEATED_ACTION = "c149"  # "Someone is laughing", twice in the first video of each split (two intervals)
 
 
 def _write_video(path: Path, seconds: float, fps: int, color: tuple[int, int, int], rng) -> None:
@@ -171,42 +180,46 @@ def _write_video(path: Path, seconds: float, fps: int, color: tuple[int, int, in
 
 
 def write_demo_charadesego(root: str | Path, pairs: int = 12, seed: int = 0) -> Path:
-    """A mini CharadesEgo under ``root``: ``CharadesEgo/`` annotations and ``CharadesEgo_v1_480/`` videos."""
+    """A mini CharadesEgo under ``root``: ``CharadesEgo/`` annotations and ``CharadesEgo_v1_480/`` videos.
+
+    The class files are the real ones (:func:`packaged_classes`); the first
+    video of each split does one action twice, in two intervals.
+    """
     root = Path(root)
     annotations, videos = root / "CharadesEgo", root / "CharadesEgo_v1_480"
     annotations.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    classes = {f"c{i:03d}": text for i, (text, _, _) in enumerate(DEMO_CLASSES)}
-    (annotations / "Charades_v1_classes.txt").write_text("".join(f"{c} {t}\n" for c, t in classes.items()))
-    (annotations / "Charades_v1_objectclasses.txt").write_text("".join(f"{o} {n}\n" for o, n in DEMO_OBJECTS.items()))
-    (annotations / "Charades_v1_verbclasses.txt").write_text("".join(f"{v} {n}\n" for v, n in DEMO_VERBS.items()))
+    classes = packaged_classes()
+    (annotations / "Charades_v1_classes.txt").write_text("".join(f"{c} {t}\n" for c, t in zip(classes["class"], classes.text)))
+    for kind in ("object", "verb"):
+        entries = dict(sorted(zip(classes[f"{kind}_id"], classes[kind])))
+        (annotations / f"Charades_v1_{kind}classes.txt").write_text("".join(f"{i} {n}\n" for i, n in entries.items()))
     (annotations / "Charades_v1_mapping.txt").write_text(
-        "".join(f"c{i:03d} {o} {v}\n" for i, (_, o, v) in enumerate(DEMO_CLASSES))
+        "".join(f"{c} {o} {v}\n" for c, o, v in zip(classes["class"], classes.object_id, classes.verb_id))
     )
+    object_of = dict(zip(classes["class"], classes.object))
     for split, count in (("train", pairs), ("test", pairs)):
         rows = []
         for n in range(count):
             video = f"{'TR' if split == 'train' else 'TE'}{n:03d}"
             exo_length = float(rng.uniform(4, 7))
             ego_length = round(exo_length * float(rng.uniform(0.8, 1.2)), 2)
-            chosen = rng.choice(len(DEMO_CLASSES), size=int(rng.integers(1, 4)), replace=False)
-            actions = []
-            for c in sorted(int(i) for i in chosen):
+            chosen = rng.choice(len(DEMO_ACTIONS), size=int(rng.integers(1, 4)), replace=False)
+            intervals = []
+            for c in sorted(DEMO_ACTIONS[int(i)] for i in chosen):
                 start = round(float(rng.uniform(0, exo_length * 0.6)), 2)
-                end = round(min(exo_length, start + float(rng.uniform(1, 3))), 2)
-                actions.append(f"c{c:03d} {start:.2f} {end:.2f}")
-            objects = ";".join(sorted({DEMO_OBJECTS[DEMO_CLASSES[int(i)][1]] for i in chosen}))
+                intervals.append((c, start, round(min(exo_length, start + float(rng.uniform(1, 3))), 2)))
+            if n == 0:  # one class, two intervals: both must become their own frames and questions
+                intervals += [(DEMO_REPEATED_ACTION, 0.2, 1.4), (DEMO_REPEATED_ACTION, 2.6, 3.8)]
+            objects = ";".join(sorted({object_of[c] for c, _, _ in intervals} - {"None"}))
             for ego, length in ((False, exo_length), (True, ego_length)):
+                scale = (lambda t: ego_time(t, exo_length, ego_length)) if ego else (lambda t: t)
                 rows.append({
                     "id": video + (EGO_SUFFIX if ego else ""), "subject": f"S{n:02d}", "scene": "Bedroom",
                     "quality": 6, "relevance": 7, "verified": "Yes", "script": "(demo) a person at home",
                     "objects": objects, "descriptions": "(demo)",
                     # the egocentric row carries the same script's actions, in its own time
-                    "actions": ";".join(
-                        f"{a.split()[0]} {ego_time(float(a.split()[1]), exo_length, ego_length):.2f} "
-                        f"{ego_time(float(a.split()[2]), exo_length, ego_length):.2f}" if ego else a
-                        for a in actions
-                    ),
+                    "actions": ";".join(f"{c} {scale(start):.2f} {scale(end):.2f}" for c, start, end in intervals),
                     "length": round(length, 2), "egocentric": "Yes" if ego else "No", "charades_video": video,
                 })
                 color = tuple(int(c) for c in rng.integers(40, 220, 3))
@@ -221,23 +234,26 @@ CHARADES_QUESTION_SETS = {"yn_exo": "yn", "yn_ego": "yn", "mc_exo": "mc", "mc_eg
 
 
 def frame_table(pairs: pd.DataFrame) -> pd.DataFrame:
-    """One row per (pair, exo action, view): the middle frame of the action in each view.
+    """One row per (pair, exo action interval, view): the middle frame of the interval in each view.
 
     Both views carry the exo video's labels, so ego and exo are asked about the
     same actions. ``positives`` are the classes whose interval holds the moment.
+    A class done twice in a video (two intervals) gives two frames: the
+    interval is part of the frame id and file name (``TE000_c149_0.20-1.40``),
+    hence of every question id; an interval listed twice is one frame.
     """
     rows = []
     for pair in pairs.itertuples():
-        for action, start, end in pair.actions:
+        for action, start, end in dict.fromkeys(pair.actions):
             moment = round((start + end) / 2, 3)
             positives = sorted({c for c, s, e in pair.actions if s <= moment <= e})
+            name = f"{pair.exo}_{action}_{start:.2f}-{end:.2f}"
             for view in VIEWS:
                 video = pair.exo if view == "exo" else pair.ego
                 seconds = moment if view == "exo" else ego_time(moment, pair.exo_length, pair.ego_length)
                 rows.append({
-                    "frame_id": f"{pair.exo}_{action}_{view}", "view": view, "video": video, "action": action,
-                    "seconds": round(seconds, 3), "positives": positives,
-                    "image": f"frames/{view}/{pair.exo}_{action}.jpg",
+                    "frame_id": f"{name}_{view}", "view": view, "video": video, "action": action,
+                    "seconds": round(seconds, 3), "positives": positives, "image": f"frames/{view}/{name}.jpg",
                 })
     return pd.DataFrame(rows)
 
@@ -264,8 +280,28 @@ def extract_frames(frames: pd.DataFrame, videos: str | Path, out_root: str | Pat
     return frames.assign(error=errors)
 
 
-def _question_text(class_text: str) -> str:
-    return class_text[0].lower() + class_text[1:]
+_SUBJECT = "someone is "
+# Class texts that are not gerund phrases besides the "Someone is ..." sentences (c121 in the real list).
+_GERUND_FIXES = {"Wash a dish/dishes": "Washing a dish/dishes"}
+
+
+def action_phrase(class_text: str) -> str:
+    """A class as the gerund phrase questions use: "Opening a door" -> "opening a door".
+
+    Eleven real classes are sentences ("Someone is laughing", c146-c156; also
+    c115 and c133): their subject goes, so the question reads "Is someone
+    laughing?", not "Is someone someone is laughing?".
+    """
+    text = _GERUND_FIXES.get(class_text.strip(), class_text.strip())
+    if text.lower().startswith(_SUBJECT):
+        text = text[len(_SUBJECT):]
+    return text[0].lower() + text[1:]
+
+
+def action_option(class_text: str) -> str:
+    """A class as an MC option spells it: the gerund phrase, capitalised ("Laughing", "Opening a door")."""
+    phrase = action_phrase(class_text)
+    return phrase[0].upper() + phrase[1:]
 
 
 def build_charades_questions(frames: pd.DataFrame, vocabulary: CharadesVocabulary, qset: str,
@@ -289,13 +325,13 @@ def build_charades_questions(frames: pd.DataFrame, vocabulary: CharadesVocabular
         verb, obj = (vocabulary.verbs[vocabulary.mapping[frame.action][1]],
                      vocabulary.objects[vocabulary.mapping[frame.action][0]])
         if kind == "yn":
-            drafts = [Draft(f"Is someone {_question_text(vocabulary.classes[c])}?", answer, verb, obj, int(c[1:]))
+            drafts = [Draft(f"Is someone {action_phrase(vocabulary.classes[c])}?", answer, verb, obj, int(c[1:]))
                       for c, answer in [(frame.action, "yes")] + [(c, "no") for c in _draw(rng, pool, 1)]]
         else:
             if len(pool) < mc_options - 1:
                 continue
             chosen = [frame.action] + _draw(rng, pool, mc_options - 1)
-            texts = [vocabulary.classes[c] for c in chosen]
+            texts = [action_option(vocabulary.classes[c]) for c in chosen]
             drafts = _circular(texts, 0, rng, Draft("", "", verb, obj, int(frame.action[1:])))
         for draft in drafts:
             question_id = content_hash("charadesego", qset, frame.image, draft.prompt, draft.options, draft.answer)
@@ -311,6 +347,9 @@ def build_charades_questions(frames: pd.DataFrame, vocabulary: CharadesVocabular
     if table.empty:
         raise ValueError(f"charadesego question set '{qset}' is empty")
     table["hoi_id"] = table["hoi_id"].astype("Int64")
+    duplicated = table.question_id.duplicated()
+    if duplicated.any():
+        raise AssertionError(f"duplicate question ids in {qset}: frames {table.image_id[duplicated].head().tolist()}")
     return table
 
 
@@ -318,14 +357,14 @@ def training_frequencies(videos: pd.DataFrame, vocabulary: CharadesVocabulary) -
     """The language prior's knowledge for CharadesEgo: how often a class happens when its object does.
 
     Same columns as :func:`verbmirage.models.baselines.training_frequencies`
-    (``phrase`` is the class text, as the MC options spell it).
+    (``phrase`` is the class as the MC options spell it, :func:`action_option`).
     """
     rows = []
     happened = [{c for c, _, _ in actions} for actions in videos.actions]
     for c, text in vocabulary.classes.items():
         obj = vocabulary.object_of(c)
         with_object = [classes for classes in happened if any(vocabulary.object_of(x) == obj for x in classes)]
-        rows.append(("hoi", vocabulary.verbs[vocabulary.mapping[c][1]], vocabulary.objects[obj], text,
+        rows.append(("hoi", vocabulary.verbs[vocabulary.mapping[c][1]], vocabulary.objects[obj], action_option(text),
                      sum(c in classes for classes in with_object), len(with_object)))
     table = pd.DataFrame(rows, columns=["kind", "verb", "object", "phrase", "positives", "total"])
     table["p_yes"] = (table.positives + 1) / (table.total + 2)

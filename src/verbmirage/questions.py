@@ -4,20 +4,28 @@ Sampling protocol (also in ``docs/questions.md``), per test image I with
 positive HOIs H_I (label 1), ambiguous HOIs A_I (label 0) and present objects
 O_I (any label that is not NaN); ``no_interaction`` is never used:
 
-- ``yn_obj``: for every object o of H_I, its positives are asked ("yes") and
-  ``k * |positives of o|`` negatives are drawn without replacement from the
-  HOIs of o that are neither in H_I nor in A_I ("no"); fewer if the pool is
-  smaller. k = ``negatives_per_positive`` (2).
-- ``yn_verb``: the verbs V_I of H_I are asked with "something"; ``k * |V_I|``
-  negatives are drawn from the verbs plausible for some object in O_I that are
-  neither in V_I nor verbs of A_I.
+- ``yn_obj``: for every object o of H_I with p positives and a pool of n HOIs
+  of o that are neither in H_I nor in A_I, ``min(p, n // k)`` positives are
+  asked ("yes"), each with k negatives of its own drawn without replacement
+  from the pool ("no"), so Yes:No is exactly 1:k (the paper's 1:2).
+  k = ``negatives_per_positive`` (2). Protocol ``all_positives`` (the former
+  default): every positive is asked and ``k * p`` negatives are drawn, fewer
+  if the pool is smaller (Yes:No about 1:1.5 on HICO).
+- ``yn_verb``: the same per image, with the verbs V_I of H_I ("something")
+  and the pool of verbs plausible for some object in O_I that are neither in
+  V_I nor verbs of A_I.
 - ``mc_obj`` / ``mc_verb``: one question per positive HOI / verb whose
   negative pool (as above) holds at least ``mc_options - 1`` entries; the
   negatives are drawn independently of the YN draw. Options are shuffled once,
   then asked in every circular rotation (one row each, same ``group_id``).
-- ``obj_exist``: every object of O_I ("yes") and ``k * |O_I|`` objects absent
-  from the image ("no"). ``person`` is left out: every HICO image shows a
-  person, so "Is there a person?" has no trustworthy "no".
+- ``obj_exist``: on the images both verb sets ask (so Fig. 4b compares them on
+  the same images), every object of O_I ("yes") and ``k * |O_I|`` objects
+  absent from the image ("no"). ``person`` is left out: every HICO image shows
+  a person, so "Is there a person?" has no trustworthy "no".
+- ``yn_ko`` (Known Object, HICO's mAP protocol): every HOI labelled +1 ("yes")
+  or -1 ("no") in the image, with the ``yn_obj`` prompt; ambiguous (0) and
+  unannotated (NaN: object absent) labels are skipped. No sampling: it is the
+  whole ranking task that average precision scores (``analysis/known_object.py``).
 
 Each image has its own random stream derived from (seed, qset, image name),
 so a question set does not depend on the order of images or on other sets.
@@ -47,6 +55,12 @@ PAPER_COUNTS = {
     "mc_obj": (16_600, ""),
     "mc_verb": (16_600, ""),
 }
+PROTOCOLS = {
+    # YN sampling (docs/questions.md): "paired" asks only positives that get k negatives of their own, so
+    # Yes:No is exactly 1:k; "all_positives" asks every positive with up to k negatives each (the former default).
+    "paired": "min(p, n // k) positives per object (yn_verb: per image), k distinct negatives each",
+    "all_positives": "every positive, k * p negatives or the whole pool if smaller",
+}
 OBJECTS_ALWAYS_PRESENT = frozenset({"person"})
 _PLURAL_OBJECTS = frozenset({"skis", "scissors"})
 
@@ -61,6 +75,11 @@ class QuestionSettings:
     rare_threshold: float = 0.2
     common_verbs: tuple[str, ...] = ("hold", "ride", "sit_on", "straddle", "carry")
     split: str = "test"
+    protocol: str = "paired"  # one of PROTOCOLS: how the YN sets pair positives with negatives
+
+    def __post_init__(self):
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"questions.protocol: unknown protocol '{self.protocol}'; known: {list(PROTOCOLS)}")
 
     @classmethod
     def from_config(cls, config: dict) -> "QuestionSettings":
@@ -111,6 +130,7 @@ class ImageLabels:
     positives: frozenset[int]  # H_I without no_interaction
     ambiguous: frozenset[int]  # A_I
     present_objects: frozenset[str]  # O_I
+    negatives: frozenset[int] = frozenset()  # HOIs labelled -1, without no_interaction
 
     @classmethod
     def from_row(cls, image_id: str, image: str, row: np.ndarray, vocab: Vocabulary) -> "ImageLabels":
@@ -121,6 +141,7 @@ class ImageLabels:
             positives=frozenset(positives),
             ambiguous=frozenset(int(i) for i in np.flatnonzero(row == 0)),
             present_objects=frozenset(vocab.object_of[i] for i in np.flatnonzero(~np.isnan(row))),
+            negatives=frozenset(int(i) for i in np.flatnonzero(row == -1) if vocab.verb_of[i] != NO_INTERACTION),
         )
 
 
@@ -173,11 +194,42 @@ def _object_exists_prompt(obj: str) -> str:
     return f"Is there {object_with_article(obj)} in the image?"
 
 
+def _asked_count(positives: int, pool: int, s: QuestionSettings) -> int:
+    """How many of ``positives`` a YN set asks, given a negative pool of size ``pool`` (see PROTOCOLS)."""
+    if s.protocol == "all_positives":
+        return positives
+    return min(positives, pool // s.negatives_per_positive)
+
+
+def _asked_positives(rng, positives: list, pool: set, s: QuestionSettings) -> list:
+    """The positives asked: all, or a seeded draw when the pool cannot give each k negatives of its own."""
+    count = _asked_count(len(positives), len(pool), s)
+    return positives if count == len(positives) else _draw(rng, positives, count)
+
+
+def _positives_by_object(labels: ImageLabels, vocab: Vocabulary) -> dict[str, list[int]]:
+    by_object: dict[str, list[int]] = defaultdict(list)
+    for hoi in sorted(labels.positives):
+        by_object[vocab.object_of[hoi]].append(hoi)
+    return dict(sorted(by_object.items()))
+
+
+def verb_sets_ask(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings) -> bool:
+    """Whether ``yn_obj`` and ``yn_verb`` both ask this image something (counts only, no draw)."""
+    by_object = any(
+        _asked_count(len(hois), len(_hoi_negative_pool(obj, labels, vocab)), s)
+        for obj, hois in _positives_by_object(labels, vocab).items()
+    )
+    verbs = {vocab.verb_of[i] for i in labels.positives}
+    return by_object and _asked_count(len(verbs), len(_verb_negative_pool(labels, vocab)), s) > 0
+
+
 def build_yn_obj(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings, rng) -> list[Draft]:
     drafts = []
-    for obj in sorted({vocab.object_of[i] for i in labels.positives}):
-        positives = sorted(i for i in labels.positives if vocab.object_of[i] == obj)
-        negatives = _draw(rng, _hoi_negative_pool(obj, labels, vocab), s.negatives_per_positive * len(positives))
+    for obj, positives in _positives_by_object(labels, vocab).items():
+        pool = _hoi_negative_pool(obj, labels, vocab)
+        positives = _asked_positives(rng, positives, pool, s)
+        negatives = _draw(rng, pool, s.negatives_per_positive * len(positives))
         for hoi, answer in [(h, "yes") for h in positives] + [(h, "no") for h in negatives]:
             verb = vocab.verb_of[hoi]
             drafts.append(Draft(_yes_no_obj_prompt(verb, obj), answer, verb, obj, hoi))
@@ -185,8 +237,9 @@ def build_yn_obj(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings, rn
 
 
 def build_yn_verb(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings, rng) -> list[Draft]:
-    positives = sorted({vocab.verb_of[i] for i in labels.positives})
-    negatives = _draw(rng, _verb_negative_pool(labels, vocab), s.negatives_per_positive * len(positives))
+    pool = _verb_negative_pool(labels, vocab)
+    positives = _asked_positives(rng, sorted({vocab.verb_of[i] for i in labels.positives}), pool, s)
+    negatives = _draw(rng, pool, s.negatives_per_positive * len(positives))
     return [
         Draft(_yes_no_verb_prompt(verb), answer, verb=verb)
         for verb, answer in [(v, "yes") for v in positives] + [(v, "no") for v in negatives]
@@ -242,6 +295,8 @@ def build_mc_verb(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings, r
 
 
 def build_obj_exist(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings, rng) -> list[Draft]:
+    if not verb_sets_ask(labels, vocab, s):  # the control set lives on the verb sets' images
+        return []
     positives = sorted(labels.present_objects - OBJECTS_ALWAYS_PRESENT)
     absent = set(vocab.objects) - labels.present_objects - OBJECTS_ALWAYS_PRESENT
     negatives = _draw(rng, absent, s.negatives_per_positive * len(positives))
@@ -249,6 +304,15 @@ def build_obj_exist(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings,
         Draft(_object_exists_prompt(obj), answer, object=obj)
         for obj, answer in [(o, "yes") for o in positives] + [(o, "no") for o in negatives]
     ]
+
+
+def build_yn_ko(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings, rng) -> list[Draft]:
+    """Known Object: every HOI labelled +1 or -1 in the image, in HOI order (no sampling, ``rng`` unused)."""
+    drafts = []
+    for hoi in sorted(labels.positives | labels.negatives):
+        verb, obj = vocab.verb_of[hoi], vocab.object_of[hoi]
+        drafts.append(Draft(_yes_no_obj_prompt(verb, obj), "yes" if hoi in labels.positives else "no", verb, obj, hoi))
+    return drafts
 
 
 @dataclass(frozen=True)
@@ -265,6 +329,7 @@ QUESTION_SETS: dict[str, QuestionSet] = {
     "mc_obj": QuestionSet("mc", build_mc_obj),
     "mc_verb": QuestionSet("mc", build_mc_verb),
     "obj_exist": QuestionSet("yn", build_obj_exist),
+    "yn_ko": QuestionSet("yn", build_yn_ko),
 }
 
 
@@ -354,12 +419,13 @@ def build_question_set(
 
 
 def question_counts(frames: dict[str, pd.DataFrame], dataset: str = "hico") -> pd.DataFrame:
-    """Our counts per question set beside the paper's (Appendix A)."""
+    """Our counts per question set beside the paper's (Appendix A); ``yes_share`` = yes / (yes + no)."""
     rows = []
     for qset, frame in frames.items():
         yn = question_kind(qset) == "yn"
         unique = frame.group_id.nunique()
         paper_unique, paper_ratio = PAPER_COUNTS.get(qset, (None, ""))
+        yes, no = (int((frame.answer == "yes").sum()), int((frame.answer == "no").sum())) if yn else (None, None)
         rows.append(
             {
                 "dataset": dataset,
@@ -367,13 +433,25 @@ def question_counts(frames: dict[str, pd.DataFrame], dataset: str = "hico") -> p
                 "rows": len(frame),
                 "unique_questions": unique,
                 "images": frame.image_id.nunique(),
-                "yes": int((frame.answer == "yes").sum()) if yn else None,
-                "no": int((frame.answer == "no").sum()) if yn else None,
+                "yes": yes,
+                "no": no,
+                "yes_share": yes / (yes + no) if yn and yes + no else None,
                 "paper_unique_questions": paper_unique,
                 "paper_yes_to_no": paper_ratio,
+                "paper_yes_share": _yes_share_of_ratio(paper_ratio),
             }
         )
     table = pd.DataFrame(rows)
     for column in ("yes", "no", "paper_unique_questions"):
         table[column] = table[column].astype("Int64")
+    for column in ("yes_share", "paper_yes_share"):
+        table[column] = table[column].astype("Float64")
     return table
+
+
+def _yes_share_of_ratio(ratio: str) -> float | None:
+    """"1:2" -> 1/3 (the yes share a Yes:No ratio means); "" -> None."""
+    if not ratio:
+        return None
+    yes, no = (float(part) for part in ratio.split(":"))
+    return yes / (yes + no)
