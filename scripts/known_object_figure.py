@@ -1,0 +1,18 @@
+"""Fig. 11 (ΔAP per HOI class, each model minus the reference CLIP entry); rule ``known_object_figure``.
+
+Inputs: ``ap`` (``results/metrics/ap_per_hoi.parquet``) and ``metrics`` (the Known-Object mAP rows).
+Output: one PNG, drawn from those tables only. Settings: ``params.reference``, ``params.metric``,
+``params.models`` (slug -> entry: backends for the paper's marks, tiny models noted as random).
+"""
+
+from verbmirage.analysis.known_object import draw_known_object_figure
+from verbmirage.io import KNOWN_OBJECT_AP, METRICS, read_table
+from verbmirage.joblog import job_log
+
+with job_log(snakemake.log[0]):
+    p = snakemake.params
+    notes = {slug: "tiny model with RANDOM weights: its APs are noise, the figure only shows the layout"
+             for slug, entry in p.models.items() if "tiny_" in str(entry.get("path", ""))}
+    backends = {slug: entry.get("backend", "") for slug, entry in p.models.items()}
+    draw_known_object_figure(read_table(snakemake.input.ap, KNOWN_OBJECT_AP), read_table(snakemake.input.metrics, METRICS),
+                             p.reference, snakemake.output[0], metric=p.metric, backends=backends, notes=notes)
