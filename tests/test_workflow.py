@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 def test_demo_produces_metrics_and_tables(demo_run):
     metrics = read_table(demo_run / "results/metrics/metrics.parquet", METRICS)
     assert list(metrics.columns) == METRICS.names
-    assert set(metrics.model) == {"always_yes", "random", "prior", "tiny_llava", "blind_vote"}
+    assert set(metrics.model) == {"always_yes", "random", "prior", "tiny_llava", "tiny_clip", "blind_vote"}
     assert set(metrics.condition) == {"clean", "saltpepper", "crop", "clean_vs_saltpepper", "clean_vs_crop"}
     # crop: single-instance images only, the same questions in its error-consistency pair with clean
     tags = pd.read_parquet(demo_run / "results/benchmark/hico/image_tags.parquet")
@@ -60,7 +60,7 @@ def test_demo_produces_metrics_and_tables(demo_run):
     table1 = pd.read_parquet(demo_run / "results/tables/table1.parquet").set_index("model")
     assert table1.at["always_yes", "yn_obj_recall"] == 100.0
     counts = pd.read_parquet(demo_run / "results/benchmark/hico/counts.parquet")
-    assert set(counts.qset) == {"yn_obj", "yn_verb", "mc_obj", "mc_verb", "obj_exist"}
+    assert set(counts.qset) == {"yn_obj", "yn_verb", "mc_obj", "mc_verb", "obj_exist", "yn_ko"}
     provenance = read_provenance(demo_run / "results/predictions/hico/yn_obj/clean/random/default.parquet")
     assert provenance["model"] == {"backend": "random", "seed": 0, "shards": 2}
     assert (demo_run / "logs/predict/hico/yn_obj/clean/random/default/1.log").is_file()
@@ -75,7 +75,7 @@ def test_demo_produces_metrics_and_tables(demo_run):
     assert not image_subsets & set(metrics[metrics.dataset.eq("charadesego")].subset)
     tiny = pd.read_parquet(demo_run / "results/predictions/hico/mc_obj/clean/tiny_llava/default.parquet")
     assert tiny.error.isna().all() and tiny.option_probs.map(len).eq(4).all()
-    assert tiny.parse_rule.eq("logits").all()
+    assert tiny.parse_rule.str.startswith("greedy:").all()  # decoded answers (first token, else the continuation)
 
 
 def test_complete_run_has_nothing_left_to_do(demo_run):
@@ -89,9 +89,10 @@ def test_adding_a_model_runs_only_its_jobs(demo_run):
     finally:
         write_config(demo_run)
     per_rule = Counter(rule for rule, _ in jobs)
-    # HICO: 5 sets clean + 4 saltpepper + 2 crop (conditions.*.qsets); CharadesEgo: 4 clean. Error consistency
-    # on HICO only, on the sets both conditions ask: 4 clean~saltpepper + 2 clean~crop.
-    assert per_rule == {"predict": 15, "metric_part": 15, "consistency_part": 6, "metrics": 1, "tables": 1, "all": 1}
+    # HICO: 6 sets clean (yn_ko included) + 4 saltpepper + 2 crop (conditions.*.qsets); CharadesEgo: 4 clean.
+    # Error consistency on HICO only, on the sets both conditions ask: 4 clean~saltpepper + 2 clean~crop.
+    # (prior_two is not in analysis.known_object.models: no known_object job)
+    assert per_rule == {"predict": 16, "metric_part": 16, "consistency_part": 6, "metrics": 1, "tables": 1, "all": 1}
     assert {w["model"] for rule, w in jobs if "model" in w} == {"prior_two"}
 
 
