@@ -298,9 +298,13 @@ KNOWN_OBJECT_MODEL_ENTRIES = {  # backends mark the paper's numbers on Fig. 11; 
 
 # ---- token uncertainty and field of view (rules/uncertainty.smk; analysis.uncertainty, analysis.fov) ----
 from verbmirage.analysis.fov import fov_settings
-from verbmirage.analysis.uncertainty import uncertainty_settings
+from verbmirage.analysis.uncertainty import token_probability_models, uncertainty_settings
 
 UNCERTAINTY = uncertainty_settings(config)  # None: the analysis is off
+# Models whose `confidence` is an answer token's probability; the others (blind baselines, CLIP) are skipped.
+TOKEN_MODELS = token_probability_models({m: config["models"][m] for m in MODELS})
+NO_TOKEN_MODELS = [m for m in MODELS if m not in TOKEN_MODELS]
+UNCERTAINTY_MODELS = [m for m in (UNCERTAINTY.models or MODELS) if m in TOKEN_MODELS] if UNCERTAINTY else []
 FOV = fov_settings(config, {c: condition_qsets("hico", c) for c in CONDITIONS})  # None: off
 UNCERTAINTY_HIST = "results/analysis/uncertainty_hist.parquet"
 UNCERTAINTY_METRIC_PART = "results/metrics/parts/analysis/uncertainty.parquet"  # read by rule metrics
@@ -324,7 +328,7 @@ def uncertainty_runs():
         for c in UNCERTAINTY.conditions
         for q in UNCERTAINTY.qsets
         if q in condition_qsets("hico", c)
-        for m in UNCERTAINTY.models or MODELS
+        for m in UNCERTAINTY_MODELS
         for v in VARIANTS
     ] if UNCERTAINTY else []
 
@@ -398,7 +402,7 @@ RELIANCE_SETTINGS = (
 )
 RELIANCE_OBJECTS = "results/analysis/object_reliance.parquet"
 RELIANCE_VERBS = "results/analysis/verb_influence.parquet"
-RELIANCE_METRIC_PART = "results/metrics/parts/hico/object_reliance.parquet"  # read by rule metrics
+RELIANCE_METRIC_PART = "results/metrics/parts/analysis/object_reliance.parquet"  # read by rule metrics
 RELIANCE_METRIC_PARTS = [RELIANCE_METRIC_PART] if RELIANCE else []
 RELIANCE_TABLES = {n: [f"results/tables/table{n}.{ext}" for ext in ("parquet", "md", "html")] for n in (6, 7)}
 RELIANCE_FIGURE = "results/figures/fig15_object_reliance.png"

@@ -407,6 +407,10 @@ def test_plan_defaults_and_errors():
     ):
         with pytest.raises(RelianceError, match=message):
             reliance_plan({**CONFIG, "analysis": {"object_reliance": block}})
+    noisy = {**CONFIG, "conditions": {**CONFIG["conditions"], "noise": {"type": "saltpepper", "qsets": ["yn_verb"]}},
+             "analysis": {"object_reliance": {"condition": "noise"}}}
+    with pytest.raises(RelianceError, match=r"'noise' does not ask \['yn_obj', 'mc_obj', 'mc_verb'\]"):
+        reliance_plan(noisy)
     fewer_sets = {**CONFIG, "questions": {"sets": ["yn_obj", "yn_verb"]}, "analysis": {"object_reliance": {}}}
     with pytest.raises(RelianceError, match=r"\['mc_obj', 'mc_verb'\] in questions.sets"):
         reliance_plan(fewer_sets)

@@ -129,6 +129,10 @@ def reliance_plan(config: dict) -> dict | None:
     missing = [q for q in RELIANCE_QSETS if q not in asked]
     if missing:
         raise RelianceError(f"{where}: needs the question sets {missing} in questions.sets")
+    under = (config.get("conditions", {}).get(condition) or {}).get("qsets")
+    missing = [q for q in RELIANCE_QSETS if under is not None and q not in under]
+    if missing:
+        raise RelianceError(f"{where}.condition: '{condition}' does not ask {missing} (conditions.{condition}.qsets)")
     backends = {slug: entry.get("backend") for slug, entry in config.get("models", {}).items()}
     figure_model = block.get("figure_model") or default_figure_model(models, backends)
     if figure_model not in models:
