@@ -5,6 +5,11 @@ options, one per line) is wrapped by a :class:`PromptTemplate` before the
 backend applies the model's chat template. The defaults follow the common
 practice of LLaVA-style evaluation (POPE, MMBench); a model entry may override
 them in config: ``prompts: {yes_no: "...{question}...", multiple_choice: ...}``.
+
+A LLaVA entry may instead ask for one of the original LLaVA repository's
+conversation formats (``conversation: llava_v1``), written out here as
+:class:`Conversation`: the format the paper's tool chain (LLaVA's own
+evaluation code, which OPERA and VCD reuse) put around every question.
 """
 
 from __future__ import annotations
@@ -34,3 +39,42 @@ class PromptTemplate:
     def render(self, question: str, multiple_choice: bool) -> str:
         template = self.multiple_choice if multiple_choice else self.yes_no
         return template.replace("{question}", question)
+
+
+#: Use the processor's own chat template (the default of every transformers backend).
+CHAT_TEMPLATE = "chat_template"
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A single-turn conversation format of the original LLaVA code (``SeparatorStyle.TWO``).
+
+    One user turn with the image first, then the assistant's role and a colon
+    for the answer: ``{system}{sep}{user}: {image}\n{text}{sep}{assistant}:``.
+    Written from haotian-liu/LLaVA ``llava/conversation.py`` (``get_prompt``
+    for one user message and an empty assistant message); ``sep2`` (``</s>``)
+    closes finished assistant turns only, so it never appears in a prompt.
+    """
+
+    system: str
+    user: str = "USER"
+    assistant: str = "ASSISTANT"
+    separator: str = " "
+
+    def render(self, text: str, image_token: str) -> str:
+        return f"{self.system}{self.separator}{self.user}: {image_token}\n{text}{self.separator}{self.assistant}:"
+
+
+#: Formats a ``conversation:`` key may name. ``llava_v1`` is LLaVA's ``conv_llava_v1`` (the default
+#: ``conv_mode`` of LLaVA-based evaluation code such as OPERA and VCD); ``vicuna_v1`` is
+#: ``conv_vicuna_v1``, which LLaVA-1.5's own benchmark scripts pass; they differ in "human" vs "user".
+CONVERSATIONS: dict[str, Conversation] = {
+    "llava_v1": Conversation(
+        "A chat between a curious human and an artificial intelligence assistant. "
+        "The assistant gives helpful, detailed, and polite answers to the human's questions."
+    ),
+    "vicuna_v1": Conversation(
+        "A chat between a curious user and an artificial intelligence assistant. "
+        "The assistant gives helpful, detailed, and polite answers to the user's questions."
+    ),
+}
