@@ -30,7 +30,8 @@ rule uncertainty_figures:
         ],
     params:
         figures=UNCERTAINTY_FIGURES,
-        models=UNCERTAINTY.models or MODELS if UNCERTAINTY else [],
+        models=UNCERTAINTY_MODELS,
+        skipped=[m for m in (UNCERTAINTY.models or MODELS) if m in NO_TOKEN_MODELS] if UNCERTAINTY else [],
         backends=model_backends(),
         notes=random_weight_notes(),
         variant=VARIANTS[0],
@@ -56,6 +57,7 @@ rule fov:
     params:
         runs=fov_runs(),
         conditions={c: config["conditions"][c] for c in FOV.conditions} if FOV else {},
+        token_models=TOKEN_MODELS,  # the others get accuracies only
         bootstrap=config["metrics"],
     log:
         "logs/fov.log",
@@ -76,7 +78,8 @@ rule fov_report:
         html=report(FOV_TABLE["html"], category="Field of view", caption="../report/fov_table.rst"),
         figure=report(FOV_FIGURE, category="Field of view", caption="../report/fov_fig10.rst"),
     params:
-        models=MODELS,
+        models=TOKEN_MODELS,
+        skipped=NO_TOKEN_MODELS,
         notes=random_weight_notes(),
         variant=VARIANTS[0],
     log:

@@ -3,7 +3,8 @@
 Inputs: ``tags`` (``image_tags.parquet``), the question and prediction tables of ``params.runs`` (one dict per
 model, variant and set: questions, predictions = {condition: path}). Outputs: ``summary``
 (``io.FOV``) and ``rows`` (``io.FOV_ROWS``). Settings: ``params.conditions`` (slug -> config entry, the
-first is the reference), ``params.bootstrap`` (config ``metrics``).
+first is the reference), ``params.token_models`` (models with token probabilities), ``params.bootstrap``
+(config ``metrics``).
 """
 
 from verbmirage.analysis.fov import fov_tables
@@ -22,7 +23,8 @@ with job_log(snakemake.log[0]):
          {c: read_table(path, PREDICTIONS) for c, path in run["predictions"].items()})
         for run in p.runs
     ]
-    summary, rows = fov_tables(runs, read_table(snakemake.input.tags, IMAGE_TAGS), dict(p.conditions), bootstrap)
+    summary, rows = fov_tables(runs, read_table(snakemake.input.tags, IMAGE_TAGS), dict(p.conditions), bootstrap,
+                               p.token_models)
     provenance = {"conditions": dict(p.conditions), "metrics": p.bootstrap}
     write_table(summary, snakemake.output.summary, FOV, provenance=provenance)
     write_table(rows, snakemake.output.rows, FOV_ROWS, provenance=provenance)

@@ -1,8 +1,8 @@
 """The FOV table (full image beside each crop, percent) and Fig. 10; rule ``fov_report``.
 
 Inputs: ``summary`` (``fov.parquet``) and ``rows`` (``fov_rows.parquet``). Outputs: ``results/tables/fov``
-as Parquet, Markdown and HTML, and ``fig10_fov.png``. Settings: ``params.models`` (order),
-``params.notes`` (per-model figure notes), ``params.variant`` (the one Fig. 10 shows).
+as Parquet, Markdown and HTML, and ``fig10_fov.png``. Settings: ``params.models`` (with token probabilities, in order),
+``params.skipped`` (without), ``params.notes`` (per-model figure notes), ``params.variant`` (the one Fig. 10 shows).
 """
 
 from verbmirage.analysis.fov import PAPER_NOTE, fov_report_table
@@ -20,4 +20,4 @@ with job_log(snakemake.log[0]):
     table.to_parquet(out.table, index=False)
     write_markdown(table, out.markdown, title=f"{TITLE}. {PAPER_NOTE}")
     write_html(table, out.html, title=f"{TITLE}. {PAPER_NOTE}")
-    draw_fov_figure(summary, rows, out.figure, list(p.models), p.notes, variant=p.variant)
+    draw_fov_figure(summary, rows, out.figure, list(p.models), p.notes, skipped=list(p.skipped), variant=p.variant)

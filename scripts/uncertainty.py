@@ -11,7 +11,7 @@ from verbmirage.io import METRICS, PREDICTIONS, QUESTIONS, UNCERTAINTY_HIST, rea
 from verbmirage.joblog import job_log
 from verbmirage.metrics import BootstrapSettings
 
-with job_log(snakemake.log[0]) as log:
+with job_log(snakemake.log[0]):
     p = snakemake.params
     bootstrap = BootstrapSettings(p.bootstrap["bootstrap_resamples"], p.bootstrap["confidence_level"],
                                   p.bootstrap["seed"])
@@ -21,9 +21,7 @@ with job_log(snakemake.log[0]) as log:
          questions[run["questions"]], read_table(run["predictions"], PREDICTIONS))
         for run in p.runs
     ]
-    hist, metrics, skipped = uncertainty_tables(runs, p.settings, bootstrap)
-    if skipped:
-        log.info("skipped (no token probability in their predictions): %s", ", ".join(skipped))
+    hist, metrics = uncertainty_tables(runs, p.settings, bootstrap)
     provenance = {"uncertainty": repr(p.settings), "metrics": p.bootstrap}
     write_table(hist, snakemake.output.hist, UNCERTAINTY_HIST, provenance=provenance)
     write_table(metrics, snakemake.output.metrics, METRICS, provenance=provenance)

@@ -1,8 +1,8 @@
 """Figs. 9 and 12 (token uncertainty) from the histogram table; rule ``uncertainty_figures``.
 
 Input: ``uncertainty_hist.parquet``. Outputs: one PNG per figure. Settings: ``params.figures``
-(number -> path), ``params.models`` (configured order; those absent from the table are named as
-skipped), ``params.backends``, ``params.notes``, ``params.variant``, ``params.condition``.
+(number -> path), ``params.models`` (those with token probabilities, in order), ``params.skipped``
+(those without, named under the titles), ``params.backends``, ``params.notes``, ``params.variant``, ``params.condition``.
 """
 
 from verbmirage.analysis.uncertainty_figures import draw_uncertainty_figures
@@ -12,6 +12,6 @@ from verbmirage.joblog import job_log
 with job_log(snakemake.log[0]) as log:
     p = snakemake.params
     hist = read_table(snakemake.input[0], UNCERTAINTY_HIST)
-    roles = draw_uncertainty_figures(hist, p.figures, list(p.models), p.backends, p.notes,
+    roles = draw_uncertainty_figures(hist, p.figures, list(p.models), p.backends, p.notes, skipped=list(p.skipped),
                                      variant=p.variant, condition=p.condition)
     log.info("figure roles: %s", roles)

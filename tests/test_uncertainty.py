@@ -22,6 +22,7 @@ from verbmirage.analysis.uncertainty import (
     bin_edges,
     confidence_rows,
     histogram_rows,
+    token_probability_models,
     uncertainty_settings,
     uncertainty_tables,
 )
@@ -78,8 +79,7 @@ def test_notes_oracle_means_and_auroc_per_predicted_answer():
     questions = yn_questions("yn_obj", ["yes", "no", "no", "yes"])
     answered = predictions(questions.question_id, ["yes", "yes", "no", "no"], [0.9, 0.6, 0.7, 0.55])
     keys = {"model": "m", "variant": "default", "condition": "clean", "qset": "yn_obj"}
-    hist, metrics, skipped = uncertainty_tables([(keys, questions, answered)], UncertaintySettings(), NO_BOOTSTRAP)
-    assert skipped == []
+    hist, metrics = uncertainty_tables([(keys, questions, answered)], UncertaintySettings(), NO_BOOTSTRAP)
     assert metric(metrics, "pred_yes:correct", "conf_mean") == pytest.approx(0.9)
     assert metric(metrics, "pred_yes:hallucinated", "conf_mean") == pytest.approx(0.6)
     assert metric(metrics, "pred_no:correct", "conf_mean") == pytest.approx(0.7)
@@ -106,7 +106,7 @@ def test_conf_mean_interval_is_an_image_bootstrap_around_the_mean():
     u = np.linspace(0.5, 1.0, 40)
     answered = predictions(questions.question_id, ["yes"] * 40, u)
     keys = {"model": "m", "variant": "default", "condition": "clean", "qset": "yn_obj"}
-    _, metrics, _ = uncertainty_tables([(keys, questions, answered)], UncertaintySettings(),
+    _, metrics = uncertainty_tables([(keys, questions, answered)], UncertaintySettings(),
                                        BootstrapSettings(resamples=200, seed=0))
     row = metrics[(metrics.subset == "pred_yes:correct") & (metrics.metric == "conf_mean")].iloc[0]
     assert row.value == pytest.approx(u.mean())
@@ -145,31 +145,36 @@ def test_pool_yn_joins_the_yes_no_sets_and_mc_stays_per_set():
         ({"model": "m", "variant": "default", "condition": "clean", "qset": "mc_verb"}, mc,
          predictions(mc.question_id, ["A", "A"], [0.4, 0.3])),
     ]
-    hist, metrics, _ = uncertainty_tables(runs, UncertaintySettings(pool_yn=True), NO_BOOTSTRAP)
+    hist, metrics = uncertainty_tables(runs, UncertaintySettings(pool_yn=True), NO_BOOTSTRAP)
     assert set(hist.qset) == {"yn_obj+yn_verb", "mc_verb"}
     assert hist[hist.qset == "yn_obj+yn_verb"]["count"].sum() == 4
     assert metric(metrics[metrics.qset == "yn_obj+yn_verb"], "pred_yes:hallucinated", "conf_mean") == pytest.approx(0.7)
     assert metric(metrics, "mc:correct", "conf_mean") == pytest.approx(0.4)
-    separate, _, _ = uncertainty_tables(runs, UncertaintySettings(pool_yn=False), NO_BOOTSTRAP)
+    separate, _ = uncertainty_tables(runs, UncertaintySettings(pool_yn=False), NO_BOOTSTRAP)
     assert set(separate.qset) == {"yn_obj", "yn_verb", "mc_verb"}
     assert separate["count"].sum() == hist["count"].sum() == 6
 
 
-def test_baselines_are_skipped_and_error_rows_counted_as_dropped():
-    questions = yn_questions("yn_obj", ["yes", "no", "yes"])
-    keys = {"variant": "default", "condition": "clean", "qset": "yn_obj"}
-    runs = [
-        ({**keys, "model": "always_yes"}, questions,
-         predictions(questions.question_id, ["yes"] * 3, [1.0] * 3, rule="constant")),
-        ({**keys, "model": "llava"}, questions,
-         predictions(questions.question_id, ["yes", "no", "no"], [0.9, 0.8, 0.7], errors=[None, "OSError: x", None])),
-    ]
-    hist, metrics, skipped = uncertainty_tables(runs, UncertaintySettings(), NO_BOOTSTRAP)
-    assert skipped == ["always_yes"]
-    assert set(hist.model) == set(metrics.model) == {"llava"}
-    assert hist["count"].sum() == 2  # the error row is in no histogram
+def test_only_models_with_token_probabilities_are_covered():
+    models = {"always_yes": {"backend": "always_yes"}, "l": {"backend": "llava"}, "random": {"backend": "random"},
+              "prior": {"backend": "prior"}, "clip": {"backend": "clip"}, "gpt": {"backend": "openai"},
+              "q": {"backend": "qwen_vl_chat"}, "mine": {"backend": "pkg.mod:Model"}}
+    assert token_probability_models(models) == ["l", "gpt", "q", "mine"]
+
+
+def test_error_rows_are_counted_as_dropped_and_other_answers_kept_apart():
+    questions = yn_questions("yn_obj", ["yes", "no", "yes", "no"])
+    answered = predictions(questions.question_id, ["yes", "no", "no", "unknown"], [0.9, 0.8, 0.7, 0.3],
+                           errors=[None, "OSError: x", None, None])
+    keys = {"model": "llava", "variant": "default", "condition": "clean", "qset": "yn_obj"}
+    hist, metrics = uncertainty_tables([(keys, questions, answered)], UncertaintySettings(), NO_BOOTSTRAP)
+    assert hist["count"].sum() == 3  # the error row is in no histogram
     assert metric(metrics, "all", "n_dropped") == 1
-    assert metrics[(metrics.metric == "n_dropped")].n.iloc[0] == 3
+    assert metrics[(metrics.metric == "n_dropped")].n.iloc[0] == 4
+    # an answer that is neither yes nor no (an unparsed text) is its own group, always hallucinated
+    other = hist[hist.group == "pred_other"]
+    assert other["count"].sum() == 1 and not other.correct.any()
+    assert metric(metrics, "pred_other:hallucinated", "conf_mean") == pytest.approx(0.3)
 
 
 def test_a_confidence_outside_zero_one_names_the_question():
@@ -185,11 +190,11 @@ def test_tables_fit_their_schemas(tmp_path):
     questions = yn_questions("yn_obj", ["yes", "no"])
     answered = predictions(questions.question_id, ["yes", "yes"], [0.9, 0.6])
     keys = {"model": "m", "variant": "default", "condition": "clean", "qset": "yn_obj"}
-    hist, metrics, _ = uncertainty_tables([(keys, questions, answered)], UncertaintySettings(), NO_BOOTSTRAP)
+    hist, metrics = uncertainty_tables([(keys, questions, answered)], UncertaintySettings(), NO_BOOTSTRAP)
     write_table(hist, tmp_path / "hist.parquet", UNCERTAINTY_HIST)
     write_table(metrics, tmp_path / "metrics.parquet", METRICS)
     assert len(read_table(tmp_path / "hist.parquet", UNCERTAINTY_HIST)) == 2 * 20
-    empty_hist, empty_metrics, skipped = uncertainty_tables([], UncertaintySettings(), NO_BOOTSTRAP)
+    empty_hist, empty_metrics = uncertainty_tables([], UncertaintySettings(), NO_BOOTSTRAP)
     write_table(empty_hist, tmp_path / "empty.parquet", UNCERTAINTY_HIST)
     write_table(empty_metrics, tmp_path / "empty_metrics.parquet", METRICS)
 
@@ -276,7 +281,7 @@ def test_fov_compares_the_same_questions_in_every_condition():
     assert set(shared.question_id) == {"ga-r0", "ga-r1", "ga2-r0", "ga2-r1"}  # c not single; gb incomplete
     conditions = {"clean": {"type": "clean"}, "crop": {"type": "crop", "margin": 0.0}}
     keys = {"model": "llava", "variant": "default", "qset": "mc_verb"}
-    fov, rows = fov_tables([(keys, questions, answered)], image_tags, conditions, NO_BOOTSTRAP)
+    fov, rows = fov_tables([(keys, questions, answered)], image_tags, conditions, NO_BOOTSTRAP, ["llava"])
     assert list(fov.condition) == ["clean", "crop"]
     for condition in conditions:
         assert set(rows.question_id[rows.condition == condition]) == set(shared.question_id)
@@ -310,7 +315,7 @@ def test_fov_delta_interval_and_schema(tmp_path):
                 "crop": predictions(questions.question_id, ["yes"] * 15 + ["no"] * 15, u - 0.1)}
     conditions = {"clean": {"type": "clean"}, "crop": {"type": "crop", "margin": 0.1}}
     fov, rows = fov_tables([({"model": "m", "variant": "default", "qset": "yn_obj"}, questions, answered)],
-                           image_tags, conditions, BootstrapSettings(resamples=100, seed=0))
+                           image_tags, conditions, BootstrapSettings(resamples=100, seed=0), ["m"])
     crop = fov.iloc[1]
     assert crop.delta_conf_mean == pytest.approx(-0.1)
     assert crop.delta_ci_low == pytest.approx(-0.1) and crop.delta_ci_high == pytest.approx(-0.1)  # constant shift
@@ -321,11 +326,9 @@ def test_fov_delta_interval_and_schema(tmp_path):
 
 def test_fov_keeps_baselines_without_confidence():
     image_tags, questions, answered = fov_fixture()
-    baseline = {c: frame.assign(parse_rule=frame.parse_rule.where(frame.error.notna(), "constant"))
-                for c, frame in answered.items()}
     conditions = {"clean": {"type": "clean"}, "crop": {"type": "crop", "margin": 0.0}}
-    fov, rows = fov_tables([({"model": "prior", "variant": "default", "qset": "mc_verb"}, questions, baseline)],
-                           image_tags, conditions, NO_BOOTSTRAP)
+    fov, rows = fov_tables([({"model": "prior", "variant": "default", "qset": "mc_verb"}, questions, answered)],
+                           image_tags, conditions, NO_BOOTSTRAP, token_models=["llava"])
     assert fov.acc_plain.tolist() == [1.0, 1.0]
     assert fov.conf_mean.isna().all() and rows.confidence.isna().all()
 
@@ -346,19 +349,19 @@ def test_figures_are_written(tmp_path):
     runs = [({**keys, "model": "l", "qset": "yn_obj"}, obj, predictions(obj.question_id, ["yes", "yes", "no"],
                                                                         [0.9, 0.6, 0.7])),
             ({**keys, "model": "l", "qset": "mc_obj"}, mc, predictions(mc.question_id, ["A", "A"], [0.8, 0.4]))]
-    hist, _, _ = uncertainty_tables(runs, UncertaintySettings(), NO_BOOTSTRAP)
+    hist, _ = uncertainty_tables(runs, UncertaintySettings(), NO_BOOTSTRAP)
     paths = {9: tmp_path / "fig9.png", 12: tmp_path / "fig12.png"}
-    roles = draw_uncertainty_figures(hist, paths, ["prior", "l"], {"l": "llava", "prior": "prior"},
-                                     notes={"l": "tiny model"})
+    roles = draw_uncertainty_figures(hist, paths, ["l"], {"l": "llava", "prior": "prior"},
+                                     notes={"l": "tiny model"}, skipped=["prior"])
     assert roles == {9: "l", 12: "l"}
     for path in paths.values():
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     image_tags, questions, answered = fov_fixture()
     conditions = {"clean": {"type": "clean"}, "crop": {"type": "crop", "margin": 0.0}}
     fov, rows = fov_tables([({"model": "l", "variant": "default", "qset": "mc_verb"}, questions, answered)],
-                           image_tags, conditions, NO_BOOTSTRAP)
-    draw_fov_figure(fov, rows, tmp_path / "fig10.png", ["prior", "l"])
+                           image_tags, conditions, NO_BOOTSTRAP, ["l"])
+    draw_fov_figure(fov, rows, tmp_path / "fig10.png", ["l"], skipped=["prior"])
     assert (tmp_path / "fig10.png").stat().st_size > 1000
     empty = tmp_path / "empty.png"
-    draw_fov_figure(fov.iloc[:0], rows.iloc[:0], empty, ["prior"])  # no logit-scored model: still a figure
+    draw_fov_figure(fov.iloc[:0], rows.iloc[:0], empty, [], skipped=["prior"])  # no such model: still a figure
     assert empty.stat().st_size > 1000

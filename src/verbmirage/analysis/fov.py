@@ -8,8 +8,8 @@ once on crops of several sizes, and finds that accuracy and token uncertainty ba
   condition is scored on exactly the same question ids.
 - Accuracy per condition: plain (rotation 0) and circular (every rotation) for MC; plain only for YN.
   Error rows count as wrong, as in the metrics.
-- Confidence u: the ``confidence`` column where it is a token probability (:mod:`.uncertainty`), rows
-  with an error dropped. ``delta_conf_mean`` = mean over rows usable in both of u(condition) -
+- Confidence u: the ``confidence`` column of the models that have a token probability
+  (:func:`~verbmirage.analysis.uncertainty.token_probability_models`), rows with an error dropped. ``delta_conf_mean`` = mean over rows usable in both of u(condition) -
   u(reference), the reference being the first FOV condition (the full image); its interval is a
   percentile bootstrap over images (``metrics.score_with_interval``).
 - ``crop_area_frac``: the crop's area over the image's, from the same union box and
@@ -140,12 +140,15 @@ def fov_tables(
     tags: pd.DataFrame,
     conditions: Mapping[str, dict],
     bootstrap: BootstrapSettings,
+    token_models: Iterable[str],
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``fov.parquet`` rows and the question rows behind them.
 
     ``runs``: ``(keys, questions, {condition: predictions})`` with ``keys`` = ``model, variant, qset``;
-    ``conditions``: slug -> config entry, in FOV order (the first is the reference).
+    ``conditions``: slug -> config entry, in FOV order (the first is the reference); ``token_models``:
+    the models whose ``confidence`` is a token probability (the others get accuracies only).
     """
+    token_models = set(token_models)
     order = list(conditions)
     areas = {c: crop_area_fractions(tags, settings) for c, settings in conditions.items()}
     summary, question_rows = [], []
@@ -158,7 +161,9 @@ def fov_tables(
             answered = predictions[condition]
             frame = confidence_rows(shared, answered[answered.question_id.isin(set(shared.question_id))],
                                     f"predictions of {keys} under {condition}")
-            rows[condition] = frame  # confidence is null where it is not a token probability (baselines)
+            if keys["model"] not in token_models:  # a baseline's own prior is no token probability
+                frame["confidence"] = math.nan
+            rows[condition] = frame
             question_rows.append(frame.assign(**keys, condition=condition)[ROW_COLUMNS])
         for condition in order:
             frame = rows[condition]

@@ -5,13 +5,13 @@ answer position (today the top token of the whole vocabulary). It is read, never
 change of its definition in the scoring code reaches every table here unchanged.
 
 - The unit is one question row (an MC rotation is one forward pass, so one row).
-- Groups: YN rows by the *predicted* answer (``pred_yes``, ``pred_no``; the paper's Fig. 9 text),
-  MC rows all together (``mc``). YN sets are pooled into one label (``yn_obj+yn_verb``) when
-  ``pool_yn`` is set.
-- Only a token probability is a confidence here: rows scored from the answer logits
-  (``parse_rule`` ``logits``, or ``logprobs`` for an API). A model with no such row (the blind
-  baselines, CLIP, an ensemble's vote share) is skipped and named in the log and the figures.
-- Rows with an ``error`` (or no usable confidence) are dropped from the distributions and counted
+- Groups: YN rows by the *predicted* answer (``pred_yes``, ``pred_no``; the paper's Fig. 9 text, plus
+  ``pred_other`` for an answer that is neither, always hallucinated: ours), MC rows all together
+  (``mc``). YN sets are pooled into one label (``yn_obj+yn_verb``) when ``pool_yn`` is set.
+- Only a token probability is a confidence here. The blind baselines' ``confidence`` is their own
+  prior and CLIP's a similarity score (:data:`NO_TOKEN_PROBABILITY_BACKENDS`), an ensemble's a vote
+  share: those models are skipped (:func:`token_probability_models`) and named in the figures.
+- Rows with an ``error`` (or no finite confidence) are dropped from the distributions and counted
   (metric ``n_dropped``).
 
 Outputs: density histograms on shared bins (``io.UNCERTAINTY_HIST``) and long metric rows
@@ -36,11 +36,12 @@ from verbmirage.questions import question_kind
 
 log = logging.getLogger(__name__)
 
-# parse_rule values whose confidence is the probability of an answer token (hf/remote: logits; API: logprobs).
-TOKEN_PROBABILITY_RULES = frozenset({"logits", "logprobs"})
-GROUPS = ("pred_yes", "pred_no", "mc")
+# Backends whose ``confidence`` is not the probability of an answer token: the blind baselines' own prior,
+# CLIP's similarity score. Every other backend (transformers, remote code, API log-probs) has one.
+NO_TOKEN_PROBABILITY_BACKENDS = frozenset({"always_yes", "random", "prior", "clip"})
+GROUPS = ("pred_yes", "pred_no", "pred_other", "mc")
+YN_GROUPS = {"yes": "pred_yes", "no": "pred_no"}
 OUTCOMES = {True: "correct", False: "hallucinated"}
-SKIPPED = "no token probability in its predictions (blind baseline, CLIP or vote share)"
 DEFAULT_QSETS = ("yn_obj", "yn_verb", "mc_obj", "mc_verb")
 # Values a float32 softmax may overshoot [0, 1] by; anything further out is a broken table.
 TOLERANCE = 1e-6
@@ -89,17 +90,17 @@ def bin_edges(bins: int) -> np.ndarray:
     return np.linspace(0.0, 1.0, bins + 1)
 
 
-def is_token_scored(predictions: pd.DataFrame) -> bool:
-    """Whether any answered row's confidence is a token probability (its model is logit-scored)."""
-    return bool((predictions.error.isna() & predictions.parse_rule.isin(TOKEN_PROBABILITY_RULES)).any())
+def token_probability_models(models: dict[str, dict]) -> list[str]:
+    """The slugs (in order) whose predictions' ``confidence`` is an answer token's probability."""
+    return [slug for slug, entry in models.items() if entry["backend"] not in NO_TOKEN_PROBABILITY_BACKENDS]
 
 
 def confidence_rows(questions: pd.DataFrame, predictions: pd.DataFrame, where: str = "predictions") -> pd.DataFrame:
     """One row per answered question row: ``qset, question_id, image_id, group_id, rotation, answer,
     prediction, correct, confidence, group, usable``.
 
-    ``usable`` rows enter the distributions: no error, a token-probability parse rule, a finite
-    confidence and (YN) a yes/no prediction. ``confidence`` is null where the row is not usable.
+    ``usable`` rows enter the distributions: no error and a finite confidence. ``confidence`` is null
+    where the row is not usable. A YN answer other than yes or no is in group ``pred_other``.
     """
     duplicated = predictions.question_id[predictions.question_id.duplicated()]
     if len(duplicated):
@@ -109,15 +110,13 @@ def confidence_rows(questions: pd.DataFrame, predictions: pd.DataFrame, where: s
         raise ValueError(f"{where}: {len(extra)} predictions answer no known question, e.g. {sorted(extra)[:3]}")
     columns = ["qset", "question_id", "image_id", "group_id", "rotation", "answer", "rare", "common"]
     rows = questions[columns].merge(
-        predictions[["question_id", "prediction", "confidence", "error", "parse_rule"]],
+        predictions[["question_id", "prediction", "confidence", "error"]],
         on="question_id", how="inner", validate="one_to_one",
     )
     confidence = pd.to_numeric(rows.confidence, errors="coerce").astype(float)
     kind = rows.qset.map(question_kind)
-    group = np.where(kind.eq("mc"), "mc",
-                     np.where(rows.prediction.eq("yes"), "pred_yes", np.where(rows.prediction.eq("no"), "pred_no", "")))
-    usable = (rows.error.isna() & rows.parse_rule.isin(TOKEN_PROBABILITY_RULES) & np.isfinite(confidence)
-              & (group != ""))
+    group = np.where(kind.eq("mc"), "mc", rows.prediction.map(YN_GROUPS).fillna("pred_other"))
+    usable = rows.error.isna() & np.isfinite(confidence)
     outside = usable & ((confidence < -TOLERANCE) | (confidence > 1 + TOLERANCE))
     if outside.any():
         row = int(np.flatnonzero(outside.to_numpy())[0])
@@ -207,25 +206,16 @@ def uncertainty_tables(
     runs: Iterable[tuple[dict, pd.DataFrame, pd.DataFrame]],
     settings: UncertaintySettings,
     bootstrap: BootstrapSettings,
-) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
-    """Histogram rows, metric rows and the skipped models, from ``(keys, questions, predictions)`` runs.
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Histogram rows and metric rows from ``(keys, questions, predictions)`` runs of token-probability models.
 
     ``keys`` holds ``model, variant, condition, qset`` (and optionally ``where``, the file named in errors).
     Runs of one model, variant and condition whose sets are pooled are concatenated first.
     """
     runs = list(runs)
-    scored = {}
-    for keys, _, predictions in runs:
-        model = (keys["model"], keys["variant"])
-        scored[model] = scored.get(model, False) or is_token_scored(predictions)
-    skipped = sorted({m for (m, _), ok in scored.items() if not ok} - {m for (m, _), ok in scored.items() if ok})
-    for model in skipped:
-        log.info("uncertainty: model %s skipped: %s", model, SKIPPED)
     yn_sets = [q for q in dict.fromkeys(k["qset"] for k, _, _ in runs) if question_kind(q) == "yn"]
     series: dict[tuple, list[pd.DataFrame]] = {}
     for keys, questions, predictions in runs:
-        if not scored[(keys["model"], keys["variant"])]:
-            continue
         rows = confidence_rows(questions, predictions, keys.get("where", "predictions"))
         label = pooled_label(keys["qset"], yn_sets, settings.pool_yn)
         series.setdefault((keys["model"], keys["variant"], keys["condition"], label), []).append(rows)
@@ -236,7 +226,7 @@ def uncertainty_tables(
         keys = {"model": model, "variant": variant, "condition": condition, "qset": qset}
         dropped = int((~rows.usable).sum())
         if dropped:
-            log.info("uncertainty: %s %s %s %s: %d of %d rows dropped (error or no token probability)",
+            log.info("uncertainty: %s %s %s %s: %d of %d rows dropped (error or no confidence)",
                      model, variant, condition, qset, dropped, len(rows))
         hist += histogram_rows(rows, keys, edges)
         metrics += metric_rows(rows, keys, bootstrap)
@@ -244,4 +234,4 @@ def uncertainty_tables(
                     "density"]
     metric_columns = ["dataset", "qset", "condition", "model", "variant", "subset", "metric", "value", "ci_low",
                       "ci_high", "n"]
-    return pd.DataFrame(hist, columns=hist_columns), pd.DataFrame(metrics, columns=metric_columns), skipped
+    return pd.DataFrame(hist, columns=hist_columns), pd.DataFrame(metrics, columns=metric_columns)

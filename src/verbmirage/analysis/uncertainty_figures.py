@@ -44,13 +44,16 @@ def _pyplot():
 
 
 def _hist_panels(rows: pd.DataFrame) -> list[tuple[pd.DataFrame, str]]:
-    """(bin rows, title) per panel: each YN label's pred_yes and pred_no, then MC (its sets' counts added)."""
+    """(bin rows, title) per panel: each YN label's pred_yes and pred_no (and pred_other when there are such
+    answers), then MC (its sets' counts added)."""
     panels = []
     labels = list(dict.fromkeys(rows.qset))
     yn = [q for q in labels if question_kind(q.split("+")[0]) == "yn"]
     for label in yn or ["YN"]:
-        for group, said in (("pred_yes", "yes"), ("pred_no", "no")):
-            panels.append((rows[(rows.qset == label) & (rows.group == group)], f"{label}, answered {said}"))
+        for group, said in (("pred_yes", "yes"), ("pred_no", "no"), ("pred_other", "neither yes nor no")):
+            part = rows[(rows.qset == label) & (rows.group == group)]
+            if group != "pred_other" or len(part):
+                panels.append((part, f"{label}, answered {said}"))
     mc = rows[rows.group == "mc"]
     mc_sets = "+".join(dict.fromkeys(mc.qset)) or "MC"
     panels.append((mc.groupby(["correct", "bin_left", "bin_right"], as_index=False)["count"].sum(), f"MC ({mc_sets})"))
@@ -97,16 +100,16 @@ def _note_lines(model: str | None, number: int, backends: dict, notes: dict, ski
 
 def draw_uncertainty_figures(hist: pd.DataFrame, paths: dict[int, str | Path], models: list[str],
                              backends: dict[str, str], notes: dict[str, str] | None = None,
-                             variant: str = "default", condition: str = "clean") -> dict[int, str | None]:
+                             skipped: list[str] | None = None, variant: str = "default",
+                             condition: str = "clean") -> dict[int, str | None]:
     """Write Figs. 9 and 12 (``paths``: number -> PNG) from the histogram table; return the roles used.
 
-    ``models``: every configured model in order (those absent from ``hist`` are named as skipped).
+    ``models``: the models with a token probability, in config order; ``skipped``: those without, named
+    under the title.
     """
     plt = _pyplot()
-    notes = notes or {}
-    covered = [m for m in models if m in set(hist.model)]
-    skipped = [m for m in models if m not in covered]
-    roles = uncertainty_roles(covered, backends)
+    notes, skipped = notes or {}, list(skipped or [])
+    roles = uncertainty_roles(list(models), backends)
     for number, path in paths.items():
         model = roles.get(number)
         rows = hist[(hist.model == model) & (hist.variant == variant) & (hist.condition == condition)]
@@ -127,13 +130,15 @@ def draw_uncertainty_figures(hist: pd.DataFrame, paths: dict[int, str | Path], m
 
 
 def draw_fov_figure(fov: pd.DataFrame, rows: pd.DataFrame, path: str | Path, models: list[str],
-                    notes: dict[str, str] | None = None, variant: str = "default") -> None:
-    """Write Fig. 10: per model (rows) and question set (columns), u by condition, correct vs hallucinated."""
+                    notes: dict[str, str] | None = None, skipped: list[str] | None = None,
+                    variant: str = "default") -> None:
+    """Write Fig. 10: per model (rows) and question set (columns), u by condition, correct vs hallucinated.
+
+    ``models``: the models with a token probability, in config order; ``skipped``: those without.
+    """
     plt = _pyplot()
-    notes = notes or {}
-    scored = set(rows.model[rows.confidence.notna()])
-    shown = [m for m in models if m in scored]
-    skipped = [m for m in models if m in set(fov.model) and m not in scored]
+    notes, skipped = notes or {}, list(skipped or [])
+    shown = [m for m in models if m in set(fov.model)]
     qsets = list(dict.fromkeys(fov.qset)) or ["(none)"]
     figure, axes = plt.subplots(max(1, len(shown)), len(qsets), figsize=(5.5 * len(qsets), 3.6 * max(1, len(shown)) + 0.8),
                                 squeeze=False)
