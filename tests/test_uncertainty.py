@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -365,3 +366,17 @@ def test_figures_are_written(tmp_path):
     empty = tmp_path / "empty.png"
     draw_fov_figure(fov.iloc[:0], rows.iloc[:0], empty, [], skipped=["prior"])  # no such model: still a figure
     assert empty.stat().st_size > 1000
+
+
+# ---- the paper's numbers ----------------------------------------------------------------------------------
+
+PAPER_TABLES = Path(__file__).resolve().parents[2] / "shared" / "data" / "paper_tables.csv"
+
+
+@pytest.mark.skipif(not PAPER_TABLES.is_file(), reason="paper_tables.csv not present")
+def test_the_paper_prints_no_number_for_figs_9_10_12():
+    """The captions say the paper gives these as figures only: paper_tables.csv must agree."""
+    paper = pd.read_csv(PAPER_TABLES)
+    text = paper.fillna("").astype(str).agg(" ".join, axis=1).str.lower()
+    assert not text.str.contains(r"crop|field of view|fov|uncertaint|confidence|fig(?:ure|\.)? ?(?:9|10|12)\b").any()
+    assert not paper.condition.astype(str).str.startswith("crop").any()
