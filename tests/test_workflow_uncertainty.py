@@ -57,10 +57,11 @@ def test_uncertainty_metric_rows_reach_the_metrics_table(demo_run):
 def test_fov_compares_the_same_questions_under_every_condition(demo_run):
     fov = read_table(demo_run / "results/analysis/fov.parquet", FOV)
     rows = read_table(demo_run / "results/analysis/fov_rows.parquet", FOV_ROWS)
-    settings = _config(demo_run)["analysis"]["fov"]
+    config = _config(demo_run)
+    settings = config["analysis"]["fov"]
     assert set(fov.condition) == set(settings["conditions"]) == {"clean", "crop"}
     assert set(fov.qset) == set(settings["qsets"])
-    assert {"always_yes", "random", "prior", "tiny_llava"} == set(fov.model)
+    assert set(fov.model) == set(config["models"])  # accuracies for every model, baselines included
     for (model, variant, qset), part in rows.groupby(["model", "variant", "qset"]):
         ids = {c: set(part.question_id[part.condition == c]) for c in settings["conditions"]}
         assert ids["clean"] == ids["crop"], (model, qset)
@@ -71,8 +72,9 @@ def test_fov_compares_the_same_questions_under_every_condition(demo_run):
     clean, crop = fov[fov.condition == "clean"], fov[fov.condition == "crop"]
     assert (clean.crop_area_frac_mean == 1.0).all() and clean.delta_conf_mean.isna().all()
     assert (crop[crop.n > 0].crop_area_frac_mean < 1.0).all() and (crop.margin == 0.1).all()
-    baselines = fov[fov.model != "tiny_llava"]
+    baselines = fov[fov.model != "tiny_llava"]  # blind baselines and CLIP
     assert baselines.conf_mean.isna().all()  # no token probability: no confidence
+    assert fov.conf_mean[fov.model == "tiny_llava"].notna().all()
 
 
 def test_figures_and_fov_table_exist(demo_run):
