@@ -2,7 +2,8 @@
 
 Input: ``uncertainty_hist.parquet``. Outputs: one PNG per figure. Settings: ``params.figures``
 (number -> path), ``params.models`` (those with token probabilities, in order), ``params.skipped``
-(those without, named under the titles), ``params.backends``, ``params.notes``, ``params.variant``, ``params.condition``.
+(those without, named under the titles), ``params.backends``, ``params.notes``, ``params.variant``,
+``params.condition``.
 """
 
 from verbmirage.analysis.uncertainty_figures import draw_uncertainty_figures

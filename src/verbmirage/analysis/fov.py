@@ -9,9 +9,10 @@ once on crops of several sizes, and finds that accuracy and token uncertainty ba
 - Accuracy per condition: plain (rotation 0) and circular (every rotation) for MC; plain only for YN.
   Error rows count as wrong, as in the metrics.
 - Confidence u: the ``confidence`` column of the models that have a token probability
-  (:func:`~verbmirage.analysis.uncertainty.token_probability_models`), rows with an error dropped. ``delta_conf_mean`` = mean over rows usable in both of u(condition) -
-  u(reference), the reference being the first FOV condition (the full image); its interval is a
-  percentile bootstrap over images (``metrics.score_with_interval``).
+  (:func:`~verbmirage.analysis.uncertainty.token_probability_models`), rows with an error dropped.
+  ``delta_conf_mean`` = mean over rows usable in both of u(condition) - u(reference), the reference
+  being the first FOV condition (the full image); its interval is a percentile bootstrap over images
+  (``metrics.score_with_interval``).
 - ``crop_area_frac``: the crop's area over the image's, from the same union box and
   :func:`~verbmirage.conditions.crop_box` the crop condition cuts with (1 for a full-image condition);
   ``crop_area_frac_mean`` averages it over the shared images.
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from verbmirage.analysis.uncertainty import mean_from_sums, confidence_rows
+from verbmirage.analysis.uncertainty import confidence_rows, mean_from_sums
 from verbmirage.conditions import CONDITIONS, crop_box, image_settings
 from verbmirage.config import ConfigError
 from verbmirage.metrics import BootstrapSettings, mc_group_correctness, score_with_interval
@@ -96,7 +97,8 @@ def crop_area_fractions(tags: pd.DataFrame, settings: dict) -> pd.Series:
     return pd.Series(fractions, dtype=float).rename_axis("image_id")
 
 
-def shared_questions(questions: pd.DataFrame, tags: pd.DataFrame, predictions: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+def shared_questions(questions: pd.DataFrame, tags: pd.DataFrame,
+                     predictions: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """The questions every FOV condition is scored on: single-instance images, answered under every
     condition, and (MC) only groups with all their rotations left."""
     single = set(tags.image_id[tags.single_instance.astype(bool)])
@@ -122,7 +124,8 @@ def _accuracies(rows: pd.DataFrame, kind: str) -> tuple[float, float, int]:
     return float(groups.plain_correct.mean()), float(groups.circular_correct.mean()), len(groups)
 
 
-def _paired_delta(reference: pd.DataFrame, other: pd.DataFrame, bootstrap: BootstrapSettings) -> tuple[float, float, float]:
+def _paired_delta(reference: pd.DataFrame, other: pd.DataFrame,
+                  bootstrap: BootstrapSettings) -> tuple[float, float, float]:
     """Mean of u(other) - u(reference) over rows usable in both, with an image-bootstrap interval."""
     both = reference[["question_id", "image_id", "confidence"]].merge(
         other[["question_id", "confidence"]], on="question_id", suffixes=("_ref", "_other")

@@ -72,7 +72,8 @@ def uncertainty_settings(config: dict) -> UncertaintySettings | None:
     )
     unknown = sorted(set(settings.models) - set(config["models"]))
     if unknown:
-        raise ConfigError(f"analysis.uncertainty.models: {unknown} are not in models: (known: {sorted(config['models'])})")
+        raise ConfigError(f"analysis.uncertainty.models: {unknown} are not in models: "
+                          f"(known: {sorted(config['models'])})")
     unknown = sorted(set(settings.conditions) - set(config["conditions"]))
     if unknown:
         raise ConfigError(f"analysis.uncertainty.conditions: {unknown} are not in conditions: "

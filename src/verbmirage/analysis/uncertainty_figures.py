@@ -140,8 +140,8 @@ def draw_fov_figure(fov: pd.DataFrame, rows: pd.DataFrame, path: str | Path, mod
     notes, skipped = notes or {}, list(skipped or [])
     shown = [m for m in models if m in set(fov.model)]
     qsets = list(dict.fromkeys(fov.qset)) or ["(none)"]
-    figure, axes = plt.subplots(max(1, len(shown)), len(qsets), figsize=(5.5 * len(qsets), 3.6 * max(1, len(shown)) + 0.8),
-                                squeeze=False)
+    n_rows = max(1, len(shown))
+    figure, axes = plt.subplots(n_rows, len(qsets), figsize=(5.5 * len(qsets), 3.6 * n_rows + 0.8), squeeze=False)
     for i, model in enumerate(shown or [None]):
         for j, qset in enumerate(qsets):
             axis = axes[i, j]
