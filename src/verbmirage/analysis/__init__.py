@@ -7,6 +7,11 @@ Public face:
   the box-to-token grids :func:`token_grid`, :func:`clip_style_grid`, :func:`qwen_grid`).
 - :mod:`verbmirage.analysis.attention_figures`: the paper's Figs. 7, 8, 13 and 14 from
   ``results/analysis/attention.parquet``.
+- :mod:`verbmirage.analysis.uncertainty`: the answer token's probability, correct vs hallucinated
+  (:func:`~verbmirage.analysis.uncertainty.uncertainty_tables`; Figs. 9, 12), and
+  :mod:`verbmirage.analysis.fov`: full image vs crops on the same questions
+  (:func:`~verbmirage.analysis.fov.fov_tables`; Fig. 10); their figures in
+  :mod:`verbmirage.analysis.uncertainty_figures`.
 
 The VCD divergence analysis (issue 12, item 4) will live beside them as
 ``analysis/vcd_divergence.py`` once the VCD variant stores its KL.
