@@ -22,6 +22,7 @@ rule predict_shard:
         ),
         part_size=config["inference"]["part_size"],
         max_error_share=config["inference"]["max_error_share"],
+        continue_tokens=config["inference"]["continue_tokens"],
         condition=lambda wildcards: condition_settings(wildcards.condition),
     resources:
         gpu=model_resource("gpu", 0),

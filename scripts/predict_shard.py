@@ -3,7 +3,7 @@
 Inputs: ``questions``, ``images`` (condition folder), ``train_stats``.
 Output: the shard's prediction table. Settings: ``params.model`` (the model's
 config entry), ``params.variant``, ``params.n_shards``, ``params.batch_size``,
-``params.part_size``, ``params.max_error_share``, ``params.condition`` (the
+``params.part_size``, ``params.max_error_share``, ``params.continue_tokens``, ``params.condition`` (the
 condition's settings, part of the resume fingerprint); wildcards name the
 model and the shard.
 """
@@ -17,6 +17,6 @@ with job_log(snakemake.log[0]) as log:
         snakemake.input.questions, snakemake.input.images, w.model, p.model, p.variant,
         int(w.get("shard", 0)), p.n_shards, snakemake.output[0], train_stats=snakemake.input.train_stats,
         dataset=w.dataset, batch_size=p.batch_size, part_size=p.part_size,
-        condition_settings=p.condition, max_error_share=p.max_error_share,
+        condition_settings=p.condition, max_error_share=p.max_error_share, continue_tokens=p.continue_tokens,
     )
     log.info("%d predictions, %d errors", len(frame), frame.error.notna().sum())

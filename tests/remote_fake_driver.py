@@ -86,7 +86,7 @@ class FakeDriver:
             tag += f"-rp{repetition_penalty:g}"
         answer = "C" if "Which" in question else ("Yes" if "yes" in os.path.basename(image_path) else "No")
         self.last_token_ids = [TOKENS.index(answer)]
-        return f"{answer}, I think", tag
+        return f"{answer}{'.' if answer == 'C' else ','} I think", tag  # "C, ..." would not be a letter answer
 
 
 def expected_p_yes(image_name):

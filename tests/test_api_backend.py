@@ -158,11 +158,11 @@ def test_yes_no_with_retries_and_logprobs(model, server, tmp_path, caplog):
     expected = yes_mass / (yes_mass + no_mass)
     assert results["plain"].p_yes == pytest.approx(expected)
     assert results["plain"].confidence == pytest.approx(math.exp(-0.1))
-    assert results["plain"].parse_rule == "logprobs" and results["plain"].prediction == "yes"
+    assert results["plain"].parse_rule == "greedy:first-word" and results["plain"].prediction == "yes"
     for name in ("rate limited", "flaky", "slow"):
         assert results[name].prediction == "yes" and results[name].error is None, name
     assert results["text only"].prediction == "no" and results["text only"].p_yes == 0.0
-    assert results["text only"].parse_rule == "text:first-word"
+    assert results["text only"].parse_rule == "text:greedy:first-word"
     assert results["broken"].error and "gave up after 3 attempts" in results["broken"].error
     assert results["broken"].retry is True  # 503 until retries ran out: transient, asked again on resume
     assert results["invalid"].error.startswith("HTTP 400") and results["invalid"].retry is False
@@ -278,7 +278,7 @@ def test_malformed_200_bodies_become_error_rows_and_the_batch_goes_on(model, tmp
         "error body": "an error object instead of choices",
         "empty choices": "no choices",
         "no message": "choices[0] has no message object",
-        "bad logprob": "top_logprobs[0].logprob is 'abc', not a log-probability",
+        "bad logprob": "logprob is 'abc', not a log-probability",
         "not json": "body is not JSON: <html>gateway busy, try later</html>",
     }
     for name, reason in expected.items():

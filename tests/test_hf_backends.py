@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from verbmirage.models import Question, create_model
+from verbmirage.models.parsing import decide_choice, decide_yes_no
 from verbmirage.questions import QuestionSettings, build_question_set
 from verbmirage.tiny import BUILDERS
 
@@ -76,9 +77,18 @@ def test_yes_no_equals_unbatched_forward(tiny_models, family, demo_anno, images,
         yes, no = probs[model._yes_ids].sum(), probs[model._no_ids].sum()
         assert result.p_yes == pytest.approx(float(yes / (yes + no)), abs=TOLERANCE)
         assert result.confidence == pytest.approx(float(probs.max()), abs=TOLERANCE)
-        assert result.raw_answer == model.tokenizer.decode([int(probs.argmax())])
-        assert result.prediction == ("yes" if result.p_yes >= 0.5 else "no")
+        _check_decision(result, model.tokenizer.decode([int(probs.argmax())]), decide_yes_no)
     model.prefix_reuse = model.supports_prefix_reuse
+
+
+def _check_decision(result, first: str, decide) -> None:
+    """The answer is the reference argmax token when it decides, else the parse of a continuation starting with it."""
+    prediction, _, rule = decide(first, None)
+    if rule == "greedy:first-token" and prediction != "unknown":
+        assert (result.raw_answer, result.prediction, result.parse_rule) == (first, prediction, rule)
+    else:
+        assert result.raw_answer.lstrip().startswith(first.strip()), (result.raw_answer, first)
+        assert result.prediction == decide(first, result.raw_answer)[0]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -89,7 +99,8 @@ def test_multiple_choice_rotations_equal_unbatched_forward(tiny_models, family, 
         probs = _reference(model, question, True)
         mass = np.array([float(probs[model._letter_ids[k]].sum()) for k in range(4)])
         assert result.option_probs == pytest.approx(tuple(mass / mass.sum()), abs=TOLERANCE)
-        assert result.prediction == "ABCD"[int(np.argmax(mass))]
+        _check_decision(result, model.tokenizer.decode([int(probs.argmax())]),
+                        lambda first, text: decide_choice(first, text, question.options))
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "instructblip"])
@@ -102,6 +113,7 @@ def test_prefix_reuse_embeds_each_image_once(tiny_models, family, demo_anno, ima
         _vision_tower(model.model).register_forward_hook(lambda *args: vision_calls.append(1)),
     ]
     questions = _questions(demo_anno, images, "yn_obj", 30)
+    model.continue_tokens = 0  # the scoring pass only (decoding past the first token runs whole prompts)
     try:
         counts = {}
         for reuse in (True, False):
@@ -112,7 +124,7 @@ def test_prefix_reuse_embeds_each_image_once(tiny_models, family, demo_anno, ima
     finally:
         for hook in hooks:
             hook.remove()
-        model.prefix_reuse = True
+        model.prefix_reuse, model.continue_tokens = True, type(model).continue_tokens
     distinct = len({q.image for q in questions})
     assert counts[True][1] == distinct  # the vision tower runs once per image
     assert counts[True][0] < 0.7 * counts[False][0], counts

@@ -98,7 +98,9 @@ def test_interval_equals_scipy_where_every_resample_is_defined():
     from verbmirage.metrics import mc_scores, score_with_interval
 
     rng = np.random.default_rng(0)
-    per_image = np.column_stack([np.full(30, 2), rng.integers(0, 3, 30), rng.integers(0, 3, 30)])
+    # groups, circular correct, plain correct, rows (4 rotations per group), unknown rows
+    per_image = np.column_stack([np.full(30, 2), rng.integers(0, 3, 30), rng.integers(0, 3, 30), np.full(30, 8),
+                                 rng.integers(0, 9, 30)])
     settings = BootstrapSettings(resamples=500, seed=4)
     value, low, high = score_with_interval(per_image, mc_scores, settings)
     reference = scipy.stats.bootstrap(
@@ -220,3 +222,17 @@ def test_consistency_between_runs():
     assert rows.at["observed_consistency", "value"] == pytest.approx(2 / 3)
     same = evaluate_consistency(a, a, {}, NO_BOOTSTRAP).set_index("metric")
     assert same.at["error_consistency", "value"] == pytest.approx(1.0)
+
+
+def test_unknown_mc_answers_are_wrong_and_counted():
+    from verbmirage.metrics import mc_group_correctness
+
+    joined = pd.DataFrame({"group_id": ["g1"] * 2 + ["g2"] * 2, "image_id": ["i1"] * 4, "rare": False,
+                           "common": False, "rotation": [0, 1, 0, 1], "answer": ["A", "B", "C", "D"],
+                           "prediction": ["A", "unknown", "C", "D"]})
+    groups = mc_group_correctness(joined).set_index("group_id")
+    assert groups.circular_correct.tolist() == [False, True] and groups.plain_correct.tolist() == [True, True]
+    assert groups.unknown_rows.tolist() == [1, 0] and groups.rows.tolist() == [2, 2]
+    from verbmirage.metrics import mc_scores
+
+    assert mc_scores(np.array([2, 1, 2, 4, 1])).tolist() == [0.5, 1.0, 0.25]

@@ -151,7 +151,7 @@ def test_scores_through_the_driver(tmp_path, images, in_process):
     assert results[1].p_yes == pytest.approx(fake.expected_p_yes("bench"), rel=1e-6)
     real = torch.softmax(fake.FakeDriver("x").logits(str(images["bench"]), "x")[: len(fake.TOKENS)], dim=-1)
     assert results[1].raw_answer == "No" and results[1].confidence == pytest.approx(float(real.max()), rel=1e-6)
-    assert results[0].raw_answer == " yes" and results[0].parse_rule == "logits"
+    assert results[0].raw_answer == " yes" and results[0].parse_rule == "greedy:first-token"
     mc = model.score_multiple_choice(
         [Question("3", "Which of the following actions? A. x B. y C. z", image=images["bench"], options=("x", "y", "z"))])
     assert mc[0].prediction == "C" and mc[0].raw_answer == "C"

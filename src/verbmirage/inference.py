@@ -125,8 +125,12 @@ def model_identity(settings: dict) -> dict:
     return identity
 
 
+#: Tokens decoded past a first answer token that decides nothing (``inference.continue_tokens``).
+CONTINUE_TOKENS = 8
+
+
 def run_settings(model_settings: dict, variant_settings: dict, condition_settings: dict | None,
-                 images_dir: str | Path | None) -> dict:
+                 images_dir: str | Path | None, continue_tokens: int = CONTINUE_TOKENS) -> dict:
     """Every setting a shard's answers depend on, besides the questions (see :func:`fingerprint`)."""
     manifest = Path(images_dir) / MANIFEST if images_dir is not None else None
     return {
@@ -135,6 +139,7 @@ def run_settings(model_settings: dict, variant_settings: dict, condition_setting
         "variant": variant_settings,
         "condition": condition_settings,
         "manifest": file_digest(manifest) if manifest is not None and manifest.is_file() else None,
+        "continue_tokens": continue_tokens,
     }
 
 
@@ -465,17 +470,20 @@ def run_shard(
     part_size: int = 512,
     condition_settings: dict | None = None,
     max_error_share: float = MAX_ERROR_SHARE,
+    continue_tokens: int = CONTINUE_TOKENS,
 ) -> pd.DataFrame:
     """Answer one shard and write it to ``output``; resumes from ``<output>.parts/`` if present.
 
     The output is written only when it answers each question of the shard
     exactly once; otherwise the job fails and its parts stay for a resume.
+    ``continue_tokens``: how far a decoding backend decodes an answer whose
+    first token decides nothing (0: such answers are unknown).
     """
     from verbmirage.models import ModelContext, create_model
 
     # a partial condition (crop: single-instance images only) asks only the questions on its images
     questions = select_shard(condition_questions(read_table(questions_path, QUESTIONS), images_dir), shard, n_shards)
-    settings = run_settings(model_settings, variant_settings, condition_settings, images_dir)
+    settings = run_settings(model_settings, variant_settings, condition_settings, images_dir, continue_tokens)
     provenance = {"model": model_settings, "variant": variant_settings, "condition": condition_settings,
                   "model_slug": model_slug, "shard": shard, "n_shards": n_shards}
     if questions.empty:
@@ -485,6 +493,8 @@ def run_shard(
     model = None
     try:
         model = create_model(model_slug, model_settings, ModelContext(dataset=dataset, train_stats=train_stats))
+        if hasattr(model, "continue_tokens"):  # backends that decode answers token by token
+            model.continue_tokens = continue_tokens
         store.use_fingerprint(fingerprint(questions, {**settings, "loaded": model.fingerprint_extra()}))
         frame = predict(questions, model, ImageResolver(images_dir), batch_size, store, part_size, max_error_share)
         check_complete(questions, frame, where=str(output))

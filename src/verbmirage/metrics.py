@@ -25,14 +25,15 @@ import pandas as pd
 import scipy.stats
 
 from verbmirage.image_tags import TAG_COLUMNS
+from verbmirage.models.base import UNKNOWN
 
 YES_NO_COUNTS = ("tp", "fp", "fn", "tn", "unknown_yes", "unknown_no")
 YES_NO_METRICS = (
     "accuracy", "precision", "recall", "f1",
     "precision_no", "recall_no", "f1_no", "yes_ratio", "unknown_ratio",
 )
-MC_COUNTS = ("groups", "circular_correct", "plain_correct")
-MC_METRICS = ("circular_accuracy", "accuracy")
+MC_COUNTS = ("groups", "circular_correct", "plain_correct", "rows", "unknown_rows")
+MC_METRICS = ("circular_accuracy", "accuracy", "unknown_ratio")  # unknown_ratio: share of asked rotations
 CONSISTENCY_COUNTS = ("n", "agree", "correct_a", "correct_b")
 CONSISTENCY_METRICS = ("error_consistency", "observed_consistency", "expected_consistency")
 
@@ -78,8 +79,8 @@ def yes_no_scores(counts: np.ndarray) -> np.ndarray:
 
 
 def mc_scores(counts: np.ndarray) -> np.ndarray:
-    groups, circular, plain = np.moveaxis(np.asarray(counts, float), -1, 0)
-    return np.stack([_ratio(circular, groups), _ratio(plain, groups)])
+    groups, circular, plain, rows, unknown = np.moveaxis(np.asarray(counts, float), -1, 0)
+    return np.stack([_ratio(circular, groups), _ratio(plain, groups), _ratio(unknown, rows)])
 
 
 def consistency_scores(counts: np.ndarray) -> np.ndarray:
@@ -171,14 +172,17 @@ def join_predictions(questions: pd.DataFrame, predictions: pd.DataFrame) -> pd.D
 
 def mc_group_correctness(joined: pd.DataFrame) -> pd.DataFrame:
     """One row per MC group: circular (all rotations right) and plain (rotation 0) correctness."""
-    correct = joined.prediction.eq(joined.answer)
-    joined = joined.assign(correct=correct, plain=correct & joined.rotation.eq(0))
+    correct = joined.prediction.eq(joined.answer)  # unknown (and unanswered) counts as wrong
+    joined = joined.assign(correct=correct, plain=correct & joined.rotation.eq(0),
+                           unknown=joined.prediction.eq(UNKNOWN))
     groups = joined.groupby("group_id", sort=True).agg(
         image_id=("image_id", "first"),
         rare=("rare", "first"),
         common=("common", "first"),
         circular_correct=("correct", "all"),
         plain_correct=("plain", "any"),
+        rows=("correct", "size"),
+        unknown_rows=("unknown", "sum"),
         **{tag: (tag, "first") for tag in TAG_COLUMNS if tag in joined},
     )
     return groups.reset_index()

@@ -107,6 +107,29 @@ def build_wordpiece_tokenizer(vocab_size: int = 800):
                              sep_token="[SEP]", mask_token="[MASK]")
 
 
+def lean_to_answers(model, tokenizer, scale: float = 6.0, options: int = 4) -> None:
+    """Scale the output rows of the yes/no and option-letter tokens, so a random model usually starts its
+    answer with one of them (which one still depends on the prompt and image).
+
+    With plain random weights the first answer token is almost never an answer word, so every decision
+    would go through the decoded-text parse and come out ``unknown``; the demo then shows nothing but
+    that path. The scale keeps the weights random while exercising both paths (first-token decisions and,
+    for the rest, the continued decoding).
+    """
+    import torch
+
+    from verbmirage.models.hf import answer_token_ids
+
+    vocabulary = [tokenizer.decode([i]) for i in range(len(tokenizer))]
+    yes, no, letters = answer_token_ids(vocabulary, "tiny model")
+    ids = sorted(set(yes + no + [i for group in letters[:options] for i in group]))
+    head = model.get_output_embeddings().weight
+    if head.data_ptr() == model.get_input_embeddings().weight.data_ptr():
+        raise ValueError("tiny model: tied input/output embeddings; scaling the answer rows would change inputs")
+    with torch.no_grad():
+        head[ids] *= scale
+
+
 def build_tiny_llava(
     out_dir: str | Path, seed: int = 0, image_size: int = 32, patch_size: int = 8, hidden_size: int = 32,
     layers: int = 2,
@@ -152,6 +175,7 @@ def build_tiny_llava(
     )
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(config).eval()
+    lean_to_answers(model, tokenizer)
     model.save_pretrained(out_dir)
     processor.save_pretrained(out_dir)
     return out_dir
@@ -191,6 +215,7 @@ def build_tiny_instructblip(out_dir: str | Path, seed: int = 0, image_size: int 
                                 image_token_index=tokenizer.convert_tokens_to_ids("<image>"))
     torch.manual_seed(seed)
     model = InstructBlipForConditionalGeneration(config).eval()
+    lean_to_answers(model, tokenizer)
     model.save_pretrained(out_dir)
     processor.save_pretrained(out_dir)
     return out_dir
@@ -228,6 +253,7 @@ def build_tiny_qwen2_vl(out_dir: str | Path, seed: int = 0, version: str = "2") 
     )
     torch.manual_seed(seed)
     model = getattr(transformers, f"{prefix}ForConditionalGeneration")(config).eval()
+    lean_to_answers(model, tokenizer)
     model.save_pretrained(out_dir)
     processor.save_pretrained(out_dir)
     return out_dir

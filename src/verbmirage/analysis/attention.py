@@ -375,15 +375,19 @@ class AttentionProbe:
         rows = torch.arange(len(self._query))
         return self._captured, logits[rows, torch.tensor(self._query)].float().cpu()
 
-    def _predict(self, logits, kind: str, n_options: int) -> str:
-        import torch
+    def _predict(self, logits, asked: list, multiple_choice: bool) -> list[str]:
+        """The answers as the prediction run decides them: the first (argmax) token when it is an answer,
+        else the parse of the greedy continuation (the same rule and code as the scoring engine)."""
+        from verbmirage.models.parsing import decide_choice, decide_yes_no
 
-        probs = torch.softmax(self.model._real_tokens(logits[None]), dim=-1)[0]
-        if kind == "yn":
-            yes, no = float(probs[self.model._yes_ids].sum()), float(probs[self.model._no_ids].sum())
-            return "yes" if yes >= no else "no"
-        mass = [float(probs[self.model._letter_ids[k]].sum()) for k in range(n_options)]
-        return chr(ord("A") + int(np.argmax(mass)))
+        first = [self.model._token_text(int(token)) for token in self.model._real_tokens(logits).argmax(dim=-1)]
+        if multiple_choice:
+            decide = [lambda f, t, q=q: decide_choice(f, t, q.options) for q in asked]
+        else:
+            decide = [decide_yes_no] * len(asked)
+        undecided = [i for i in range(len(asked)) if decide[i](first[i], None)[0] == "unknown"]
+        continued = self.model._continued(asked, undecided, multiple_choice)
+        return [decide[i](first[i], continued.get(i))[0] for i in range(len(asked))]
 
     def measure(self, questions: pd.DataFrame, image_path: Path, pairs: pd.DataFrame | None,
                 multiple_choice: bool) -> list[dict]:
@@ -401,11 +405,12 @@ class AttentionProbe:
             texts = [self.model.render(q, multiple_choice) for q in asked]
             encoded = self.model.encode_shared_image(texts, image)
             captured, logits = self.forward(encoded)
+            predictions = self._predict(logits, asked, multiple_choice)
             for b, row in enumerate(chunk):
                 tokens, reason = self.token_sets(encoded, b, texts[b], row, pairs, width, height)
                 if reason:
                     log.info("%s: key-area share NaN: %s", row.question_id, reason)
-                prediction = self._predict(logits[b], "mc" if multiple_choice else "yn", len(asked[b].options))
+                prediction = predictions[b]
                 for layer in self.layers:
                     shares = question_shares(captured[layer][b], tokens)
                     records.append({"question_id": row.question_id, "image_id": row.image_id, "layer": layer,

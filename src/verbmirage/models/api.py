@@ -1,11 +1,15 @@
 """OpenAI-compatible chat-completions backend (GPT-4-class models, Gemini's
 OpenAI endpoint, a vLLM or SGLang server).
 
-The image goes as a base64 data URL. Answer probabilities come from the
-first answer token's ``top_logprobs`` when the server returns them (P(yes) =
-yes mass over yes+no mass; ``yes_margin`` = logsumexp of the yes logprobs minus that
-of the no logprobs, when both words are among the top logprobs; MC = renormalised mass of the option letters);
-otherwise the text is parsed and the probability is 1 for the parsed answer.
+The image goes as a base64 data URL. The answer (``prediction``) is always the
+parse of the text the server returns, as decoded at the configured temperature
+(``parse_rule`` "greedy:..." at temperature 0, else "sample:...", with a "text:" prefix where the
+server sent no logprobs, so the probabilities are only the parsed answer's 0/1); ``confidence``
+is the probability of that text's first token. The scores come from the first
+answer token's ``top_logprobs`` when the server returns them (P(yes) = yes mass
+over yes+no mass; ``yes_margin`` = logsumexp of the yes logprobs minus that of the
+no logprobs, when both words are among the top logprobs; MC = renormalised mass of
+the option letters); otherwise the probability is 1 for the parsed answer.
 
 Requests run concurrently (``max_concurrency``) and are retried with
 exponential backoff on 408, 409, 429, 5xx, timeouts and dropped connections
@@ -57,7 +61,7 @@ from verbmirage.models.base import (
     option_letter,
     yes_no_margin,
 )
-from verbmirage.models.parsing import letter_token, normalise_token, parse_choice, parse_yes_no
+from verbmirage.models.parsing import letter_token, parse_choice, parse_yes_no, yes_no_token
 from verbmirage.models.prompts import PromptTemplate
 
 log = logging.getLogger(__name__)
@@ -153,8 +157,9 @@ def _logprob(value, where: str) -> float:
     return float(value)
 
 
-def read_completion(body) -> tuple[str, list[tuple[str, float]]]:
-    """The answer text and the first answer token's ``(token, logprob)`` candidates of a chat completion.
+def read_completion(body) -> tuple[str, list[tuple[str, float]], float | None]:
+    """The answer text, the first answer token's ``(token, logprob)`` candidates, and that token's own
+    log-probability (None without logprobs) of a chat completion.
 
     Raises :class:`MalformedResponse` naming the part that is missing or of the
     wrong type (an ``{"error": ...}`` body, no choices, no message, a logprob
@@ -177,10 +182,12 @@ def read_completion(body) -> tuple[str, list[tuple[str, float]]]:
     logprobs = choice.get("logprobs") or {}
     content = logprobs.get("content") if isinstance(logprobs, dict) else None
     if not content:
-        return text, []
+        return text, [], None
     first = content[0] if isinstance(content, list) else None
     if not isinstance(first, dict):
         raise MalformedResponse("choices[0].logprobs.content[0] is not an object")
+    chosen = first.get("logprob")
+    chosen = None if chosen is None else _logprob(chosen, "choices[0].logprobs.content[0].logprob")
     candidates = first.get("top_logprobs") or [{"token": first.get("token"), "logprob": first.get("logprob")}]
     read = []
     for i, candidate in enumerate(candidates if isinstance(candidates, list) else [None]):
@@ -188,7 +195,9 @@ def read_completion(body) -> tuple[str, list[tuple[str, float]]]:
         if not isinstance(candidate, dict) or not isinstance(candidate.get("token"), str):
             raise MalformedResponse(f"{where} has no token")
         read.append((candidate["token"], _logprob(candidate.get("logprob"), f"{where}.logprob")))
-    return text, read
+    if chosen is None and read:
+        chosen = max(logprob for _, logprob in read)
+    return text, read, chosen
 
 
 class OpenAIChatModel(VisionLanguageModel):
@@ -348,31 +357,33 @@ class OpenAIChatModel(VisionLanguageModel):
                 answers.append(ApiError(f"HTTP 200, malformed response ({self._scrub(str(error))}): {excerpt}"))
         return answers
 
+    def _decoding(self) -> str:
+        return "greedy" if self.temperature == 0 else "sample"
+
     def _score_yes_no(self, questions):
         results = []
         for answer in self._answers(questions, "yn"):
             if isinstance(answer, ApiError):
                 results.append(YesNoResult.failed(str(answer), retry=answer.retry))
                 continue
-            text, candidates = answer
+            text, candidates, chosen = answer
+            prediction, rule = parse_yes_no(text)
+            confidence = math.exp(chosen) if chosen is not None else math.nan
             mass = {YES: 0.0, NO: 0.0}
             logprobs = {YES: [], NO: []}
             for token, logprob in candidates:
-                word = normalise_token(token)
-                if word in mass:
+                word = yes_no_token(token)
+                if word is not None:
                     mass[word] += math.exp(logprob)
                     logprobs[word].append(logprob)
-            confidence = math.exp(max(lp for _, lp in candidates)) if candidates else math.nan
+            rule = f"{self._decoding()}:{rule}"
             if mass[YES] + mass[NO] > 0:
                 p_yes = mass[YES] / (mass[YES] + mass[NO])
                 # only where both words are among the top logprobs; one side missing gives a bound, not a score
                 margin = yes_no_margin(logprobs[YES], logprobs[NO])
-                results.append(YesNoResult(p_yes, YES if p_yes >= 0.5 else NO, text, confidence, "logprobs",
-                                           yes_margin=margin))
-            else:
-                answer, rule = parse_yes_no(text)
-                p_yes = {YES: 1.0, NO: 0.0}.get(answer, math.nan)
-                results.append(YesNoResult(p_yes, answer, text, confidence, f"text:{rule}"))
+            else:  # no scores: P(yes) is the parsed answer's 0/1, marked "text:" (ensembles.graded)
+                p_yes, margin, rule = {YES: 1.0, NO: 0.0}.get(prediction, math.nan), None, f"text:{rule}"
+            results.append(YesNoResult(p_yes, prediction, text, confidence, rule, yes_margin=margin))
         return results
 
     def _score_multiple_choice(self, questions):
@@ -382,22 +393,20 @@ class OpenAIChatModel(VisionLanguageModel):
             if isinstance(answer, ApiError):
                 results.append(MultipleChoiceResult.failed(n, str(answer), retry=answer.retry))
                 continue
-            text, candidates = answer
+            text, candidates, chosen = answer
+            letter, rule = parse_choice(text, question.options)
+            confidence = math.exp(chosen) if chosen is not None else math.nan
             mass = [0.0] * n
             for token, logprob in candidates:
-                letter = letter_token(token, n)
-                if letter is not None:
-                    mass[ord(letter) - ord("A")] += math.exp(logprob)
-            confidence = math.exp(max(lp for _, lp in candidates)) if candidates else math.nan
-            total = sum(mass)
+                candidate = letter_token(token, n)
+                if candidate is not None and token.strip() == candidate:
+                    mass[ord(candidate) - ord("A")] += math.exp(logprob)
+            total, rule = sum(mass), f"{self._decoding()}:{rule}"
             if total > 0:
                 probs = tuple(m / total for m in mass)
-                best = max(range(n), key=probs.__getitem__)
-                results.append(MultipleChoiceResult(probs, option_letter(best), text, confidence, "logprobs"))
-            else:
-                letter, rule = parse_choice(text, question.options)
-                probs = tuple(1.0 if letter == option_letter(i) else 0.0 for i in range(n))
-                results.append(MultipleChoiceResult(probs, letter, text, confidence, f"text:{rule}"))
+            else:  # no scores: the parsed letter's 0/1, marked "text:" (ensembles.graded)
+                probs, rule = tuple(1.0 if letter == option_letter(i) else 0.0 for i in range(n)), f"text:{rule}"
+            results.append(MultipleChoiceResult(probs, letter, text, confidence, rule))
         return results
 
     def _generate(self, questions, max_new_tokens):

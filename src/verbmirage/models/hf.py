@@ -29,7 +29,6 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-import re
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +36,7 @@ import torch
 from PIL import Image
 
 from verbmirage.models.base import (
-    NO,
+    UNKNOWN,
     YES,
     MultipleChoiceResult,
     Question,
@@ -45,10 +44,9 @@ from verbmirage.models.base import (
     YesNoResult,
     allow_remote_code,
     open_rgb,
-    option_letter,
 )
-from verbmirage.models.parsing import letter_token
-from verbmirage.models.prompts import PromptTemplate
+from verbmirage.models.parsing import decide_choice, decide_yes_no, letter_token, yes_no_token
+from verbmirage.models.prompts import CHAT_TEMPLATE, CONVERSATIONS, PromptTemplate
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -73,7 +71,6 @@ def images_only_processor(processor_class):
 
 
 #: A whole token that answers yes or no: optional space, the word, at most one closing punctuation mark.
-_YES_NO_TOKEN = re.compile(r"(yes|no)[.,!]?", re.IGNORECASE)
 
 
 def _decode_or_none(tokenizer, token_id: int) -> str | None:
@@ -95,9 +92,9 @@ def answer_token_ids(vocabulary, where: str) -> tuple[list[int], list[int], list
     for token_id, text in enumerate(vocabulary):
         if not text or not text.strip():
             continue
-        match = _YES_NO_TOKEN.fullmatch(text.strip())
-        if match:
-            (yes if match.group(1).lower() == YES else no).append(token_id)
+        word = yes_no_token(text)
+        if word is not None:
+            (yes if word == YES else no).append(token_id)
         letter = letter_token(text, MAX_OPTIONS)
         if letter is not None and text.strip() == letter:
             letters[ord(letter) - ord("A")].append(token_id)
@@ -115,6 +112,9 @@ class LogitsVLM(VisionLanguageModel):
 
     Needs ``self.tokenizer`` and a call of :meth:`_find_answer_tokens` once it exists.
     """
+
+    #: New tokens decoded greedily when the first answer token decides nothing (``inference.continue_tokens``).
+    continue_tokens: int = 8
 
     def answer_logits(self, questions: list[Question], multiple_choice: bool) -> tuple[torch.Tensor, list[str | None]]:
         """Float32 logits [N, vocab] at each question's first answer position, and per-question errors."""
@@ -141,8 +141,24 @@ class LogitsVLM(VisionLanguageModel):
     def _token_text(self, token_id: int) -> str:
         return _decode_or_none(self.tokenizer, token_id) or ""
 
+    # ---- decoding past the first token ---------------------------------------------
+    def continue_answers(self, questions: list[Question], multiple_choice: bool) -> list[str] | None:
+        """The greedy answer text of each question, first token included (``continue_tokens`` new tokens).
+
+        Asked only for answers whose first token decides nothing (neither yes/no nor an
+        option letter). None: this backend cannot decode further, so those answers are unknown.
+        """
+        return None
+
+    def _continued(self, questions: list[Question], rows: list[int], multiple_choice: bool) -> dict[int, str]:
+        if not rows or self.continue_tokens <= 0:
+            return {}
+        texts = self.continue_answers([questions[i] for i in rows], multiple_choice)
+        return {} if texts is None else dict(zip(rows, texts))
+
     # ---- results ----------------------------------------------------------------
     def _score_yes_no(self, questions: list[Question]) -> list[YesNoResult]:
+        """Score (P(yes), ``yes_margin``) from the first answer position; decision from the decoded answer."""
         logits, errors = self.answer_logits(questions, multiple_choice=False)
         probs = torch.softmax(self._real_tokens(logits), dim=-1)
         yes, no = probs[:, self._yes_ids].sum(-1), probs[:, self._no_ids].sum(-1)
@@ -150,22 +166,29 @@ class LogitsVLM(VisionLanguageModel):
         real = self._real_tokens(logits).double()
         margins = torch.logsumexp(real[:, self._yes_ids], -1) - torch.logsumexp(real[:, self._no_ids], -1)
         confidence, best = probs.max(dim=-1)
+        first = [self._token_text(int(token)) for token in best]
+        undecided = [i for i, error in enumerate(errors) if error is None and yes_no_token(first[i]) is None]
+        continued = self._continued(questions, undecided, multiple_choice=False)
         results = []
         for i, error in enumerate(errors):
             if error is not None:
                 results.append(YesNoResult.failed(error))
                 continue
             p_yes = float(yes[i] / (yes[i] + no[i]))
-            raw = self._token_text(int(best[i]))
+            prediction, raw, rule = decide_yes_no(first[i], continued.get(i))
             margin = float(margins[i]) if math.isfinite(float(margins[i])) else None
-            results.append(YesNoResult(p_yes, YES if p_yes >= 0.5 else NO, raw, float(confidence[i]), "logits",
-                                       yes_margin=margin))
+            results.append(YesNoResult(p_yes, prediction, raw, float(confidence[i]), rule, yes_margin=margin))
         return results
 
     def _score_multiple_choice(self, questions: list[Question]) -> list[MultipleChoiceResult]:
+        """Option probabilities from the first answer position; the chosen letter from the decoded answer."""
         logits, errors = self.answer_logits(questions, multiple_choice=True)
         probs = torch.softmax(self._real_tokens(logits), dim=-1)
         confidence, best = probs.max(dim=-1)
+        first = [self._token_text(int(token)) for token in best]
+        undecided = [i for i, (question, error) in enumerate(zip(questions, errors))
+                     if error is None and decide_choice(first[i], None, question.options)[0] == UNKNOWN]
+        continued = self._continued(questions, undecided, multiple_choice=True)
         results = []
         for i, (question, error) in enumerate(zip(questions, errors)):
             n = len(question.options)
@@ -174,11 +197,9 @@ class LogitsVLM(VisionLanguageModel):
                 continue
             mass = np.array([float(probs[i, self._letter_ids[k]].sum()) for k in range(n)])
             option_probs = tuple(float(x) for x in mass / mass.sum()) if mass.sum() > 0 else (math.nan,) * n
-            letter = option_letter(int(np.argmax(mass)))
-            raw = self._token_text(int(best[i]))
-            results.append(MultipleChoiceResult(option_probs, letter, raw, float(confidence[i]), "logits"))
+            letter, raw, rule = decide_choice(first[i], continued.get(i), question.options)
+            results.append(MultipleChoiceResult(option_probs, letter, raw, float(confidence[i]), rule))
         return results
-
 
 
 class TransformersVLM(LogitsVLM):
@@ -189,6 +210,8 @@ class TransformersVLM(LogitsVLM):
     model_class = "AutoModelForImageTextToText"
     #: Whether the image enters only through tokens before the question (so a shared prefix can be cached).
     supports_prefix_reuse = True
+    #: Values the ``conversation`` setting may take (a key of ``prompts.CONVERSATIONS`` or the chat template).
+    conversations: tuple[str, ...] = (CHAT_TEMPLATE,)
 
     def __init__(
         self,
@@ -202,10 +225,15 @@ class TransformersVLM(LogitsVLM):
         revision: str | None = None,
         attn_implementation: str | None = None,
         local_files_only: bool = False,
+        conversation: str = CHAT_TEMPLATE,
     ):
         super().__init__(name)
         if dtype not in DTYPES:
             raise ValueError(f"models.{name}.dtype: '{dtype}' is not one of {sorted(DTYPES)}")
+        if conversation not in self.conversations:
+            raise ValueError(f"models.{name}.conversation: '{conversation}' is not one of "
+                             f"{list(self.conversations)} for backend '{self.backend}'")
+        self.conversation = conversation
         self.device, self.dtype = torch.device(device), DTYPES[dtype]
         self.prompts = PromptTemplate.from_config(prompts, where=f"models.{name}.prompts")
         self.prefix_reuse = prefix_reuse and self.supports_prefix_reuse
@@ -235,15 +263,24 @@ class TransformersVLM(LogitsVLM):
         return model_class.from_pretrained(path, dtype=self.dtype, **load, **extra)
 
     # ---- prompts ------------------------------------------------------------
-    def render(self, question: Question, multiple_choice: bool) -> str:
-        """The full prompt text through the model's chat template (image placeholder included)."""
-        text = self.prompts.render(question.prompt, multiple_choice)
+    def render(self, question: Question, multiple_choice: bool | None) -> str:
+        """The full prompt text, image placeholder included: the one rendering of scoring and generation.
+
+        ``multiple_choice`` None is free text (``generate``): the question as it is, no answer instruction.
+        """
+        text = question.prompt if multiple_choice is None else self.prompts.render(question.prompt, multiple_choice)
+        return self.render_turn(text)
+
+    def render_turn(self, text: str) -> str:
+        """One user turn (the image, then ``text``) and the opening of the answer, in the configured format."""
+        if self.conversation != CHAT_TEMPLATE:
+            return CONVERSATIONS[self.conversation].render(text, self.processor.image_token)
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
         return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
-    def encode(self, texts: list[str], images: list[Image.Image]):
-        """Processor call, right-padded, on the model's device."""
-        self.tokenizer.padding_side = "right"
+    def encode(self, texts: list[str], images: list[Image.Image], padding_side: str = "right"):
+        """Processor call, padded on ``padding_side``, on the model's device."""
+        self.tokenizer.padding_side = padding_side
         encoded = self.processor(text=texts, images=images, return_tensors="pt", padding=True)
         return encoded.to(self.device)
 
@@ -427,22 +464,56 @@ class TransformersVLM(LogitsVLM):
         ).logits
 
     @torch.inference_mode()
+    def continue_answers(self, questions: list[Question], multiple_choice: bool) -> list[str]:
+        """Greedy decoding from each prompt (the scoring prompt, left-padded batches per image) for
+        ``continue_tokens`` tokens; the first decoded token is the argmax the scores came from."""
+        texts = [""] * len(questions)
+        groups: dict[Path, list[int]] = {}
+        for index, question in enumerate(questions):
+            groups.setdefault(question.image, []).append(index)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        for image_path, chunk in groups.items():  # the caller's batch: at most batch_size rows
+            encoded = self.encode_for_generation([self.render(questions[i], multiple_choice) for i in chunk],
+                                                 self.open_image(image_path))
+            output = self.model.generate(**encoded, max_new_tokens=self.continue_tokens, do_sample=False,
+                                         num_beams=1, pad_token_id=pad)
+            prompt = encoded["input_ids"]
+            # decoder-only models return the prompt and the new tokens; some composite models only the new ones
+            echoed = output.shape[1] >= prompt.shape[1] and torch.equal(output[:, : prompt.shape[1]], prompt)
+            new_tokens = output[:, prompt.shape[1] :] if echoed else output
+            for i, row in zip(chunk, new_tokens):
+                texts[i] = self.tokenizer.decode(row, skip_special_tokens=True)
+        return texts
+
+    def encode_for_generation(self, texts: list[str], image: Image.Image) -> dict:
+        """``encode`` left-padded (generation appends to the end of every row)."""
+        try:
+            encoded = self.encode(texts, [image] * len(texts), padding_side="left")
+        finally:
+            self.tokenizer.padding_side = "right"
+        return encoded
+
+    @torch.inference_mode()
     def _generate(self, questions: list[Question], max_new_tokens: int) -> list[str]:
         texts = []
         for question in questions:
-            messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question.prompt}]}]
-            prompt = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            encoded = self.encode([prompt], [self.open_image(question.image)])
+            encoded = self.encode([self.render(question, None)], [self.open_image(question.image)])
             output = self.model.generate(**encoded, max_new_tokens=max_new_tokens, do_sample=False)
             texts.append(self.tokenizer.decode(output[0, encoded["input_ids"].shape[1] :], skip_special_tokens=True))
         return texts
 
 
 class LlavaVLM(TransformersVLM):
-    """LLaVA-1.5 in the llava-hf layout (``LlavaForConditionalGeneration`` + ``LlavaProcessor``)."""
+    """LLaVA-1.5 in the llava-hf layout (``LlavaForConditionalGeneration`` + ``LlavaProcessor``).
+
+    ``conversation: llava_v1`` (or ``vicuna_v1``) renders the original LLaVA
+    repository's format instead of the llava-hf chat template: the same turn
+    with the system sentence in front (docs/models.md, "Prompts").
+    """
 
     backend = "llava"
     model_class = "LlavaForConditionalGeneration"
+    conversations = (CHAT_TEMPLATE, *CONVERSATIONS)
 
 
 class InstructBlipVLM(TransformersVLM):
@@ -452,13 +523,13 @@ class InstructBlipVLM(TransformersVLM):
     supports_prefix_reuse = False
     model_class = "InstructBlipForConditionalGeneration"
 
-    def render(self, question: Question, multiple_choice: bool) -> str:
+    def render_turn(self, text: str) -> str:
         """InstructBLIP takes the bare instruction (its processor prepends the query tokens)."""
-        return self.prompts.render(question.prompt, multiple_choice)
+        return text
 
-    def encode(self, texts, images):
-        self.processor.qformer_tokenizer.padding_side = "right"
-        return super().encode(texts, images)
+    def encode(self, texts, images, padding_side: str = "right"):
+        self.processor.qformer_tokenizer.padding_side = "right"  # the Q-Former reads the text bidirectionally
+        return super().encode(texts, images, padding_side)
 
     def encode_shared_image(self, texts, image):
         return self.encode(texts, [image] * len(texts))
@@ -467,7 +538,7 @@ class InstructBlipVLM(TransformersVLM):
     def _generate(self, questions, max_new_tokens):
         texts = []
         for question in questions:
-            encoded = self.encode([question.prompt], [self.open_image(question.image)])
+            encoded = self.encode([self.render(question, None)], [self.open_image(question.image)])
             output = self.model.generate(**encoded, max_new_tokens=max_new_tokens, do_sample=False)
             texts.append(self.tokenizer.decode(output[0], skip_special_tokens=True))
         return texts

@@ -61,3 +61,44 @@ def letter_token(token: str, n_options: int) -> str | None:
     stripped = token.strip().strip("().:").strip()
     letters = ascii_uppercase[:n_options]
     return stripped if len(stripped) == 1 and stripped in letters else None
+
+
+# ---- the decision: the answer the model actually gives --------------------------------------------------
+# A token that spells a whole yes/no word ("Yes", " no", "NO."): the same rule picks the yes/no ids whose mass
+# gives P(yes), so a first token that scores as "yes" also decides "yes".
+_YES_NO_TOKEN = re.compile(r"(yes|no)[.,!]?", re.IGNORECASE)
+
+
+def yes_no_token(token: str | None) -> str | None:
+    """"yes"/"no" when ``token`` alone spells that word, else None."""
+    match = _YES_NO_TOKEN.fullmatch((token or "").strip())
+    return match.group(1).lower() if match else None
+
+
+def decide_yes_no(first_token: str, continued: str | None, decoding: str = "greedy") -> tuple[str, str, str]:
+    """(prediction, raw_answer, parse_rule) of a YN answer decoded token by token.
+
+    The first answer token decides when it spells yes or no. Otherwise the
+    answer as decoded further (``continued``, first token included) is
+    parsed by its first word; None means the backend could not decode further,
+    so the answer is unknown.
+    """
+    word = yes_no_token(first_token)
+    if word is not None:
+        return word, first_token, f"{decoding}:first-token"
+    if continued is None:
+        return UNKNOWN, first_token, f"{decoding}:first-token"
+    answer, rule = parse_yes_no(continued)
+    return answer, continued, f"{decoding}:{rule}"
+
+
+def decide_choice(first_token: str, continued: str | None, options: tuple[str, ...],
+                  decoding: str = "greedy") -> tuple[str, str, str]:
+    """(letter, raw_answer, parse_rule) of an MC answer: the first token if it is an option letter, else the parse."""
+    letter = letter_token(first_token, len(options))
+    if letter is not None and first_token.strip() == letter:
+        return letter, first_token, f"{decoding}:first-token"
+    if continued is None:
+        return UNKNOWN, first_token, f"{decoding}:first-token"
+    answer, rule = parse_choice(continued, options)
+    return answer, continued, f"{decoding}:{rule}"

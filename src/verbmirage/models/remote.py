@@ -15,8 +15,11 @@ here runs that driver either
 Either way YN and MC are scored from the logits at the first answer position,
 exactly like the transformers backends (P(yes) = yes mass / (yes + no mass);
 ``yes_margin`` = logsumexp(yes logits) - logsumexp(no logits) in float64;
-``confidence`` = the max softmax probability), and free text is decoded
-greedily unless the entry says otherwise, the decoding named in ``parse_rule``.
+``confidence`` = the probability of the first answer token), and decided like
+them: the first (argmax) token when it is yes/no or an option letter, else the
+parse of the greedy continuation. With ``scoring: text`` the answer is the
+checkpoint's own decoding (e.g. MiniCPM's beam 3 with repetition penalty 1.2),
+named in ``parse_rule``.
 
 ``trust_remote_code: true`` must be written in the model's own config entry:
 it runs Python shipped with the checkpoint, so it is never a global default.
@@ -50,7 +53,7 @@ from verbmirage.models.base import (
     yes_no_margin,
 )
 from verbmirage.models.hf import answer_token_ids
-from verbmirage.models.parsing import parse_choice, parse_yes_no
+from verbmirage.models.parsing import decide_choice, decide_yes_no, parse_choice, parse_yes_no, yes_no_token
 from verbmirage.models.prompts import PromptTemplate
 
 WORKER_SCRIPT = Path(remote_worker.__file__).resolve()
@@ -178,6 +181,8 @@ class RemoteCodeVLM(VisionLanguageModel):
     backend = ""
     #: Key of the checkpoint's driver in ``remote_worker.DRIVERS`` (an entry's ``driver:`` may replace it).
     driver = ""
+    #: New tokens decoded greedily when the first answer token decides nothing (``inference.continue_tokens``).
+    continue_tokens = 8
 
     def __init__(
         self,
@@ -292,12 +297,15 @@ class RemoteCodeVLM(VisionLanguageModel):
             return None, f"{self.where}: {reply.get('error')}"
         return reply, None
 
-    def _reply_text(self, question: Question, prompt: str, max_new_tokens: int) -> tuple[str, str | None]:
+    def _reply_text(self, question: Question, prompt: str, max_new_tokens: int,
+                    greedy: bool = False) -> tuple[str, str | None]:
+        """The checkpoint's answer text: its configured decoding, or plain greedy (``greedy``)."""
         image, error = self._image(question)
         if error:
             return "", error
+        beams, penalty = (1, 1.0) if greedy else (self.num_beams, self.repetition_penalty)
         reply = self.client.request("generate", image=image, prompt=prompt, max_new_tokens=max_new_tokens,
-                                    num_beams=self.num_beams, repetition_penalty=self.repetition_penalty)
+                                    num_beams=beams, repetition_penalty=penalty)
         if not reply.get("ok"):
             return "", f"{self.where}: {reply.get('error')}"
         return reply["text"], None
@@ -305,6 +313,13 @@ class RemoteCodeVLM(VisionLanguageModel):
     def _token_text(self, token_id: int) -> str:
         token = self.vocabulary[token_id] if 0 <= token_id < len(self.vocabulary) else None
         return token or ""
+
+    def _continued(self, question: Question, prompt: str, first_token: str, decides) -> str | None:
+        """The greedy answer text when the first token (the scoring argmax) decides nothing, else None."""
+        if decides(first_token) or self.continue_tokens <= 0:
+            return None
+        text, error = self._reply_text(question, prompt, self.continue_tokens, greedy=True)
+        return None if error else text
 
     # ---- results ----------------------------------------------------------------------------------
     def _score_yes_no(self, questions):
@@ -328,11 +343,12 @@ class RemoteCodeVLM(VisionLanguageModel):
             probs = [math.exp(v - row["logsumexp"]) for v in row["logits"]]
             yes, no = sum(probs[: len(self._yes_ids)]), sum(probs[len(self._yes_ids):])
             p_yes = yes / (yes + no) if yes + no > 0 else math.nan
-            prediction = UNKNOWN if math.isnan(p_yes) else (YES if p_yes >= 0.5 else NO)
+            first = self._token_text(row["argmax_id"])
+            continued = self._continued(question, prompt, first, lambda t: yes_no_token(t) is not None)
+            prediction, raw, rule = decide_yes_no(first, continued)
             confidence = math.exp(row["argmax_logit"] - row["logsumexp"])
             margin = yes_no_margin(row["logits"][: len(self._yes_ids)], row["logits"][len(self._yes_ids):])
-            results.append(YesNoResult(p_yes, prediction, self._token_text(row["argmax_id"]), confidence, "logits",
-                                       yes_margin=margin))
+            results.append(YesNoResult(p_yes, prediction, raw, confidence, rule, yes_margin=margin))
         return results
 
     def _score_multiple_choice(self, questions):
@@ -358,10 +374,12 @@ class RemoteCodeVLM(VisionLanguageModel):
             mass = [sum(next(values) for _ in group) for group in groups]
             total = sum(mass)
             option_probs = tuple(m / total for m in mass) if total > 0 else (math.nan,) * n
-            letter = option_letter(max(range(n), key=lambda k: mass[k])) if total > 0 else UNKNOWN
+            first = self._token_text(row["argmax_id"])
+            continued = self._continued(question, prompt, first,
+                                        lambda t: decide_choice(t, None, question.options)[0] != UNKNOWN)
+            letter, raw, rule = decide_choice(first, continued, question.options)
             confidence = math.exp(row["argmax_logit"] - row["logsumexp"])
-            results.append(MultipleChoiceResult(option_probs, letter, self._token_text(row["argmax_id"]), confidence,
-                                                "logits"))
+            results.append(MultipleChoiceResult(option_probs, letter, raw, confidence, rule))
         return results
 
     def _generate(self, questions, max_new_tokens):
