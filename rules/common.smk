@@ -169,6 +169,27 @@ def condition_qsets(dataset, condition):
     return condition_question_sets(config, condition, dataset, DATASET_QSETS[dataset])
 
 
+def model_qsets(model):
+    """The question sets a model answers (``models.<slug>.qsets``, default all: None); an ensemble, those
+    every member answers."""
+    if model in ENSEMBLES:
+        member_sets = [model_qsets(member) for member in ENSEMBLES[model]]
+        chosen = [set(sets) for sets in member_sets if sets is not None]
+        return set.intersection(*chosen) if chosen else None
+    return config["models"][model].get("qsets")
+
+
+def asks(dataset, condition, qset, model):
+    """Whether the run asks ``model`` (or an ensemble) question set ``qset`` under ``condition``."""
+    chosen = model_qsets(model)
+    return qset in condition_qsets(dataset, condition) and (chosen is None or qset in chosen)
+
+
+def model_settings(model):
+    """What a model's answers depend on: its entry without the planning key ``qsets``."""
+    return {key: value for key, value in config["models"][model].items() if key != "qsets"}
+
+
 def condition_settings(condition):
     """What a condition's images and answers depend on: its entry without ``qsets``."""
     return image_settings(config["conditions"][condition])
@@ -212,6 +233,7 @@ def all_scored():
         for c in dataset_conditions(d)
         for q in condition_qsets(d, c)
         for m in MODELS + list(ENSEMBLES)
+        if asks(d, c, q, m)
         for v in VARIANTS
     ]
 
@@ -222,8 +244,8 @@ def all_consistency():
         for d in ["hico"]  # paper Table 2 (HICO); CharadesEgo compares views, not conditions
         for a, b in CONSISTENCY_PAIRS
         for q in condition_qsets(d, a)
-        if q in condition_qsets(d, b)
         for m in MODELS + list(ENSEMBLES)
+        if asks(d, a, q, m) and asks(d, b, q, m)
         for v in VARIANTS
     ]
 
@@ -327,8 +349,8 @@ def uncertainty_runs():
          "predictions": PREDICTIONS.format(dataset="hico", qset=q, condition=c, model=m, variant=v)}
         for c in UNCERTAINTY.conditions
         for q in UNCERTAINTY.qsets
-        if q in condition_qsets("hico", c)
         for m in UNCERTAINTY_MODELS
+        if asks("hico", c, q, m)
         for v in VARIANTS
     ] if UNCERTAINTY else []
 
@@ -341,6 +363,7 @@ def fov_runs():
                          for c in FOV.conditions}}
         for q in FOV.qsets
         for m in MODELS
+        if all(asks("hico", c, q, m) for c in FOV.conditions)
         for v in VARIANTS
     ] if FOV else []
 

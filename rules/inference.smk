@@ -14,7 +14,7 @@ rule predict_shard:
     wildcard_constraints:
         model=_alternatives(SHARDED_MODELS),
     params:
-        model=lambda wildcards: config["models"][wildcards.model],
+        model=lambda wildcards: model_settings(wildcards.model),
         variant=lambda wildcards: config["variants"][wildcards.variant],
         n_shards=lambda wildcards: n_shards(wildcards.model),
         batch_size=lambda wildcards: config["models"][wildcards.model].get(

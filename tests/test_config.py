@@ -47,6 +47,8 @@ def test_unknown_top_level_key_is_refused(config):
         (lambda c: c["ensembles"].update(prior=["prior", "random"]), "ensembles.prior: the name is already a model slug"),
         (lambda c: c["conditions"].update(fog={"type": "fog"}), "conditions.fog.type: unknown image condition"),
         (lambda c: c["metrics"].update(error_consistency=[["clean", "blur"]]), r"metrics.error_consistency\[0\]"),
+        (lambda c: c["models"]["prior"].update(qsets=["mc_objects"]),
+         r"models.prior.qsets: \['mc_objects'\] are not asked"),
         (lambda c: c["conditions"]["saltpepper"].update(qsets=["yn_obj", "yn_objj"]),
          r"conditions.saltpepper.qsets: \['yn_objj'\] are not asked"),
         (lambda c: (c["conditions"]["saltpepper"].update(qsets=["yn_obj"]),

@@ -33,6 +33,9 @@ def test_demo_produces_metrics_and_tables(demo_run):
     asked = metrics[metrics.subset.eq("all")].groupby("condition").qset.agg(set)
     assert asked["crop"] == {"mc_obj", "mc_verb"} and asked["clean_vs_crop"] == {"mc_obj", "mc_verb"}
     assert asked["saltpepper"] == {"yn_obj", "yn_verb", "mc_verb", "obj_exist"}
+    # models.<slug>.qsets: the demo's CLIP answers only yn_ko and yn_obj
+    clip_tables = {p.parts[-4] for p in (demo_run / "results/predictions").rglob("tiny_clip/default.parquet")}
+    assert clip_tables == {"yn_ko", "yn_obj"}
     assert set(metrics.dataset) == {"hico", "charadesego"}
     table4 = pd.read_parquet(demo_run / "results/tables/table4.parquet").set_index("model")
     assert table4.at["always_yes", "ego_recall"] == table4.at["always_yes", "exo_recall"] == 100.0

@@ -186,6 +186,11 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
                 allow_remote_code(f"models.{slug}", entry["trust_remote_code"], entry.get("revision"), local)
             except ValueError as error:
                 raise ConfigError(str(error)) from None
+    for slug, entry in config["models"].items():
+        unknown_sets = sorted(set(entry.get("qsets", [])) - set(known_question_sets(config)))
+        if unknown_sets:
+            raise ConfigError(f"models.{slug}.qsets: {unknown_sets} are not asked in this run; "
+                              f"known: {known_question_sets(config)}")
     for slug, entry in config.get("conditions", {}).items():
         if "_vs_" in slug:
             raise ConfigError(
