@@ -25,6 +25,7 @@ from verbmirage.config import (
     check_yaml_file,
     condition_question_sets,
 )
+from verbmirage.paper_numbers import paper_names_from_config
 from verbmirage.questions import question_kind
 from verbmirage.tiny import BUILDERS as TINY_BUILDERS
 
@@ -115,6 +116,8 @@ METRICS = "results/metrics/metrics.parquet"
 TABLE_NUMBERS = [1, 2, 3] + ([4] if CHARADES else [])
 TABLES = expand("results/tables/table{n}.{ext}", n=TABLE_NUMBERS, ext=["parquet", "md"])
 TABLES_HTML = expand("results/tables/table{n}.html", n=TABLE_NUMBERS)
+# slug -> the paper's model name: models.<slug>.paper_name; an ensemble of the paper's three members is its ensemble
+TABLE_PAPER_NAMES = paper_names_from_config(config)
 
 
 # ---- input functions ---------------------------------------------------------
@@ -185,9 +188,18 @@ def asks(dataset, condition, qset, model):
     return qset in condition_qsets(dataset, condition) and (chosen is None or qset in chosen)
 
 
+# Entry keys that plan or label a run without changing any answer: kept out of the inference params and fingerprint.
+LABEL_KEYS = ("qsets", "paper_name")
+
+
 def model_settings(model):
-    """What a model's answers depend on: its entry without the planning key ``qsets``."""
-    return {key: value for key, value in config["models"][model].items() if key != "qsets"}
+    """What a model's answers depend on: its entry without ``qsets`` and ``paper_name``."""
+    return {key: value for key, value in config["models"][model].items() if key not in LABEL_KEYS}
+
+
+def variant_settings(variant):
+    """What a variant's answers depend on: its entry without ``paper_name``."""
+    return {key: value for key, value in config["variants"][variant].items() if key not in LABEL_KEYS}
 
 
 def condition_settings(condition):

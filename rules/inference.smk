@@ -15,7 +15,7 @@ rule predict_shard:
         model=_alternatives(SHARDED_MODELS),
     params:
         model=lambda wildcards: model_settings(wildcards.model),
-        variant=lambda wildcards: config["variants"][wildcards.variant],
+        variant=lambda wildcards: variant_settings(wildcards.variant),
         n_shards=lambda wildcards: n_shards(wildcards.model),
         batch_size=lambda wildcards: config["models"][wildcards.model].get(
             "batch_size", config["inference"]["batch_size"]

@@ -1,5 +1,5 @@
 rule tables:
-    """Paper Tables 1-3 as Parquet and Markdown, from the long metrics table."""
+    """Paper Tables 1-4 as Parquet, Markdown and HTML, from the long metrics table, beside the paper's rows."""
     input:
         METRICS,
     output:
@@ -9,6 +9,9 @@ rule tables:
         models=MODELS,
         ensembles=ENSEMBLES,
         consistency_pairs=CONSISTENCY_PAIRS,
+        variants=VARIANTS,
+        paper_names=TABLE_PAPER_NAMES,  # slug -> the paper's model name (models.<slug>.paper_name)
+        variant_paper_names={v: s.get("paper_name", "") for v, s in config["variants"].items()},
     log:
         "logs/tables.log",
     conda:

@@ -1,41 +1,39 @@
-"""Paper Tables 1-4 from the long metrics table (Parquet, Markdown, HTML; Table 4 with CharadesEgo).
+"""Paper Tables 1-4 from the long metrics table, each beside the paper's published rows (Table 4 with CharadesEgo).
 
-Input: the metrics table. Outputs: ``results/tables/table{1,2,3}.{parquet,md,html}``.
-Settings: ``params.models`` (row order), ``params.ensembles``, ``params.consistency_pairs``.
+Input: the metrics table. Outputs: ``results/tables/table{1,2,3,4}.{parquet,md,html}``: the Parquet holds
+our rows (``source`` measured, with 95% intervals) and every row the paper published for the table
+(``source`` paper); Markdown and HTML lay them side by side with the difference where names match.
+Settings: ``params.models`` (row order), ``params.ensembles``, ``params.consistency_pairs``,
+``params.variants``, ``params.paper_names`` (slug -> the paper's model name), ``params.variant_paper_names``.
 """
 
 from pathlib import Path
 
 from verbmirage.io import read_table, write_html, write_markdown
 from verbmirage.joblog import job_log
-from verbmirage.tables import build_table, table1_columns, table2_columns, table3, table4_columns
+from verbmirage.paper_numbers import load_paper_numbers, packaged_paper_numbers
+from verbmirage.tables import paper_tables
 
 TITLES = {
     1: "Table 1: YN and MC with and without object reference (clean images)",
-    2: "Table 2: verb-only questions with and without image noise; error consistency",
+    2: "Table 2: verb-only questions under two image conditions; error consistency (kappa x100)",
     3: "Table 3: majority-vote ensembles vs their members",
     4: "Table 4: CharadesEgo, egocentric vs exocentric views of the same actions",
 }
 
 with job_log(snakemake.log[0]):
+    p = snakemake.params
     metrics = read_table(snakemake.input[0])
-    models = list(snakemake.params.models) + list(snakemake.params.ensembles)
-    pairs = snakemake.params.consistency_pairs
-    reference, distorted = pairs[0] if pairs else ("clean", "saltpepper")
-    tables = {
-        1: build_table(metrics, table1_columns(), models),
-        2: build_table(metrics, table2_columns(reference, distorted), models),
-        3: table3(metrics, snakemake.params.ensembles),
-    }
-    if "charadesego" in set(metrics.dataset):
-        tables[4] = build_table(metrics, table4_columns(), models, dataset="charadesego")
+    tables = paper_tables(metrics, load_paper_numbers(packaged_paper_numbers()), p.models, p.ensembles,
+                          [tuple(pair) for pair in p.consistency_pairs], p.variants, p.paper_names)
     for number, table in tables.items():
+        display = table.display(p.variant_paper_names)
         for path in snakemake.output:
             if Path(path).stem != f"table{number}":
                 continue
             if path.endswith(".parquet"):
-                table.to_parquet(path, index=False)
+                table.frame.to_parquet(path, index=False)
             elif path.endswith(".html"):
-                write_html(table, path, title=TITLES[number])
+                write_html(display, path, title=TITLES[number])
             else:
-                write_markdown(table, path, title=TITLES[number])
+                write_markdown(display, path, title=TITLES[number])

@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 
 from verbmirage.ensembles import majority_vote
-from verbmirage.tables import build_table, table1_columns, table2_columns, table3
+from verbmirage.paper_numbers import load_paper_numbers, packaged_paper_numbers
+from verbmirage.tables import measured_rows, paper_tables, table1_columns
 
 
 def _predictions(answers, p_yes):
@@ -95,45 +96,87 @@ def test_table1_from_long_table():
         ("m1", "mc_verb", "clean", "circular_accuracy", 0.51),
         ("m1", "mc_verb", "saltpepper", "circular_accuracy", 0.99),  # other condition: ignored
     ])
-    table = build_table(metrics, table1_columns(), ["m1", "m2"])
-    assert table.columns.tolist()[:3] == ["model", "yn_obj_acc", "yn_obj_prec"]
+    table = measured_rows(metrics, table1_columns(), ["m1", "m2"])
+    assert table.columns.tolist()[:6] == ["source", "model", "variant", "paper_name", "yn_obj_acc", "yn_obj_prec"]
+    assert table.model.tolist() == ["m1"]  # m2 has no value anywhere: not run, no row
     row = table.set_index("model").loc["m1"]
     assert row.yn_obj_acc == pytest.approx(52.16) and row.mc_verb_acc == pytest.approx(51.0)
-    assert np.isnan(row.yn_verb_acc) and table.set_index("model").loc["m2"].isna().all()
+    assert np.isnan(row.yn_verb_acc) and row.source == "measured"
 
 
-def test_table2_and_3():
+def test_table2_every_pair_and_table3_members_then_ensemble():
     metrics = _long([
         ("m1", "yn_verb", "clean_vs_saltpepper", "error_consistency", 0.7385),
         ("m1", "yn_verb", "saltpepper", "f1", 0.5735),
+        ("m1", "mc_verb", "clean_vs_crop", "error_consistency", 0.25),
+        ("m1", "yn_obj", "clean", "recall", 0.5),
         ("vote", "yn_obj", "clean", "recall", 0.9117),
     ])
-    two = build_table(metrics, table2_columns(), ["m1"]).iloc[0]
-    assert two.yn_err_cons == pytest.approx(73.85) and two.yn_f1_saltpepper == pytest.approx(57.35)
-    three = table3(metrics, {"vote": ["m1", "m2"]})
-    assert three.model.tolist() == ["m1", "m2", "vote"]
-    assert three.set_index("model").at["vote", "yn_obj_recall"] == pytest.approx(91.17)
+    tables = paper_tables(metrics, load_paper_numbers(packaged_paper_numbers()), ["m1", "m2"], {"vote": ["m1", "m2"]},
+                          [("clean", "saltpepper"), ("clean", "crop")])
+    two = tables[2].frame
+    ours = two[two.source.eq("measured")].set_index("other")
+    assert ours.at["saltpepper", "yn_err_cons"] == pytest.approx(73.85)
+    assert ours.at["saltpepper", "yn_f1_other"] == pytest.approx(57.35)
+    assert ours.at["crop", "mc_err_cons"] == pytest.approx(25.0)
+    three = tables[3].frame
+    assert three[three.source.eq("measured")].model.tolist() == ["m1", "vote"]
+    assert three.set_index(["source", "model"]).at[("measured", "vote"), "yn_obj_recall"] == pytest.approx(91.17)
 
 
-def test_build_table_refuses_duplicate_keys():
+def test_measured_rows_refuse_duplicate_keys():
     metrics = _long([("m1", "yn_obj", "clean", "accuracy", 0.5), ("m1", "yn_obj", "clean", "accuracy", 0.7)])
-    with pytest.raises(ValueError, match=r"1 key\(s\) appear more than once.*'model': 'm1', 'qset': 'yn_obj', "
-                                         r"'condition': 'clean', 'metric': 'accuracy'"):
-        build_table(metrics, table1_columns(), ["m1"])
+    with pytest.raises(ValueError, match=r"1 key\(s\) appear more than once.*'model': 'm1', 'variant': 'default', "
+                                         r"'qset': 'yn_obj', 'condition': 'clean', 'metric': 'accuracy'"):
+        measured_rows(metrics, table1_columns(), ["m1"])
     # the same key in another subset is another cell
     other = _long([("m1", "yn_obj", "clean", "accuracy", 0.5)]).assign(subset="rare")
-    table = build_table(pd.concat([metrics.iloc[:1], other]), table1_columns(), ["m1"])
+    table = measured_rows(pd.concat([metrics.iloc[:1], other]), table1_columns(), ["m1"])
     assert table.at[0, "yn_obj_acc"] == pytest.approx(50.0)
+
+
+# ---- the paper's rows beside ours -----------------------------------------------------------------------
+PAPER = load_paper_numbers(packaged_paper_numbers())
+
+
+def test_every_published_row_of_tables_1_to_4_is_in_our_tables():
+    metrics = _long([("m1", "yn_obj", "clean", "accuracy", 0.5)]).pipe(
+        lambda f: pd.concat([f, f.assign(dataset="charadesego", qset="yn_ego")]))
+    tables = paper_tables(metrics, PAPER, ["m1"], {}, [("clean", "saltpepper")])
+    for number in (1, 2, 3, 4):
+        published = PAPER[PAPER.table == str(number)]
+        frame = tables[number].frame
+        paper = frame[frame.source.eq("paper")]
+        assert set(paper.model) == set(published.model), number
+        for entry in published.itertuples():  # every published number sits in its column
+            column = next(c for c in tables[number].columns if c.paper_key() == (entry.qset, entry.condition,
+                                                                                  entry.metric))
+            assert paper.set_index("model").at[entry.model, column.label] == pytest.approx(entry.value)
+    assert set(tables[2].frame[tables[2].frame.source.eq("paper")].other) == {"saltpepper"}
+
+
+def test_the_difference_is_shown_where_model_and_variant_names_match():
+    metrics = pd.concat([_long([("llava", "yn_obj", "clean", "accuracy", 0.60)]).assign(variant=v, ci_low=0.55,
+                                                                                          ci_high=0.65)
+                         for v in ("default", "beam")])
+    tables = paper_tables(metrics, PAPER, ["llava"], {}, [], variants=["default", "beam"],
+                          paper_names={"llava": "LLaVA-1.5-7B"})
+    shown = tables[1].display({"beam": "beam5"})
+    assert shown.source.tolist()[:4] == ["measured", "measured", "paper", "Δ (ours − paper)"]
+    assert shown.at[0, "yn_obj_acc"] == "60.00 [55.00, 65.00]"  # greedy: no paper row of that decoding
+    assert shown.at[2, "model"] == "LLaVA-1.5-7B" and shown.at[2, "yn_obj_acc"] == "52.16"
+    assert shown.at[3, "yn_obj_acc"] == "+7.84" and shown.at[3, "variant"] == "beam"
+    assert shown.source.tolist().count("paper") == 7  # each published model once: the matched one moved up
 
 
 def test_undefined_values_print_as_a_dash(tmp_path):
     from verbmirage.io import MISSING_VALUE, write_html, write_markdown
 
     metrics = _long([("m1", "yn_obj", "clean", "accuracy", 0.5), ("m1", "yn_obj", "clean", "precision", np.nan)])
-    table = build_table(metrics, table1_columns(), ["m1"])
-    assert np.isnan(table.at[0, "yn_obj_prec"])  # undefined stays NaN in the Parquet table
-    write_markdown(table, tmp_path / "t.md")
-    write_html(table, tmp_path / "t.html")
+    table = paper_tables(metrics, PAPER.iloc[:0], ["m1"], {}, [])[1]
+    assert np.isnan(table.frame.at[0, "yn_obj_prec"])  # undefined stays NaN in the Parquet table
+    write_markdown(table.display(), tmp_path / "t.md")
+    write_html(table.display(), tmp_path / "t.html")
     row = (tmp_path / "t.md").read_text().splitlines()[-1]
     assert "50.00" in row and MISSING_VALUE in row and "nan" not in row
     assert f"<td>{MISSING_VALUE}</td>" in (tmp_path / "t.html").read_text()

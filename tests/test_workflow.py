@@ -60,7 +60,13 @@ def test_demo_produces_metrics_and_tables(demo_run):
     for n in (1, 2, 3, 4):
         table = pd.read_parquet(demo_run / f"results/tables/table{n}.parquet")
         assert len(table) >= 1 and (demo_run / f"results/tables/table{n}.md").read_text().startswith("## Table")
-    table1 = pd.read_parquet(demo_run / "results/tables/table1.parquet").set_index("model")
+    table1 = pd.read_parquet(demo_run / "results/tables/table1.parquet")
+    # ours (with intervals) and every row the paper published for Table 1, told apart by `source`
+    assert set(table1.source) == {"measured", "paper"} and "yn_obj_acc_ci_low" in table1
+    assert set(table1.model[table1.source.eq("paper")]) == {"LLaVA-1.5-7B", "InstructBLIP-7B", "Qwen2-VL-7B",
+                                                            "Qwen-VL-Chat", "MiniCPM-Llama3-V2.5", "mPLUG-Owl2",
+                                                            "Molmo-7B-D"}
+    table1 = table1[table1.source.eq("measured")].set_index("model")
     assert table1.at["always_yes", "yn_obj_recall"] == 100.0
     counts = pd.read_parquet(demo_run / "results/benchmark/hico/counts.parquet")
     assert set(counts.qset) == {"yn_obj", "yn_verb", "mc_obj", "mc_verb", "obj_exist", "yn_ko"}

@@ -97,3 +97,19 @@ def paper_value(
         & (paper.condition == condition) & (paper.metric == metric)
     ]
     return float(match.value.iloc[0]) if len(match) else math.nan
+
+
+def packaged_paper_numbers() -> Path:
+    """The paper's published numbers as shipped with the package (a copy of ``paper_tables.csv``)."""
+    return Path(__file__).with_name("data") / "paper_tables.csv"
+
+
+def paper_names_from_config(config: dict) -> dict[str, str]:
+    """Our slug -> the paper's model name, only where a model entry says so (``paper_name``); an ensemble
+    whose members are the paper's three ensemble members stands for the paper's ensemble."""
+    names = {slug: entry["paper_name"] for slug, entry in config["models"].items() if entry.get("paper_name")}
+    for slug, members in (config.get("ensembles") or {}).items():
+        member_names = frozenset(names.get(member, "") for member in members)
+        if member_names in PAPER_ENSEMBLES:
+            names[slug] = PAPER_ENSEMBLES[member_names]
+    return names

@@ -1,16 +1,28 @@
-"""The paper's tables, derived from the long metrics table (values in percent).
+"""The paper's tables, derived from the long metrics table (values in percent), beside the paper's rows.
 
 A table is declared as a list of :class:`Column` (question set, condition,
-metric); :func:`build_table` picks those values out of the long table for the
-rows (models) asked for. Nothing here computes a metric.
+metric); :func:`measured_rows` picks those values and their bootstrap
+intervals out of the long table for the models and variants asked for,
+:func:`paper_rows` takes the paper's published rows of that table
+(``paper_numbers``), and :func:`side_by_side` lays both out for reading:
+each of our rows, then the paper's row of the same model and decoding and the
+difference, where the model's and the variant's ``paper_name`` match.
+Nothing here computes a metric.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
+
+from verbmirage.io import MISSING_VALUE
+
+
+#: our metric name -> the name ``paper_tables.csv`` gives the same quantity (kappa printed x100)
+PAPER_METRICS = {"error_consistency": "error_consistency_kappa_x100"}
+MEASURED, PAPER = "measured", "paper"
 
 
 @dataclass(frozen=True)
@@ -19,6 +31,14 @@ class Column:
     qset: str
     condition: str
     metric: str
+    #: where the paper's CSV names this column differently (Table 4: qset ``charadesego_yn``, condition ``ego``)
+    paper_qset: str | None = None
+    paper_condition: str | None = None
+
+    def paper_key(self) -> tuple[str, str, str]:
+        """(qset, condition, metric) of this column in ``paper_tables.csv``."""
+        condition = self.paper_condition or self.condition.replace("_vs_", "~")
+        return self.paper_qset or self.qset, condition, PAPER_METRICS.get(self.metric, self.metric)
 
 
 def consistency_condition(reference: str, other: str) -> str:
@@ -40,16 +60,19 @@ def table1_columns(condition: str = "clean") -> list[Column]:
 
 
 def table2_columns(reference: str = "clean", distorted: str = "saltpepper") -> list[Column]:
-    """Paper Table 2: verb-only questions with and without noise, and error consistency."""
+    """Paper Table 2: verb-only questions under a reference and another condition, and error consistency.
+
+    Labels say ``ref``/``other`` (one table holds every configured pair; its rows name the pair).
+    """
     pair = consistency_condition(reference, distorted)
     return [
-        Column(f"yn_acc_{reference}", "yn_verb", reference, "accuracy"),
-        Column(f"yn_f1_{reference}", "yn_verb", reference, "f1"),
-        Column(f"yn_acc_{distorted}", "yn_verb", distorted, "accuracy"),
-        Column(f"yn_f1_{distorted}", "yn_verb", distorted, "f1"),
+        Column("yn_acc_ref", "yn_verb", reference, "accuracy"),
+        Column("yn_f1_ref", "yn_verb", reference, "f1"),
+        Column("yn_acc_other", "yn_verb", distorted, "accuracy"),
+        Column("yn_f1_other", "yn_verb", distorted, "f1"),
         Column("yn_err_cons", "yn_verb", pair, "error_consistency"),
-        Column(f"mc_acc_{reference}", "mc_verb", reference, "circular_accuracy"),
-        Column(f"mc_acc_{distorted}", "mc_verb", distorted, "circular_accuracy"),
+        Column("mc_acc_ref", "mc_verb", reference, "circular_accuracy"),
+        Column("mc_acc_other", "mc_verb", distorted, "circular_accuracy"),
         Column("mc_err_cons", "mc_verb", pair, "error_consistency"),
     ]
 
@@ -62,49 +85,173 @@ def table3_columns(condition: str = "clean") -> list[Column]:
 def table4_columns(condition: str = "clean") -> list[Column]:
     """Paper Table 4: YN on CharadesEgo, egocentric vs exocentric view of the same actions."""
     return [
-        Column(f"{view}_{short}", f"yn_{view}", condition, metric)
+        Column(f"{view}_{short}", f"yn_{view}", condition, metric, paper_qset="charadesego_yn", paper_condition=view)
         for view in ("ego", "exo")
         for metric, short in (("accuracy", "acc"), ("precision", "prec"), ("recall", "recall"))
-    ] + [Column(f"mc_{view}_acc", f"mc_{view}", condition, "circular_accuracy") for view in ("ego", "exo")]
+    ] + [Column(f"mc_{view}_acc", f"mc_{view}", condition, "circular_accuracy", paper_qset="charadesego_mc",
+                paper_condition=view) for view in ("ego", "exo")]
 
 
-def build_table(
+# ---- ours beside the paper's --------------------------------------------------------------------------------
+def _lookup(metrics: pd.DataFrame, dataset: str, subset: str) -> pd.DataFrame:
+    chosen = metrics[(metrics.dataset == dataset) & (metrics.subset == subset)]
+    table = chosen.set_index(["model", "variant", "qset", "condition", "metric"])[["value", "ci_low", "ci_high"]]
+    duplicated = table.index[table.index.duplicated()].unique()
+    if len(duplicated):  # two metric parts for one cell: which value is right cannot be guessed
+        first = dict(zip(table.index.names, duplicated[0]))
+        raise ValueError(f"metrics table: {len(duplicated)} key(s) appear more than once for dataset={dataset}, "
+                         f"subset={subset}, e.g. {first}")
+    return table
+
+
+def measured_rows(
     metrics: pd.DataFrame,
     columns: Sequence[Column],
     models: Sequence[str],
-    variant: str = "default",
+    variants: Sequence[str] = ("default",),
+    paper_names: Mapping[str, str] | None = None,
     dataset: str = "hico",
     subset: str = "all",
 ) -> pd.DataFrame:
-    """One row per model, one column per :class:`Column`, values x100; missing values stay NaN.
+    """Our rows: one per (model, variant), values x100 and their interval (``<label>_ci_low``/``_ci_high``).
 
-    A key found twice (two metric parts for one cell) is an error: which value is right cannot be guessed.
+    A (model, variant) with no value in any column (not run) is left out; a missing cell stays NaN.
     """
-    chosen = metrics[(metrics.dataset == dataset) & (metrics.variant == variant) & (metrics.subset == subset)]
-    lookup = chosen.set_index(["model", "qset", "condition", "metric"])["value"]
-    duplicated = lookup.index[lookup.index.duplicated()].unique()
-    if len(duplicated):
-        first = dict(zip(("model", "qset", "condition", "metric"), duplicated[0]))
-        raise ValueError(
-            f"metrics table: {len(duplicated)} key(s) appear more than once for dataset={dataset}, "
-            f"variant={variant}, subset={subset}, e.g. {first}"
-        )
+    lookup = _lookup(metrics, dataset, subset)
     rows = []
     for model in models:
-        row = {"model": model}
-        for column in columns:
-            key = (model, column.qset, column.condition, column.metric)
-            row[column.label] = 100 * lookup[key] if key in lookup.index else float("nan")
-        rows.append(row)
-    return pd.DataFrame(rows, columns=["model"] + [c.label for c in columns])
+        for variant in variants:
+            row = {"source": MEASURED, "model": model, "variant": variant,
+                   "paper_name": (paper_names or {}).get(model, "")}
+            for column in columns:
+                key = (model, variant, column.qset, column.condition, column.metric)
+                value, low, high = lookup.loc[key] if key in lookup.index else (float("nan"),) * 3
+                row[column.label] = 100 * value
+                row[f"{column.label}_ci_low"], row[f"{column.label}_ci_high"] = 100 * low, 100 * high
+            if any(pd.notna(row[column.label]) for column in columns):
+                rows.append(row)
+    return pd.DataFrame(rows, columns=table_columns(columns))
 
 
-def table3(metrics: pd.DataFrame, ensembles: dict[str, list[str]], condition: str = "clean", **kw) -> pd.DataFrame:
-    """Members then the ensemble, for every configured ensemble."""
-    parts = []
-    for name, members in ensembles.items():
-        part = build_table(metrics, table3_columns(condition), [*members, name], **kw)
-        part.insert(0, "ensemble", name)
-        parts.append(part)
-    columns = ["ensemble", "model"] + [c.label for c in table3_columns(condition)]
-    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
+def table_columns(columns: Sequence[Column]) -> list[str]:
+    labels = [column.label for column in columns]
+    intervals = [f"{label}_{end}" for label in labels for end in ("ci_low", "ci_high")]
+    return ["source", "model", "variant", "paper_name", *labels, *intervals]
+
+
+def paper_rows(paper: pd.DataFrame, table: int | str, columns: Sequence[Column]) -> pd.DataFrame:
+    """Every row the paper published in ``table`` (``paper_numbers.load_paper_numbers``), in the paper's order."""
+    published = paper[paper.table.astype(str) == str(table)]
+    keys = {column.paper_key(): column.label for column in columns}
+    rows: dict[tuple[str, str], dict] = {}
+    for entry in published.itertuples(index=False):
+        label = keys.get((entry.qset, entry.condition, entry.metric))
+        if label is None:
+            continue
+        row = rows.setdefault((entry.model, entry.variant), {"source": PAPER, "model": entry.model,
+                                                             "variant": entry.variant, "paper_name": entry.model})
+        row[label] = float(entry.value)
+    return pd.DataFrame(list(rows.values()), columns=table_columns(columns))
+
+
+def with_paper(measured: pd.DataFrame, paper: pd.DataFrame) -> pd.DataFrame:
+    """The Parquet table: our rows, then the paper's (``source`` tells them apart)."""
+    parts = [frame for frame in (measured, paper) if len(frame)]
+    return pd.concat(parts, ignore_index=True) if parts else measured
+
+
+def _cell(value, low=None, high=None, signed: bool = False) -> str:
+    if value is None or pd.isna(value):
+        return MISSING_VALUE
+    text = f"{value:+.2f}" if signed else f"{value:.2f}"
+    if low is not None and pd.notna(low) and pd.notna(high):
+        text += f" [{low:.2f}, {high:.2f}]"
+    return text
+
+
+def side_by_side(table: pd.DataFrame, columns: Sequence[Column], variant_paper_names: Mapping[str, str] | None = None,
+                 keys: Sequence[str] = (), match_keys: Sequence[str] = ()) -> pd.DataFrame:
+    """The table as read: each of our rows (value [95% interval]); where its model's ``paper_name`` and its
+    variant's ``paper_name`` match a paper row (and the ``match_keys`` columns agree), that row and
+    ``Δ (ours − paper)`` follow; the paper's other rows come last. ``keys``: extra identifying columns kept
+    in front (Table 2's condition pair, Table 3's ensemble)."""
+    labels = [column.label for column in columns]
+    measured, paper = table[table.source == MEASURED], table[table.source == PAPER]
+    used, lines = set(), []
+
+    def line(row, source, values, signed=False, intervals=True):
+        out = {"source": source, **{k: row[k] for k in keys}, "model": row["model"], "variant": row["variant"]}
+        for label in labels:
+            bounds = (row.get(f"{label}_ci_low"), row.get(f"{label}_ci_high")) if intervals else (None, None)
+            out[label] = _cell(values[label], *bounds, signed=signed)
+        return out
+
+    for _, row in measured.iterrows():
+        lines.append(line(row, MEASURED, row))
+        variant_name = (variant_paper_names or {}).get(row["variant"], "")
+        same_keys = pd.Series([all(p[k] == row[k] for k in match_keys) for _, p in paper.iterrows()],
+                              index=paper.index, dtype=bool)
+        match = paper[(paper.model == row["paper_name"]) & (paper.variant == variant_name) & same_keys
+                      ] if row["paper_name"] and variant_name else paper.iloc[:0]
+        for index, reference in match.iterrows():
+            used.add(index)
+            lines.append(line(reference, PAPER, reference, intervals=False))
+            difference = {label: row[label] - reference[label] for label in labels}
+            lines.append(line(row, "Δ (ours − paper)", difference, signed=True, intervals=False))
+    for index, reference in paper.iterrows():
+        if index not in used:
+            lines.append(line(reference, PAPER, reference, intervals=False))
+    return pd.DataFrame(lines, columns=["source", *keys, "model", "variant", *labels])
+
+
+@dataclass(frozen=True)
+class PaperTable:
+    """One of the paper's tables as we publish it: the Parquet rows and how to lay them out."""
+
+    number: int
+    frame: pd.DataFrame  # source, [keys], model, variant, paper_name, values, intervals
+    columns: list[Column]
+    keys: tuple[str, ...] = ()
+    match_keys: tuple[str, ...] = ()
+
+    def display(self, variant_paper_names: Mapping[str, str] | None = None) -> pd.DataFrame:
+        return side_by_side(self.frame, self.columns, variant_paper_names, self.keys, self.match_keys)
+
+
+def _keyed(frame: pd.DataFrame, **keys) -> pd.DataFrame:
+    for position, (name, value) in enumerate(keys.items()):
+        frame.insert(1 + position, name, value)
+    return frame
+
+
+def paper_tables(metrics: pd.DataFrame, paper: pd.DataFrame, models: Sequence[str], ensembles: Mapping[str, list],
+                 pairs: Sequence[tuple[str, str]], variants: Sequence[str] = ("default",),
+                 paper_names: Mapping[str, str] | None = None, condition: str = "clean") -> dict[int, PaperTable]:
+    """Tables 1-4 (4 only with CharadesEgo rows), each with every row the paper published for it."""
+    rows = list(models) + list(ensembles)
+    common = dict(variants=variants, paper_names=paper_names)
+    tables = {}
+    columns = table1_columns(condition)
+    tables[1] = PaperTable(1, with_paper(measured_rows(metrics, columns, rows, **common),
+                                         paper_rows(paper, 1, columns)), columns)
+    # Table 2: one block per configured condition pair; the paper's pair is clean ~ saltpepper
+    generic = table2_columns()
+    blocks = [_keyed(measured_rows(metrics, table2_columns(a, b), rows, **common), reference=a, other=b)
+              for a, b in pairs]
+    blocks.append(_keyed(paper_rows(paper, 2, generic), reference="clean", other="saltpepper"))
+    frame = pd.concat([b for b in blocks if len(b)], ignore_index=True) if any(len(b) for b in blocks) else blocks[-1]
+    tables[2] = PaperTable(2, frame, generic, ("reference", "other"), ("reference", "other"))
+    # Table 3: members then the ensemble, per configured ensemble; the paper's ensemble as one block
+    columns = table3_columns(condition)
+    blocks = [_keyed(measured_rows(metrics, columns, [*members, name], **common), ensemble=name)
+              for name, members in ensembles.items()]
+    published = paper_rows(paper, 3, columns)
+    ensemble_names = [m for m in published.model if m.startswith("Ensemble(")]
+    blocks.append(_keyed(published, ensemble=ensemble_names[0] if ensemble_names else "paper"))
+    frame = pd.concat([b for b in blocks if len(b)], ignore_index=True) if any(len(b) for b in blocks) else blocks[-1]
+    tables[3] = PaperTable(3, frame, columns, ("ensemble",))
+    if "charadesego" in set(metrics.dataset):
+        columns = table4_columns(condition)
+        tables[4] = PaperTable(4, with_paper(measured_rows(metrics, columns, rows, dataset="charadesego", **common),
+                                             paper_rows(paper, 4, columns)), columns)
+    return tables

@@ -30,7 +30,7 @@ BACKENDS: dict[str, str] = {
 }
 
 # Keys of a model entry that belong to the workflow, not to the backend.
-WORKFLOW_KEYS = frozenset({"backend", "batch_size", "shards", "resources", "qsets"})
+WORKFLOW_KEYS = frozenset({"backend", "batch_size", "shards", "resources", "qsets", "paper_name"})
 
 
 def backend_class(backend: str) -> type[VisionLanguageModel]:
