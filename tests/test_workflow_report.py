@@ -27,7 +27,7 @@ def test_paper_figures_exist_and_note_where_the_numbers_come_from(demo_run):
         assert "diamonds: the paper's number" in log
     else:
         assert "not found" in log
-    assert "tiny_llava: tiny models with RANDOM weights" in log
+    assert any("tiny_llava" in line and "RANDOM weights" in line for line in log.splitlines())
 
 
 def test_fig1_bars_are_the_demo_metric_rows(demo_run):

@@ -20,6 +20,7 @@ marks it. A combination the run did not ask (e.g. a question set not run under n
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,9 +117,11 @@ def bar_panel(axis, lookup: pd.DataFrame, models: Sequence[str], bars: Sequence[
 
 
 def _figure(rows: int, columns: int, title: str, note: str, width: float = 5.5, height: float = 3.6) -> tuple:
-    figure = Figure(figsize=(width * columns, height * rows + 0.5 + 0.15 * note.count("\n")))
+    # the note wraps to the figure's width (about 15 characters per inch at this size)
+    lines = [wrapped for line in note.splitlines() for wrapped in textwrap.wrap(line, int(15 * width * columns))]
+    figure = Figure(figsize=(width * columns, height * rows + 0.5 + 0.18 * len(lines)))
     axes = figure.subplots(rows, columns, squeeze=False)
-    figure.suptitle(title + (f"\n{note}" if note else ""), fontsize=10)
+    figure.suptitle("\n".join([title, *lines]), fontsize=9)
     return figure, axes
 
 
@@ -262,7 +265,7 @@ def figure_note(model_entries: Mapping[str, Mapping], paper_names: Mapping[str, 
     tiny = [slug for slug, entry in model_entries.items() if "tiny_" in str(entry.get("path", ""))]
     if tiny:
         marked = [slug for slug in tiny if slug in paper_names]
-        lines.append(f"{', '.join(tiny)}: tiny models with RANDOM weights, their bars are noise"
+        lines.append(f"{', '.join(tiny)}: tiny model(s) with RANDOM weights, their bars are noise"
                      + (f" ({', '.join(marked)}: the mark is the real model's number, for scale)" if marked else ""))
     return "\n".join(lines)
 
