@@ -12,6 +12,8 @@ Public face:
   :mod:`verbmirage.analysis.fov`: full image vs crops on the same questions
   (:func:`~verbmirage.analysis.fov.fov_tables`; Fig. 10); their figures in
   :mod:`verbmirage.analysis.uncertainty_figures`.
+- :mod:`verbmirage.analysis.paper_figures`: the paper's Figs. 1, 3, 4(b), 5 and 6 from the metrics
+  table, the paper's numbers (:mod:`verbmirage.paper_numbers`) marked where it prints one.
 
 The VCD divergence analysis (issue 12, item 4) will live beside them as
 ``analysis/vcd_divergence.py`` once the VCD variant stores its KL.
