@@ -396,13 +396,9 @@ from verbmirage.paper_numbers import paper_model_names
 PAPER_FIGURE_SETTINGS = config.get("analysis", {}).get("paper_figures") or {}
 
 
-def _paper_numbers_file():
-    """``paper_tables.csv`` as an absolute path ("" when not configured); relative means beside the workflow."""
-    path = PAPER_FIGURE_SETTINGS.get("paper_numbers", "../shared/data/paper_tables.csv")
-    return str((Path(workflow.basedir) / path).resolve()) if path else ""
-
-
-PAPER_NUMBERS = _paper_numbers_file()
+PAPER_NUMBERS_SETTING = PAPER_FIGURE_SETTINGS.get("paper_numbers", "../shared/data/paper_tables.csv")
+# paper_tables.csv as an absolute path ("" when not configured); a relative path is taken from the workflow folder
+PAPER_NUMBERS = str((Path(workflow.basedir) / PAPER_NUMBERS_SETTING).resolve()) if PAPER_NUMBERS_SETTING else ""
 PAPER_NUMBERS_INPUT = [PAPER_NUMBERS] if PAPER_NUMBERS and Path(PAPER_NUMBERS).is_file() else []  # absent: no marks
 PAPER_FIGURE_PAIR = next(  # Fig. 4(b): the noise pair of Table 2 (the first pair with a salt-and-pepper condition)
     (pair for pair in CONSISTENCY_PAIRS if config["conditions"][pair[1]]["type"] == "saltpepper"),

@@ -13,7 +13,7 @@ rule paper_figures:
         ],
     params:
         figures=PAPER_FIGURES,
-        paper_numbers=PAPER_NUMBERS,
+        paper_numbers_setting=PAPER_NUMBERS_SETTING,  # as configured: named in the note when the file is absent
         paper_names=PAPER_MODEL_NAMES,
         models=MODELS + list(ENSEMBLES),
         model_entries=config["models"],

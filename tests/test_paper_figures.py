@@ -178,6 +178,9 @@ def test_figure_note_names_random_weights_and_missing_numbers():
     note = figure_note(entries, {"tiny_llava": "LLaVA-1.5-7B"}, "/x/paper_tables.csv", paper_found=False)
     assert "/x/paper_tables.csv not found" in note and "tiny_llava" in note and "RANDOM" in note
     assert "prior" not in note
+    assert "the mark is" not in note  # no file, no marks
+    found = figure_note(entries, {"tiny_llava": "LLaVA-1.5-7B"}, "/x/paper_tables.csv", paper_found=True)
+    assert "diamonds" in found and "tiny_llava: the mark is the real model's number" in found
     assert "paper_numbers is empty" in figure_note({}, {}, "", paper_found=False)
 
 

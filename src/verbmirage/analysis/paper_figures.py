@@ -264,7 +264,7 @@ def figure_note(model_entries: Mapping[str, Mapping], paper_names: Mapping[str, 
         lines = ["diamonds: the paper's number for the model named under each group"]
     tiny = [slug for slug, entry in model_entries.items() if "tiny_" in str(entry.get("path", ""))]
     if tiny:
-        marked = [slug for slug in tiny if slug in paper_names]
+        marked = [slug for slug in tiny if slug in paper_names] if paper_found else []
         lines.append(f"{', '.join(tiny)}: tiny model(s) with RANDOM weights, their bars are noise"
                      + (f" ({', '.join(marked)}: the mark is the real model's number, for scale)" if marked else ""))
     return "\n".join(lines)
