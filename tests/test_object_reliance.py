@@ -342,9 +342,10 @@ def test_metric_rows_tables_and_schemas(tmp_path):
 
     paper = iou_matrix(t7, "paper").set_index("IoU")
     assert paper.loc["Qwen-VL-Chat", "LLaVA-1.5-7B"] == paper.loc["LLaVA-1.5-7B", "Qwen-VL-Chat"] == "59.30"
-    assert all(paper.loc[m, m] == "-" for m in paper.index)
+    assert all(paper.loc[m, m] == "–" for m in paper.index)
     markdown, html = table_pages([("pairs", t7), ("paper", iou_matrix(t7, "paper"))], "Table 7")
     assert "59.30" in markdown and "<h3>paper</h3>" in html and html.count("<table") == 2
+    assert "<NA>" not in markdown and "nan" not in markdown and "<NA>" not in html  # the paper's set sizes: "–"
 
 
 @pytest.mark.skipif(not PAPER_TABLES.is_file(), reason="paper_tables.csv not present")

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from verbmirage.hico import HicoAnnotations
+from verbmirage.io import MISSING_VALUE
 from verbmirage.metrics import join_predictions, mc_group_correctness
 from verbmirage.questions import Vocabulary, image_labels
 
@@ -371,12 +372,15 @@ def table7(metrics: pd.DataFrame, verbs: pd.DataFrame, models: Sequence[str], ke
 
 
 def iou_matrix(table: pd.DataFrame, source: str) -> pd.DataFrame:
-    """The paper's layout of Table 7 for one source: a symmetric model x model matrix, "-" on the diagonal."""
+    """The paper's layout of Table 7 for one source: a symmetric model x model matrix, "–" on the diagonal.
+
+    An undefined IoU (both sets empty) prints "–" as well: the tables' mark for no value.
+    """
     pairs = table[table.source == source]
     models = list(dict.fromkeys([*pairs.model_a, *pairs.model_b]))
-    matrix = pd.DataFrame("-", index=models, columns=models, dtype=object)
+    matrix = pd.DataFrame(MISSING_VALUE, index=models, columns=models, dtype=object)
     for a, b, value in zip(pairs.model_a, pairs.model_b, pairs.iou):
-        matrix.loc[a, b] = matrix.loc[b, a] = "" if pd.isna(value) else f"{value:.2f}"
+        matrix.loc[a, b] = matrix.loc[b, a] = MISSING_VALUE if pd.isna(value) else f"{value:.2f}"
     return matrix.rename_axis("IoU").reset_index()
 
 
@@ -385,9 +389,11 @@ def table_pages(sections: Sequence[tuple[str, pd.DataFrame]], title: str) -> tup
     markdown = [f"## {title}\n"]
     html = []
     for heading, frame in sections:
-        markdown.append(f"### {heading}\n\n{frame.to_markdown(index=False, floatfmt='.2f')}\n")
+        cells = frame.astype(object).where(frame.notna(), None)  # NaN and <NA> print as the tables' "–"
+        table = cells.to_markdown(index=False, floatfmt=".2f", missingval=MISSING_VALUE)
+        markdown.append(f"### {heading}\n\n{table}\n")
         html.append(f"<h3>{heading}</h3>\n" + frame.to_html(index=False, float_format=lambda v: f"{v:.2f}",
-                                                             na_rep="", border=0))
+                                                             na_rep=MISSING_VALUE, border=0))
     page = (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{title}</title></head><body>\n"
             f"<h2>{title}</h2>\n" + "\n".join(html) + "\n</body></html>\n")
     return "\n".join(markdown), page
@@ -431,8 +437,7 @@ def draw_fig15(objects: pd.DataFrame, model: str, path: str | Path, overall: Map
              f"overall accuracy yn_obj / yn_verb: ours {overall.get('yn_obj', float('nan')):.2f} / "
              f"{overall.get('yn_verb', float('nan')):.2f}; paper ({PAPER_FIG15['model']}) "
              f"{PAPER_FIG15['yn_obj_accuracy']:.2f} / {PAPER_FIG15['yn_verb_accuracy']:.2f}"]
-    if note:
-        lines.append(note)
+    lines += [part for part in note.split("; ") if part]
     axis.set_title("\n".join(lines), fontsize=8)
     figure.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
