@@ -14,6 +14,8 @@ Public face:
   :mod:`verbmirage.analysis.uncertainty_figures`.
 - :mod:`verbmirage.analysis.paper_figures`: the paper's Figs. 1, 3, 4(b), 5 and 6 from the metrics
   table, the paper's numbers (:mod:`verbmirage.paper_numbers`) marked where it prints one.
+- :mod:`verbmirage.analysis.object_reliance`: answers with vs without the object named, per object
+  and per verb (:func:`~verbmirage.analysis.object_reliance.object_reliance`; Fig. 15, Tables 6 and 7).
 
 The VCD divergence analysis (issue 12, item 4) will live beside them as
 ``analysis/vcd_divergence.py`` once the VCD variant stores its KL.
