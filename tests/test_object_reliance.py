@@ -325,8 +325,8 @@ def test_metric_rows_tables_and_schemas(tmp_path):
 
     t6 = table6(rows, objects, ["m1", "m2"], KEYS)
     write_table(t6, tmp_path / "t6.parquet", RELIANCE_TABLE6)
-    assert t6.source.tolist() == ["ours", "ours"] + ["paper"] * 4
-    ours = t6[t6.source == "ours"].set_index("model")
+    assert t6.source.tolist() == ["measured", "measured"] + ["paper"] * 4
+    ours = t6[t6.source == "measured"].set_index("model")
     for model in ("m1", "m2"):
         value = rows[(rows.metric == OVERLAP_METRIC) & (rows.model == model)].value.iloc[0]
         assert ours.loc[model, "overlap_index"] == pytest.approx(100 * value, nan_ok=True)
@@ -335,7 +335,7 @@ def test_metric_rows_tables_and_schemas(tmp_path):
     t7 = table7(rows, verbs, ["m1", "m2"], KEYS)
     write_table(t7, tmp_path / "t7.parquet", RELIANCE_TABLE7)
     assert read_table(tmp_path / "t7.parquet", RELIANCE_TABLE7).shape == (1 + len(PAPER_TABLE7), 9)
-    pair = t7[t7.source == "ours"].iloc[0]
+    pair = t7[t7.source == "measured"].iloc[0]
     value = rows[rows.metric == IOU_METRIC].value.iloc[0]
     assert (pair.model_a, pair.model_b) == ("m1", "m2") and pair.iou == pytest.approx(100 * value, nan_ok=True)
     assert pair.w_a_or_w_b == rows[rows.metric == IOU_METRIC].n.iloc[0]

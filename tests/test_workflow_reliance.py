@@ -49,7 +49,7 @@ def test_outputs_exist(demo_run, reliance):
 def test_table6_has_our_rows_and_the_papers_and_equals_the_metric_rows(demo_run, reliance):
     _, plan, metrics = reliance
     table = read_table(demo_run / "results/tables/table6.parquet", RELIANCE_TABLE6)
-    ours = table[table.source == "ours"].set_index("model")
+    ours = table[table.source == "measured"].set_index("model")
     assert list(ours.index) == plan["models"]
     assert table[table.source == "paper"].set_index("model").overlap_index.to_dict() == PAPER_TABLE6
     rows = metrics[(metrics.metric == OVERLAP_METRIC) & (metrics.qset == "yn+mc")].set_index("model")
@@ -64,7 +64,7 @@ def test_table6_has_our_rows_and_the_papers_and_equals_the_metric_rows(demo_run,
 def test_table7_has_every_pair_and_the_papers_and_equals_the_metric_rows(demo_run, reliance):
     _, plan, metrics = reliance
     table = read_table(demo_run / "results/tables/table7.parquet", RELIANCE_TABLE7)
-    ours = table[table.source == "ours"]
+    ours = table[table.source == "measured"]
     models = plan["models"]
     expected = [(a, b) for i, a in enumerate(models) for b in models[i + 1:]]
     assert list(zip(ours.model_a, ours.model_b)) == expected

@@ -163,7 +163,7 @@ VERB_INFLUENCE = pa.schema(
     ]
 )
 
-# Paper Tables 6 and 7 (percent): our rows ("ours", with the set sizes) and the paper's ("paper").
+# Paper Tables 6 and 7 (percent): our rows ("measured", with the set sizes) and the paper's ("paper").
 RELIANCE_TABLE6 = pa.schema(
     [
         ("source", pa.string()),

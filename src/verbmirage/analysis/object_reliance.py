@@ -105,7 +105,8 @@ class RelianceSettings:
 def reliance_plan(config: dict) -> dict | None:
     """The checked ``analysis.object_reliance`` block with its defaults resolved; None when it is absent.
 
-    ``models`` defaults to every ``models:`` entry (ensembles may be listed); ``figure_model`` (Fig. 15)
+    ``models`` defaults to every ``models:`` entry that answers all four sets (ensembles may be listed);
+    ``figure_model`` (Fig. 15)
     to the first mPLUG-Owl2 model (the paper's), else the first model that is not a baseline, else the first.
     """
     block = (config.get("analysis") or {}).get("object_reliance")
@@ -113,7 +114,12 @@ def reliance_plan(config: dict) -> dict | None:
         return None
     where = "analysis.object_reliance"
     known = list(config.get("models", {})) + list(config.get("ensembles", {}) or {})
-    models = list(block.get("models") or config.get("models", {}))
+
+    def answers_all(slug: str) -> bool:  # models.<slug>.qsets: a model that skips a set cannot be compared
+        chosen = config.get("models", {}).get(slug, {}).get("qsets")
+        return chosen is None or set(RELIANCE_QSETS) <= set(chosen)
+
+    models = list(block.get("models") or [slug for slug in config.get("models", {}) if answers_all(slug)])
     for index, slug in enumerate(models):
         if slug not in known:
             raise RelianceError(f"{where}.models[{index}]: '{slug}' is neither in models: nor in ensembles:")
@@ -343,7 +349,7 @@ def table6(metrics: pd.DataFrame, objects: pd.DataFrame, models: Sequence[str], 
     for model in models:
         s1, s2 = (set(objects.object[(objects.model == model) & (objects.qset_pair == pair) & objects.in_set])
                   for pair in ("yn", "mc"))
-        rows.append({"source": "ours", "model": model, "variant": keys.get("variant", ""),
+        rows.append({"source": "measured", "model": model, "variant": keys.get("variant", ""),
                      "overlap_index": 100 * ours.get(model, np.nan), "s1": len(s1), "s2": len(s2),
                      "s1_and_s2": len(s1 & s2)})
     for model, value in PAPER_TABLE6.items():
@@ -359,7 +365,7 @@ def table7(metrics: pd.DataFrame, verbs: pd.DataFrame, models: Sequence[str], ke
     influenced = {m: set(verbs.verb[(verbs.model == m) & verbs.influenced]) for m in models}
     rows = []
     for a, b in itertools.combinations(models, 2):
-        rows.append({"source": "ours", "model_a": a, "model_b": b, "variant": keys.get("variant", ""),
+        rows.append({"source": "measured", "model_a": a, "model_b": b, "variant": keys.get("variant", ""),
                      "iou": 100 * ours.get(f"{a}{PAIR_SEPARATOR}{b}", np.nan), "w_a": len(influenced[a]),
                      "w_b": len(influenced[b]), "w_a_and_w_b": len(influenced[a] & influenced[b]),
                      "w_a_or_w_b": len(influenced[a] | influenced[b])})
