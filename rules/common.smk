@@ -390,16 +390,7 @@ def random_weight_notes():
             for slug, entry in config["models"].items() if "tiny_" in str(entry.get("path", ""))}
 
 
-# ---- the paper's Figs. 1, 3, 4(b), 5, 6 (rules/figures.smk; analysis.paper_figures in config) ----------
-from verbmirage.paper_numbers import paper_model_names
-
-PAPER_FIGURE_SETTINGS = config.get("analysis", {}).get("paper_figures") or {}
-
-
-PAPER_NUMBERS_SETTING = PAPER_FIGURE_SETTINGS.get("paper_numbers", "../shared/data/paper_tables.csv")
-# paper_tables.csv as an absolute path ("" when not configured); a relative path is taken from the workflow folder
-PAPER_NUMBERS = str((Path(workflow.basedir) / PAPER_NUMBERS_SETTING).resolve()) if PAPER_NUMBERS_SETTING else ""
-PAPER_NUMBERS_INPUT = [PAPER_NUMBERS] if PAPER_NUMBERS and Path(PAPER_NUMBERS).is_file() else []  # absent: no marks
+# ---- the paper's Figs. 1, 3, 4(b), 5, 6 (rules/figures.smk) -----------------------------------------------
 PAPER_FIGURE_PAIR = next(  # Fig. 4(b): the noise pair of Table 2 (the first pair with a salt-and-pepper condition)
     (pair for pair in CONSISTENCY_PAIRS if config["conditions"][pair[1]]["type"] == "saltpepper"),
     CONSISTENCY_PAIRS[0] if CONSISTENCY_PAIRS else None,
@@ -412,11 +403,6 @@ PAPER_FIGURES = {
     **({"fig6": "results/figures/fig6_ambiguity.png"} if HICO_DET_ROOT else {}),  # needs the HICO-DET tags
 }
 PAPER_FIGURE_OUTPUTS = list(PAPER_FIGURES.values())
-PAPER_MODEL_NAMES = paper_model_names(  # slug -> the paper's model it stands for (marks the paper's numbers)
-    {slug: entry["backend"] for slug, entry in config["models"].items()},
-    ENSEMBLES,
-    PAPER_FIGURE_SETTINGS.get("paper_models"),
-)
 
 
 # ---- object reliance: Fig. 15, Tables 6 and 7 (rules/reliance.smk; analysis.object_reliance in config) ----

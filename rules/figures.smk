@@ -1,11 +1,11 @@
 rule paper_figures:
-    """The paper's Figs. 1, 3, 4(b), 5 and 6 from the metrics table, with the paper's numbers marked when present.
+    """The paper's Figs. 1, 3, 4(b), 5 and 6 from the metrics table, with the paper's numbers marked.
 
     Draws from Parquet only (never runs a model); Fig. 5 needs CharadesEgo, Fig. 6 the HICO-DET tags.
+    The paper's numbers are the package's copy of paper_tables.csv, as for the tables.
     """
     input:
         metrics=METRICS,
-        paper_numbers=PAPER_NUMBERS_INPUT,
     output:
         [
             report(path, category="Paper figures", caption=f"../report/{Path(path).stem}.rst")
@@ -13,10 +13,11 @@ rule paper_figures:
         ],
     params:
         figures=PAPER_FIGURES,
-        paper_numbers_setting=PAPER_NUMBERS_SETTING,  # as configured: named in the note when the file is absent
-        paper_names=PAPER_MODEL_NAMES,
+        paper_names=TABLE_PAPER_NAMES,  # slug -> the paper's model (models.<slug>.paper_name), as in the tables
         models=MODELS + list(ENSEMBLES),
         model_entries=config["models"],
+        variant=VARIANTS[0],
+        paper_variant=config["variants"][VARIANTS[0]].get("paper_name") or "beam5",  # the paper's default decoding
         pair=PAPER_FIGURE_PAIR,
     log:
         "logs/paper_figures.log",

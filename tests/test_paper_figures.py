@@ -20,11 +20,16 @@ from verbmirage.analysis.paper_figures import (
     fig6_ambiguity,
     figure_note,
 )
-from verbmirage.paper_numbers import load_paper_numbers, paper_model_names, paper_value
+from verbmirage.paper_numbers import (
+    load_paper_numbers,
+    packaged_paper_numbers,
+    paper_names_from_config,
+    paper_value,
+)
 
 matplotlib.use("Agg")
 
-REAL_PAPER_NUMBERS = Path(__file__).resolve().parents[2] / "shared" / "data" / "paper_tables.csv"
+SHARED_PAPER_NUMBERS = Path(__file__).resolve().parents[2] / "shared" / "data" / "paper_tables.csv"
 PAPER = pd.DataFrame(
     [
         ("1", "LLaVA-1.5-7B", "beam5", "yn_obj", "clean", "accuracy", 52.16),
@@ -173,27 +178,31 @@ def test_draw_writes_every_png(tmp_path):
         draw_paper_figures(_metrics(), {"fig2": tmp_path / "x.png"}, PAPER)
 
 
-def test_figure_note_names_random_weights_and_missing_numbers():
+def test_figure_note_names_the_decodings_and_random_weights():
     entries = {"tiny_llava": {"path": "resources/models/tiny_llava"}, "prior": {}}
-    note = figure_note(entries, {"tiny_llava": "LLaVA-1.5-7B"}, "/x/paper_tables.csv", paper_found=False)
-    assert "/x/paper_tables.csv not found" in note and "tiny_llava" in note and "RANDOM" in note
+    note = figure_note(entries, {"tiny_llava": "LLaVA-1.5-7B"}, "default", "beam5")
+    assert "bars: variant default" in note and "the paper's number (beam5)" in note
+    assert "tiny_llava: tiny model(s) with RANDOM weights" in note and "the mark is the real model's number" in note
     assert "prior" not in note
-    assert "the mark is" not in note  # no file, no marks
-    found = figure_note(entries, {"tiny_llava": "LLaVA-1.5-7B"}, "/x/paper_tables.csv", paper_found=True)
-    assert "diamonds" in found and "tiny_llava: the mark is the real model's number" in found
-    assert "paper_numbers is empty" in figure_note({}, {}, "", paper_found=False)
+    bare = figure_note(entries, {}, "default", "beam5")
+    assert "no paper marks: no model has a paper_name" in bare and "the mark is" not in bare
 
 
-def test_paper_model_names_by_backend_ensemble_and_override():
-    backends = {"llava15_7b": "llava", "qwen": "qwen_vl_chat", "minicpm": "minicpm_v", "blip": "instructblip",
-                "prior": "prior"}
-    ensembles = {"vote3": ["minicpm", "qwen", "blip"], "blind": ["prior", "qwen"]}
-    names = paper_model_names(backends, ensembles, {"prior": "Molmo-7B-D"})
-    assert names["llava15_7b"] == "LLaVA-1.5-7B" and names["prior"] == "Molmo-7B-D"
-    assert names["vote3"] == "Ensemble(MiniCPM,Qwen-VL-Chat,InstructBLIP)"
-    assert "blind" not in names
-    with pytest.raises(ValueError, match="analysis.paper_figures.paper_models.*typo"):
-        paper_model_names(backends, ensembles, {"typo": "LLaVA-1.5-7B"})
+def test_paper_variant_picks_the_marks_and_the_legend_names_it():
+    figure = fig1_object_vs_verb(_metrics(), PAPER, models=["llava"], paper_names=NAMES, paper_variant="OPERA")
+    values = _values(figure)
+    assert values["paper|llava|YN w/ object (yn_obj)"] == 42.46  # Table 5's OPERA row, not beam search
+    assert "paper|llava|YN verb only (yn_verb)" not in values
+    assert "paper (OPERA)" in [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
+
+
+def test_paper_names_from_config_as_the_tables_take_them():
+    config = {"models": {"minicpm": {"paper_name": "MiniCPM-Llama3-V2.5"}, "qwen": {"paper_name": "Qwen-VL-Chat"},
+                         "blip": {"paper_name": "InstructBLIP-7B"}, "tiny_llava": {"backend": "llava"}},
+              "ensembles": {"vote3": ["minicpm", "qwen", "blip"], "other": ["qwen", "tiny_llava"]}}
+    names = paper_names_from_config(config)
+    assert names == {"minicpm": "MiniCPM-Llama3-V2.5", "qwen": "Qwen-VL-Chat", "blip": "InstructBLIP-7B",
+                     "vote3": "Ensemble(MiniCPM,Qwen-VL-Chat,InstructBLIP)"}  # no name by backend
 
 
 def test_paper_value_takes_the_default_decoding():
@@ -216,13 +225,13 @@ def test_load_paper_numbers_absent_and_malformed(tmp_path):
         load_paper_numbers(tmp_path / "cols.csv")
 
 
-def test_real_paper_numbers_mark_table1_and_table2():
-    if not REAL_PAPER_NUMBERS.is_file():
-        pytest.skip(f"{REAL_PAPER_NUMBERS} not present")
-    paper = load_paper_numbers(REAL_PAPER_NUMBERS)
+def test_packaged_paper_numbers_mark_table1_and_table2():
+    paper = load_paper_numbers(packaged_paper_numbers())
     assert paper_value(paper, "LLaVA-1.5-7B", "yn_verb", "clean", "accuracy") == 59.16
     assert paper_value(paper, "InstructBLIP-7B", "yn_verb", "clean", "accuracy") == 73.82  # Table 1, not Table 3
     assert paper_value(paper, "Qwen-VL-Chat", "yn_verb", "clean~saltpepper", "error_consistency_kappa_x100") == 38.47
     assert paper_value(paper, "Qwen2-VL-7B", "charadesego_yn", "exo", "accuracy") == 63.01
     values = _values(fig4b_error_consistency(_metrics(), paper, models=["llava"], paper_names=NAMES))
     assert values["paper|llava|YN verb only (yn_verb)"] == 73.85
+    if SHARED_PAPER_NUMBERS.is_file():  # the package's copy is the shared file
+        pd.testing.assert_frame_equal(paper, load_paper_numbers(SHARED_PAPER_NUMBERS))

@@ -1,39 +1,27 @@
 """The paper's published numbers (``paper_tables.csv``) and which of our models they belong to.
 
 The file is long form, one number per row: ``table, model, variant, qset, condition, metric, value``
-(percent; kappa x100). It lives outside the project (``../shared/data/paper_tables.csv`` beside the
-repository); figures mark its numbers where one exists and are drawn without marks when it is absent.
+(percent; kappa x100). A copy ships with the package (:func:`packaged_paper_numbers`); the tables put
+its rows beside ours and the figures mark its numbers.
 
-Our model slugs are not the paper's names: a model stands for the paper model of its backend
-(``PAPER_MODELS``; a ``llava`` backend is "LLaVA-1.5-7B", whatever its size), unless the config
-names one explicitly. An ensemble stands for the paper's ensemble when its members stand for the
-paper's three members (Table 3).
+Our model slugs are not the paper's names: a model stands for a paper model only where its entry
+says so (``models.<slug>.paper_name``); an ensemble stands for the paper's ensemble when its members
+stand for the paper's three members (Table 3).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
 
 COLUMNS = ("table", "model", "variant", "qset", "condition", "metric", "value")
 
-#: backend -> the paper's model name (paper Table 1; Qwen2.5-VL from Appendix F).
-PAPER_MODELS = {
-    "llava": "LLaVA-1.5-7B",
-    "instructblip": "InstructBLIP-7B",
-    "qwen2_vl": "Qwen2-VL-7B",
-    "qwen2_5_vl": "Qwen2.5-VL-7B",
-    "qwen_vl_chat": "Qwen-VL-Chat",
-    "minicpm_v": "MiniCPM-Llama3-V2.5",
-    "mplug_owl2": "mPLUG-Owl2",
-    "molmo": "Molmo-7B-D",
-}
 #: the paper's one ensemble (Table 3), by the paper names of its members.
 PAPER_ENSEMBLES = {
-    frozenset({"MiniCPM-Llama3-V2.5", "Qwen-VL-Chat", "InstructBLIP-7B"}): "Ensemble(MiniCPM,Qwen-VL-Chat,InstructBLIP)",
+    frozenset({"MiniCPM-Llama3-V2.5", "Qwen-VL-Chat", "InstructBLIP-7B"}):
+        "Ensemble(MiniCPM,Qwen-VL-Chat,InstructBLIP)",
 }
 #: the paper's default decoding (Table 1 = Table 8's beam-search column).
 PAPER_VARIANT = "beam5"
@@ -60,27 +48,6 @@ def load_paper_numbers(path: str | Path | None) -> pd.DataFrame:
         row = int(bad.idxmax())
         raise ValueError(f"{path}: row {row + 2} has a non-numeric value {frame['value'][row]!r}")
     return frame[list(COLUMNS)].assign(value=values.astype(float))
-
-
-def paper_model_names(
-    backends: Mapping[str, str],
-    ensembles: Mapping[str, list[str]] | None = None,
-    chosen: Mapping[str, str] | None = None,
-) -> dict[str, str]:
-    """Our slug -> the paper's model name, for the models (and ensembles) the paper has.
-
-    ``backends``: slug -> backend; ``chosen`` (config) overrides the backend rule, per slug.
-    """
-    unknown = sorted(set(chosen or {}) - set(backends) - set(ensembles or {}))
-    if unknown:
-        raise ValueError(f"analysis.paper_figures.paper_models: {unknown} are not slugs of models: or ensembles:")
-    names = {slug: PAPER_MODELS[backend] for slug, backend in backends.items() if backend in PAPER_MODELS}
-    names.update(chosen or {})
-    for slug, members in (ensembles or {}).items():
-        member_names = frozenset(names.get(member, "") for member in members)
-        if slug not in names and member_names in PAPER_ENSEMBLES:
-            names[slug] = PAPER_ENSEMBLES[member_names]
-    return names
 
 
 def paper_value(

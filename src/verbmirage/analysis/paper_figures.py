@@ -1,9 +1,11 @@
 """The paper's Figs. 1, 3, 4(b), 5 and 6, drawn from the long metrics table only.
 
 Every figure is grouped bars, one group per model, one bar per quantity, in percent (kappa x100),
-with the metric's bootstrap interval over images as an error bar. Where ``paper_tables.csv`` has
-the number for the model the bar stands for (:mod:`verbmirage.paper_numbers`), a black diamond
-marks it. A combination the run did not ask (e.g. a question set not run under noise) has no bar.
+with the metric's bootstrap interval over images as an error bar. Where the paper's numbers
+(:mod:`verbmirage.paper_numbers`, the packaged ``paper_tables.csv``) have the quantity for the model a
+group stands for (``models.<slug>.paper_name``), a black diamond marks it: the paper's decoding
+(``paper_variant``: the drawn variant's ``paper_name``, else the paper's default ``beam5``), which the
+legend names. A combination the run did not ask (e.g. a set not run under noise) has no bar.
 
 - Fig. 1: YN accuracy with (``yn_obj``) and without (``yn_verb``) object reference next to an
   object-hallucination score. The paper quotes POPE from the literature; ours is the accuracy on
@@ -29,7 +31,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from verbmirage.paper_numbers import empty_paper_numbers, paper_value
+from verbmirage.paper_numbers import PAPER_VARIANT, empty_paper_numbers, paper_value
 
 FIGURES = {
     "fig1": "Fig. 1: object vs verb hallucination",
@@ -76,7 +78,7 @@ def _tick(model: str, paper_names: Mapping[str, str]) -> str:
 
 
 def bar_panel(axis, lookup: pd.DataFrame, models: Sequence[str], bars: Sequence[Bar], paper: pd.DataFrame,
-              paper_names: Mapping[str, str], title: str, ylabel: str) -> None:
+              paper_names: Mapping[str, str], title: str, ylabel: str, paper_variant: str = PAPER_VARIANT) -> None:
     """Grouped bars (x100) with bootstrap error bars and paper marks on one axis.
 
     Each bar patch has gid ``"<model>|<bar label>"``, each paper mark ``"paper|<model>|<bar label>"``,
@@ -98,10 +100,10 @@ def bar_panel(axis, lookup: pd.DataFrame, models: Sequence[str], bars: Sequence[
                              label=bar.label if bar.label not in drawn else None, **style)
                     drawn.add(bar.label)
             if bar.paper:
-                published = paper_value(paper, paper_names.get(model), *bar.paper)
+                published = paper_value(paper, paper_names.get(model), *bar.paper, variant=paper_variant)
                 if math.isfinite(published):
                     axis.plot([x], [published], gid=f"paper|{model}|{bar.label}",
-                              label=None if marked else "paper", **PAPER_MARK)
+                              label=None if marked else f"paper ({paper_variant})", **PAPER_MARK)
                     marked = True
     axis.set_xticks(range(len(models)), [_tick(m, paper_names) for m in models], fontsize=7)
     axis.set_xlim(-0.6, len(models) - 0.4)
@@ -132,7 +134,8 @@ def _finish(figure: Figure) -> Figure:
 
 def fig1_object_vs_verb(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
                         models: Sequence[str] | None = None, paper_names: Mapping[str, str] | None = None,
-                        condition: str = "clean", variant: str = "default", note: str = "") -> Figure:
+                        condition: str = "clean", variant: str = "default", paper_variant: str = PAPER_VARIANT,
+                note: str = "") -> Figure:
     """Fig. 1: YN accuracy with and without the object named, next to object existence (not POPE)."""
     paper = empty_paper_numbers() if paper is None else paper
     bars = [
@@ -142,16 +145,18 @@ def fig1_object_vs_verb(metrics: pd.DataFrame, paper: pd.DataFrame | None = None
             paper=("yn_verb", condition, "accuracy")),
         Bar("object existence (obj_exist, not POPE)", "obj_exist", "accuracy", condition=condition),
     ]
-    figure, axes = _figure(1, 1, f"{FIGURES['fig1']} ({condition})", note, width=max(6, 1.6 * len(_models(metrics, models))))
-    bar_panel(axes[0, 0], _metric_lookup(metrics, variant), _models(metrics, models), bars, paper,
-              paper_names or {}, "accuracy per model", "accuracy (%)")
+    models = _models(metrics, models)
+    figure, axes = _figure(1, 1, f"{FIGURES['fig1']} ({condition})", note, width=max(6, 1.6 * len(models)))
+    bar_panel(axes[0, 0], _metric_lookup(metrics, variant), models, bars, paper,
+              paper_names or {}, "accuracy per model", "accuracy (%)", paper_variant=paper_variant)
     axes[0, 0].set_ylim(0, TOP)
     return _finish(figure)
 
 
 def fig3_rare_common(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
                      models: Sequence[str] | None = None, paper_names: Mapping[str, str] | None = None,
-                     condition: str = "clean", variant: str = "default", note: str = "") -> Figure:
+                     condition: str = "clean", variant: str = "default", paper_variant: str = PAPER_VARIANT,
+                note: str = "") -> Figure:
     """Fig. 3: accuracy on answer-No (and answer-Yes) questions, rare vs non-rare and common vs non-common."""
     paper = empty_paper_numbers() if paper is None else paper
     models = _models(metrics, models)
@@ -167,7 +172,8 @@ def fig3_rare_common(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *
             Bar("yn_verb non-common verb", "yn_verb", "accuracy", f"non_common_{answer}", condition, colour="C1",
                 hatched=True),
         ]
-        bar_panel(axis, lookup, models, bars, paper, paper_names or {}, title, "accuracy (%)")
+        bar_panel(axis, lookup, models, bars, paper, paper_names or {}, title, "accuracy (%)",
+                  paper_variant=paper_variant)
         axis.set_ylim(0, TOP)
     return _finish(figure)
 
@@ -175,7 +181,7 @@ def fig3_rare_common(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *
 def fig4b_error_consistency(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
                             models: Sequence[str] | None = None, paper_names: Mapping[str, str] | None = None,
                             pair: tuple[str, str] = ("clean", "saltpepper"), variant: str = "default",
-                            note: str = "") -> Figure:
+                            paper_variant: str = PAPER_VARIANT, note: str = "") -> Figure:
     """Fig. 4(b): error consistency kappa (x100) between two image conditions, objects vs verbs."""
     paper = empty_paper_numbers() if paper is None else paper
     models = _models(metrics, models)
@@ -191,7 +197,7 @@ def fig4b_error_consistency(metrics: pd.DataFrame, paper: pd.DataFrame | None = 
                            width=max(6, 1.6 * len(models)))
     axis = axes[0, 0]
     bar_panel(axis, _metric_lookup(metrics, variant), models, bars, paper, paper_names or {},
-              "Cohen's kappa of correctness (error consistency)", "kappa x100")
+              "Cohen's kappa of correctness (error consistency)", "kappa x100", paper_variant=paper_variant)
     low = min([0.0, *[patch.get_y() + min(0.0, patch.get_height()) for patch in axis.patches]])
     axis.set_ylim(min(-5.0, low - 5), TOP)
     return _finish(figure)
@@ -199,7 +205,8 @@ def fig4b_error_consistency(metrics: pd.DataFrame, paper: pd.DataFrame | None = 
 
 def fig5_ego_exo(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
                  models: Sequence[str] | None = None, paper_names: Mapping[str, str] | None = None,
-                 condition: str = "clean", variant: str = "default", note: str = "") -> Figure:
+                 condition: str = "clean", variant: str = "default", paper_variant: str = PAPER_VARIANT,
+                note: str = "") -> Figure:
     """Fig. 5: CharadesEgo MC circular accuracy and YN accuracy, egocentric vs exocentric (Table 4's data)."""
     paper = empty_paper_numbers() if paper is None else paper
     models = _models(metrics, models)
@@ -209,10 +216,11 @@ def fig5_ego_exo(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
           for view in ("ego", "exo")]
     yn = [Bar(f"{view}centric", f"yn_{view}", "accuracy", condition=condition, dataset="charadesego",
               paper=("charadesego_yn", view, "accuracy")) for view in ("ego", "exo")]
-    bar_panel(axes[0, 0], lookup, models, mc, paper, paper_names or {}, "(a) MC, circular accuracy (the paper's figure)",
-              "circular accuracy (%)")
+    bar_panel(axes[0, 0], lookup, models, mc, paper, paper_names or {},
+              "(a) MC, circular accuracy (the paper's figure)",
+              "circular accuracy (%)", paper_variant=paper_variant)
     bar_panel(axes[0, 1], lookup, models, yn, paper, paper_names or {}, "(b) YN accuracy (the paper's Table 4)",
-              "accuracy (%)")
+              "accuracy (%)", paper_variant=paper_variant)
     for axis in axes.flat:
         axis.set_ylim(0, TOP)
     return _finish(figure)
@@ -220,7 +228,8 @@ def fig5_ego_exo(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
 
 def fig6_ambiguity(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
                    models: Sequence[str] | None = None, paper_names: Mapping[str, str] | None = None,
-                   condition: str = "clean", variant: str = "default", note: str = "") -> Figure:
+                   condition: str = "clean", variant: str = "default", paper_variant: str = PAPER_VARIANT,
+                note: str = "") -> Figure:
     """Fig. 6: accuracy on ambiguous vs unambiguous images; one column per rule (the first: any rule).
 
     Row 1: YN accuracy (``yn_obj``, ``yn_verb``); row 2: MC circular accuracy (``mc_obj``, ``mc_verb``).
@@ -239,7 +248,8 @@ def fig6_ambiguity(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
                         colour=f"C{k}", hatched=subset == "unambiguous")
                     for k, qset in enumerate(qsets) for subset in (rule, "unambiguous")]
             bar_panel(axes[row, column], lookup, models, bars, paper, paper_names or {},
-                      f"{kind}: {RULE_TITLES[rule]} vs unambiguous", f"{kind.split()[-1]} (%)")
+                      f"{kind}: {RULE_TITLES[rule]} vs unambiguous", f"{kind.split()[-1]} (%)",
+                      paper_variant=paper_variant)
             axes[row, column].set_ylim(0, TOP)
     return _finish(figure)
 
@@ -253,18 +263,20 @@ DRAW = {
 }
 
 
-def figure_note(model_entries: Mapping[str, Mapping], paper_names: Mapping[str, str], paper_numbers: str,
-                paper_found: bool) -> str:
-    """What a reader must know under every title: where the paper marks come from, which bars are noise."""
-    if not paper_numbers:
-        lines = ["no paper marks: analysis.paper_figures.paper_numbers is empty"]
-    elif not paper_found:
-        lines = [f"no paper marks: {paper_numbers} not found"]
+def figure_note(model_entries: Mapping[str, Mapping], paper_names: Mapping[str, str], variant: str,
+                paper_variant: str) -> str:
+    """What a reader must know under every title: which decoding the bars and the marks are, which bars are noise.
+
+    ``paper_names``: slug -> the paper's model (``models.<slug>.paper_name``); only those models get marks.
+    """
+    if paper_names:
+        lines = [f"bars: variant {variant}; diamonds: the paper's number ({paper_variant}) for the model named "
+                 "under a group"]
     else:
-        lines = ["diamonds: the paper's number for the model named under each group"]
+        lines = [f"bars: variant {variant}; no paper marks: no model has a paper_name (models.<slug>.paper_name)"]
     tiny = [slug for slug, entry in model_entries.items() if "tiny_" in str(entry.get("path", ""))]
     if tiny:
-        marked = [slug for slug in tiny if slug in paper_names] if paper_found else []
+        marked = [slug for slug in tiny if slug in paper_names]
         lines.append(f"{', '.join(tiny)}: tiny model(s) with RANDOM weights, their bars are noise"
                      + (f" ({', '.join(marked)}: the mark is the real model's number, for scale)" if marked else ""))
     return "\n".join(lines)
@@ -288,7 +300,7 @@ def draw_paper_figures(metrics: pd.DataFrame, paths: Mapping[str, str | Path], p
                        *, note: str = "", pair: tuple[str, str] = ("clean", "saltpepper"), **options) -> None:
     """Write each figure of ``paths`` (``fig1``, ``fig3``, ``fig4b``, ``fig5``, ``fig6`` -> PNG).
 
-    ``options`` go to every figure function (``models``, ``paper_names``, ``variant``).
+    ``options`` go to every figure function (``models``, ``paper_names``, ``variant``, ``paper_variant``).
     """
     unknown = sorted(set(paths) - set(DRAW))
     if unknown:
