@@ -100,3 +100,44 @@ def test_sigkill_then_resume_equals_uninterrupted_run(prepared, tmp_path):
     assert second.question_id.is_unique and len(second) == len(questions)
     pd.testing.assert_frame_equal(first, second)
     assert not parts.exists()  # cleaned up once the shard is complete
+
+
+def test_sigkill_then_resume_of_the_suite_job_equals_uninterrupted_run(prepared, demo_anno, tmp_path):
+    """The one-job-per-shard path (every set of an image together): killed mid-run, resumed, same rows."""
+    base, questions = prepared
+    mc = build_question_set(demo_anno, "mc_obj", QuestionSettings())
+    write_table(mc[mc.image.isin(set(questions.image))].reset_index(drop=True), tmp_path / "mc_obj.parquet",
+                QUESTIONS)
+    sets = [str(base / "yn_obj.parquet"), str(tmp_path / "mc_obj.parquet")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+
+    def command(output: Path) -> list[str]:
+        return [sys.executable, "-m", "verbmirage", "predict-suite", "--questions", *sets,
+                "--images", str(base / "clean"), "--model-name", "slow",
+                "--model", json.dumps({"backend": "slow_backend:SlowModel", "seconds_per_batch": 0.05}),
+                "--output", str(output), "--batch-size", "4", "--part-size", "8"]
+
+    reference = tmp_path / "reference"
+    subprocess.run(command(reference), env=env, check=True, capture_output=True, timeout=600)
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(command(killed), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    parts = parts_directory(killed)
+    deadline = time.monotonic() + 120
+    while len(list(parts.glob("*/part-*.parquet"))) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+    assert not killed.exists()
+    answered = sum(len(PartStore(parts / qset).rows()) for qset in ("yn_obj", "mc_obj"))
+    assert 0 < answered < len(questions) + len(read_table(tmp_path / "mc_obj.parquet")), "the kill did not land mid-run"
+
+    resumed = subprocess.run(command(killed), env=env, check=True, capture_output=True, text=True, timeout=600)
+    assert "resuming:" in resumed.stderr
+    for qset in ("yn_obj", "mc_obj"):
+        first = read_table(reference / f"{qset}.parquet", PREDICTIONS).sort_values("question_id", ignore_index=True)
+        second = read_table(killed / f"{qset}.parquet", PREDICTIONS).sort_values("question_id", ignore_index=True)
+        assert second.question_id.is_unique
+        pd.testing.assert_frame_equal(first, second)
+        # the answers stay as one hard-linked part per set for a later rerun
+        assert [p.name for p in (parts / qset).glob("part-*.parquet")] == ["part-000000.parquet"]

@@ -30,17 +30,21 @@ import fcntl
 import hashlib
 import json
 import logging
+import os
 import signal
 import threading
+import zlib
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from verbmirage import __version__
 from verbmirage.conditions import MANIFEST, ImageResolver, condition_questions
-from verbmirage.io import PREDICTIONS, QUESTIONS, atomic_path, read_table, to_arrow, write_table
+from verbmirage.io import PREDICTIONS, QUESTIONS, atomic_path, fsync_directory, read_table, to_arrow, write_table
 from verbmirage.models.base import (
     FatalBackendError,
     MultipleChoiceResult,
@@ -140,7 +144,22 @@ def run_settings(model_settings: dict, variant_settings: dict, condition_setting
         "condition": condition_settings,
         "manifest": file_digest(manifest) if manifest is not None and manifest.is_file() else None,
         "continue_tokens": continue_tokens,
+        "code": scoring_code_digest(),
     }
+
+
+def scoring_code_digest() -> str:
+    """Digest of the code that turns a question into an answer (``models/``, this module, image reading).
+
+    Finished suite jobs keep their answers for reuse (:meth:`PartStore.keep_only`); a change of this
+    code must not reuse them, and Snakemake does not see package edits.
+    """
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted([*package.glob("models/*.py"), package / "inference.py", package / "imaging.py"]):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 class PartStore:
@@ -208,20 +227,41 @@ class PartStore:
     def _number(part: Path) -> int:
         return int(part.stem.split("-", 1)[1])
 
-    def rows(self) -> pd.DataFrame:
-        """Every stored row, the latest answer of a question winning; unreadable parts are removed."""
+    def rows(self, columns: list[str] | None = None) -> pd.DataFrame:
+        """Every stored row, the latest answer of a question winning; unreadable parts are removed.
+
+        ``columns`` (``question_id`` among them) reads only those: a resume needs ids and errors, not
+        every row's probabilities.
+        """
         frames = []
         for part in self._parts():
             try:
-                frames.append(read_table(part, PREDICTIONS))
+                frame = read_table(part, PREDICTIONS) if columns is None else self._read_columns(part, columns)
+                frames.append(frame)
             except Exception as error:  # noqa: BLE001  (any damage: truncated, empty, not Parquet, wrong schema)
                 log.warning("%s: unreadable part (%s: %s); removing it, its questions will be asked again",
                             part, type(error).__name__, str(error)[:200])
                 part.unlink()
         if not frames:
-            return pd.DataFrame(columns=PREDICTIONS.names)
+            return pd.DataFrame(columns=PREDICTIONS.names if columns is None else columns)
         frame = pd.concat(frames, ignore_index=True)
         return frame.drop_duplicates("question_id", keep="last").reset_index(drop=True)
+
+    @staticmethod
+    def _read_columns(part: Path, columns: list[str]) -> pd.DataFrame:
+        """Some columns of a part, checked like the whole part (a damaged part raises here); one part at a time."""
+        return read_table(part, PREDICTIONS)[columns]
+
+    def keep_only(self, table: Path) -> None:
+        """Replace the parts by ``table`` (the complete answers, hard-linked: no copy) and release the lock.
+
+        The folder and its fingerprint stay, so a later run with the same settings and questions asks
+        nothing again (adding a question set to a job re-asks only the new set).
+        """
+        self._remove_parts()
+        os.link(table, self.directory / "part-000000.parquet")
+        fsync_directory(self.directory)
+        self.close()
 
     def append(self, rows: list[dict]) -> None:
         """Publish ``rows`` as a new part numbered one past the highest; never overwrites a part."""
@@ -364,9 +404,9 @@ def predict(
         raise ValueError("no questions to score")
     kinds = {question_kind(q) for q in questions.qset.unique()}
     if len(kinds) != 1:
-        raise ValueError(f"one question kind per call, got {sorted(kinds)}")
-    kind = kinds.pop()
-    score = model.score_multiple_choice if kind == "mc" else model.score_yes_no
+        raise ValueError(f"one question kind per call, got {sorted(kinds)} (predict_suite takes several sets)")
+    multiple_choice = kinds.pop() == "mc"
+    score = lambda batch: score_questions(model, batch, [multiple_choice] * len(batch))  # noqa: E731
     done = store.rows() if store is not None else pd.DataFrame(columns=PREDICTIONS.names)
     done = done[done.question_id.isin(set(questions.question_id))]
     answered = done[done.error.isna()]
@@ -507,3 +547,247 @@ def run_shard(
             model.close()
     store.clear()
     return frame
+
+
+# ---- one job per image shard across all question sets -------------------------------------------
+# A suite job answers every question set a (dataset, condition, model, variant) asks, for the images of
+# one shard, image by image: an image's prefix (its image tokens) is computed once for all its questions,
+# YN and MC alike. Each set has its own PartStore (``<output>.parts/<qset>/``) and its own table in the
+# output folder (``<output>/<qset>.parquet``); rule merge_predictions joins a set's shards.
+
+
+def score_questions(model: VisionLanguageModel, questions: list[Question], multiple_choice: list[bool]) -> list:
+    """One result per question, YN and MC mixed: one pass where the backend can (:meth:`score_mixed`: each
+    image's prefix once), else one call per kind (baselines, CLIP, APIs, remote adapters)."""
+    if getattr(model, "mixed_kinds", False) and len(set(multiple_choice)) > 1:
+        return model.score_mixed(questions, list(multiple_choice))
+    results: list = [None] * len(questions)
+    for flag in (False, True):
+        indices = [i for i, mc in enumerate(multiple_choice) if bool(mc) == flag]
+        if indices:
+            score = model.score_multiple_choice if flag else model.score_yes_no
+            for i, result in zip(indices, score([questions[i] for i in indices])):
+                results[i] = result
+    return results
+
+
+def image_shard(image: str, n_shards: int) -> int:
+    """The shard of an image: a hash of its name, so adding a question set (new images) moves no image."""
+    return zlib.crc32(image.encode()) % n_shards
+
+
+def select_suite_shard(questions: pd.DataFrame, shard: int, n_shards: int) -> pd.DataFrame:
+    """The questions (of any sets) on the images of shard ``shard`` of ``n_shards`` (:func:`image_shard`)."""
+    if not 0 <= shard < n_shards:
+        raise ValueError(f"shard {shard} is not in 0..{n_shards - 1}")
+    return questions[questions.image.map(lambda image: image_shard(image, n_shards)) == shard]
+
+
+def suite_order(questions: pd.DataFrame) -> pd.DataFrame:
+    """Image-major order (every set's questions of an image together), otherwise the given order."""
+    return questions.sort_values("image", kind="stable").reset_index(drop=True)
+
+
+def predict_suite(
+    questions: pd.DataFrame,
+    model: VisionLanguageModel,
+    resolver: ImageResolver | None,
+    stores: dict[str, PartStore],
+    batch_size: int = 16,
+    part_size: int = 512,
+    max_error_share: float = 1.0,
+) -> dict[str, int]:
+    """Answer the questions of several sets (column ``qset``) into each set's store; how many rows each got now.
+
+    The guarantees of :func:`predict`, over the whole job: stored answers are not asked again (stored
+    error rows are), rows reach a set's store every ``part_size`` rows of that set and before any
+    exception (SIGTERM included) ends the call, more than ``max_error_share`` error rows of all the
+    questions stop it, and transient failures are never stored (:class:`IncompleteShardError` at the end).
+    Only a part's worth of rows per set is held in memory.
+    """
+    if questions.empty:
+        raise ValueError("no questions to score")
+    unknown = sorted(set(questions.qset) - set(stores))
+    if unknown:
+        raise ValueError(f"no part store for question sets {unknown}")
+    answered: set[str] = set()
+    for qset, store in stores.items():
+        wanted = set(questions.question_id[questions.qset.eq(qset)])
+        done = store.rows(columns=["question_id", "error"])
+        done = done[done.question_id.isin(wanted)]
+        kept = set(done.question_id[done.error.isna()])
+        if kept:
+            log.info("%s: resuming: %d of %d questions already answered", qset, len(kept), len(wanted))
+        if len(done) > len(kept):
+            log.info("%s: asking %d questions again whose stored answer was an error", qset, len(done) - len(kept))
+        answered |= kept
+    todo = suite_order(questions[~questions.question_id.isin(answered)])
+    multiple_choice = [question_kind(qset) == "mc" for qset in todo.qset]
+    budget = _ErrorBudget(len(questions), max_error_share)
+    pending: dict[str, list[dict]] = {qset: [] for qset in stores}
+    asked = dict.fromkeys(stores, 0)
+    retry: list[str] = []
+
+    def keep(qset: str, row: dict) -> None:
+        pending[qset].append(row)
+        asked[qset] += 1
+        if row["error"] is not None:
+            budget.add(row["error"])
+
+    def flush(everything: bool) -> None:
+        for qset, rows in pending.items():
+            if rows and (everything or len(rows) >= part_size):
+                stores[qset].append(rows)
+                pending[qset] = []
+
+    description = f"{model.name} {len(stores)} sets"
+    try:
+        with _sigterm_raises(), tqdm(total=len(questions), initial=len(answered), desc=description, unit="q") as bar:
+            for start in range(0, len(todo), batch_size):
+                chunk = todo.iloc[start : start + batch_size]
+                batch, flags, sets = [], [], []
+                for row, flag in zip(chunk.itertuples(index=False), multiple_choice[start : start + batch_size]):
+                    question, error = _to_question(row, resolver if model.uses_images else None)
+                    if error is not None:
+                        keep(row.qset, _error_row(row.question_id, error))
+                    else:
+                        batch.append(question), flags.append(flag), sets.append(row.qset)
+                for question, qset, result in zip(batch, sets, score_questions(model, batch, flags) if batch else []):
+                    if result.retry:
+                        retry.append(result.error)
+                        budget.add(result.error)
+                    else:
+                        keep(qset, _result_row(question.question_id, result))
+                bar.update(len(chunk))
+                flush(everything=False)
+    except (FatalBackendError, IncompleteShardError, JobTerminated, KeyboardInterrupt) as stop:
+        flush(everything=True)
+        log.error("%s: stopped (%s: %s); the answered rows are saved for a resume", model.name,
+                  type(stop).__name__, stop)
+        raise
+    except BaseException:
+        flush(everything=True)  # keep what was answered, whatever went wrong
+        raise
+    flush(everything=True)
+    if retry:
+        raise IncompleteShardError(
+            f"{len(retry)} questions failed transiently and were not stored (first: {retry[0]}); "
+            "rerun to ask them again"
+        )
+    return asked
+
+
+def _latest_part_of(store: PartStore, questions: pd.DataFrame) -> tuple[list[Path], dict[str, int]]:
+    """The store's parts and, per question of ``questions``, the index of the part with its latest answer."""
+    parts = store._parts()
+    wanted, owner = set(questions.question_id), {}
+    for index, part in enumerate(parts):
+        for question_id in pq.read_table(part, columns=["question_id"]).column(0).to_pylist():
+            if question_id in wanted:
+                owner[question_id] = index
+    return parts, owner
+
+
+def _stream_table(parts: list[Path], owner: dict[str, int], path: Path, provenance: dict) -> None:
+    """Write the rows ``owner`` picks from ``parts`` to ``path`` part by part (never all rows in memory).
+
+    Written like :func:`verbmirage.io.write_table` (atomic, schema checked, provenance metadata),
+    which takes a whole frame; hence this streaming twin.
+    """
+    metadata = {b"verbmirage.version": __version__.encode(),
+                b"verbmirage.provenance": json.dumps(provenance, sort_keys=True, default=str).encode()}
+    schema = PREDICTIONS.with_metadata(metadata)
+    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema) as writer:
+        for index, part in enumerate(parts):
+            frame = read_table(part, PREDICTIONS)
+            frame = frame[frame.question_id.map(owner).eq(index)].drop_duplicates("question_id", keep="last")
+            if len(frame):
+                writer.write_table(to_arrow(frame, PREDICTIONS, str(part)).replace_schema_metadata(metadata))
+        if not owner:
+            writer.write_table(schema.empty_table())
+
+
+def suite_table(output: str | Path, qset: str) -> Path:
+    """Where a suite job's output folder holds the rows of one question set."""
+    return Path(output) / f"{qset}.parquet"
+
+
+def run_suite(
+    questions_paths: dict[str, str | Path],
+    images_dir: str | Path,
+    model_slug: str,
+    model_settings: dict,
+    variant_settings: dict,
+    shard: int,
+    n_shards: int,
+    output: str | Path,
+    train_stats: str | Path | None = None,
+    dataset: str = "hico",
+    batch_size: int = 16,
+    part_size: int = 512,
+    condition_settings: dict | None = None,
+    max_error_share: float = MAX_ERROR_SHARE,
+    continue_tokens: int = CONTINUE_TOKENS,
+) -> dict[str, int]:
+    """Answer every set of ``questions_paths`` (qset -> question table) on one image shard; the output folder
+    gets ``<qset>.parquet`` per set (:func:`suite_table`). Returns the rows per set.
+
+    One model load and one prefix per image for all sets. Resumable per set from ``<output>.parts/<qset>/``;
+    a set's table is written only when it answers each of its questions exactly once, and nothing is
+    written unless every set is complete. The finished answers stay in the parts folder (hard links),
+    fingerprinted per set: a rerun with another list of sets asks only the sets it has no answers for.
+    """
+    from verbmirage.models import ModelContext, create_model
+
+    frames = []
+    for qset, path in questions_paths.items():
+        table = read_table(path, QUESTIONS)
+        if not table.qset.eq(qset).all():
+            raise ValueError(f"{path}: holds question set(s) {sorted(set(table.qset))}, expected '{qset}'")
+        # a partial condition (crop: single-instance images only) asks only the questions on its images
+        frames.append(condition_questions(table, images_dir))
+    questions = select_suite_shard(pd.concat(frames, ignore_index=True), shard, n_shards)
+    settings = run_settings(model_settings, variant_settings, condition_settings, images_dir, continue_tokens)
+    provenance = {"model": model_settings, "variant": variant_settings, "condition": condition_settings,
+                  "model_slug": model_slug, "shard": shard, "n_shards": n_shards}
+    output = Path(output)
+    # the locks first: a second writer fails before loading a model
+    stores = {qset: PartStore(parts_directory(output) / qset) for qset in questions_paths}
+    model = None
+    try:
+        if not questions.empty:
+            model = create_model(model_slug, model_settings, ModelContext(dataset=dataset, train_stats=train_stats))
+            if hasattr(model, "continue_tokens"):  # backends that decode answers token by token
+                model.continue_tokens = continue_tokens
+            loaded = model.fingerprint_extra()
+            for qset, store in stores.items():
+                store.use_fingerprint(fingerprint(questions[questions.qset.eq(qset)],
+                                                  {**settings, "loaded": loaded, "qset": qset}))
+            predict_suite(questions, model, ImageResolver(images_dir), stores, batch_size, part_size,
+                          max_error_share)
+        answers = {}  # every set checked complete before any table is written
+        for qset, store in stores.items():
+            wanted = questions[questions.qset.eq(qset)]
+            parts, owner = _latest_part_of(store, wanted)
+            check_complete(wanted, pd.DataFrame({"question_id": list(owner)}), where=f"{output} ({qset})")
+            answers[qset] = (parts, owner)
+        output.mkdir(parents=True, exist_ok=True)
+        for qset, (parts, owner) in answers.items():
+            _stream_table(parts, owner, suite_table(output, qset), {**provenance, "qset": qset})
+    except BaseException:
+        for store in stores.values():
+            store.close()
+        raise
+    finally:
+        if model is not None:
+            model.close()
+    for qset, store in stores.items():
+        store.keep_only(suite_table(output, qset))
+    return {qset: len(owner) for qset, (_, owner) in answers.items()}
+
+
+def merge_suite_shards(questions: pd.DataFrame, shard_outputs: list[str | Path], qset: str,
+                       where: str = "predictions") -> pd.DataFrame:
+    """One set's table from the output folders of its suite shards: every question exactly once, in question order."""
+    return merge_shards(questions, [read_table(suite_table(output, qset), PREDICTIONS) for output in shard_outputs],
+                        where)

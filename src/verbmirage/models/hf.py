@@ -10,10 +10,12 @@ the decoded argmax token.
 
 Speed comes from two things, neither of which changes a number:
 
-- **Prefix reuse.** Questions on one image share a token prefix (chat header,
-  the image tokens, the shared words of the question). It is run once, with the
-  vision tower, and its key/value cache is reused for every question on that
-  image (MC rotations included); only the suffixes run per question.
+- **Prefix reuse.** Questions on one image share a token prefix (chat header
+  and the image tokens, cut right after the last image token). It is run once,
+  with the vision tower, and its key/value cache is reused for every question
+  on that image (YN and MC, every question set, MC rotations included); only
+  the suffixes run per question. :meth:`LogitsVLM.score_mixed` scores YN and MC
+  questions of an image in one pass.
 - **Length-bucketed batches.** Suffixes (or, without reuse, whole prompts) are
   sorted by length and right-padded; each row's logits are read at its own
   last token, so padding never moves a position.
@@ -157,9 +159,41 @@ class LogitsVLM(VisionLanguageModel):
         return {} if texts is None else dict(zip(rows, texts))
 
     # ---- results ----------------------------------------------------------------
+    #: Whether :meth:`answer_logits` takes one kind per question (then :meth:`score_mixed` scores YN and MC
+    #: questions in one pass, each image's prefix computed once for both).
+    mixed_kinds: bool = False
+
+    def score_mixed(self, questions: list[Question], multiple_choice: list[bool]) -> list:
+        """YN and MC questions in one call: one logits pass, each answer decided by its own kind's rule.
+
+        The results equal those of :meth:`score_yes_no` / :meth:`score_multiple_choice` on each kind
+        alone; the gain is that an image's prefix is computed once for all its questions.
+        """
+        if not self.mixed_kinds:
+            raise NotImplementedError(f"backend '{self.backend}' scores one question kind per call")
+        kinds = {False: [], True: []}
+        for index, flag in enumerate(multiple_choice):
+            kinds[bool(flag)].append(index)
+        for flag, indices in kinds.items():
+            self._check([questions[i] for i in indices], multiple_choice=flag)
+        logits, errors = self.answer_logits(questions, [bool(flag) for flag in multiple_choice])
+        results: list = [None] * len(questions)
+        for flag, indices in kinds.items():
+            if not indices:
+                continue
+            decide = self._multiple_choice_results if flag else self._yes_no_results
+            chosen = decide([questions[i] for i in indices], logits[indices], [errors[i] for i in indices])
+            for i, result in zip(indices, chosen):
+                results[i] = result
+        self._check_results(questions, results)
+        return results
+
     def _score_yes_no(self, questions: list[Question]) -> list[YesNoResult]:
         """Score (P(yes), ``yes_margin``) from the first answer position; decision from the decoded answer."""
         logits, errors = self.answer_logits(questions, multiple_choice=False)
+        return self._yes_no_results(questions, logits, errors)
+
+    def _yes_no_results(self, questions: list[Question], logits: torch.Tensor, errors: list) -> list[YesNoResult]:
         probs = torch.softmax(self._real_tokens(logits), dim=-1)
         yes, no = probs[:, self._yes_ids].sum(-1), probs[:, self._no_ids].sum(-1)
         # float64, from the logits themselves: finite where the float32 P(yes) above is exactly 1.0
@@ -183,6 +217,10 @@ class LogitsVLM(VisionLanguageModel):
     def _score_multiple_choice(self, questions: list[Question]) -> list[MultipleChoiceResult]:
         """Option probabilities from the first answer position; the chosen letter from the decoded answer."""
         logits, errors = self.answer_logits(questions, multiple_choice=True)
+        return self._multiple_choice_results(questions, logits, errors)
+
+    def _multiple_choice_results(self, questions: list[Question], logits: torch.Tensor,
+                                 errors: list) -> list[MultipleChoiceResult]:
         probs = torch.softmax(self._real_tokens(logits), dim=-1)
         confidence, best = probs.max(dim=-1)
         first = [self._token_text(int(token)) for token in best]
@@ -336,9 +374,13 @@ class TransformersVLM(LogitsVLM):
     open_image = staticmethod(open_rgb)
 
     # ---- the engine -----------------------------------------------------------
+    mixed_kinds = True
+
     @torch.inference_mode()
-    def answer_logits(self, questions: list[Question], multiple_choice: bool) -> tuple[torch.Tensor, list[str | None]]:
-        texts = [self.render(q, multiple_choice) for q in questions]
+    def answer_logits(self, questions: list[Question], multiple_choice) -> tuple[torch.Tensor, list[str | None]]:
+        """``multiple_choice``: one flag for all questions, or one per question (YN and MC of an image together)."""
+        flags = multiple_choice if isinstance(multiple_choice, (list, tuple)) else [multiple_choice] * len(questions)
+        texts = [self.render(q, flag) for q, flag in zip(questions, flags)]
         logits = torch.full((len(questions), self.model.config.get_text_config().vocab_size), math.nan)
         errors: list[str | None] = [None] * len(questions)
         groups: dict[Path, list[int]] = {}
@@ -388,12 +430,18 @@ class TransformersVLM(LogitsVLM):
         return logits[torch.arange(len(texts)), last].float().cpu()
 
     def _prefix_logits(self, image_path, image, texts: list[str]) -> torch.Tensor:
-        """Shared prefix (with the image) once, then the suffixes in length-sorted batches."""
+        """Shared prefix (with the image) once, then the suffixes in length-sorted batches.
+
+        The prefix ends right after the image tokens: every prompt of an image (YN and MC, any question
+        set, any batch) has that same prefix, so its cache key is the same and it is computed once per
+        image however the questions are batched (cutting at the batch's longest common prefix would make
+        the key depend on which questions share the batch).
+        """
         encoded = self.encode_shared_image(texts, image)
         lengths = encoded["attention_mask"].sum(dim=1).tolist()
         ids = [encoded["input_ids"][i, : lengths[i]] for i in range(len(texts))]
-        prefix_length = self._common_prefix_length(ids)
-        if prefix_length <= self._last_image_token(ids[0]):
+        prefix_length = self._last_image_token(ids[0]) + 1
+        if prefix_length == 0 or self._common_prefix_length(ids) < prefix_length:
             return self._full_logits(image_path, image, texts)  # the image is not inside a shared prefix
         prefix_ids = ids[0][:prefix_length]
         cache_keys = self._prefix_cache(image_path, prefix_ids, encoded)

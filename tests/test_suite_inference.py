@@ -1,0 +1,164 @@
+"""One inference job per image shard across all question sets (issue 8 item 1).
+
+The suite job must give the rows the per-set jobs gave (tiny LLaVA and a baseline), compute each image's
+prefix once for YN and MC, keep per-set answers for reuse, and keep the shard guarantees.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from verbmirage.conditions import apply_condition
+from verbmirage.inference import (
+    ShardBusyError,
+    PartStore,
+    image_shard,
+    merge_suite_shards,
+    parts_directory,
+    run_shard,
+    run_suite,
+    score_questions,
+    select_suite_shard,
+    suite_order,
+    suite_table,
+)
+from verbmirage.io import PREDICTIONS, QUESTIONS, read_provenance, read_table, write_table
+from verbmirage.models import Question, create_model
+from verbmirage.questions import QuestionSettings, build_question_set
+from verbmirage.tiny import build_tiny_llava
+
+SETS = ("yn_obj", "yn_verb", "mc_obj", "mc_verb", "obj_exist")
+FLOATS = ("p_yes", "yes_margin", "confidence")
+
+
+@pytest.fixture(scope="module")
+def suite(demo_anno, demo_roots, tmp_path_factory):
+    """The demo's five HICO sets (MC rotations included) on its first six images, with a clean condition."""
+    base = tmp_path_factory.mktemp("suite")
+    tables = {qset: build_question_set(demo_anno, qset, QuestionSettings()) for qset in SETS}
+    images = sorted(set().union(*(set(t.image) for t in tables.values())))[:6]
+    paths = {}
+    for qset, table in tables.items():
+        paths[qset] = base / f"{qset}.parquet"
+        write_table(table[table.image.isin(images)].reset_index(drop=True), paths[qset], QUESTIONS)
+    apply_condition(demo_roots[0], images, base / "clean", "clean", {"type": "clean"})
+    return base, paths
+
+
+@pytest.fixture(scope="module")
+def tiny_llava_entry(tmp_path_factory):
+    path = build_tiny_llava(tmp_path_factory.mktemp("llava") / "tiny_llava")
+    return {"backend": "llava", "path": str(path), "local_files_only": True}
+
+
+def _assert_same_rows(ours: pd.DataFrame, theirs: pd.DataFrame) -> None:
+    """Identical decisions and texts; scores equal up to float32 batching noise (batches hold other rows)."""
+    ours, theirs = (t.sort_values("question_id").reset_index(drop=True) for t in (ours, theirs))
+    exact = ["question_id", "raw_answer", "prediction", "parse_rule", "error"]
+    pd.testing.assert_frame_equal(ours[exact], theirs[exact])
+    for column in FLOATS:
+        np.testing.assert_allclose(ours[column].astype(float), theirs[column].astype(float), atol=1e-5)
+    for a, b in zip(ours.option_probs, theirs.option_probs):
+        assert (a is None) == (b is None)
+        if a is not None:
+            np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("model", ["random", "tiny_llava"])
+def test_suite_rows_equal_the_per_set_jobs(suite, tiny_llava_entry, tmp_path, model):
+    base, paths = suite
+    entry = tiny_llava_entry if model == "tiny_llava" else {"backend": "random", "seed": 0}
+    counts = run_suite(paths, base / "clean", model, entry, {}, 0, 1, tmp_path / "suite", batch_size=8)
+    assert counts == {qset: len(read_table(path)) for qset, path in paths.items()}
+    for qset, path in paths.items():
+        per_set = run_shard(path, base / "clean", model, entry, {}, 0, 1, tmp_path / f"{qset}.parquet", batch_size=8)
+        ours = read_table(suite_table(tmp_path / "suite", qset), PREDICTIONS)
+        _assert_same_rows(ours, per_set)
+        assert read_provenance(suite_table(tmp_path / "suite", qset))["qset"] == qset
+    # two shards, merged per set, give the same rows again
+    for shard in (0, 1):
+        run_suite(paths, base / "clean", model, entry, {}, shard, 2, tmp_path / f"two/{shard}", batch_size=8)
+    for qset, path in paths.items():
+        merged = merge_suite_shards(read_table(path, QUESTIONS), [tmp_path / "two/0", tmp_path / "two/1"], qset)
+        assert merged.question_id.tolist() == read_table(path).question_id.tolist()  # question order
+        _assert_same_rows(merged, read_table(tmp_path / f"{qset}.parquet", PREDICTIONS))
+
+
+def test_mixed_kinds_compute_each_image_prefix_once(suite, tiny_llava_entry):
+    base, paths = suite
+    model = create_model("tiny_llava", tiny_llava_entry)
+    model.continue_tokens = 0  # the scoring pass only
+    questions = suite_order(pd.concat([read_table(p, QUESTIONS) for p in paths.values()], ignore_index=True))
+    asked = [Question(r.question_id, r.prompt, base / "clean" / r.image, tuple(r.options) if r.options is not None
+                      else ()) for r in questions.itertuples()]
+    flags = [qset.startswith("mc") for qset in questions.qset]
+    calls = []
+    hook = model.model.model.vision_tower.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        mixed = []
+        for start in range(0, len(asked), 16):  # batches cut across images and kinds
+            mixed += score_questions(model, asked[start : start + 16], flags[start : start + 16])
+    finally:
+        hook.remove()
+    assert len(calls) == questions.image.nunique()  # once per image for all five sets
+    yn = [q for q, f in zip(asked, flags) if not f]
+    alone = dict(zip([q.question_id for q in yn], model.score_yes_no(yn)))
+    for question, flag, result in zip(asked, flags, mixed):
+        if not flag:
+            assert result.p_yes == pytest.approx(alone[question.question_id].p_yes, abs=1e-5)
+            assert result.prediction == alone[question.question_id].prediction
+        else:
+            assert len(result.option_probs) == len(question.options) and sum(result.option_probs) == pytest.approx(1)
+
+
+def test_image_shards_do_not_move_when_a_set_is_added(suite):
+    _, paths = suite
+    one = read_table(paths["yn_obj"], QUESTIONS)
+    both = pd.concat([one, read_table(paths["mc_verb"], QUESTIONS)], ignore_index=True)
+    for shard in range(3):
+        before = set(select_suite_shard(one, shard, 3).image)
+        after = set(select_suite_shard(both, shard, 3).image)
+        assert before <= after and all(image_shard(image, 3) == shard for image in after)
+    with pytest.raises(ValueError, match="shard 3"):
+        select_suite_shard(one, 3, 3)
+
+
+def test_adding_a_set_asks_only_its_questions(suite, tmp_path, caplog):
+    base, paths = suite
+    entry = {"backend": "random", "seed": 0}
+    output = tmp_path / "0"
+    run_suite({"yn_obj": paths["yn_obj"]}, base / "clean", "random", entry, {}, 0, 1, output)
+    parts = parts_directory(output)
+    assert [p.name for p in (parts / "yn_obj").glob("part-*")] == ["part-000000.parquet"]  # kept, one hard link
+    assert (parts / "yn_obj/part-000000.parquet").stat().st_ino == suite_table(output, "yn_obj").stat().st_ino
+    first = read_table(suite_table(output, "yn_obj"), PREDICTIONS)
+    suite_table(output, "yn_obj").unlink()  # Snakemake removes a job's output before it reruns
+    with caplog.at_level(logging.INFO, logger="verbmirage.inference"):
+        counts = run_suite({"yn_obj": paths["yn_obj"], "mc_obj": paths["mc_obj"]}, base / "clean", "random",
+                           entry, {}, 0, 1, output)
+    n = len(read_table(paths["yn_obj"]))
+    assert f"yn_obj: resuming: {n} of {n} questions already answered" in caplog.text
+    assert "mc_obj: resuming" not in caplog.text
+    assert counts == {"yn_obj": n, "mc_obj": len(read_table(paths["mc_obj"]))}
+    pd.testing.assert_frame_equal(read_table(suite_table(output, "yn_obj"), PREDICTIONS), first)
+    # other settings: nothing is reused
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="verbmirage.inference"):
+        run_suite({"yn_obj": paths["yn_obj"]}, base / "clean", "random", {**entry, "seed": 1}, {}, 0, 1, output)
+    assert "resuming" not in caplog.text
+
+
+def test_a_second_writer_fails_before_loading_a_model(suite, tmp_path):
+    base, paths = suite
+    output = tmp_path / "0"
+    holder = PartStore(parts_directory(output) / "mc_obj")
+    with pytest.raises(ShardBusyError, match="mc_obj"):
+        run_suite(paths, base / "clean", "random", {"backend": "random", "seed": 0}, {}, 0, 1, output)
+    holder.close()
+    assert not output.exists()
+    run_suite(paths, base / "clean", "random", {"backend": "random", "seed": 0}, {}, 0, 1, output)
+    assert sorted(p.name for p in output.iterdir()) == sorted(f"{qset}.parquet" for qset in SETS)
