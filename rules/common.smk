@@ -108,8 +108,9 @@ TRAIN_STATS = "results/benchmark/{dataset}/train_stats.parquet"
 QUESTION_COUNTS = expand("results/benchmark/hico/counts.{ext}", ext=["parquet", "md"])
 CONDITION_DIR = "results/images/{dataset}/{condition}"
 PREDICTIONS = "results/predictions/{dataset}/{qset}/{condition}/{model}/{variant}.parquet"
-# One inference job's output; its resumable parts live beside it in "<shard>.parquet.parts/".
-PREDICTION_SHARD = "results/shards/{dataset}/{qset}/{condition}/{model}/{variant}/{shard}.parquet"
+# One inference job's output (every question set it asks on one image shard): a folder with <qset>.parquet
+# per set; its resumable parts, kept after success for reuse, live beside it in "<shard>.parts/<qset>/".
+SUITE_SHARD = "results/shards/{dataset}/{condition}/{model}/{variant}/{shard}"
 METRIC_PART = "results/metrics/parts/{dataset}/{qset}/{condition}/{model}/{variant}.parquet"
 CONSISTENCY_PART = "results/metrics/parts/{dataset}/{qset}/{reference}_vs_{other}/{model}/{variant}.parquet"
 METRICS = "results/metrics/metrics.parquet"
@@ -130,13 +131,21 @@ def n_shards(model):
     return config["models"][model].get("shards", config["inference"]["shards"])
 
 
-# A one-shard model writes its prediction table directly (no merge job).
-SHARDED_MODELS = [m for m in MODELS if n_shards(m) > 1]
-UNSHARDED_MODELS = [m for m in MODELS if n_shards(m) == 1]
+def suite_shards(wildcards):
+    """The inference jobs (one per image shard) whose folders hold a run's rows of one question set."""
+    keys = {key: wildcards[key] for key in ("dataset", "condition", "model", "variant")}
+    return expand(SUITE_SHARD, shard=range(n_shards(wildcards.model)), **keys)
 
 
-def prediction_shards(wildcards):
-    return expand(PREDICTION_SHARD, shard=range(n_shards(wildcards.model)), **wildcards)
+def suite_qsets(wildcards):
+    """The question sets one inference job asks: those of its dataset asked under its condition by its model."""
+    return [q for q in condition_qsets(wildcards.dataset, wildcards.condition)
+            if asks(wildcards.dataset, wildcards.condition, q, wildcards.model)]
+
+
+def suite_questions(wildcards):
+    """The question tables of :func:`suite_qsets`, in the same order."""
+    return [QUESTIONS.format(dataset=wildcards.dataset, qset=q) for q in suite_qsets(wildcards)]
 
 
 def model_files(wildcards):

@@ -1,19 +1,21 @@
-rule predict_shard:
-    """One shard of model x variant x condition x question set (the GPU jobs on a cluster).
+rule predict_suite:
+    """One image shard of model x variant x condition, every question set it asks (the GPU jobs on a cluster).
 
-    Resumable: answered rows go to "<output>.parts/" as they come; a killed
-    job continues from there when rerun.
+    The model loads once and each image's prefix is computed once for all its questions. Resumable per set:
+    answered rows go to "<output>.parts/<qset>/" as they come and stay there once the job succeeds, so a
+    rerun with an added question set asks only that set.
     """
     input:
-        questions=QUESTIONS,
+        questions=suite_questions,
         images=CONDITION_DIR,
         train_stats=TRAIN_STATS,
         model_files=model_files,
     output:
-        PREDICTION_SHARD,
+        directory(SUITE_SHARD),
     wildcard_constraints:
-        model=_alternatives(SHARDED_MODELS),
+        model=_alternatives(MODELS),
     params:
+        qsets=suite_qsets,
         model=lambda wildcards: model_settings(wildcards.model),
         variant=lambda wildcards: variant_settings(wildcards.variant),
         n_shards=lambda wildcards: n_shards(wildcards.model),
@@ -30,36 +32,25 @@ rule predict_shard:
         runtime=model_resource("runtime", 60),
         cpus_per_gpu=model_resource("cpus_per_gpu", 4),
     log:
-        "logs/predict/{dataset}/{qset}/{condition}/{model}/{variant}/{shard}.log",
+        "logs/predict/{dataset}/{condition}/{model}/{variant}/{shard}.log",
     benchmark:
-        "benchmarks/predict/{dataset}/{qset}/{condition}/{model}/{variant}/{shard}.tsv"
+        "benchmarks/predict/{dataset}/{condition}/{model}/{variant}/{shard}.tsv"
     conda:
         "../envs/verbmirage.yaml"
     script:
-        "../scripts/predict_shard.py"
-
-
-use rule predict_shard as predict with:
-    output:
-        PREDICTIONS,
-    wildcard_constraints:
-        model=_alternatives(UNSHARDED_MODELS),
-    log:
-        "logs/predict/{dataset}/{qset}/{condition}/{model}/{variant}.log",
-    benchmark:
-        "benchmarks/predict/{dataset}/{qset}/{condition}/{model}/{variant}.tsv"
+        "../scripts/predict_suite.py"
 
 
 rule merge_predictions:
-    """The shards of one run as one prediction table; fails if a question is missing or doubled."""
+    """One question set's rows from the shards of a run as its prediction table; fails if a question is missing or doubled."""
     input:
         questions=QUESTIONS,
-        shards=prediction_shards,
+        shards=suite_shards,
         images=partial_condition_images,  # crop: only the questions on its images are expected
     output:
         PREDICTIONS,
     wildcard_constraints:
-        model=_alternatives(SHARDED_MODELS),
+        model=_alternatives(MODELS),
     log:
         "logs/merge_predictions/{dataset}/{qset}/{condition}/{model}/{variant}.log",
     conda:

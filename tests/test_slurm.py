@@ -77,14 +77,14 @@ def test_demo_through_slurm(slurm_cluster, tmp_path):
     _config(local)
     log = _snakemake(on_slurm, "--profile", str(REPO / "profiles" / "slurm"))
     submissions = SUBMITTED.findall(log)
-    # every inference shard, and nothing else, became a SLURM job: 2 sets x 1 condition x 5 shards
-    # (one-shard models run as rule `predict`, sharded ones as `predict_shard`)
-    assert {rule for _, rule, _ in submissions} == {"predict", "predict_shard"}
-    assert len(submissions) == 10
+    # every inference job, and nothing else, became a SLURM job: one per model shard (both sets in it),
+    # 1 condition x 5 shards (always_yes, random x2, prior, tiny_llava)
+    assert {rule for _, rule, _ in submissions} == {"predict_suite"}
+    assert len(submissions) == 5
     for job_id, _, wildcards in submissions:
         wants_gpu = "_tiny_llava_" in wildcards
         assert ("gres:gpu:1" in _tres(job_id)) == wants_gpu, (wildcards, _tres(job_id))
-    assert sum("_tiny_llava_" in w for _, _, w in submissions) == 2
+    assert sum("_tiny_llava_" in w for _, _, w in submissions) == 1
 
     _snakemake(local, "--cores", "2")
     keys = ["dataset", "qset", "condition", "model", "variant", "subset", "metric"]

@@ -72,8 +72,13 @@ def test_demo_produces_metrics_and_tables(demo_run):
     assert set(counts.qset) == {"yn_obj", "yn_verb", "mc_obj", "mc_verb", "obj_exist", "yn_ko"}
     provenance = read_provenance(demo_run / "results/predictions/hico/yn_obj/clean/random/default.parquet")
     assert provenance["model"] == {"backend": "random", "seed": 0, "shards": 2}
-    assert (demo_run / "logs/predict/hico/yn_obj/clean/random/default/1.log").is_file()
-    assert not list((demo_run / "results/shards").rglob("*.parts")), "parts left after complete shards"
+    assert (demo_run / "logs/predict/hico/clean/random/default/1.log").is_file()
+    # one inference job per image shard for all sets: each set's finished answers stay as one hard-linked part
+    for shard in (demo_run / "results/shards/hico/clean/random/default").glob("[0-9]"):
+        for table in shard.glob("*.parquet"):
+            kept = shard.with_name(shard.name + ".parts") / table.stem / "part-000000.parquet"
+            assert kept.stat().st_ino == table.stat().st_ino
+            assert len(list(kept.parent.glob("part-*.parquet"))) == 1
     # the demo configures HICO-DET boxes: every HICO question set gets the image subsets, CharadesEgo none
     tags = pd.read_parquet(demo_run / "results/benchmark/hico/image_tags.parquet")
     assert len(tags) == 60 and tags.image_id.is_unique
@@ -98,10 +103,12 @@ def test_adding_a_model_runs_only_its_jobs(demo_run):
     finally:
         write_config(demo_run)
     per_rule = Counter(rule for rule, _ in jobs)
-    # HICO: 6 sets clean (yn_ko included) + 4 saltpepper + 2 crop (conditions.*.qsets); CharadesEgo: 4 clean.
-    # Error consistency on HICO only, on the sets both conditions ask: 4 clean~saltpepper + 2 clean~crop.
-    # (prior_two is not in analysis.known_object.models: no known_object job)
-    assert per_rule == {"predict": 16, "metric_part": 16, "consistency_part": 6, "metrics": 1, "tables": 1, "all": 1}
+    # One inference job per (dataset, condition): HICO clean, saltpepper, crop and CharadesEgo clean, each
+    # asking all its sets; one merge per set: HICO 6 clean (yn_ko included) + 4 saltpepper + 2 crop
+    # (conditions.*.qsets), CharadesEgo 4 clean. Error consistency on HICO only, on the sets both conditions
+    # ask: 4 clean~saltpepper + 2 clean~crop. (prior_two is not in analysis.known_object.models: no known_object job)
+    assert per_rule == {"predict_suite": 4, "merge_predictions": 16, "metric_part": 16, "consistency_part": 6,
+                        "metrics": 1, "tables": 1, "all": 1}
     assert {w["model"] for rule, w in jobs if "model" in w} == {"prior_two"}
 
 
@@ -111,8 +118,10 @@ def test_changing_a_model_reruns_only_its_jobs(demo_run):
         jobs = planned_jobs(demo_run)
     finally:
         write_config(demo_run)
-    predicted = {(w["model"], w["shard"]) for rule, w in jobs if rule == "predict_shard"}
-    assert predicted == {("random", "0"), ("random", "1")}  # the demo splits `random` into two shards
+    predicted = {(w["model"], w["condition"], w["shard"]) for rule, w in jobs if rule == "predict_suite"}
+    # the demo splits `random` into two shards; one job per (dataset, condition, shard) asks all its sets
+    assert {(m, s) for m, _, s in predicted} == {("random", "0"), ("random", "1")}
+    assert len([1 for rule, w in jobs if rule == "predict_suite"]) == 8  # HICO x3 conditions + CharadesEgo, x2
     # its ensemble depends on it; nothing upstream (questions, images) reruns
     assert {w["model"] for rule, w in jobs if rule == "ensemble"} == {"blind_vote"}
     upstream = {"question_set", "image_condition", "demo_hico", "image_tags", "train_stats", "tiny_model", "demo_charadesego",

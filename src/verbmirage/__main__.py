@@ -2,10 +2,10 @@
 
 ``python -m verbmirage predict --questions Q --images DIR --model-name SLUG
 --model '{"backend": "prior"}' --output OUT [--shard 0 --shards 4]`` answers
-one shard exactly as the workflow's ``predict_shard`` rule does (same parts,
-same resume), which helps to debug one model or one shard. ``predict-suite
---questions A.parquet B.parquet ...`` answers every set on one image shard as
-the workflow's ``predict_suite`` rule does (one folder, ``<qset>.parquet`` per set).
+one shard of one question set (same parts, same resume as a workflow job),
+which helps to debug one model or one shard. ``predict-suite --questions
+A.parquet B.parquet ...`` answers every set on one image shard as the
+workflow's ``predict_suite`` rule does (one folder, ``<qset>.parquet`` per set).
 """
 
 from __future__ import annotations

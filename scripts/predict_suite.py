@@ -1,0 +1,21 @@
+"""Answer every question set of one image shard with one model (resumable per set).
+
+Inputs: ``questions`` (one table per set, in the order of ``params.qsets``), ``images`` (condition folder),
+``train_stats``. Output: a folder with ``<qset>.parquet`` per set. Settings: ``params.qsets``,
+``params.model`` (the model's config entry), ``params.variant``, ``params.n_shards``, ``params.batch_size``,
+``params.part_size``, ``params.max_error_share``, ``params.continue_tokens``, ``params.condition`` (the
+condition's settings, part of the resume fingerprint); wildcards name the model and the shard.
+"""
+
+from verbmirage.inference import run_suite
+from verbmirage.joblog import job_log
+
+with job_log(snakemake.log[0]) as log:
+    w, p = snakemake.wildcards, snakemake.params
+    counts = run_suite(
+        dict(zip(p.qsets, snakemake.input.questions)), snakemake.input.images, w.model, p.model, p.variant,
+        int(w.shard), p.n_shards, snakemake.output[0], train_stats=snakemake.input.train_stats,
+        dataset=w.dataset, batch_size=p.batch_size, part_size=p.part_size,
+        condition_settings=p.condition, max_error_share=p.max_error_share, continue_tokens=p.continue_tokens,
+    )
+    log.info("predictions per set: %s", counts)
