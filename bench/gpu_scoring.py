@@ -7,7 +7,11 @@ prefix reuse and batching, and prints prompts/s. Target: >= 250 prompts/s on
 one H200.
 
     python bench/gpu_scoring.py [--images 64] [--batch-size 64]
+    python bench/gpu_scoring.py --suite [--images 64]   # all five HICO sets: one set per call vs all sets of an image
     python bench/gpu_scoring.py --smoke --images 2      # on a CPU: checks the script runs
+
+``--suite`` is bench/suite_scoring.py at LLaVA-1.5-7B size: the whole HICO suite (about 225K prompts with 4
+MC rotations) must take at most 15 GPU-minutes on one H200, i.e. (b) >= 250 prompts/s.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_scoring import hico_like_questions  # noqa: E402
+from suite_scoring import hico_suite, report, time_both  # noqa: E402
 from verbmirage.models.hf import LlavaVLM  # noqa: E402
 from verbmirage.tiny import build_tiny_llava  # noqa: E402
 
@@ -64,6 +69,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--smoke", action="store_true", help="narrow model on the CPU: checks the script, not speed")
+    parser.add_argument("--suite", action="store_true", help="all HICO sets: one set per call vs all sets of an image")
     args = parser.parse_args()
     device, dtype = ("cpu", "float32") if args.smoke else ("cuda", "bfloat16")
     RandomLlava7B.size = SMOKE if args.smoke else FULL
@@ -74,6 +80,16 @@ def main() -> None:
         model = RandomLlava7B("llava7b_random", str(processor_dir), dtype=dtype, device=device,
                               local_files_only=True)
         parameters = sum(p.numel() for p in model.model.parameters()) / 1e9
+        if args.suite:
+            model.continue_tokens = 0  # the scoring pass (see bench/suite_scoring.py)
+            suite = hico_suite(args.images, work)
+            print(f"{parameters:.2f}B parameters, {dtype}")
+            model.score_yes_no([q for s, q in suite if s == "yn_obj"][:2])  # warm-up
+            per_set, together, difference = time_both(model, suite, args.batch_size, synchronize)
+            report(len(suite), args.images, per_set, together, difference)
+            if device == "cuda":
+                print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+            return
         questions = hico_like_questions(args.images, work)
         print(f"{parameters:.2f}B parameters, {len(questions)} questions on {args.images} images")
         model.score_yes_no(questions[: args.batch_size])  # warm-up

@@ -447,10 +447,26 @@ class TransformersVLM(LogitsVLM):
         cache_keys = self._prefix_cache(image_path, prefix_ids, encoded)
         suffixes = [row[prefix_length:] for row in ids]
         order = sorted(range(len(texts)), key=lambda i: len(suffixes[i]))
-        batch = self._suffix_batch(suffixes, order, prefix_length, cache_keys)
-        result = torch.empty(len(texts), batch.shape[1])
-        result[order] = batch
+        result = None
+        for bucket in self._length_buckets(order, [len(row) for row in suffixes]):
+            batch = self._suffix_batch(suffixes, bucket, prefix_length, cache_keys)
+            result = torch.empty(len(texts), batch.shape[1]) if result is None else result
+            result[bucket] = batch
         return result
+
+    #: A suffix batch ends where a suffix is this much longer than the batch's shortest: YN and MC prompts
+    #: of an image (short and long suffixes) then do not pad each other to the longest.
+    BUCKET_GROWTH = 1.3
+
+    def _length_buckets(self, order: list[int], lengths: list[int]) -> list[list[int]]:
+        """``order`` (indices sorted by length) cut into runs of similar suffix length."""
+        buckets: list[list[int]] = []
+        for index in order:
+            if buckets and lengths[index] <= self.BUCKET_GROWTH * lengths[buckets[-1][0]]:
+                buckets[-1].append(index)
+            else:
+                buckets.append([index])
+        return buckets
 
     def _common_prefix_length(self, ids: list[torch.Tensor]) -> int:
         shortest = min(len(row) for row in ids)

@@ -1,0 +1,149 @@
+"""Benchmark: the whole HICO question suite, one set per call vs all sets of an image in one call.
+
+The demo's five HICO question sets (yn_obj, yn_verb, mc_obj, mc_verb, obj_exist; MC in every rotation) on
+the first ``--images`` demo images, scored by a random-weight model with LLaVA-1.5 geometry (336 px,
+patch 14 -> 576 image tokens; narrow layers so it runs on a CPU):
+
+(a) one set per call, as the workflow's per-set jobs did: each set scored on its own, image-sorted
+    batches, so every image's prefix is computed once per set;
+(b) all sets of an image in one call (``inference.score_questions``, image-major batches), as the
+    ``predict_suite`` job does: each image's prefix once for all sets.
+
+Prints prompts/s of both, ``suite ratio`` (b over a), the largest score difference between the paths and
+the process's peak memory. ``--continue-tokens`` 0 (default) times the scoring pass only: decoding past an
+undecided first token runs whole prompts, the same in both paths.
+
+    python bench/suite_scoring.py [--images 12] [--batch-size 64] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from verbmirage.demo import DemoSizes, write_demo_hico  # noqa: E402
+from verbmirage.hico import load_hico  # noqa: E402
+from verbmirage.inference import score_questions, suite_order  # noqa: E402
+from verbmirage.models import Question, create_model  # noqa: E402
+from verbmirage.questions import QuestionSettings, build_question_set, question_kind  # noqa: E402
+from verbmirage.tiny import build_tiny_llava  # noqa: E402
+
+HICO_SETS = ("yn_obj", "yn_verb", "mc_obj", "mc_verb", "obj_exist")
+
+
+def hico_suite(n_images: int, work: Path) -> list[tuple[str, Question]]:
+    """(qset, question) of every HICO set on the first ``n_images`` demo images, image-major."""
+    import pandas as pd
+
+    write_demo_hico(work / "hico", work / "det", DemoSizes(train=50, test=max(40, n_images * 2)))
+    anno = load_hico(work / "hico")
+    table = pd.concat([build_question_set(anno, qset, QuestionSettings()) for qset in HICO_SETS],
+                      ignore_index=True)
+    images = sorted(set(table.image))[:n_images]
+    rng = np.random.default_rng(0)
+    paths = {}
+    for image in images:
+        paths[image] = work / f"{Path(image).stem}.png"
+        Image.fromarray(rng.integers(0, 255, (336, 448, 3), dtype=np.uint8)).save(paths[image])
+    table = suite_order(table[table.image.isin(paths)])
+    return [(row.qset, Question(row.question_id, row.prompt, image=paths[row.image],
+                                options=tuple(row.options) if row.options is not None else ()))
+            for row in table.itertuples()]
+
+
+def one_set_per_call(model, suite: list[tuple[str, Question]], batch_size: int) -> dict:
+    """(a) Each set on its own (a fresh job each: no prefix carried over), image-sorted batches."""
+    results = {}
+    for qset in HICO_SETS:
+        questions = [q for s, q in suite if s == qset]
+        score = model.score_multiple_choice if question_kind(qset) == "mc" else model.score_yes_no
+        model._cached_prefix = None
+        for start in range(0, len(questions), batch_size):
+            chunk = questions[start : start + batch_size]
+            results.update(zip([q.question_id for q in chunk], score(chunk)))
+    return results
+
+
+def all_sets_per_call(model, suite: list[tuple[str, Question]], batch_size: int) -> dict:
+    """(b) Image-major batches mixing every set: each image's prefix once."""
+    results = {}
+    model._cached_prefix = None
+    for start in range(0, len(suite), batch_size):
+        chunk = suite[start : start + batch_size]
+        questions = [q for _, q in chunk]
+        flags = [question_kind(s) == "mc" for s, _ in chunk]
+        results.update(zip([q.question_id for q in questions], score_questions(model, questions, flags)))
+    return results
+
+
+def score_difference(a: dict, b: dict) -> float:
+    """Largest difference of P(yes) or an option probability between the two paths."""
+    largest = 0.0
+    for question_id, first in a.items():
+        second = b[question_id]
+        x = first.option_probs if hasattr(first, "option_probs") else (first.p_yes,)
+        y = second.option_probs if hasattr(second, "option_probs") else (second.p_yes,)
+        largest = max(largest, float(np.max(np.abs(np.subtract(x, y)))))
+    return largest
+
+
+def peak_memory_mib() -> float:
+    """Peak resident memory of this process (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def time_both(model, suite, batch_size: int, synchronize=lambda: None) -> tuple[float, float, float]:
+    """prompts/s of (a) and (b), and their largest score difference."""
+    synchronize()
+    start = time.perf_counter()
+    per_set = one_set_per_call(model, suite, batch_size)
+    synchronize()
+    per_set_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    together = all_sets_per_call(model, suite, batch_size)
+    synchronize()
+    together_seconds = time.perf_counter() - start
+    return len(suite) / per_set_seconds, len(suite) / together_seconds, score_difference(per_set, together)
+
+
+def report(n_prompts: int, n_images: int, per_set: float, together: float, difference: float) -> None:
+    print(f"{n_prompts} prompts of {len(HICO_SETS)} sets on {n_images} images ({n_prompts / n_images:.1f} per image)")
+    print(f"(a) one set per call:          {per_set:8.2f} prompts/s")
+    print(f"(b) all sets of an image:      {together:8.2f} prompts/s")
+    print(f"suite ratio (b / a):           {together / per_set:8.2f}x")
+    print(f"max |score difference|:        {difference:.2e}")
+    print(f"peak memory:                   {peak_memory_mib():8.0f} MiB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", type=int, default=12)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--continue-tokens", type=int, default=0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        path = build_tiny_llava(work / "llava336", image_size=336, patch_size=14, hidden_size=128, layers=4)
+        model = create_model("bench", {"backend": "llava", "path": str(path), "device": args.device,
+                                       "dtype": args.dtype, "local_files_only": True})
+        model.continue_tokens = args.continue_tokens
+        suite = hico_suite(args.images, work)
+        model.score_yes_no([q for s, q in suite if s == "yn_obj"][:2])  # warm-up
+        per_set, together, difference = time_both(model, suite, args.batch_size)
+    report(len(suite), args.images, per_set, together, difference)
+
+
+if __name__ == "__main__":
+    main()
