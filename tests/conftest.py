@@ -61,9 +61,16 @@ def real_anno():
 
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory) -> Path:
-    """The demo workflow run once per session (a smaller config); every slow test file reads its results."""
+    """The demo workflow run once per session (a smaller config); every slow test file reads its results.
+
+    ``VERBMIRAGE_DEMO_RUN=<folder>`` reuses a finished run there (for iterating on the slow tests only).
+    """
+    import os
+
     from workflow_run import run_api, write_config
 
+    if os.environ.get("VERBMIRAGE_DEMO_RUN"):
+        return Path(os.environ["VERBMIRAGE_DEMO_RUN"])
     workdir = tmp_path_factory.mktemp("workflow")
     write_config(workdir)
     run_api(workdir)

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.slow
 def test_demo_produces_metrics_and_tables(demo_run):
     metrics = read_table(demo_run / "results/metrics/metrics.parquet", METRICS)
     assert list(metrics.columns) == METRICS.names
-    assert set(metrics.model) == {"always_yes", "random", "prior", "tiny_llava", "tiny_clip", "blind_vote"}
+    assert set(metrics.model[~metrics.model.str.contains("~")]) == {"always_yes", "random", "prior", "tiny_llava",
+                                                                   "tiny_clip", "blind_vote"}  # a~b: Table 7 pairs
     assert set(metrics.condition) == {"clean", "saltpepper", "crop", "clean_vs_saltpepper", "clean_vs_crop"}
     # crop: single-instance images only, the same questions in its error-consistency pair with clean
     tags = pd.read_parquet(demo_run / "results/benchmark/hico/image_tags.parquet")
@@ -42,11 +43,14 @@ def test_demo_produces_metrics_and_tables(demo_run):
     ego = pd.read_parquet(demo_run / "results/benchmark/charadesego/yn_ego.parquet")
     exo = pd.read_parquet(demo_run / "results/benchmark/charadesego/yn_exo.parquet")
     assert ego.prompt.tolist() == exo.prompt.tolist() and ego.answer.tolist() == exo.answer.tolist()
-    # NaN only where the metric is undefined (docs/analysis.md): kappa with c_exp = 1, or a YN ratio whose
-    # denominator is 0 (accuracy, yes/unknown ratios and MC accuracies always have one)
+    # NaN only where the metric is undefined (docs/analysis.md): kappa with c_exp = 1, a YN ratio whose
+    # denominator is 0, confidence statistics of an empty group, an overlap/IoU of empty sets, AP without a
+    # positive (accuracy, yes/unknown ratios and MC accuracies always have a denominator)
     undefined = metrics[metrics.value.isna()].metric
-    assert undefined.isin({"error_consistency", "precision", "recall", "f1", "precision_no", "recall_no",
-                           "f1_no"}).all(), sorted(set(undefined))
+    assert undefined.isin({"error_consistency", "precision", "recall", "f1", "precision_no", "recall_no", "f1_no",
+                           "conf_mean", "conf_median", "conf_auroc", "influential_object_overlap_index",
+                           "influenced_verb_set_iou", "map", "map_voc11"}).all(), sorted(set(undefined))
+    assert not metrics[metrics.metric.isin(["accuracy", "circular_accuracy", "unknown_ratio"])].value.isna().any()
     keyed = metrics[metrics.dataset.eq("hico") & metrics.variant.eq("default")].set_index(
         ["qset", "condition", "model", "subset", "metric"], verify_integrity=True)["value"]
     assert pd.isna(keyed[("yn_obj", "clean", "always_yes", "all", "precision_no")])  # never says no
