@@ -45,8 +45,6 @@ localrules:
     question_counts,
     image_tags,
     image_condition,
-    merge_predictions,
-    ensemble,
     metric_part,
     consistency_part,
     metrics,

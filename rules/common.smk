@@ -111,8 +111,9 @@ PREDICTIONS = "results/predictions/{dataset}/{qset}/{condition}/{model}/{variant
 # One inference job's output (every question set it asks on one image shard): a folder with <qset>.parquet
 # per set; its resumable parts, kept after success for reuse, live beside it in "<shard>.parts/<qset>/".
 SUITE_SHARD = "results/shards/{dataset}/{condition}/{model}/{variant}/{shard}"
-METRIC_PART = "results/metrics/parts/{dataset}/{qset}/{condition}/{model}/{variant}.parquet"
-CONSISTENCY_PART = "results/metrics/parts/{dataset}/{qset}/{reference}_vs_{other}/{model}/{variant}.parquet"
+# One metric job per run and one consistency job per (pair, model, variant), over all their question sets.
+METRIC_PART = "results/metrics/parts/{dataset}/{condition}/{model}/{variant}.parquet"
+CONSISTENCY_PART = "results/metrics/parts/{dataset}/{reference}_vs_{other}/{model}/{variant}.parquet"
 METRICS = "results/metrics/metrics.parquet"
 TABLE_NUMBERS = [1, 2, 3] + ([4] if CHARADES else [])
 TABLES = expand("results/tables/table{n}.{ext}", n=TABLE_NUMBERS, ext=["parquet", "md"])
@@ -131,10 +132,15 @@ def n_shards(model):
     return config["models"][model].get("shards", config["inference"]["shards"])
 
 
-def suite_shards(wildcards):
-    """The inference jobs (one per image shard) whose folders hold a run's rows of one question set."""
-    keys = {key: wildcards[key] for key in ("dataset", "condition", "model", "variant")}
-    return expand(SUITE_SHARD, shard=range(n_shards(wildcards.model)), **keys)
+def run_shards(dataset, condition, wildcards):
+    """The output folders of a run's inference jobs (one per image shard)."""
+    return expand(SUITE_SHARD, dataset=dataset, condition=condition, model=wildcards.model,
+                  variant=wildcards.variant, shard=range(n_shards(wildcards.model)))
+
+
+def partial_images(dataset, condition):
+    """A box condition's folder (its manifest names the images it covers); none for the others."""
+    return CONDITION_DIR.format(dataset=dataset, condition=condition) if condition in BOX_CONDITIONS else []
 
 
 def suite_qsets(wildcards):
@@ -148,6 +154,19 @@ def suite_questions(wildcards):
     return [QUESTIONS.format(dataset=wildcards.dataset, qset=q) for q in suite_qsets(wildcards)]
 
 
+def merge_groups(models):
+    """(dataset, condition, sets, models): the models (or ensembles) that ask the same sets under a condition,
+    whose per-set prediction tables one rule writes together."""
+    groups = {}
+    for d in DATASETS:
+        for c in dataset_conditions(d):
+            for m in models:
+                sets = tuple(q for q in condition_qsets(d, c) if asks(d, c, q, m))
+                if sets:
+                    groups.setdefault((d, c, sets), []).append(m)
+    return [(d, c, list(sets), models) for (d, c, sets), models in groups.items()]
+
+
 def model_files(wildcards):
     """A model folder the workflow builds itself (resources/models/tiny_*) is an input of its jobs."""
     path = config["models"][wildcards.model].get("path", "")
@@ -155,11 +174,6 @@ def model_files(wildcards):
     return [path] if path in built else []
 
 
-def ensemble_member_predictions(wildcards):
-    return [
-        PREDICTIONS.format(**{**wildcards, "model": member})
-        for member in ENSEMBLES[wildcards.model]
-    ]
 
 
 def image_source(wildcards):
@@ -246,29 +260,54 @@ def dataset_questions(wildcards):
     return expand(QUESTIONS, dataset=wildcards.dataset, qset=DATASET_QSETS[wildcards.dataset])
 
 
+def run_qsets(wildcards):
+    """The question sets a run (dataset, condition, model, variant) answered, in config order."""
+    return [q for q in DATASET_QSETS[wildcards.dataset] if asks(wildcards.dataset, wildcards.condition, q,
+                                                                  wildcards.model)]
+
+
+def run_tables(wildcards, pattern):
+    """One path of ``pattern`` (QUESTIONS or PREDICTIONS) per set of the run, in :func:`run_qsets` order."""
+    return [pattern.format(**{**wildcards, "qset": q}) for q in run_qsets(wildcards)]
+
+
+def pair_qsets(wildcards):
+    """The sets a model answered under both conditions of an error-consistency pair."""
+    d, m = wildcards.dataset, wildcards.model
+    return [q for q in DATASET_QSETS[d] if asks(d, wildcards.reference, q, m) and asks(d, wildcards.other, q, m)]
+
+
+def pair_tables(wildcards, pattern, side=None):
+    """One path per set of :func:`pair_qsets`; ``side`` ("reference"/"other") picks that condition's run."""
+    condition = {"condition": wildcards[side]} if side else {}
+    return [pattern.format(**{**wildcards, "qset": q, **condition}) for q in pair_qsets(wildcards)]
+
+
 def all_scored():
-    """Every (dataset, qset, condition, model or ensemble, variant) the metrics cover."""
+    """Every run (dataset, condition, model or ensemble, variant) the metrics cover."""
     return [
-        METRIC_PART.format(dataset=d, qset=q, condition=c, model=m, variant=v)
+        METRIC_PART.format(dataset=d, condition=c, model=m, variant=v)
         for d in DATASETS
         for c in dataset_conditions(d)
-        for q in condition_qsets(d, c)
         for m in MODELS + list(ENSEMBLES)
-        if asks(d, c, q, m)
+        if any(asks(d, c, q, m) for q in condition_qsets(d, c))
         for v in VARIANTS
     ]
 
 
 def all_consistency():
     return [
-        CONSISTENCY_PART.format(dataset=d, qset=q, reference=a, other=b, model=m, variant=v)
+        CONSISTENCY_PART.format(dataset=d, reference=a, other=b, model=m, variant=v)
         for d in ["hico"]  # paper Table 2 (HICO); CharadesEgo compares views, not conditions
         for a, b in CONSISTENCY_PAIRS
-        for q in condition_qsets(d, a)
         for m in MODELS + list(ENSEMBLES)
-        if asks(d, a, q, m) and asks(d, b, q, m)
+        if any(asks(d, a, q, m) and asks(d, b, q, m) for q in condition_qsets(d, a))
         for v in VARIANTS
     ]
+
+
+MERGE_GROUPS = merge_groups(MODELS)  # one merge rule each (rules/inference.smk)
+ENSEMBLE_GROUPS = merge_groups(list(ENSEMBLES))  # one vote rule each (rules/ensembles.smk)
 
 
 # ---- attention analysis (rules/analysis.smk; analysis.attention in config) --------------

@@ -1,17 +1,28 @@
-rule ensemble:
-    """Majority vote of the member models' answers, written as one more model's predictions."""
-    input:
-        ensemble_member_predictions,
-    output:
-        PREDICTIONS,
-    wildcard_constraints:
-        model=_alternatives(ENSEMBLES),
-    params:
-        kind=lambda wildcards: question_kind(wildcards.qset),
-        members=lambda wildcards: ENSEMBLES[wildcards.model],
-    log:
-        "logs/ensemble/{dataset}/{qset}/{condition}/{model}/{variant}.log",
-    conda:
-        "../envs/verbmirage.yaml"
-    script:
-        "../scripts/ensemble.py"
+# One vote job per ensemble run (dataset, condition, ensemble, variant) writes the tables of all its sets; as for
+# the merges, one rule per (dataset, condition, sets asked), generated from the config (rules/common.smk).
+for _index, (_dataset, _condition, _qsets, _ensembles) in enumerate(ENSEMBLE_GROUPS):
+
+    rule:
+        name:
+            f"ensemble_{_index}"
+        localrule: True
+        input:
+            lambda wildcards, d=_dataset, c=_condition, sets=_qsets: [
+                PREDICTIONS.format(dataset=d, qset=q, condition=c, model=member, variant=wildcards.variant)
+                for q in sets
+                for member in ENSEMBLES[wildcards.model]
+            ],
+        output:
+            [PREDICTIONS.format(dataset=_dataset, qset=q, condition=_condition, model="{model}", variant="{variant}")
+             for q in _qsets],
+        wildcard_constraints:
+            model=_alternatives(_ensembles),
+        params:
+            qsets=_qsets,
+            members=lambda wildcards: ENSEMBLES[wildcards.model],
+        log:
+            f"logs/ensemble/{_dataset}/{_condition}/{{model}}/{{variant}}.log",
+        conda:
+            "../envs/verbmirage.yaml"
+        script:
+            "../scripts/ensemble.py"

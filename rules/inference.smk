@@ -41,19 +41,29 @@ rule predict_suite:
         "../scripts/predict_suite.py"
 
 
-rule merge_predictions:
-    """One question set's rows from the shards of a run as its prediction table; fails if a question is missing or doubled."""
-    input:
-        questions=QUESTIONS,
-        shards=suite_shards,
-        images=partial_condition_images,  # crop: only the questions on its images are expected
-    output:
-        PREDICTIONS,
-    wildcard_constraints:
-        model=_alternatives(MODELS),
-    log:
-        "logs/merge_predictions/{dataset}/{qset}/{condition}/{model}/{variant}.log",
-    conda:
-        "../envs/verbmirage.yaml"
-    script:
-        "../scripts/merge_predictions.py"
+# One merge job per run (dataset, condition, model, variant) writes the prediction tables of all its sets. A
+# rule's outputs cannot depend on its wildcards, so there is one merge rule per (dataset, condition, sets asked):
+# a handful, generated here from the config (rules/common.smk:MERGE_GROUPS).
+for _index, (_dataset, _condition, _qsets, _models) in enumerate(MERGE_GROUPS):
+
+    rule:
+        name:
+            f"merge_predictions_{_index}"
+        localrule: True
+        input:
+            questions=[QUESTIONS.format(dataset=_dataset, qset=q) for q in _qsets],
+            shards=lambda wildcards, d=_dataset, c=_condition: run_shards(d, c, wildcards),
+            images=partial_images(_dataset, _condition),  # crop: only the questions on its images are expected
+        output:
+            [PREDICTIONS.format(dataset=_dataset, qset=q, condition=_condition, model="{model}", variant="{variant}")
+             for q in _qsets],
+        wildcard_constraints:
+            model=_alternatives(_models),
+        params:
+            qsets=_qsets,
+        log:
+            f"logs/merge_predictions/{_dataset}/{_condition}/{{model}}/{{variant}}.log",
+        conda:
+            "../envs/verbmirage.yaml"
+        script:
+            "../scripts/merge_predictions.py"

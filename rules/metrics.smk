@@ -1,8 +1,8 @@
 rule metric_part:
-    """Metrics of one prediction table, per subset, with bootstrap intervals."""
+    """Metrics of one run (dataset, condition, model, variant) on every set it answered, with bootstrap intervals."""
     input:
-        questions=QUESTIONS,
-        predictions=PREDICTIONS,
+        questions=lambda wildcards: run_tables(wildcards, QUESTIONS),
+        predictions=lambda wildcards: run_tables(wildcards, PREDICTIONS),
         tags=image_tags_input,  # HICO-DET image subsets (only when datasets.hico.det_root is set)
         images=partial_condition_images,  # crop: only the questions on its images count
     output:
@@ -10,10 +10,10 @@ rule metric_part:
     wildcard_constraints:
         model=_alternatives(MODELS + list(ENSEMBLES)),
     params:
-        kind=lambda wildcards: question_kind(wildcards.qset),
+        qsets=run_qsets,
         settings=config["metrics"],
     log:
-        "logs/metric_part/{dataset}/{qset}/{condition}/{model}/{variant}.log",
+        "logs/metric_part/{dataset}/{condition}/{model}/{variant}.log",
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -21,21 +21,21 @@ rule metric_part:
 
 
 rule consistency_part:
-    """Error consistency (Geirhos et al. 2020) of one model between two conditions."""
+    """Error consistency (Geirhos et al. 2020) of one model between two conditions, on every set both ask."""
     input:
-        questions=QUESTIONS,
-        reference=PREDICTIONS.replace("{condition}", "{reference}"),
-        other=PREDICTIONS.replace("{condition}", "{other}"),
+        questions=lambda wildcards: pair_tables(wildcards, QUESTIONS),
+        reference=lambda wildcards: pair_tables(wildcards, PREDICTIONS, "reference"),
+        other=lambda wildcards: pair_tables(wildcards, PREDICTIONS, "other"),
         images=partial_pair_images,  # crop: compare on the questions of its images only
     output:
         CONSISTENCY_PART,
     wildcard_constraints:
         model=_alternatives(MODELS + list(ENSEMBLES)),
     params:
-        kind=lambda wildcards: question_kind(wildcards.qset),
+        qsets=pair_qsets,
         settings=config["metrics"],
     log:
-        "logs/consistency_part/{dataset}/{qset}/{reference}_vs_{other}/{model}/{variant}.log",
+        "logs/consistency_part/{dataset}/{reference}_vs_{other}/{model}/{variant}.log",
     conda:
         "../envs/verbmirage.yaml"
     script:

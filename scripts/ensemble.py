@@ -1,14 +1,18 @@
-"""Majority vote of an ensemble's members.
+"""Majority vote of an ensemble's members, for every question set of the run.
 
-Inputs: the members' prediction tables (in ``params.members`` order).
-Output: a prediction table for the ensemble.
+Inputs: the members' prediction tables, set by set (``params.qsets``), members in ``params.members`` order.
+Outputs: the ensemble's prediction tables, in ``params.qsets`` order.
 """
 
 from verbmirage.ensembles import majority_vote
 from verbmirage.io import PREDICTIONS, read_table, write_table
 from verbmirage.joblog import job_log
+from verbmirage.questions import question_kind
 
 with job_log(snakemake.log[0]):
-    members = {name: read_table(path, PREDICTIONS) for name, path in zip(snakemake.params.members, snakemake.input)}
-    votes = majority_vote(members, snakemake.params.kind)
-    write_table(votes, snakemake.output[0], PREDICTIONS, provenance={"members": snakemake.params.members})
+    names, paths = snakemake.params.members, list(snakemake.input)
+    for index, (qset, output) in enumerate(zip(snakemake.params.qsets, snakemake.output)):
+        tables = paths[index * len(names) : (index + 1) * len(names)]
+        members = {name: read_table(path, PREDICTIONS) for name, path in zip(names, tables)}
+        votes = majority_vote(members, question_kind(qset))
+        write_table(votes, output, PREDICTIONS, provenance={"members": list(names)})

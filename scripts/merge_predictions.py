@@ -1,22 +1,22 @@
-"""Merge one question set's rows from the shards of a run into its prediction table (every question exactly once).
+"""Merge a run's shards into one prediction table per question set (every question exactly once).
 
-Inputs: ``questions``, ``shards`` (the output folders of the run's inference jobs), optional ``images`` (the
-condition folder of a partial condition such as ``crop``: only the questions on its images are expected).
-Output: the prediction table. Wildcards: ``qset``.
+Inputs: ``questions`` (one table per set, in ``params.qsets`` order), ``shards`` (the output folders of the
+run's inference jobs), optional ``images`` (the condition folder of a partial condition such as ``crop``: only
+the questions on its images are expected). Outputs: the prediction tables, in ``params.qsets`` order.
 """
 
 from verbmirage.conditions import condition_questions
-
 from verbmirage.inference import merge_suite_shards, suite_table
 from verbmirage.io import PREDICTIONS, QUESTIONS, read_provenance, read_table, write_table
 from verbmirage.joblog import job_log
 
 with job_log(snakemake.log[0]):
-    qset = snakemake.wildcards.qset
-    questions = read_table(snakemake.input.questions, QUESTIONS)
-    if snakemake.input.get("images"):
-        questions = condition_questions(questions, snakemake.input.images)
-    merged = merge_suite_shards(questions, snakemake.input.shards, qset, where=snakemake.output[0])
-    provenance = {k: v for k, v in read_provenance(suite_table(snakemake.input.shards[0], qset)).items()
-                  if k not in ("shard", "qset")}
-    write_table(merged, snakemake.output[0], PREDICTIONS, provenance=provenance)
+    shards = snakemake.input.shards
+    for qset, questions_path, output in zip(snakemake.params.qsets, snakemake.input.questions, snakemake.output):
+        questions = read_table(questions_path, QUESTIONS)
+        if snakemake.input.get("images"):
+            questions = condition_questions(questions, snakemake.input.images)
+        merged = merge_suite_shards(questions, shards, qset, where=output)
+        provenance = {k: v for k, v in read_provenance(suite_table(shards[0], qset)).items()
+                      if k not in ("shard", "qset")}
+        write_table(merged, output, PREDICTIONS, provenance=provenance)

@@ -336,7 +336,7 @@ def test_attention_is_added_to_a_run_without_inference(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rules = re.findall(r"^(?:localrule|rule) (\w+):", result.stdout, re.M)
-    assert not {"predict", "predict_shard", "merge_predictions"} & set(rules)
+    assert not any(rule.startswith(("predict", "merge_predictions")) for rule in rules)
     models = set(re.findall(r"wildcards: dataset=hico, qset=\w+, condition=clean, model=(\w+)", result.stdout))
     assert models == {"tiny_llava", "tiny_qwen2_vl"}
     assert "results/predictions" not in result.stdout

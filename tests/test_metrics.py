@@ -236,3 +236,37 @@ def test_unknown_mc_answers_are_wrong_and_counted():
     from verbmirage.metrics import mc_scores
 
     assert mc_scores(np.array([2, 1, 2, 4, 1])).tolist() == [0.5, 1.0, 0.25]
+
+
+def test_one_job_per_run_equals_one_job_per_set(tmp_path):
+    """evaluate_run / consistency_run (one job per run or pair) give the rows of the per-set calls."""
+    from verbmirage.io import PREDICTIONS, QUESTIONS, write_table
+    from verbmirage.metrics import consistency_run, correctness, evaluate_consistency, evaluate_run
+
+    settings = BootstrapSettings(resamples=50, seed=2)
+    tables, expected, pairs, expected_pairs = [], [], [], []
+    for index, qset in enumerate(["yn_obj", "yn_verb"]):
+        questions, predictions = _yes_no_frame(seed=index)
+        questions = questions.assign(dataset="hico", qset=qset, image=questions.image_id, verb="ride",
+                                     object="horse", hoi_id=1, prompt="Is someone riding?", options=None)
+        other = _yes_no_frame(seed=index + 5)[1]
+        paths = {}
+        for name, frame, schema in (("q", questions, QUESTIONS), ("a", predictions, PREDICTIONS),
+                                    ("b", other, PREDICTIONS)):
+            if schema is PREDICTIONS:
+                frame = frame.assign(raw_answer=frame.prediction, parse_rule="greedy:first-token", p_yes=0.5,
+                                     yes_margin=None, option_probs=None, confidence=0.9, error=None)
+            paths[name] = tmp_path / f"{qset}_{name}.parquet"
+            write_table(frame, paths[name], schema)
+        tables.append((qset, paths["q"], paths["a"]))
+        pairs.append((qset, paths["q"], paths["a"], paths["b"]))
+        keys = dict(dataset="hico", qset=qset, condition="clean", model="m", variant="default")
+        expected.append(evaluate(questions, predictions, "yn", keys, settings))
+        expected_pairs.append(evaluate_consistency(correctness(questions, predictions, "yn"),
+                                                   correctness(questions, other, "yn"),
+                                                   {**keys, "condition": "clean_vs_noise"}, settings))
+    run = evaluate_run(tables, dict(dataset="hico", condition="clean", model="m", variant="default"), settings)
+    pd.testing.assert_frame_equal(run, pd.concat(expected, ignore_index=True), check_dtype=False)
+    pair = consistency_run(pairs, dict(dataset="hico", condition="clean_vs_noise", model="m", variant="default"),
+                           settings)
+    pd.testing.assert_frame_equal(pair, pd.concat(expected_pairs, ignore_index=True), check_dtype=False)

@@ -17,7 +17,8 @@ only one of precision and recall is undefined, and NaN when tp = fp = fn = 0.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from dataclasses import dataclass
 
 import numpy as np
@@ -307,3 +308,70 @@ def evaluate_consistency(
     both["correct_b"] = both.correct_b.astype(int)
     value, low, high = score_with_interval(_per_image(both, CONSISTENCY_COUNTS), consistency_scores, settings)
     return pd.DataFrame(_rows(keys, "all", CONSISTENCY_METRICS, value, low, high, len(both)))
+
+
+# ---- one job per run: every question set of a (dataset, condition, model, variant) -----------------------
+def evaluate_run(
+    tables: Sequence[tuple[str, str | Path, str | Path]],
+    keys: dict,
+    settings: BootstrapSettings,
+    tags: pd.DataFrame | None = None,
+    images_dir: str | Path | None = None,
+) -> pd.DataFrame:
+    """Metric rows of one run (``keys``: dataset, condition, model, variant) over its question sets.
+
+    ``tables``: (qset, question table, prediction table) per set. ``images_dir``: the folder of a partial
+    condition (crop): only the questions on its images count. One job per run instead of one per set
+    keeps the paper-scale plan small (issue 8).
+    """
+    from verbmirage.conditions import condition_questions
+    from verbmirage.io import PREDICTIONS, QUESTIONS, read_table
+    from verbmirage.questions import question_kind
+
+    parts = []
+    for qset, questions_path, predictions_path in tables:
+        questions = read_table(questions_path, QUESTIONS)
+        if images_dir:
+            questions = condition_questions(questions, images_dir)
+        set_keys = {"dataset": keys["dataset"], "qset": qset, **{k: v for k, v in keys.items() if k != "dataset"}}
+        parts.append(evaluate(questions, read_table(predictions_path, PREDICTIONS), question_kind(qset), set_keys,
+                              settings, tags=tags))
+    parts = [part for part in parts if len(part)]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=[
+        "dataset", "qset", *[k for k in keys if k != "dataset"], "subset", "metric", "value", "ci_low", "ci_high",
+        "n"])
+
+
+def consistency_run(
+    tables: Sequence[tuple[str, str | Path, str | Path, str | Path]],
+    keys: dict,
+    settings: BootstrapSettings,
+    images_dirs: Sequence[str | Path] = (),
+) -> pd.DataFrame:
+    """Error-consistency rows of one model between two conditions (``keys['condition']`` = ``a_vs_b``), per set.
+
+    ``tables``: (qset, question table, reference predictions, other predictions). ``images_dirs``: the
+    folders of the partial conditions of the pair: only the questions on their images are compared.
+    """
+    from verbmirage.conditions import condition_questions
+    from verbmirage.io import PREDICTIONS, QUESTIONS, read_table
+    from verbmirage.questions import question_kind
+
+    parts = []
+    for qset, questions_path, reference_path, other_path in tables:
+        questions = read_table(questions_path, QUESTIONS)
+        for folder in images_dirs:
+            questions = condition_questions(questions, folder)
+        if images_dirs and questions.empty:  # a crop without single-instance questions: nothing to compare
+            continue
+        asked = set(questions.question_id)
+        # the full-image run also answered questions a crop does not ask: leave those out
+        runs = [read_table(path, PREDICTIONS) for path in (reference_path, other_path)]
+        runs = [frame[frame.question_id.isin(asked)] if images_dirs else frame for frame in runs]
+        kind = question_kind(qset)
+        set_keys = {"dataset": keys["dataset"], "qset": qset, **{k: v for k, v in keys.items() if k != "dataset"}}
+        parts.append(evaluate_consistency(correctness(questions, runs[0], kind), correctness(questions, runs[1], kind),
+                                          set_keys, settings))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=[
+        "dataset", "qset", *[k for k in keys if k != "dataset"], "subset", "metric", "value", "ci_low", "ci_high",
+        "n"])
