@@ -101,3 +101,14 @@ def first_greedy_answer(model, image: Path, prompt: str = YES_NO_PROMPT, max_new
     assert first["ok"] and first["decoding"] == "greedy" and first["token_ids"] == again["token_ids"], first
     assert score["argmax_id"] == first["token_ids"][0]
     return first
+
+
+def check_decision(result, options: tuple[str, ...] | None = None) -> None:
+    """The decoded-answer rule: a deciding first token is the answer, else the parse of the continued text."""
+    from verbmirage.models.parsing import decide_choice, decide_yes_no
+
+    decide = decide_yes_no if options is None else (lambda first, text: decide_choice(first, text, options))
+    if result.parse_rule == "greedy:first-token":
+        assert result.prediction == decide(result.raw_answer, None)[0]
+    else:
+        assert result.prediction == decide("", result.raw_answer)[0], result

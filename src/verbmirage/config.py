@@ -120,12 +120,16 @@ def _check_custom_driver(slug: str, driver: str, allowed: list[str]) -> None:
         )
 
 
-def known_question_sets(config: dict) -> list[str]:
-    """Every question set of this run: HICO's ``questions.sets``, then CharadesEgo's when it is configured."""
-    from verbmirage.charades import CHARADES_QUESTION_SETS
+def known_question_sets() -> list[str]:
+    """Every question set the package can build (HICO's, then CharadesEgo's): what a ``qsets`` list may name.
 
-    charades = list(CHARADES_QUESTION_SETS) if config["datasets"].get("charadesego") else []
-    return list(config["questions"]["sets"]) + charades
+    A set that this run does not ask is allowed there (narrowing ``questions.sets`` keeps a config valid);
+    a name that is no set at all is a typo and refused.
+    """
+    from verbmirage.charades import CHARADES_QUESTION_SETS
+    from verbmirage.questions import QUESTION_SETS
+
+    return list(QUESTION_SETS) + list(CHARADES_QUESTION_SETS)
 
 
 def condition_question_sets(config: dict, condition: str, dataset: str, dataset_sets: list[str]) -> list[str]:
@@ -187,10 +191,10 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
             except ValueError as error:
                 raise ConfigError(str(error)) from None
     for slug, entry in config["models"].items():
-        unknown_sets = sorted(set(entry.get("qsets", [])) - set(known_question_sets(config)))
+        unknown_sets = sorted(set(entry.get("qsets", [])) - set(known_question_sets()))
         if unknown_sets:
-            raise ConfigError(f"models.{slug}.qsets: {unknown_sets} are not asked in this run; "
-                              f"known: {known_question_sets(config)}")
+            raise ConfigError(f"models.{slug}.qsets: {unknown_sets} are not question sets; "
+                              f"known: {known_question_sets()}")
     for slug, entry in config.get("conditions", {}).items():
         if "_vs_" in slug:
             raise ConfigError(
@@ -203,10 +207,10 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
             )
         if CONDITIONS[entry["type"]].needs_boxes:
             _check_box_condition(slug, entry, config)
-        unknown_sets = sorted(set(entry.get("qsets", [])) - set(known_question_sets(config)))
+        unknown_sets = sorted(set(entry.get("qsets", [])) - set(known_question_sets()))
         if unknown_sets:
-            raise ConfigError(f"conditions.{slug}.qsets: {unknown_sets} are not asked in this run; "
-                              f"known: {known_question_sets(config)}")
+            raise ConfigError(f"conditions.{slug}.qsets: {unknown_sets} are not question sets; "
+                              f"known: {known_question_sets()}")
     models = set(config["models"])
     for name, members in config.get("ensembles", {}).items():
         if name in models:
