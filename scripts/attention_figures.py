@@ -11,13 +11,14 @@ from verbmirage.analysis.attention_figures import draw_attention_figures
 from verbmirage.analysis.attention_summary import summarize_attention
 from verbmirage.io import ATTENTION, ATTENTION_SUMMARY, read_table, write_html, write_table
 from verbmirage.joblog import job_log
+from verbmirage.metrics import BootstrapSettings
 
 with job_log(snakemake.log[0]):
     p = snakemake.params
     collect_attention(snakemake.input.parts, snakemake.output.table)
     table = read_table(snakemake.output.table, ATTENTION)
-    b = p.bootstrap
-    summary = summarize_attention(table, b["bootstrap_resamples"], b["confidence_level"], b["seed"])
+    bootstrap = BootstrapSettings.from_config(p.bootstrap)
+    summary = summarize_attention(table, bootstrap.resamples, bootstrap.level, bootstrap.seed)
     write_table(summary, snakemake.output.summary, ATTENTION_SUMMARY)
     write_html(summary, snakemake.output.summary_html, title="Attention: correct vs hallucinated answers (ours)")
     notes = {slug: "tiny model with RANDOM weights: the shares are noise, the figure only shows the layout"

@@ -13,7 +13,7 @@ from verbmirage.tables import consistency_condition
 with job_log(snakemake.log[0]):
     w, p = snakemake.wildcards, snakemake.params
     s = p.settings
-    settings = BootstrapSettings(s["bootstrap_resamples"], s["confidence_level"], s["seed"])
+    settings = BootstrapSettings.from_config(s)
     images = snakemake.input.get("images") or []
     tables = list(zip(p.qsets, snakemake.input.questions, snakemake.input.reference, snakemake.input.other))
     keys = {"dataset": w.dataset, "condition": consistency_condition(w.reference, w.other), "model": w.model,

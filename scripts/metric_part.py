@@ -14,7 +14,7 @@ from verbmirage.metrics import BootstrapSettings, evaluate_run
 with job_log(snakemake.log[0]):
     w, p = snakemake.wildcards, snakemake.params
     s = p.settings
-    settings = BootstrapSettings(s["bootstrap_resamples"], s["confidence_level"], s["seed"])
+    settings = BootstrapSettings.from_config(s)
     tags = read_table(snakemake.input.tags, IMAGE_TAGS) if snakemake.input.get("tags") else None
     tables = list(zip(p.qsets, snakemake.input.questions, snakemake.input.predictions))
     keys = {"dataset": w.dataset, "condition": w.condition, "model": w.model, "variant": w.variant}

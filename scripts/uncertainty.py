@@ -13,8 +13,7 @@ from verbmirage.metrics import BootstrapSettings
 
 with job_log(snakemake.log[0]):
     p = snakemake.params
-    bootstrap = BootstrapSettings(p.bootstrap["bootstrap_resamples"], p.bootstrap["confidence_level"],
-                                  p.bootstrap["seed"])
+    bootstrap = BootstrapSettings.from_config(p.bootstrap)
     questions = {path: read_table(path, QUESTIONS) for path in snakemake.input.questions}
     runs = [
         ({**{k: run[k] for k in ("model", "variant", "condition", "qset")}, "where": run["predictions"]},

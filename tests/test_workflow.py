@@ -141,18 +141,6 @@ def test_changing_a_model_reruns_only_its_jobs(demo_run):
     assert {w["model"] for rule, w in jobs if rule == "metric_part"} == {"random", "blind_vote"}
 
 
-def test_report_includes_the_tables(demo_run, tmp_path):
-    report = tmp_path / "report.html"
-    result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(demo_run),
-         "--configfile", str(demo_run / "config.yaml"), "--report", str(report)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    html = report.read_text()
-    assert "Paper tables" in html and all(f"table{n}.html" in html for n in (1, 2, 3, 4))
-
-
 def test_dataset_from_a_local_archive(tmp_path):
     """datasets.hico.root inside a configured download: fetch_dataset unpacks it first (in place, no copy).
 

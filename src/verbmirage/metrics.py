@@ -47,6 +47,11 @@ class BootstrapSettings:
     level: float = 0.95
     seed: int = 0
 
+    @classmethod
+    def from_config(cls, metrics: dict) -> "BootstrapSettings":
+        """From the config's ``metrics:`` block (``bootstrap_resamples``, ``confidence_level``, ``seed``)."""
+        return cls(metrics["bootstrap_resamples"], metrics["confidence_level"], metrics["seed"])
+
 
 def _ratio(numerator, denominator):
     """numerator / denominator, NaN where the denominator is 0 (the metric is undefined there)."""

@@ -28,29 +28,24 @@ def figure_group(qset: str, answer: str) -> str:
     return "mc" if question_kind(qset) == "mc" else f"answer_{answer}"
 
 
-def bootstrap_difference(values, hallucinated, images, resamples: int, confidence: float, seed: int):
-    """Mean of the hallucinated minus mean of the correct rows, with a percentile interval over resampled images.
-
-    Written out rather than with ``scipy.stats.bootstrap`` because the unit resampled
-    (an image) is not the unit averaged (a question row), and both means come from the
-    same draw of images.
-    """
-    values, hallucinated = np.asarray(values, float), np.asarray(hallucinated, bool)
-    codes, _ = pd.factorize(pd.Series(images))
-    n_images = codes.max() + 1 if len(codes) else 0
-    sums = [np.bincount(codes, weights=values * mask, minlength=n_images) for mask in (hallucinated, ~hallucinated)]
-    counts = [np.bincount(codes, weights=mask.astype(float), minlength=n_images) for mask in (hallucinated, ~hallucinated)]
+def _difference(counts: np.ndarray) -> np.ndarray:
+    """Mean of the hallucinated minus mean of the correct rows, from summed [sum_h, n_h, sum_c, n_c]."""
+    counts = np.asarray(counts, float)
     with np.errstate(invalid="ignore", divide="ignore"):
-        point = sums[0].sum() / counts[0].sum() - sums[1].sum() / counts[1].sum()
-        if resamples <= 0 or n_images < 2:
-            return float(point), math.nan, math.nan
-        draw = np.random.default_rng(seed).integers(0, n_images, size=(resamples, n_images))
-        replicate = sums[0][draw].sum(1) / counts[0][draw].sum(1) - sums[1][draw].sum(1) / counts[1][draw].sum(1)
-    if np.isnan(replicate).all():
-        return float(point), math.nan, math.nan
-    tail = 100 * (1 - confidence) / 2
-    low, high = np.nanpercentile(replicate, [tail, 100 - tail])
-    return float(point), float(low), float(high)
+        return np.stack([counts[..., 0] / counts[..., 1] - counts[..., 2] / counts[..., 3]])
+
+
+def bootstrap_difference(values, hallucinated, images, resamples: int, confidence: float, seed: int):
+    """Mean of the hallucinated minus mean of the correct rows, with a percentile interval over resampled
+    images (the metrics' image bootstrap: both means come from the same draw of images)."""
+    from verbmirage.metrics import BootstrapSettings, score_with_interval
+
+    values, hallucinated = np.asarray(values, float), np.asarray(hallucinated, bool)
+    frame = pd.DataFrame({"image_id": list(images), "sum_h": values * hallucinated, "n_h": hallucinated,
+                          "sum_c": values * ~hallucinated, "n_c": ~hallucinated})
+    per_image = frame.groupby("image_id", sort=True)[["sum_h", "n_h", "sum_c", "n_c"]].sum().to_numpy()
+    value, low, high = score_with_interval(per_image, _difference, BootstrapSettings(resamples, confidence, seed))
+    return float(value[0]), float(low[0]), float(high[0])
 
 
 def _comparison_rows(part: pd.DataFrame, measure: str, resamples: int, confidence: float, seed: int) -> list[dict]:
