@@ -42,12 +42,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from verbmirage.paper_numbers import load_paper_numbers, packaged_paper_numbers
+
 log = logging.getLogger(__name__)
 
 #: Question sets whose rows are (image, HOI) pairs with a yes/no answer: a ranking per HOI.
 KO_QSETS = ("yn_ko", "yn_obj")
-#: The paper's Known-Object mAP (percent; paper_tables.csv rows ``hoi_known_object``), by backend.
-PAPER_MAP = {"llava": ("LLaVA-1.5-7B", 68.41), "clip": ("CLIP (HICO-finetuned)", 60.45)}
+#: The paper's Known-Object mAP (percent; the packaged paper_tables.csv rows ``hoi_known_object``), by backend.
+_PAPER = load_paper_numbers(packaged_paper_numbers())
+_PAPER_KO = dict(zip(*_PAPER[_PAPER.qset.eq("hoi_known_object")][["model", "value"]].T.values))
+PAPER_MAP = {backend: (name, float(_PAPER_KO[name]))
+             for backend, name in (("llava", "LLaVA-1.5-7B"), ("clip", "CLIP (HICO-finetuned)"))}
 #: HICO-DET: an HOI is rare with fewer than this many training instances (Chao et al. 2018).
 RARE_INSTANCES = 10
 SUBSETS = ("all", "rare", "non_rare")
