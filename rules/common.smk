@@ -25,9 +25,11 @@ from verbmirage.config import (
     check_yaml_file,
     condition_question_sets,
 )
+from verbmirage.models.registry import variant_features
 from verbmirage.paper_numbers import paper_names_from_config
 from verbmirage.questions import question_kind
 from verbmirage.tiny import BUILDERS as TINY_BUILDERS
+from verbmirage.variants import model_variants
 
 for _configfile in workflow.configfiles:  # Snakemake's YAML reader keeps the last of two equal keys silently
     check_yaml_file(_configfile)
@@ -44,6 +46,11 @@ BOX_CONDITIONS = [c for c, s in config["conditions"].items() if CONDITION_TYPES[
 MODELS = list(config["models"])
 VARIANTS = list(config["variants"])
 ENSEMBLES = config["ensembles"]
+# model -> the variants it runs: its `variants:` list, else those its backend can run (verbmirage.variants);
+# an ensemble runs the variants all its members run.
+MODEL_VARIANTS = {m: model_variants(config, m, variant_features(e["backend"])) for m, e in config["models"].items()}
+MODEL_VARIANTS.update({e: [v for v in VARIANTS if all(v in MODEL_VARIANTS[m] for m in members)]
+                       for e, members in ENSEMBLES.items()})
 CONSISTENCY_PAIRS = [tuple(pair) for pair in config["metrics"]["error_consistency"]]
 HICO_ROOT = config["datasets"]["hico"]["root"]
 HICO_DET_ROOT = config["datasets"]["hico"].get("det_root", "")  # "" -> no boxes, no image subsets
@@ -291,7 +298,7 @@ def all_scored():
         for c in dataset_conditions(d)
         for m in MODELS + list(ENSEMBLES)
         if any(asks(d, c, q, m) for q in condition_qsets(d, c))
-        for v in VARIANTS
+        for v in MODEL_VARIANTS[m]
     ]
 
 
@@ -302,7 +309,7 @@ def all_consistency():
         for a, b in CONSISTENCY_PAIRS
         for m in MODELS + list(ENSEMBLES)
         if any(asks(d, a, q, m) and asks(d, b, q, m) for q in condition_qsets(d, a))
-        for v in VARIANTS
+        for v in MODEL_VARIANTS[m]
     ]
 
 
@@ -368,7 +375,7 @@ KNOWN_OBJECT_RUNS = {  # "condition/model/variant" -> its prediction table
     f"{c}/{m}/{v}": PREDICTIONS.format(dataset="hico", qset=KNOWN_OBJECT.qset, condition=c, model=m, variant=v)
     for c in KNOWN_OBJECT.conditions
     for m in KNOWN_OBJECT.models
-    for v in VARIANTS
+    for v in MODEL_VARIANTS[m]
 } if KNOWN_OBJECT else {}
 KNOWN_OBJECT_PARTIAL_IMAGES = {  # crop conditions: only the questions on their images are ranked
     c: CONDITION_DIR.format(dataset="hico", condition=c) for c in KNOWN_OBJECT.conditions if c in BOX_CONDITIONS
@@ -411,7 +418,7 @@ def uncertainty_runs():
         for q in UNCERTAINTY.qsets
         for m in UNCERTAINTY_MODELS
         if asks("hico", c, q, m)
-        for v in VARIANTS
+        for v in MODEL_VARIANTS[m]
     ] if UNCERTAINTY else []
 
 
@@ -424,7 +431,7 @@ def fov_runs():
         for q in FOV.qsets
         for m in MODELS
         if all(asks("hico", c, q, m) for c in FOV.conditions)
-        for v in VARIANTS
+        for v in MODEL_VARIANTS[m]
     ] if FOV else []
 
 

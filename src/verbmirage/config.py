@@ -22,7 +22,8 @@ import yaml
 from verbmirage.conditions import CONDITIONS
 from verbmirage.hico import hico_det_file
 from verbmirage.models.base import allow_remote_code
-from verbmirage.models.registry import BACKENDS
+from verbmirage.models.registry import BACKENDS, variant_features
+from verbmirage.variants import Variant, model_variants
 
 # Where rule `demo_hico` writes the demo; a root pointing here need not exist yet.
 DEMO_HICO_ROOT = "resources/demo/hico_20150920"
@@ -190,7 +191,16 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
                 allow_remote_code(f"models.{slug}", entry["trust_remote_code"], entry.get("revision"), local)
             except ValueError as error:
                 raise ConfigError(str(error)) from None
+    for slug, settings in config.get("variants", {}).items():
+        try:
+            Variant.from_config(settings, f"variants.{slug}")
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
     for slug, entry in config["models"].items():
+        try:
+            model_variants(config, slug, variant_features(entry["backend"]))
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
         unknown_sets = sorted(set(entry.get("qsets", [])) - set(known_question_sets()))
         if unknown_sets:
             raise ConfigError(f"models.{slug}.qsets: {unknown_sets} are not question sets; "

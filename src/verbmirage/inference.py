@@ -54,6 +54,7 @@ from verbmirage.models.base import (
 )
 from verbmirage.paths import file_digest
 from verbmirage.questions import question_kind
+from verbmirage.variants import Variant
 
 log = logging.getLogger(__name__)
 FINGERPRINT = "fingerprint.json"
@@ -523,7 +524,8 @@ def run_shard(
 
     # a partial condition (crop: single-instance images only) asks only the questions on its images
     questions = select_shard(condition_questions(read_table(questions_path, QUESTIONS), images_dir), shard, n_shards)
-    settings = run_settings(model_settings, variant_settings, condition_settings, images_dir, continue_tokens)
+    variant = Variant.from_config(variant_settings, where=f"variants (run of {model_slug})")
+    settings = run_settings(model_settings, variant.settings(), condition_settings, images_dir, continue_tokens)
     provenance = {"model": model_settings, "variant": variant_settings, "condition": condition_settings,
                   "model_slug": model_slug, "shard": shard, "n_shards": n_shards}
     if questions.empty:
@@ -535,6 +537,7 @@ def run_shard(
         model = create_model(model_slug, model_settings, ModelContext(dataset=dataset, train_stats=train_stats))
         if hasattr(model, "continue_tokens"):  # backends that decode answers token by token
             model.continue_tokens = continue_tokens
+        model.use_variant(variant, where=f"models.{model_slug} with this variant")
         store.use_fingerprint(fingerprint(questions, {**settings, "loaded": model.fingerprint_extra()}))
         frame = predict(questions, model, ImageResolver(images_dir), batch_size, store, part_size, max_error_share)
         check_complete(questions, frame, where=str(output))
@@ -747,7 +750,8 @@ def run_suite(
         # a partial condition (crop: single-instance images only) asks only the questions on its images
         frames.append(condition_questions(table, images_dir))
     questions = select_suite_shard(pd.concat(frames, ignore_index=True), shard, n_shards)
-    settings = run_settings(model_settings, variant_settings, condition_settings, images_dir, continue_tokens)
+    variant = Variant.from_config(variant_settings, where=f"variants (run of {model_slug})")
+    settings = run_settings(model_settings, variant.settings(), condition_settings, images_dir, continue_tokens)
     provenance = {"model": model_settings, "variant": variant_settings, "condition": condition_settings,
                   "model_slug": model_slug, "shard": shard, "n_shards": n_shards}
     output = Path(output)
@@ -759,6 +763,7 @@ def run_suite(
             model = create_model(model_slug, model_settings, ModelContext(dataset=dataset, train_stats=train_stats))
             if hasattr(model, "continue_tokens"):  # backends that decode answers token by token
                 model.continue_tokens = continue_tokens
+            model.use_variant(variant, where=f"models.{model_slug} with this variant")
             loaded = model.fingerprint_extra()
             for qset, store in stores.items():
                 store.use_fingerprint(fingerprint(questions[questions.qset.eq(qset)],

@@ -27,6 +27,7 @@ which stops the job at once.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -35,6 +36,7 @@ from pathlib import Path
 from string import ascii_uppercase
 
 from verbmirage.imaging import open_rgb  # noqa: F401  (re-exported for the backends)
+from verbmirage.variants import PLAIN_ONLY, Variant
 
 YES, NO, UNKNOWN = "yes", "no", "unknown"
 
@@ -195,6 +197,29 @@ class VisionLanguageModel(ABC):
 
     def _generate(self, questions: list[Question], max_new_tokens: int) -> list[str]:
         raise NotImplementedError(f"backend '{self.backend}' does not generate free text")
+
+    #: Variant features a custom backend offers (built-in backends: ``registry.VARIANT_FEATURES``).
+    variant_features: frozenset[str] = PLAIN_ONLY
+    #: The variant this model answers with (:meth:`use_variant`); plain greedy until told otherwise.
+    variant: Variant = Variant()
+
+    def use_variant(self, variant: Variant, where: str = "variant") -> None:
+        """Answer with ``variant`` from now on; refuse one this backend cannot run (naming what it lacks).
+
+        The prompt suffix is applied here for every backend that renders through a ``PromptTemplate``;
+        decoding methods are the backends' own (:class:`~verbmirage.models.hf.TransformersVLM`).
+        """
+        from verbmirage.models.registry import VARIANT_FEATURES
+
+        offered = VARIANT_FEATURES.get(self.backend, self.variant_features)
+        missing = sorted(variant.features() - offered)
+        if missing:
+            raise ValueError(f"{where}: backend '{self.backend}' ({self.name}) cannot run {sorted(variant.features())}"
+                             f"; it lacks {missing}")
+        self.variant = variant
+        prompts = getattr(self, "prompts", None)
+        if prompts is not None:
+            self.prompts = dataclasses.replace(prompts, suffix=variant.prompt_suffix)
 
     def fingerprint_extra(self) -> dict:
         """What the answers depend on beyond the config entry, known once loaded (code, environment).

@@ -36,8 +36,14 @@ class PromptTemplate:
                 raise ValueError(f"{where}.{key}: the template must contain {{question}}")
         return cls(**overrides)
 
+    #: Appended to every question (a ``prompt_suffix`` variant, paper Appendix F): right after a YN question,
+    #: on its own line after an MC question's options; the answer instruction follows. Empty: none.
+    suffix: str = ""
+
     def render(self, question: str, multiple_choice: bool) -> str:
         template = self.multiple_choice if multiple_choice else self.yes_no
+        if self.suffix:
+            question = question + ("\n" + self.suffix.strip() if multiple_choice else self.suffix)
         return template.replace("{question}", question)
 
 

@@ -10,6 +10,7 @@ import importlib
 import inspect
 
 from verbmirage.models.base import ModelContext, VisionLanguageModel
+from verbmirage.variants import ALL_FEATURES, API, PLAIN_ONLY, SCORING
 
 BACKENDS: dict[str, str] = {
     "always_yes": "verbmirage.models.baselines:AlwaysYes",
@@ -29,8 +30,31 @@ BACKENDS: dict[str, str] = {
     "mplug_owl2": "verbmirage.models.remote:MplugOwl2",
 }
 
+# What each backend can run (verbmirage.variants): read while planning, so no backend module is imported.
+VARIANT_FEATURES: dict[str, frozenset[str]] = {
+    "always_yes": PLAIN_ONLY,
+    "random": PLAIN_ONLY,
+    "prior": PLAIN_ONLY,
+    "openai": API,
+    "hf": ALL_FEATURES,
+    "llava": ALL_FEATURES,
+    "instructblip": ALL_FEATURES,
+    "qwen2_vl": ALL_FEATURES,
+    "qwen2_5_vl": ALL_FEATURES,
+    "clip": PLAIN_ONLY,
+    "qwen_vl_chat": SCORING,
+    "molmo": SCORING,
+    "minicpm_v": SCORING,
+    "mplug_owl2": SCORING,
+}
+
 # Keys of a model entry that belong to the workflow, not to the backend.
-WORKFLOW_KEYS = frozenset({"backend", "batch_size", "shards", "resources", "qsets", "paper_name"})
+WORKFLOW_KEYS = frozenset({"backend", "batch_size", "shards", "resources", "qsets", "paper_name", "variants"})
+
+
+def variant_features(backend: str) -> frozenset[str] | None:
+    """The variant features a backend offers; None for a custom ``module:Class`` (unknown until imported)."""
+    return VARIANT_FEATURES.get(backend)
 
 
 def backend_class(backend: str) -> type[VisionLanguageModel]:

@@ -1,0 +1,212 @@
+"""Mitigation variants: how a model decodes and decides (paper Tables 5 and 8; SPEC section 5).
+
+A config entry ``variants: {slug: {...}}`` becomes a :class:`Variant`. The
+schema (schemas/config.schema.yaml) checks types; :meth:`Variant.from_config`
+fills the method defaults (beam 5 for beam search and OPERA, the official VCD
+and OPERA constants) and refuses combinations that mean nothing.
+
+What a backend can run is a set of *features* (:data:`FEATURES`): a variant
+needs ``variant.features()``, a backend offers
+``models.registry.variant_features(backend)``. The workflow plans a (model,
+variant) pair only where the backend offers every feature the variant needs;
+a model entry's explicit ``variants: [...]`` list naming an unsupported pair
+stops the run (:func:`model_variants`).
+
+This module imports nothing heavy: the workflow reads it while planning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, fields
+
+DECODINGS = ("greedy", "beam", "sample", "opera")
+DECISION_METHODS = ("threshold", "content_free")
+
+#: Every feature a variant may need. ``decoding:<name>`` per decoding; the rest are switches.
+FEATURES = frozenset(
+    {f"decoding:{name}" for name in DECODINGS}
+    | {"vcd", "prompt_suffix"}
+    | {f"decision:{method}" for method in DECISION_METHODS}
+)
+#: Blind baselines and other scorers that decode nothing: the default variant only.
+PLAIN_ONLY = frozenset({"decoding:greedy"})
+#: Transformers backends: everything.
+ALL_FEATURES = FEATURES
+#: Scorers that return P(yes) (CLIP, remote-code adapters): greedy answers, prompt suffix, calibrated decisions.
+SCORING = frozenset({"decoding:greedy", "prompt_suffix", "decision:threshold", "decision:content_free"})
+#: OpenAI-compatible APIs: the server samples; the prompt and the decision rule are ours.
+API = SCORING | {"decoding:sample"}
+
+#: Appendix F of the paper: the ad-hoc prompt it tried.
+PAPER_PROMPT_SUFFIX = " Pay attention to the verb in question."
+
+
+@dataclass(frozen=True)
+class VCDSettings:
+    """Visual contrastive decoding (Leng et al. 2024; notes/mitigations.md section 2)."""
+
+    alpha: float = 1.0
+    beta: float = 0.1
+    noise_step: int = 500
+
+
+@dataclass(frozen=True)
+class OperaSettings:
+    """OPERA's over-trust penalty and retrospection (Huang et al. 2024; notes section 3).
+
+    ``float16_scores`` and ``full_length_normalisation`` keep two quirks of the
+    official code (scores stored in float16; beam scores divided by the whole
+    sequence length, prompt included); set them false for the clean version.
+    """
+
+    scale_factor: float = 50.0
+    threshold: int = 15
+    num_attn_candidates: int = 5
+    penalty_weights: float = 1.0
+    reward_tokens: int = 10
+    float16_scores: bool = True
+    full_length_normalisation: bool = True
+
+
+@dataclass(frozen=True)
+class DecisionSettings:
+    """A calibrated decision rule on the model's scores (beyond the paper; notes section 8).
+
+    ``threshold``: the yes/no cut on ``yes_margin`` that maximises ``metric`` on a
+    calibration set built like the benchmark from ``calibration_images``
+    training images (never test images). ``content_free``: the answer's log-odds
+    minus those of the same question on content-free images (``content_free_images``).
+    """
+
+    method: str
+    metric: str = "accuracy"
+    calibration_images: int = 200
+    content_free_images: tuple[str, ...] = ("blank", "mean")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of decoding and deciding; ``default`` is plain greedy."""
+
+    decoding: str = "greedy"
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    #: New tokens decoded for beam, sampling and OPERA (greedy decodes ``inference.continue_tokens``).
+    max_new_tokens: int = 10
+    vcd: VCDSettings | None = None
+    opera: OperaSettings | None = None
+    prompt_suffix: str = ""
+    decision: DecisionSettings | None = None
+    paper_name: str = ""
+
+    @classmethod
+    def from_config(cls, entry: dict | None, where: str = "variants") -> "Variant":
+        """The variant of one config entry; errors name ``where`` and the key."""
+        entry = dict(entry or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(entry) - known)
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")
+        decoding = entry.get("decoding", "greedy")
+        if decoding not in DECODINGS:
+            raise ValueError(f"{where}.decoding: '{decoding}' is not one of {list(DECODINGS)}")
+        if "num_beams" not in entry:
+            entry["num_beams"] = 5 if decoding in ("beam", "opera") else 1
+        if decoding in ("greedy", "sample") and entry["num_beams"] != 1:
+            raise ValueError(f"{where}.num_beams: {decoding} decoding keeps one sequence; use decoding: beam")
+        if decoding == "opera":
+            entry["opera"] = OperaSettings(**_checked(entry.get("opera") or {}, OperaSettings, f"{where}.opera"))
+        elif entry.get("opera") is not None:
+            raise ValueError(f"{where}.opera: settings for OPERA need decoding: opera (got '{decoding}')")
+        if entry.get("vcd") is not None:
+            entry["vcd"] = VCDSettings(**_checked(entry["vcd"], VCDSettings, f"{where}.vcd"))
+            if decoding == "opera":
+                raise ValueError(f"{where}.vcd: VCD combines with greedy, beam or sample decoding, not OPERA")
+        if entry.get("decision") is not None:
+            settings = _checked(entry["decision"], DecisionSettings, f"{where}.decision")
+            if settings.get("method") not in DECISION_METHODS:
+                raise ValueError(f"{where}.decision.method: '{settings.get('method')}' is not one of "
+                                 f"{list(DECISION_METHODS)}")
+            if "content_free_images" in settings:
+                settings["content_free_images"] = tuple(settings["content_free_images"])
+            entry["decision"] = DecisionSettings(**settings)
+        for key, low in (("num_beams", 1), ("max_new_tokens", 1)):
+            if int(entry.get(key, low)) < low:
+                raise ValueError(f"{where}.{key}: must be at least {low}")
+        if not 0 < float(entry.get("top_p", 1.0)) <= 1:
+            raise ValueError(f"{where}.top_p: must be in (0, 1]")
+        if float(entry.get("temperature", 1.0)) <= 0:
+            raise ValueError(f"{where}.temperature: must be positive (use decoding: greedy for argmax)")
+        return cls(**entry)
+
+    def features(self) -> frozenset[str]:
+        """What a backend must offer to run this variant."""
+        needed = {f"decoding:{self.decoding}"}
+        if self.vcd is not None:
+            needed.add("vcd")
+        if self.prompt_suffix:
+            needed.add("prompt_suffix")
+        if self.decision is not None:
+            needed.add(f"decision:{self.decision.method}")
+        return frozenset(needed)
+
+    @property
+    def is_plain(self) -> bool:
+        """Greedy answers of the model as configured (the first-token engine decides alone)."""
+        return self.features() == PLAIN_ONLY
+
+    def settings(self) -> dict:
+        """Every setting the answers depend on (for fingerprints and provenance): no ``paper_name``."""
+        values = asdict(self)
+        values.pop("paper_name")
+        return values
+
+    @property
+    def label(self) -> str:
+        """How ``parse_rule`` names the decoding: ``greedy``, ``beam5``, ``sample``, ``opera``, ``+vcd``."""
+        name = f"beam{self.num_beams}" if self.decoding == "beam" else self.decoding
+        return name + ("+vcd" if self.vcd is not None else "")
+
+
+def _checked(values: dict, settings_class, where: str) -> dict:
+    known = {f.name for f in fields(settings_class)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")
+    return dict(values)
+
+
+def question_seed(question_id: str, seed: int) -> int:
+    """The sampling seed of one question: the same whatever the batch, shard or order (64-bit)."""
+    digest = hashlib.sha256(f"{seed}:{question_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def model_variants(config: dict, model: str, offered: frozenset[str] | None) -> list[str]:
+    """The variants planned for ``model``: its ``variants:`` list, else every configured variant its backend
+    offers (``offered``; None: unknown, e.g. a custom backend, which gets the plain variants only).
+
+    An explicit list naming an unknown or unsupported variant raises, naming the key.
+    """
+    entry = config["models"][model]
+    variants = {slug: Variant.from_config(settings, f"variants.{slug}")
+                for slug, settings in config["variants"].items()}
+    if "variants" in entry:
+        chosen = list(entry["variants"])
+        for slug in chosen:
+            if slug not in variants:
+                raise ValueError(f"models.{model}.variants: '{slug}' is not a configured variant "
+                                 f"(variants: {sorted(variants)})")
+            missing = sorted(variants[slug].features() - offered) if offered is not None else []
+            if missing:
+                raise ValueError(f"models.{model}.variants: backend '{entry.get('backend')}' cannot run variant "
+                                 f"'{slug}' (it needs {missing})")
+        return chosen
+    if offered is None:
+        return [slug for slug, variant in variants.items() if variant.is_plain]
+    return [slug for slug, variant in variants.items() if variant.features() <= offered]

@@ -1,0 +1,145 @@
+"""Typed variants (issue 9 item 1), what each backend runs, the planning of (model, variant) pairs, the prompt suffix."""
+
+import copy
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from snakemake.utils import validate
+
+from verbmirage.config import ConfigError, check_config
+from verbmirage.models import create_model
+from verbmirage.models.prompts import PromptTemplate
+from verbmirage.models.registry import BACKENDS, VARIANT_FEATURES
+from verbmirage.variants import (
+    FEATURES,
+    PAPER_PROMPT_SUFFIX,
+    Variant,
+    model_variants,
+    question_seed,
+)
+from workflow_run import planned_jobs, write_config
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = str(REPO / "schemas" / "config.schema.yaml")
+
+
+@pytest.fixture
+def config():
+    return yaml.safe_load((REPO / "config.yaml").read_text())
+
+
+def test_defaults_follow_the_methods():
+    assert Variant.from_config({}) == Variant()
+    assert Variant().is_plain and Variant().label == "greedy"
+    beam = Variant.from_config({"decoding": "beam"})
+    assert beam.num_beams == 5 and beam.label == "beam5" and beam.features() == {"decoding:beam"}
+    opera = Variant.from_config({"decoding": "opera", "opera": {"threshold": 25}})
+    assert opera.num_beams == 5 and opera.opera.threshold == 25 and opera.opera.scale_factor == 50
+    vcd = Variant.from_config({"decoding": "sample", "vcd": {}})
+    assert (vcd.vcd.alpha, vcd.vcd.beta, vcd.vcd.noise_step) == (1.0, 0.1, 500)
+    assert vcd.features() == {"decoding:sample", "vcd"} and vcd.label == "sample+vcd"
+    calibrated = Variant.from_config({"decision": {"method": "content_free"}, "prompt_suffix": "x"})
+    assert calibrated.features() == {"decoding:greedy", "decision:content_free", "prompt_suffix"}
+    assert not calibrated.is_plain
+    # paper_name labels the variant; it is not a setting the answers depend on
+    assert "paper_name" not in Variant.from_config({"paper_name": "beam5"}).settings()
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"decoding": "nucleus"}, r"variants.v.decoding: 'nucleus'"),
+    ({"decoding": "greedy", "num_beams": 3}, r"variants.v.num_beams: greedy decoding keeps one sequence"),
+    ({"decoding": "beam", "opera": {}}, r"variants.v.opera: settings for OPERA need decoding: opera"),
+    ({"decoding": "opera", "vcd": {}}, r"variants.v.vcd: VCD combines with greedy, beam or sample"),
+    ({"vcd": {"gamma": 1}}, r"variants.v.vcd: unknown key\(s\) \['gamma'\]"),
+    ({"decision": {"method": "platt"}}, r"variants.v.decision.method: 'platt'"),
+    ({"temperature": 0}, r"variants.v.temperature: must be positive"),
+    ({"beams": 5}, r"variants.v: unknown key\(s\) \['beams'\]"),
+])
+def test_bad_entries_name_the_key(entry, message):
+    with pytest.raises(ValueError, match=message):
+        Variant.from_config(entry, "variants.v")
+
+
+def test_every_backend_declares_what_it_runs():
+    assert set(VARIANT_FEATURES) == set(BACKENDS)
+    for backend, offered in VARIANT_FEATURES.items():
+        assert "decoding:greedy" in offered and offered <= FEATURES, backend
+    assert VARIANT_FEATURES["always_yes"] == {"decoding:greedy"}
+    assert VARIANT_FEATURES["llava"] == FEATURES
+    assert {"decoding:sample", "prompt_suffix", "decision:threshold"} <= VARIANT_FEATURES["openai"]
+    assert "decoding:beam" not in VARIANT_FEATURES["openai"]
+
+
+def test_models_get_the_variants_their_backend_runs(config):
+    config["variants"] = {"default": {}, "beam5": {"decoding": "beam"}, "suffix": {"prompt_suffix": "x"}}
+    assert model_variants(config, "tiny_llava", VARIANT_FEATURES["llava"]) == ["default", "beam5", "suffix"]
+    assert model_variants(config, "random", VARIANT_FEATURES["random"]) == ["default"]
+    assert model_variants(config, "tiny_llava", None) == ["default"]  # a custom backend: plain variants only
+    config["models"]["tiny_llava"]["variants"] = ["beam5"]
+    assert model_variants(config, "tiny_llava", VARIANT_FEATURES["llava"]) == ["beam5"]
+
+
+@pytest.mark.parametrize("variants, message", [
+    (["beam5"], r"models.random.variants: backend 'random' cannot run variant 'beam5' \(it needs \['decoding:beam'\]\)"),
+    (["beam"], r"models.random.variants: 'beam' is not a configured variant"),
+])
+def test_an_explicit_unsupported_pair_stops_the_run(config, variants, message):
+    config = copy.deepcopy(config)
+    config["variants"]["beam5"] = {"decoding": "beam"}
+    config["models"]["random"]["variants"] = variants
+    validate(config, SCHEMA)
+    with pytest.raises(ConfigError, match=message):
+        check_config(config, REPO)
+
+
+def test_schema_and_semantic_checks_of_variant_entries(config):
+    bad = copy.deepcopy(config)
+    bad["variants"]["v"] = {"vcd": {"alpha": -1}}
+    with pytest.raises(Exception, match="alpha"):
+        validate(bad, SCHEMA)
+    bad["variants"]["v"] = {"decoding": "greedy", "num_beams": 2}
+    validate(bad, SCHEMA)
+    with pytest.raises(ConfigError, match="variants.v.num_beams"):
+        check_config(bad, REPO)
+
+
+def test_backends_refuse_variants_they_cannot_run():
+    blind = create_model("y", {"backend": "always_yes"})
+    with pytest.raises(ValueError, match=r"where: backend 'always_yes' \(y\) cannot run .* lacks \['decoding:beam'\]"):
+        blind.use_variant(Variant.from_config({"decoding": "beam"}), where="where")
+    blind.use_variant(Variant())
+    assert blind.variant.is_plain
+
+
+def test_prompt_suffix_follows_the_question_and_keeps_the_shared_prefix():
+    template = PromptTemplate(suffix=PAPER_PROMPT_SUFFIX)
+    yes_no = template.render("Is the person riding the horse?", multiple_choice=False)
+    assert yes_no == "Is the person riding the horse? Pay attention to the verb in question.\nAnswer yes or no."
+    choice = template.render("What is the person doing?\nA. riding\nB. feeding", multiple_choice=True)
+    assert choice.splitlines()[-2:] == ["Pay attention to the verb in question.",
+                                       "Answer with the option's letter from the given choices directly."]
+    assert PromptTemplate().render("Q?", False) == "Q?\nAnswer yes or no."
+
+
+def test_question_seeds_do_not_depend_on_order_or_batch():
+    seeds = [question_seed(q, 0) for q in ("a", "b", "c")]
+    assert seeds == [question_seed(q, 0) for q in ("a", "b", "c")]
+    assert len(set(seeds)) == 3 and question_seed("a", 1) != seeds[0]
+
+
+def test_only_runs_a_backend_can_do_are_planned(tmp_path):
+    """A beam variant: planned for the transformers model, not for the blind baselines nor their ensemble."""
+
+    def edit(config):
+        config["variants"]["beam5"] = {"decoding": "beam", "paper_name": "beam5"}
+
+    shutil.rmtree(tmp_path, ignore_errors=True)
+    tmp_path.mkdir()
+    write_config(tmp_path, edit)
+    jobs = planned_jobs(tmp_path)
+    beam_models = {w["model"] for rule, w in jobs if w.get("variant") == "beam5"}
+    assert beam_models and not beam_models & {"always_yes", "random", "prior", "blind_vote"}
+    default_models = {w["model"] for rule, w in jobs if w.get("variant") == "default"}
+    assert {"random", "blind_vote"} <= default_models
