@@ -324,6 +324,8 @@ def _error_row(question_id: str, error: str) -> dict:
         "option_probs": None,
         "confidence": None,
         "error": error,
+        "vcd_kl": None,
+        "vcd_plausible": None,
     }
 
 

@@ -59,6 +59,11 @@ PREDICTIONS = pa.schema(
         ("option_probs", pa.list_(pa.float64())),
         ("confidence", pa.float64()),
         ("error", pa.string()),
+        # VCD variants (notes/mitigations.md section 2), first answer position: KL(q || p~) of the contrasted
+        # distribution q against the plain one restricted to the plausibility set and renormalised, and the size
+        # of that set (tokens with p >= beta * p_max); null without VCD
+        ("vcd_kl", pa.float64()),
+        ("vcd_plausible", pa.int64()),
     ]
 )
 
@@ -464,7 +469,7 @@ def check_questions(frame: pd.DataFrame, where: str) -> None:
 _VALUE_CHECKS = [(QUESTIONS, check_questions)]  # (schema, check of its values) for read_table
 # (schema, nullable columns added after tables were written with it): an older table reads with them null,
 # and a writer that does not know them yet writes them null.
-_ADDED_COLUMNS = [(PREDICTIONS, ("yes_margin",))]
+_ADDED_COLUMNS = [(PREDICTIONS, ("yes_margin", "vcd_kl", "vcd_plausible"))]
 
 
 def _added_columns(schema: pa.Schema) -> tuple[str, ...]:

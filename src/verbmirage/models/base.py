@@ -74,6 +74,10 @@ class YesNoResult:
     retry: bool = False
     #: logsumexp(z[yes]) - logsumexp(z[no]) at the first answer position (float64); None without logits.
     yes_margin: float | None = None
+    #: VCD only: KL of the contrasted first-token distribution against the truncated plain one, and the
+    #: size of the plausibility set (``io.PREDICTIONS``).
+    vcd_kl: float | None = None
+    vcd_plausible: int | None = None
 
     @classmethod
     def failed(cls, error: str, retry: bool = False) -> "YesNoResult":
@@ -91,6 +95,8 @@ class MultipleChoiceResult:
     error: str | None = None
     #: A transient failure: not stored, so a resumed job asks again.
     retry: bool = False
+    vcd_kl: float | None = None
+    vcd_plausible: int | None = None
 
     @classmethod
     def failed(cls, n_options: int, error: str, retry: bool = False) -> "MultipleChoiceResult":
