@@ -127,6 +127,23 @@ TABLES = expand("results/tables/table{n}.{ext}", n=TABLE_NUMBERS, ext=["parquet"
 TABLES_HTML = expand("results/tables/table{n}.html", n=TABLE_NUMBERS)
 # slug -> the paper's model name: models.<slug>.paper_name; an ensemble of the paper's three members is its ensemble
 TABLE_PAPER_NAMES = paper_names_from_config(config)
+VARIANT_PAPER_NAMES = {v: s.get("paper_name", "") for v, s in config["variants"].items()}
+
+
+# ---- paper Tables 5 and 8: mitigation methods, decoding strategies (rules/tables.smk) ----------------------
+from verbmirage.mitigation_tables import paper_methods_from_config
+
+# slug -> its Table 5 row (models.<slug>.paper_method: Nullu, REVERIE, ...); an unknown name stops the run here
+TABLE5_PAPER_METHODS = paper_methods_from_config(config)
+MITIGATION_TABLES = {n: [f"results/tables/table{n}.{ext}" for ext in ("parquet", "md", "html")] for n in (5, 8)}
+MITIGATION_TABLE_OUTPUTS = [path for paths in MITIGATION_TABLES.values() for path in paths]
+
+
+def mitigation_table_outputs(number):
+    """Table 5 or 8 as Parquet, Markdown and HTML; the HTML in the report with its own caption."""
+    parquet, markdown, html = MITIGATION_TABLES[number]
+    caption = {5: "table5_mitigation.rst", 8: "table8_decoding.rst"}[number]
+    return [parquet, markdown, report(html, category="Paper tables", caption=f"../report/{caption}")]
 
 
 # ---- input functions ---------------------------------------------------------
@@ -175,10 +192,12 @@ def merge_groups(models):
 
 
 def model_files(wildcards):
-    """A model folder the workflow builds itself (resources/models/tiny_*) is an input of its jobs."""
-    path = config["models"][wildcards.model].get("path", "")
+    """A model folder the workflow builds itself (resources/models/tiny_*) and a LoRA ``adapter`` folder are
+    inputs of its jobs."""
+    entry = config["models"][wildcards.model]
+    path = entry.get("path", "")
     built = [f"resources/models/tiny_{family}" for family in TINY_FAMILIES]
-    return [path] if path in built else []
+    return ([path] if path in built else []) + ([entry["adapter"]] if entry.get("adapter") else [])
 
 
 
@@ -219,11 +238,11 @@ def asks(dataset, condition, qset, model):
 
 
 # Entry keys that plan or label a run without changing any answer: kept out of the inference params and fingerprint.
-LABEL_KEYS = ("qsets", "paper_name")
+LABEL_KEYS = ("qsets", "paper_name", "paper_method")
 
 
 def model_settings(model):
-    """What a model's answers depend on: its entry without ``qsets`` and ``paper_name``."""
+    """What a model's answers depend on: its entry without the labels (``qsets``, ``paper_name``, ``paper_method``)."""
     return {key: value for key, value in config["models"][model].items() if key not in LABEL_KEYS}
 
 
@@ -356,6 +375,42 @@ def attention_figure_roles():
     """Figure number -> model slug (config ``analysis.attention.figures``, else the paper's roles)."""
     backends = {slug: entry["backend"] for slug, entry in ATTENTION_MODELS.items()}
     return figure_models(list(ATTENTION_MODELS), backends, ATTENTION_SETTINGS.get("figures"))
+
+
+# ---- VCD divergence (rules/analysis.smk; on whenever a model runs a VCD variant; analysis.vcd_divergence) ----
+from verbmirage.analysis.vcd_divergence import divergence_runs, vcd_divergence_settings
+
+VCD_DIVERGENCE_SETTINGS = vcd_divergence_settings(config)  # checked; defaults when the block is absent
+VCD_DIVERGENCE_RUNS = [  # each VCD run read, with its plain counterpart's table (None: no flips, plain_note says why)
+    {**run,
+     "questions": QUESTIONS.format(dataset="hico", qset=run["qset"]),
+     "predictions": PREDICTIONS.format(dataset="hico", qset=run["qset"], condition=run["condition"],
+                                       model=run["model"], variant=run["variant"]),
+     "plain": PREDICTIONS.format(dataset="hico", qset=run["qset"], condition=run["condition"], model=run["model"],
+                                 variant=run["plain_variant"]) if run["plain_variant"] else None}
+    for run in divergence_runs(config, {m: MODEL_VARIANTS[m] for m in MODELS},
+                               lambda condition, qset, model: asks("hico", condition, qset, model),
+                               VCD_DIVERGENCE_SETTINGS)
+]
+VCD_DIVERGENCE_TABLE = "results/analysis/vcd_divergence.parquet"
+VCD_DIVERGENCE_HTML = "results/analysis/vcd_divergence.html"
+VCD_KL_HIST = "results/analysis/vcd_kl_hist.parquet"
+VCD_DIVERGENCE_FIGURE = "results/figures/vcd_divergence.png"
+VCD_DIVERGENCE_OUTPUTS = (
+    [VCD_DIVERGENCE_TABLE, VCD_DIVERGENCE_HTML, VCD_KL_HIST, VCD_DIVERGENCE_FIGURE] if VCD_DIVERGENCE_RUNS else []
+)
+
+
+def vcd_divergence_predictions():
+    """Every prediction table the analysis reads: the VCD runs and their plain counterparts."""
+    return sorted({run["predictions"] for run in VCD_DIVERGENCE_RUNS}
+                  | {run["plain"] for run in VCD_DIVERGENCE_RUNS if run["plain"]})
+
+
+def vcd_divergence_notes():
+    """The figure's note for a tiny demo model (random weights)."""
+    return {run["model"]: "tiny model with RANDOM weights: KL and flips are noise, the figure only shows the layout"
+            for run in VCD_DIVERGENCE_RUNS if "tiny_" in str(config["models"][run["model"]].get("path", ""))}
 
 
 # ---- Known-Object mAP, Fig. 11 (rules/known_object.smk; analysis.known_object in config) ----------------

@@ -18,3 +18,24 @@ rule tables:
         "../envs/verbmirage.yaml"
     script:
         "../scripts/make_tables.py"
+
+
+rule mitigation_tables:
+    """Paper Tables 5 (mitigation methods, with Appendix F's prompt suffix) and 8 (decoding strategies) as
+    Parquet, Markdown and HTML, from the long metrics table, beside the paper's rows."""
+    input:
+        METRICS,
+    output:
+        table5=mitigation_table_outputs(5),
+        table8=mitigation_table_outputs(8),
+    params:
+        models=MODELS + list(ENSEMBLES),
+        paper_names=TABLE_PAPER_NAMES,  # slug -> the paper's model name (models.<slug>.paper_name)
+        paper_methods=TABLE5_PAPER_METHODS,  # slug -> its Table 5 row (models.<slug>.paper_method)
+        variant_paper_names=VARIANT_PAPER_NAMES,  # variant -> variants.<slug>.paper_name
+    log:
+        "logs/mitigation_tables.log",
+    conda:
+        "../envs/verbmirage.yaml"
+    script:
+        "../scripts/mitigation_tables.py"

@@ -195,6 +195,28 @@ RELIANCE_TABLE7 = pa.schema(
     ]
 )
 
+
+def _paper_table(keys: tuple[str, ...], labels: tuple[str, ...]) -> pa.Schema:
+    """A paper table beside ours (tables.py): identifying columns, one value per label and its 95% interval."""
+    return pa.schema(
+        [("source", pa.string()), *[(key, pa.string()) for key in keys], ("model", pa.string()),
+         ("variant", pa.string()), ("paper_name", pa.string()), *[(label, pa.float64()) for label in labels],
+         *[(f"{label}_{end}", pa.float64()) for label in labels for end in ("ci_low", "ci_high")]]
+    )
+
+
+# Paper Table 5 (mitigation_tables.py; percent): per group (Table 5's methods, Appendix F's prompt suffix) and
+# method (the paper's row name), our rows ("measured") and the paper's ("paper"); paper_name = the paper model
+# a row is compared with.
+MITIGATION_TABLE5 = _paper_table(
+    ("group", "method"), ("yn_obj_acc", "yn_obj_f1", "yn_verb_acc", "yn_verb_f1", "mc_obj_acc", "mc_verb_acc")
+)
+# Paper Table 8 (mitigation_tables.py; percent): per decoding (the variant's paper_name), as Table 1's columns.
+DECODING_TABLE8 = _paper_table(
+    ("decoding",), ("yn_obj_acc", "yn_obj_prec", "yn_obj_recall", "yn_verb_acc", "yn_verb_prec", "yn_verb_recall",
+                    "mc_obj_acc", "mc_verb_acc")
+)
+
 # Token uncertainty (analysis/uncertainty.py, Figs. 9 and 12): one row per histogram bin of one
 # (model, variant, condition, qset, group, correct) series; group is pred_yes, pred_no or mc.
 UNCERTAINTY_HIST = pa.schema(
@@ -268,6 +290,61 @@ KNOWN_OBJECT_AP = pa.schema(
         ("ap", pa.float64()),
         ("ap_voc11", pa.float64()),
         ("n_tied_scores", pa.int64()),
+    ]
+)
+
+# VCD divergence (analysis/vcd_divergence.py): one row per (model, VCD variant, condition, qset), plus the
+# sets pooled ("a+b"); KL columns over the rows with a stored vcd_kl, flip columns against the plain
+# counterpart (null, with plain_note saying why, when there is none); paper_* on the pooled row only.
+VCD_DIVERGENCE = pa.schema(
+    [
+        ("model", pa.string()),
+        ("variant", pa.string()),
+        ("condition", pa.string()),
+        ("qset", pa.string()),
+        ("plain_variant", pa.string()),
+        ("plain_note", pa.string()),
+        ("n", pa.int64()),
+        ("n_dropped", pa.int64()),
+        ("n_kl_zero", pa.int64()),
+        ("share_kl_zero", pa.float64()),
+        ("n_plausible_one", pa.int64()),
+        ("share_plausible_one", pa.float64()),
+        ("n_kl_zero_plausible_many", pa.int64()),
+        ("plausible_mean", pa.float64()),
+        ("kl_mean", pa.float64()),
+        ("kl_median", pa.float64()),
+        ("kl_q90", pa.float64()),
+        ("kl_q99", pa.float64()),
+        ("kl_max", pa.float64()),
+        ("kl_median_positive", pa.float64()),
+        ("n_paired", pa.int64()),
+        ("n_flips", pa.int64()),
+        ("flip_share", pa.float64()),
+        ("yes_to_no", pa.int64()),
+        ("no_to_yes", pa.int64()),
+        ("n_fixed", pa.int64()),
+        ("n_broken", pa.int64()),
+        ("n_flips_plausible_one", pa.int64()),
+        ("paper_model", pa.string()),
+        ("paper_model_match", pa.bool_()),
+        ("paper_n", pa.int64()),
+        ("paper_share_kl_zero", pa.float64()),
+    ]
+)
+
+# Its KL histogram: per series an exact-zero bin (bin_left == bin_right == 0), then log-spaced bins shared by
+# every series; share = count / the series' KL rows (all shares of a series add up to 1).
+VCD_KL_HIST = pa.schema(
+    [
+        ("model", pa.string()),
+        ("variant", pa.string()),
+        ("condition", pa.string()),
+        ("qset", pa.string()),
+        ("bin_left", pa.float64()),
+        ("bin_right", pa.float64()),
+        ("count", pa.int64()),
+        ("share", pa.float64()),
     ]
 )
 

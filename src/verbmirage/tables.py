@@ -170,11 +170,13 @@ def _cell(value, low=None, high=None, signed: bool = False) -> str:
 
 
 def side_by_side(table: pd.DataFrame, columns: Sequence[Column], variant_paper_names: Mapping[str, str] | None = None,
-                 keys: Sequence[str] = (), match_keys: Sequence[str] = ()) -> pd.DataFrame:
+                 keys: Sequence[str] = (), match_keys: Sequence[str] = (),
+                 paper_variant_key: str | None = None) -> pd.DataFrame:
     """The table as read: each of our rows (value [95% interval]); where its model's ``paper_name`` and its
     variant's ``paper_name`` match a paper row (and the ``match_keys`` columns agree), that row and
     ``Δ (ours − paper)`` follow; the paper's other rows come last. ``keys``: extra identifying columns kept
-    in front (Table 2's condition pair, Table 3's ensemble)."""
+    in front (Table 2's condition pair, Table 3's ensemble). ``paper_variant_key``: the column of our row
+    that names the paper's variant instead of the variant's ``paper_name`` (Table 5: the method)."""
     labels = [column.label for column in columns]
     measured, paper = table[table.source == MEASURED], table[table.source == PAPER]
     used, lines = set(), []
@@ -188,7 +190,8 @@ def side_by_side(table: pd.DataFrame, columns: Sequence[Column], variant_paper_n
 
     for _, row in measured.iterrows():
         lines.append(line(row, MEASURED, row))
-        variant_name = (variant_paper_names or {}).get(row["variant"], "")
+        variant_name = (row[paper_variant_key] if paper_variant_key
+                        else (variant_paper_names or {}).get(row["variant"], ""))
         same_keys = pd.Series([all(p[k] == row[k] for k in match_keys) for _, p in paper.iterrows()],
                               index=paper.index, dtype=bool)
         match = paper[(paper.model == row["paper_name"]) & (paper.variant == variant_name) & same_keys
@@ -213,9 +216,11 @@ class PaperTable:
     columns: list[Column]
     keys: tuple[str, ...] = ()
     match_keys: tuple[str, ...] = ()
+    paper_variant_key: str | None = None  # see side_by_side
 
     def display(self, variant_paper_names: Mapping[str, str] | None = None) -> pd.DataFrame:
-        return side_by_side(self.frame, self.columns, variant_paper_names, self.keys, self.match_keys)
+        return side_by_side(self.frame, self.columns, variant_paper_names, self.keys, self.match_keys,
+                            self.paper_variant_key)
 
 
 def _keyed(frame: pd.DataFrame, **keys) -> pd.DataFrame:

@@ -1,0 +1,191 @@
+"""Paper Tables 5 and 8 from a synthetic long metrics table: values, Δ placement, the paper-only rows,
+Table 5's ``none`` = beam5 row, the ``paper_method`` model rows and Appendix F's prompt-suffix group."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from verbmirage.io import DECODING_TABLE8, MISSING_VALUE, MITIGATION_TABLE5, read_table, write_table
+from verbmirage.mitigation_tables import (
+    PROMPT_GROUP,
+    PROMPT_SUFFIX_METHOD,
+    TABLE5_GROUP,
+    paper_methods_from_config,
+    table5,
+    table8,
+)
+from verbmirage.paper_numbers import load_paper_numbers, packaged_paper_numbers
+
+PAPER = load_paper_numbers(packaged_paper_numbers())
+DELTA = "Δ (ours − paper)"
+#: our variant slug -> its paper_name (as configs/paper.yaml sets them)
+VARIANT_NAMES = {"default": "", "beam5": "beam5", "vcd_beam": "VCD", "opera": "OPERA", "sample": "sampling",
+                 "sample_vcd": "sampling+VCD", "verb_prompt": PROMPT_SUFFIX_METHOD}
+SETS = [("yn_obj", "accuracy"), ("yn_obj", "precision"), ("yn_obj", "recall"), ("yn_obj", "f1"),
+        ("yn_verb", "accuracy"), ("yn_verb", "precision"), ("yn_verb", "recall"), ("yn_verb", "f1"),
+        ("mc_obj", "circular_accuracy"), ("mc_verb", "circular_accuracy")]
+
+
+def _long(runs: dict[tuple[str, str], float]) -> pd.DataFrame:
+    """Every Table 5/8 metric of each (model, variant) run at one value (a fraction), interval ±0.01."""
+    rows = [dict(dataset="hico", subset="all", model=model, variant=variant, qset=qset, condition="clean",
+                 metric=metric, value=value, ci_low=value - 0.01, ci_high=value + 0.01, n=10)
+            for (model, variant), value in runs.items() for qset, metric in SETS]
+    if rows:
+        rows.append({**rows[0], "subset": "rare", "value": 0.99})  # another subset: never read
+    return pd.DataFrame(rows, columns=["dataset", "subset", "model", "variant", "qset", "condition", "metric",
+                                       "value", "ci_low", "ci_high", "n"])
+
+
+def _block(shown: pd.DataFrame, **keys) -> pd.DataFrame:
+    mask = np.logical_and.reduce([shown[k] == v for k, v in keys.items()])
+    return shown[mask]
+
+
+# ---- Table 8 -----------------------------------------------------------------------------------------------
+def test_table8_rows_values_and_difference():
+    metrics = _long({("llava", "beam5"): 0.60, ("llava", "sample"): 0.50, ("llava", "sample_vcd"): 0.55,
+                     ("llava", "default"): 0.70, ("llava", "opera"): 0.40, ("qwen2", "beam5"): 0.80})
+    table = table8(metrics, PAPER, ["llava", "qwen2", "not_run"], VARIANT_NAMES,
+                   paper_names={"llava": "LLaVA-1.5-7B", "qwen2": "Qwen2-VL-7B"})
+    frame = table.frame
+    ours = frame[frame.source == "measured"]
+    # only the paper's decodings (greedy default and OPERA are not Table 8), in the paper's order per model
+    assert list(zip(ours.model, ours.variant, ours.decoding)) == [
+        ("llava", "sample", "sampling"), ("llava", "sample_vcd", "sampling+VCD"), ("llava", "beam5", "beam5"),
+        ("qwen2", "beam5", "beam5")]
+    beam = ours.set_index(["model", "variant"]).loc[("llava", "beam5")]
+    assert beam.yn_obj_acc == pytest.approx(60.0) and beam.mc_verb_acc == pytest.approx(60.0)
+    assert beam.yn_verb_recall_ci_low == pytest.approx(59.0) and beam.yn_verb_recall_ci_high == pytest.approx(61.0)
+    # every published row, paper-only where nothing of ours matches
+    paper = frame[frame.source == "paper"]
+    assert len(paper) == 9 and set(paper.decoding) == {"sampling", "sampling+VCD", "beam5"}
+
+    shown = table.display(VARIANT_NAMES)
+    rows = list(zip(shown.source, shown.model, shown.decoding))
+    at = rows.index(("measured", "llava", "sampling+VCD"))
+    assert rows[at + 1] == ("paper", "LLaVA-1.5-7B", "sampling+VCD") and rows[at + 2][0] == DELTA
+    assert shown.at[at + 1, "mc_obj_acc"] == "46.41" and shown.at[at + 2, "mc_obj_acc"] == "+8.59"
+    assert shown.at[at, "yn_obj_acc"] == "55.00 [54.00, 56.00]"
+    # Qwen2-VL is not in the paper's Table 8: our row, no difference
+    qwen = rows.index(("measured", "qwen2", "beam5"))
+    assert rows[qwen + 1][0] != DELTA
+    # the paper rows not matched come last, each once
+    assert [r[0] for r in rows].count("paper") == 9 and [r[0] for r in rows].count(DELTA) == 3
+    assert all(r[0] == "paper" for r in rows[-6:])
+
+
+def test_table8_holds_every_published_number():
+    table = table8(_long({}), PAPER, ["m"], VARIANT_NAMES)
+    paper = table.frame.set_index(["model", "decoding"])
+    published = PAPER[PAPER.table == "8"]
+    assert len(published) == 9 * 8
+    for entry in published.itertuples():
+        column = next(c for c in table.columns if c.paper_key() == (entry.qset, entry.condition, entry.metric))
+        assert paper.at[(entry.model, entry.variant), column.label] == pytest.approx(entry.value)
+    assert (table.display(VARIANT_NAMES).source == "paper").all()
+
+
+# ---- Table 5 -----------------------------------------------------------------------------------------------
+def test_table5_none_is_the_beam5_variant_and_methods_follow_the_paper_order():
+    metrics = _long({("llava", "default"): 0.70, ("llava", "beam5"): 0.60, ("llava", "opera"): 0.45,
+                     ("llava", "vcd_beam"): 0.55, ("llava", "sample"): 0.50})
+    table = table5(metrics, PAPER, ["llava"], VARIANT_NAMES, paper_names={"llava": "LLaVA-1.5-7B"})
+    ours = table.frame[table.frame.source == "measured"]
+    # greedy (ours) and sampling (Table 8) are not Table 5 rows; beam5 is the paper's "none"
+    assert list(zip(ours.method, ours.variant)) == [("none", "beam5"), ("OPERA", "opera"), ("VCD", "vcd_beam")]
+    assert set(ours.group) == {TABLE5_GROUP}
+    assert ours.set_index("method").at["VCD", "yn_verb_f1"] == pytest.approx(55.0)
+
+    shown = table.display(VARIANT_NAMES)
+    none = _block(shown, method="none")
+    assert none.source.tolist() == ["measured", "paper", DELTA]
+    assert none.variant.tolist() == ["beam5", "none", "beam5"]
+    assert none.yn_obj_acc.tolist() == ["60.00 [59.00, 61.00]", "52.16", "+7.84"]
+    assert _block(shown, method="OPERA", source=DELTA).yn_obj_f1.item() == "-8.69"  # 45 - 53.69
+    # the paper's model rows nobody ran: paper only, after ours
+    for method in ("REVERIE", "HaloQuest", "Nullu", "Octopus", "Pangea-LoRA (paper's method)"):
+        assert _block(shown, method=method).source.tolist() == ["paper"]
+
+
+def test_table5_paper_method_models_land_in_their_row():
+    metrics = _long({("llava", "beam5"): 0.60, ("llava_nullu", "beam5"): 0.52, ("llava_nullu", "default"): 0.9,
+                     ("llava_nullu", "vcd_beam"): 0.3, ("llava_pangea", "beam5"): 0.80})
+    methods = paper_methods_from_config({"models": {
+        "llava": {"backend": "llava"}, "llava_nullu": {"backend": "llava", "paper_method": "Nullu"},
+        "llava_pangea": {"backend": "llava", "paper_method": "Pangea-LoRA (paper's method)"}}})
+    table = table5(metrics, PAPER, ["llava", "llava_nullu", "llava_pangea"], VARIANT_NAMES,
+                   paper_names={"llava": "LLaVA-1.5-7B"}, paper_methods=methods)
+    ours = table.frame[table.frame.source == "measured"]
+    # a paper_method model is its method under the paper's decoding (beam5) only; compared with LLaVA-1.5-7B's row
+    assert list(zip(ours.method, ours.model, ours.variant)) == [
+        ("none", "llava", "beam5"), ("Nullu", "llava_nullu", "beam5"),
+        ("Pangea-LoRA (paper's method)", "llava_pangea", "beam5")]
+    assert ours.set_index("model").at["llava_nullu", "paper_name"] == "LLaVA-1.5-7B"
+    shown = table.display(VARIANT_NAMES)
+    nullu = _block(shown, method="Nullu")
+    assert nullu.source.tolist() == ["measured", "paper", DELTA]
+    assert nullu.mc_verb_acc.tolist()[1:] == ["53.17", "-1.17"]
+    pangea = _block(shown, method="Pangea-LoRA (paper's method)")
+    assert pangea.yn_obj_acc.tolist()[1:] == ["78.48", "+1.52"]
+
+
+def test_table5_scope_without_paper_names():
+    """A model that ran a mitigation is in Table 5 with its baseline (no paper name: no difference); a model
+    that ran only the paper's decoding (a Table 1 row) is not."""
+    metrics = _long({("tiny_llava", "beam5"): 0.5, ("tiny_llava", "vcd_beam"): 0.6, ("qwen2", "beam5"): 0.7})
+    table = table5(metrics, PAPER, ["tiny_llava", "qwen2"], VARIANT_NAMES)
+    ours = table.frame[table.frame.source == "measured"]
+    assert list(zip(ours.model, ours.method)) == [("tiny_llava", "none"), ("tiny_llava", "VCD")]
+    assert DELTA not in set(table.display(VARIANT_NAMES).source)
+
+
+def test_table5_prompt_suffix_group():
+    metrics = _long({("llava", "beam5"): 0.60, ("llava", "verb_prompt"): 0.61})
+    table = table5(metrics, PAPER, ["llava"], VARIANT_NAMES, paper_names={"llava": "LLaVA-1.5-7B"})
+    shown = table.display(VARIANT_NAMES)
+    prompt = _block(shown, group=PROMPT_GROUP)
+    assert prompt.source.tolist() == ["measured", "paper", DELTA]
+    assert set(prompt.method) == {PROMPT_SUFFIX_METHOD}
+    # Appendix F prints the two YN F1 only
+    assert prompt.yn_obj_f1.tolist()[1:] == ["57.50", "+3.50"] and prompt.yn_verb_f1.tolist()[1] == "62.40"
+    assert prompt.yn_obj_acc.tolist()[1:] == [MISSING_VALUE, MISSING_VALUE]
+    # the group follows all of Table 5's rows, the paper-only ones included
+    assert shown.group.tolist()[-3:] == [PROMPT_GROUP] * 3 and set(shown.group[:-3]) == {TABLE5_GROUP}
+
+
+def test_table5_groups_keep_their_order_when_only_the_prompt_ran():
+    metrics = _long({("llava", "verb_prompt"): 0.61})
+    shown = table5(metrics, PAPER, ["llava"], VARIANT_NAMES, paper_names={"llava": "LLaVA-1.5-7B"}).display()
+    assert shown.group.tolist() == [TABLE5_GROUP] * 8 + [PROMPT_GROUP] * 3
+
+
+def test_table5_paper_rows_when_nothing_maps(tmp_path):
+    metrics = _long({("llava", "default"): 0.70})  # greedy only: no Table 5 row
+    table = table5(metrics, PAPER, ["llava"], VARIANT_NAMES, paper_names={"llava": "LLaVA-1.5-7B"})
+    frame = table.frame
+    assert (frame.source == "paper").all()
+    assert frame.method.tolist() == ["none", "OPERA", "VCD", "REVERIE", "HaloQuest", "Nullu", "Octopus",
+                                     "Pangea-LoRA (paper's method)", PROMPT_SUFFIX_METHOD]
+    published = PAPER[PAPER.table == "5"]
+    for entry in published.itertuples():
+        column = next(c for c in table.columns if c.paper_key() == (entry.qset, entry.condition, entry.metric))
+        assert frame.set_index("method").at[entry.variant, column.label] == pytest.approx(entry.value)
+    # the Parquet schemas hold exactly these columns (measured rows included)
+    write_table(frame, tmp_path / "t5.parquet", MITIGATION_TABLE5)
+    assert read_table(tmp_path / "t5.parquet").method.tolist() == frame.method.tolist()
+    full = table5(_long({("llava", "beam5"): 0.6}), PAPER, ["llava"], VARIANT_NAMES).frame
+    assert set(full.columns) == set(MITIGATION_TABLE5.names)
+    eight = table8(_long({("llava", "beam5"): 0.6}), PAPER, ["llava"], VARIANT_NAMES).frame
+    assert set(eight.columns) == set(DECODING_TABLE8.names)
+    write_table(eight, tmp_path / "t8.parquet", DECODING_TABLE8)
+
+
+def test_paper_method_must_be_a_table5_model_row():
+    with pytest.raises(ValueError, match=r"models\.m\.paper_method: 'Nulu' is not a model row"):
+        paper_methods_from_config({"models": {"m": {"backend": "llava", "paper_method": "Nulu"}}})
+    with pytest.raises(ValueError, match=r"models\.m\.paper_method: 'VCD'.*a variant's paper_name"):
+        paper_methods_from_config({"models": {"m": {"backend": "llava", "paper_method": "VCD"}}})
+    assert paper_methods_from_config({"models": {"m": {"backend": "llava"}}}) == {}
