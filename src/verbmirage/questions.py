@@ -37,8 +37,10 @@ import hashlib
 import json
 import zlib
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from functools import lru_cache
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 from string import ascii_uppercase
 
 import numpy as np
@@ -98,27 +100,34 @@ class Vocabulary:
     hois_of_object: dict[str, tuple[int, ...]] = field(default_factory=dict)
     objects_of_verb: dict[str, frozenset[str]] = field(default_factory=dict)
     objects: tuple[str, ...] = ()
+    verbs_of_object: dict[str, frozenset[str]] = field(default_factory=dict)  # the inverse of objects_of_verb
 
     @classmethod
     def from_hois(cls, hois: pd.DataFrame) -> "Vocabulary":
         hois_of_object: dict[str, list[int]] = defaultdict(list)
         objects_of_verb: dict[str, set[str]] = defaultdict(set)
+        verbs_of_object: dict[str, set[str]] = defaultdict(set)
         for hoi_id, verb, obj in zip(hois.hoi_id, hois.verb, hois.object):
             if verb == NO_INTERACTION:
                 continue
             hois_of_object[obj].append(int(hoi_id))
             objects_of_verb[verb].add(obj)
+            verbs_of_object[obj].add(verb)
         return cls(
             verb_of=tuple(hois.verb),
             object_of=tuple(hois.object),
             hois_of_object={o: tuple(ids) for o, ids in hois_of_object.items()},
             objects_of_verb={v: frozenset(objs) for v, objs in objects_of_verb.items()},
             objects=tuple(sorted(set(hois.object))),
+            verbs_of_object={o: frozenset(verbs) for o, verbs in verbs_of_object.items()},
         )
 
     def verbs_for_objects(self, objects: Iterable[str]) -> set[str]:
-        objects = set(objects)
-        return {v for v, objs in self.objects_of_verb.items() if objs & objects}
+        """Verbs plausible for at least one of ``objects`` (a union over the objects, not a scan of all verbs)."""
+        verbs: set[str] = set()
+        for obj in objects:
+            verbs |= self.verbs_of_object.get(obj, frozenset())
+        return verbs
 
 
 @dataclass(frozen=True)
@@ -180,14 +189,17 @@ def _verb_negative_pool(labels: ImageLabels, vocab: Vocabulary) -> set[str]:
     return vocab.verbs_for_objects(labels.present_objects) - positive_verbs - ambiguous_verbs
 
 
+@lru_cache(maxsize=None)
 def _yes_no_obj_prompt(verb: str, obj: str) -> str:
     return f"Is someone {verb_phrase(verb)} {object_with_article(obj)}?"
 
 
+@lru_cache(maxsize=None)
 def _yes_no_verb_prompt(verb: str) -> str:
     return f"Is someone {verb_phrase(verb)} something?"
 
 
+@lru_cache(maxsize=None)
 def _object_exists_prompt(obj: str) -> str:
     if obj in _PLURAL_OBJECTS:
         return f"Are there {object_name(obj)} in the image?"
@@ -270,6 +282,10 @@ def _circular(texts: list[str], correct: int, rng, base: Draft) -> list[Draft]:
     return drafts
 
 
+_hoi_option = lru_cache(maxsize=None)(hoi_phrase)  # MC option texts: a few hundred distinct, asked thousands of times
+_verb_option = lru_cache(maxsize=None)(verb_phrase)
+
+
 def build_mc_obj(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings, rng) -> list[Draft]:
     drafts = []
     for hoi in sorted(labels.positives):
@@ -278,7 +294,7 @@ def build_mc_obj(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings, rn
         if len(pool) < s.mc_options - 1:
             continue
         chosen = [hoi] + _draw(rng, pool, s.mc_options - 1)
-        texts = [hoi_phrase(vocab.verb_of[h], obj) for h in chosen]
+        texts = [_hoi_option(vocab.verb_of[h], obj) for h in chosen]
         drafts += _circular(texts, 0, rng, Draft("", "", vocab.verb_of[hoi], obj, hoi))
     return drafts
 
@@ -290,7 +306,7 @@ def build_mc_verb(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings, r
     drafts = []
     for verb in sorted({vocab.verb_of[i] for i in labels.positives}):
         chosen = [verb] + _draw(rng, pool, s.mc_options - 1)
-        drafts += _circular([verb_phrase(v) for v in chosen], 0, rng, Draft("", "", verb))
+        drafts += _circular([_verb_option(v) for v in chosen], 0, rng, Draft("", "", verb))
     return drafts
 
 
@@ -346,8 +362,23 @@ def question_kind(qset: str) -> str:
 
 def content_hash(*parts) -> str:
     """A short stable id of JSON-serialisable content."""
-    payload = json.dumps(parts, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
-    return hashlib.blake2b(payload.encode(), digest_size=8).hexdigest()
+    return hashlib.blake2b(_compact_json(parts).encode(), digest_size=8).hexdigest()
+
+
+def _compact_json(value) -> str:
+    """``json.dumps(value, sort_keys=True, ensure_ascii=True, separators=(",", ":"))``, written directly for
+    the strings, integers, None and lists that question ids are made of (json.dumps' set-up per call costs
+    more than the encoding of a short id; a question set hashes every row twice). Anything else goes to
+    json.dumps itself, so the text, and with it every id, is the same."""
+    if isinstance(value, str):
+        return encode_basestring_ascii(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join([_compact_json(item) for item in value]) + "]"
+    if value is None:
+        return "null"
+    if type(value) is int:  # not bool, not an int subclass with its own repr
+        return int.__repr__(value)
+    return json.dumps(value, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
 
 
 def image_rng(seed: int, qset: str, image_id: str) -> np.random.Generator:
@@ -374,43 +405,72 @@ def image_labels(anno: HicoAnnotations, split: str, vocab: Vocabulary) -> list[I
 
 
 def build_question_set(
-    anno: HicoAnnotations, qset: str, settings: QuestionSettings, dataset: str = "hico"
+    anno: HicoAnnotations, qset: str, settings: QuestionSettings, dataset: str = "hico",
+    images: Collection[str] | None = None,
 ) -> pd.DataFrame:
-    """All questions of one set, one row per question (per rotation for MC)."""
-    if qset not in QUESTION_SETS:
-        raise KeyError(f"unknown question set '{qset}'; known: {sorted(QUESTION_SETS)}")
-    builder = QUESTION_SETS[qset].build
+    """All questions of one set, one row per question (per rotation for MC).
+
+    The images are those of ``settings.split``; ``images`` (file names of that split) keeps only those,
+    e.g. the training images of a calibration set (``verbmirage.decisions``), built by the same protocol.
+    """
+    return build_question_sets(anno, [qset], settings, dataset, images)[qset]
+
+
+def build_question_sets(
+    anno: HicoAnnotations, qsets: Iterable[str], settings: QuestionSettings, dataset: str = "hico",
+    images: Collection[str] | None = None,
+) -> dict[str, pd.DataFrame]:
+    """Several sets at once (the same tables as :func:`build_question_set` one by one): the vocabulary,
+    the rare HOIs and every image's label sets are computed once for all of them."""
+    qsets = list(qsets)
+    for qset in qsets:
+        if qset not in QUESTION_SETS:
+            raise KeyError(f"unknown question set '{qset}'; known: {sorted(QUESTION_SETS)}")
     vocab = Vocabulary.from_hois(anno.hois)
     rare = rare_hois(anno.labels["train"], vocab, settings.rare_threshold)
+    chosen = None if images is None else {anno.image_relpath(settings.split, name) for name in images}
+    labels = [item for item in image_labels(anno, settings.split, vocab) if chosen is None or item.image in chosen]
+    return {qset: _question_table(labels, vocab, rare, qset, settings, dataset) for qset in qsets}
+
+
+QUESTION_COLUMNS = ("question_id", "dataset", "qset", "image_id", "image", "verb", "object", "hoi_id", "prompt",
+                    "options", "answer", "group_id", "rotation", "rare", "common")
+
+
+def _question_table(images: list[ImageLabels], vocab: Vocabulary, rare: frozenset[int], qset: str,
+                    settings: QuestionSettings, dataset: str) -> pd.DataFrame:
+    """One set's rows, image by image in split order, collected column by column (one dict per row costs
+    more than the drafting itself at HICO's 100K+ rows)."""
+    builder = QUESTION_SETS[qset].build
     common = set(settings.common_verbs)
-    rows = []
-    for labels in image_labels(anno, settings.split, vocab):
-        rng = image_rng(settings.seed, qset, labels.image_id)
-        for draft in builder(labels, vocab, settings, rng):
+    columns: dict[str, list] = {name: [] for name in QUESTION_COLUMNS}
+    question_ids, group_ids, image_ids, image_names = (columns[name] for name in
+                                                       ("question_id", "group_id", "image_id", "image"))
+    verbs, objects, hoi_ids, prompts = (columns[name] for name in ("verb", "object", "hoi_id", "prompt"))
+    options, answers, rotations = columns["options"], columns["answer"], columns["rotation"]
+    for labels in images:
+        drafts = builder(labels, vocab, settings, image_rng(settings.seed, qset, labels.image_id))
+        for draft in drafts:
             question_id = content_hash(dataset, qset, labels.image, draft.prompt, draft.options, draft.answer)
-            group_id = content_hash(dataset, qset, labels.image, *draft.group_key) if draft.options else question_id
-            rows.append(
-                {
-                    "question_id": question_id,
-                    "dataset": dataset,
-                    "qset": qset,
-                    "image_id": labels.image_id,
-                    "image": labels.image,
-                    "verb": draft.verb,
-                    "object": draft.object,
-                    "hoi_id": draft.hoi_id,
-                    "prompt": draft.prompt,
-                    "options": draft.options,
-                    "answer": draft.answer,
-                    "group_id": group_id,
-                    "rotation": draft.rotation,
-                    "rare": draft.hoi_id is not None and draft.hoi_id in rare,
-                    "common": draft.verb in common,
-                }
-            )
-    frame = pd.DataFrame(rows)
-    if frame.empty:
-        raise ValueError(f"question set '{qset}' is empty: no test image has a usable positive label")
+            question_ids.append(question_id)
+            group_ids.append(content_hash(dataset, qset, labels.image, *draft.group_key) if draft.options
+                             else question_id)
+            verbs.append(draft.verb)
+            objects.append(draft.object)
+            hoi_ids.append(draft.hoi_id)
+            prompts.append(draft.prompt)
+            options.append(draft.options)
+            answers.append(draft.answer)
+            rotations.append(draft.rotation)
+        image_ids += [labels.image_id] * len(drafts)
+        image_names += [labels.image] * len(drafts)
+    if not question_ids:
+        raise ValueError(f"question set '{qset}' is empty: no {settings.split} image has a usable positive label")
+    columns["dataset"] = [dataset] * len(question_ids)
+    columns["qset"] = [qset] * len(question_ids)
+    columns["rare"] = [hoi is not None and hoi in rare for hoi in hoi_ids]
+    columns["common"] = [verb in common for verb in verbs]
+    frame = pd.DataFrame(columns)
     frame["hoi_id"] = frame["hoi_id"].astype("Int64")
     duplicated = frame.question_id.duplicated()
     if duplicated.any():
