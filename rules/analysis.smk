@@ -58,6 +58,26 @@ rule attention_figures:
         "../scripts/attention_figures.py"
 
 
-# VCD divergence (issue 12, item 4) goes here once the VCD variant stores its KL and head-set size:
-# a rule reading those prediction columns (analysis.vcd_kl in config), writing results/analysis/vcd_kl.parquet
-# and its figure through verbmirage.analysis.vcd_divergence (docs/analysis.md, "Not yet here").
+rule vcd_divergence:
+    """VCD divergence (issue 12, item 4): the share of questions with KL exactly 0, the KL distribution and the
+    decisions VCD flips against the plain counterpart, from the VCD runs' stored vcd_kl and vcd_plausible.
+    Reads prediction tables only (no inference); planned only when a model runs a VCD variant."""
+    input:
+        questions=sorted({run["questions"] for run in VCD_DIVERGENCE_RUNS}),
+        predictions=vcd_divergence_predictions(),
+    output:
+        table=VCD_DIVERGENCE_TABLE,
+        html=report(VCD_DIVERGENCE_HTML, category="VCD divergence", caption="../report/vcd_divergence_table.rst"),
+        hist=VCD_KL_HIST,
+        figure=report(VCD_DIVERGENCE_FIGURE, category="VCD divergence", caption="../report/vcd_divergence.rst"),
+    params:
+        runs=VCD_DIVERGENCE_RUNS,
+        bins=VCD_DIVERGENCE_SETTINGS.bins,
+        paper_names=TABLE_PAPER_NAMES,
+        notes=vcd_divergence_notes(),
+    log:
+        "logs/vcd_divergence.log",
+    conda:
+        "../envs/verbmirage.yaml"
+    script:
+        "../scripts/vcd_divergence.py"

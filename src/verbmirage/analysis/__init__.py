@@ -17,8 +17,9 @@ Public face:
 - :mod:`verbmirage.analysis.object_reliance`: answers with vs without the object named, per object
   and per verb (:func:`~verbmirage.analysis.object_reliance.object_reliance`; Fig. 15, Tables 6 and 7).
 
-The VCD divergence analysis (issue 12, item 4) will live beside them as
-``analysis/vcd_divergence.py`` once the VCD variant stores its KL.
+- :mod:`verbmirage.analysis.vcd_divergence`: why VCD barely moves the answers: the share of questions
+  whose stored KL is exactly 0, its distribution, and the decisions VCD flips against the plain variant
+  (:func:`~verbmirage.analysis.vcd_divergence.vcd_divergence_tables`).
 """
 
 from verbmirage.analysis.attention import (

@@ -1,0 +1,488 @@
+"""VCD divergence (paper, "Hallucination Mitigation Methods"; notes/analyses.md section 5): why VCD barely
+moves the answers.
+
+The paper: "we compute Qwen-VL's KL divergence between the original token distribution p_theta and the
+contrasted token distribution p_vcd of 20K samples, and find that the KL divergence of 18.6K samples is 0"
+(:data:`PAPER`). Which KL, and how it can be exactly 0 when VCD cuts tokens, the paper does not say.
+
+Ours (read from a VCD variant's prediction table, never recomputed; ``io.PREDICTIONS``):
+
+- ``vcd_kl``: KL(q || p~) at the first answer position, q = the contrasted distribution after the
+  plausibility cut, p~ = the plain distribution restricted to the plausibility set and renormalised
+  (the one common support on which a finite, possibly exactly 0, KL exists; notes/mitigations.md section 2).
+- ``vcd_plausible``: the size of the plausibility set (tokens with p >= beta * p_max). With one token the
+  KL is exactly 0 by construction, so "KL = 0" mostly measures confidence: both shares are reported.
+- Flips: the VCD variant's predictions against the same model's *plain counterpart*, the configured
+  variant whose settings equal the VCD variant's without ``vcd`` (:func:`plain_counterparts`;
+  ``analysis.vcd_divergence.pairs`` overrides). No counterpart: the flip columns are null and
+  ``plain_note`` says why.
+
+Unit: one question row (an MC rotation is one forward pass). Rows with an ``error`` (or no stored KL)
+are left out of the KL statistics and counted (``n_dropped``); a flip needs an answer without error in
+both runs. Outputs: one summary row per (model, variant, condition, question set, and the sets pooled)
+(``io.VCD_DIVERGENCE``) and the KL histogram (``io.VCD_KL_HIST``: an exact-zero bin, then log-spaced
+bins shared by every series).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from verbmirage.config import ConfigError
+from verbmirage.questions import question_kind
+from verbmirage.variants import Variant
+
+DEFAULT_QSETS = ("yn_obj", "yn_verb", "mc_obj", "mc_verb")
+
+
+@dataclass(frozen=True)
+class PaperKL:
+    """The paper's only numbers on it (text of "Hallucination Mitigation Methods"; not in paper_tables.csv)."""
+
+    model: str = "Qwen-VL-Chat"
+    n: int = 20_000
+    n_kl_zero: int = 18_600
+
+    @property
+    def share_kl_zero(self) -> float:
+        return self.n_kl_zero / self.n
+
+
+PAPER = PaperKL()
+#: Tolerance for "a one-token plausibility set has KL 0": anything further is a broken table.
+SINGLETON_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class VCDDivergenceSettings:
+    """Config ``analysis.vcd_divergence`` (every key optional; the analysis runs whenever a VCD variant does)."""
+
+    qsets: tuple[str, ...] = DEFAULT_QSETS
+    conditions: tuple[str, ...] = ("clean",)
+    bins: int = 30
+    #: VCD variant -> the plain variant its flips are counted against (default: found from the settings).
+    pairs: dict[str, str] = field(default_factory=dict)
+
+
+def vcd_divergence_settings(config: dict) -> VCDDivergenceSettings:
+    """The checked ``analysis.vcd_divergence`` block (defaults when absent); errors name the key."""
+    block = (config.get("analysis") or {}).get("vcd_divergence") or {}
+    # The analysis runs without its block, so the default condition must exist: clean, else the first one.
+    default_conditions = ("clean",) if "clean" in config["conditions"] else tuple(config["conditions"])[:1]
+    settings = VCDDivergenceSettings(
+        qsets=tuple(block.get("qsets", DEFAULT_QSETS)),  # a set not asked is left out (divergence_runs)
+        conditions=tuple(block.get("conditions") or default_conditions),
+        bins=int(block.get("bins", 30)),
+        pairs=dict(block.get("pairs") or {}),
+    )
+    where = "analysis.vcd_divergence"
+    unknown = sorted(set(settings.conditions) - set(config["conditions"]))
+    if unknown:
+        raise ConfigError(f"{where}.conditions: {unknown} are not in conditions: (known: {sorted(config['conditions'])})")
+    if settings.bins < 1:
+        raise ConfigError(f"{where}.bins: {settings.bins} is not a positive number of bins")
+    variants = _variants(config)
+    for vcd, plain in settings.pairs.items():
+        if vcd not in variants or variants[vcd].vcd is None:
+            raise ConfigError(f"{where}.pairs: '{vcd}' is not a VCD variant (VCD variants: {vcd_variants(config)})")
+        if plain not in variants or variants[plain].vcd is not None:
+            raise ConfigError(f"{where}.pairs.{vcd}: '{plain}' is not a configured variant without vcd "
+                              f"(variants: {sorted(variants)})")
+    return settings
+
+
+def _variants(config: dict) -> dict[str, Variant]:
+    return {slug: Variant.from_config(entry, f"variants.{slug}") for slug, entry in config["variants"].items()}
+
+
+def vcd_variants(config: dict) -> list[str]:
+    """The configured variants that decode with VCD, in config order."""
+    return [slug for slug, variant in _variants(config).items() if variant.vcd is not None]
+
+
+def plain_counterparts(config: dict, pairs: dict[str, str] | None = None) -> dict[str, str | None]:
+    """VCD variant -> its plain counterpart: ``pairs`` where given, else the first configured variant whose
+    settings equal the VCD variant's without ``vcd`` (``paper_name`` aside); None when there is none."""
+    variants = _variants(config)
+    out = {}
+    for slug in vcd_variants(config):
+        if pairs and slug in pairs:
+            out[slug] = pairs[slug]
+            continue
+        wanted = {**variants[slug].settings(), "vcd": None}
+        out[slug] = next((other for other, variant in variants.items() if variant.settings() == wanted), None)
+    return out
+
+
+def divergence_runs(
+    config: dict,
+    model_variants: dict[str, list[str]],
+    asks: Callable[[str, str, str], bool],
+    settings: VCDDivergenceSettings,
+) -> list[dict]:
+    """Every (model, VCD variant, condition, set) the analysis reads, with the plain run it compares.
+
+    ``model_variants``: model -> the variants it runs (the workflow's plan); ``asks(condition, qset,
+    model)``: whether the run asks that set. Each run: ``model, variant, condition, qset, plain_variant``
+    (None without flips) and ``plain_note`` (why there are none, else ""). Empty: nothing to plan.
+    """
+    counterparts = plain_counterparts(config, settings.pairs)
+    runs = []
+    for model, variants in model_variants.items():
+        for variant in [v for v in variants if v in counterparts]:
+            plain = counterparts[variant]
+            if plain is None:
+                note = f"no configured variant equals '{variant}' without vcd (analysis.vcd_divergence.pairs)"
+            elif plain not in variants:
+                note = f"{model} does not run the plain counterpart '{plain}'"
+            else:
+                note = ""
+            for condition in settings.conditions:
+                for qset in settings.qsets:
+                    if asks(condition, qset, model):
+                        runs.append({"model": model, "variant": variant, "condition": condition, "qset": qset,
+                                     "plain_variant": plain if not note else None, "plain_note": note})
+    return runs
+
+
+# ---- per-run statistics ----------------------------------------------------------------------------------
+
+
+def kl_rows(predictions: pd.DataFrame, where: str = "predictions") -> pd.DataFrame:
+    """The rows that enter the KL statistics (no error, a stored KL): ``question_id, kl, plausible``.
+
+    A negative KL, a plausibility set below one token or a one-token set with KL other than 0 is an error
+    naming ``where`` and the question. A table without any KL where rows were answered is one too (a
+    variant without VCD, or a table written before the engine stored it).
+    """
+    answered = predictions[predictions.error.isna()]
+    kl = pd.to_numeric(answered.vcd_kl, errors="coerce").astype(float)
+    plausible = pd.to_numeric(answered.vcd_plausible, errors="coerce")
+    if len(answered) and kl.isna().all():
+        raise ValueError(f"{where}: no vcd_kl on any answered row: not a VCD run, or written before VCD stored it")
+    usable = kl.notna().to_numpy() & np.isfinite(kl.to_numpy(na_value=np.nan)) & plausible.notna().to_numpy()
+    rows = pd.DataFrame({"question_id": answered.question_id.to_numpy()[usable], "kl": kl.to_numpy()[usable],
+                         "plausible": plausible.to_numpy()[usable].astype(np.int64)})
+    for bad, what in (
+        (rows.kl < 0, "a negative vcd_kl"),
+        (rows.plausible < 1, "vcd_plausible below 1"),
+        ((rows.plausible == 1) & (rows.kl > SINGLETON_TOLERANCE), "vcd_kl > 0 with a one-token plausibility set"),
+    ):
+        if bad.any():
+            row = rows[bad].iloc[0]
+            raise ValueError(f"{where}: question {row.question_id!r}: {what} (kl {row.kl!r}, plausible {row.plausible})")
+    return rows
+
+
+def kl_statistics(rows: pd.DataFrame, n_rows: int) -> dict:
+    """Shares and quantiles of the KL rows (:func:`kl_rows`) of ``n_rows`` prediction rows."""
+    n = len(rows)
+    kl = rows.kl.to_numpy(dtype=float)
+    positive = kl[kl > 0]
+    zero = int((kl == 0).sum())
+    one = int((rows.plausible == 1).sum())
+
+    def quantile(values, q):
+        return float(np.quantile(values, q)) if len(values) else math.nan
+
+    return {
+        "n": n,
+        "n_dropped": n_rows - n,
+        "n_kl_zero": zero,
+        "share_kl_zero": zero / n if n else math.nan,
+        "n_plausible_one": one,
+        "share_plausible_one": one / n if n else math.nan,
+        "n_kl_zero_plausible_many": int(((kl == 0) & (rows.plausible.to_numpy() > 1)).sum()),
+        "plausible_mean": float(rows.plausible.mean()) if n else math.nan,
+        "kl_mean": float(kl.mean()) if n else math.nan,
+        "kl_median": quantile(kl, 0.5),
+        "kl_q90": quantile(kl, 0.9),
+        "kl_q99": quantile(kl, 0.99),
+        "kl_max": float(kl.max()) if n else math.nan,
+        "kl_median_positive": quantile(positive, 0.5),
+    }
+
+
+def flip_statistics(
+    vcd: pd.DataFrame, plain: pd.DataFrame, questions: pd.DataFrame, plausible: pd.DataFrame, where: str = "flips"
+) -> dict:
+    """How many answers VCD changes against the plain run, on the questions both answered without error.
+
+    ``yes_to_no`` / ``no_to_yes`` count YN questions only (null when none are YN); ``fixed`` = plain wrong,
+    VCD right; ``broken`` = plain right, VCD wrong; ``n_flips_plausible_one`` = flips among questions
+    whose plausibility set holds one token (where the first token cannot change).
+    """
+    for name, frame in (("VCD", vcd), ("plain", plain)):
+        duplicated = frame.question_id[frame.question_id.duplicated()]
+        if len(duplicated):
+            raise ValueError(f"{where}: {name} run answers question_id {duplicated.iloc[0]!r} twice")
+    pairs = (
+        vcd.loc[vcd.error.isna(), ["question_id", "prediction"]]
+        .merge(plain.loc[plain.error.isna(), ["question_id", "prediction"]], on="question_id",
+               suffixes=("_vcd", "_plain"), validate="one_to_one")
+        .merge(questions[["question_id", "qset", "answer"]], on="question_id", how="left", validate="one_to_one")
+        .merge(plausible[["question_id", "plausible"]], on="question_id", how="left", validate="one_to_one")
+    )
+    if pairs.answer.isna().any():
+        missing = pairs.question_id[pairs.answer.isna()].iloc[0]
+        raise ValueError(f"{where}: question {missing!r} answered but not in the question table")
+    flipped = pairs.prediction_vcd.ne(pairs.prediction_plain)
+    yn = pairs.qset.map(question_kind).eq("yn")
+    has_yn = bool(yn.any())
+    right_vcd = pairs.prediction_vcd.eq(pairs.answer)
+    right_plain = pairs.prediction_plain.eq(pairs.answer)
+    n = len(pairs)
+    return {
+        "n_paired": n,
+        "n_flips": int(flipped.sum()),
+        "flip_share": float(flipped.mean()) if n else math.nan,
+        "yes_to_no": int((yn & pairs.prediction_plain.eq("yes") & pairs.prediction_vcd.eq("no")).sum())
+        if has_yn else None,
+        "no_to_yes": int((yn & pairs.prediction_plain.eq("no") & pairs.prediction_vcd.eq("yes")).sum())
+        if has_yn else None,
+        "n_fixed": int((~right_plain & right_vcd).sum()),
+        "n_broken": int((right_plain & ~right_vcd).sum()),
+        "n_flips_plausible_one": int((flipped & pairs.plausible.eq(1)).sum()),
+    }
+
+
+NO_FLIPS = dict.fromkeys(("n_paired", "n_flips", "flip_share", "yes_to_no", "no_to_yes", "n_fixed", "n_broken",
+                          "n_flips_plausible_one"))
+
+
+def kl_bin_edges(kl_values: Iterable[np.ndarray], bins: int) -> np.ndarray:
+    """Log-spaced edges over every positive KL of every series (whole decades), shared by all; empty without
+    any positive KL. The exact zeros get their own bin (:func:`histogram_rows`)."""
+    positive = np.concatenate([np.asarray(v, dtype=float) for v in kl_values] or [np.zeros(0)])
+    positive = positive[positive > 0]
+    if not len(positive):
+        return np.zeros(0)
+    low = math.floor(math.log10(positive.min()))
+    high = max(math.ceil(math.log10(positive.max())), low + 1)
+    return np.logspace(low, high, bins + 1)
+
+
+def histogram_rows(kl: np.ndarray, edges: np.ndarray) -> list[dict]:
+    """The exact-zero bin (``bin_left == bin_right == 0``), then one row per log bin; ``share`` is of all
+    the series' KL rows, so the zero bin's share is ``share_kl_zero`` and all shares add up to 1."""
+    kl = np.asarray(kl, dtype=float)
+    n = len(kl)
+    rows = [{"bin_left": 0.0, "bin_right": 0.0, "count": int((kl == 0).sum())}]
+    if len(edges):
+        counts, _ = np.histogram(kl[kl > 0], bins=edges)
+        rows += [{"bin_left": float(a), "bin_right": float(b), "count": int(c)}
+                 for a, b, c in zip(edges[:-1], edges[1:], counts)]
+    for row in rows:
+        row["share"] = row["count"] / n if n else math.nan
+    return rows
+
+
+# ---- the tables ------------------------------------------------------------------------------------------
+
+
+def pooled_label(qsets: list[str]) -> str:
+    """The ``qset`` of a row over several sets (as the uncertainty tables name pooled sets)."""
+    return "+".join(qsets)
+
+
+def vcd_divergence_tables(
+    runs: list[dict],
+    bins: int = 30,
+    paper_names: dict[str, str] | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The summary (``io.VCD_DIVERGENCE``) and histogram (``io.VCD_KL_HIST``) tables.
+
+    ``runs``: :func:`divergence_runs` entries, each with ``predictions`` (the VCD run's table), ``plain``
+    (the counterpart's table or None), ``questions`` (the set's question table) and ``where`` (a path for
+    errors). ``bins``: log bins of the positive KLs (``analysis.vcd_divergence.bins``). Per (model, variant, condition): one row per set and, over two sets or more, one pooled row;
+    the paper's numbers (pooled over its sets) sit on the pooled row, or on the only set's row.
+    ``paper_names``: model slug -> ``models.<slug>.paper_name``, to say whether the model is the paper's.
+    """
+    paper_names = paper_names or {}
+    series = []  # (keys, kl rows, prediction rows, flip stats or None, plain note)
+    for run in runs:
+        keys = {k: run[k] for k in ("model", "variant", "condition", "qset")}
+        rows = kl_rows(run["predictions"], run["where"])
+        flips = None
+        if run.get("plain") is not None:
+            flips = flip_statistics(run["predictions"], run["plain"], run["questions"], rows,
+                                    where=f"{run['where']} vs {run['plain_variant']}")
+        series.append((keys, run, rows, flips))
+    edges = kl_bin_edges([rows.kl.to_numpy() for _, _, rows, _ in series], bins)
+
+    summary, hist = [], []
+
+    def add(keys, run, rows, n_rows, flips, paper):
+        summary.append({
+            **keys, "plain_variant": run["plain_variant"], "plain_note": run["plain_note"],
+            **kl_statistics(rows, n_rows), **(flips if flips is not None else NO_FLIPS),
+            "paper_model": PAPER.model if paper else None,
+            "paper_model_match": paper_names.get(keys["model"]) == PAPER.model,
+            "paper_n": PAPER.n if paper else None,
+            "paper_share_kl_zero": PAPER.share_kl_zero if paper else math.nan,
+        })
+        hist.extend({**keys, **row} for row in histogram_rows(rows.kl.to_numpy(), edges))
+
+    groups: dict[tuple, list] = {}
+    for item in series:
+        keys = item[0]
+        groups.setdefault((keys["model"], keys["variant"], keys["condition"]), []).append(item)
+    for (model, variant, condition), items in groups.items():
+        single = len(items) == 1
+        for keys, run, rows, flips in items:
+            add(keys, run, rows, len(run["predictions"]), flips, paper=single)
+        if single:
+            continue
+        keys = {"model": model, "variant": variant, "condition": condition,
+                "qset": pooled_label([k["qset"] for k, *_ in items])}
+        rows = pd.concat([rows for _, _, rows, _ in items], ignore_index=True)
+        n_rows = sum(len(run["predictions"]) for _, run, _, _ in items)
+        add(keys, items[0][1], rows, n_rows, _pooled_flips([flips for *_, flips in items]), paper=True)
+    return pd.DataFrame(summary), pd.DataFrame(hist)
+
+
+def _pooled_flips(parts: list[dict | None]) -> dict | None:
+    if any(part is None for part in parts):
+        return None
+    pooled = {key: sum(part[key] for part in parts) for key in ("n_paired", "n_flips", "n_fixed", "n_broken",
+                                                                 "n_flips_plausible_one")}
+    for key in ("yes_to_no", "no_to_yes"):
+        known = [part[key] for part in parts if part[key] is not None]
+        pooled[key] = sum(known) if known else None
+    pooled["flip_share"] = pooled["n_flips"] / pooled["n_paired"] if pooled["n_paired"] else math.nan
+    return pooled
+
+
+def divergence_report_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """The summary as the report prints it: shares in percent beside the paper's, KLs to 3 significant digits."""
+
+    def percent(values):
+        return (100 * values.astype(float)).round(1)
+
+    def digits(values):
+        return values.astype(float).map(lambda v: "" if pd.isna(v) else f"{v:.3g}")
+
+    return pd.DataFrame({
+        "model": summary.model, "variant": summary.variant, "condition": summary.condition, "sets": summary.qset,
+        "n": summary.n, "dropped": summary.n_dropped,
+        "KL = 0 (%)": percent(summary.share_kl_zero),
+        "paper KL = 0 (%)": percent(summary.paper_share_kl_zero),
+        "paper model": summary.paper_model,
+        "1-token set (%)": percent(summary.share_plausible_one),
+        "KL median": digits(summary.kl_median), "KL q90": digits(summary.kl_q90), "KL q99": digits(summary.kl_q99),
+        "KL max": digits(summary.kl_max),
+        "vs plain": summary.plain_variant, "paired": summary.n_paired,
+        "flipped (%)": percent(summary.flip_share),
+        "yes→no": summary.yes_to_no, "no→yes": summary.no_to_yes,
+        "fixed": summary.n_fixed, "broken": summary.n_broken, "note": summary.plain_note,
+    })
+
+
+# ---- the figure ------------------------------------------------------------------------------------------
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def overall_rows(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, variant, condition), the row over all its sets: the pooled row, else the only set's."""
+    if summary.empty:
+        return summary
+    longest = summary.qset.str.count(r"\+")
+    keep = longest.eq(longest.groupby([summary.model, summary.variant, summary.condition]).transform("max"))
+    return summary[keep]
+
+
+def draw_vcd_divergence_figure(
+    summary: pd.DataFrame, hist: pd.DataFrame, path, notes: dict[str, str] | None = None
+) -> None:
+    """Three panels over each (model, VCD variant) of the first condition, its sets pooled:
+    (a) the share of questions with KL exactly 0 and with a one-token plausibility set, the paper's share
+    marked; (b) the distribution of the positive KLs (log bins; shares of all questions, so with (a)'s
+    zero share they add up to 1); (c) the decisions VCD flips against the plain counterpart."""
+    plt = _pyplot()
+    notes = notes or {}
+    rows = overall_rows(summary)
+    condition = rows.condition.iloc[0] if len(rows) else "clean"
+    rows = rows[rows.condition == condition].reset_index(drop=True)
+    labels = [f"{r.model}\n{r.variant}" for r in rows.itertuples()]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5.2))
+    x = np.arange(len(rows))
+
+    ax = axes[0]
+    ax.bar(x - 0.2, rows.share_kl_zero, width=0.4, color="tab:blue", label="KL exactly 0")
+    ax.bar(x + 0.2, rows.share_plausible_one, width=0.4, color="tab:gray", label="plausibility set of 1 token")
+    for i, r in rows.iterrows():
+        ax.text(i - 0.2, r.share_kl_zero, f"{r.share_kl_zero:.1%}\n{r.n_kl_zero}/{r.n}", ha="center", va="bottom",
+                fontsize=7)
+    ax.axhline(PAPER.share_kl_zero, color="black", linestyle="--", linewidth=1,
+               label=f"paper ({PAPER.model}): {PAPER.n_kl_zero / 1000:.1f}K of {PAPER.n / 1000:.0f}K = "
+                     f"{PAPER.share_kl_zero:.0%}")
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_ylim(0, 1.15)
+    ax.set_ylabel("share of questions")
+    ax.set_title("(a) KL = 0 vs one-token plausibility set")
+    ax.legend(fontsize=7, loc="upper right")
+
+    ax = axes[1]
+    drawn = False
+    for r in rows.itertuples():
+        part = hist[(hist.model == r.model) & (hist.variant == r.variant) & (hist.condition == r.condition)
+                    & (hist.qset == r.qset) & (hist.bin_right > 0)]
+        if len(part) and part["count"].sum():
+            edges = np.append(part.bin_left.to_numpy(), part.bin_right.iloc[-1])
+            ax.stairs(part.share.to_numpy(), edges, label=f"{r.model} / {r.variant} (KL = 0: {r.share_kl_zero:.1%})")
+            drawn = True
+    if drawn:
+        ax.set_xscale("log")
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no question with KL > 0", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("KL(q || p~) at the first answer position (KL > 0 only)")
+    ax.set_ylabel("share of all questions per bin")
+    ax.set_title("(b) distribution of KL > 0")
+
+    ax = axes[2]
+    flips = rows.n_paired.notna() & rows.n_paired.astype(float).gt(0)
+    for i, r in rows.iterrows():
+        if not flips[i]:
+            ax.text(i, 0.002, "no plain counterpart\n(plain_note in the table)", ha="center", va="bottom",
+                    fontsize=7, rotation=90)
+            continue
+        n = float(r.n_paired)
+        yes_no = float(r.yes_to_no or 0) / n
+        no_yes = float(r.no_to_yes or 0) / n
+        other = float(r.n_flips) / n - yes_no - no_yes
+        ax.bar(i, yes_no, color="tab:red", label="yes → no" if i == flips.idxmax() else None)
+        ax.bar(i, no_yes, bottom=yes_no, color="tab:green", label="no → yes" if i == flips.idxmax() else None)
+        ax.bar(i, other, bottom=yes_no + no_yes, color="tab:purple",
+               label="other (MC option)" if i == flips.idxmax() else None)
+        ax.text(i, float(r.flip_share), f"{r.flip_share:.1%} of {int(n)}\nvs {r.plain_variant}", ha="center",
+                va="bottom", fontsize=7)
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_xlim(-0.6, len(rows) - 0.4)
+    top = float(rows.flip_share.astype(float).max()) if flips.any() else 0.0
+    ax.set_ylim(0, max(0.05, 1.3 * top))
+    ax.set_ylabel("share of questions whose answer VCD changes")
+    ax.set_title("(c) decisions flipped against the plain variant")
+    if flips.any():
+        ax.legend(fontsize=7)
+
+    sets = rows.qset.iloc[0] if len(rows) else ""
+    lines = [f"VCD divergence ({condition}, {sets})"]
+    lines += [f"{slug}: {note}" for slug, note in notes.items() if slug in set(rows.model)]
+    fig.suptitle("\n".join(lines), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
