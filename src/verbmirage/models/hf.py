@@ -28,6 +28,7 @@ model).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import math
@@ -47,8 +48,10 @@ from verbmirage.models.base import (
     allow_remote_code,
     open_rgb,
 )
+from verbmirage.models import decoding
 from verbmirage.models.parsing import decide_choice, decide_yes_no, letter_token, yes_no_token
 from verbmirage.models.prompts import CHAT_TEMPLATE, CONVERSATIONS, PromptTemplate
+from verbmirage.variants import question_seed
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -158,6 +161,36 @@ class LogitsVLM(VisionLanguageModel):
         texts = self.continue_answers([questions[i] for i in rows], multiple_choice)
         return {} if texts is None else dict(zip(rows, texts))
 
+    def decode_answers(self, questions: list[Question], multiple_choice: bool) -> list[tuple[int | None, str]]:
+        """The variant's decoded answer of each question: (first token id or None, text). Backends that run
+        beam search, sampling or VCD implement it (:class:`TransformersVLM`)."""
+        raise NotImplementedError(f"backend '{self.backend}' decodes greedily only")
+
+    def _decisions(self, questions: list[Question], errors: list, best: torch.Tensor, multiple_choice: bool,
+                   decided) -> tuple[list[int], dict[int, str]]:
+        """The first answer token of each question and, where needed, its decoded text.
+
+        Plain greedy: the first-position argmax, and a greedy continuation only where that token decides
+        nothing (``decided``). Greedy with VCD: the same, continued by VCD's greedy steps. Beam search and
+        sampling: every answer decoded in full (its first token need not be the argmax).
+        """
+        first_ids = [int(token) for token in best]
+        if self.variant.decoding == "greedy":
+            undecided = [i for i, error in enumerate(errors)
+                         if error is None and not decided(i, self._token_text(first_ids[i]))]
+            if self.variant.vcd is None:
+                return first_ids, self._continued(questions, undecided, multiple_choice)
+            rows = undecided if self.continue_tokens > 0 else []
+        else:
+            rows = [i for i, error in enumerate(errors) if error is None]
+        if not rows:
+            return first_ids, {}
+        decoded = self.decode_answers([questions[i] for i in rows], multiple_choice)
+        for i, (token, _) in zip(rows, decoded):
+            if token is not None:
+                first_ids[i] = token
+        return first_ids, {i: text for i, (_, text) in zip(rows, decoded)}
+
     # ---- results ----------------------------------------------------------------
     #: Whether :meth:`answer_logits` takes one kind per question (then :meth:`score_mixed` scores YN and MC
     #: questions in one pass, each image's prefix computed once for both).
@@ -199,20 +232,29 @@ class LogitsVLM(VisionLanguageModel):
         # float64, from the logits themselves: finite where the float32 P(yes) above is exactly 1.0
         real = self._real_tokens(logits).double()
         margins = torch.logsumexp(real[:, self._yes_ids], -1) - torch.logsumexp(real[:, self._no_ids], -1)
-        confidence, best = probs.max(dim=-1)
-        first = [self._token_text(int(token)) for token in best]
-        undecided = [i for i, error in enumerate(errors) if error is None and yes_no_token(first[i]) is None]
-        continued = self._continued(questions, undecided, multiple_choice=False)
+        first_ids, continued = self._decisions(questions, errors, probs.argmax(dim=-1), False,
+                                               lambda i, text: yes_no_token(text) is not None)
+        vcd = self._vcd_columns(len(questions))
         results = []
         for i, error in enumerate(errors):
             if error is not None:
                 results.append(YesNoResult.failed(error))
                 continue
             p_yes = float(yes[i] / (yes[i] + no[i]))
-            prediction, raw, rule = decide_yes_no(first[i], continued.get(i))
+            prediction, raw, rule = decide_yes_no(self._token_text(first_ids[i]), continued.get(i), self.variant.label)
             margin = float(margins[i]) if math.isfinite(float(margins[i])) else None
-            results.append(YesNoResult(p_yes, prediction, raw, float(confidence[i]), rule, yes_margin=margin))
+            results.append(YesNoResult(p_yes, prediction, raw, float(probs[i, first_ids[i]]), rule,
+                                       yes_margin=margin, **vcd[i]))
         return results
+
+    def _vcd_columns(self, n: int) -> list[dict]:
+        """Per question of the last :meth:`answer_logits` call: ``vcd_kl`` and ``vcd_plausible`` (VCD only)."""
+        stats = getattr(self, "_vcd_stats", None)
+        if self.variant.vcd is None or stats is None:
+            return [{}] * n
+        kl, size = stats
+        return [{"vcd_kl": float(kl[i]), "vcd_plausible": int(size[i])} if math.isfinite(float(kl[i])) else {}
+                for i in range(n)]
 
     def _score_multiple_choice(self, questions: list[Question]) -> list[MultipleChoiceResult]:
         """Option probabilities from the first answer position; the chosen letter from the decoded answer."""
@@ -222,11 +264,10 @@ class LogitsVLM(VisionLanguageModel):
     def _multiple_choice_results(self, questions: list[Question], logits: torch.Tensor,
                                  errors: list) -> list[MultipleChoiceResult]:
         probs = torch.softmax(self._real_tokens(logits), dim=-1)
-        confidence, best = probs.max(dim=-1)
-        first = [self._token_text(int(token)) for token in best]
-        undecided = [i for i, (question, error) in enumerate(zip(questions, errors))
-                     if error is None and decide_choice(first[i], None, question.options)[0] == UNKNOWN]
-        continued = self._continued(questions, undecided, multiple_choice=True)
+        first_ids, continued = self._decisions(
+            questions, errors, probs.argmax(dim=-1), True,
+            lambda i, text: decide_choice(text, None, questions[i].options)[0] != UNKNOWN)
+        vcd = self._vcd_columns(len(questions))
         results = []
         for i, (question, error) in enumerate(zip(questions, errors)):
             n = len(question.options)
@@ -235,8 +276,10 @@ class LogitsVLM(VisionLanguageModel):
                 continue
             mass = np.array([float(probs[i, self._letter_ids[k]].sum()) for k in range(n)])
             option_probs = tuple(float(x) for x in mass / mass.sum()) if mass.sum() > 0 else (math.nan,) * n
-            letter, raw, rule = decide_choice(first[i], continued.get(i), question.options)
-            results.append(MultipleChoiceResult(option_probs, letter, raw, float(confidence[i]), rule))
+            letter, raw, rule = decide_choice(self._token_text(first_ids[i]), continued.get(i), question.options,
+                                              self.variant.label)
+            results.append(MultipleChoiceResult(option_probs, letter, raw, float(probs[i, first_ids[i]]), rule,
+                                                **vcd[i]))
         return results
 
 
@@ -264,6 +307,8 @@ class TransformersVLM(LogitsVLM):
         attn_implementation: str | None = None,
         local_files_only: bool = False,
         conversation: str = CHAT_TEMPLATE,
+        adapter: str | None = None,
+        merge_adapter: bool = True,
     ):
         super().__init__(name)
         if dtype not in DTYPES:
@@ -278,11 +323,18 @@ class TransformersVLM(LogitsVLM):
         trust = allow_remote_code(f"models.{name}", trust_remote_code, revision, path)
         load = {"trust_remote_code": trust, "revision": revision, "local_files_only": local_files_only}
         self.processor = self._load_processor(path, load)
-        self.model = self._load_model(path, load, attn_implementation).to(self.device).eval()
+        self.model = self._load_model(path, load, attn_implementation)
+        if adapter:  # a peft LoRA folder on top; refused unless every saved weight loads (models/adapters.py)
+            from verbmirage.models.adapters import attach_adapter
+
+            self.model = attach_adapter(self.model, adapter, merge_adapter, where=f"models.{name}.adapter")
+        self.model = self.model.to(self.device).eval()
         self.tokenizer = self.processor.tokenizer
         self._find_answer_tokens()
-        # ((image, prefix ids), cache tensors[, rope delta]) of the last image's shared prefix
+        # ((image, prefix ids), cache tensors[, rope delta]) of the last image's shared prefix (and of its
+        # VCD-noised twin)
         self._cached_prefix: tuple | None = None
+        self._cached_noised_prefix: tuple | None = None
         # transformers 5.2x renamed the cache argument `past_key_values` -> `cache`.
         parameters = inspect.signature(self.model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
@@ -383,6 +435,8 @@ class TransformersVLM(LogitsVLM):
         texts = [self.render(q, flag) for q, flag in zip(questions, flags)]
         logits = torch.full((len(questions), self.model.config.get_text_config().vocab_size), math.nan)
         errors: list[str | None] = [None] * len(questions)
+        kl = torch.full((len(questions),), math.nan, dtype=torch.float64)
+        plausible = torch.zeros(len(questions), dtype=torch.long)
         groups: dict[Path, list[int]] = {}
         for index, question in enumerate(questions):
             groups.setdefault(question.image, []).append(index)
@@ -394,11 +448,16 @@ class TransformersVLM(LogitsVLM):
                     errors[i] = f"image {image_path}: {type(error).__name__}: {error}"
                 continue
             group_texts = [texts[i] for i in indices]
-            if self.prefix_reuse:
-                values = self._with_shrinking_batches(self._prefix_logits, image_path, image, group_texts)
-            else:
-                values = self._with_shrinking_batches(self._full_logits, image_path, image, group_texts)
+            method = self._prefix_logits if self.prefix_reuse else self._full_logits
+            values = self._with_shrinking_batches(method, image_path, image, group_texts)
+            if self.variant.vcd is not None:  # the same questions on the noised image, then VCD's contrast
+                noised = self._with_shrinking_batches(functools.partial(method, noised=True), image_path, image,
+                                                      group_texts)
+                contrasted = decoding.contrast(values, noised, self.variant.vcd)
+                kl[indices], plausible[indices] = decoding.divergence(values, contrasted, self.variant.vcd.beta)
+                values = contrasted
             logits[indices] = values
+        self._vcd_stats = (kl, plausible) if self.variant.vcd is not None else None
         return logits, errors
 
     def _with_shrinking_batches(self, method, image_path, image, texts):
@@ -413,7 +472,7 @@ class TransformersVLM(LogitsVLM):
                 if not _is_out_of_memory(error) or size == 1:
                     raise
                 size = max(1, size // 2)
-                self._cached_prefix = None
+                self._cached_prefix = self._cached_noised_prefix = None
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
                 log.warning("%s: out of memory, batch halved to %d", self.name, size)
@@ -422,14 +481,16 @@ class TransformersVLM(LogitsVLM):
     def _forward(self, **inputs) -> torch.Tensor:
         return self.model(**inputs, use_cache=False).logits
 
-    def _full_logits(self, image_path, image, texts: list[str]) -> torch.Tensor:
+    def _full_logits(self, image_path, image, texts: list[str], noised: bool = False) -> torch.Tensor:
         """Whole prompts, one batch, right-padded; logits at each row's last real token."""
         encoded = self.encode_shared_image(texts, image)
+        if noised:
+            encoded = self._noised_inputs(encoded, image_path)
         logits = self._forward(**encoded)
         last = encoded["attention_mask"].sum(dim=1) - 1
         return logits[torch.arange(len(texts)), last].float().cpu()
 
-    def _prefix_logits(self, image_path, image, texts: list[str]) -> torch.Tensor:
+    def _prefix_logits(self, image_path, image, texts: list[str], noised: bool = False) -> torch.Tensor:
         """Shared prefix (with the image) once, then the suffixes in length-sorted batches.
 
         The prefix ends right after the image tokens: every prompt of an image (YN and MC, any question
@@ -442,9 +503,9 @@ class TransformersVLM(LogitsVLM):
         ids = [encoded["input_ids"][i, : lengths[i]] for i in range(len(texts))]
         prefix_length = self._last_image_token(ids[0]) + 1
         if prefix_length == 0 or self._common_prefix_length(ids) < prefix_length:
-            return self._full_logits(image_path, image, texts)  # the image is not inside a shared prefix
+            return self._full_logits(image_path, image, texts, noised)  # the image is not inside a shared prefix
         prefix_ids = ids[0][:prefix_length]
-        cache_keys = self._prefix_cache(image_path, prefix_ids, encoded)
+        cache_keys = self._prefix_cache(image_path, prefix_ids, encoded, noised)
         suffixes = [row[prefix_length:] for row in ids]
         order = sorted(range(len(texts)), key=lambda i: len(suffixes[i]))
         result = None
@@ -488,16 +549,37 @@ class TransformersVLM(LogitsVLM):
                 inputs[key] = value[:1]
         return inputs
 
-    def _prefix_cache(self, image_path, prefix_ids: torch.Tensor, encoded) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Key/value tensors of the prefix, computed once per image (kept for the next batch of it)."""
+    def _prefix_cache(self, image_path, prefix_ids: torch.Tensor, encoded,
+                      noised: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Key/value tensors of the prefix, computed once per image (kept for the next batch of it).
+
+        ``noised``: the prefix of VCD's noised image, kept in a slot of its own beside the clean one.
+        """
         key = (image_path, tuple(prefix_ids.tolist()))
-        if self._cached_prefix is not None and self._cached_prefix[0] == key:
-            return self._cached_prefix[1]
-        output = self.model(**self._prefix_inputs(prefix_ids, encoded), use_cache=True)
+        if noised:
+            key += (self.variant.vcd, self.variant.seed)
+        cached = self._cached_noised_prefix if noised else self._cached_prefix
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        inputs = self._noised_inputs(encoded, image_path) if noised else encoded
+        output = self.model(**self._prefix_inputs(prefix_ids, inputs), use_cache=True)
         cache = output.get("cache") or output.get("past_key_values")
         tensors = [(layer.keys, layer.values) for layer in cache.layers]
-        self._cached_prefix = (key, tensors)
+        if noised:
+            self._cached_noised_prefix = (key, tensors)
+        else:
+            self._cached_prefix = (key, tensors)
         return tensors
+
+    def _noised_inputs(self, encoded: dict, image_path) -> dict:
+        """``encoded`` with VCD's diffusion noise on the pixel tensor, the same noise for every row of the image
+        (seeded by the image's file name and the variant's seed)."""
+        pixels = encoded["pixel_values"]
+        rows = encoded["input_ids"].shape[0]
+        per_image = pixels.shape[0] // rows
+        seed = question_seed(Path(image_path).name, self.variant.seed)
+        one = decoding.diffuse(pixels[:per_image], self.variant.vcd.noise_step, seed)
+        return {**encoded, "pixel_values": one.repeat(rows, *[1] * (pixels.dim() - 1))}
 
     def _suffix_batch(self, suffixes, order, prefix_length, prefix_tensors) -> torch.Tensor:
         from transformers import DynamicCache
@@ -526,6 +608,87 @@ class TransformersVLM(LogitsVLM):
             input_ids=input_ids, attention_mask=attention_mask, cache_position=positions, use_cache=True,
             **{self._cache_argument: cache},
         ).logits
+
+    # ---- decoding variants (beam search, sampling, VCD): models/decoding.py -----------------------------
+    @torch.inference_mode()
+    def decode_answers(self, questions: list[Question], multiple_choice: bool) -> list[tuple[int | None, str]]:
+        """Each question decoded with the variant (greedy, beam, sampling; VCD on top): (first token, text).
+
+        Questions of one image whose prompts have the same length decode together; the image prefix is the
+        cached one, expanded per row and beam (the prompts' own tokens run once more to open the rows).
+        """
+        variant = self.variant
+        beams = variant.num_beams if variant.decoding == "beam" else 1
+        new_tokens = self.continue_tokens + 1 if variant.decoding == "greedy" else variant.max_new_tokens
+        answers: list[tuple[int | None, str]] = [(None, "")] * len(questions)
+        groups: dict[tuple, list[int]] = {}
+        texts = [self.render(q, multiple_choice) for q in questions]
+        for index, question in enumerate(questions):
+            groups.setdefault(question.image, []).append(index)
+        for image_path, indices in groups.items():
+            image = self.open_image(image_path)
+            encoded = self.encode_shared_image([texts[i] for i in indices], image)
+            lengths = encoded["attention_mask"].sum(dim=1).tolist()
+            by_length: dict[int, list[int]] = {}
+            for i, length in zip(indices, lengths):
+                by_length.setdefault(int(length), []).append(i)
+            for rows in by_length.values():
+                first, stepper = self._open_stepper(image_path, image, [texts[i] for i in rows], beams)
+                if variant.decoding == "beam":
+                    tokens = decoding.beam_search(first, stepper, beams, new_tokens, self._stop_tokens(),
+                                                  variant.length_penalty)
+                elif variant.decoding == "sample":
+                    seeds = [question_seed(questions[i].question_id, variant.seed) for i in rows]
+                    tokens = decoding.sample_search(first, stepper, new_tokens, self._stop_tokens(), seeds,
+                                                    variant.temperature, variant.top_k, variant.top_p)
+                elif variant.decoding == "greedy":
+                    tokens = decoding.greedy_search(first, stepper, new_tokens, self._stop_tokens())
+                else:
+                    raise NotImplementedError(f"decoding '{variant.decoding}' is not implemented for {self.backend}")
+                for i, row in zip(rows, tokens):
+                    answers[i] = (row[0] if row else None, self.tokenizer.decode(row, skip_special_tokens=True))
+        return answers
+
+    def _stop_tokens(self) -> set[int]:
+        """Token ids that end an answer: the tokenizer's and the generation config's end of sequence."""
+        stop = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
+        configured = getattr(self.model.generation_config, "eos_token_id", None)
+        stop |= set(configured if isinstance(configured, (list, tuple)) else [configured] if configured is not None
+                    else [])
+        return stop
+
+    def _open_stepper(self, image_path, image, texts: list[str], repeats: int):
+        """First-position logits [rows, vocab] and the stepper of ``texts`` (same token length), each row
+        repeated ``repeats`` times; VCD: the contrasted pair of a clean and a noised stream."""
+        first, clean = self._stream(image_path, image, texts, repeats, noised=False)
+        if self.variant.vcd is None:
+            return first, clean
+        first_noised, noised = self._stream(image_path, image, texts, repeats, noised=True)
+        return (decoding.contrast(first, first_noised, self.variant.vcd),
+                decoding.ContrastedStepper(clean, noised, self.variant.vcd))
+
+    def _stream(self, image_path, image, texts: list[str], repeats: int, noised: bool):
+        encoded = self.encode_shared_image(texts, image)
+        ids = encoded["input_ids"]
+        prefix_length = self._last_image_token(ids[0]) + 1 if self.prefix_reuse else 0
+        if prefix_length > 0 and self._common_prefix_length(list(ids)) >= prefix_length:
+            tensors = self._prefix_cache(image_path, ids[0][:prefix_length], encoded, noised)
+            stepper = _PrefixStepper(self, tensors, prefix_length, ids[:, prefix_length:].repeat_interleave(repeats, 0))
+        else:
+            if noised:
+                encoded = self._noised_inputs(encoded, image_path)
+            repeated = {key: value.repeat_interleave(repeats, 0) if isinstance(value, torch.Tensor) else value
+                        for key, value in encoded.items()}
+            if "image_grid_thw" in encoded:  # Qwen: patches are rows of pixel_values, one grid per image
+                repeated["pixel_values"] = encoded["pixel_values"].repeat(repeats, 1)
+                repeated["image_grid_thw"] = encoded["image_grid_thw"].repeat(repeats, 1)
+            stepper = _FullStepper(self, repeated)
+        return stepper.first, stepper
+
+    def _step_forward(self, input_ids, attention_mask, cache) -> torch.Tensor:
+        """Logits of one more token per row on a cache that already holds the image (no pixels again)."""
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True,
+                          **{self._cache_argument: cache}).logits
 
     @torch.inference_mode()
     def continue_answers(self, questions: list[Question], multiple_choice: bool) -> list[str]:
@@ -567,6 +730,54 @@ class TransformersVLM(LogitsVLM):
         return texts
 
 
+class _PrefixStepper:
+    """Rows decoding on a cached image prefix: the prompts' own tokens first, then one token per step."""
+
+    def __init__(self, vlm: TransformersVLM, prefix_tensors, prefix_length: int, suffix_ids: torch.Tensor):
+        from transformers import DynamicCache
+
+        self.vlm, rows = vlm, suffix_ids.shape[0]
+        self.cache = DynamicCache(
+            ddp_cache_data=[(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in prefix_tensors],
+            config=vlm.model.config,
+        )
+        self.length = prefix_length + suffix_ids.shape[1]
+        positions = torch.arange(prefix_length, self.length, device=vlm.device)
+        mask = torch.ones((rows, self.length), dtype=torch.long, device=vlm.device)
+        self.first = vlm._suffix_forward(suffix_ids, mask, self.cache, positions)[:, -1].float()
+
+    def advance(self, tokens: torch.Tensor) -> torch.Tensor:
+        rows = tokens.shape[0]
+        positions = torch.tensor([self.length], device=self.vlm.device)
+        self.length += 1
+        mask = torch.ones((rows, self.length), dtype=torch.long, device=self.vlm.device)
+        logits = self.vlm._suffix_forward(tokens.to(self.vlm.device)[:, None], mask, self.cache, positions)
+        return logits[:, -1].float()
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        self.cache.reorder_cache(rows.to(self.vlm.device))
+
+
+class _FullStepper:
+    """Rows decoding from whole prompts (no shared prefix: InstructBLIP's Q-Former reads the question)."""
+
+    def __init__(self, vlm: TransformersVLM, encoded: dict):
+        self.vlm = vlm
+        output = vlm.model(**encoded, use_cache=True)
+        inner = output.get("language_model_outputs") or output  # InstructBLIP keeps the cache one level down
+        self.cache = inner.get("cache") or inner.get("past_key_values")
+        self.mask = encoded["attention_mask"]
+        self.first = output.logits[:, -1].float()
+
+    def advance(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
+        return self.vlm._step_forward(tokens.to(self.vlm.device)[:, None], self.mask, self.cache)[:, -1].float()
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        self.cache.reorder_cache(rows.to(self.vlm.device))
+        self.mask = self.mask[rows.to(self.mask.device)]
+
+
 class LlavaVLM(TransformersVLM):
     """LLaVA-1.5 in the llava-hf layout (``LlavaForConditionalGeneration`` + ``LlavaProcessor``).
 
@@ -597,6 +808,15 @@ class InstructBlipVLM(TransformersVLM):
 
     def encode_shared_image(self, texts, image):
         return self.encode(texts, [image] * len(texts))
+
+    def _step_forward(self, input_ids, attention_mask, cache):
+        """Past the prompt only the language model runs (the image lives in the cache of the query tokens)."""
+        language_model = self.model.language_model
+        parameters = inspect.signature(language_model.forward).parameters
+        argument = "cache" if "cache" in parameters else "past_key_values"
+        output = language_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True,
+                                **{argument: cache})
+        return output.logits if hasattr(output, "logits") else self.model.get_output_embeddings()(output[0])
 
     @torch.inference_mode()
     def _generate(self, questions, max_new_tokens):
@@ -645,9 +865,9 @@ class QwenVLM(TransformersVLM):
             "mm_token_type_ids": (prefix_ids == self._image_token_id()).long()[None],
         }
 
-    def _prefix_cache(self, image_path, prefix_ids, encoded):
-        tensors = super()._prefix_cache(image_path, prefix_ids, encoded)
-        if len(self._cached_prefix) == 2:  # just computed: keep this image's M-RoPE offset with it
+    def _prefix_cache(self, image_path, prefix_ids, encoded, noised=False):
+        tensors = super()._prefix_cache(image_path, prefix_ids, encoded, noised)
+        if not noised and len(self._cached_prefix) == 2:  # just computed: keep this image's M-RoPE offset with it
             self._cached_prefix = (*self._cached_prefix, self.model.model.rope_deltas.clone())
         return tensors
 

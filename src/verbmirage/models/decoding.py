@@ -1,0 +1,231 @@
+"""Decoding past the first answer token: greedy, beam search, sampling, and VCD's contrast (issue 9).
+
+The loops run on a :class:`Stepper`: an object holding one key/value cache
+per row (a question, or one beam of it) that returns the next-token logits
+for the tokens it is fed and reorders its rows when beams move. The engine
+(``models/hf.py``) builds steppers on its cached image prefix, so beam search
+expands the prefix per beam instead of recomputing it; VCD is a stepper that
+runs two streams (clean and noised image) and returns the contrasted logits,
+so it combines with every loop unchanged.
+
+Why our own loops and not ``generate``: ``generate`` cannot start from a
+prefix cache shared by many prompts, has no hook for a second (noised) stream
+that must follow beam reordering, and draws samples from one global generator,
+so a question's sample would depend on its batch. The loops keep the semantics
+of transformers 5.x (tested token for token against ``generate``): greedy =
+argmax; beam search = its vectorised beam search (``length_penalty`` on the
+generated length, ``early_stopping=False`` heuristic, ``2 * num_beams``
+candidates per step); sampling = temperature, top-k, top-p warpers, then a
+draw from each question's own generator.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from verbmirage.variants import VCDSettings
+
+# ---- VCD (notes/mitigations.md section 2; SPEC section 3) ---------------------------------------------------------
+DIFFUSION_STEPS = 1000
+
+
+def diffusion_coefficients(step: int) -> tuple[float, float]:
+    """(sqrt(abar_t), sqrt(1 - abar_t)) of VCD's forward diffusion at ``step`` (0-based, of 1000).
+
+    betas = sigmoid(linspace(-6, 6, 1000)) * (5e-3 - 1e-5) + 1e-5; abar_t = prod_{s<=t} (1 - beta_s).
+    """
+    if not 0 <= step < DIFFUSION_STEPS:
+        raise ValueError(f"vcd.noise_step: {step} is not in 0..{DIFFUSION_STEPS - 1}")
+    betas = 1 / (1 + np.exp(-np.linspace(-6, 6, DIFFUSION_STEPS))) * (5e-3 - 1e-5) + 1e-5
+    alpha_bar = float(np.cumprod(1 - betas)[step])
+    return math.sqrt(alpha_bar), math.sqrt(1 - alpha_bar)
+
+
+def diffuse(pixels: torch.Tensor, step: int, seed: int) -> torch.Tensor:
+    """VCD's distorted image: x_t = sqrt(abar) x + sqrt(1 - abar) eps on the normalised pixel tensor, no clipping.
+
+    ``eps`` is drawn from a generator seeded with ``seed`` (one per image), on the CPU, so the same
+    image gets the same noise in any batch, shard or device. (The official code draws fresh noise per
+    question from one global generator; seeding per image lets every question of an image share one
+    noised prefix: a documented deviation, docs/variants.md.)
+    """
+    keep, noise = diffusion_coefficients(step)
+    generator = torch.Generator().manual_seed(seed)
+    eps = torch.randn(pixels.shape, generator=generator, dtype=torch.float32)
+    noised = keep * pixels.float().cpu() + noise * eps
+    return noised.to(device=pixels.device, dtype=pixels.dtype)
+
+
+def contrast(clean: torch.Tensor, noised: torch.Tensor, settings: VCDSettings) -> torch.Tensor:
+    """VCD's next-token logits: (1 + alpha) l - alpha l', -inf where p_clean < beta * p_clean_max.
+
+    The plausibility cut is log(beta) + max(l) on the raw clean logits (beta = 0: no cut). float32.
+    """
+    clean, noised = clean.float(), noised.float()
+    contrasted = (1 + settings.alpha) * clean - settings.alpha * noised
+    return contrasted.masked_fill(~plausible_tokens(clean, settings.beta), -math.inf)
+
+
+def plausible_tokens(clean: torch.Tensor, beta: float) -> torch.Tensor:
+    """Tokens VCD keeps: clean probability at least ``beta`` times the top one."""
+    if beta <= 0:
+        return torch.ones_like(clean, dtype=torch.bool)
+    cutoff = math.log(beta) + clean.max(dim=-1, keepdim=True).values
+    return clean >= cutoff
+
+
+def divergence(clean: torch.Tensor, contrasted: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: KL(q || p~) and the plausibility-set size.
+
+    q = softmax(contrasted); p~ = the clean distribution restricted to the plausibility set and renormalised
+    (the definition under which "KL exactly 0" can happen: a one-token set, or a contrast that moves nothing;
+    notes/mitigations.md, "KL column"). float64.
+    """
+    keep = plausible_tokens(clean.float(), beta)
+    log_q = torch.log_softmax(contrasted.double(), dim=-1)
+    log_p = torch.log_softmax(clean.double().masked_fill(~keep, -math.inf), dim=-1)
+    terms = torch.where(keep, log_q.exp() * (log_q - log_p), torch.zeros_like(log_q))
+    return terms.sum(dim=-1).clamp_min(0.0), keep.sum(dim=-1)
+
+
+# ---- the loops ------------------------------------------------------------------------------------------------------
+class Stepper(Protocol):
+    """Rows of cached decoding state (a question, or a beam of it)."""
+
+    def advance(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row; the float32 logits [rows, vocab] of the next position."""
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Row i continues from row ``rows[i]`` (beam search)."""
+
+
+class ContrastedStepper:
+    """VCD: a clean and a noised stream fed the same tokens; returns :func:`contrast` of their logits."""
+
+    def __init__(self, clean: Stepper, noised: Stepper, settings: VCDSettings):
+        self.clean, self.noised, self.settings = clean, noised, settings
+
+    def advance(self, tokens: torch.Tensor) -> torch.Tensor:
+        return contrast(self.clean.advance(tokens), self.noised.advance(tokens), self.settings)
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        self.clean.reorder(rows)
+        self.noised.reorder(rows)
+
+
+def _cut_at_stop(tokens: list[int], stop: set[int]) -> list[int]:
+    for position, token in enumerate(tokens):
+        if token in stop:
+            return tokens[:position]
+    return tokens
+
+
+def greedy_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int]) -> list[list[int]]:
+    """Argmax decoding of every row from its first-position logits; tokens up to (not including) a stop token."""
+    rows = first.shape[0]
+    tokens = torch.empty((rows, 0), dtype=torch.long)
+    done = torch.zeros(rows, dtype=torch.bool)
+    logits = first
+    for step in range(max_new_tokens):
+        chosen = logits.argmax(dim=-1).cpu()
+        tokens = torch.cat([tokens, chosen[:, None]], dim=1)
+        done |= torch.isin(chosen, torch.tensor(sorted(stop), dtype=torch.long))
+        if bool(done.all()) or step + 1 == max_new_tokens:
+            break
+        logits = stepper.advance(chosen)
+    return [_cut_at_stop(row, stop) for row in tokens.tolist()]
+
+
+def sample_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int],
+                  seeds: list[int], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> list[list[int]]:
+    """Multinomial sampling, one generator per row seeded with ``seeds[row]``: a row's tokens do not depend on
+    which rows share its batch. Warpers (transformers' own) are applied to the logits in the order of
+    ``generate``: temperature, top-k, top-p."""
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    warpers = LogitsProcessorList()
+    if temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(temperature))
+    if top_k:
+        warpers.append(TopKLogitsWarper(top_k))
+    if top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p))
+    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+    rows = first.shape[0]
+    tokens = torch.empty((rows, 0), dtype=torch.long)
+    done = torch.zeros(rows, dtype=torch.bool)
+    logits = first
+    for step in range(max_new_tokens):
+        probabilities = torch.softmax(warpers(tokens, logits.float().cpu()), dim=-1)
+        chosen = torch.stack([torch.multinomial(probabilities[r], 1, generator=generators[r])[0]
+                              for r in range(rows)])
+        tokens = torch.cat([tokens, chosen[:, None]], dim=1)
+        done |= torch.isin(chosen, torch.tensor(sorted(stop), dtype=torch.long))
+        if bool(done.all()) or step + 1 == max_new_tokens:
+            break
+        logits = stepper.advance(chosen)
+    return [_cut_at_stop(row, stop) for row in tokens.tolist()]
+
+
+def beam_search(first: torch.Tensor, stepper: Stepper, num_beams: int, max_new_tokens: int, stop: set[int],
+                length_penalty: float = 1.0) -> list[list[int]]:
+    """Beam search with the semantics of transformers 5.x ``generate(num_beams=K, do_sample=False)``.
+
+    ``first``: [questions * K, vocab] (each question's rows repeated K times, question-major; the stepper
+    holds the same rows). Per step: log-softmax, add the running beam scores, keep the best
+    ``max(2, 1 + #stop) * K`` continuations over all beams; those ending in a stop token (or reaching
+    ``max_new_tokens``) among the best K join the finished hypotheses with score / generated_length **
+    ``length_penalty``; the best K unfinished continue. Stops when no running beam can beat the worst
+    finished one (``early_stopping=False`` heuristic) or every continuation has stopped. Returns the best
+    finished hypothesis of each question.
+    """
+    k = num_beams
+    batch = first.shape[0] // k
+    keep = max(2, 1 + len(stop)) * k
+    stop_ids = torch.tensor(sorted(stop), dtype=torch.long)
+    running = torch.full((batch, k, max_new_tokens), -1, dtype=torch.long)
+    running_scores = torch.zeros((batch, k))
+    running_scores[:, 1:] = -1e9
+    finished = running.clone()
+    finished_scores = torch.full((batch, k), -1e9)
+    is_finished = torch.zeros((batch, k), dtype=torch.bool)
+    improvable = torch.ones((batch, 1), dtype=torch.bool)
+    among_best = torch.arange(keep) < k
+    offsets = torch.arange(batch)[:, None] * k
+    logits = first
+    for step in range(max_new_tokens):
+        log_probs = torch.log_softmax(logits.float().cpu(), dim=-1)
+        vocab = log_probs.shape[-1]
+        totals = (log_probs.view(batch, k, vocab) + running_scores[:, :, None]).view(batch, k * vocab)
+        top_scores, top_index = torch.topk(totals, keep)
+        origin, token = top_index // vocab, top_index % vocab
+        candidates = torch.take_along_dim(running, origin[:, :, None], dim=1)
+        candidates[:, :, step] = token
+        ends = torch.isin(token, stop_ids) | (step + 1 >= max_new_tokens)
+        # the best K unfinished continue
+        open_scores = top_scores + ends.float() * -1e9
+        chosen = torch.topk(open_scores, k).indices
+        running = torch.take_along_dim(candidates, chosen[:, :, None], dim=1)
+        running_scores = torch.take_along_dim(open_scores, chosen, dim=1)
+        rows = (torch.take_along_dim(origin, chosen, dim=1) + offsets).flatten()
+        # finished among the best K enter the hypotheses, length-normalised
+        scores = top_scores / ((step + 1) ** length_penalty)
+        scores = scores + (~improvable).float() * -1e9 + (~(ends & among_best[None])).float() * -1e9
+        merged_scores = torch.cat([finished_scores, scores], dim=1)
+        best = torch.topk(merged_scores, k).indices
+        finished = torch.take_along_dim(torch.cat([finished, candidates], dim=1), best[:, :, None], dim=1)
+        is_finished = torch.take_along_dim(torch.cat([is_finished, ends & among_best[None]], dim=1), best, dim=1)
+        finished_scores = torch.take_along_dim(merged_scores, best, dim=1)
+        # can a running beam still beat the worst finished one?
+        best_possible = running_scores[:, :1] / ((step + 1) ** length_penalty)
+        worst = torch.where(is_finished, finished_scores.min(dim=1, keepdim=True).values, torch.tensor(-1e9))
+        improvable = improvable & (best_possible > worst).any(dim=-1, keepdim=True)
+        if not bool(improvable.any()) or bool(ends.all()) or step + 1 == max_new_tokens:
+            break
+        stepper.reorder(rows)
+        logits = stepper.advance(running[:, :, step].flatten())
+    return [_cut_at_stop([t for t in row if t >= 0], stop) for row in finished[:, 0].tolist()]

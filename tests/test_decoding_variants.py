@@ -1,0 +1,204 @@
+"""Decoding variants in the engine (issue 9 items 2-3): greedy, beam, sampling and VCD on the tiny models.
+
+Oracles: our loops produce HF ``generate``'s token sequences (greedy, beam); one beam is greedy; a question's
+sample does not depend on its batch; VCD with alpha = 0 and beta = 0, or with the clean image as the noised
+one, is the plain model; the same (image, seed) gets the same noise in any batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from verbmirage.models import create_model
+from verbmirage.models import decoding
+from verbmirage.models.base import Question
+from verbmirage.variants import Variant, VCDSettings
+
+
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory):
+    base = tmp_path_factory.mktemp("variant_images")
+    rng = np.random.default_rng(1)
+    paths = []
+    for k in range(2):
+        path = base / f"img{k}.png"
+        Image.fromarray(rng.integers(0, 255, (40, 56, 3), dtype=np.uint8)).save(path)
+        paths.append(path)
+    return paths
+
+
+def yes_no_questions(scene, n=6):
+    verbs = ["riding", "holding", "eating the cake near", "washing"]
+    return [Question(f"q{i}", f"Is the person {verbs[i % 4]} the horse?", scene[i % 2]) for i in range(n)]
+
+
+def tiny(tiny_dirs, family):
+    return create_model("tiny", {"backend": family, "path": str(tiny_dirs[family]), "local_files_only": True})
+
+
+def generate_tokens(model, question, multiple_choice=False, **settings) -> list[int]:
+    """HF ``generate`` on one whole prompt (no prefix cache, no batch): the new tokens up to a stop token."""
+    encoded = model.encode([model.render(question, multiple_choice)], [model.open_image(question.image)])
+    output = model.model.generate(**encoded, pad_token_id=model.tokenizer.pad_token_id or 0, **settings)
+    prompt = encoded["input_ids"]
+    echoed = output.shape[1] >= prompt.shape[1] and torch.equal(output[:, : prompt.shape[1]], prompt)
+    tokens = (output[0, prompt.shape[1]:] if echoed else output[0]).tolist()
+    stop = model._stop_tokens()
+    return tokens[: next((i for i, t in enumerate(tokens) if t in stop), len(tokens))]
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl", "instructblip"])
+def test_greedy_and_beam_equal_generate(tiny_dirs, scene, family):
+    model = tiny(tiny_dirs, family)
+    questions = yes_no_questions(scene)
+    for entry, settings in (
+        ({"decoding": "greedy"}, {"do_sample": False, "num_beams": 1}),
+        ({"decoding": "beam", "num_beams": 3, "length_penalty": 1.0},
+         {"do_sample": False, "num_beams": 3, "length_penalty": 1.0, "early_stopping": False}),
+        ({"decoding": "beam", "num_beams": 2, "length_penalty": 0.5},
+         {"do_sample": False, "num_beams": 2, "length_penalty": 0.5, "early_stopping": False}),
+    ):
+        model.use_variant(Variant.from_config({**entry, "max_new_tokens": 6}))
+        model.continue_tokens = 5  # greedy decodes continue_tokens + 1
+        ours = model.decode_answers(questions, multiple_choice=False)
+        for question, (first, text) in zip(questions, ours):
+            expected = generate_tokens(model, question, max_new_tokens=6, **settings)
+            assert text == model.tokenizer.decode(expected, skip_special_tokens=True), (family, entry, question)
+            assert first == (expected[0] if expected else None)
+
+
+def test_one_beam_is_greedy_and_beam_answers_are_parsed(tiny_dirs, scene):
+    model = tiny(tiny_dirs, "llava")
+    questions = yes_no_questions(scene)
+    model.use_variant(Variant.from_config({"decoding": "greedy"}))
+    model.continue_tokens = 9
+    greedy = model.decode_answers(questions, False)
+    model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 1, "max_new_tokens": 10}))
+    assert model.decode_answers(questions, False) == greedy
+    model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 3}))
+    results = model.score_yes_no(questions)
+    decoded = model.decode_answers(questions, False)
+    for result, (_, text) in zip(results, decoded):
+        assert result.parse_rule.startswith("beam3:")
+        assert result.raw_answer in (text, model._token_text(model.tokenizer.encode(text, add_special_tokens=False)[0])
+                                     if text else "")
+
+
+def test_sampling_is_reproducible_across_batches(tiny_dirs, scene):
+    model = tiny(tiny_dirs, "llava")
+    questions = yes_no_questions(scene, n=6)
+    model.use_variant(Variant.from_config({"decoding": "sample", "seed": 3, "max_new_tokens": 6}))
+    together = model.decode_answers(questions, False)
+    alone = [model.decode_answers([q], False)[0] for q in reversed(questions)][::-1]
+    assert together == alone
+    model.use_variant(Variant.from_config({"decoding": "sample", "seed": 4, "max_new_tokens": 6}))
+    assert model.decode_answers(questions, False) != together  # another seed, other draws (6 questions x 6 tokens)
+    results = model.score_yes_no(questions)
+    assert {r.parse_rule.split(":")[0] for r in results} == {"sample"}
+
+
+def test_sampling_warpers_and_per_row_generators():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2, 0.0 + 1e-9]]))
+
+    class Same:
+        def advance(self, tokens):
+            return logits.repeat(tokens.shape[0], 1)
+
+        def reorder(self, rows):
+            pass
+
+    # top_k = 1 is greedy whatever the seed; a token outside top_p never comes
+    assert decoding.sample_search(logits.repeat(3, 1), Same(), 4, {99}, [1, 2, 3], top_k=1) == [[0] * 4] * 3
+    draws = decoding.sample_search(logits.repeat(200, 1), Same(), 3, {99}, list(range(200)), top_p=0.75)
+    assert {t for row in draws for t in row} == {0, 1}
+
+
+def test_diffusion_noise_matches_the_official_schedule():
+    # notes/mitigations.md: t=500 -> 0.8630 / 0.5052; t=0 -> 1.0000 / 0.0047; t=999 -> 0.2850 / 0.9585
+    for step, (keep, noise) in {500: (0.8630, 0.5052), 0: (1.0000, 0.0047), 999: (0.2850, 0.9585)}.items():
+        assert decoding.diffusion_coefficients(step) == pytest.approx((keep, noise), abs=1e-4)
+    pixels = torch.randn(2, 3, 8, 8)
+    assert torch.equal(decoding.diffuse(pixels, 500, seed=7), decoding.diffuse(pixels, 500, seed=7))
+    assert not torch.equal(decoding.diffuse(pixels, 500, seed=7), decoding.diffuse(pixels, 500, seed=8))
+    with pytest.raises(ValueError, match="vcd.noise_step"):
+        decoding.diffusion_coefficients(1000)
+
+
+def test_contrast_cut_and_divergence():
+    clean = torch.log(torch.tensor([[0.6, 0.25, 0.1, 0.05]]))
+    noised = torch.log(torch.tensor([[0.3, 0.4, 0.2, 0.1]]))
+    settings = VCDSettings(alpha=1.0, beta=0.2)
+    contrasted = decoding.contrast(clean, noised, settings)
+    assert torch.isinf(contrasted[0, 2:]).all() and torch.isfinite(contrasted[0, :2]).all()  # p < 0.2 * 0.6 cut
+    assert torch.allclose(contrasted[0, :2], 2 * clean[0, :2] - noised[0, :2])
+    # a constant added to either logit vector changes no probability
+    shifted = decoding.contrast(clean + 3.0, noised - 1.5, settings)
+    assert torch.allclose(torch.softmax(shifted, -1), torch.softmax(contrasted, -1))
+    kl, size = decoding.divergence(clean, contrasted, settings.beta)
+    q = torch.softmax(contrasted, -1)[0, :2].double()
+    p = torch.tensor([0.6, 0.25], dtype=torch.float64) / 0.85
+    assert int(size[0]) == 2 and float(kl[0]) == pytest.approx(float((q * (q / p).log()).sum()), rel=1e-6)
+    # a one-token plausibility set: KL exactly 0; alpha = 0 and beta = 0: the plain logits, KL 0
+    kl, size = decoding.divergence(clean, decoding.contrast(clean, noised, VCDSettings(1.0, 0.9)), 0.9)
+    assert (float(kl[0]), int(size[0])) == (0.0, 1)
+    plain = decoding.contrast(clean, noised, VCDSettings(alpha=0.0, beta=0.0))
+    assert torch.equal(plain, clean) and float(decoding.divergence(clean, plain, 0.0)[0][0]) == 0.0
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl", "instructblip"])
+def test_vcd_oracles_on_the_tiny_models(tiny_dirs, scene, family, monkeypatch):
+    model = tiny(tiny_dirs, family)
+    questions = yes_no_questions(scene)
+    model.use_variant(Variant())
+    plain = model.score_yes_no(questions)
+    # alpha = 0, beta = 0: exactly the plain scores and answers
+    model.use_variant(Variant.from_config({"vcd": {"alpha": 0.0, "beta": 0.0}}))
+    neutral = model.score_yes_no(questions)
+    for a, b in zip(plain, neutral):
+        assert a.p_yes == pytest.approx(b.p_yes, abs=1e-6) and a.prediction == b.prediction
+        assert b.vcd_kl == pytest.approx(0.0, abs=1e-9) and b.parse_rule.startswith("greedy+vcd:")
+    # the default contrast moves the scores and stores the divergence per question
+    model.use_variant(Variant.from_config({"vcd": {}}))
+    contrasted = model.score_yes_no(questions)
+    assert all(r.vcd_plausible >= 1 and r.vcd_kl >= 0 for r in contrasted)
+    encoded = model.encode_shared_image([model.render(questions[0], False)] * 2, model.open_image(scene[0]))
+    noised = model._noised_inputs(encoded, scene[0])["pixel_values"]
+    assert not torch.allclose(noised, encoded["pixel_values"])  # the noise reaches the pixel tensor ...
+    assert torch.equal(noised, model._noised_inputs(encoded, scene[0])["pixel_values"])  # ... the same each time
+    if family != "instructblip":  # (the tiny InstructBLIP's answers barely depend on its image: 1e-7)
+        assert any(abs(a.p_yes - b.p_yes) > 1e-4 for a, b in zip(plain, contrasted) if not math.isnan(b.p_yes))
+    # the same (image, seed): the same noise in any batch
+    alone = [model.score_yes_no([q])[0] for q in questions]
+    for a, b in zip(contrasted, alone):
+        assert (a.vcd_kl, a.prediction) == pytest.approx((b.vcd_kl, b.prediction), abs=1e-5) if isinstance(
+            a.vcd_kl, float) else a == b
+    # the clean image as the "noised" one (beta = 0): the plain model for any alpha
+    monkeypatch.setattr(type(model), "_noised_inputs", lambda self, encoded, image_path: encoded)
+    model._cached_noised_prefix = None
+    model.use_variant(Variant.from_config({"vcd": {"alpha": 1.0, "beta": 0.0}}))
+    same = model.score_yes_no(questions)
+    for a, b in zip(plain, same):
+        assert a.p_yes == pytest.approx(b.p_yes, abs=1e-5) and a.prediction == b.prediction
+    # VCD with beam search decodes through both streams: with the clean image as "noised", plain beam search
+    model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 2, "max_new_tokens": 4,
+                                           "vcd": {"alpha": 1.0, "beta": 0.0}}))
+    with_vcd = model.decode_answers(questions, False)
+    model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 2, "max_new_tokens": 4}))
+    assert with_vcd == model.decode_answers(questions, False)
+
+
+def test_multiple_choice_with_beam_and_vcd(tiny_dirs, scene):
+    model = tiny(tiny_dirs, "llava")
+    options = ("riding", "holding", "eating", "washing")
+    questions = [Question(f"m{i}", "Which action?\nA. riding\nB. holding\nC. eating\nD. washing", scene[i % 2],
+                          options) for i in range(3)]
+    model.use_variant(Variant.from_config({"decoding": "beam", "vcd": {}, "max_new_tokens": 4}))
+    results = model.score_multiple_choice(questions)
+    assert all(r.parse_rule.startswith("beam5+vcd:") for r in results)
+    assert all(r.prediction in ("A", "B", "C", "D", "unknown") and r.vcd_plausible >= 1 for r in results)
+    assert all(sum(r.option_probs) == pytest.approx(1.0) for r in results if not math.isnan(r.option_probs[0]))
