@@ -29,7 +29,7 @@ from verbmirage.models.registry import variant_features
 from verbmirage.paper_numbers import paper_names_from_config
 from verbmirage.questions import question_kind
 from verbmirage.tiny import BUILDERS as TINY_BUILDERS
-from verbmirage.variants import model_variants
+from verbmirage.variants import Variant, model_variants
 
 for _configfile in workflow.configfiles:  # Snakemake's YAML reader keeps the last of two equal keys silently
     check_yaml_file(_configfile)
@@ -51,6 +51,12 @@ ENSEMBLES = config["ensembles"]
 MODEL_VARIANTS = {m: model_variants(config, m, variant_features(e["backend"])) for m, e in config["models"].items()}
 MODEL_VARIANTS.update({e: [v for v in VARIANTS if all(v in MODEL_VARIANTS[m] for m in members)]
                        for e, members in ENSEMBLES.items()})
+VARIANT_SETTINGS = {v: Variant.from_config(entry, f"variants.{v}") for v, entry in config["variants"].items()}
+
+
+def variants_under(model, condition):
+    """The variants ``model`` (or an ensemble) runs under ``condition`` (``variants.<slug>.conditions``)."""
+    return [v for v in MODEL_VARIANTS[model] if VARIANT_SETTINGS[v].runs_under(condition)]
 CONSISTENCY_PAIRS = [tuple(pair) for pair in config["metrics"]["error_consistency"]]
 HICO_ROOT = config["datasets"]["hico"]["root"]
 HICO_DET_ROOT = config["datasets"]["hico"].get("det_root", "")  # "" -> no boxes, no image subsets
@@ -317,7 +323,7 @@ def all_scored():
         for c in dataset_conditions(d)
         for m in MODELS + list(ENSEMBLES)
         if any(asks(d, c, q, m) for q in condition_qsets(d, c))
-        for v in MODEL_VARIANTS[m]
+        for v in variants_under(m, c)
     ]
 
 
@@ -328,7 +334,8 @@ def all_consistency():
         for a, b in CONSISTENCY_PAIRS
         for m in MODELS + list(ENSEMBLES)
         if any(asks(d, a, q, m) and asks(d, b, q, m) for q in condition_qsets(d, a))
-        for v in MODEL_VARIANTS[m]
+        for v in variants_under(m, a)
+        if v in variants_under(m, b)
     ]
 
 
@@ -430,7 +437,7 @@ KNOWN_OBJECT_RUNS = {  # "condition/model/variant" -> its prediction table
     f"{c}/{m}/{v}": PREDICTIONS.format(dataset="hico", qset=KNOWN_OBJECT.qset, condition=c, model=m, variant=v)
     for c in KNOWN_OBJECT.conditions
     for m in KNOWN_OBJECT.models
-    for v in MODEL_VARIANTS[m]
+    for v in variants_under(m, c)
 } if KNOWN_OBJECT else {}
 KNOWN_OBJECT_PARTIAL_IMAGES = {  # crop conditions: only the questions on their images are ranked
     c: CONDITION_DIR.format(dataset="hico", condition=c) for c in KNOWN_OBJECT.conditions if c in BOX_CONDITIONS
@@ -473,7 +480,7 @@ def uncertainty_runs():
         for q in UNCERTAINTY.qsets
         for m in UNCERTAINTY_MODELS
         if asks("hico", c, q, m)
-        for v in MODEL_VARIANTS[m]
+        for v in variants_under(m, c)
     ] if UNCERTAINTY else []
 
 
@@ -487,6 +494,7 @@ def fov_runs():
         for m in MODELS
         if all(asks("hico", c, q, m) for c in FOV.conditions)
         for v in MODEL_VARIANTS[m]
+        if all(v in variants_under(m, c) for c in FOV.conditions)
     ] if FOV else []
 
 

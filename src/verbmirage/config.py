@@ -193,9 +193,12 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
                 raise ConfigError(str(error)) from None
     for slug, settings in config.get("variants", {}).items():
         try:
-            Variant.from_config(settings, f"variants.{slug}")
+            variant = Variant.from_config(settings, f"variants.{slug}")
         except ValueError as error:
             raise ConfigError(str(error)) from None
+        unknown = sorted(set(variant.conditions) - set(config.get("conditions", {})))
+        if unknown:
+            raise ConfigError(f"variants.{slug}.conditions: unknown condition(s) {unknown}")
     for slug, entry in config["models"].items():
         try:
             model_variants(config, slug, variant_features(entry["backend"]))

@@ -31,8 +31,9 @@ FEATURES = frozenset(
 )
 #: Blind baselines and other scorers that decode nothing: the default variant only.
 PLAIN_ONLY = frozenset({"decoding:greedy"})
-#: Transformers backends: everything.
-ALL_FEATURES = FEATURES
+#: Transformers backends: everything the engine implements (OPERA's beam loop is not written yet, so no
+#: backend offers it: an OPERA variant is not planned, and a model listing one is refused).
+ALL_FEATURES = FEATURES - {"decoding:opera"}
 #: Scorers that return P(yes) (CLIP, remote-code adapters): greedy answers, prompt suffix, calibrated decisions.
 SCORING = frozenset({"decoding:greedy", "prompt_suffix", "decision:threshold", "decision:content_free"})
 #: OpenAI-compatible APIs: the server samples; the prompt and the decision rule are ours.
@@ -103,6 +104,8 @@ class Variant:
     prompt_suffix: str = ""
     decision: DecisionSettings | None = None
     paper_name: str = ""
+    #: The image conditions this variant runs under (empty: all). Plans runs only; answers do not depend on it.
+    conditions: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, entry: dict | None, where: str = "variants") -> "Variant":
@@ -142,7 +145,11 @@ class Variant:
             raise ValueError(f"{where}.top_p: must be in (0, 1]")
         if float(entry.get("temperature", 1.0)) <= 0:
             raise ValueError(f"{where}.temperature: must be positive (use decoding: greedy for argmax)")
+        entry["conditions"] = tuple(entry.get("conditions", ()))
         return cls(**entry)
+
+    def runs_under(self, condition: str) -> bool:
+        return not self.conditions or condition in self.conditions
 
     def features(self) -> frozenset[str]:
         """What a backend must offer to run this variant."""
@@ -161,9 +168,10 @@ class Variant:
         return self.features() == PLAIN_ONLY
 
     def settings(self) -> dict:
-        """Every setting the answers depend on (for fingerprints and provenance): no ``paper_name``."""
+        """Every setting the answers depend on (for fingerprints and provenance): no ``paper_name``, no
+        ``conditions``."""
         values = asdict(self)
-        values.pop("paper_name")
+        values.pop("paper_name"), values.pop("conditions")
         return values
 
     @property
