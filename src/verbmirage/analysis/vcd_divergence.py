@@ -467,13 +467,13 @@ def draw_vcd_divergence_figure(
         ax.bar(i, yes_no, color="tab:red", label="yes → no" if i == flips.idxmax() else None)
         ax.bar(i, no_yes, bottom=yes_no, color="tab:green", label="no → yes" if i == flips.idxmax() else None)
         ax.bar(i, other, bottom=yes_no + no_yes, color="tab:purple",
-               label="other (MC option)" if i == flips.idxmax() else None)
+               label="other change (MC option; YN to or from neither yes nor no)" if i == flips.idxmax() else None)
         ax.text(i, float(r.flip_share), f"{r.flip_share:.1%} of {int(n)}\nvs {r.plain_variant}", ha="center",
                 va="bottom", fontsize=7)
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_xlim(-0.6, len(rows) - 0.4)
     top = float(rows.flip_share.astype(float).max()) if flips.any() else 0.0
-    ax.set_ylim(0, max(0.05, 1.3 * top))
+    ax.set_ylim(0, max(0.05, 1.6 * top))
     ax.set_ylabel("share of questions whose answer VCD changes")
     ax.set_title("(c) decisions flipped against the plain variant")
     if flips.any():
