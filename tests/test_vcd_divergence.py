@@ -13,6 +13,7 @@ from sklearn.metrics import confusion_matrix
 from verbmirage.analysis.vcd_divergence import (
     PAPER,
     VCDDivergenceSettings,
+    divergence_report_table,
     divergence_runs,
     draw_vcd_divergence_figure,
     flip_statistics,
@@ -270,6 +271,11 @@ def test_tables_per_set_and_pooled_with_the_paper_number_on_the_pooled_row(tmp_p
     back = read_table(tmp_path / "summary.parquet", VCD_DIVERGENCE)
     assert back.yes_to_no.isna().sum() == 1 + 3  # llava's mc_verb row, and qwen's three rows (no flips)
     assert list(overall_rows(back).qset) == ["yn_obj+mc_verb"] * 2
+    # the report's page: percent beside the paper's, counts stay integers where some are missing
+    page = divergence_report_table(back).set_index(["model", "sets"])
+    assert page.loc[("tiny_llava", "yn_obj+mc_verb"), "KL = 0 (%)"] == pytest.approx(66.7)
+    assert page.loc[("tiny_llava", "yn_obj+mc_verb"), "paper KL = 0 (%)"] == 93.0
+    assert str(page["yes→no"].dtype) == "Int64" and pd.isna(page.loc[("tiny_llava", "mc_verb"), "yes→no"])
 
 
 def test_one_set_only_gets_the_paper_number_on_its_own_row():

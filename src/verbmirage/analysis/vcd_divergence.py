@@ -367,6 +367,9 @@ def divergence_report_table(summary: pd.DataFrame) -> pd.DataFrame:
     def digits(values):
         return values.astype(float).map(lambda v: "" if pd.isna(v) else f"{v:.3g}")
 
+    def count(values):  # integers with gaps (no flips, MC sets) stay integers
+        return pd.to_numeric(values).astype("Int64")
+
     return pd.DataFrame({
         "model": summary.model, "variant": summary.variant, "condition": summary.condition, "sets": summary.qset,
         "n": summary.n, "dropped": summary.n_dropped,
@@ -376,10 +379,10 @@ def divergence_report_table(summary: pd.DataFrame) -> pd.DataFrame:
         "1-token set (%)": percent(summary.share_plausible_one),
         "KL median": digits(summary.kl_median), "KL q90": digits(summary.kl_q90), "KL q99": digits(summary.kl_q99),
         "KL max": digits(summary.kl_max),
-        "vs plain": summary.plain_variant, "paired": summary.n_paired,
+        "vs plain": summary.plain_variant, "paired": count(summary.n_paired),
         "flipped (%)": percent(summary.flip_share),
-        "yes→no": summary.yes_to_no, "no→yes": summary.no_to_yes,
-        "fixed": summary.n_fixed, "broken": summary.n_broken, "note": summary.plain_note,
+        "yes→no": count(summary.yes_to_no), "no→yes": count(summary.no_to_yes),
+        "fixed": count(summary.n_fixed), "broken": count(summary.n_broken), "note": summary.plain_note,
     })
 
 
