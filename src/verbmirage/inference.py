@@ -108,26 +108,35 @@ _HASHED_SUFFIXES = {".json", ".py", ".txt", ".model", ".tiktoken", ".jinja"}
 
 
 def model_identity(settings: dict) -> dict:
-    """The weights and code a model entry loads: its ``revision``, and for a local folder its files.
+    """The weights and code a model entry loads: its ``revision``, and for a local folder its files
+    (and those of its LoRA ``adapter`` folder, when it sets one).
 
-    Rebuilding weights at the same ``path`` or moving ``revision`` changes the
+    Rebuilding weights at the same ``path`` (or ``adapter``) or moving ``revision`` changes the
     identity, so answers computed from the old weights are not resumed.
     """
     identity = {"revision": settings.get("revision")}
     path = settings.get("path")
     if path and Path(path).is_dir():
-        files = {}
-        for file in sorted(Path(path).rglob("*")):
-            if not file.is_file() or any(part.startswith(".") for part in file.relative_to(path).parts):
-                continue
-            name = file.relative_to(path).as_posix()
-            stat = file.stat()
-            if file.suffix in _HASHED_SUFFIXES and stat.st_size < 1 << 24:
-                files[name] = file_digest(file)
-            else:
-                files[name] = f"{stat.st_size}:{stat.st_mtime_ns}"
-        identity["files"] = files
+        identity["files"] = _folder_files(path)
+    adapter = settings.get("adapter")
+    if adapter and Path(adapter).is_dir():  # only then: entries without an adapter keep their fingerprint
+        identity["adapter_files"] = _folder_files(adapter)
     return identity
+
+
+def _folder_files(path: str | Path) -> dict[str, str]:
+    """File name -> content digest (small text files) or size:mtime (weights) of a checkpoint folder."""
+    files = {}
+    for file in sorted(Path(path).rglob("*")):
+        if not file.is_file() or any(part.startswith(".") for part in file.relative_to(path).parts):
+            continue
+        name = file.relative_to(path).as_posix()
+        stat = file.stat()
+        if file.suffix in _HASHED_SUFFIXES and stat.st_size < 1 << 24:
+            files[name] = file_digest(file)
+        else:
+            files[name] = f"{stat.st_size}:{stat.st_mtime_ns}"
+    return files
 
 
 #: Tokens decoded past a first answer token that decides nothing (``inference.continue_tokens``).
@@ -733,15 +742,19 @@ def run_suite(
     condition_settings: dict | None = None,
     max_error_share: float = MAX_ERROR_SHARE,
     continue_tokens: int = CONTINUE_TOKENS,
+    decision_input: str | Path | None = None,
 ) -> dict[str, int]:
     """Answer every set of ``questions_paths`` (qset -> question table) on one image shard; the output folder
     gets ``<qset>.parquet`` per set (:func:`suite_table`). Returns the rows per set.
+
+    ``decision_input``: what a calibrated-decision variant decides by (:func:`verbmirage.decisions.decision_model`).
 
     One model load and one prefix per image for all sets. Resumable per set from ``<output>.parts/<qset>/``;
     a set's table is written only when it answers each of its questions exactly once, and nothing is
     written unless every set is complete. The finished answers stay in the parts folder (hard links),
     fingerprinted per set: a rerun with another list of sets asks only the sets it has no answers for.
     """
+    from verbmirage.decisions import decision_model
     from verbmirage.models import ModelContext, create_model
 
     frames = []
@@ -766,6 +779,9 @@ def run_suite(
             if hasattr(model, "continue_tokens"):  # backends that decode answers token by token
                 model.continue_tokens = continue_tokens
             model.use_variant(variant, where=f"models.{model_slug} with this variant")
+            # calibrated decisions (verbmirage.decisions): the model as is unless the variant sets `decision`
+            model = decision_model(model, variant, dict(zip(questions.question_id, questions.qset)), dataset,
+                                   decision_input)
             loaded = model.fingerprint_extra()
             for qset, store in stores.items():
                 store.use_fingerprint(fingerprint(questions[questions.qset.eq(qset)],

@@ -49,7 +49,8 @@ VARIANT_FEATURES: dict[str, frozenset[str]] = {
 }
 
 # Keys of a model entry that belong to the workflow, not to the backend.
-WORKFLOW_KEYS = frozenset({"backend", "batch_size", "shards", "resources", "qsets", "paper_name", "variants"})
+WORKFLOW_KEYS = frozenset({"backend", "batch_size", "shards", "resources", "qsets", "paper_name", "variants",
+                           "paper_method"})
 
 
 def variant_features(backend: str) -> frozenset[str] | None:
