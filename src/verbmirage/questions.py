@@ -370,13 +370,16 @@ def _compact_json(value) -> str:
     the strings, integers, None and lists that question ids are made of (json.dumps' set-up per call costs
     more than the encoding of a short id; a question set hashes every row twice). Anything else goes to
     json.dumps itself, so the text, and with it every id, is the same."""
-    if isinstance(value, str):
+    kind = type(value)
+    if kind is str:
         return encode_basestring_ascii(value)
-    if isinstance(value, (list, tuple)):
+    if kind is list or kind is tuple:
+        if all(type(item) is str for item in value):  # the usual case: no call per item
+            return "[" + ",".join(map(encode_basestring_ascii, value)) + "]"
         return "[" + ",".join([_compact_json(item) for item in value]) + "]"
     if value is None:
         return "null"
-    if type(value) is int:  # not bool, not an int subclass with its own repr
+    if kind is int:  # not bool, not an int subclass with its own repr
         return int.__repr__(value)
     return json.dumps(value, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
 

@@ -1,0 +1,86 @@
+"""The fast question builder against the slow, obvious one (tests/question_reference.py): same rows, order, ids."""
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from question_reference import reference_question_set  # noqa: E402
+
+from verbmirage.questions import (  # noqa: E402
+    QUESTION_SETS,
+    QuestionSettings,
+    _compact_json,
+    build_question_set,
+    build_question_sets,
+    content_hash,
+)
+
+
+def _assert_same_table(fast: pd.DataFrame, slow: pd.DataFrame, what: str) -> None:
+    assert len(fast) > 0, what
+    assert list(fast.columns) == list(slow.columns), what
+    assert list(fast.dtypes.astype(str)) == list(slow.dtypes.astype(str)), what
+    pd.testing.assert_frame_equal(fast, slow, check_exact=True, obj=what)
+
+
+@pytest.mark.parametrize("protocol", ["paired", "all_positives"])
+def test_every_set_equals_the_reference_on_the_demo(demo_anno, protocol):
+    settings = QuestionSettings(protocol=protocol)
+    fast = build_question_sets(demo_anno, list(QUESTION_SETS), settings)
+    assert list(fast) == list(QUESTION_SETS)
+    for qset, table in fast.items():
+        _assert_same_table(table, reference_question_set(demo_anno, qset, protocol=protocol), f"{qset} ({protocol})")
+
+
+def test_other_settings_equal_the_reference(demo_anno):
+    settings = QuestionSettings(seed=7, negatives_per_positive=3, mc_options=3, rare_threshold=0.3,
+                                common_verbs=("ride",))
+    for qset in ("yn_obj", "mc_verb", "obj_exist"):
+        slow = reference_question_set(demo_anno, qset, seed=7, k=3, mc_options=3, rare_threshold=0.3,
+                                      common_verbs=("ride",))
+        _assert_same_table(build_question_set(demo_anno, qset, settings), slow, qset)
+
+
+def test_real_images_equal_the_reference(real_anno):
+    """600 real test images (the real label mix: ambiguous labels, no_interaction, crowded images)."""
+    images = set(real_anno.images["test"][::16])
+    fast = build_question_sets(real_anno, ["yn_obj", "yn_verb", "mc_obj", "mc_verb", "obj_exist"], QuestionSettings(),
+                               images=images)
+    for qset, table in fast.items():
+        assert table.image_id.nunique() > 300, qset
+        _assert_same_table(table, reference_question_set(real_anno, qset, images=images), qset)
+
+
+def test_one_set_alone_equals_the_same_set_built_with_others(demo_anno):
+    together = build_question_sets(demo_anno, ["mc_obj", "yn_verb"], QuestionSettings())
+    for qset in ("yn_verb", "mc_obj"):
+        _assert_same_table(build_question_set(demo_anno, qset, QuestionSettings()), together[qset], qset)
+
+
+def test_unknown_set_is_named():
+    with pytest.raises(KeyError, match="unknown question set 'yn_nothing'"):
+        build_question_sets(None, ["yn_obj", "yn_nothing"], QuestionSettings())
+
+
+@pytest.mark.parametrize("value", [
+    ("hico", "yn_obj", "images/test2015/HICO_test2015_00000001.jpg", "Is someone riding a horse?", [], "yes"),
+    ("hico", "mc_obj", "x.jpg", "Which?\nA. riding\nB. \"quoted\" \\ back", ["a", "b\u00e9", "\u2603"], "A"),
+    ("charadesego", "mc_exo", "f.jpg", "Opening a door", ("Laughing", ("nested", ["deeper", 3])), "B"),
+    ("s", 0, -12, 10**20, None, True, False, 1.5, float("nan"), {"b": 1, "a": [None]}, [], ()),
+    ("tab\tnewline\n\u0000control", "emoji \U0001F600", ""),
+])
+def test_compact_json_is_json_dumps(value):
+    assert _compact_json(value) == json.dumps(value, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+
+
+def test_content_hash_is_stable():
+    # ids written by the builder before the fast encoding: a change would renumber every question of every run
+    assert content_hash("hico", "yn_obj", "images/test2015/a.jpg", "Is someone riding a horse?", [], "yes") == (
+        "5d62da9bd4b7da98")
+    assert content_hash("hico", "mc_obj", "images/test2015/a.jpg", "riding a horse",
+                        ("feeding a horse", "riding a horse")) == "98f7c92d26925d76"
