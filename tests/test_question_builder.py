@@ -84,3 +84,22 @@ def test_content_hash_is_stable():
         "5d62da9bd4b7da98")
     assert content_hash("hico", "mc_obj", "images/test2015/a.jpg", "riding a horse",
                         ("feeding a horse", "riding a horse")) == "98f7c92d26925d76"
+
+
+def test_label_check_names_the_bad_cell(demo_roots, tmp_path):
+    """The fast label check of load_hico still names a value that is not 1, 0, -1 or NaN (and passes -0.0)."""
+    import scipy.io
+
+    from verbmirage.hico import AnnotationFormatError, load_hico
+
+    mat = scipy.io.loadmat(demo_roots[0] / "anno.mat")
+    root = tmp_path / "hico"
+    root.mkdir()
+    mat["anno_test"] = mat["anno_test"].astype(float)
+    mat["anno_test"][4, 1] = -0.0
+    scipy.io.savemat(root / "anno.mat", {k: v for k, v in mat.items() if not k.startswith("__")})
+    assert load_hico(root).labels["test"][1, 4] == 0
+    mat["anno_test"][3, 2] = 0.5
+    scipy.io.savemat(root / "anno.mat", {k: v for k, v in mat.items() if not k.startswith("__")})
+    with pytest.raises(AnnotationFormatError, match=r"anno_test\[3, 2\] = 0.5; labels must be 1, 0, -1 or NaN"):
+        load_hico(root)
