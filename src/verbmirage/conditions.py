@@ -227,9 +227,17 @@ class ImageResolver:
                 safe_relative_name(file, f"{manifest_path} row {row}, column 'file'")
             self._files[image] = None if pd.isna(file) else file
         self._errors = dict(zip(manifest.image, manifest.error))
+        self._checked: dict[str, Path] = {}  # image -> its checked path: an image has many questions
 
     def path(self, image: str) -> Path:
-        """The file for ``image``; raises ``FileNotFoundError`` naming why it is missing."""
+        """The file for ``image``; raises ``FileNotFoundError`` naming why it is missing.
+
+        The containment check (two ``resolve`` calls, symlinks followed) runs once per image, not once
+        per question asked about it.
+        """
+        checked = self._checked.get(image)
+        if checked is not None:
+            return checked
         if image not in self._files:
             raise FileNotFoundError(f"{image} is not in {self.root / MANIFEST}")
         if self._files[image] is None:
@@ -240,4 +248,5 @@ class ImageResolver:
             inside(self.root, path, where)
         except UnsafePathError:  # a clean link: it must point into the source root
             inside(self.source_root, path, where)
+        self._checked[image] = path
         return path
