@@ -364,9 +364,12 @@ def attention_resource(key, default):
 
 
 def attention_model_files(wildcards):
-    """A tiny model the workflow builds itself is an input of the attention jobs that load it."""
-    path = ATTENTION_MODELS[wildcards.model].get("path", "")
-    return [path] if path in [f"resources/models/tiny_{family}" for family in TINY_FAMILIES] else []
+    """A tiny model the workflow builds itself, and a LoRA ``adapter`` folder, are inputs of the attention jobs
+    that load them."""
+    entry = ATTENTION_MODELS[wildcards.model]
+    path = entry.get("path", "")
+    built = [path] if path in [f"resources/models/tiny_{family}" for family in TINY_FAMILIES] else []
+    return built + ([entry["adapter"]] if entry.get("adapter") else [])
 
 
 def attention_parts():
@@ -586,3 +589,68 @@ def reliance_figure_notes():
             lines.append("stands in for the paper's mPLUG-Owl2")
         notes[slug] = "; ".join(lines)
     return notes
+
+
+# ---- calibrated decisions (rules/decisions.smk; variants.<slug>.decision, docs/variants.md) -----------------
+from verbmirage.decisions import calibration_qsets, decision_plan
+
+DECISIONS = decision_plan(config)  # threshold / content_free variant slugs; the calibration images they share
+CALIBRATION_QUESTIONS = "results/benchmark/{dataset}/calibration/{qset}.parquet"  # YN protocol, training images
+CALIBRATION_IMAGES = "results/images/calibration/{dataset}/{condition}"  # those images under a condition
+CALIBRATION_ANSWERS = "results/calibration/{dataset}/{condition}/{model}/{variant}.answers"  # <qset>.parquet
+CALIBRATION_CUTS = "results/calibration/{dataset}/{condition}/{model}/{variant}.json"  # one cut per YN set
+CONTENT_FREE_IMAGES = "results/images/content_free/{dataset}"  # blank.png, mean.png (HICO training images)
+
+
+def run_calibration_qsets(dataset, condition, model):
+    """The sets a threshold run fits a cut for: the HICO YN sets it asks (MC and CharadesEgo keep plain decisions)."""
+    return calibration_qsets(dataset, [q for q in DATASET_QSETS[dataset] if asks(dataset, condition, q, model)])
+
+
+def calibration_runs():
+    """(dataset, condition, model, variant) of every threshold run with a calibration set (one cuts file each)."""
+    runs = []
+    for m in MODELS:
+        for d in DATASETS:
+            for c in dataset_conditions(d):
+                for v in [v for v in variants_under(m, c) if v in DECISIONS["threshold"]]:
+                    if not run_calibration_qsets(d, c, m):
+                        continue
+                    if c in BOX_CONDITIONS:
+                        raise ValueError(
+                            f"conditions.{c}.qsets: model '{m}' with threshold variant '{v}' asks YN sets under "
+                            f"'{c}', but its training images have no HICO-DET boxes to calibrate on; ask only MC "
+                            f"sets under '{c}', or list models.{m}.variants without '{v}'"
+                        )
+                    runs.append({"dataset": d, "condition": c, "model": m, "variant": v})
+    return runs
+
+
+CALIBRATION_RUNS = calibration_runs()
+DECISION_OUTPUTS = [CALIBRATION_CUTS.format(**run) for run in CALIBRATION_RUNS]
+
+
+def calibration_run_tables(wildcards):
+    """The calibration tables one threshold run asks, in :func:`run_calibration_qsets` order."""
+    return [CALIBRATION_QUESTIONS.format(dataset=wildcards.dataset, qset=q)
+            for q in run_calibration_qsets(wildcards.dataset, wildcards.condition, wildcards.model)]
+
+
+def calibration_condition_tables(wildcards):
+    """Every calibration table asked under a condition (its images folder covers them all)."""
+    qsets = {q for run in CALIBRATION_RUNS if (run["dataset"], run["condition"]) == (wildcards.dataset,
+                                                                                     wildcards.condition)
+             for q in run_calibration_qsets(run["dataset"], run["condition"], run["model"])}
+    return [CALIBRATION_QUESTIONS.format(dataset=wildcards.dataset, qset=q) for q in sorted(qsets)]
+
+
+def decision_input(wildcards):
+    """What a prediction job decides by: its run's cuts (threshold; none for a run without a calibration set)
+    or the content-free images (content_free); nothing for the other variants."""
+    if wildcards.variant in DECISIONS["threshold"]:
+        run = {"dataset": wildcards.dataset, "condition": wildcards.condition, "model": wildcards.model,
+               "variant": wildcards.variant}
+        return CALIBRATION_CUTS.format(**run) if run in CALIBRATION_RUNS else []
+    if wildcards.variant in DECISIONS["content_free"]:
+        return CONTENT_FREE_IMAGES.format(dataset="hico")  # HICO's, for every dataset
+    return []
