@@ -20,6 +20,7 @@ include: "rules/subsets.smk"
 include: "rules/charades.smk"
 include: "rules/images.smk"
 include: "rules/inference.smk"
+include: "rules/decisions.smk"
 include: "rules/ensembles.smk"
 include: "rules/metrics.smk"
 include: "rules/tables.smk"
@@ -61,6 +62,9 @@ localrules:
     object_reliance,
     reliance_report,
     paper_figures,
+    calibration_question_set,
+    calibration_images,
+    content_free_images,
 
 
 rule all:
@@ -76,3 +80,4 @@ rule all:
         UNCERTAINTY_OUTPUTS,
         RELIANCE_OUTPUTS,
         PAPER_FIGURE_OUTPUTS,
+        DECISION_OUTPUTS,

@@ -10,6 +10,7 @@ rule predict_suite:
         images=CONDITION_DIR,
         train_stats=TRAIN_STATS,
         model_files=model_files,
+        decision=decision_input,  # calibrated decisions: the run's fitted cuts or the content-free images
     output:
         directory(SUITE_SHARD),
     wildcard_constraints:

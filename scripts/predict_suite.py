@@ -1,7 +1,8 @@
 """Answer every question set of one image shard with one model (resumable per set).
 
 Inputs: ``questions`` (one table per set, in the order of ``params.qsets``), ``images`` (condition folder),
-``train_stats``. Output: a folder with ``<qset>.parquet`` per set. Settings: ``params.qsets``,
+``train_stats``, ``decision`` (a decision variant's cuts file or content-free images folder; else none).
+Output: a folder with ``<qset>.parquet`` per set. Settings: ``params.qsets``,
 ``params.model`` (the model's config entry), ``params.variant``, ``params.n_shards``, ``params.batch_size``,
 ``params.part_size``, ``params.max_error_share``, ``params.continue_tokens``, ``params.condition`` (the
 condition's settings, part of the resume fingerprint); wildcards name the model and the shard.
@@ -17,5 +18,6 @@ with job_log(snakemake.log[0]) as log:
         int(w.shard), p.n_shards, snakemake.output[0], train_stats=snakemake.input.train_stats,
         dataset=w.dataset, batch_size=p.batch_size, part_size=p.part_size,
         condition_settings=p.condition, max_error_share=p.max_error_share, continue_tokens=p.continue_tokens,
+        decision_input=snakemake.input.get("decision") or None,
     )
     log.info("predictions per set: %s", counts)

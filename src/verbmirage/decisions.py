@@ -277,7 +277,15 @@ class ContentFreeRule:
                 question_id = f"content_free/{name}/{content_hash(kind, prompt, options)}"
                 asked.append(replace(question, question_id=question_id, image=path))
                 flags.append(mc)
-        results = score_questions(self.model, asked, flags) if asked else []
+        # only the scores of the content-free answers are used: no decoding past the first answer token
+        continue_tokens = getattr(self.model, "continue_tokens", None)
+        if continue_tokens is not None:
+            self.model.continue_tokens = 0
+        try:
+            results = score_questions(self.model, asked, flags) if asked else []
+        finally:
+            if continue_tokens is not None:
+                self.model.continue_tokens = continue_tokens
         failures, per_key = {}, len(self.images)
         for index, key in enumerate(missing):
             chunk = results[index * per_key : (index + 1) * per_key]
@@ -514,7 +522,11 @@ def calibrate(questions_paths: Mapping[str, str | Path], images_dir: str | Path,
               model_settings: dict, variant_settings: dict, answers_dir: str | Path, cuts_path: str | Path,
               about: dict | None = None, **suite_options) -> dict[str, ThresholdFit]:
     """Ask the model the calibration sets (:func:`~verbmirage.inference.run_suite`, resumable, one job) with the
-    variant's decoding but no decision, fit one cut per set and write the cuts file."""
+    variant's decoding but no decision, fit one cut per set and write the cuts file.
+
+    Only the scores of the answers are used, so nothing is decoded past the first answer token
+    (``continue_tokens`` 0: the answers' ``prediction`` is "unknown" where that token is neither yes nor no).
+    """
     from verbmirage.inference import run_suite, suite_table
 
     variant = Variant.from_config(variant_settings, where=f"variants (calibration of {model_slug})")
@@ -523,7 +535,7 @@ def calibrate(questions_paths: Mapping[str, str | Path], images_dir: str | Path,
         raise ValueError(f"calibration of {model_slug}: the variant has no threshold decision ({variant_settings})")
     questions = {qset: read_table(path, QUESTIONS) for qset, path in questions_paths.items()}
     run_suite(dict(questions_paths), images_dir, model_slug, model_settings, plain_variant_settings(variant_settings),
-              0, 1, answers_dir, **suite_options)
+              0, 1, answers_dir, **{**suite_options, "continue_tokens": 0})
     answers = {qset: read_table(suite_table(answers_dir, qset), PREDICTIONS) for qset in questions}
     fits = fit_cuts(questions, answers, settings.metric)
     for qset, fit in fits.items():

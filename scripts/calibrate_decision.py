@@ -1,0 +1,23 @@
+"""Fit a threshold variant's cuts: ask the model its calibration sets (training images, one job, resumable)
+and write one cut per YN set.
+
+Inputs: ``questions`` (one calibration table per set, in the order of ``params.qsets``), ``images`` (the
+calibration images under the run's condition), ``train_stats``. Outputs: ``cuts`` (JSON: the cut, the
+metric at it and at the plain cut 0, n per set), ``answers`` (the model's answers, ``<qset>.parquet``).
+Settings: as for predict_suite (``params.model``, ``params.variant``, ``params.batch_size``, ...); nothing is
+decoded past the first answer token (only the scores count).
+"""
+
+from verbmirage.decisions import calibrate
+from verbmirage.joblog import job_log
+
+with job_log(snakemake.log[0]) as log:
+    w, p = snakemake.wildcards, snakemake.params
+    fits = calibrate(
+        dict(zip(p.qsets, snakemake.input.questions)), snakemake.input.images, w.model, p.model, p.variant,
+        snakemake.output.answers, snakemake.output.cuts,
+        about={"dataset": w.dataset, "condition": w.condition, "variant": w.variant},
+        train_stats=snakemake.input.train_stats, dataset=w.dataset, batch_size=p.batch_size,
+        part_size=p.part_size, condition_settings=p.condition, max_error_share=p.max_error_share,
+    )
+    log.info("cuts: %s", {qset: fit.cut for qset, fit in fits.items()})
