@@ -12,6 +12,7 @@ from verbmirage.questions import (
     QuestionSettings,
     Vocabulary,
     build_question_set,
+    build_question_sets,
     build_yn_obj,
     question_counts,
     rare_hois,
@@ -23,7 +24,7 @@ SETTINGS = QuestionSettings()
 @pytest.fixture(scope="module", params=["demo", "real"])
 def built(request):
     anno = request.getfixturevalue(f"{request.param}_anno")
-    frames = {qset: build_question_set(anno, qset, SETTINGS) for qset in QUESTION_SETS}
+    frames = build_question_sets(anno, list(QUESTION_SETS), SETTINGS)
     return request.param, anno, frames
 
 
@@ -32,16 +33,29 @@ def _image_labels(anno):
     return lambda image_id: anno.labels["test"][index[image_id]]
 
 
+def _label_rows(anno, questions) -> np.ndarray:
+    """The test-label row (600 HOIs) of every question's image, one row per question (checks in array form:
+    the real sets have 20K-60K rows)."""
+    index = {name.rsplit(".", 1)[0]: i for i, name in enumerate(anno.images["test"])}
+    return anno.labels["test"][questions.image_id.map(index).to_numpy()]
+
+
+def _one_hot(keys: np.ndarray, names) -> np.ndarray:
+    """(len(keys) x len(names)) booleans: row i marks names == keys[i]."""
+    return np.asarray(keys)[:, None] == np.asarray(list(names))[None, :]
+
+
 def test_yn_obj_invariants(built):
     _, anno, frames = built
-    questions, labels_of = frames["yn_obj"], _image_labels(anno)
-    hois = anno.hois.set_index("hoi_id")
-    for row in questions.itertuples():
-        label = labels_of(row.image_id)[row.hoi_id]
-        assert hois.at[row.hoi_id, "object"] == row.object and hois.at[row.hoi_id, "verb"] == row.verb
-        assert row.verb != "no_interaction"
-        # yes: positive; no: object present, HOI absent (neither positive nor ambiguous)
-        assert label == (1 if row.answer == "yes" else -1), row
+    questions = frames["yn_obj"]
+    hoi = questions.hoi_id.astype(int).to_numpy()
+    assert (anno.hois.object.to_numpy()[hoi] == questions.object.to_numpy()).all()
+    assert (anno.hois.verb.to_numpy()[hoi] == questions.verb.to_numpy()).all()
+    assert (questions.verb != "no_interaction").all()
+    # yes: positive; no: object present, HOI absent (neither positive nor ambiguous)
+    label = _label_rows(anno, questions)[np.arange(len(questions)), hoi]
+    expected = np.where(questions.answer == "yes", 1, -1)
+    assert (label == expected).all(), questions[label != expected].head()
     per_object = questions.groupby(["image_id", "object"]).answer.value_counts().unstack(fill_value=0)
     assert (per_object["no"] == 2 * per_object["yes"]).all()  # protocol "paired": exactly 1:2 per object
 
@@ -70,37 +84,46 @@ def test_obj_exist_is_on_the_verb_sets_images(built):
 def test_yn_verb_negatives_are_absent_from_the_image(built):
     _, anno, frames = built
     verbs, objects = anno.hois.verb.to_numpy(), anno.hois.object.to_numpy()
-    labels_of = _image_labels(anno)
-    for row in frames["yn_verb"].itertuples():
-        labels = labels_of(row.image_id)
-        of_verb = verbs == row.verb
-        if row.answer == "yes":
-            assert (labels[of_verb] == 1).any()
-        else:
-            assert not np.isin(labels[of_verb], (0, 1)).any(), row
-            present = set(objects[~np.isnan(labels)])
-            assert present & set(objects[of_verb]), "negative verb not plausible for any present object"
-        assert row.prompt.endswith("something?") and row.object is None
+    questions = frames["yn_verb"]
+    index = {name.rsplit(".", 1)[0]: i for i, name in enumerate(anno.images["test"])}
+    image = questions.image_id.map(index).to_numpy()
+    verb_names, object_names = sorted(set(verbs)), sorted(set(objects))
+    verb = questions.verb.map({v: i for i, v in enumerate(verb_names)}).to_numpy()
+    labels = anno.labels["test"]
+    hoi_verb, hoi_object = _one_hot(verbs, verb_names).astype(int), _one_hot(objects, object_names).astype(int)
+    done = ((labels == 1).astype(int) @ hoi_verb > 0)[image, verb]  # some HOI of the verb is positive
+    done_or_ambiguous = (np.isin(labels, (0, 1)).astype(int) @ hoi_verb > 0)[image, verb]
+    present = (~np.isnan(labels)).astype(int) @ hoi_object > 0  # image x object
+    plausible = (present.astype(int) @ (hoi_object.T @ hoi_verb) > 0)[image, verb]  # a present object has the verb
+    yes = (questions.answer == "yes").to_numpy()
+    assert done[yes].all()
+    assert not done_or_ambiguous[~yes].any()
+    assert plausible[~yes].all(), "negative verb not plausible for any present object"
+    assert questions.prompt.str.endswith("something?").all() and questions.object.isna().all()
 
 
 @pytest.mark.parametrize("qset", ["mc_obj", "mc_verb"])
 def test_mc_groups_rotate_one_correct_option(built, qset):
     _, anno, frames = built
-    questions = frames[qset]
     n = SETTINGS.mc_options
-    for _, group in questions.groupby("group_id"):
-        group = group.sort_values("rotation")
-        assert group.rotation.tolist() == list(range(n))
-        assert group.image_id.nunique() == 1
-        base = list(group.options.iloc[0])
-        assert len(set(base)) == n
-        correct_text = base[ord(group.answer.iloc[0]) - ord("A")]
-        for rotation, (options, answer) in enumerate(zip(group.options, group.answer)):
-            assert list(options) == base[rotation:] + base[:rotation]
-            assert [o == correct_text for o in options].count(True) == 1
-            assert options[ord(answer) - ord("A")] == correct_text
-        letters = [ord(a) - ord("A") for a in group.answer]
-        assert all((letters[i] - letters[i + 1]) % n == 1 for i in range(n - 1))  # the letter moves
+    questions = frames[qset].sort_values(["group_id", "rotation"], kind="stable")
+    groups = len(questions) // n
+    assert len(questions) == groups * n and questions.group_id.nunique() == groups  # n rows per group
+    shaped = {column: questions[column].to_numpy().reshape(groups, n) for column in ("group_id", "rotation", "image_id")}
+    assert (shaped["group_id"] == shaped["group_id"][:, :1]).all()
+    assert (shaped["rotation"] == np.arange(n)).all()
+    assert (shaped["image_id"] == shaped["image_id"][:, :1]).all()
+    options = np.array([list(o) for o in questions.options]).reshape(groups, n, n)  # group x rotation x option
+    base = options[:, 0, :]
+    ordered = np.sort(base, axis=1)
+    assert (ordered[:, 1:] != ordered[:, :-1]).all()  # n distinct options
+    for rotation in range(n):
+        assert (options[:, rotation, :] == np.roll(base, -rotation, axis=1)).all()
+    letters = np.array([ord(a) - ord("A") for a in questions.answer]).reshape(groups, n)
+    correct_text = base[np.arange(groups), letters[:, 0]]
+    assert ((options == correct_text[:, None, None]).sum(axis=2) == 1).all()
+    assert (np.take_along_axis(options, letters[:, :, None], axis=2)[:, :, 0] == correct_text[:, None]).all()
+    assert ((letters[:, :-1] - letters[:, 1:]) % n == 1).all()  # the letter moves
 
 
 def test_mc_obj_negative_options_are_absent_hois(built):
@@ -121,12 +144,17 @@ def test_mc_obj_negative_options_are_absent_hois(built):
 def test_obj_exist_invariants(built):
     _, anno, frames = built
     objects = anno.hois.object.to_numpy()
-    labels_of = _image_labels(anno)
     questions = frames["obj_exist"]
     assert "person" not in set(questions.object)
-    for row in questions.itertuples():
-        present = ~np.isnan(labels_of(row.image_id)[objects == row.object])
-        assert present.all() if row.answer == "yes" else not present.any()
+    index = {name.rsplit(".", 1)[0]: i for i, name in enumerate(anno.images["test"])}
+    image = questions.image_id.map(index).to_numpy()
+    object_names = sorted(set(objects))
+    hoi_object = _one_hot(objects, object_names).astype(int)
+    annotated = (~np.isnan(anno.labels["test"])).astype(int) @ hoi_object  # image x object: its HOIs annotated
+    counts = annotated[image, questions.object.map({o: i for i, o in enumerate(object_names)}).to_numpy()]
+    yes = (questions.answer == "yes").to_numpy()
+    assert (counts == hoi_object.sum(axis=0)[questions.object.map(object_names.index).to_numpy()])[yes].all()
+    assert (counts[~yes] == 0).all()
 
 
 def test_ids_unique_and_tags(built):
