@@ -2,7 +2,8 @@
 per-pixel mean of the seeded calibration training images, both of their median size (+ content_free.json).
 
 Inputs: ``anno``, ``images`` (the HICO image folder, or what produces it). Output: the folder.
-Settings: ``params.root`` (the HICO folder), ``params.images`` (how many: ``decision.calibration_images``), ``params.seed``.
+Settings: ``params.root`` (the HICO folder), ``params.images`` (how many: ``decision.calibration_images``),
+``params.seed`` (``questions.seed``).
 """
 
 from verbmirage.decisions import write_content_free_images

@@ -235,7 +235,7 @@ def test_content_free_images(demo_roots, demo_anno, tmp_path):
     assert np.abs(mean - expected).max() <= 0.5 + 1e-9  # rounded to 8 bits
 
 
-# ---- the wrapper on a real backend -------------------------------------------------------------------------------------
+# ---- the wrapper on a real backend ---------------------------------------------------------------------------
 def test_content_free_rule_scores_each_prompt_once(demo_roots, demo_anno, tmp_path):
     """The random baseline (a real backend) through the wrapper: one content-free score per distinct prompt."""
     write_content_free_images(demo_roots[0], demo_anno, 3, 0, tmp_path)

@@ -7,6 +7,7 @@ variant's rows are the plain scores shifted by the model's own answers on the co
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from verbmirage.decisions import (
     margin_of,
     mean_probability_margin,
     write_content_free_images,
+    write_cuts,
 )
 from verbmirage.inference import run_suite, suite_table
 from verbmirage.io import PREDICTIONS, QUESTIONS, read_table, write_table
@@ -28,13 +30,13 @@ from verbmirage.models import Question, create_model
 from verbmirage.questions import QuestionSettings, build_question_set
 from verbmirage.tiny import build_tiny_llava
 
-CALIBRATION_IMAGES = 6
+CALIBRATION_IMAGES = 4
 YN_SETS = ("yn_obj", "yn_verb")
 
 
 @pytest.fixture(scope="module")
 def setup(demo_anno, demo_roots, tmp_path_factory):
-    """Calibration sets on 6 training images, the test sets (two YN, one MC) on 4 test images, clean folders."""
+    """Calibration sets on 4 training images, the test sets (two YN, one MC) on 3 test images, clean folders."""
     base = tmp_path_factory.mktemp("decisions")
     settings = QuestionSettings()
     calibration = {}
@@ -42,7 +44,7 @@ def setup(demo_anno, demo_roots, tmp_path_factory):
         calibration[qset] = base / f"calibration_{qset}.parquet"
         write_table(build_calibration_set(demo_anno, qset, settings, CALIBRATION_IMAGES), calibration[qset], QUESTIONS)
     tables = {qset: build_question_set(demo_anno, qset, settings) for qset in (*YN_SETS, "mc_verb")}
-    images = sorted(set(tables["yn_obj"].image) & set(tables["mc_verb"].image))[:4]
+    images = sorted(set(tables["yn_obj"].image) & set(tables["mc_verb"].image))[:3]
     paths = {}
     for qset, table in tables.items():
         paths[qset] = base / f"{qset}.parquet"
@@ -75,6 +77,22 @@ def test_threshold_variant_cuts_the_plain_margins(setup, tmp_path):
     calibrated = tmp_path / "calibrated"
     run_suite(paths, base / "clean", "tiny_llava", entry, variant, 0, 1, calibrated, batch_size=8,
               decision_input=cuts_file)
+    _assert_cut(calibrated, plain, paths, fits)
+    # a cut at the median plain margin of each set: both answers occur, so the rows really follow the cut
+    medians = {}
+    for qset in YN_SETS:
+        margins = read_table(suite_table(plain, qset), PREDICTIONS).yes_margin.to_numpy(float)
+        medians[qset] = replace(fits[qset], cut=float(np.median(margins)))
+    write_cuts(tmp_path / "median.json", medians, {})
+    run_suite(paths, base / "clean", "tiny_llava", entry, variant, 0, 1, tmp_path / "median", batch_size=8,
+              decision_input=tmp_path / "median.json")
+    for qset in YN_SETS:
+        assert set(read_table(suite_table(tmp_path / "median", qset), PREDICTIONS).prediction) == {"yes", "no"}
+    _assert_cut(tmp_path / "median", plain, paths, medians)
+
+
+def _assert_cut(calibrated, plain, paths, fits):
+    """The calibrated job's rows: YN = the plain margins cut at the set's cut, MC = the plain rows."""
     for qset in paths:
         ours = read_table(suite_table(calibrated, qset), PREDICTIONS).set_index("question_id")
         theirs = read_table(suite_table(plain, qset), PREDICTIONS).set_index("question_id").loc[ours.index]

@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from verbmirage.hico import HicoAnnotations
+from verbmirage.hico import NO_INTERACTION, HicoAnnotations
 from verbmirage.imaging import open_rgb
 from verbmirage.io import PREDICTIONS, QUESTIONS, atomic_path, read_table
 from verbmirage.models.base import (
@@ -51,7 +51,7 @@ from verbmirage.models.base import (
     option_letter,
 )
 from verbmirage.paths import file_digest
-from verbmirage.questions import NO_INTERACTION, QUESTION_SETS, QuestionSettings, build_question_set, content_hash
+from verbmirage.questions import QUESTION_SETS, QuestionSettings, build_question_set, content_hash
 from verbmirage.variants import DecisionSettings, Variant
 
 log = logging.getLogger(__name__)
@@ -215,7 +215,8 @@ def content_free_yes_no(result: YesNoResult, content_free_margins: Sequence[floa
                     decide_yes=None if math.isnan(calibrated) else bool(calibrated >= 0))
 
 
-def content_free_choice(result: MultipleChoiceResult, content_free_probs: Sequence[Sequence[float]]) -> MultipleChoiceResult:
+def content_free_choice(result: MultipleChoiceResult,
+                        content_free_probs: Sequence[Sequence[float]]) -> MultipleChoiceResult:
     """Option probabilities divided by the averaged content-free ones, renormalised; the argmax letter
     (the first on ties). Undefined (NaN, or a content-free probability of 0) -> "unknown"."""
     if result.error is not None:
