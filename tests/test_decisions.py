@@ -264,3 +264,11 @@ def test_threshold_needs_a_cut_for_every_calibrated_set(tmp_path):
     # CharadesEgo has no calibration set: its runs keep the plain decision
     wrapped = decision_model(model, variant, {"a": "yn_exo"}, "charadesego", None)
     assert wrapped.rule.cuts == {}
+
+
+def test_calibration_set_on_the_real_hico(real_anno):
+    """The real anno.mat: 200 training images give a paired 1:2 yn_obj calibration set with no test image."""
+    frame = build_calibration_set(real_anno, "yn_obj", QuestionSettings(), 200)
+    check_training_only(frame, real_anno)
+    assert frame.image.nunique() <= 200 and len(frame) > 500  # measured: 951 questions on 179 images
+    assert (frame.answer == "no").sum() == 2 * (frame.answer == "yes").sum()
