@@ -56,7 +56,8 @@ def _yes_no(margin: float, prediction: str = "yes", rule: str = "greedy:first-to
 def _brute_force(margins, answers, metric):
     """Every candidate cut tried one by one with plain Python counting (no shared code with the fit)."""
     best_cut, best_value = None, -1.0
-    for cut in sorted(set(m for m in margins if not math.isnan(m)) | {math.inf}):
+    defined = [m for m in margins if not math.isnan(m)]
+    for cut in sorted(set(defined) | {math.nextafter(max(defined), math.inf)}):
         pairs = [(m >= cut, a == "yes") for m, a in zip(margins, answers) if not math.isnan(m)]
         tp = sum(p and t for p, t in pairs)
         fp = sum(p and not t for p, t in pairs)
@@ -95,9 +96,11 @@ def test_ties_take_the_smallest_cut():
     # cuts 0.5 and 2.0 both give accuracy 3/4 (one error each); the smaller one wins
     fit = fit_threshold([0.0, 0.5, 1.0, 2.0], ["no", "yes", "no", "yes"], "accuracy")
     assert fit.cut == 0.5 and fit.metric_at_cut == 0.75
-    # all "no" is a candidate too (+inf) when nothing beats it
+    # all "no" is a candidate too: just above the largest margin (finite, so scores stay ranked)
     fit = fit_threshold([3.0, 2.0, 1.0], ["no", "no", "no"], "accuracy")
-    assert fit.cut == math.inf and fit.metric_at_cut == 1.0
+    assert fit.cut == math.nextafter(3.0, math.inf) and fit.metric_at_cut == 1.0
+    assert apply_threshold(_yes_no(3.0), fit.cut).prediction == "no"
+    assert apply_threshold(_yes_no(3.5), fit.cut).yes_margin == pytest.approx(0.5)
 
 
 def test_cut_zero_is_the_plain_score_decision():
@@ -136,9 +139,9 @@ def test_threshold_rule_cuts_only_yes_no_sets_with_a_cut():
 
 
 def test_cuts_file_round_trip(tmp_path):
-    fits = {"yn_obj": fit_threshold([0.1, 0.2], ["yes", "no"]), "yn_verb": fit_threshold([1.0], ["no"])}
+    fits = {"yn_obj": fit_threshold([0.1, 0.2], ["yes", "no"]), "yn_verb": fit_threshold([math.inf], ["no"])}
     write_cuts(tmp_path / "cuts.json", fits, {"model": "m"})
-    document = json.loads((tmp_path / "cuts.json").read_text())  # strict JSON: an all-"no" cut is "inf"
+    document = json.loads((tmp_path / "cuts.json").read_text())  # strict JSON: an infinite cut is "inf"
     assert document["cuts"]["yn_verb"]["cut"] == "inf" and document["model"] == "m"
     assert read_cuts(tmp_path / "cuts.json") == {"yn_obj": fits["yn_obj"].cut, "yn_verb": math.inf}
     (tmp_path / "bad.json").write_text('{"cuts": {"yn_obj": {}}}')

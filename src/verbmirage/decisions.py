@@ -114,9 +114,12 @@ def mean_probability_margin(margins: Sequence[float]) -> float:
 # ---- threshold ---------------------------------------------------------------------------------------------
 def candidate_cuts(margins: np.ndarray) -> np.ndarray:
     """Every cut that gives distinct predictions (``yes iff margin >= cut``), ascending: the distinct defined
-    margins, then +inf (all "no")."""
+    margins, then the next float above the largest (all "no" here, yet a finite shift that keeps the
+    calibrated scores ranked: a higher margin elsewhere still says yes)."""
     margins = np.asarray(margins, dtype=np.float64)
-    return np.unique(np.append(margins[~np.isnan(margins)], np.inf))
+    defined = margins[~np.isnan(margins)]
+    above = np.nextafter(defined.max(), np.inf) if len(defined) else np.inf
+    return np.unique(np.append(defined, above))
 
 
 def metric_at_cuts(margins: np.ndarray, is_yes: np.ndarray, cuts: np.ndarray, metric: str) -> np.ndarray:
@@ -477,7 +480,7 @@ def content_free_paths(folder: str | Path, names: Sequence[str]) -> dict[str, Pa
 
 # ---- the calibration job ---------------------------------------------------------------------------------------
 def _encode(value: float):
-    """JSON has no infinity: a cut above every margin is written as the string "inf"."""
+    """JSON has no infinity: an infinite cut (only where a margin is infinite) is written as "inf" / "-inf"."""
     return value if math.isfinite(value) else repr(value)
 
 
