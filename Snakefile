@@ -19,6 +19,7 @@ include: "rules/questions.smk"
 include: "rules/subsets.smk"
 include: "rules/charades.smk"
 include: "rules/images.smk"
+include: "rules/derived.smk"
 include: "rules/inference.smk"
 include: "rules/decisions.smk"
 include: "rules/ensembles.smk"
@@ -81,3 +82,4 @@ rule all:
         RELIANCE_OUTPUTS,
         PAPER_FIGURE_OUTPUTS,
         DECISION_OUTPUTS,
+        DERIVED_OUTPUTS,

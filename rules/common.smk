@@ -35,6 +35,12 @@ for _configfile in workflow.configfiles:  # Snakemake's YAML reader keeps the la
     check_yaml_file(_configfile)
 validate(config, workflow.source_path("../schemas/config.schema.yaml"))
 check_config(config, workdir=os.getcwd())
+# Derived models (models.<slug>.derive, rules/derived.smk): from here on each is the entry its jobs load (its
+# base's backend and settings, path or adapter = its built folder); DERIVED keeps their derive blocks.
+from verbmirage.derived import DERIVED_FOLDER, derived_entries, effective_models
+
+DERIVED = derived_entries(config)  # slug -> {method, base, ...settings}
+config["models"] = effective_models(config)
 
 CHARADES = config["datasets"].get("charadesego")  # optional: Table 4 (ego vs exo)
 DATASETS = ["hico"] + (["charadesego"] if CHARADES else [])
@@ -152,6 +158,49 @@ def mitigation_table_outputs(number):
     return [parquet, markdown, report(html, category="Paper tables", caption=f"../report/{caption}")]
 
 
+# ---- derived models (rules/derived.smk; models.<slug>.derive, docs/models.md "Derived models") ------------
+DERIVED_MODEL = DERIVED_FOLDER  # results/models/{model}: Nullu's edited weights, a fine-tune's peft adapter
+DERIVED_MODELS = [DERIVED_MODEL.format(model=slug) for slug in DERIVED]
+DERIVED_OUTPUTS = DERIVED_MODELS  # built even when no run asks the model (rule all)
+
+
+def _nullu_data(derive):
+    """Nullu's pairs: a LURE-format file (images under ``image_root``), else HICO's training labels and images."""
+    if derive.get("pairs_file"):
+        files = {"pairs_file": derive["pairs_file"]}
+        return files, {**files, "image_root": derive.get("image_root", "")}
+    return {"anno": HICO_ANNO, "images": HICO_IMAGES}, {"hico_root": HICO_ROOT}
+
+
+def _lora_finetune_data(derive):
+    """The fine-tune's training data (verbmirage.derived.finetune): none wired yet."""
+    return {}, {}
+
+
+# method -> derive block -> (input files of rule derive_model, the paths its build reads as `inputs`)
+DERIVE_DATA = {"nullu": _nullu_data, "lora_finetune": _lora_finetune_data}
+
+
+def derive_inputs(wildcards):
+    """A derived model's inputs: its base's built folders (tiny model, adapter) and its method's data."""
+    derive = DERIVED[wildcards.model]
+    base_files = entry_model_files(config["models"][derive["base"]])
+    return {"base_files": base_files, **DERIVE_DATA[derive["method"]](derive)[0]}
+
+
+def derive_base_settings(base):
+    """The base entry a build loads: what its weights and prompts depend on, without planning keys (its own
+    variants, resources, shards, batch size), so that only a change of these settings rebuilds."""
+    return {key: value for key, value in model_settings(base).items()
+            if key not in ("variants", "resources", "shards", "batch_size")}
+
+
+def derive_data(wildcards):
+    """The paths a derived model's build reads (its ``inputs`` argument)."""
+    derive = DERIVED[wildcards.model]
+    return DERIVE_DATA[derive["method"]](derive)[1]
+
+
 # ---- input functions ---------------------------------------------------------
 def model_resource(key, default):
     """Resource of the prediction job, from the model entry's ``resources``."""
@@ -198,11 +247,16 @@ def merge_groups(models):
 
 
 def model_files(wildcards):
-    """A model folder the workflow builds itself (resources/models/tiny_*) and a LoRA ``adapter`` folder are
-    inputs of its jobs."""
-    entry = config["models"][wildcards.model]
+    """A model folder the workflow builds itself (resources/models/tiny_*, a derived model's folder) and a
+    LoRA ``adapter`` folder are inputs of its jobs."""
+    return entry_model_files(config["models"][wildcards.model])
+
+
+def entry_model_files(entry):
+    """The folders of a model entry that the workflow builds (tiny models, derived models) or that hold its
+    LoRA ``adapter``: inputs of every job that loads it."""
     path = entry.get("path", "")
-    built = [f"resources/models/tiny_{family}" for family in TINY_FAMILIES]
+    built = [f"resources/models/tiny_{family}" for family in TINY_FAMILIES] + DERIVED_MODELS
     return ([path] if path in built else []) + ([entry["adapter"]] if entry.get("adapter") else [])
 
 
@@ -351,7 +405,7 @@ ATTENTION_SETTINGS = config.get("analysis", {}).get("attention") or {}
 ATTENTION_MODELS = attention_models(config)  # slug -> model entry (models: or analysis.attention.extra_models)
 ATTENTION_QSETS = ATTENTION_SETTINGS.get("qsets", [])  # checked against questions.sets by attention_models
 ATTENTION_CONDITIONS = ATTENTION_SETTINGS.get("conditions", [])
-ATTENTION_PART = "results/analysis/attention/{dataset}/{qset}/{condition}/{model}.parquet"
+ATTENTION_PART = "results/analysis/attention/{dataset}/{condition}/{model}.parquet"  # one job: every set, model loaded once
 ATTENTION_TABLE = "results/analysis/attention.parquet"
 ATTENTION_FIGURES = {n: f"results/figures/fig{n}_attention.png" for n in (7, 8, 13, 14)}
 ATTENTION_SUMMARY = expand("results/analysis/attention_summary.{ext}", ext=["parquet", "html"])
@@ -364,21 +418,22 @@ def attention_resource(key, default):
 
 
 def attention_model_files(wildcards):
-    """A tiny model the workflow builds itself, and a LoRA ``adapter`` folder, are inputs of the attention jobs
-    that load them."""
-    entry = ATTENTION_MODELS[wildcards.model]
-    path = entry.get("path", "")
-    built = [path] if path in [f"resources/models/tiny_{family}" for family in TINY_FAMILIES] else []
-    return built + ([entry["adapter"]] if entry.get("adapter") else [])
+    """A tiny or derived model the workflow builds itself, and a LoRA ``adapter`` folder, are inputs of the
+    attention jobs that load them."""
+    return entry_model_files(ATTENTION_MODELS[wildcards.model])
 
 
 def attention_parts():
     return [
-        ATTENTION_PART.format(dataset="hico", qset=q, condition=c, model=m)
-        for q in ATTENTION_QSETS
+        ATTENTION_PART.format(dataset="hico", condition=c, model=m)
         for c in ATTENTION_CONDITIONS
         for m in ATTENTION_MODELS
     ]
+
+
+def attention_questions(wildcards):
+    """The question tables one attention job probes: every set of ``analysis.attention.qsets``, in that order."""
+    return [QUESTIONS.format(dataset=wildcards.dataset, qset=q) for q in ATTENTION_QSETS]
 
 
 def attention_figure_roles():

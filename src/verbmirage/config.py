@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from verbmirage.conditions import CONDITIONS
+from verbmirage.derived import effective_models
 from verbmirage.hico import hico_det_file
 from verbmirage.models.base import allow_remote_code
 from verbmirage.models.registry import BACKENDS, variant_features
@@ -148,6 +149,10 @@ def condition_question_sets(config: dict, condition: str, dataset: str, dataset_
 def check_config(config: dict, workdir: str | Path = ".") -> None:
     """Raise :class:`ConfigError` on the first problem found."""
     workdir = Path(workdir)
+    try:  # a derived entry (models.<slug>.derive) is checked as the entry its jobs load
+        config = {**config, "models": effective_models(config)}
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     hico = config["datasets"]["hico"]
     downloaded = [Path(DOWNLOADS_FOLDER) / name for name in config.get("downloads", {})]
     for key, demo in (("root", DEMO_HICO_ROOT), ("det_root", DEMO_HICO_DET_ROOT)):

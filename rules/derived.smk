@@ -1,0 +1,30 @@
+# Derived models (models.<slug>.derive; src/verbmirage/derived, docs/models.md "Derived models"): a model
+# built from another entry, into its own folder, which the slug's inference and attention jobs take as input.
+
+
+rule derive_model:
+    """Build a derived model (Nullu's edited weights, a LoRA fine-tune's adapter) from its base: a GPU job with
+    the entry's resources. The base's settings are params, so changing the base rebuilds it."""
+    input:
+        unpack(derive_inputs),
+    output:
+        directory(DERIVED_MODEL),
+    wildcard_constraints:
+        model=_alternatives(DERIVED),
+    params:
+        derive=lambda wildcards: DERIVED[wildcards.model],  # method, base and the method's settings
+        base=lambda wildcards: derive_base_settings(DERIVED[wildcards.model]["base"]),
+        data=derive_data,
+    resources:
+        gpu=model_resource("gpu", 0),
+        mem_mb=model_resource("mem_mb", 4000),
+        runtime=model_resource("runtime", 60),
+        cpus_per_gpu=model_resource("cpus_per_gpu", 4),
+    log:
+        "logs/derive_model/{model}.log",
+    benchmark:
+        "benchmarks/derive_model/{model}.tsv"
+    conda:
+        "../envs/verbmirage.yaml"
+    script:
+        "../scripts/derive_model.py"
