@@ -50,6 +50,7 @@ def _config(workdir: Path) -> None:
     config["conditions"] = {"clean": config["conditions"]["clean"]}  # one condition: scheduling is what is tested
     config["metrics"]["error_consistency"] = []
     config["metrics"]["bootstrap_resamples"] = 50
+    config["variants"] = {"default": {}}  # the demo's mitigation variants add jobs, not scheduling cases
     # the test node has 2 CPUs: a GPU job may ask for one per GPU
     config["models"]["tiny_llava"]["resources"] = {"gpu": 1, "mem_mb": 2000, "runtime": 10, "cpus_per_gpu": 1}
     workdir.mkdir(parents=True, exist_ok=True)
