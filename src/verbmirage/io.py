@@ -120,6 +120,20 @@ ATTENTION = pa.schema(
     ]
 )
 
+# Nullu's truthful/hallucinated pairs (derived/nullu.py), saved beside the edited weights: images relative to the
+# data root (HICO: images/train2015/...); HOI ids 0-based, -1 for LURE-format pairs.
+NULLU_PAIRS = pa.schema(
+    [
+        ("image", pa.string()),
+        ("truthful_prompt", pa.string()),
+        ("hallucinated_prompt", pa.string()),
+        ("truthful", pa.string()),
+        ("hallucinated", pa.string()),
+        ("hoi_id", pa.int64()),
+        ("negative_hoi_id", pa.int64()),
+    ]
+)
+
 # Attention summary (analysis/attention_summary.py): per (qset, condition, model, layer, measure, group),
 # the correct and hallucinated rows compared (means, medians, difference with an image-bootstrap CI, AUROC).
 ATTENTION_SUMMARY = pa.schema(
@@ -345,6 +359,35 @@ VCD_KL_HIST = pa.schema(
         ("bin_right", pa.float64()),
         ("count", pa.int64()),
         ("share", pa.float64()),
+    ]
+)
+
+
+# A LoRA fine-tune's log (derived/finetune.py): one row per optimizer step (1-based); loss = mean cross-entropy
+# over the step's answer tokens, lr = the learning rate the step used, tokens = its answer (loss) tokens.
+TRAIN_LOG = pa.schema(
+    [
+        ("step", pa.int64()),
+        ("loss", pa.float64()),
+        ("lr", pa.float64()),
+        ("tokens", pa.int64()),
+    ]
+)
+
+# Pangea training questions per source (derived/pangea.py): the pattern that left it out (empty: kept), its
+# samples, labels and unsafe image names, the images and questions drawn, the selected (290) nodes they reach.
+PANGEA_SOURCES = pa.schema(
+    [
+        ("source", pa.string()),
+        ("excluded_by", pa.string()),
+        ("samples", pa.int64()),
+        ("unsafe_names", pa.int64()),
+        ("labels", pa.int64()),
+        ("images", pa.int64()),
+        ("mc_questions", pa.int64()),
+        ("yn_yes", pa.int64()),
+        ("yn_no", pa.int64()),
+        ("nodes_covered", pa.int64()),
     ]
 )
 

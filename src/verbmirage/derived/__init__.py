@@ -92,7 +92,10 @@ def check_derived(config: dict) -> None:
         module = _method_module(method, where)
         check = getattr(module, "check_settings", None)
         if check is not None:
-            check(method_settings(derive), where)
+            try:
+                check(method_settings(derive), where)
+            except (TypeError, ValueError) as error:
+                raise DerivedModelError(str(error)) from None
 
 
 def method_settings(derive: dict) -> dict:
