@@ -60,9 +60,10 @@ MODEL_VARIANTS.update({e: [v for v in VARIANTS if all(v in MODEL_VARIANTS[m] for
 VARIANT_SETTINGS = {v: Variant.from_config(entry, f"variants.{v}") for v, entry in config["variants"].items()}
 
 
-def variants_under(model, condition):
-    """The variants ``model`` (or an ensemble) runs under ``condition`` (``variants.<slug>.conditions``)."""
-    return [v for v in MODEL_VARIANTS[model] if VARIANT_SETTINGS[v].runs_under(condition)]
+def variants_under(model, condition, dataset="hico"):
+    """The variants ``model`` (or an ensemble) runs under ``condition`` on ``dataset``
+    (``variants.<slug>.conditions`` and ``datasets``)."""
+    return [v for v in MODEL_VARIANTS[model] if VARIANT_SETTINGS[v].runs_under(condition, dataset)]
 CONSISTENCY_PAIRS = [tuple(pair) for pair in config["metrics"]["error_consistency"]]
 HICO_ROOT = config["datasets"]["hico"]["root"]
 HICO_DET_ROOT = config["datasets"]["hico"].get("det_root", "")  # "" -> no boxes, no image subsets
@@ -377,7 +378,7 @@ def all_scored():
         for c in dataset_conditions(d)
         for m in MODELS + list(ENSEMBLES)
         if any(asks(d, c, q, m) for q in condition_qsets(d, c))
-        for v in variants_under(m, c)
+        for v in variants_under(m, c, d)
     ]
 
 
@@ -668,7 +669,7 @@ def calibration_runs():
     for m in MODELS:
         for d in DATASETS:
             for c in dataset_conditions(d):
-                for v in [v for v in variants_under(m, c) if v in DECISIONS["threshold"]]:
+                for v in [v for v in variants_under(m, c, d) if v in DECISIONS["threshold"]]:
                     if not run_calibration_qsets(d, c, m):
                         continue
                     if c in BOX_CONDITIONS:

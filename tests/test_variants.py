@@ -133,13 +133,18 @@ def test_only_runs_a_backend_can_do_are_planned(tmp_path):
     """A beam variant: planned for the transformers model, not for the blind baselines nor their ensemble."""
 
     def edit(config):
-        config["variants"]["beam5"] = {"decoding": "beam", "paper_name": "beam5"}
+        config["variants"] = {"default": {}, "beam5": {"decoding": "beam", "paper_name": "beam5",
+                                                      "conditions": ["clean"], "datasets": ["hico"]}}
 
     shutil.rmtree(tmp_path, ignore_errors=True)
     tmp_path.mkdir()
     write_config(tmp_path, edit)
     jobs = planned_jobs(tmp_path)
     beam_models = {w["model"] for rule, w in jobs if w.get("variant") == "beam5"}
+    # the variant's conditions and datasets: planned under clean on HICO only
+    beam_runs = {(w.get("dataset"), w.get("condition")) for rule, w in jobs
+                 if w.get("variant") == "beam5" and rule in ("predict_suite", "metric_part")}
+    assert beam_runs == {("hico", "clean")}
     assert beam_models and not beam_models & {"always_yes", "random", "prior", "blind_vote"}
     default_models = {w["model"] for rule, w in jobs if w.get("variant") == "default"}
     assert {"random", "blind_vote"} <= default_models

@@ -104,8 +104,10 @@ class Variant:
     prompt_suffix: str = ""
     decision: DecisionSettings | None = None
     paper_name: str = ""
-    #: The image conditions this variant runs under (empty: all). Plans runs only; answers do not depend on it.
+    #: The image conditions and datasets this variant runs under (empty: all). They plan runs only; no answer
+    #: depends on them.
     conditions: tuple[str, ...] = ()
+    datasets: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, entry: dict | None, where: str = "variants") -> "Variant":
@@ -146,10 +148,13 @@ class Variant:
         if float(entry.get("temperature", 1.0)) <= 0:
             raise ValueError(f"{where}.temperature: must be positive (use decoding: greedy for argmax)")
         entry["conditions"] = tuple(entry.get("conditions", ()))
+        entry["datasets"] = tuple(entry.get("datasets", ()))
         return cls(**entry)
 
-    def runs_under(self, condition: str) -> bool:
-        return not self.conditions or condition in self.conditions
+    def runs_under(self, condition: str, dataset: str | None = None) -> bool:
+        """Whether runs of this variant are planned under ``condition`` (and on ``dataset``, when given)."""
+        return ((not self.conditions or condition in self.conditions)
+                and (dataset is None or not self.datasets or dataset in self.datasets))
 
     def features(self) -> frozenset[str]:
         """What a backend must offer to run this variant."""
@@ -169,9 +174,9 @@ class Variant:
 
     def settings(self) -> dict:
         """Every setting the answers depend on (for fingerprints and provenance): no ``paper_name``, no
-        ``conditions``."""
+        ``conditions`` or ``datasets``."""
         values = asdict(self)
-        values.pop("paper_name"), values.pop("conditions")
+        values.pop("paper_name"), values.pop("conditions"), values.pop("datasets")
         return values
 
     @property

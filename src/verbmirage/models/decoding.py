@@ -171,61 +171,88 @@ def sample_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, st
     return [_cut_at_stop(row, stop) for row in tokens.tolist()]
 
 
+class BeamBook:
+    """The bookkeeping of transformers 5.x vectorised beam search, one step at a time (shared by
+    :func:`beam_search` and :func:`opera_search`).
+
+    Per step: add the running beam scores to the step's log-probabilities, keep the best
+    ``max(2, 1 + #stop) * K`` continuations over all beams; those ending in a stop token (or reaching
+    ``max_new_tokens``) among the best K join the finished hypotheses with score / length **
+    ``length_penalty`` (length = generated tokens + ``length_offset``: 0 as in transformers 5.x, the prompt
+    length for the official OPERA code's full-length normalisation); the best K unfinished continue.
+    """
+
+    def __init__(self, batch: int, k: int, max_new_tokens: int, stop: set[int], length_penalty: float = 1.0,
+                 length_offset: int = 0):
+        self.batch, self.k, self.max_new_tokens = batch, k, max_new_tokens
+        self.length_penalty, self.length_offset = length_penalty, length_offset
+        self.keep = max(2, 1 + len(stop)) * k
+        self.stop_ids = torch.tensor(sorted(stop), dtype=torch.long)
+        self.running = torch.full((batch, k, max_new_tokens), -1, dtype=torch.long)
+        self.running_scores = torch.zeros((batch, k))
+        self.running_scores[:, 1:] = -1e9
+        self.finished = self.running.clone()
+        self.finished_scores = torch.full((batch, k), -1e9)
+        self.is_finished = torch.zeros((batch, k), dtype=torch.bool)
+        self.improvable = torch.ones((batch, 1), dtype=torch.bool)
+        self.among_best = torch.arange(self.keep) < k
+        self.offsets = torch.arange(batch)[:, None] * k
+        #: after :meth:`step`: the row each running beam continues from, and the token it feeds next
+        self.rows = torch.arange(batch * k)
+        self.tokens = torch.zeros(batch * k, dtype=torch.long)
+
+    def _length(self, generated: int) -> float:
+        return (generated + self.length_offset) ** self.length_penalty
+
+    def step(self, log_probs: torch.Tensor, step: int) -> bool:
+        """Take step ``step`` (0-based) from the rows' log-probabilities [batch * K, vocab]; False when done."""
+        batch, k = self.batch, self.k
+        vocab = log_probs.shape[-1]
+        totals = (log_probs.view(batch, k, vocab) + self.running_scores[:, :, None]).view(batch, k * vocab)
+        top_scores, top_index = torch.topk(totals, self.keep)
+        origin, token = top_index // vocab, top_index % vocab
+        candidates = torch.take_along_dim(self.running, origin[:, :, None], dim=1)
+        candidates[:, :, step] = token
+        ends = torch.isin(token, self.stop_ids) | (step + 1 >= self.max_new_tokens)
+        open_scores = top_scores + ends.float() * -1e9  # the best K unfinished continue
+        chosen = torch.topk(open_scores, k).indices
+        self.running = torch.take_along_dim(candidates, chosen[:, :, None], dim=1)
+        self.running_scores = torch.take_along_dim(open_scores, chosen, dim=1)
+        self.rows = (torch.take_along_dim(origin, chosen, dim=1) + self.offsets).flatten()
+        self.tokens = self.running[:, :, step].flatten()
+        scores = top_scores / self._length(step + 1)  # finished among the best K: length-normalised hypotheses
+        new = ends & self.among_best[None]
+        scores = scores + (~self.improvable).float() * -1e9 + (~new).float() * -1e9
+        merged_scores = torch.cat([self.finished_scores, scores], dim=1)
+        best = torch.topk(merged_scores, k).indices
+        self.finished = torch.take_along_dim(torch.cat([self.finished, candidates], dim=1), best[:, :, None], dim=1)
+        self.is_finished = torch.take_along_dim(torch.cat([self.is_finished, new], dim=1), best, dim=1)
+        self.finished_scores = torch.take_along_dim(merged_scores, best, dim=1)
+        best_possible = self.running_scores[:, :1] / self._length(step + 1)  # can a running beam still win?
+        worst = torch.where(self.is_finished, self.finished_scores.min(dim=1, keepdim=True).values,
+                            torch.tensor(-1e9))
+        self.improvable = self.improvable & (best_possible > worst).any(dim=-1, keepdim=True)
+        return bool(self.improvable.any()) and not bool(ends.all()) and step + 1 < self.max_new_tokens
+
+    def best(self, stop: set[int]) -> list[list[int]]:
+        """The best finished hypothesis of each question (tokens before a stop token)."""
+        return [_cut_at_stop([t for t in row if t >= 0], stop) for row in self.finished[:, 0].tolist()]
+
+
 def beam_search(first: torch.Tensor, stepper: Stepper, num_beams: int, max_new_tokens: int, stop: set[int],
                 length_penalty: float = 1.0) -> list[list[int]]:
     """Beam search with the semantics of transformers 5.x ``generate(num_beams=K, do_sample=False)``.
 
     ``first``: [questions * K, vocab] (each question's rows repeated K times, question-major; the stepper
-    holds the same rows). Per step: log-softmax, add the running beam scores, keep the best
-    ``max(2, 1 + #stop) * K`` continuations over all beams; those ending in a stop token (or reaching
-    ``max_new_tokens``) among the best K join the finished hypotheses with score / generated_length **
-    ``length_penalty``; the best K unfinished continue. Stops when no running beam can beat the worst
+    holds the same rows); bookkeeping in :class:`BeamBook`. Stops when no running beam can beat the worst
     finished one (``early_stopping=False`` heuristic) or every continuation has stopped. Returns the best
     finished hypothesis of each question.
     """
-    k = num_beams
-    batch = first.shape[0] // k
-    keep = max(2, 1 + len(stop)) * k
-    stop_ids = torch.tensor(sorted(stop), dtype=torch.long)
-    running = torch.full((batch, k, max_new_tokens), -1, dtype=torch.long)
-    running_scores = torch.zeros((batch, k))
-    running_scores[:, 1:] = -1e9
-    finished = running.clone()
-    finished_scores = torch.full((batch, k), -1e9)
-    is_finished = torch.zeros((batch, k), dtype=torch.bool)
-    improvable = torch.ones((batch, 1), dtype=torch.bool)
-    among_best = torch.arange(keep) < k
-    offsets = torch.arange(batch)[:, None] * k
+    book = BeamBook(first.shape[0] // num_beams, num_beams, max_new_tokens, stop, length_penalty)
     logits = first
     for step in range(max_new_tokens):
-        log_probs = torch.log_softmax(logits.float().cpu(), dim=-1)
-        vocab = log_probs.shape[-1]
-        totals = (log_probs.view(batch, k, vocab) + running_scores[:, :, None]).view(batch, k * vocab)
-        top_scores, top_index = torch.topk(totals, keep)
-        origin, token = top_index // vocab, top_index % vocab
-        candidates = torch.take_along_dim(running, origin[:, :, None], dim=1)
-        candidates[:, :, step] = token
-        ends = torch.isin(token, stop_ids) | (step + 1 >= max_new_tokens)
-        # the best K unfinished continue
-        open_scores = top_scores + ends.float() * -1e9
-        chosen = torch.topk(open_scores, k).indices
-        running = torch.take_along_dim(candidates, chosen[:, :, None], dim=1)
-        running_scores = torch.take_along_dim(open_scores, chosen, dim=1)
-        rows = (torch.take_along_dim(origin, chosen, dim=1) + offsets).flatten()
-        # finished among the best K enter the hypotheses, length-normalised
-        scores = top_scores / ((step + 1) ** length_penalty)
-        scores = scores + (~improvable).float() * -1e9 + (~(ends & among_best[None])).float() * -1e9
-        merged_scores = torch.cat([finished_scores, scores], dim=1)
-        best = torch.topk(merged_scores, k).indices
-        finished = torch.take_along_dim(torch.cat([finished, candidates], dim=1), best[:, :, None], dim=1)
-        is_finished = torch.take_along_dim(torch.cat([is_finished, ends & among_best[None]], dim=1), best, dim=1)
-        finished_scores = torch.take_along_dim(merged_scores, best, dim=1)
-        # can a running beam still beat the worst finished one?
-        best_possible = running_scores[:, :1] / ((step + 1) ** length_penalty)
-        worst = torch.where(is_finished, finished_scores.min(dim=1, keepdim=True).values, torch.tensor(-1e9))
-        improvable = improvable & (best_possible > worst).any(dim=-1, keepdim=True)
-        if not bool(improvable.any()) or bool(ends.all()) or step + 1 == max_new_tokens:
+        if not book.step(torch.log_softmax(logits.float().cpu(), dim=-1), step):
             break
-        stepper.reorder(rows)
-        logits = stepper.advance(running[:, :, step].flatten())
-    return [_cut_at_stop([t for t in row if t >= 0], stop) for row in finished[:, 0].tolist()]
+        stepper.reorder(book.rows)
+        logits = stepper.advance(book.tokens)
+    return book.best(stop)
