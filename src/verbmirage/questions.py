@@ -349,6 +349,11 @@ QUESTION_SETS: dict[str, QuestionSet] = {
 }
 
 
+#: Training questions (fine-tuning data such as Pangea's, derived/pangea.py, or any converted set): never
+#: asked as a benchmark set, but written and read under the same schema.
+TRAINING_QUESTION_SETS = {"train_yn": "yn", "train_mc": "mc"}
+
+
 def question_kind(qset: str) -> str:
     """"yn" or "mc" for a registered question set (HICO's or CharadesEgo's)."""
     from verbmirage.charades import CHARADES_QUESTION_SETS
@@ -357,7 +362,10 @@ def question_kind(qset: str) -> str:
         return QUESTION_SETS[qset].kind
     if qset in CHARADES_QUESTION_SETS:
         return CHARADES_QUESTION_SETS[qset]
-    raise KeyError(f"unknown question set '{qset}'; known: {sorted(QUESTION_SETS) + sorted(CHARADES_QUESTION_SETS)}")
+    if qset in TRAINING_QUESTION_SETS:
+        return TRAINING_QUESTION_SETS[qset]
+    raise KeyError(f"unknown question set '{qset}'; known: "
+                   f"{sorted(QUESTION_SETS) + sorted(CHARADES_QUESTION_SETS) + sorted(TRAINING_QUESTION_SETS)}")
 
 
 def content_hash(*parts) -> str:
