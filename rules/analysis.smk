@@ -1,10 +1,11 @@
 rule attention:
-    """Answer-position attention (visual, verb vs object, key area) of one model on a question-set sample.
+    """Answer-position attention (visual, verb vs object, key area) of one model on a sample of every set.
 
-    Reads questions, images and boxes, never predictions: it can be added to a finished run.
+    One job per (condition, model): the model loads once for all sets. Reads questions, images and boxes,
+    never predictions: it can be added to a finished run.
     """
     input:
-        questions=QUESTIONS,
+        questions=attention_questions,
         images=CONDITION_DIR,
         boxes=HICO_DET_BOXES,
         model_files=attention_model_files,
@@ -23,9 +24,9 @@ rule attention:
         runtime=attention_resource("runtime", 60),
         cpus_per_gpu=attention_resource("cpus_per_gpu", 4),
     log:
-        "logs/attention/{dataset}/{qset}/{condition}/{model}.log",
+        "logs/attention/{dataset}/{condition}/{model}.log",
     benchmark:
-        "benchmarks/attention/{dataset}/{qset}/{condition}/{model}.tsv"
+        "benchmarks/attention/{dataset}/{condition}/{model}.tsv"
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -45,6 +46,7 @@ rule attention_figures:
             for n, path in ATTENTION_FIGURES.items()
         ],
     params:
+        qsets=ATTENTION_QSETS,  # the table's rows set by set, in this order
         models=ATTENTION_MODELS,
         roles=attention_figure_roles(),
         figures=ATTENTION_FIGURES,

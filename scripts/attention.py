@@ -1,6 +1,6 @@
-"""Attention at the answer position for one (question set, condition, model); rule ``attention``.
+"""Attention at the answer position for one (condition, model) on every set; rule ``attention``.
 
-Inputs: ``questions``, ``images`` (condition folder), ``boxes`` (HICO-DET's file, read from
+Inputs: ``questions`` (one table per set), ``images`` (condition folder), ``boxes`` (HICO-DET's file, read from
 ``params.det_root``; absent without boxes). Never reads predictions, so it can be added to a finished run.
 Output: the job's ``io.ATTENTION`` table. Settings: ``params.model`` (the model entry),
 ``params.settings`` (``analysis.attention``); wildcards name the model and the condition.

@@ -2,7 +2,7 @@
 
 Inputs: the per-job attention tables. Outputs: ``results/analysis/attention.parquet``, the summary
 (``attention_summary.parquet`` and its HTML page) and one PNG per figure (drawn from that table only).
-Settings: ``params.models`` (slug -> entry), ``params.roles`` (figure -> model), ``params.figures``
+Settings: ``params.qsets`` (the table's set order), ``params.models`` (slug -> entry), ``params.roles`` (figure -> model), ``params.figures``
 (figure -> path), ``params.condition``, ``params.bootstrap`` (the ``metrics:`` block: resamples, level, seed).
 """
 
@@ -15,7 +15,7 @@ from verbmirage.metrics import BootstrapSettings
 
 with job_log(snakemake.log[0]):
     p = snakemake.params
-    collect_attention(snakemake.input.parts, snakemake.output.table)
+    collect_attention(snakemake.input.parts, snakemake.output.table, qsets=p.qsets)
     table = read_table(snakemake.output.table, ATTENTION)
     bootstrap = BootstrapSettings.from_config(p.bootstrap)
     summary = summarize_attention(table, bootstrap.resamples, bootstrap.level, bootstrap.seed)

@@ -516,42 +516,55 @@ def attention_models(config: dict) -> dict[str, dict]:
     return entries
 
 
-def attention_job(questions_path, images_dir, det_root, model_slug: str, model_entry: dict, settings: dict,
+def attention_job(questions_paths, images_dir, det_root, model_slug: str, model_entry: dict, settings: dict,
                   condition: str, output) -> pd.DataFrame:
-    """One (question set, condition, model) job: sample, run the probe, write the ``io.ATTENTION`` table.
+    """One (condition, model) job over every question set: the model loads once, then each set is sampled and
+    probed in the order given; writes one ``io.ATTENTION`` table (the sets' rows one after the other).
 
-    Reads the question table, the condition folder and (when ``det_root``
-    is set) HICO-DET's test boxes (``anno_bbox.mat`` or the instances JSON); never the prediction files.
+    ``questions_paths``: the question tables (one path is one set). Reads the condition folder and (when
+    ``det_root`` is set) HICO-DET's test boxes (``anno_bbox.mat`` or the instances JSON); never the
+    prediction files.
     """
     from verbmirage.conditions import ImageResolver
     from verbmirage.hico import read_hico_det
     from verbmirage.io import ATTENTION, QUESTIONS, read_table, write_table
     from verbmirage.models import create_model
 
-    questions = read_table(questions_path, QUESTIONS)
+    paths = [questions_paths] if isinstance(questions_paths, (str, Path)) else list(questions_paths)
     pairs = box_table(read_hico_det(det_root, "test").pairs) if det_root else None
     model = create_model(model_slug, model_entry)  # drops the workflow keys (resources, ...) itself
-    frame = run_attention(questions, model, ImageResolver(images_dir), pairs, settings.get("layers", [-1]),
-                          settings.get("sample", 200), settings.get("seed", 0), settings.get("batch_size", 8))
-    if frame.empty:
-        frame = pd.DataFrame(columns=ATTENTION.names)
-    dataset = questions.dataset.iloc[0] if len(questions) else ""
-    qset = questions.qset.iloc[0] if len(questions) else ""
-    frame = frame.assign(dataset=dataset, qset=qset, condition=condition, model=model_slug)
-    n_key = int(frame.key_area_share.notna().sum()) if len(frame) else 0
-    log.info("%s %s %s: %d rows (%d with a key area), accuracy at q %.3f", model_slug, qset, condition, len(frame),
-             n_key, float(frame.correct.mean()) if len(frame) else math.nan)
+    images = ImageResolver(images_dir)
+    frames = []
+    for path in paths:
+        questions = read_table(path, QUESTIONS)
+        frame = run_attention(questions, model, images, pairs, settings.get("layers", [-1]),
+                              settings.get("sample", 200), settings.get("seed", 0), settings.get("batch_size", 8))
+        dataset = questions.dataset.iloc[0] if len(questions) else ""
+        qset = questions.qset.iloc[0] if len(questions) else ""
+        n_key = int(frame.key_area_share.notna().sum()) if len(frame) else 0
+        log.info("%s %s %s: %d rows (%d with a key area), accuracy at q %.3f", model_slug, qset, condition,
+                 len(frame), n_key, float(frame.correct.mean()) if len(frame) else math.nan)
+        if len(frame):
+            frames.append(frame.assign(dataset=dataset, qset=qset, condition=condition, model=model_slug))
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=ATTENTION.names)
     write_table(frame, output, ATTENTION, provenance={"model": model_entry, "attention": settings,
                                                       "model_slug": model_slug, "condition": condition})
     return frame
 
 
-def collect_attention(paths: Iterable[str | Path], output) -> pd.DataFrame:
-    """The per-job tables as one ``results/analysis/attention.parquet``."""
+def collect_attention(paths: Iterable[str | Path], output, qsets: list[str] | None = None) -> pd.DataFrame:
+    """The per-job tables as one ``results/analysis/attention.parquet``.
+
+    ``qsets`` orders the rows set by set (then in the order of ``paths``, then as in each job's table), the
+    order the summary's bootstrap draws its resamples in; None keeps the parts' order.
+    """
     from verbmirage.io import ATTENTION, read_table, write_table
 
     parts = [read_table(path, ATTENTION) for path in paths]
     parts = [part for part in parts if len(part)]
     frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=ATTENTION.names)
+    if qsets is not None and len(frame):
+        rank = {qset: index for index, qset in enumerate(qsets)}
+        frame = frame.sort_values("qset", key=lambda column: column.map(rank), kind="stable").reset_index(drop=True)
     write_table(frame, output, ATTENTION, provenance={"parts": len(parts)})
     return frame
