@@ -17,6 +17,10 @@ def _config(demo_run) -> dict:
     return yaml.safe_load((demo_run / "config.yaml").read_text())
 
 
+#: The demo's logit-scored models (tiny_llava and its Nullu edit); the blind baselines and CLIP have no token probability.
+TOKEN_MODELS = {"tiny_llava", "tiny_llava_nullu"}
+
+
 def _predictions(demo_run, qset, condition, model, variant="default") -> pd.DataFrame:
     path = demo_run / f"results/predictions/hico/{qset}/{condition}/{model}/{variant}.parquet"
     return read_table(path, PREDICTIONS)
@@ -26,14 +30,14 @@ def test_histogram_counts_add_up_to_the_answered_rows(demo_run):
     hist = read_table(demo_run / "results/analysis/uncertainty_hist.parquet", UNCERTAINTY_HIST)
     settings = _config(demo_run)["analysis"]["uncertainty"]
     # only the logit-scored model; the blind baselines have no token probability
-    assert set(hist.model) == {"tiny_llava"}
+    assert set(hist.model) == TOKEN_MODELS
     assert set(hist.condition) == set(settings["conditions"]) == {"clean"}
     assert set(hist.qset) == {"yn_obj+yn_verb", "mc_obj", "mc_verb"}  # pool_yn
     assert set(hist.group) <= {"pred_yes", "pred_no", "pred_other", "mc"}
     assert len(set(zip(hist.bin_left, hist.bin_right))) == settings["bins"] == 20
     answered = 0
-    for qset in settings["qsets"]:
-        frame = _predictions(demo_run, qset, "clean", "tiny_llava")
+    for qset, model in [(qset, model) for qset in settings["qsets"] for model in sorted(TOKEN_MODELS)]:
+        frame = _predictions(demo_run, qset, "clean", model)
         assert frame.confidence[frame.error.isna()].notna().all()  # a token probability on every answered row
         answered += int(frame.error.isna().sum())
     assert int(hist["count"].sum()) == answered
@@ -45,7 +49,7 @@ def test_uncertainty_metric_rows_reach_the_metrics_table(demo_run):
     metrics = read_table(demo_run / "results/metrics/metrics.parquet", METRICS)
     ours = metrics.qset.isin(["yn_obj+yn_verb", "mc_obj", "mc_verb"]) & metrics.condition.eq("clean")
     rows = metrics[ours & metrics.metric.isin(["conf_mean", "conf_median", "conf_auroc", "n_dropped"])]
-    assert set(rows.model) == {"tiny_llava"}  # the blind baselines have no token probability
+    assert set(rows.model) == TOKEN_MODELS  # the blind baselines have no token probability
     assert set(rows.metric) == {"conf_mean", "conf_median", "conf_auroc", "n_dropped"}
     means = rows[rows.metric.eq("conf_mean")]
     assert means.subset.str.fullmatch(r"(pred_yes|pred_no|pred_other|mc):(correct|hallucinated)").all()
@@ -75,9 +79,9 @@ def test_fov_compares_the_same_questions_under_every_condition(demo_run):
     clean, crop = fov[fov.condition == "clean"], fov[fov.condition == "crop"]
     assert (clean.crop_area_frac_mean == 1.0).all() and clean.delta_conf_mean.isna().all()
     assert (crop[crop.n > 0].crop_area_frac_mean < 1.0).all() and (crop.margin == 0.1).all()
-    baselines = fov[fov.model != "tiny_llava"]  # blind baselines and CLIP
+    baselines = fov[~fov.model.isin(TOKEN_MODELS)]  # blind baselines and CLIP
     assert baselines.conf_mean.isna().all()  # no token probability: no confidence
-    assert fov.conf_mean[fov.model == "tiny_llava"].notna().all()
+    assert fov.conf_mean[fov.model.isin(TOKEN_MODELS)].notna().all()
 
 
 def test_figures_and_fov_table_exist(demo_run):

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from verbmirage.analysis.vcd_divergence import plain_counterparts, vcd_divergence_settings, vcd_variants
+from verbmirage.derived import effective_models
 from verbmirage.io import PREDICTIONS, QUESTIONS, VCD_DIVERGENCE, VCD_KL_HIST, read_table
 from verbmirage.models.registry import variant_features
 from verbmirage.variants import model_variants
@@ -26,7 +27,7 @@ def _vcd_runs(config: dict) -> dict[str, list[str]]:
     """model -> the VCD variants it runs in this config (the workflow's own planning rule)."""
     vcd = set(vcd_variants(config))
     runs = {slug: [v for v in model_variants(config, slug, variant_features(entry["backend"])) if v in vcd]
-            for slug, entry in config["models"].items()}
+            for slug, entry in effective_models(config).items()}  # derived entries: their base's backend
     return {slug: variants for slug, variants in runs.items() if variants}
 
 
@@ -93,7 +94,7 @@ def test_vcd_divergence_counts_equal_the_prediction_tables(vcd_demo):
 def _runs_plain(config: dict, plain_variant: str | None) -> set[str]:
     if plain_variant is None:
         return set()
-    return {slug for slug, entry in config["models"].items()
+    return {slug for slug, entry in effective_models(config).items()
             if plain_variant in model_variants(config, slug, variant_features(entry["backend"]))}
 
 

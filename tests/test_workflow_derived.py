@@ -1,0 +1,103 @@
+"""The demo's derived model (models.tiny_llava_nullu: Nullu on tiny_llava), built and evaluated through the DAG."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from verbmirage.derived import DERIVED_FOLDER
+from verbmirage.hico import load_hico
+from verbmirage.io import MITIGATION_TABLE5, NULLU_PAIRS, PREDICTIONS, read_table
+
+pytestmark = pytest.mark.slow
+
+SLUG = "tiny_llava_nullu"
+QSETS = ["yn_obj", "yn_verb", "mc_obj", "mc_verb"]
+
+
+def _entry(demo_run) -> dict:
+    return yaml.safe_load((demo_run / "config.yaml").read_text())["models"][SLUG]
+
+
+def test_the_nullu_folder_is_the_edited_base(demo_run):
+    folder = demo_run / DERIVED_FOLDER.format(model=SLUG)
+    record = json.loads((folder / "nullu.json").read_text())
+    derive = _entry(demo_run)["derive"]
+    assert (record["method"], record["pair_source"], record["embedding"]) == ("nullu", "hico_train", "mean")
+    assert record["top_k"] == 4 and record["layers"] == [1] and record["decoder_layers"] == 2  # upper half of 2
+    assert record["pairs"] == derive["pairs"] == 40
+    # the saved weights: the base's, but for the upper layer's down_proj
+    base = load_file(demo_run / "resources/models/tiny_llava/model.safetensors")
+    edited = load_file(folder / "model.safetensors")
+    assert set(base) == set(edited)
+    changed = {name for name in base if not (base[name] == edited[name]).all()}
+    assert changed == {"model.language_model.layers.1.mlp.down_proj.weight"}
+    # the pairs: demo training images, a positive HOI against a label -1 verb of its object
+    pairs = read_table(folder / "pairs.parquet", NULLU_PAIRS)
+    anno = load_hico(demo_run / "resources/demo/hico_20150920")
+    train = {anno.image_relpath("train", name): row for row, name in enumerate(anno.images["train"])}
+    assert len(pairs) == 40 and pairs.image.is_unique and set(pairs.image) <= set(train)
+    rows = pairs.image.map(train).to_numpy()
+    assert (anno.labels["train"][rows, pairs.hoi_id] == 1).all()
+    assert (anno.labels["train"][rows, pairs.negative_hoi_id] == -1).all()
+
+
+def test_its_predictions_and_table5_row(demo_run):
+    for qset in QSETS:
+        for variant in ("default", "beam5"):
+            frame = read_table(demo_run / f"results/predictions/hico/{qset}/clean/{SLUG}/{variant}.parquet",
+                               PREDICTIONS)
+            assert len(frame) and frame.error.isna().all(), (qset, variant)
+            provenance = json.loads(
+                (demo_run / f"results/shards/hico/clean/{SLUG}/{variant}/0" / "fingerprint.json").read_text()
+            ) if (demo_run / f"results/shards/hico/clean/{SLUG}/{variant}/0/fingerprint.json").is_file() else None
+            if provenance is not None:
+                assert DERIVED_FOLDER.format(model=SLUG) in json.dumps(provenance)
+    table5 = read_table(demo_run / "results/tables/table5.parquet", MITIGATION_TABLE5)
+    row = table5[(table5.source == "measured") & (table5.model == SLUG)]
+    assert row.method.tolist() == ["Nullu"] and row.variant.tolist() == ["beam5"]
+    assert row.yn_obj_acc.between(0, 100).all() and row.mc_verb_acc.between(0, 100).all()
+    assert "Nullu" in (demo_run / "results/tables/table5.md").read_text()
+
+
+def _planned(demo_run, edit):
+    from workflow_run import planned_jobs, write_config
+
+    write_config(demo_run, edit)
+    try:
+        return planned_jobs(demo_run)
+    finally:
+        write_config(demo_run)
+
+
+def test_changing_the_base_rebuilds_the_derived_model(demo_run):
+    jobs = _planned(demo_run, lambda c: c["models"]["tiny_llava"].update(conversation="llava_v1"))
+    assert [w for rule, w in jobs if rule == "derive_model"] == [{"model": SLUG}]
+    predicted = {w["model"] for rule, w in jobs if rule == "predict_suite"}
+    assert predicted == {"tiny_llava", SLUG}
+
+
+def test_changing_only_the_bases_planning_does_not_rebuild(demo_run):
+    jobs = _planned(demo_run, lambda c: c["models"]["tiny_llava"].update(batch_size=16))
+    assert "derive_model" not in {rule for rule, _ in jobs}
+
+
+def test_adding_a_derived_model_runs_only_its_jobs(demo_run):
+    def add(config):
+        config["models"]["tiny_llava_nullu_k2"] = {
+            "derive": {"method": "nullu", "base": "tiny_llava", "pairs": 20, "top_k": 2},
+            "variants": ["beam5"], "qsets": ["yn_obj"]}
+
+    jobs = _planned(demo_run, add)
+    per_rule = Counter(re.sub(r"_\d+$", "", rule) for rule, _ in jobs)
+    aggregates = {"metrics", "tables", "mitigation_tables", "all", "fov", "fov_report", "object_reliance",
+                  "reliance_report", "paper_figures", "uncertainty", "uncertainty_figures"}
+    # its build, then one run: yn_obj under clean with beam5 (beam5 runs on clean only)
+    assert {rule: n for rule, n in per_rule.items() if rule not in aggregates} == {
+        "derive_model": 1, "predict_suite": 1, "merge_predictions": 1, "metric_part": 1}
+    assert {w["model"] for rule, w in jobs if "model" in w} == {"tiny_llava_nullu_k2"}
