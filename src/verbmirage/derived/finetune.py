@@ -309,7 +309,7 @@ def _load_checkpoint(folder: Path, expected: str) -> dict | None:
     path = folder / STATE_FILE
     if not path.is_file():
         return None
-    state = torch.load(path, map_location="cpu", weights_only=False)  # our own file, written by this module
+    state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain data only
     if state.get("fingerprint") != expected:
         log.warning("checkpoint %s is of other settings, base or questions: starting afresh", path)
         return None
@@ -412,7 +412,7 @@ def train(slug: str, settings: FinetuneSettings, base_entry: dict, questions: Pa
                 on_step(step + 1, loss_value)
 
     output.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(output))
+    model.save_pretrained(str(output), save_embedding_layers=False)  # base weights never train: LoRA tensors only
     frame = pd.DataFrame(rows, columns=["step", "loss", "lr", "tokens"])
     write_table(frame, output / TRAIN_LOG_FILE, TRAIN_LOG,
                 provenance={"model": slug, "settings": asdict(settings), "questions": str(questions)})
