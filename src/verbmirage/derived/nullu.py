@@ -400,7 +400,8 @@ def nullu_edit(vlm, pairs, image_root: str | Path, settings: NulluSettings, wher
                                              settings.batch_size)
     projections, spectrum = {}, {}
     for layer in layers:
-        projections[layer], values = hallu_space(differences[layer], settings.top_k, scale, f"{where}: layer {layer}")
+        projections[layer], values = hallu_space(differences[layer].to(vlm.device), settings.top_k, scale,
+                                                 f"{where}: layer {layer}")  # on the GPU when the model is
         spectrum[str(layer)] = [float(v) for v in values[: max(settings.top_k, 8)]]
     edit_model(vlm.model, projections)
     return {**record, "singular_values": spectrum}
