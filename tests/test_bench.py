@@ -12,7 +12,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_cpu_benchmark_prints_ratio_and_difference():
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "bench_scoring.py"), "--images", "2"],
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "bench_scoring.py"), "--images", "1"],
                          capture_output=True, text=True, timeout=600, check=True).stdout
     assert re.search(r"ratio engine / generate:\s+[\d.]+x", out)
     difference = float(re.search(r"max \|P\(yes\) difference\|:\s+([\d.e+-]+)", out).group(1))
@@ -20,13 +20,13 @@ def test_cpu_benchmark_prints_ratio_and_difference():
 
 
 def test_gpu_benchmark_script_runs_in_smoke_mode():
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_scoring.py"), "--smoke", "--images", "2"],
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_scoring.py"), "--smoke", "--images", "1"],
                          capture_output=True, text=True, timeout=600, check=True).stdout
     assert re.search(r"engine, float32, prefix reuse: [\d.]+ prompts/s", out)
 
 
 def test_suite_benchmark_prints_both_rates_and_the_suite_ratio():
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "suite_scoring.py"), "--images", "2"],
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "suite_scoring.py"), "--images", "1"],
                          capture_output=True, text=True, timeout=600, check=True).stdout
     rates = [float(x) for x in re.findall(r"\(\w\) [\w ]+:\s+([\d.]+) prompts/s", out)]
     assert len(rates) == 2 and all(rate > 0 for rate in rates)
@@ -37,6 +37,15 @@ def test_suite_benchmark_prints_both_rates_and_the_suite_ratio():
 
 
 def test_gpu_suite_benchmark_runs_in_smoke_mode():
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_scoring.py"), "--smoke", "--suite", "--images", "2"],
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_scoring.py"), "--smoke", "--suite", "--images", "1"],
                          capture_output=True, text=True, timeout=600, check=True).stdout
     assert re.search(r"suite ratio \(b / a\):\s+[\d.]+x", out)
+
+
+def test_question_set_benchmark_prints_each_set_and_the_total(demo_roots):
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "question_sets.py"), str(demo_roots[0]), "--baseline"],
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    assert re.search(r"load anno.mat:\s+[\d.]+ s", out)
+    assert len(re.findall(r"^\s+\w+\s+alone:\s+[\d.]+ s\s+\d+ rows$", out, re.M)) == 5
+    assert re.search(r"total \(load \+ five sets\):\s+[\d.]+ s", out)
+    assert "(tables equal)" in out and re.search(r"speed-up \(reference / together\):\s+[\d.]+x", out)
