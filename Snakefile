@@ -20,6 +20,7 @@ include: "rules/subsets.smk"
 include: "rules/charades.smk"
 include: "rules/images.smk"
 include: "rules/derived.smk"
+include: "rules/finetune.smk"
 include: "rules/inference.smk"
 include: "rules/decisions.smk"
 include: "rules/ensembles.smk"
@@ -37,6 +38,8 @@ localrules:
     all,
     fetch_dataset,
     demo_hico,
+    demo_pangea,
+    training_questions,
     tiny_model,
     question_set,
     train_stats,
@@ -83,3 +86,4 @@ rule all:
         PAPER_FIGURE_OUTPUTS,
         DECISION_OUTPUTS,
         DERIVED_OUTPUTS,
+        FINETUNE_OUTPUTS,

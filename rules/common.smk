@@ -20,6 +20,7 @@ from verbmirage.config import (
     DEMO_CHARADES_ROOT,
     DEMO_HICO_DET_ROOT,
     DEMO_HICO_ROOT,
+    DEMO_PANGEA_ROOT,
     DOWNLOADS_FOLDER,
     check_config,
     check_yaml_file,
@@ -173,9 +174,34 @@ def _nullu_data(derive):
     return {"anno": HICO_ANNO, "images": HICO_IMAGES}, {"hico_root": HICO_ROOT}
 
 
+# Pangea (datasets.pangea; derived/pangea.py): the training questions of a fine-tune that names no `questions`
+# table (rule training_questions, rules/finetune.smk), built per derived slug, checked against HICO's test images.
+PANGEA = config["datasets"].get("pangea")
+PANGEA_ROOT = PANGEA["root"] if PANGEA else ""
+PANGEA_FILE_KEYS = ("samples", "topology", "node_index")  # the pickles read (Label2Node: optional, not an input)
+PANGEA_FILES = {key: _produced_by_download(PANGEA_ROOT) or f"{PANGEA_ROOT}/{PANGEA[key]}"
+                for key in PANGEA_FILE_KEYS} if PANGEA else {}
+PANGEA_IMAGES = (_produced_by_download(PANGEA_ROOT) or f"{PANGEA_ROOT}/{PANGEA['images']}") if PANGEA else ""
+PANGEA_IMAGE_ROOT = f"{PANGEA_ROOT}/{PANGEA['images']}" if PANGEA else ""  # what a build reads
+TRAINING_QUESTIONS = "results/training/{model}/questions.parquet"
+TRAINING_SOURCES = "results/training/{model}/sources.parquet"  # per Pangea source: kept or why not, counts
+TRAINING_SUMMARY = "results/training/{model}/summary.md"  # our counts and node coverage beside the paper's
+PANGEA_FINETUNES = [slug for slug, derive in DERIVED.items()
+                    if derive["method"] == "lora_finetune" and not derive.get("questions")]
+FINETUNE_OUTPUTS = [path.format(model=slug) for slug in PANGEA_FINETUNES
+                    for path in (TRAINING_QUESTIONS, TRAINING_SOURCES, TRAINING_SUMMARY)]
+
+
 def _lora_finetune_data(derive):
-    """The fine-tune's training data (verbmirage.derived.finetune): none wired yet."""
-    return {}, {}
+    """The fine-tune's training data (verbmirage.derived.finetune): its `questions` table and `images`
+    folder, else the Pangea questions built for it and Pangea's images. A Pangea table depends on the derive
+    block only, so entries with equal blocks share the first one's."""
+    if derive.get("questions"):
+        return ({"questions": derive["questions"], "train_images": derive["images"]},
+                {"questions": derive["questions"], "images": derive["images"]})
+    slug = next(slug for slug, other in DERIVED.items() if other == derive)
+    table = TRAINING_QUESTIONS.format(model=slug)
+    return {"questions": table, "train_images": PANGEA_IMAGES}, {"questions": table, "images": PANGEA_IMAGE_ROOT}
 
 
 # method -> derive block -> (input files of rule derive_model, the paths its build reads as `inputs`)

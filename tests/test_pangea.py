@@ -242,3 +242,15 @@ def test_a_planted_hico_test_image_fails_the_build(tmp_path, pangea_root, demo_r
     files = {f"haa/{tests[0].stem}.png": root / "Images" / used[0]}
     with pytest.raises(LeakageError, match=f"file name of HICO test image .*{tests[0].name}"):
         check_no_test_images(files, tests)
+
+
+def test_config_check_names_a_missing_pangea(tmp_path):
+    from verbmirage.config import DEMO_HICO_ROOT, ConfigError, check_config
+
+    models = {"base": {"backend": "llava", "path": "m"}, "tuned": {"derive": {"method": "lora_finetune", "base": "base"}}}
+    config = {"datasets": {"hico": {"root": DEMO_HICO_ROOT}}, "models": models}
+    with pytest.raises(ConfigError, match=r"models.tuned.derive: a fine-tune on Pangea .* needs datasets.pangea"):
+        check_config(config, tmp_path)
+    config["datasets"]["pangea"] = {"root": "nowhere", "samples": "B123_train_KIN-FULL_with_node.pkl"}
+    with pytest.raises(ConfigError, match="datasets.pangea.root: 'nowhere' has no B123_train_KIN-FULL_with_node.pkl"):
+        check_config(config, tmp_path)

@@ -30,6 +30,7 @@ from verbmirage.variants import Variant, model_variants
 DEMO_HICO_ROOT = "resources/demo/hico_20150920"
 DEMO_HICO_DET_ROOT = "resources/demo/hico_20160224_det"
 DEMO_CHARADES_ROOT = "resources/demo/charadesego"
+DEMO_PANGEA_ROOT = "resources/demo/pangea/Data"  # rule demo_pangea (derived/pangea.py)
 # Where rule `fetch_dataset` unpacks `downloads.<name>`.
 DOWNLOADS_FOLDER = "resources/data"
 
@@ -146,9 +147,29 @@ def condition_question_sets(config: dict, condition: str, dataset: str, dataset_
     return [q for q in dataset_sets if chosen is None or q in chosen]
 
 
+def _check_pangea(config: dict, workdir: Path) -> None:
+    """A Pangea fine-tune (``lora_finetune`` without ``questions``) needs ``datasets.pangea``, whose root
+    holds the samples pickle unless it is the demo's or a download's."""
+    pangea = config["datasets"].get("pangea")
+    for slug, entry in config["models"].items():
+        derive = entry.get("derive") or {}
+        if derive.get("method") == "lora_finetune" and not derive.get("questions") and not pangea:
+            raise ConfigError(f"models.{slug}.derive: a fine-tune on Pangea (no `questions`) needs datasets.pangea "
+                              "(its root: the folder with the samples pickle and Images/)")
+    if not pangea or Path(pangea["root"]) == Path(DEMO_PANGEA_ROOT):
+        return
+    root = Path(pangea["root"])
+    downloaded = [Path(DOWNLOADS_FOLDER) / name for name in config.get("downloads", {})]
+    samples = pangea.get("samples", "B123_train_KIN-FULL_with_node.pkl")
+    if not any(root == folder or folder in root.parents for folder in downloaded) and not (
+            workdir / root / samples).is_file():
+        raise ConfigError(f"datasets.pangea.root: '{root}' has no {samples}")
+
+
 def check_config(config: dict, workdir: str | Path = ".") -> None:
     """Raise :class:`ConfigError` on the first problem found."""
     workdir = Path(workdir)
+    _check_pangea(config, workdir)
     try:  # a derived entry (models.<slug>.derive) is checked as the entry its jobs load
         config = {**config, "models": effective_models(config)}
     except ValueError as error:
