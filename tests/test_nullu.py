@@ -280,3 +280,24 @@ def test_build_saves_a_model_that_reloads_to_the_same_logits(tiny4, demo_roots, 
     with torch.no_grad():
         assert torch.equal(vlm.model(**encoded).logits, reloaded.model(**encoded).logits)
         assert not torch.equal(load(tiny4).model(**encoded).logits, reloaded.model(**encoded).logits)
+
+
+def test_build_from_a_lure_file(tiny4, demo_roots, pairs, tmp_path):
+    """pairs_file: LURE-format captions of images under image_root, the same prompt for both sides."""
+    lure = tmp_path / "hallucination_train.jsonl"
+    lure.write_text("".join(json.dumps({"image": image, "value": truthful, "h_value": hallucinated}) + "\n"
+                            for image, truthful, hallucinated in zip(pairs.image, pairs.truthful, pairs.hallucinated)))
+    output = tmp_path / "lure_nullu"
+    build_derived("lure_nullu", {"method": "nullu", "base": "b", "pairs_file": str(lure), "image_root": "x",
+                                 "top_k": 1},
+                  {"backend": "llava", "path": str(tiny4), "local_files_only": True}, output,
+                  {"pairs_file": str(lure), "image_root": str(demo_roots[0])})
+    record = json.loads((output / "nullu.json").read_text())
+    assert record["pair_source"] == "lure:hallucination_train.jsonl" and record["pairs"] == PAIRS
+    stored = read_table(output / "pairs.parquet", NULLU_PAIRS)
+    assert list(stored.truthful) == list(pairs.truthful) and (stored.hoi_id == -1).all()
+    # the same captions from HICO give the same D, so the same edit: only the pair bookkeeping differs
+    vlm = load(tiny4)
+    nullu_edit(vlm, pairs, demo_roots[0], NulluSettings(top_k=1))
+    assert torch.equal(load(output).model.state_dict()["model.language_model.layers.3.mlp.down_proj.weight"],
+                       vlm.model.state_dict()["model.language_model.layers.3.mlp.down_proj.weight"])
