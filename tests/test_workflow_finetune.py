@@ -1,0 +1,83 @@
+"""The demo's Pangea fine-tune (models.tiny_llava_pangea: LoRA on tiny_llava), built and evaluated through the DAG."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from verbmirage.derived import DERIVED_FOLDER
+from verbmirage.derived.finetune import LANGUAGE_MODEL_LINEARS, TRAIN_LOG_FILE, checkpoint_folder
+from verbmirage.hico import load_hico
+from verbmirage.io import MITIGATION_TABLE5, PANGEA_SOURCES, PREDICTIONS, QUESTIONS, TRAIN_LOG, read_provenance, read_table
+from verbmirage.models.adapters import saved_adapter_keys
+
+pytestmark = pytest.mark.slow
+
+SLUG = "tiny_llava_pangea"
+QSETS = ["yn_obj", "yn_verb", "mc_obj", "mc_verb"]
+PAPER_METHOD = "Pangea-LoRA (paper's method)"
+
+
+def _derive(demo_run) -> dict:
+    return yaml.safe_load((demo_run / "config.yaml").read_text())["models"][SLUG]["derive"]
+
+
+def test_the_adapter_and_its_train_log(demo_run):
+    folder = demo_run / DERIVED_FOLDER.format(model=SLUG)
+    derive = _derive(demo_run)
+    assert (folder / "adapter_config.json").is_file() and (folder / "adapter_model.safetensors").is_file()
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"]) == (derive["rank"], derive["alpha"])
+    assert config["target_modules"] == LANGUAGE_MODEL_LINEARS
+    keys = saved_adapter_keys(folder)
+    # tiny LLaVA: 2 decoder layers x 7 linears x (A, B), nothing else
+    assert len(keys) == 28 and all("lora_" in key and "language_model" in key for key in keys)
+    questions = read_table(demo_run / f"results/training/{SLUG}/questions.parquet", QUESTIONS)
+    log = read_table(folder / TRAIN_LOG_FILE, TRAIN_LOG)
+    steps = math.ceil(derive["epochs"] * len(questions) / derive["batch_size"])
+    assert log.step.tolist() == list(range(1, steps + 1))
+    assert (log.tokens == 2 * derive["batch_size"]).all()  # one answer token and </s> per question
+    assert log.loss.notna().all() and (log.loss > 0).all()
+    assert log.lr.max() == pytest.approx(derive["learning_rate"], rel=0.05) and log.lr.iloc[-1] < log.lr.max()
+    assert not checkpoint_folder(folder).exists()
+
+
+def test_the_training_questions_leave_hico_out(demo_run):
+    questions = read_table(demo_run / f"results/training/{SLUG}/questions.parquet", QUESTIONS)
+    derive = _derive(demo_run)
+    assert set(questions.qset) == {"train_mc", "train_yn"} and set(questions.dataset) == {"pangea"}
+    assert (questions.qset == "train_yn").sum() == derive["pangea"]["yn_questions"]
+    assert 0 < (questions.qset == "train_mc").sum() <= derive["pangea"]["mc_questions"]
+    sources = read_table(demo_run / f"results/training/{SLUG}/sources.parquet", PANGEA_SOURCES).set_index("source")
+    assert sources.excluded_by[["Kinetics700", "HAKE", "HICO_DET"]].tolist() == ["kinetics*", "hake*", "hico*"]
+    assert sources.loc[["Kinetics700", "HAKE", "HICO_DET"], "images"].eq(0).all()
+    anno = load_hico(demo_run / "resources/demo/hico_20150920")
+    test_stems = {Path(name).stem for name in anno.images["test"]}
+    assert not {Path(image).stem for image in questions.image} & test_stems
+    assert all(not image.startswith(("HICO", "Kinetics", "HAKE")) for image in questions.image)
+    summary = (demo_run / f"results/training/{SLUG}/summary.md").read_text()
+    assert "| selected nodes covered | 7 of 8 | 280 of 290 |" in summary
+
+
+def test_its_predictions_and_table5_row(demo_run):
+    for qset in QSETS:
+        for variant in ("default", "beam5"):
+            frame = read_table(demo_run / f"results/predictions/hico/{qset}/clean/{SLUG}/{variant}.parquet",
+                               PREDICTIONS)
+            assert len(frame) and frame.error.isna().all(), (qset, variant)
+            provenance = read_provenance(demo_run / f"results/shards/hico/clean/{SLUG}/{variant}/0/{qset}.parquet")
+            model = provenance["model"]
+            assert model["backend"] == "llava" and model["path"] == "resources/models/tiny_llava"
+            assert model["adapter"] == DERIVED_FOLDER.format(model=SLUG) and "derive" not in model
+    table5 = read_table(demo_run / "results/tables/table5.parquet", MITIGATION_TABLE5)
+    row = table5[(table5.source == "measured") & (table5.model == SLUG)]
+    assert row.method.tolist() == [PAPER_METHOD] and row.variant.tolist() == ["beam5"]
+    assert row.yn_obj_acc.between(0, 100).all() and row.mc_verb_acc.between(0, 100).all()
+    paper = table5[(table5.source == "paper") & (table5.method == PAPER_METHOD)]
+    assert paper.yn_obj_acc.tolist() == [pytest.approx(78.48)]
+    assert PAPER_METHOD in (demo_run / "results/tables/table5.md").read_text()
