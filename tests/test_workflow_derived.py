@@ -76,9 +76,10 @@ def _planned(demo_run, edit):
 
 def test_changing_the_base_rebuilds_the_derived_model(demo_run):
     jobs = _planned(demo_run, lambda c: c["models"]["tiny_llava"].update(conversation="llava_v1"))
-    assert [w for rule, w in jobs if rule == "derive_model"] == [{"model": SLUG}]
+    # every model derived from it (the demo's Nullu edit and its Pangea fine-tune) is rebuilt and asked again
+    assert sorted(w["model"] for rule, w in jobs if rule == "derive_model") == [SLUG, "tiny_llava_pangea"]
     predicted = {w["model"] for rule, w in jobs if rule == "predict_suite"}
-    assert predicted == {"tiny_llava", SLUG}
+    assert predicted == {"tiny_llava", SLUG, "tiny_llava_pangea"}
 
 
 def test_changing_only_the_bases_planning_does_not_rebuild(demo_run):

@@ -17,8 +17,9 @@ def _config(demo_run) -> dict:
     return yaml.safe_load((demo_run / "config.yaml").read_text())
 
 
-#: The demo's logit-scored models (tiny_llava and its Nullu edit); the blind baselines and CLIP have no token probability.
-TOKEN_MODELS = {"tiny_llava", "tiny_llava_nullu"}
+#: The demo's logit-scored models (tiny_llava, its Nullu edit and its Pangea fine-tune); the blind baselines and CLIP
+#: have no token probability.
+TOKEN_MODELS = {"tiny_llava", "tiny_llava_nullu", "tiny_llava_pangea"}
 
 
 def _predictions(demo_run, qset, condition, model, variant="default") -> pd.DataFrame:
