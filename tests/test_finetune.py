@@ -227,3 +227,20 @@ def test_target_modules_default_matches_only_the_language_models_linears(tiny_ll
     assert {name.rsplit(".", 1)[1] for name in matched} == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                              "up_proj", "down_proj"}
     assert not any("vision_tower" in name or "projector" in name for name in matched)
+
+
+def test_a_bfloat16_base_trains_float32_lora_weights(tmp_path, tiny_llava, training_set):
+    """The GPU configuration (bfloat16 base), run on CPU: LoRA weights stay float32 (peft's adapter autocast), so
+    updates of lr 2e-5 are not rounded away, and the saved adapter loads on a float32 base."""
+    from safetensors.torch import load_file
+
+    questions, images = training_set
+    output = tmp_path / "bf16"
+    frame = train("bf16", FinetuneSettings(rank=4, alpha=8, batch_size=4, micro_batch_size=2, max_steps=2,
+                                           dtype="bfloat16", device="cpu"), entry(tiny_llava), questions, images,
+                  output)
+    assert frame.loss.notna().all() and len(frame) == 2
+    tensors = load_file(output / "adapter_model.safetensors")
+    assert tensors and {t.dtype for t in tensors.values()} == {torch.float32}
+    assert any(float(t.abs().max()) > 0 for name, t in tensors.items() if "lora_B" in name)  # it moved
+    create_model("loaded", entry(tiny_llava, adapter=str(output)))  # keys match: refused otherwise

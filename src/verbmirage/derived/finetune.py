@@ -21,8 +21,8 @@ bfloat16 base weights on a GPU with float32 LoRA weights (peft's adapter autocas
   a checkpoint of other settings, base or data is ignored (fingerprint). A tqdm bar shows the loss.
 
 The output folder holds the adapter (``PeftModel.save_pretrained``: ``adapter_config.json`` +
-``adapter_model.safetensors``), ``train_log.parquet`` (``io.TRAIN_LOG``: step, loss, lr, tokens) and, when
-the questions were built from Pangea, their summary.
+``adapter_model.safetensors``) and ``train_log.parquet`` (``io.TRAIN_LOG``: step, loss, lr, tokens); Pangea
+questions and their summary are built before, by rule ``training_questions`` (derived/pangea.py).
 """
 
 from __future__ import annotations
@@ -404,7 +404,8 @@ def train(slug: str, settings: FinetuneSettings, base_entry: dict, questions: Pa
             bar.set_postfix(loss=f"{loss_value:.4f}")
             if (step + 1) % settings.checkpoint_every == 0 and step + 1 < steps:
                 _save_checkpoint(checkpoints, {
-                    "fingerprint": expected, "step": step + 1, "adapter": get_peft_model_state_dict(model),
+                    "fingerprint": expected, "step": step + 1,
+                    "adapter": get_peft_model_state_dict(model, save_embedding_layers=False),
                     "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                     "rng": _rng_state(), "log": rows,
                 })
