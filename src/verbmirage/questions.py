@@ -381,10 +381,9 @@ def _compact_json(value) -> str:
     kind = type(value)
     if kind is str:
         return encode_basestring_ascii(value)
-    if kind is list or kind is tuple:
-        if all(type(item) is str for item in value):  # the usual case: no call per item
-            return "[" + ",".join(map(encode_basestring_ascii, value)) + "]"
-        return "[" + ",".join([_compact_json(item) for item in value]) + "]"
+    if kind is list or kind is tuple:  # strings inline (the usual item), anything else through this function
+        return "[" + ",".join([encode_basestring_ascii(item) if type(item) is str else _compact_json(item)
+                               for item in value]) + "]"
     if value is None:
         return "null"
     if kind is int:  # not bool, not an int subclass with its own repr
