@@ -67,7 +67,7 @@ def test_every_backend_declares_what_it_runs():
     for backend, offered in VARIANT_FEATURES.items():
         assert "decoding:greedy" in offered and offered <= FEATURES, backend
     assert VARIANT_FEATURES["always_yes"] == {"decoding:greedy"}
-    assert VARIANT_FEATURES["llava"] == FEATURES - {"decoding:opera"}  # OPERA: not implemented yet
+    assert VARIANT_FEATURES["llava"] == FEATURES
     assert {"decoding:sample", "prompt_suffix", "decision:threshold"} <= VARIANT_FEATURES["openai"]
     assert "decoding:beam" not in VARIANT_FEATURES["openai"]
 

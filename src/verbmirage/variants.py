@@ -31,9 +31,8 @@ FEATURES = frozenset(
 )
 #: Blind baselines and other scorers that decode nothing: the default variant only.
 PLAIN_ONLY = frozenset({"decoding:greedy"})
-#: Transformers backends: everything the engine implements (OPERA's beam loop is not written yet, so no
-#: backend offers it: an OPERA variant is not planned, and a model listing one is refused).
-ALL_FEATURES = FEATURES - {"decoding:opera"}
+#: Transformers backends: everything.
+ALL_FEATURES = FEATURES
 #: Scorers that return P(yes) (CLIP, remote-code adapters): greedy answers, prompt suffix, calibrated decisions.
 SCORING = frozenset({"decoding:greedy", "prompt_suffix", "decision:threshold", "decision:content_free"})
 #: OpenAI-compatible APIs: the server samples; the prompt and the decision rule are ours.

@@ -21,6 +21,7 @@ draw from each question's own generator.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Protocol
 
@@ -256,3 +257,125 @@ def beam_search(first: torch.Tensor, stepper: Stepper, num_beams: int, max_new_t
         stepper.reorder(book.rows)
         logits = stepper.advance(book.tokens)
     return book.best(stop)
+
+
+# ---- OPERA (Huang et al. 2024; notes/mitigations.md section 3) ----------------------------------------------------
+class AttentionStepper(Stepper, Protocol):
+    """A stepper that also reports last-layer attention (max over heads, unnormalised) of the fed token:
+    ``attention`` after :meth:`advance` ([rows, keys]); :meth:`probe` feeds each candidate alone and undoes it."""
+
+    attention: torch.Tensor
+
+    def probe(self, candidates: torch.Tensor) -> torch.Tensor:
+        """[rows, C] candidate tokens -> [rows, C, keys + 1] their attention rows; the cache is left as it was."""
+
+
+def column_scores(window: torch.Tensor, scale_factor: float, float16: bool) -> torch.Tensor:
+    """OPERA's over-trust score of each column j of a lower-triangular local window [..., n, n]:
+    1e-7 * prod over rows i >= j (diagonal included) of scale_factor * a[i, j].
+
+    ``float16``: stored in half precision as the official code does (long products overflow to inf).
+    """
+    n = window.shape[-1]
+    lower = torch.tril(torch.ones(n, n, dtype=torch.bool))
+    scaled = torch.where(lower, window.double() * scale_factor, torch.ones_like(window, dtype=torch.float64))
+    scores = 1e-7 * scaled.prod(dim=-2)
+    return scores.half() if float16 else scores.float()
+
+
+def opera_search(first: torch.Tensor, stepper: AttentionStepper, settings, num_beams: int, max_new_tokens: int,
+                 stop: set[int], image_span: tuple[int, int], prompt_length: int, reopen,
+                 length_penalty: float = 1.0) -> tuple[list[int], list[tuple[int, int]]]:
+    """OPERA's beam search for ONE question (``first``: its K rows): (best tokens, rollbacks as (step, position)).
+
+    Per step, per beam: the top ``num_attn_candidates`` tokens of the raw logits; each is fed alone to read
+    its last-layer attention row (max over heads, renormalised over all keys). Within the first
+    ``reward_tokens`` tokens a candidate gains its attention on the image tokens (``image_span``, inclusive);
+    later it loses the over-trust score of the local window (the generated tokens and the candidate):
+    max over columns of 1e-7 * prod (scale_factor * a), times ``penalty_weights``. The step's distribution
+    is log-softmax over the candidates only (-999 elsewhere), and :class:`BeamBook` ranks the beams (length
+    normalised by prompt + generated length when ``full_length_normalisation``, as the official code).
+
+    Retrospection: each beam's over-trust column (the mode over its candidates) is recorded per step; when
+    the columns' mode (over beams), at column >= 10, has recurred more than ``threshold`` times for every
+    beam, decoding returns to the state before the token after that column (one earlier if that position
+    was already revisited ``num_attn_candidates`` times; none if both were) and retakes that step over the
+    whole vocabulary, without the (beam, token) choices made there before. ``reopen()`` gives a fresh
+    stepper at the prompt (its rows are then fed the restored beams' tokens).
+    """
+    k = num_beams
+    offset = prompt_length if settings.full_length_normalisation else 0
+    book = BeamBook(1, k, max_new_tokens, stop, length_penalty, length_offset=offset)
+    image_start, image_end = image_span
+    history = torch.zeros(k, 0, 0)  # renormalised attention of generated rows on generated columns
+    locs: list[torch.Tensor] = []  # per step: each beam's over-trust column
+    revisits: dict[int, int] = {}
+    chosen: dict[int, list[tuple[int, int]]] = {}
+    banned: dict[int, list[tuple[int, int]]] = {}
+    snapshots: dict[int, tuple] = {}
+    rollbacks: list[tuple[int, int]] = []
+    logits, step, retake = first, 0, False
+    while True:
+        snapshots[step] = (copy.deepcopy(book), history.clone(), logits.clone(), list(locs))
+        raw = logits.float().cpu()
+        if retake:  # the revisited step: the whole vocabulary, earlier choices there banned
+            step_logits = raw - raw.min(dim=-1, keepdim=True).values - 999.0
+            for row, token in banned[step]:
+                step_logits[row, token] = -999.0
+        else:
+            count = min(settings.num_attn_candidates, raw.shape[-1])
+            candidate_logits, candidates = raw.topk(count, dim=-1)
+            rows = stepper.probe(candidates).float().cpu()
+            rows = rows / rows.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+            image_reward = rows[..., image_start : image_end + 1].sum(dim=-1)
+            window = torch.zeros(k, count, step + 1, step + 1)
+            window[:, :, :step, :step] = history[:, None]
+            window[:, :, step, :] = rows[..., prompt_length : prompt_length + step + 1]
+            over_trust, columns = column_scores(window, settings.scale_factor, settings.float16_scores).float().max(-1)
+            penalty = -image_reward if step + 1 <= settings.reward_tokens else over_trust
+            scored = candidate_logits - settings.penalty_weights * penalty
+            step_logits = torch.full_like(raw, -999.0).scatter(-1, candidates, scored)
+            beam_columns = columns.mode(dim=-1).values
+            locs.append(beam_columns)
+            target = _rollback_target(beam_columns, locs, settings, revisits, step)
+            if target is not None:
+                rollbacks.append((step, target))
+                revisits[target] = revisits.get(target, 0) + 1
+                banned.setdefault(target, []).extend(chosen.get(target, []))
+                saved_book, history, logits, locs = snapshots[target]
+                book, locs = copy.deepcopy(saved_book), list(locs)
+                stepper = reopen()
+                for position in range(target):
+                    stepper.advance(book.running[0, :, position])
+                step, retake = target, True
+                continue
+        more = book.step(torch.log_softmax(step_logits, dim=-1), step)
+        chosen[step] = list(zip(book.rows.tolist(), book.tokens.tolist()))
+        retake = False
+        if not more:
+            break
+        stepper.reorder(book.rows)
+        history = history[book.rows]
+        logits = stepper.advance(book.tokens)
+        row = stepper.attention.float().cpu()
+        row = row / row.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+        grown = torch.zeros(k, step + 1, step + 1)
+        grown[:, :step, :step] = history
+        grown[:, step, :] = row[:, prompt_length : prompt_length + step + 1]
+        history, step = grown, step + 1
+    return book.best(stop)[0], rollbacks
+
+
+def _rollback_target(beam_columns: torch.Tensor, locs: list[torch.Tensor], settings, revisits: dict[int, int],
+                     step: int) -> int | None:
+    """The position OPERA's retrospection returns to, or None (see :func:`opera_search`)."""
+    column = int(beam_columns.mode().values)
+    if column < 10:
+        return None
+    seen = torch.stack(locs).eq(column).sum(dim=0)  # per beam: steps whose over-trust column was this one
+    if not bool((seen > settings.threshold).all()):
+        return None
+    for target in (column + 1, column):
+        if revisits.get(target, 0) < settings.num_attn_candidates and 0 < target <= step:
+            return target
+    return None

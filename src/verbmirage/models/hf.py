@@ -633,7 +633,10 @@ class TransformersVLM(LogitsVLM):
             for i, length in zip(indices, lengths):
                 by_length.setdefault(int(length), []).append(i)
             for rows in by_length.values():
-                first, stepper = self._open_stepper(image_path, image, [texts[i] for i in rows], beams)
+                if variant.decoding == "opera":  # one question at a time (its own retrospection history)
+                    first, stepper = None, None
+                else:
+                    first, stepper = self._open_stepper(image_path, image, [texts[i] for i in rows], beams)
                 if variant.decoding == "beam":
                     tokens = decoding.beam_search(first, stepper, beams, new_tokens, self._stop_tokens(),
                                                   variant.length_penalty)
@@ -643,11 +646,53 @@ class TransformersVLM(LogitsVLM):
                                                     variant.temperature, variant.top_k, variant.top_p)
                 elif variant.decoding == "greedy":
                     tokens = decoding.greedy_search(first, stepper, new_tokens, self._stop_tokens())
+                elif variant.decoding == "opera":
+                    tokens = [self._opera(image_path, image, texts[i], new_tokens) for i in rows]
                 else:
                     raise NotImplementedError(f"decoding '{variant.decoding}' is not implemented for {self.backend}")
                 for i, row in zip(rows, tokens):
                     answers[i] = (row[0] if row else None, self.tokenizer.decode(row, skip_special_tokens=True))
         return answers
+
+    def use_variant(self, variant, where: str = "variant") -> None:
+        """As the base class; OPERA also needs the language model's last-layer attention (eager kernel)."""
+        super().use_variant(variant, where)
+        if variant.decoding == "opera" and getattr(self, "_attention_hook", None) is None:
+            from verbmirage.analysis.attention import decoder_layers, use_eager_language_model
+
+            use_eager_language_model(self.model)
+            last = decoder_layers(self.model)[-1].self_attn
+
+            def keep_last_row(module, args, output):
+                weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+                if weights is None:
+                    raise RuntimeError(f"models.{self.name}: the last layer returned no attention weights (OPERA "
+                                       "needs eager attention in the language model)")
+                self._last_attention = weights[:, :, -1, :].float().amax(dim=1)
+
+            self._attention_hook = last.register_forward_hook(keep_last_row)
+
+    def _opera(self, image_path, image, text: str, new_tokens: int) -> list[int]:
+        """One question decoded with OPERA (:func:`decoding.opera_search`) on the cached image prefix."""
+        variant = self.variant
+        encoded = self.encode_shared_image([text], image)
+        ids = encoded["input_ids"][0]
+        image_positions = torch.nonzero(ids == self._image_token_id()).flatten()
+        if len(image_positions) == 0:
+            raise ValueError(f"models.{self.name}: OPERA needs the image tokens in the prompt, found none")
+
+        def reopen():
+            first, stepper = self._open_stepper(image_path, image, [text], variant.num_beams)
+            return _AttentionStepper(self, stepper, first)
+
+        opened = reopen()
+        tokens, rollbacks = decoding.opera_search(
+            opened.first, opened, variant.opera, variant.num_beams, new_tokens, self._stop_tokens(),
+            (int(image_positions[0]), int(image_positions[-1])), int(encoded["attention_mask"].sum()), reopen,
+            variant.length_penalty)
+        if rollbacks:
+            log.info("%s: OPERA rolled back %d time(s): %s", self.name, len(rollbacks), rollbacks)
+        return tokens
 
     def _stop_tokens(self) -> set[int]:
         """Token ids that end an answer: the tokenizer's and the generation config's end of sequence."""
@@ -757,6 +802,11 @@ class _PrefixStepper:
     def reorder(self, rows: torch.Tensor) -> None:
         self.cache.reorder_cache(rows.to(self.vlm.device))
 
+    def undo(self) -> None:
+        """Forget the last fed token (OPERA's candidate probes)."""
+        self.length -= 1
+        self.cache.crop(-1)  # transformers 5.x: a negative count removes that many tokens
+
 
 class _FullStepper:
     """Rows decoding from whole prompts (no shared prefix: InstructBLIP's Q-Former reads the question)."""
@@ -776,6 +826,33 @@ class _FullStepper:
     def reorder(self, rows: torch.Tensor) -> None:
         self.cache.reorder_cache(rows.to(self.vlm.device))
         self.mask = self.mask[rows.to(self.mask.device)]
+
+    def undo(self) -> None:
+        self.mask = self.mask[:, :-1]
+        self.cache.crop(-1)
+
+
+class _AttentionStepper:
+    """A stepper that also reads the last layer's attention row of each fed token (OPERA)."""
+
+    def __init__(self, vlm: TransformersVLM, inner, first: torch.Tensor):
+        self.vlm, self.inner, self.first = vlm, inner, first
+
+    def advance(self, tokens: torch.Tensor) -> torch.Tensor:
+        logits = self.inner.advance(tokens)
+        self.attention = self.vlm._last_attention
+        return logits
+
+    def probe(self, candidates: torch.Tensor) -> torch.Tensor:
+        rows = []
+        for column in range(candidates.shape[1]):
+            self.inner.advance(candidates[:, column])
+            rows.append(self.vlm._last_attention)
+            self.inner.undo()
+        return torch.stack(rows, dim=1)
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        self.inner.reorder(rows)
 
 
 class LlavaVLM(TransformersVLM):

@@ -1,0 +1,169 @@
+"""OPERA (issue 9 item 4): over-trust penalty, image reward and retrospection in our own beam loop.
+
+Oracles (notes/mitigations.md section 3): every token a candidate with penalty weight 0 is plain beam search;
+a constructed attention pattern that keeps peaking on one generated column triggers a rollback (first possible
+once that column has recurred more than ``threshold`` times), never with a peak before column 10.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from verbmirage.models import create_model, decoding
+from verbmirage.models.base import Question
+from verbmirage.variants import OperaSettings, Variant
+
+VOCAB, PROMPT, STOP = 7, 6, {6}
+
+
+class ToyStepper:
+    """Logits from a fixed table by the last token (and the length); attention rows chosen by the test.
+
+    ``peak``: the generated column every generated query attends to most once it exists (None: itself).
+    """
+
+    def __init__(self, rows: int, peak: int | None = None, seed: int = 0):
+        generator = torch.Generator().manual_seed(seed)
+        self.table = torch.randn(VOCAB, VOCAB, generator=generator) * 2
+        self.table[:, 6] = -50.0  # the stop token never wins: answers run to max_new_tokens
+        self.peak = peak
+        self.last = torch.zeros(rows, dtype=torch.long)
+        self.length = PROMPT
+        self.first = self.table[0].repeat(rows, 1)
+
+    def _row(self, rows: int) -> torch.Tensor:
+        keys = self.length
+        row = torch.full((rows, keys), 0.1 / keys)
+        generated = keys - PROMPT - 1  # the fed token's own generated column
+        target = PROMPT + self.peak if self.peak is not None and generated >= self.peak else keys - 1
+        row[:, target] += 0.9
+        return row
+
+    def advance(self, tokens):
+        self.last = tokens.clone()
+        self.length += 1
+        self.attention = self._row(len(tokens))
+        return self.table[tokens] + 0.01 * self.length
+
+    def probe(self, candidates):
+        rows = []
+        for column in range(candidates.shape[1]):
+            self.length += 1
+            rows.append(self._row(candidates.shape[0]))
+            self.length -= 1
+        return torch.stack(rows, dim=1)
+
+    def reorder(self, rows):
+        self.last = self.last[rows]
+
+
+def test_column_scores_on_a_hand_made_window():
+    window = torch.tensor([[0.5, 0.0, 0.0], [0.2, 0.4, 0.0], [0.1, 0.3, 0.6]])
+    scores = decoding.column_scores(window, 50.0, float16=False)
+    expected = [1e-7 * (25 * 10 * 5), 1e-7 * (20 * 15), 1e-7 * 30]
+    assert scores.tolist() == pytest.approx(expected, rel=1e-5)
+    # the official float16 storage: a long product of large entries overflows to inf
+    long = torch.tril(torch.full((12, 12), 0.9))
+    assert math.isinf(float(decoding.column_scores(long, 50.0, float16=True)[0]))
+    assert math.isfinite(float(decoding.column_scores(long, 50.0, float16=False)[0]))
+    assert scores.dtype == torch.float32
+
+
+def test_every_token_a_candidate_without_penalty_is_beam_search():
+    settings = OperaSettings(num_attn_candidates=VOCAB, penalty_weights=0.0, threshold=10**6,
+                             full_length_normalisation=False)
+    for seed in range(3):
+        plain = decoding.beam_search(ToyStepper(3, seed=seed).first, ToyStepper(3, seed=seed), 3, 8, STOP)
+        tokens, rollbacks = decoding.opera_search(ToyStepper(3, seed=seed).first, ToyStepper(3, seed=seed),
+                                                  settings, 3, 8, STOP, (1, 4), PROMPT,
+                                                  lambda: ToyStepper(3, seed=seed))
+        assert tokens == plain[0] and rollbacks == []
+
+
+def test_fewer_candidates_and_the_image_reward_change_the_ranking_only_through_candidates():
+    # with C < V the step's distribution is renormalised over the candidates: tokens outside never appear
+    settings = OperaSettings(num_attn_candidates=2, penalty_weights=1.0, threshold=10**6)
+    tokens, _ = decoding.opera_search(ToyStepper(3).first, ToyStepper(3), settings, 3, 6, STOP, (1, 4), PROMPT,
+                                      lambda: ToyStepper(3))
+    table = ToyStepper(3).table
+    last = 0
+    for token in tokens:  # each chosen token is among the top-2 raw logits after the previous one
+        assert token in table[last].topk(2).indices.tolist()
+        last = token
+
+
+def test_a_recurring_over_trust_column_triggers_rollback():
+    # scale 1 in float32: the column products stay finite and non-zero (with the official 50 this extreme pattern's
+    # products overflow and the penalty swamps every candidate, and float16 would round scale 1's to 0; the
+    # retrospection below depends only on which column wins)
+    settings = OperaSettings(threshold=15, num_attn_candidates=3, scale_factor=1.0, float16_scores=False)
+    stepper = ToyStepper(2, peak=10)
+    tokens, rollbacks = decoding.opera_search(stepper.first, stepper, settings, 2, 32, STOP, (1, 4), PROMPT,
+                                              lambda: ToyStepper(2, peak=10))
+    assert rollbacks, "column 10 kept the over-trust peak for more than 15 steps: OPERA must roll back"
+    first_step, target = rollbacks[0]
+    assert target == 11 and first_step >= 25  # more than 15 occurrences of column 10 from step 10 on
+    # each position is revisited at most num_attn_candidates times, then the one before, then never
+    assert sum(1 for _, t in rollbacks if t == 11) <= 3 and sum(1 for _, t in rollbacks if t == 10) <= 3
+    assert len(tokens) == 32
+    # a peak before column 10, or answers of at most 25 tokens, never roll back
+    _, early = decoding.opera_search(ToyStepper(2, peak=5).first, ToyStepper(2, peak=5), settings, 2, 32, STOP,
+                                     (1, 4), PROMPT, lambda: ToyStepper(2, peak=5))
+    _, short = decoding.opera_search(ToyStepper(2, peak=10).first, ToyStepper(2, peak=10), settings, 2, 25, STOP,
+                                     (1, 4), PROMPT, lambda: ToyStepper(2, peak=10))
+    assert early == [] and short == []
+
+
+@pytest.fixture(scope="module")
+def picture(tmp_path_factory):
+    path = tmp_path_factory.mktemp("opera") / "scene.png"
+    Image.fromarray(np.random.default_rng(3).integers(0, 255, (40, 56, 3), dtype=np.uint8)).save(path)
+    return path
+
+
+class TopCandidates:
+    """A stepper whose logits keep only each row's top-C raw logits (-999 elsewhere): OPERA's step without penalty."""
+
+    def __init__(self, inner, count):
+        self.inner, self.count = inner, count
+        self.first = self.mask(inner.first)
+
+    def mask(self, logits):
+        top = logits.float().topk(self.count, dim=-1)
+        return torch.full_like(logits.float(), -999.0).scatter(-1, top.indices, top.values)
+
+    def advance(self, tokens):
+        return self.mask(self.inner.advance(tokens))
+
+    def reorder(self, rows):
+        self.inner.reorder(rows)
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl", "instructblip"])
+def test_opera_on_the_tiny_models(tiny_dirs, picture, family):
+    """Penalty weight 0: OPERA is beam search over each beam's top-C tokens (notes: not plain beam search,
+    the renormalisation over candidates changes the ranking across beams); the candidate probes (fed, read,
+    undone) leave the cache as it was, or later steps would differ."""
+    model = create_model("tiny", {"backend": family, "path": str(tiny_dirs[family]), "local_files_only": True})
+    questions = [Question("q0", "Is the person riding the horse?", picture)]
+    text = model.render(questions[0], False)
+    image = model.open_image(picture)
+    model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 3, "max_new_tokens": 4}))
+    first, stepper = model._open_stepper(picture, image, [text], 3)
+    masked = TopCandidates(stepper, 3)
+    expected = decoding.beam_search(masked.first, masked, 3, 4, model._stop_tokens())[0]
+    model.use_variant(Variant.from_config({
+        "decoding": "opera", "num_beams": 3, "max_new_tokens": 4,
+        "opera": {"num_attn_candidates": 3, "penalty_weights": 0.0, "threshold": 10**6,
+                  "full_length_normalisation": False}}))
+    ((token, text_out),) = model.decode_answers(questions, False)
+    assert text_out == model.tokenizer.decode(expected, skip_special_tokens=True)
+    assert model._last_attention.shape[0] == 3  # the last layer's rows were read (eager attention)
+    model.use_variant(Variant.from_config({"decoding": "opera", "max_new_tokens": 3}))
+    (result,) = model.score_yes_no(questions)
+    assert result.parse_rule.startswith("opera:") and result.prediction in ("yes", "no", "unknown")
