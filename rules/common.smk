@@ -252,7 +252,7 @@ def partial_images(dataset, condition):
 def suite_qsets(wildcards):
     """The question sets one inference job asks: those of its dataset asked under its condition by its model."""
     return [q for q in condition_qsets(wildcards.dataset, wildcards.condition)
-            if asks(wildcards.dataset, wildcards.condition, q, wildcards.model)]
+            if asks(wildcards.dataset, wildcards.condition, q, wildcards.model, wildcards.variant)]
 
 
 def suite_questions(wildcards):
@@ -261,16 +261,18 @@ def suite_questions(wildcards):
 
 
 def merge_groups(models):
-    """(dataset, condition, sets, models): the models (or ensembles) that ask the same sets under a condition,
-    whose per-set prediction tables one rule writes together."""
+    """(dataset, condition, sets, models, variant): the models (or ensembles) that ask the same sets under a
+    condition with a variant, whose per-set prediction tables one rule writes together (one variant per group,
+    so two groups never claim the same run)."""
     groups = {}
     for d in DATASETS:
         for c in dataset_conditions(d):
             for m in models:
-                sets = tuple(q for q in condition_qsets(d, c) if asks(d, c, q, m))
-                if sets:
-                    groups.setdefault((d, c, sets), []).append(m)
-    return [(d, c, list(sets), models) for (d, c, sets), models in groups.items()]
+                for v in variants_under(m, c, d):
+                    sets = tuple(q for q in condition_qsets(d, c) if asks(d, c, q, m, v))
+                    if sets:
+                        groups.setdefault((d, c, sets, v), []).append(m)
+    return [(d, c, list(sets), models, v) for (d, c, sets, v), models in groups.items()]
 
 
 def model_files(wildcards):
@@ -318,10 +320,12 @@ def model_qsets(model):
     return config["models"][model].get("qsets")
 
 
-def asks(dataset, condition, qset, model):
-    """Whether the run asks ``model`` (or an ensemble) question set ``qset`` under ``condition``."""
+def asks(dataset, condition, qset, model, variant=None):
+    """Whether the run asks ``model`` (or an ensemble) question set ``qset`` under ``condition`` (with
+    ``variant``: also ``variants.<slug>.qsets``)."""
     chosen = model_qsets(model)
-    return qset in condition_qsets(dataset, condition) and (chosen is None or qset in chosen)
+    return (qset in condition_qsets(dataset, condition) and (chosen is None or qset in chosen)
+            and (variant is None or VARIANT_SETTINGS[variant].asks(qset)))
 
 
 # Entry keys that plan or label a run without changing any answer: kept out of the inference params and fingerprint.
@@ -376,7 +380,7 @@ def dataset_questions(wildcards):
 def run_qsets(wildcards):
     """The question sets a run (dataset, condition, model, variant) answered, in config order."""
     return [q for q in DATASET_QSETS[wildcards.dataset] if asks(wildcards.dataset, wildcards.condition, q,
-                                                                  wildcards.model)]
+                                                                  wildcards.model, wildcards.variant)]
 
 
 def run_tables(wildcards, pattern):
@@ -386,8 +390,8 @@ def run_tables(wildcards, pattern):
 
 def pair_qsets(wildcards):
     """The sets a model answered under both conditions of an error-consistency pair."""
-    d, m = wildcards.dataset, wildcards.model
-    return [q for q in DATASET_QSETS[d] if asks(d, wildcards.reference, q, m) and asks(d, wildcards.other, q, m)]
+    d, m, v = wildcards.dataset, wildcards.model, wildcards.variant
+    return [q for q in DATASET_QSETS[d] if asks(d, wildcards.reference, q, m, v) and asks(d, wildcards.other, q, m, v)]
 
 
 def pair_tables(wildcards, pattern, side=None):
@@ -403,8 +407,8 @@ def all_scored():
         for d in DATASETS
         for c in dataset_conditions(d)
         for m in MODELS + list(ENSEMBLES)
-        if any(asks(d, c, q, m) for q in condition_qsets(d, c))
         for v in variants_under(m, c, d)
+        if any(asks(d, c, q, m, v) for q in condition_qsets(d, c))
     ]
 
 
@@ -414,9 +418,9 @@ def all_consistency():
         for d in ["hico"]  # paper Table 2 (HICO); CharadesEgo compares views, not conditions
         for a, b in CONSISTENCY_PAIRS
         for m in MODELS + list(ENSEMBLES)
-        if any(asks(d, a, q, m) and asks(d, b, q, m) for q in condition_qsets(d, a))
         for v in variants_under(m, a)
         if v in variants_under(m, b)
+        if any(asks(d, a, q, m, v) and asks(d, b, q, m, v) for q in condition_qsets(d, a))
     ]
 
 
@@ -473,6 +477,12 @@ def attention_figure_roles():
 from verbmirage.analysis.vcd_divergence import divergence_runs, vcd_divergence_settings
 
 VCD_DIVERGENCE_SETTINGS = vcd_divergence_settings(config)  # checked; defaults when the block is absent
+def _planned(run, variant):
+    """Whether the workflow runs ``variant`` of the run's model, condition and set (variants' planning keys)."""
+    return (variant in variants_under(run["model"], run["condition"])
+            and asks("hico", run["condition"], run["qset"], run["model"], variant))
+
+
 VCD_DIVERGENCE_RUNS = [  # each VCD run read, with its plain counterpart's table (None: no flips, plain_note says why)
     {**run,
      "questions": QUESTIONS.format(dataset="hico", qset=run["qset"]),
@@ -480,9 +490,14 @@ VCD_DIVERGENCE_RUNS = [  # each VCD run read, with its plain counterpart's table
                                        model=run["model"], variant=run["variant"]),
      "plain": PREDICTIONS.format(dataset="hico", qset=run["qset"], condition=run["condition"], model=run["model"],
                                  variant=run["plain_variant"]) if run["plain_variant"] else None}
-    for run in divergence_runs(config, {m: MODEL_VARIANTS[m] for m in MODELS},
-                               lambda condition, qset, model: asks("hico", condition, qset, model),
-                               VCD_DIVERGENCE_SETTINGS)
+    for run in [
+        run if not run["plain_variant"] or _planned(run, run["plain_variant"])
+        else {**run, "plain_variant": None, "plain_note": f"'{run['plain_variant']}' is not run on this set"}
+        for run in divergence_runs(config, {m: MODEL_VARIANTS[m] for m in MODELS},
+                                   lambda condition, qset, model: asks("hico", condition, qset, model),
+                                   VCD_DIVERGENCE_SETTINGS)
+    ]
+    if _planned(run, run["variant"])
 ]
 VCD_DIVERGENCE_TABLE = "results/analysis/vcd_divergence.parquet"
 VCD_DIVERGENCE_HTML = "results/analysis/vcd_divergence.html"
@@ -523,6 +538,7 @@ KNOWN_OBJECT_RUNS = {  # "condition/model/variant" -> its prediction table
     for c in KNOWN_OBJECT.conditions
     for m in KNOWN_OBJECT.models
     for v in variants_under(m, c)
+    if asks("hico", c, KNOWN_OBJECT.qset, m, v)
 } if KNOWN_OBJECT else {}
 KNOWN_OBJECT_PARTIAL_IMAGES = {  # crop conditions: only the questions on their images are ranked
     c: CONDITION_DIR.format(dataset="hico", condition=c) for c in KNOWN_OBJECT.conditions if c in BOX_CONDITIONS
@@ -564,8 +580,8 @@ def uncertainty_runs():
         for c in UNCERTAINTY.conditions
         for q in UNCERTAINTY.qsets
         for m in UNCERTAINTY_MODELS
-        if asks("hico", c, q, m)
         for v in variants_under(m, c)
+        if asks("hico", c, q, m, v)
     ] if UNCERTAINTY else []
 
 
@@ -577,9 +593,8 @@ def fov_runs():
                          for c in FOV.conditions}}
         for q in FOV.qsets
         for m in MODELS
-        if all(asks("hico", c, q, m) for c in FOV.conditions)
         for v in MODEL_VARIANTS[m]
-        if all(v in variants_under(m, c) for c in FOV.conditions)
+        if all(v in variants_under(m, c) and asks("hico", c, q, m, v) for c in FOV.conditions)
     ] if FOV else []
 
 
@@ -684,9 +699,10 @@ CALIBRATION_CUTS = "results/calibration/{dataset}/{condition}/{model}/{variant}.
 CONTENT_FREE_IMAGES = "results/images/content_free/{dataset}"  # blank.png, mean.png (HICO training images)
 
 
-def run_calibration_qsets(dataset, condition, model):
+def run_calibration_qsets(dataset, condition, model, variant=None):
     """The sets a threshold run fits a cut for: the HICO YN sets it asks (MC and CharadesEgo keep plain decisions)."""
-    return calibration_qsets(dataset, [q for q in DATASET_QSETS[dataset] if asks(dataset, condition, q, model)])
+    return calibration_qsets(dataset, [q for q in DATASET_QSETS[dataset]
+                                       if asks(dataset, condition, q, model, variant)])
 
 
 def calibration_runs():
@@ -696,7 +712,7 @@ def calibration_runs():
         for d in DATASETS:
             for c in dataset_conditions(d):
                 for v in [v for v in variants_under(m, c, d) if v in DECISIONS["threshold"]]:
-                    if not run_calibration_qsets(d, c, m):
+                    if not run_calibration_qsets(d, c, m, v):
                         continue
                     if c in BOX_CONDITIONS:
                         raise ValueError(
@@ -715,14 +731,15 @@ DECISION_OUTPUTS = [CALIBRATION_CUTS.format(**run) for run in CALIBRATION_RUNS]
 def calibration_run_tables(wildcards):
     """The calibration tables one threshold run asks, in :func:`run_calibration_qsets` order."""
     return [CALIBRATION_QUESTIONS.format(dataset=wildcards.dataset, qset=q)
-            for q in run_calibration_qsets(wildcards.dataset, wildcards.condition, wildcards.model)]
+            for q in run_calibration_qsets(wildcards.dataset, wildcards.condition, wildcards.model,
+                                           wildcards.variant)]
 
 
 def calibration_condition_tables(wildcards):
     """Every calibration table asked under a condition (its images folder covers them all)."""
     qsets = {q for run in CALIBRATION_RUNS if (run["dataset"], run["condition"]) == (wildcards.dataset,
                                                                                      wildcards.condition)
-             for q in run_calibration_qsets(run["dataset"], run["condition"], run["model"])}
+             for q in run_calibration_qsets(run["dataset"], run["condition"], run["model"], run["variant"])}
     return [CALIBRATION_QUESTIONS.format(dataset=wildcards.dataset, qset=q) for q in sorted(qsets)]
 
 

@@ -59,7 +59,8 @@ rule calibrate_decision:
         model=_alternatives(MODELS),
         variant=_alternatives(DECISIONS["threshold"]),
     params:
-        qsets=lambda wildcards: run_calibration_qsets(wildcards.dataset, wildcards.condition, wildcards.model),
+        qsets=lambda wildcards: run_calibration_qsets(wildcards.dataset, wildcards.condition, wildcards.model,
+                                                      wildcards.variant),
         model=lambda wildcards: model_settings(wildcards.model),
         variant=lambda wildcards: variant_settings(wildcards.variant),
         batch_size=lambda wildcards: config["models"][wildcards.model].get(

@@ -1,6 +1,6 @@
 # One vote job per ensemble run (dataset, condition, ensemble, variant) writes the tables of all its sets; as for
-# the merges, one rule per (dataset, condition, sets asked), generated from the config (rules/common.smk).
-for _index, (_dataset, _condition, _qsets, _ensembles) in enumerate(ENSEMBLE_GROUPS):
+# the merges, one rule per (dataset, condition, sets asked, variant), generated from the config (rules/common.smk).
+for _index, (_dataset, _condition, _qsets, _ensembles, _variant) in enumerate(ENSEMBLE_GROUPS):
 
     rule:
         name:
@@ -17,6 +17,7 @@ for _index, (_dataset, _condition, _qsets, _ensembles) in enumerate(ENSEMBLE_GRO
              for q in _qsets],
         wildcard_constraints:
             model=_alternatives(_ensembles),
+            variant=_alternatives([_variant]),
         params:
             qsets=_qsets,
             members=lambda wildcards: ENSEMBLES[wildcards.model],

@@ -43,9 +43,9 @@ rule predict_suite:
 
 
 # One merge job per run (dataset, condition, model, variant) writes the prediction tables of all its sets. A
-# rule's outputs cannot depend on its wildcards, so there is one merge rule per (dataset, condition, sets asked):
-# a handful, generated here from the config (rules/common.smk:MERGE_GROUPS).
-for _index, (_dataset, _condition, _qsets, _models) in enumerate(MERGE_GROUPS):
+# rule's outputs cannot depend on its wildcards, so there is one merge rule per (dataset, condition, sets asked,
+# variant), generated here from the config (rules/common.smk:MERGE_GROUPS).
+for _index, (_dataset, _condition, _qsets, _models, _variant) in enumerate(MERGE_GROUPS):
 
     rule:
         name:
@@ -60,6 +60,7 @@ for _index, (_dataset, _condition, _qsets, _models) in enumerate(MERGE_GROUPS):
              for q in _qsets],
         wildcard_constraints:
             model=_alternatives(_models),
+            variant=_alternatives([_variant]),
         params:
             qsets=_qsets,
         log:

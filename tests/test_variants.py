@@ -43,8 +43,14 @@ def test_defaults_follow_the_methods():
     calibrated = Variant.from_config({"decision": {"method": "content_free"}, "prompt_suffix": "x"})
     assert calibrated.features() == {"decoding:greedy", "decision:content_free", "prompt_suffix"}
     assert not calibrated.is_plain
-    # paper_name labels the variant; it is not a setting the answers depend on
-    assert "paper_name" not in Variant.from_config({"paper_name": "beam5"}).settings()
+    # paper_name labels the variant and conditions / datasets / qsets plan its runs: none is a setting the
+    # answers depend on
+    planned = Variant.from_config({"paper_name": "beam5", "conditions": ["clean"], "datasets": ["hico"],
+                                   "qsets": ["yn_verb"]})
+    assert planned.settings() == Variant().settings()
+    assert planned.runs_under("clean", "hico") and not planned.runs_under("clean", "charadesego")
+    assert not planned.runs_under("saltpepper") and planned.asks("yn_verb") and not planned.asks("yn_obj")
+    assert Variant().asks("yn_ko") and Variant().runs_under("crop", "hico")
 
 
 @pytest.mark.parametrize("entry, message", [

@@ -225,6 +225,10 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
         unknown = sorted(set(variant.conditions) - set(config.get("conditions", {})))
         if unknown:
             raise ConfigError(f"variants.{slug}.conditions: unknown condition(s) {unknown}")
+        unknown_sets = sorted(set(variant.qsets) - set(known_question_sets()))
+        if unknown_sets:
+            raise ConfigError(f"variants.{slug}.qsets: {unknown_sets} are not question sets; "
+                              f"known: {known_question_sets()}")
     for slug, entry in config["models"].items():
         try:
             model_variants(config, slug, variant_features(entry["backend"]))

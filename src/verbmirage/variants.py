@@ -107,6 +107,8 @@ class Variant:
     #: depends on them.
     conditions: tuple[str, ...] = ()
     datasets: tuple[str, ...] = ()
+    #: The question sets this variant asks (empty: every set its model asks). Plans runs only.
+    qsets: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, entry: dict | None, where: str = "variants") -> "Variant":
@@ -148,12 +150,17 @@ class Variant:
             raise ValueError(f"{where}.temperature: must be positive (use decoding: greedy for argmax)")
         entry["conditions"] = tuple(entry.get("conditions", ()))
         entry["datasets"] = tuple(entry.get("datasets", ()))
+        entry["qsets"] = tuple(entry.get("qsets", ()))
         return cls(**entry)
 
     def runs_under(self, condition: str, dataset: str | None = None) -> bool:
         """Whether runs of this variant are planned under ``condition`` (and on ``dataset``, when given)."""
         return ((not self.conditions or condition in self.conditions)
                 and (dataset is None or not self.datasets or dataset in self.datasets))
+
+    def asks(self, qset: str) -> bool:
+        """Whether runs of this variant ask ``qset`` (when their model and condition do)."""
+        return not self.qsets or qset in self.qsets
 
     def features(self) -> frozenset[str]:
         """What a backend must offer to run this variant."""
@@ -172,10 +179,11 @@ class Variant:
         return self.features() == PLAIN_ONLY
 
     def settings(self) -> dict:
-        """Every setting the answers depend on (for fingerprints and provenance): no ``paper_name``, no
-        ``conditions`` or ``datasets``."""
+        """Every setting the answers depend on (for fingerprints and provenance): no ``paper_name`` and no
+        planning key (``conditions``, ``datasets``, ``qsets``)."""
         values = asdict(self)
-        values.pop("paper_name"), values.pop("conditions"), values.pop("datasets")
+        for planning in ("paper_name", "conditions", "datasets", "qsets"):
+            values.pop(planning)
         return values
 
     @property
