@@ -112,6 +112,11 @@ def _is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
 
 
+def _probability(probs: torch.Tensor, row: int, token: int) -> float:
+    """P(token) of a row over the real tokens; 0 for an id of the output layer's padding (never a real answer)."""
+    return float(probs[row, token]) if token < probs.shape[1] else 0.0
+
+
 class LogitsVLM(VisionLanguageModel):
     """Scores from the logits at the first answer position; subclasses provide :meth:`answer_logits`.
 
@@ -243,7 +248,7 @@ class LogitsVLM(VisionLanguageModel):
             p_yes = float(yes[i] / (yes[i] + no[i]))
             prediction, raw, rule = decide_yes_no(self._token_text(first_ids[i]), continued.get(i), self.variant.label)
             margin = float(margins[i]) if math.isfinite(float(margins[i])) else None
-            results.append(YesNoResult(p_yes, prediction, raw, float(probs[i, first_ids[i]]), rule,
+            results.append(YesNoResult(p_yes, prediction, raw, _probability(probs, i, first_ids[i]), rule,
                                        yes_margin=margin, **vcd[i]))
         return results
 
@@ -278,8 +283,8 @@ class LogitsVLM(VisionLanguageModel):
             option_probs = tuple(float(x) for x in mass / mass.sum()) if mass.sum() > 0 else (math.nan,) * n
             letter, raw, rule = decide_choice(self._token_text(first_ids[i]), continued.get(i), question.options,
                                               self.variant.label)
-            results.append(MultipleChoiceResult(option_probs, letter, raw, float(probs[i, first_ids[i]]), rule,
-                                                **vcd[i]))
+            confidence = _probability(probs, i, first_ids[i])
+            results.append(MultipleChoiceResult(option_probs, letter, raw, confidence, rule, **vcd[i]))
         return results
 
 
