@@ -15,7 +15,7 @@ from verbmirage.io import PREDICTIONS, QUESTIONS, read_table
 
 pytestmark = pytest.mark.slow
 
-YN_SETS = ["yn_obj", "yn_verb", "obj_exist", "yn_ko"]  # the demo's HICO YN sets, all asked on clean
+YN_SETS = ["yn_obj", "yn_verb"]  # the HICO YN sets the demo's decision variants ask (variants.<slug>.qsets)
 CALIBRATION_IMAGES = 20  # variants.calibrated.decision.calibration_images in config.yaml
 
 

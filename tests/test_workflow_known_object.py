@@ -11,6 +11,8 @@ from known_object_reference import reference_ap_table
 
 from verbmirage.analysis.known_object import hico_det_rare
 from verbmirage.io import KNOWN_OBJECT_AP, METRICS, PREDICTIONS, QUESTIONS, read_provenance, read_table
+from verbmirage.models.registry import variant_features
+from verbmirage.variants import Variant, model_variants
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +34,12 @@ def _predictions(demo_run, settings, condition, model, variant):
 def test_ap_table_has_one_row_per_run_and_asked_hoi(known_object):
     config, settings, questions, ap = known_object
     assert list(ap.columns) == KNOWN_OBJECT_AP.names
-    runs = {(c, m, v) for c in settings["conditions"] for m in settings["models"] for v in config["variants"]}
+    # every run the plan makes: the variants each model's backend runs that ask the set under the condition
+    runs = {(c, m, v) for c in settings["conditions"] for m in settings["models"]
+            for v in model_variants(config, m, variant_features(config["models"][m]["backend"]))
+            if Variant.from_config(config["variants"][v]).runs_under(c, "hico")
+            and Variant.from_config(config["variants"][v]).asks(settings["qset"])}
+    assert ("clean", "tiny_llava", "default") in runs
     asked = set(questions.hoi_id.astype(int))
     expected = {(c, m, v, h) for c, m, v in runs for h in asked}
     assert set(zip(ap.condition, ap.model, ap.variant, ap.hoi_id)) == expected and len(ap) == len(expected)

@@ -36,13 +36,14 @@ def test_histogram_counts_add_up_to_the_answered_rows(demo_run):
     assert set(hist.qset) == {"yn_obj+yn_verb", "mc_obj", "mc_verb"}  # pool_yn
     assert set(hist.group) <= {"pred_yes", "pred_no", "pred_other", "mc"}
     assert len(set(zip(hist.bin_left, hist.bin_right))) == settings["bins"] == 20
+    assert "default" in set(hist.variant)  # every variant a model runs has its histograms; count the default's
     answered = 0
     for qset, model in [(qset, model) for qset in settings["qsets"] for model in sorted(TOKEN_MODELS)]:
         frame = _predictions(demo_run, qset, "clean", model)
         assert frame.confidence[frame.error.isna()].notna().all()  # a token probability on every answered row
         answered += int(frame.error.isna().sum())
-    assert int(hist["count"].sum()) == answered
-    for _, series in hist.groupby(["qset", "group", "correct"]):
+    assert int(hist["count"][hist.variant.eq("default")].sum()) == answered
+    for _, series in hist.groupby(["model", "variant", "qset", "group", "correct"]):
         assert (series.density * (series.bin_right - series.bin_left)).sum() == pytest.approx(1.0)
 
 
