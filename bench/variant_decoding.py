@@ -2,7 +2,7 @@
 
 The demo's HICO question sets on the first ``--images`` demo images, scored by the random-weight model
 with LLaVA-1.5 geometry (336 px, patch 14 -> 576 image tokens; narrow layers so it runs on a CPU), once
-per variant of the demo config (greedy default, beam5, sampling, sampling+VCD, VCD+beam, prompt suffix).
+per variant of the demo config (greedy default, beam5, sampling, sampling+VCD, VCD+beam, OPERA, prompt suffix).
 Prints prompts/s of each and its ratio to the default measured in the same run (beam search and
 sampling decode every answer, VCD runs a second, noised stream: ratios below 1 are the price).
 
@@ -35,6 +35,7 @@ def variants(max_new_tokens: int) -> dict[str, Variant]:
         "sample": {"decoding": "sample"},
         "sample_vcd": {"decoding": "sample", "vcd": {}},
         "vcd_beam": {"decoding": "beam", "vcd": {}},
+        "opera": {"decoding": "opera", "num_beams": 2, "opera": {"num_attn_candidates": 2}},  # the demo's settings
         "verb_prompt": {"prompt_suffix": PAPER_PROMPT_SUFFIX},
     }
     return {slug: Variant.from_config({**entry, "max_new_tokens": max_new_tokens} if entry.get("decoding") else entry)
