@@ -125,20 +125,28 @@ def _cut_at_stop(tokens: list[int], stop: set[int]) -> list[int]:
     return tokens
 
 
-def greedy_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int]) -> list[list[int]]:
-    """Argmax decoding of every row from its first-position logits; tokens up to (not including) a stop token."""
+def _one_token_per_row(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int],
+                       choose) -> list[list[int]]:
+    """Rows decoded one token per step by ``choose(tokens so far, logits) -> next tokens`` until every row
+    has stopped or ``max_new_tokens``; tokens up to (not including) a stop token."""
     rows = first.shape[0]
+    stop_ids = torch.tensor(sorted(stop), dtype=torch.long)
     tokens = torch.empty((rows, 0), dtype=torch.long)
     done = torch.zeros(rows, dtype=torch.bool)
     logits = first
     for step in range(max_new_tokens):
-        chosen = logits.argmax(dim=-1).cpu()
+        chosen = choose(tokens, logits)
         tokens = torch.cat([tokens, chosen[:, None]], dim=1)
-        done |= torch.isin(chosen, torch.tensor(sorted(stop), dtype=torch.long))
+        done |= torch.isin(chosen, stop_ids)
         if bool(done.all()) or step + 1 == max_new_tokens:
             break
         logits = stepper.advance(chosen)
     return [_cut_at_stop(row, stop) for row in tokens.tolist()]
+
+
+def greedy_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int]) -> list[list[int]]:
+    """Argmax decoding of every row from its first-position logits."""
+    return _one_token_per_row(first, stepper, max_new_tokens, stop, lambda tokens, logits: logits.argmax(-1).cpu())
 
 
 def sample_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int],
@@ -156,20 +164,13 @@ def sample_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, st
     if top_p < 1.0:
         warpers.append(TopPLogitsWarper(top_p))
     generators = [torch.Generator().manual_seed(seed) for seed in seeds]
-    rows = first.shape[0]
-    tokens = torch.empty((rows, 0), dtype=torch.long)
-    done = torch.zeros(rows, dtype=torch.bool)
-    logits = first
-    for step in range(max_new_tokens):
+
+    def draw(tokens, logits):
         probabilities = torch.softmax(warpers(tokens, logits.float().cpu()), dim=-1)
-        chosen = torch.stack([torch.multinomial(probabilities[r], 1, generator=generators[r])[0]
-                              for r in range(rows)])
-        tokens = torch.cat([tokens, chosen[:, None]], dim=1)
-        done |= torch.isin(chosen, torch.tensor(sorted(stop), dtype=torch.long))
-        if bool(done.all()) or step + 1 == max_new_tokens:
-            break
-        logits = stepper.advance(chosen)
-    return [_cut_at_stop(row, stop) for row in tokens.tolist()]
+        return torch.stack([torch.multinomial(row, 1, generator=generator)[0]
+                            for row, generator in zip(probabilities, generators)])
+
+    return _one_token_per_row(first, stepper, max_new_tokens, stop, draw)
 
 
 class BeamBook:
