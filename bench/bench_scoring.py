@@ -93,7 +93,7 @@ def main() -> None:
         reference = generate_batch1(model, questions, args.new_tokens)
         generate_seconds = time.perf_counter() - start
 
-        model._cached_prefix = None
+        model.forget_prefixes()
         start = time.perf_counter()
         results = []
         for i in range(0, len(questions), args.batch_size):

@@ -94,7 +94,7 @@ def main() -> None:
         print(f"{parameters:.2f}B parameters, {len(questions)} questions on {args.images} images")
         model.score_yes_no(questions[: args.batch_size])  # warm-up
         synchronize()
-        model._cached_prefix = None
+        model.forget_prefixes()
         start = time.perf_counter()
         for i in range(0, len(questions), args.batch_size):
             model.score_yes_no(questions[i : i + args.batch_size])

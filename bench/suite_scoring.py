@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -67,7 +66,7 @@ def one_set_per_call(model, suite: list[tuple[str, Question]], batch_size: int) 
     for qset in HICO_SETS:
         questions = [q for s, q in suite if s == qset]
         score = model.score_multiple_choice if question_kind(qset) == "mc" else model.score_yes_no
-        model._cached_prefix = None
+        model.forget_prefixes()
         for start in range(0, len(questions), batch_size):
             chunk = questions[start : start + batch_size]
             results.update(zip([q.question_id for q in chunk], score(chunk)))
@@ -77,7 +76,7 @@ def one_set_per_call(model, suite: list[tuple[str, Question]], batch_size: int) 
 def all_sets_per_call(model, suite: list[tuple[str, Question]], batch_size: int) -> dict:
     """(b) Image-major batches mixing every set: each image's prefix once."""
     results = {}
-    model._cached_prefix = None
+    model.forget_prefixes()
     for start in range(0, len(suite), batch_size):
         chunk = suite[start : start + batch_size]
         questions = [q for _, q in chunk]

@@ -60,7 +60,7 @@ def main() -> None:
         rates = {}
         for slug, variant in variants(args.max_new_tokens).items():
             model.use_variant(variant)
-            model._cached_prefix = model._cached_noised_prefix = None
+            model.forget_prefixes()
             start = time.perf_counter()
             all_sets_per_call(model, suite, args.batch_size)
             rates[slug] = len(suite) / (time.perf_counter() - start)

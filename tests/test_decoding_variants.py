@@ -179,7 +179,7 @@ def test_vcd_oracles_on_the_tiny_models(tiny_dirs, scene, family, monkeypatch):
             a.vcd_kl, float) else a == b
     # the clean image as the "noised" one (beta = 0): the plain model for any alpha
     monkeypatch.setattr(type(model), "_noised_inputs", lambda self, encoded, image_path: encoded)
-    model._cached_noised_prefix = None
+    model.forget_prefixes()
     model.use_variant(Variant.from_config({"vcd": {"alpha": 1.0, "beta": 0.0}}))
     same = model.score_yes_no(questions)
     for a, b in zip(plain, same):

@@ -71,7 +71,8 @@ def llava(tiny_models):
 @pytest.mark.parametrize("prefix_reuse", [True, False])
 def test_yes_no_equals_unbatched_forward(tiny_models, family, demo_anno, images, prefix_reuse):
     model = tiny_models[family]
-    model.prefix_reuse, model._cached_prefix = prefix_reuse and model.supports_prefix_reuse, None
+    model.prefix_reuse = prefix_reuse and model.supports_prefix_reuse
+    model.forget_prefixes()
     questions = _questions(demo_anno, images, "yn_obj", 24)
     results = model.score_yes_no(questions)
     for question, result in zip(questions, results):
@@ -112,17 +113,20 @@ def test_prefix_reuse_embeds_each_image_once(tiny_models, family, demo_anno, ima
     embedded, vision_calls = [], []
     hooks = [
         model.model.get_input_embeddings().register_forward_hook(lambda m, args, out: embedded.append(args[0].numel())),
-        _vision_tower(model.model).register_forward_hook(lambda *args: vision_calls.append(1)),
+        # images through the vision tower: LLaVA embeds the images of a call as one batch, Qwen one per call
+        _vision_tower(model.model).register_forward_hook(
+            lambda m, args, out: vision_calls.append(args[0].shape[0] if family == "llava" else 1)),
     ]
     questions = _questions(demo_anno, images, "yn_obj", 30)
-    model.continue_tokens = 0  # the scoring pass only (decoding past the first token runs whole prompts)
+    model.continue_tokens = 0  # the scoring pass only
     try:
         counts = {}
         for reuse in (True, False):
             embedded.clear(), vision_calls.clear()
-            model.prefix_reuse, model._cached_prefix = reuse, None
+            model.prefix_reuse = reuse
+            model.forget_prefixes()
             model.score_yes_no(questions)
-            counts[reuse] = (sum(embedded), len(vision_calls))
+            counts[reuse] = (sum(embedded), sum(vision_calls))
     finally:
         for hook in hooks:
             hook.remove()
@@ -159,10 +163,10 @@ def test_out_of_memory_halves_the_batch(llava, demo_anno, images, caplog):
     expected = [r.p_yes for r in llava.score_yes_no(questions)]
     real = llava._prefix_logits
 
-    def limited(image_path, image, texts):  # a device that fits two prompts at a time
-        if len(texts) > 2:
+    def limited(items, noised=False):  # a device that fits two prompts at a time
+        if len(items) > 2:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(image_path, image, texts)
+        return real(items, noised)
 
     llava._prefix_logits = limited
     try:

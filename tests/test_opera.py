@@ -154,7 +154,7 @@ def test_opera_on_the_tiny_models(tiny_dirs, picture, family):
     text = model.render(questions[0], False)
     image = model.open_image(picture)
     model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 3, "max_new_tokens": 4}))
-    first, stepper = model._open_stepper(picture, image, [text], 3)
+    first, stepper = model._open_stepper([(picture, image, text)], 3)
     masked = TopCandidates(stepper, 3)
     expected = decoding.beam_search(masked.first, masked, 3, 4, model._stop_tokens())[0]
     model.use_variant(Variant.from_config({

@@ -28,6 +28,8 @@ model).
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import functools
 import inspect
 import logging
@@ -288,6 +290,55 @@ class LogitsVLM(VisionLanguageModel):
         return results
 
 
+@dataclasses.dataclass
+class _Prefix:
+    """One image's prefix in the model: per layer (keys, values) with batch 1, and what else its family needs."""
+
+    tensors: list[tuple[torch.Tensor, torch.Tensor]]
+    length: int
+    extra: object = None
+
+
+class _Rows:
+    """The tokenized prompts of one engine call: per row its image, prefix length and suffix (None: no shared
+    prefix, then its whole token length), and the prefixes of its images."""
+
+    def __init__(self, n: int):
+        self.image: list = [None] * n
+        self.prefix_length = [0] * n
+        self.suffix: list[torch.Tensor | None] = [None] * n
+        self.length = [0] * n
+        self.on_prefix: list[int] = []
+        self.fallback: list[int] = []
+        self.prefixes: dict[Path, _Prefix] = {}
+
+    def add(self, row: int, image, prefix_length: int, suffix: torch.Tensor) -> None:
+        self.image[row], self.prefix_length[row], self.suffix[row] = image, prefix_length, suffix
+        self.on_prefix.append(row)
+
+    def batches(self, growth: float, cross_images: bool) -> list[list[int]]:
+        """Rows on a prefix in suffix batches: one image (or, ``cross_images``, one prefix length) per batch,
+        sorted by suffix length and cut where a suffix is ``growth`` times longer than the batch's shortest."""
+        groups: dict = {}
+        for row in self.on_prefix:
+            groups.setdefault(self.prefix_length[row] if cross_images else self.image[row], []).append(row)
+        batches: list[list[int]] = []
+        for rows in groups.values():
+            start = len(batches)
+            for row in sorted(rows, key=lambda r: len(self.suffix[r])):
+                if len(batches) > start and len(self.suffix[row]) <= growth * len(self.suffix[batches[-1][0]]):
+                    batches[-1].append(row)
+                else:
+                    batches.append([row])
+        return batches
+
+    def prefixes_of(self, rows: list[int]) -> tuple[list[_Prefix], list[int]]:
+        """The distinct prefixes of ``rows`` and the index of each row's prefix among them."""
+        images = list(dict.fromkeys(self.image[row] for row in rows))
+        position = {image: j for j, image in enumerate(images)}
+        return [self.prefixes[image] for image in images], [position[self.image[row]] for row in rows]
+
+
 class TransformersVLM(LogitsVLM):
     """Any model that loads with ``AutoModelForImageTextToText`` + ``AutoProcessor`` and has a chat template."""
 
@@ -336,10 +387,12 @@ class TransformersVLM(LogitsVLM):
         self.model = self.model.to(self.device).eval()
         self.tokenizer = self.processor.tokenizer
         self._find_answer_tokens()
-        # ((image, prefix ids), cache tensors[, rope delta]) of the last image's shared prefix (and of its
-        # VCD-noised twin)
-        self._cached_prefix: tuple | None = None
-        self._cached_noised_prefix: tuple | None = None
+        # the kept image prefixes, oldest first: (image, prefix ids[, VCD noise]) -> _Prefix (_prefix_caches)
+        self._prefixes: collections.OrderedDict[tuple, _Prefix] = collections.OrderedDict()
+        # the images of the last call by path, and per image object (by id) its one-prompt processor encoding
+        # and image tokens per placeholder (encode_shared_image)
+        self._opened: dict[Path, Image.Image] = {}
+        self._encoded_images: collections.OrderedDict[int, tuple] = collections.OrderedDict()
         # transformers 5.2x renamed the cache argument `past_key_values` -> `cache`.
         parameters = inspect.signature(self.model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
@@ -382,27 +435,27 @@ class TransformersVLM(LogitsVLM):
     def encode_shared_image(self, texts: list[str], image: Image.Image) -> dict:
         """Like ``encode(texts, [image] * n)`` but the image is preprocessed once.
 
-        The processor runs on the first prompt only; the others are tokenized
-        as text and their image placeholder is expanded to the same number of
-        image tokens. If that does not reproduce the processor's tokens for
-        the first prompt, this falls back to the processor for all rows.
+        The processor runs on the first prompt only, once per image object (kept for the next calls
+        with the same image: scoring, decoding and VCD of an image all reuse it); the prompts are
+        tokenized as text and their image placeholder is expanded to the same number of image tokens.
+        If that does not reproduce the processor's tokens for the first prompt, this falls back to
+        the processor for all rows.
         """
-        first = self.encode(texts[:1], [image])
         image_token = self._image_token_id()
-        if image_token is None or len(texts) == 1:
-            return first if len(texts) == 1 else self.encode(texts, [image] * len(texts))
-        expanded_count = int((first["input_ids"][0] == image_token).sum())
-        plain = self.tokenizer(texts)["input_ids"]
-
-        def expand(ids: list[int]) -> list[int]:
-            out = []
-            for token in ids:
-                out += [token] * expanded_count if token == image_token else [token]
-            return out
-
-        rows = [expand(ids) for ids in plain]
-        if rows[0] != first["input_ids"][0, : int(first["attention_mask"][0].sum())].tolist():
+        if image_token is None:
             return self.encode(texts, [image] * len(texts))
+        cached = self._encoded_images.get(id(image))
+        if cached is None or cached[0] is not image:
+            first = self.encode(texts[:1], [image])
+            count = int((first["input_ids"][0] == image_token).sum())
+            if self._expanded(self.tokenizer(texts[:1])["input_ids"][0], image_token, count) != \
+                    first["input_ids"][0, : int(first["attention_mask"][0].sum())].tolist():
+                return self.encode(texts, [image] * len(texts))
+            cached = self._encoded_images[id(image)] = (image, first, count)
+            while len(self._encoded_images) > self.PREFIX_SLOTS:
+                self._encoded_images.popitem(last=False)
+        _, first, count = cached
+        rows = [self._expanded(ids, image_token, count) for ids in self.tokenizer(texts)["input_ids"]]
         width = max(len(row) for row in rows)
         input_ids = torch.full((len(rows), width), self.tokenizer.pad_token_id or 0, dtype=torch.long)
         attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -413,6 +466,14 @@ class TransformersVLM(LogitsVLM):
         if "mm_token_type_ids" in first:  # per-token modality marks (1 = image token)
             encoded["mm_token_type_ids"] = (encoded["input_ids"] == image_token).long()
         return {**encoded, **self._image_inputs(first, len(rows))}
+
+    @staticmethod
+    def _expanded(ids: list[int], image_token: int, count: int) -> list[int]:
+        """Token ids with each image placeholder repeated ``count`` times (the processor's expansion)."""
+        out: list[int] = []
+        for token in ids:
+            out += [token] * count if token == image_token else [token]
+        return out
 
     PER_TOKEN_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"})
 
@@ -432,6 +493,17 @@ class TransformersVLM(LogitsVLM):
 
     # ---- the engine -----------------------------------------------------------
     mixed_kinds = True
+    #: Whether the prefixes of several images can run as one batch and their questions share suffix batches
+    #: (batch-first image tensors, one prefix length for every image: LLaVA). Otherwise each image alone.
+    cross_image_batches: bool = False
+    #: Image prefixes kept (clean and VCD-noised count apart): the images of one call, for its decoding.
+    PREFIX_SLOTS = 32
+
+    def forget_prefixes(self) -> None:
+        """Drop the kept image prefixes and image encodings (benchmarks start cold; out of memory frees them)."""
+        self._prefixes.clear()
+        self._encoded_images.clear()
+        self._opened = {}
 
     @torch.inference_mode()
     def answer_logits(self, questions: list[Question], multiple_choice) -> tuple[torch.Tensor, list[str | None]]:
@@ -439,100 +511,179 @@ class TransformersVLM(LogitsVLM):
         flags = multiple_choice if isinstance(multiple_choice, (list, tuple)) else [multiple_choice] * len(questions)
         texts = [self.render(q, flag) for q, flag in zip(questions, flags)]
         logits = torch.full((len(questions), self.model.config.get_text_config().vocab_size), math.nan)
-        errors: list[str | None] = [None] * len(questions)
+        errors, items = self._open_items(questions, texts)
         kl = torch.full((len(questions),), math.nan, dtype=torch.float64)
         plausible = torch.zeros(len(questions), dtype=torch.long)
-        groups: dict[Path, list[int]] = {}
-        for index, question in enumerate(questions):
-            groups.setdefault(question.image, []).append(index)
-        for image_path, indices in groups.items():
-            try:
-                image = self.open_image(image_path)
-            except (OSError, ValueError) as error:
-                for i in indices:
-                    errors[i] = f"image {image_path}: {type(error).__name__}: {error}"
-                continue
-            group_texts = [texts[i] for i in indices]
+        valid = [i for i, error in enumerate(errors) if error is None]
+        if valid:
             method = self._prefix_logits if self.prefix_reuse else self._full_logits
-            values = self._with_shrinking_batches(method, image_path, image, group_texts)
-            if self.variant.vcd is not None:  # the same questions on the noised image, then VCD's contrast
-                noised = self._with_shrinking_batches(functools.partial(method, noised=True), image_path, image,
-                                                      group_texts)
+            values = self._with_shrinking_batches(method, [items[i] for i in valid])
+            if self.variant.vcd is not None:  # the same questions on the noised images, then VCD's contrast
+                noised = self._with_shrinking_batches(functools.partial(method, noised=True), [items[i] for i in valid])
                 contrasted = decoding.contrast(values, noised, self.variant.vcd)
-                kl[indices], plausible[indices] = decoding.divergence(values, contrasted, self.variant.vcd.beta)
+                kl[valid], plausible[valid] = decoding.divergence(values, contrasted, self.variant.vcd.beta)
                 values = contrasted
-            logits[indices] = values
+            logits[valid] = values
         self._vcd_stats = (kl, plausible) if self.variant.vcd is not None else None
         return logits, errors
 
-    def _with_shrinking_batches(self, method, image_path, image, texts):
-        """Run ``method`` on chunks of ``texts``; on out-of-memory halve the chunk and retry."""
-        size, start, parts = len(texts), 0, []
-        while start < len(texts):
-            chunk = texts[start : start + size]
+    def _open_items(self, questions: list[Question], texts: list[str]) -> tuple[list, list]:
+        """Per question: an error (its image does not open) or the item (image path, image, prompt text)."""
+        images: dict[Path, Image.Image | str] = {}
+        errors: list[str | None] = [None] * len(questions)
+        items: list[tuple | None] = [None] * len(questions)
+        for index, (question, text) in enumerate(zip(questions, texts)):
+            if question.image not in images:
+                images[question.image] = self._opened.get(question.image)
+                if images[question.image] is None:
+                    try:
+                        images[question.image] = self.open_image(question.image)
+                    except (OSError, ValueError) as error:
+                        images[question.image] = f"image {question.image}: {type(error).__name__}: {error}"
+            image = images[question.image]
+            if isinstance(image, str):
+                errors[index] = image
+            else:
+                items[index] = (question.image, image, text)
+        # the same image object for the next call (decoding after scoring): its encoding is kept by identity
+        self._opened = {path: image for path, image in images.items() if not isinstance(image, str)}
+        return errors, items
+
+    def _with_shrinking_batches(self, method, items: list[tuple]) -> torch.Tensor:
+        """Run ``method`` on chunks of ``items``; on out-of-memory halve the chunk and retry."""
+        size, start, parts = len(items), 0, []
+        while start < len(items):
+            chunk = items[start : start + size]
             try:
-                parts.append(method(image_path, image, chunk))
+                parts.append(method(chunk))
                 start += len(chunk)
             except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
                 if not _is_out_of_memory(error) or size == 1:
                     raise
                 size = max(1, size // 2)
-                self._cached_prefix = self._cached_noised_prefix = None
+                self.forget_prefixes()
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
                 log.warning("%s: out of memory, batch halved to %d", self.name, size)
         return torch.cat(parts)
 
+    @staticmethod
+    def _by_image(items: list[tuple]) -> dict[Path, list[int]]:
+        groups: dict[Path, list[int]] = {}
+        for index, item in enumerate(items):
+            groups.setdefault(item[0], []).append(index)
+        return groups
+
     def _forward(self, **inputs) -> torch.Tensor:
         return self.model(**inputs, use_cache=False).logits
 
-    def _full_logits(self, image_path, image, texts: list[str], noised: bool = False) -> torch.Tensor:
-        """Whole prompts, one batch, right-padded; logits at each row's last real token."""
-        encoded = self.encode_shared_image(texts, image)
-        if noised:
-            encoded = self._noised_inputs(encoded, image_path)
-        logits = self._forward(**encoded)
-        last = encoded["attention_mask"].sum(dim=1) - 1
-        return logits[torch.arange(len(texts)), last].float().cpu()
+    def _full_logits(self, items: list[tuple], noised: bool = False) -> torch.Tensor:
+        """Whole prompts, one right-padded batch per image; logits at each row's last real token."""
+        result = None
+        for indices in self._by_image(items).values():
+            image_path, image, _ = items[indices[0]]
+            encoded = self.encode_shared_image([items[i][2] for i in indices], image)
+            if noised:
+                encoded = self._noised_inputs(encoded, image_path)
+            logits = self._forward(**encoded)
+            last = encoded["attention_mask"].sum(dim=1) - 1
+            values = logits[torch.arange(len(indices)), last].float().cpu()
+            result = torch.empty(len(items), values.shape[1]) if result is None else result
+            result[indices] = values
+        return result
 
-    def _prefix_logits(self, image_path, image, texts: list[str], noised: bool = False) -> torch.Tensor:
-        """Shared prefix (with the image) once, then the suffixes in length-sorted batches.
+    def _prefix_logits(self, items: list[tuple], noised: bool = False) -> torch.Tensor:
+        """Each image's prefix once (kept for the next call), then the suffixes in length-sorted batches.
 
         The prefix ends right after the image tokens: every prompt of an image (YN and MC, any question
-        set, any batch) has that same prefix, so its cache key is the same and it is computed once per
-        image however the questions are batched (cutting at the batch's longest common prefix would make
-        the key depend on which questions share the batch).
+        set, any batch) has that same prefix, so it is computed once per image however the questions are
+        batched. Where images share one prefix length (:attr:`cross_image_batches`), their prefixes run as
+        one batch and their questions share suffix batches, each row on its own image's prefix.
         """
-        encoded = self.encode_shared_image(texts, image)
-        lengths = encoded["attention_mask"].sum(dim=1).tolist()
-        ids = [encoded["input_ids"][i, : lengths[i]] for i in range(len(texts))]
-        prefix_length = self._last_image_token(ids[0]) + 1
-        if prefix_length == 0 or self._common_prefix_length(ids) < prefix_length:
-            return self._full_logits(image_path, image, texts, noised)  # the image is not inside a shared prefix
-        prefix_ids = ids[0][:prefix_length]
-        cache_keys = self._prefix_cache(image_path, prefix_ids, encoded, noised)
-        suffixes = [row[prefix_length:] for row in ids]
-        order = sorted(range(len(texts)), key=lambda i: len(suffixes[i]))
+        opened = self._open_rows(items, noised)
         result = None
-        for bucket in self._length_buckets(order, [len(row) for row in suffixes]):
-            batch = self._suffix_batch(suffixes, bucket, prefix_length, cache_keys)
-            result = torch.empty(len(texts), batch.shape[1]) if result is None else result
-            result[bucket] = batch
+        if opened.fallback:
+            values = self._full_logits([items[i] for i in opened.fallback], noised)
+            result = torch.empty(len(items), values.shape[1])
+            result[opened.fallback] = values
+        for batch in opened.batches(self.BUCKET_GROWTH, self.cross_image_batches):
+            values = self._suffix_batch(opened, batch)
+            result = torch.empty(len(items), values.shape[1]) if result is None else result
+            result[batch] = values
         return result
 
     #: A suffix batch ends where a suffix is this much longer than the batch's shortest: YN and MC prompts
     #: of an image (short and long suffixes) then do not pad each other to the longest.
     BUCKET_GROWTH = 1.3
 
-    def _length_buckets(self, order: list[int], lengths: list[int]) -> list[list[int]]:
-        """``order`` (indices sorted by length) cut into runs of similar suffix length."""
-        buckets: list[list[int]] = []
-        for index in order:
-            if buckets and lengths[index] <= self.BUCKET_GROWTH * lengths[buckets[-1][0]]:
-                buckets[-1].append(index)
+    def _open_rows(self, items: list[tuple], noised: bool) -> _Rows:
+        """Tokenize ``items`` per image and find (computing what is missing) each image's prefix."""
+        rows = _Rows(len(items))
+        needed = []
+        for indices in self._by_image(items).values():
+            image_path, image, _ = items[indices[0]]
+            encoded = self.encode_shared_image([items[i][2] for i in indices], image)
+            prefix_length = self._shared_prefix_length(encoded)
+            lengths = encoded["attention_mask"].sum(dim=1).tolist()
+            if prefix_length == 0:  # the image is not inside a shared prefix
+                rows.fallback += indices
+                for r, i in enumerate(indices):
+                    rows.length[i] = int(lengths[r])
+                continue
+            needed.append((image_path, encoded["input_ids"][0][:prefix_length], encoded))
+            for r, i in enumerate(indices):
+                rows.add(i, image_path, prefix_length, encoded["input_ids"][r, prefix_length : int(lengths[r])])
+        rows.prefixes = self._prefix_caches(needed, noised)
+        return rows
+
+    def _prefix_key(self, image_path, prefix_ids: torch.Tensor, noised: bool) -> tuple:
+        key = (image_path, tuple(prefix_ids.tolist()))
+        return key + (self.variant.vcd, self.variant.seed) if noised else key
+
+    def _prefix_caches(self, needed: list[tuple], noised: bool) -> dict[Path, _Prefix]:
+        """Key/value tensors of each image's prefix (``needed``: (image path, prefix ids, encoding)), computed
+        once per image and kept (:attr:`PREFIX_SLOTS`); images with one prefix run as one batch.
+
+        ``noised``: the prefix of VCD's noised image, kept apart from the clean one.
+        """
+        found, missing = {}, []
+        for image_path, prefix_ids, encoded in needed:
+            key = self._prefix_key(image_path, prefix_ids, noised)
+            if key in self._prefixes:
+                self._prefixes.move_to_end(key)
+                found[image_path] = self._prefixes[key]
             else:
-                buckets.append([index])
-        return buckets
+                missing.append((key, image_path, prefix_ids, encoded))
+        groups: dict[tuple, list[tuple]] = {}
+        for entry in missing:  # one forward per group of images with the same prefix tokens
+            group_key = entry[0][1] if self.cross_image_batches else entry[0]
+            groups.setdefault(group_key, []).append(entry)
+        for group in groups.values():
+            inputs = [self._prefix_inputs(prefix_ids, self._noised_inputs(encoded, image_path) if noised else encoded)
+                      for _, image_path, prefix_ids, encoded in group]
+            batch = inputs[0] if len(inputs) == 1 else {key: torch.cat([one[key] for one in inputs])
+                                                        for key in inputs[0]}
+            output = self.model(**batch, use_cache=True)
+            cache = output.get("cache") or output.get("past_key_values")
+            extra = self._prefix_extra()
+            for j, (key, image_path, prefix_ids, _) in enumerate(group):
+                tensors = [(layer.keys[j : j + 1], layer.values[j : j + 1]) for layer in cache.layers]
+                found[image_path] = self._prefixes[key] = _Prefix(tensors, len(prefix_ids), extra)
+        while len(self._prefixes) > self.PREFIX_SLOTS:
+            self._prefixes.popitem(last=False)
+        return found
+
+    def _prefix_extra(self):
+        """What a family needs besides the key/value tensors to continue after its prefix (Qwen: rope delta)."""
+        return None
+
+    def _prefix_inputs(self, prefix_ids: torch.Tensor, encoded) -> dict:
+        """Model inputs of the prefix pass: its tokens plus the image tensors of one row."""
+        inputs = {"input_ids": prefix_ids[None], "attention_mask": torch.ones_like(prefix_ids)[None]}
+        for key, value in encoded.items():
+            if key not in self.PER_TOKEN_KEYS:
+                inputs[key] = value[:1]
+        return inputs
 
     def _common_prefix_length(self, ids: list[torch.Tensor]) -> int:
         shortest = min(len(row) for row in ids)
@@ -546,35 +697,14 @@ class TransformersVLM(LogitsVLM):
         positions = torch.nonzero(ids == self._image_token_id())
         return int(positions[-1]) if len(positions) else -1
 
-    def _prefix_inputs(self, prefix_ids: torch.Tensor, encoded) -> dict:
-        """Model inputs of the prefix pass: its tokens plus the image tensors of one row."""
-        inputs = {"input_ids": prefix_ids[None], "attention_mask": torch.ones_like(prefix_ids)[None]}
-        for key, value in encoded.items():
-            if key not in self.PER_TOKEN_KEYS:
-                inputs[key] = value[:1]
-        return inputs
-
-    def _prefix_cache(self, image_path, prefix_ids: torch.Tensor, encoded,
-                      noised: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Key/value tensors of the prefix, computed once per image (kept for the next batch of it).
-
-        ``noised``: the prefix of VCD's noised image, kept in a slot of its own beside the clean one.
-        """
-        key = (image_path, tuple(prefix_ids.tolist()))
-        if noised:
-            key += (self.variant.vcd, self.variant.seed)
-        cached = self._cached_noised_prefix if noised else self._cached_prefix
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        inputs = self._noised_inputs(encoded, image_path) if noised else encoded
-        output = self.model(**self._prefix_inputs(prefix_ids, inputs), use_cache=True)
-        cache = output.get("cache") or output.get("past_key_values")
-        tensors = [(layer.keys, layer.values) for layer in cache.layers]
-        if noised:
-            self._cached_noised_prefix = (key, tensors)
-        else:
-            self._cached_prefix = (key, tensors)
-        return tensors
+    def _shared_prefix_length(self, encoded) -> int:
+        """Length of the image prefix every row of ``encoded`` starts with (0: none, or no prefix reuse)."""
+        if not self.prefix_reuse:
+            return 0
+        lengths = encoded["attention_mask"].sum(dim=1).tolist()
+        ids = [encoded["input_ids"][i, : int(n)] for i, n in enumerate(lengths)]
+        prefix_length = self._last_image_token(ids[0]) + 1
+        return prefix_length if prefix_length > 0 and self._common_prefix_length(ids) >= prefix_length else 0
 
     def _noised_inputs(self, encoded: dict, image_path) -> dict:
         """``encoded`` with VCD's diffusion noise on the pixel tensor, the same noise for every row of the image
@@ -586,78 +716,107 @@ class TransformersVLM(LogitsVLM):
         one = decoding.diffuse(pixels[:per_image], self.variant.vcd.noise_step, seed)
         return {**encoded, "pixel_values": one.repeat(rows, *[1] * (pixels.dim() - 1))}
 
-    def _suffix_batch(self, suffixes, order, prefix_length, prefix_tensors) -> torch.Tensor:
+    def _rows_cache(self, prefixes: list[_Prefix], image_of_row: list[int]):
+        """A cache holding each row's image prefix (a view when every row has one image)."""
         from transformers import DynamicCache
 
-        rows = [suffixes[i] for i in order]
-        width = max(len(row) for row in rows)
+        rows = len(image_of_row)
+        if len(prefixes) == 1:
+            data = [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in prefixes[0].tensors]
+        else:
+            index = torch.tensor(image_of_row, device=self.device)
+            data = [(torch.cat([p.tensors[layer][0] for p in prefixes]).index_select(0, index),
+                     torch.cat([p.tensors[layer][1] for p in prefixes]).index_select(0, index))
+                    for layer in range(len(prefixes[0].tensors))]
+        return DynamicCache(ddp_cache_data=data, config=self.model.config)
+
+    def _suffix_batch(self, opened: _Rows, batch: list[int]) -> torch.Tensor:
+        """Logits at the last token of each suffix of ``batch`` (right-padded, on its image's prefix)."""
+        suffixes = [opened.suffix[i] for i in batch]
+        prefix_length = opened.prefix_length[batch[0]]
+        prefixes, image_of_row = opened.prefixes_of(batch)
+        width = max(len(row) for row in suffixes)
         pad = self.tokenizer.pad_token_id or 0
-        input_ids = torch.full((len(rows), width), pad, dtype=torch.long, device=self.device)
-        mask = torch.zeros((len(rows), prefix_length + width), dtype=torch.long, device=self.device)
+        input_ids = torch.full((len(batch), width), pad, dtype=torch.long, device=self.device)
+        mask = torch.zeros((len(batch), prefix_length + width), dtype=torch.long, device=self.device)
         mask[:, :prefix_length] = 1
-        for r, row in enumerate(rows):
+        for r, row in enumerate(suffixes):
             input_ids[r, : len(row)] = row
             mask[r, prefix_length : prefix_length + len(row)] = 1
-        batch = len(rows)
-        cache = DynamicCache(
-            ddp_cache_data=[(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1)) for k, v in prefix_tensors],
-            config=self.model.config,
-        )
-        positions = torch.arange(prefix_length, prefix_length + width, device=self.device)
-        logits = self._suffix_forward(input_ids, mask, cache, positions)
-        last = torch.tensor([len(row) - 1 for row in rows], device=self.device)
-        return logits[torch.arange(batch), last].float().cpu()
+        cache = self._rows_cache(prefixes, image_of_row)
+        slots = torch.arange(prefix_length, prefix_length + width, device=self.device)
+        logits = self._suffix_forward(input_ids, mask, cache, slots, extra=prefixes[0].extra)
+        last = torch.tensor([len(row) - 1 for row in suffixes], device=self.device)
+        return logits[torch.arange(len(batch)), last].float().cpu()
 
-    def _suffix_forward(self, input_ids, attention_mask, cache, positions) -> torch.Tensor:
+    def _suffix_forward(self, input_ids, attention_mask, cache, slots, positions=None, extra=None) -> torch.Tensor:
+        """Logits of tokens fed after the cached prefix. ``slots``: their cache indices [width];
+        ``positions``: each row's position ids [rows, width] where rows are left-padded (default: the slots);
+        ``extra``: the prefix's :meth:`_prefix_extra`."""
+        position_ids = slots[None].expand(input_ids.shape[0], -1) if positions is None else positions
         return self.model(
-            input_ids=input_ids, attention_mask=attention_mask, cache_position=positions, use_cache=True,
-            **{self._cache_argument: cache},
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache_position=slots,
+            use_cache=True, **{self._cache_argument: cache},
         ).logits
 
     # ---- decoding variants (beam search, sampling, VCD): models/decoding.py -----------------------------
-    @torch.inference_mode()
     def decode_answers(self, questions: list[Question], multiple_choice: bool) -> list[tuple[int | None, str]]:
-        """Each question decoded with the variant (greedy, beam, sampling; VCD on top): (first token, text).
+        """Each question decoded with the variant (greedy, beam, sampling, OPERA; VCD on top): (first token,
+        text)."""
+        return self._decode(questions, multiple_choice, self.variant.decoding)
 
-        Questions of one image whose prompts have the same length decode together; the image prefix is the
-        cached one, expanded per row and beam (the prompts' own tokens run once more to open the rows).
-        """
+    def continue_answers(self, questions: list[Question], multiple_choice: bool) -> list[str]:
+        """Greedy decoding of ``continue_tokens`` more tokens after the first (the scoring argmax), on the
+        cached image prefix like every other decoding."""
+        return [text for _, text in self._decode(questions, multiple_choice, "greedy")]
+
+    @torch.inference_mode()
+    def _decode(self, questions: list[Question], multiple_choice: bool,
+                decoding_name: str) -> list[tuple[int | None, str]]:
+        """Questions decode in one batch per image on its cached prefix (all images of the call together with
+        :attr:`cross_image_batches`), expanded per row and beam: the prompts' own tokens run once more to open
+        the rows. Without a shared prefix (InstructBLIP), one batch per image and prompt length. OPERA
+        decodes one question at a time (its own retrospection history)."""
         variant = self.variant
-        beams = variant.num_beams if variant.decoding == "beam" else 1
-        new_tokens = self.continue_tokens + 1 if variant.decoding == "greedy" else variant.max_new_tokens
+        beams = variant.num_beams if decoding_name == "beam" else 1
+        new_tokens = self.continue_tokens + 1 if decoding_name == "greedy" else variant.max_new_tokens
         answers: list[tuple[int | None, str]] = [(None, "")] * len(questions)
-        groups: dict[tuple, list[int]] = {}
         texts = [self.render(q, multiple_choice) for q in questions]
-        for index, question in enumerate(questions):
-            groups.setdefault(question.image, []).append(index)
-        for image_path, indices in groups.items():
-            image = self.open_image(image_path)
-            encoded = self.encode_shared_image([texts[i] for i in indices], image)
-            lengths = encoded["attention_mask"].sum(dim=1).tolist()
-            by_length: dict[int, list[int]] = {}
-            for i, length in zip(indices, lengths):
-                by_length.setdefault(int(length), []).append(i)
-            for rows in by_length.values():
-                if variant.decoding == "opera":  # one question at a time (its own retrospection history)
-                    first, stepper = None, None
-                else:
-                    first, stepper = self._open_stepper(image_path, image, [texts[i] for i in rows], beams)
-                if variant.decoding == "beam":
-                    tokens = decoding.beam_search(first, stepper, beams, new_tokens, self._stop_tokens(),
-                                                  variant.length_penalty)
-                elif variant.decoding == "sample":
-                    seeds = [question_seed(questions[i].question_id, variant.seed) for i in rows]
-                    tokens = decoding.sample_search(first, stepper, new_tokens, self._stop_tokens(), seeds,
-                                                    variant.temperature, variant.top_k, variant.top_p)
-                elif variant.decoding == "greedy":
-                    tokens = decoding.greedy_search(first, stepper, new_tokens, self._stop_tokens())
-                elif variant.decoding == "opera":
-                    tokens = [self._opera(image_path, image, texts[i], new_tokens) for i in rows]
-                else:
-                    raise NotImplementedError(f"decoding '{variant.decoding}' is not implemented for {self.backend}")
-                for i, row in zip(rows, tokens):
-                    answers[i] = (row[0] if row else None, self.tokenizer.decode(row, skip_special_tokens=True))
+        errors, items = self._open_items(questions, texts)
+        for i, error in enumerate(errors):
+            if error is not None:
+                raise ValueError(error)
+        stop = self._stop_tokens()
+        if decoding_name == "opera":
+            tokens = [self._opera(items[i][0], items[i][1], items[i][2], new_tokens) for i in range(len(items))]
+            self._record(answers, list(range(len(items))), tokens)
+            return answers
+        opened = self._open_rows(items, noised=False)
+        batches: dict[tuple, list[int]] = {}
+        for i, item in enumerate(items):
+            if opened.suffix[i] is None:  # whole prompts: one batch per image and token length
+                key = ("full", item[0], opened.length[i])
+            else:
+                key = ("prefix", opened.prefix_length[i] if self.cross_image_batches else item[0])
+            batches.setdefault(key, []).append(i)
+        for rows in batches.values():
+            first, stepper = self._open_stepper([items[i] for i in rows], beams)
+            if decoding_name == "beam":
+                tokens = decoding.beam_search(first, stepper, beams, new_tokens, stop, variant.length_penalty)
+            elif decoding_name == "sample":
+                seeds = [question_seed(questions[i].question_id, variant.seed) for i in rows]
+                tokens = decoding.sample_search(first, stepper, new_tokens, stop, seeds,
+                                                variant.temperature, variant.top_k, variant.top_p)
+            elif decoding_name == "greedy":
+                tokens = decoding.greedy_search(first, stepper, new_tokens, stop)
+            else:
+                raise NotImplementedError(f"decoding '{decoding_name}' is not implemented for {self.backend}")
+            self._record(answers, rows, tokens)
         return answers
+
+    def _record(self, answers: list, rows: list[int], tokens: list[list[int]]) -> None:
+        for i, row in zip(rows, tokens):
+            answers[i] = (row[0] if row else None, self.tokenizer.decode(row, skip_special_tokens=True))
 
     def use_variant(self, variant, where: str = "variant") -> None:
         """As the base class; OPERA also needs the language model's last-layer attention (eager kernel)."""
@@ -687,7 +846,7 @@ class TransformersVLM(LogitsVLM):
             raise ValueError(f"models.{self.name}: OPERA needs the image tokens in the prompt, found none")
 
         def reopen():
-            first, stepper = self._open_stepper(image_path, image, [text], variant.num_beams)
+            first, stepper = self._open_stepper([(image_path, image, text)], variant.num_beams)
             return _AttentionStepper(self, stepper, first)
 
         opened = reopen()
@@ -707,68 +866,42 @@ class TransformersVLM(LogitsVLM):
                     else [])
         return stop
 
-    def _open_stepper(self, image_path, image, texts: list[str], repeats: int):
-        """First-position logits [rows, vocab] and the stepper of ``texts`` (same token length), each row
-        repeated ``repeats`` times; VCD: the contrasted pair of a clean and a noised stream."""
-        first, clean = self._stream(image_path, image, texts, repeats, noised=False)
+    def _open_stepper(self, items: list[tuple], repeats: int):
+        """First-position logits [rows, vocab] and the stepper of ``items`` ((image path, image, text): prompts
+        on one prefix length, or of one image and one token length), each row repeated ``repeats`` times;
+        VCD: the contrasted pair of a clean and a noised stream."""
+        first, clean = self._stream(items, repeats, noised=False)
         if self.variant.vcd is None:
             return first, clean
-        first_noised, noised = self._stream(image_path, image, texts, repeats, noised=True)
+        first_noised, noised = self._stream(items, repeats, noised=True)
         return (decoding.contrast(first, first_noised, self.variant.vcd),
                 decoding.ContrastedStepper(clean, noised, self.variant.vcd))
 
-    def _stream(self, image_path, image, texts: list[str], repeats: int, noised: bool):
-        encoded = self.encode_shared_image(texts, image)
-        ids = encoded["input_ids"]
-        prefix_length = self._last_image_token(ids[0]) + 1 if self.prefix_reuse else 0
-        if prefix_length > 0 and self._common_prefix_length(list(ids)) >= prefix_length:
-            tensors = self._prefix_cache(image_path, ids[0][:prefix_length], encoded, noised)
-            stepper = _PrefixStepper(self, tensors, prefix_length, ids[:, prefix_length:].repeat_interleave(repeats, 0))
-        else:
-            if noised:
-                encoded = self._noised_inputs(encoded, image_path)
-            repeated = {key: value.repeat_interleave(repeats, 0) if isinstance(value, torch.Tensor) else value
-                        for key, value in encoded.items()}
-            if "image_grid_thw" in encoded:  # Qwen: patches are rows of pixel_values, one grid per image
-                repeated["pixel_values"] = encoded["pixel_values"].repeat(repeats, 1)
-                repeated["image_grid_thw"] = encoded["image_grid_thw"].repeat(repeats, 1)
-            stepper = _FullStepper(self, repeated)
+    def _stream(self, items: list[tuple], repeats: int, noised: bool):
+        """A stepper over ``items``: on the cached image prefixes (any prompt lengths), else whole prompts."""
+        opened = self._open_rows(items, noised)
+        if not opened.fallback:
+            rows = [i for i in range(len(items)) for _ in range(repeats)]
+            prefixes, image_of_row = opened.prefixes_of(rows)
+            stepper = _PrefixStepper(self, self._rows_cache(prefixes, image_of_row), opened.prefix_length[0],
+                                     [opened.suffix[i] for i in rows], prefixes[0].extra)
+            return stepper.first, stepper
+        image_path, image, _ = items[0]
+        encoded = self.encode_shared_image([text for *_, text in items], image)
+        if noised:
+            encoded = self._noised_inputs(encoded, image_path)
+        repeated = {key: value.repeat_interleave(repeats, 0) if isinstance(value, torch.Tensor) else value
+                    for key, value in encoded.items()}
+        if "image_grid_thw" in encoded:  # Qwen: patches are rows of pixel_values, one grid per image
+            repeated["pixel_values"] = encoded["pixel_values"].repeat(repeats, 1)
+            repeated["image_grid_thw"] = encoded["image_grid_thw"].repeat(repeats, 1)
+        stepper = _FullStepper(self, repeated)
         return stepper.first, stepper
 
     def _step_forward(self, input_ids, attention_mask, cache) -> torch.Tensor:
         """Logits of one more token per row on a cache that already holds the image (no pixels again)."""
         return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True,
                           **{self._cache_argument: cache}).logits
-
-    @torch.inference_mode()
-    def continue_answers(self, questions: list[Question], multiple_choice: bool) -> list[str]:
-        """Greedy decoding from each prompt (the scoring prompt, left-padded batches per image) for
-        ``continue_tokens`` tokens; the first decoded token is the argmax the scores came from."""
-        texts = [""] * len(questions)
-        groups: dict[Path, list[int]] = {}
-        for index, question in enumerate(questions):
-            groups.setdefault(question.image, []).append(index)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        for image_path, chunk in groups.items():  # the caller's batch: at most batch_size rows
-            encoded = self.encode_for_generation([self.render(questions[i], multiple_choice) for i in chunk],
-                                                 self.open_image(image_path))
-            output = self.model.generate(**encoded, max_new_tokens=self.continue_tokens, do_sample=False,
-                                         num_beams=1, pad_token_id=pad)
-            prompt = encoded["input_ids"]
-            # decoder-only models return the prompt and the new tokens; some composite models only the new ones
-            echoed = output.shape[1] >= prompt.shape[1] and torch.equal(output[:, : prompt.shape[1]], prompt)
-            new_tokens = output[:, prompt.shape[1] :] if echoed else output
-            for i, row in zip(chunk, new_tokens):
-                texts[i] = self.tokenizer.decode(row, skip_special_tokens=True)
-        return texts
-
-    def encode_for_generation(self, texts: list[str], image: Image.Image) -> dict:
-        """``encode`` left-padded (generation appends to the end of every row)."""
-        try:
-            encoded = self.encode(texts, [image] * len(texts), padding_side="left")
-        finally:
-            self.tokenizer.padding_side = "right"
-        return encoded
 
     @torch.inference_mode()
     def _generate(self, questions: list[Question], max_new_tokens: int) -> list[str]:
@@ -781,35 +914,51 @@ class TransformersVLM(LogitsVLM):
 
 
 class _PrefixStepper:
-    """Rows decoding on a cached image prefix: the prompts' own tokens first, then one token per step."""
+    """Rows decoding on a cached image prefix: the prompts' own tokens first, then one token per step.
 
-    def __init__(self, vlm: TransformersVLM, prefix_tensors, prefix_length: int, suffix_ids: torch.Tensor):
-        from transformers import DynamicCache
+    Prompts of different lengths share one batch: each is left-padded inside the suffix region (the
+    padding masked out) and keeps its own position ids, so a row decodes as it would alone.
+    """
 
-        self.vlm, rows = vlm, suffix_ids.shape[0]
-        self.cache = DynamicCache(
-            ddp_cache_data=[(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in prefix_tensors],
-            config=vlm.model.config,
-        )
-        self.length = prefix_length + suffix_ids.shape[1]
-        positions = torch.arange(prefix_length, self.length, device=vlm.device)
-        mask = torch.ones((rows, self.length), dtype=torch.long, device=vlm.device)
-        self.first = vlm._suffix_forward(suffix_ids, mask, self.cache, positions)[:, -1].float()
+    def __init__(self, vlm: TransformersVLM, cache, prefix_length: int, suffixes: list[torch.Tensor], extra=None):
+        self.vlm, self.cache, self.extra, rows = vlm, cache, extra, len(suffixes)
+        device = vlm.device
+        lengths = torch.tensor([len(row) for row in suffixes], device=device)
+        width = int(lengths.max())
+        pad = vlm.tokenizer.pad_token_id or 0
+        input_ids = torch.full((rows, width), pad, dtype=torch.long, device=device)
+        for r, row in enumerate(suffixes):
+            input_ids[r, width - len(row):] = row
+        columns = torch.arange(width, device=device)
+        real = columns[None] >= (width - lengths)[:, None]
+        self.mask = torch.cat([torch.ones((rows, prefix_length), dtype=torch.long, device=device), real.long()], 1)
+        self.length = prefix_length + width  # cache slots filled
+        #: the position id of each row's next token (its prefix plus its own suffix, padding not counted)
+        self.next_position = prefix_length + lengths
+        positions = (prefix_length + columns[None] - (width - lengths)[:, None]).clamp(min=prefix_length)
+        slots = torch.arange(prefix_length, self.length, device=device)
+        self.first = vlm._suffix_forward(input_ids, self.mask, self.cache, slots, positions, extra)[:, -1].float()
 
     def advance(self, tokens: torch.Tensor) -> torch.Tensor:
-        rows = tokens.shape[0]
-        positions = torch.tensor([self.length], device=self.vlm.device)
+        device = self.vlm.device
+        slots = torch.tensor([self.length], device=device)
         self.length += 1
-        mask = torch.ones((rows, self.length), dtype=torch.long, device=self.vlm.device)
-        logits = self.vlm._suffix_forward(tokens.to(self.vlm.device)[:, None], mask, self.cache, positions)
+        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
+        positions = self.next_position[:, None]
+        self.next_position = self.next_position + 1
+        logits = self.vlm._suffix_forward(tokens.to(device)[:, None], self.mask, self.cache, slots, positions,
+                                          self.extra)
         return logits[:, -1].float()
 
     def reorder(self, rows: torch.Tensor) -> None:
-        self.cache.reorder_cache(rows.to(self.vlm.device))
+        rows = rows.to(self.vlm.device)
+        self.cache.reorder_cache(rows)
+        self.mask, self.next_position = self.mask[rows], self.next_position[rows]
 
     def undo(self) -> None:
         """Forget the last fed token (OPERA's candidate probes)."""
         self.length -= 1
+        self.mask, self.next_position = self.mask[:, :-1], self.next_position - 1
         self.cache.crop(-1)  # transformers 5.x: a negative count removes that many tokens
 
 
@@ -870,6 +1019,7 @@ class LlavaVLM(TransformersVLM):
 
     backend = "llava"
     model_class = "LlavaForConditionalGeneration"
+    cross_image_batches = True  # every image is the same number of tokens after the same text
     conversations = (CHAT_TEMPLATE, *CONVERSATIONS)
 
 
@@ -947,17 +1097,26 @@ class QwenVLM(TransformersVLM):
             "mm_token_type_ids": (prefix_ids == self._image_token_id()).long()[None],
         }
 
-    def _prefix_cache(self, image_path, prefix_ids, encoded, noised=False):
-        tensors = super()._prefix_cache(image_path, prefix_ids, encoded, noised)
-        if not noised and len(self._cached_prefix) == 2:  # just computed: keep this image's M-RoPE offset with it
-            self._cached_prefix = (*self._cached_prefix, self.model.model.rope_deltas.clone())
-        return tensors
+    def _prefix_extra(self):
+        """The image's M-RoPE offset, which the text after it needs (set by the prefix pass just run)."""
+        return self.model.model.rope_deltas.clone()
 
-    def _suffix_forward(self, input_ids, attention_mask, cache, positions):
-        """Text after the image: position = index + the image's rope delta, on all three M-RoPE axes."""
-        rope_delta = self._cached_prefix[2].to(self.device)
-        position_ids = (positions[None, :] + rope_delta).expand(3, input_ids.shape[0], -1)
+    def _step_forward(self, input_ids, attention_mask, cache):
+        """One token after whole prompts (no prefix reuse): its M-RoPE position is the row's token count plus
+        the rope delta the prompt pass stored (transformers would derive it from the whole mask, wrongly)."""
+        delta = self.model.model.rope_deltas.to(self.device)
+        text = attention_mask.sum(dim=1, keepdim=True) - 1
+        position_ids = (text + delta).expand(3, -1, -1)
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          use_cache=True, **{self._cache_argument: cache}).logits
+
+    def _suffix_forward(self, input_ids, attention_mask, cache, slots, positions=None, extra=None):
+        """Text after the image: position = index + the image's rope delta (``extra``), on all three M-RoPE
+        axes."""
+        rope_delta = extra.to(self.device)
+        text = slots[None].expand(input_ids.shape[0], -1) if positions is None else positions
+        position_ids = (text + rope_delta).expand(3, -1, -1)
         return self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            cache_position=positions, use_cache=True, **{self._cache_argument: cache},
+            cache_position=slots, use_cache=True, **{self._cache_argument: cache},
         ).logits
