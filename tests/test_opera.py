@@ -167,3 +167,72 @@ def test_opera_on_the_tiny_models(tiny_dirs, picture, family):
     model.use_variant(Variant.from_config({"decoding": "opera", "max_new_tokens": 3}))
     (result,) = model.score_yes_no(questions)
     assert result.parse_rule.startswith("opera:") and result.prediction in ("yes", "no", "unknown")
+
+
+class Stacked:
+    """Several questions' toy steppers as one batch (``k`` rows each, question-major), like the engine's rows."""
+
+    def __init__(self, parts, k):
+        self.parts, self.k = parts, k
+        self.first = torch.cat([part.first for part in parts])
+
+    def _split(self, values):
+        return [values[i * self.k : (i + 1) * self.k] for i in range(len(self.parts))]
+
+    def advance(self, tokens):
+        logits = torch.cat([part.advance(t) for part, t in zip(self.parts, self._split(tokens))])
+        self.attention = torch.cat([part.attention for part in self.parts])
+        return logits
+
+    def probe(self, candidates):
+        return torch.cat([part.probe(c) for part, c in zip(self.parts, self._split(candidates))])
+
+    def reorder(self, rows):
+        for i, (part, own) in enumerate(zip(self.parts, self._split(rows))):
+            assert bool(((own >= i * self.k) & (own < (i + 1) * self.k)).all())  # beams stay in their question
+            part.reorder(own - i * self.k)
+
+
+def test_a_batch_of_questions_decodes_each_as_alone():
+    """opera_batch == opera_search per question (different logits, a question that stops early), and a question
+    whose retrospection would roll back is left to opera_search (None) without changing the others."""
+    settings = OperaSettings(num_attn_candidates=3, reward_tokens=3, scale_factor=1.0, float16_scores=False)
+    for length in (6, 12):
+        alone = [decoding.opera_search(ToyStepper(2, seed=s).first, ToyStepper(2, seed=s), settings, 2, length,
+                                       STOP, (1, 4), PROMPT, lambda: None)[0] for s in range(3)]
+        batch = Stacked([ToyStepper(2, seed=s) for s in range(3)], 2)
+        assert decoding.opera_batch(batch.first, batch, settings, 2, length, STOP, (1, 4), PROMPT,
+                                    [PROMPT] * 3) == alone
+    settings = OperaSettings(threshold=15, num_attn_candidates=3, scale_factor=1.0, float16_scores=False)
+    batch = Stacked([ToyStepper(2, peak=10), ToyStepper(2, seed=1)], 2)
+    plain = decoding.opera_search(ToyStepper(2, seed=1).first, ToyStepper(2, seed=1), settings, 2, 32, STOP, (1, 4),
+                                  PROMPT, lambda: None)[0]
+    assert decoding.opera_batch(batch.first, batch, settings, 2, 32, STOP, (1, 4), PROMPT, [PROMPT] * 2) == \
+        [None, plain]
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl", "instructblip"])
+def test_batched_opera_equals_one_question_at_a_time(tiny_dirs, picture, family, tmp_path, monkeypatch):
+    """The engine's OPERA over questions of several lengths and images (LLaVA: one batch, left-padded; Qwen one
+    batch per image; InstructBLIP per image and prompt length) decodes what each question decodes alone,
+    penalty on."""
+    model = create_model("tiny", {"backend": family, "path": str(tiny_dirs[family]), "local_files_only": True})
+    batches = []
+    real = decoding.opera_batch
+    monkeypatch.setattr(decoding, "opera_batch", lambda first, *args: batches.append(first.shape[0]) or
+                        real(first, *args))
+    other = tmp_path / "other.png"
+    Image.fromarray(np.random.default_rng(5).integers(0, 255, (48, 40, 3), dtype=np.uint8)).save(other)
+    prompts = ["Is the person riding the horse?", "Is the person eating a cake next to the table near the horse?",
+               "Is someone washing it?", "Is the person holding the cup?"]
+    questions = [Question(f"q{i}", prompt, picture if i % 2 else other) for i, prompt in enumerate(prompts)]
+    for full_length in (True, False):
+        model.use_variant(Variant.from_config({
+            "decoding": "opera", "num_beams": 3, "max_new_tokens": 5,
+            "opera": {"num_attn_candidates": 3, "reward_tokens": 2, "full_length_normalisation": full_length}}))
+        batches.clear()
+        together = model.decode_answers(questions, False)
+        assert batches == {"llava": [12], "qwen2_vl": [6, 6], "instructblip": []}[family]
+        alone = [model.decode_answers([q], False)[0] for q in questions]  # one question: opera_search
+        assert batches == {"llava": [12], "qwen2_vl": [6, 6], "instructblip": []}[family]
+        assert together == alone, (family, full_length)

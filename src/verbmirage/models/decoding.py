@@ -203,8 +203,10 @@ class BeamBook:
         self.rows = torch.arange(batch * k)
         self.tokens = torch.zeros(batch * k, dtype=torch.long)
 
-    def _length(self, generated: int) -> float:
-        return (generated + self.length_offset) ** self.length_penalty
+    def _length(self, generated: int) -> float | torch.Tensor:
+        length = (generated + self.length_offset) ** self.length_penalty
+        # per-question offsets (opera_batch, float64): the float32 of the same double as a scalar offset gives
+        return length.float() if isinstance(length, torch.Tensor) else length
 
     def step(self, log_probs: torch.Tensor, step: int) -> bool:
         """Take step ``step`` (0-based) from the rows' log-probabilities [batch * K, vocab]; False when done."""
@@ -216,6 +218,7 @@ class BeamBook:
         candidates = torch.take_along_dim(self.running, origin[:, :, None], dim=1)
         candidates[:, :, step] = token
         ends = torch.isin(token, self.stop_ids) | (step + 1 >= self.max_new_tokens)
+        self.ends = ends  # per question: which of the step's candidates ended (opera_batch's stopping rule)
         open_scores = top_scores + ends.float() * -1e9  # the best K unfinished continue
         chosen = torch.topk(open_scores, k).indices
         self.running = torch.take_along_dim(candidates, chosen[:, :, None], dim=1)
@@ -284,6 +287,38 @@ def column_scores(window: torch.Tensor, scale_factor: float, float16: bool) -> t
     return scores.half() if float16 else scores.float()
 
 
+def _opera_candidates(raw: torch.Tensor, stepper: AttentionStepper, settings, history: torch.Tensor, step: int,
+                      image_span: tuple[int, int], prompt_columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One OPERA step over the vocabulary's top candidates: the step's logits (-999 outside the candidates) and
+    each row's over-trust column. ``prompt_columns``: where the generated tokens' keys start."""
+    count = min(settings.num_attn_candidates, raw.shape[-1])
+    candidate_logits, candidates = raw.topk(count, dim=-1)
+    rows = stepper.probe(candidates).float().cpu()
+    rows = rows / rows.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+    image_reward = rows[..., image_span[0] : image_span[1] + 1].sum(dim=-1)
+    window = torch.zeros(raw.shape[0], count, step + 1, step + 1)
+    window[:, :, :step, :step] = history[:, None]
+    window[:, :, step, :] = rows[..., prompt_columns : prompt_columns + step + 1]
+    over_trust, columns = column_scores(window, settings.scale_factor, settings.float16_scores).float().max(-1)
+    penalty = -image_reward if step + 1 <= settings.reward_tokens else over_trust
+    scored = candidate_logits - settings.penalty_weights * penalty
+    return torch.full_like(raw, -999.0).scatter(-1, candidates, scored), columns.mode(dim=-1).values
+
+
+def _opera_advance(stepper: AttentionStepper, book: BeamBook, history: torch.Tensor, step: int,
+                   prompt_columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Feed the beams' chosen tokens: the next logits and the history grown by their attention rows."""
+    stepper.reorder(book.rows)
+    history = history[book.rows]
+    logits = stepper.advance(book.tokens)
+    row = stepper.attention.float().cpu()
+    row = row / row.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+    grown = torch.zeros(history.shape[0], step + 1, step + 1)
+    grown[:, :step, :step] = history
+    grown[:, step, :] = row[:, prompt_columns : prompt_columns + step + 1]
+    return logits, grown
+
+
 def opera_search(first: torch.Tensor, stepper: AttentionStepper, settings, num_beams: int, max_new_tokens: int,
                  stop: set[int], image_span: tuple[int, int], prompt_length: int, reopen,
                  length_penalty: float = 1.0) -> tuple[list[int], list[tuple[int, int]]]:
@@ -307,7 +342,6 @@ def opera_search(first: torch.Tensor, stepper: AttentionStepper, settings, num_b
     k = num_beams
     offset = prompt_length if settings.full_length_normalisation else 0
     book = BeamBook(1, k, max_new_tokens, stop, length_penalty, length_offset=offset)
-    image_start, image_end = image_span
     history = torch.zeros(k, 0, 0)  # renormalised attention of generated rows on generated columns
     locs: list[torch.Tensor] = []  # per step: each beam's over-trust column
     revisits: dict[int, int] = {}
@@ -324,19 +358,8 @@ def opera_search(first: torch.Tensor, stepper: AttentionStepper, settings, num_b
             for row, token in banned[step]:
                 step_logits[row, token] = -999.0
         else:
-            count = min(settings.num_attn_candidates, raw.shape[-1])
-            candidate_logits, candidates = raw.topk(count, dim=-1)
-            rows = stepper.probe(candidates).float().cpu()
-            rows = rows / rows.sum(dim=-1, keepdim=True).clamp_min(1e-30)
-            image_reward = rows[..., image_start : image_end + 1].sum(dim=-1)
-            window = torch.zeros(k, count, step + 1, step + 1)
-            window[:, :, :step, :step] = history[:, None]
-            window[:, :, step, :] = rows[..., prompt_length : prompt_length + step + 1]
-            over_trust, columns = column_scores(window, settings.scale_factor, settings.float16_scores).float().max(-1)
-            penalty = -image_reward if step + 1 <= settings.reward_tokens else over_trust
-            scored = candidate_logits - settings.penalty_weights * penalty
-            step_logits = torch.full_like(raw, -999.0).scatter(-1, candidates, scored)
-            beam_columns = columns.mode(dim=-1).values
+            step_logits, beam_columns = _opera_candidates(raw, stepper, settings, history, step, image_span,
+                                                          prompt_length)
             locs.append(beam_columns)
             target = _rollback_target(beam_columns, locs, settings, revisits, step)
             if target is not None:
@@ -355,16 +378,50 @@ def opera_search(first: torch.Tensor, stepper: AttentionStepper, settings, num_b
         retake = False
         if not more:
             break
-        stepper.reorder(book.rows)
-        history = history[book.rows]
-        logits = stepper.advance(book.tokens)
-        row = stepper.attention.float().cpu()
-        row = row / row.sum(dim=-1, keepdim=True).clamp_min(1e-30)
-        grown = torch.zeros(k, step + 1, step + 1)
-        grown[:, :step, :step] = history
-        grown[:, step, :] = row[:, prompt_length : prompt_length + step + 1]
-        history, step = grown, step + 1
+        logits, history = _opera_advance(stepper, book, history, step, prompt_length)
+        step += 1
     return book.best(stop)[0], rollbacks
+
+
+def opera_batch(first: torch.Tensor, stepper: AttentionStepper, settings, num_beams: int, max_new_tokens: int,
+                stop: set[int], image_span: tuple[int, int], prompt_columns: int, prompt_lengths: list[int],
+                length_penalty: float = 1.0) -> list[list[int] | None]:
+    """OPERA for several questions at once (``first``: K rows per question, question-major), each decoded as
+    :func:`opera_search` decodes it alone, up to its retrospection: a question whose retrospection would roll
+    back gets None (decode it alone; rollbacks need 10+ generated tokens, so they are rare).
+
+    The rows may be left-padded prompts: ``prompt_columns`` is where the generated tokens' keys start in every
+    row, ``prompt_lengths`` each question's own prompt length (the length normalisation). A question stops
+    when its :func:`opera_search` loop would (no beam can improve, or every continuation ended); its best
+    hypothesis is taken then.
+    """
+    k, questions = num_beams, first.shape[0] // num_beams
+    offsets = torch.tensor(prompt_lengths if settings.full_length_normalisation else [0] * questions,
+                           dtype=torch.float64)[:, None]
+    book = BeamBook(questions, k, max_new_tokens, stop, length_penalty, length_offset=offsets)
+    history = torch.zeros(questions * k, 0, 0)
+    locs: list[torch.Tensor] = []
+    results: list[list[int] | None] = [None] * questions
+    active = torch.ones(questions, dtype=torch.bool)
+    logits, step = first, 0
+    while True:
+        step_logits, beam_columns = _opera_candidates(logits.float().cpu(), stepper, settings, history, step,
+                                                      image_span, prompt_columns)
+        locs.append(beam_columns)
+        for q in torch.nonzero(active).flatten().tolist():  # retrospection: leave that question to opera_search
+            own = [columns[q * k : (q + 1) * k] for columns in locs]
+            if _rollback_target(own[-1], own, settings, {}, step) is not None:
+                active[q] = False
+        book.step(torch.log_softmax(step_logits, dim=-1), step)
+        done = active & ~(book.improvable[:, 0] & ~book.ends.all(dim=-1) & (step + 1 < max_new_tokens))
+        best = book.best(stop) if bool(done.any()) else []
+        for q in torch.nonzero(done).flatten().tolist():
+            results[q] = best[q]
+        active &= ~done
+        if not bool(active.any()):
+            return results
+        logits, history = _opera_advance(stepper, book, history, step, prompt_columns)
+        step += 1
 
 
 def _rollback_target(beam_columns: torch.Tensor, locs: list[torch.Tensor], settings, revisits: dict[int, int],

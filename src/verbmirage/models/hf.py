@@ -775,8 +775,7 @@ class TransformersVLM(LogitsVLM):
                 decoding_name: str) -> list[tuple[int | None, str]]:
         """Questions decode in one batch per image on its cached prefix (all images of the call together with
         :attr:`cross_image_batches`), expanded per row and beam: the prompts' own tokens run once more to open
-        the rows. Without a shared prefix (InstructBLIP), one batch per image and prompt length. OPERA
-        decodes one question at a time (its own retrospection history)."""
+        the rows. Without a shared prefix (InstructBLIP), one batch per image and prompt length."""
         variant = self.variant
         beams = variant.num_beams if decoding_name == "beam" else 1
         new_tokens = self.continue_tokens + 1 if decoding_name == "greedy" else variant.max_new_tokens
@@ -787,10 +786,6 @@ class TransformersVLM(LogitsVLM):
             if error is not None:
                 raise ValueError(error)
         stop = self._stop_tokens()
-        if decoding_name == "opera":
-            tokens = [self._opera(items[i][0], items[i][1], items[i][2], new_tokens) for i in range(len(items))]
-            self._record(answers, list(range(len(items))), tokens)
-            return answers
         opened = self._open_rows(items, noised=False)
         batches: dict[tuple, list[int]] = {}
         for i, item in enumerate(items):
@@ -800,6 +795,9 @@ class TransformersVLM(LogitsVLM):
                 key = ("prefix", opened.prefix_length[i] if self.cross_image_batches else item[0])
             batches.setdefault(key, []).append(i)
         for rows in batches.values():
+            if decoding_name == "opera":
+                self._record(answers, rows, self._opera_rows([items[i] for i in rows], new_tokens))
+                continue
             first, stepper = self._open_stepper([items[i] for i in rows], beams)
             if decoding_name == "beam":
                 tokens = decoding.beam_search(first, stepper, beams, new_tokens, stop, variant.length_penalty)
@@ -836,14 +834,33 @@ class TransformersVLM(LogitsVLM):
 
             self._attention_hook = last.register_forward_hook(keep_last_row)
 
+    def _opera_rows(self, items: list[tuple], new_tokens: int) -> list[list[int]]:
+        """OPERA for a batch of questions (:func:`decoding.opera_batch`); a question whose retrospection rolls
+        back, or a batch whose image tokens sit at different positions, decodes alone (:meth:`_opera`)."""
+        spans = {self._image_span(image, text) for _, image, text in items}
+        if len(items) == 1 or len(spans) != 1:
+            return [self._opera(*item, new_tokens) for item in items]
+        variant = self.variant
+        first, stepper = self._open_stepper(items, variant.num_beams)
+        layout = getattr(stepper, "clean", stepper)  # VCD: the clean stream's layout (both have the same)
+        attending = _AttentionStepper(self, stepper, first)
+        tokens = decoding.opera_batch(
+            first, attending, variant.opera, variant.num_beams, new_tokens, self._stop_tokens(), spans.pop(),
+            layout.prompt_columns, layout.prompt_lengths[:: variant.num_beams], variant.length_penalty)
+        return [row if row is not None else self._opera(*item, new_tokens) for row, item in zip(tokens, items)]
+
+    def _image_span(self, image, text: str) -> tuple[int, int]:
+        """First and last position of the image tokens in the prompt."""
+        ids = self.encode_shared_image([text], image)["input_ids"][0]
+        positions = torch.nonzero(ids == self._image_token_id()).flatten()
+        if len(positions) == 0:
+            raise ValueError(f"models.{self.name}: OPERA needs the image tokens in the prompt, found none")
+        return int(positions[0]), int(positions[-1])
+
     def _opera(self, image_path, image, text: str, new_tokens: int) -> list[int]:
         """One question decoded with OPERA (:func:`decoding.opera_search`) on the cached image prefix."""
         variant = self.variant
         encoded = self.encode_shared_image([text], image)
-        ids = encoded["input_ids"][0]
-        image_positions = torch.nonzero(ids == self._image_token_id()).flatten()
-        if len(image_positions) == 0:
-            raise ValueError(f"models.{self.name}: OPERA needs the image tokens in the prompt, found none")
 
         def reopen():
             first, stepper = self._open_stepper([(image_path, image, text)], variant.num_beams)
@@ -852,7 +869,7 @@ class TransformersVLM(LogitsVLM):
         opened = reopen()
         tokens, rollbacks = decoding.opera_search(
             opened.first, opened, variant.opera, variant.num_beams, new_tokens, self._stop_tokens(),
-            (int(image_positions[0]), int(image_positions[-1])), int(encoded["attention_mask"].sum()), reopen,
+            self._image_span(image, text), int(encoded["attention_mask"].sum()), reopen,
             variant.length_penalty)
         if rollbacks:
             log.info("%s: OPERA rolled back %d time(s): %s", self.name, len(rollbacks), rollbacks)
@@ -933,6 +950,8 @@ class _PrefixStepper:
         real = columns[None] >= (width - lengths)[:, None]
         self.mask = torch.cat([torch.ones((rows, prefix_length), dtype=torch.long, device=device), real.long()], 1)
         self.length = prefix_length + width  # cache slots filled
+        #: where the decoded tokens' keys start, and each row's own prompt length (OPERA's columns)
+        self.prompt_columns, self.prompt_lengths = self.length, (prefix_length + lengths).tolist()
         #: the position id of each row's next token (its prefix plus its own suffix, padding not counted)
         self.next_position = prefix_length + lengths
         positions = (prefix_length + columns[None] - (width - lengths)[:, None]).clamp(min=prefix_length)
@@ -971,6 +990,7 @@ class _FullStepper:
         inner = output.get("language_model_outputs") or output  # InstructBLIP keeps the cache one level down
         self.cache = inner.get("cache") or inner.get("past_key_values")
         self.mask = encoded["attention_mask"]
+        self.prompt_columns, self.prompt_lengths = self.mask.shape[1], self.mask.sum(dim=1).tolist()
         self.first = output.logits[:, -1].float()
 
     def advance(self, tokens: torch.Tensor) -> torch.Tensor:
