@@ -26,7 +26,7 @@ def test_gpu_benchmark_script_runs_in_smoke_mode():
 
 
 def test_suite_benchmark_prints_both_rates_and_the_suite_ratio():
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "suite_scoring.py"), "--images", "1"],
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "suite_scoring.py"), "--images", "1", "--repeats", "1"],
                          capture_output=True, text=True, timeout=600, check=True).stdout
     rates = [float(x) for x in re.findall(r"\(\w\) [\w ]+:\s+([\d.]+) prompts/s", out)]
     assert len(rates) == 2 and all(rate > 0 for rate in rates)

@@ -202,3 +202,27 @@ def test_multiple_choice_with_beam_and_vcd(tiny_dirs, scene):
     assert all(r.parse_rule.startswith("beam5+vcd:") for r in results)
     assert all(r.prediction in ("A", "B", "C", "D", "unknown") and r.vcd_plausible >= 1 for r in results)
     assert all(sum(r.option_probs) == pytest.approx(1.0) for r in results if not math.isnan(r.option_probs[0]))
+
+
+def test_decoding_holds_at_most_the_calls_rows_and_halves_on_out_of_memory(tiny_dirs, scene, monkeypatch, caplog):
+    """Beams hold rows: a beam-3 call of 6 questions decodes 2 questions (6 rows) at a time; out of memory
+    halves that and retries; the answers do not change."""
+    model = tiny(tiny_dirs, "llava")
+    questions = yes_no_questions(scene, n=6)
+    model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 3, "max_new_tokens": 4}))
+    opened = []
+    real = type(model)._open_stepper
+    monkeypatch.setattr(type(model), "_open_stepper", lambda self, items, repeats: opened.append(len(items)) or
+                        real(self, items, repeats))
+    expected = model.decode_answers(questions, False)
+    assert opened == [2, 2, 2]
+
+    def tight(self, items, repeats):  # a device that holds one question's beams
+        if len(items) > 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(self, items, repeats)
+
+    monkeypatch.setattr(type(model), "_open_stepper", tight)
+    with caplog.at_level("WARNING"):
+        assert model.decode_answers(questions, False) == expected
+    assert any("batch halved to 1" in record.getMessage() for record in caplog.records)

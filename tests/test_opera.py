@@ -213,9 +213,8 @@ def test_a_batch_of_questions_decodes_each_as_alone():
 
 @pytest.mark.parametrize("family", ["llava", "qwen2_vl", "instructblip"])
 def test_batched_opera_equals_one_question_at_a_time(tiny_dirs, picture, family, tmp_path, monkeypatch):
-    """The engine's OPERA over questions of several lengths and images (LLaVA: one batch, left-padded; Qwen one
-    batch per image; InstructBLIP per image and prompt length) decodes what each question decodes alone,
-    penalty on."""
+    """The engine's OPERA over questions of several lengths and images (LLaVA: across images, left-padded; Qwen
+    per image; InstructBLIP per image and prompt length) decodes what each question decodes alone, penalty on."""
     model = create_model("tiny", {"backend": family, "path": str(tiny_dirs[family]), "local_files_only": True})
     batches = []
     real = decoding.opera_batch
@@ -225,14 +224,16 @@ def test_batched_opera_equals_one_question_at_a_time(tiny_dirs, picture, family,
     Image.fromarray(np.random.default_rng(5).integers(0, 255, (48, 40, 3), dtype=np.uint8)).save(other)
     prompts = ["Is the person riding the horse?", "Is the person eating a cake next to the table near the horse?",
                "Is someone washing it?", "Is the person holding the cup?"]
-    questions = [Question(f"q{i}", prompt, picture if i % 2 else other) for i, prompt in enumerate(prompts)]
+    questions = [Question(f"q{i}", prompts[i % 4], picture if i >= 4 else other) for i in range(8)]
     for full_length in (True, False):
         model.use_variant(Variant.from_config({
-            "decoding": "opera", "num_beams": 3, "max_new_tokens": 5,
+            "decoding": "opera", "num_beams": 2, "max_new_tokens": 5,
             "opera": {"num_attn_candidates": 3, "reward_tokens": 2, "full_length_normalisation": full_length}}))
         batches.clear()
         together = model.decode_answers(questions, False)
-        assert batches == {"llava": [12], "qwen2_vl": [6, 6], "instructblip": []}[family]
+        # beams hold rows: at most (questions of the call / beams) questions per batch, 2 beams each
+        expected = {"llava": [8, 8], "qwen2_vl": [8, 8], "instructblip": [4, 4]}[family]  # IB: two equal lengths
+        assert batches == expected
         alone = [model.decode_answers([q], False)[0] for q in questions]  # one question: opera_search
-        assert batches == {"llava": [12], "qwen2_vl": [6, 6], "instructblip": []}[family]
+        assert batches == expected
         assert together == alone, (family, full_length)

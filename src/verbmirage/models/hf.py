@@ -290,6 +290,10 @@ class LogitsVLM(VisionLanguageModel):
         return results
 
 
+def _concatenated(parts: list[list]) -> list:
+    return [row for part in parts for row in part]
+
+
 @dataclasses.dataclass
 class _Prefix:
     """One image's prefix in the model: per layer (keys, values) with batch 1, and what else its family needs."""
@@ -549,9 +553,10 @@ class TransformersVLM(LogitsVLM):
         self._opened = {path: image for path, image in images.items() if not isinstance(image, str)}
         return errors, items
 
-    def _with_shrinking_batches(self, method, items: list[tuple]) -> torch.Tensor:
-        """Run ``method`` on chunks of ``items``; on out-of-memory halve the chunk and retry."""
-        size, start, parts = len(items), 0, []
+    def _with_shrinking_batches(self, method, items: list, size: int | None = None, combine=torch.cat):
+        """Run ``method`` on chunks of ``items`` (at most ``size``; default all); on out-of-memory halve the
+        chunk and retry. ``combine`` joins the chunks' results."""
+        size, start, parts = max(1, size or len(items)), 0, []
         while start < len(items):
             chunk = items[start : start + size]
             try:
@@ -565,7 +570,7 @@ class TransformersVLM(LogitsVLM):
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
                 log.warning("%s: out of memory, batch halved to %d", self.name, size)
-        return torch.cat(parts)
+        return combine(parts)
 
     @staticmethod
     def _by_image(items: list[tuple]) -> dict[Path, list[int]]:
@@ -794,22 +799,28 @@ class TransformersVLM(LogitsVLM):
             else:
                 key = ("prefix", opened.prefix_length[i] if self.cross_image_batches else item[0])
             batches.setdefault(key, []).append(i)
-        for rows in batches.values():
+        if decoding_name not in ("beam", "sample", "greedy", "opera"):
+            raise NotImplementedError(f"decoding '{decoding_name}' is not implemented for {self.backend}")
+        streams = 2 if variant.vcd is not None else 1
+        width = variant.num_beams if decoding_name in ("beam", "opera") else 1
+
+        def run(rows: list[int]) -> list[list[int]]:
             if decoding_name == "opera":
-                self._record(answers, rows, self._opera_rows([items[i] for i in rows], new_tokens))
-                continue
+                return self._opera_rows([items[i] for i in rows], new_tokens)
             first, stepper = self._open_stepper([items[i] for i in rows], beams)
             if decoding_name == "beam":
-                tokens = decoding.beam_search(first, stepper, beams, new_tokens, stop, variant.length_penalty)
-            elif decoding_name == "sample":
+                return decoding.beam_search(first, stepper, beams, new_tokens, stop, variant.length_penalty)
+            if decoding_name == "sample":
                 seeds = [question_seed(questions[i].question_id, variant.seed) for i in rows]
-                tokens = decoding.sample_search(first, stepper, new_tokens, stop, seeds,
-                                                variant.temperature, variant.top_k, variant.top_p)
-            elif decoding_name == "greedy":
-                tokens = decoding.greedy_search(first, stepper, new_tokens, stop)
-            else:
-                raise NotImplementedError(f"decoding '{decoding_name}' is not implemented for {self.backend}")
-            self._record(answers, rows, tokens)
+                return decoding.sample_search(first, stepper, new_tokens, stop, seeds,
+                                              variant.temperature, variant.top_k, variant.top_p)
+            return decoding.greedy_search(first, stepper, new_tokens, stop)
+
+        for rows in batches.values():
+            # every beam (and VCD's second stream) holds its own cache: at most as many cached rows as the call
+            # has questions, the memory the caller's batch size was chosen for
+            size = len(questions) // (width * streams)
+            self._record(answers, rows, self._with_shrinking_batches(run, rows, size, combine=_concatenated))
         return answers
 
     def _record(self, answers: list, rows: list[int], tokens: list[list[int]]) -> None:
