@@ -302,15 +302,6 @@ def verb_object_spans(model, rendered: str, prompt: str, verb: str, obj: str, mo
 
 
 # ---- the pass --------------------------------------------------------------------------------
-def decoder_layers(model) -> list:
-    """The language model's decoder layers (each with ``self_attn``)."""
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    layers = getattr(decoder, "layers", None)
-    if layers is None:
-        raise AttentionError(f"{type(model).__name__}: no language-model decoder layers found")
-    return list(layers)
-
-
 def resolve_layers(layers, count: int, where: str = "analysis.attention.layers") -> list[int]:
     """Config layers (``all`` or indices, negative from the end) as sorted non-negative indices."""
     if layers == "all":
@@ -323,15 +314,6 @@ def resolve_layers(layers, count: int, where: str = "analysis.attention.layers")
     return sorted(resolved)
 
 
-def use_eager_language_model(model) -> None:
-    """Eager attention in the language model only; the vision tower keeps its implementation."""
-    config = model.config
-    if "text_config" in getattr(config, "sub_configs", {}):
-        model.set_attn_implementation({"text_config": "eager"})
-    else:
-        model.set_attn_implementation("eager")
-
-
 class AttentionProbe:
     """Runs questions through a loaded :class:`~verbmirage.models.hf.TransformersVLM` and keeps row q per layer.
 
@@ -340,6 +322,8 @@ class AttentionProbe:
     """
 
     def __init__(self, model, layers="all", batch_size: int = 8):
+        from verbmirage.models.hf import decoder_layers, use_eager_language_model
+
         self.model = model
         use_eager_language_model(model.model)
         self._modules = decoder_layers(model.model)

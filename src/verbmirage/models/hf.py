@@ -110,6 +110,26 @@ def answer_token_ids(vocabulary, where: str) -> tuple[list[int], list[int], list
     return yes, no, letters
 
 
+def decoder_layers(model) -> list:
+    """The language model's decoder layers (each with ``self_attn``): OPERA and the attention analysis read
+    their attention."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no language-model decoder layers found")
+    return list(layers)
+
+
+def use_eager_language_model(model) -> None:
+    """Eager attention in the language model only (its weights are returned); the vision tower keeps its
+    implementation."""
+    config = model.config
+    if "text_config" in getattr(config, "sub_configs", {}):
+        model.set_attn_implementation({"text_config": "eager"})
+    else:
+        model.set_attn_implementation("eager")
+
+
 def _is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
 
@@ -831,8 +851,6 @@ class TransformersVLM(LogitsVLM):
         """As the base class; OPERA also needs the language model's last-layer attention (eager kernel)."""
         super().use_variant(variant, where)
         if variant.decoding == "opera" and getattr(self, "_attention_hook", None) is None:
-            from verbmirage.analysis.attention import decoder_layers, use_eager_language_model
-
             use_eager_language_model(self.model)
             last = decoder_layers(self.model)[-1].self_attn
 
