@@ -134,7 +134,7 @@ def test_decoded_answers_agree_with_generate_on_every_row(tiny_dirs, scene, fami
     for questions, multiple_choice in ((yn, False), (mc, True)):
         score = model.score_multiple_choice if multiple_choice else model.score_yes_no
         results = score(questions)
-        generated = model.continue_answers(questions, multiple_choice)  # HF generate, greedy, 8 new tokens
+        generated = model.continue_answers(questions, multiple_choice)  # greedy (== generate: test_decoding_variants)
         for question, result, text in zip(questions, results, generated):
             first = result.raw_answer if result.parse_rule.endswith("first-token") else None
             # the scoring argmax is the first token generate decodes, and the decision is the parse of that text

@@ -319,7 +319,6 @@ class _Prefix:
     """One image's prefix in the model: per layer (keys, values) with batch 1, and what else its family needs."""
 
     tensors: list[tuple[torch.Tensor, torch.Tensor]]
-    length: int
     extra: object = None
 
 
@@ -520,7 +519,8 @@ class TransformersVLM(LogitsVLM):
     #: Whether the prefixes of several images can run as one batch and their questions share suffix batches
     #: (batch-first image tensors, one prefix length for every image: LLaVA). Otherwise each image alone.
     cross_image_batches: bool = False
-    #: Image prefixes kept (clean and VCD-noised count apart): the images of one call, for its decoding.
+    #: At most this many image prefixes are kept (clean and VCD-noised count apart), and only those of the
+    #: current call's images (for its decoding, and the next call if it continues an image).
     PREFIX_SLOTS = 32
 
     def forget_prefixes(self) -> None:
@@ -569,8 +569,14 @@ class TransformersVLM(LogitsVLM):
                 errors[index] = image
             else:
                 items[index] = (question.image, image, text)
-        # the same image object for the next call (decoding after scoring): its encoding is kept by identity
+        # the same image object for the next call (decoding after scoring): its encoding is kept by identity.
+        # Only this call's images keep their prefix and encoding (a 7B model's prefix is ~0.3 GB).
         self._opened = {path: image for path, image in images.items() if not isinstance(image, str)}
+        for key in [key for key in self._prefixes if key[0] not in self._opened]:
+            del self._prefixes[key]
+        kept = {id(image) for image in self._opened.values()}
+        for key in [key for key in self._encoded_images if key not in kept]:
+            del self._encoded_images[key]
         return errors, items
 
     def _with_shrinking_batches(self, method, items: list, size: int | None = None, combine=torch.cat):
@@ -691,9 +697,9 @@ class TransformersVLM(LogitsVLM):
             output = self.model(**batch, use_cache=True)
             cache = output.get("cache") or output.get("past_key_values")
             extra = self._prefix_extra()
-            for j, (key, image_path, prefix_ids, _) in enumerate(group):
+            for j, (key, image_path, _, _) in enumerate(group):
                 tensors = [(layer.keys[j : j + 1], layer.values[j : j + 1]) for layer in cache.layers]
-                found[image_path] = self._prefixes[key] = _Prefix(tensors, len(prefix_ids), extra)
+                found[image_path] = self._prefixes[key] = _Prefix(tensors, extra)
         while len(self._prefixes) > self.PREFIX_SLOTS:
             self._prefixes.popitem(last=False)
         return found
@@ -871,11 +877,10 @@ class TransformersVLM(LogitsVLM):
             return [self._opera(*item, new_tokens) for item in items]
         variant = self.variant
         first, stepper = self._open_stepper(items, variant.num_beams)
-        layout = getattr(stepper, "clean", stepper)  # VCD: the clean stream's layout (both have the same)
-        attending = _AttentionStepper(self, stepper, first)
+        attending = _AttentionStepper(self, stepper, first)  # (OPERA does not combine with VCD: one stream)
         tokens = decoding.opera_batch(
             first, attending, variant.opera, variant.num_beams, new_tokens, self._stop_tokens(), spans.pop(),
-            layout.prompt_columns, layout.prompt_lengths[:: variant.num_beams], variant.length_penalty)
+            stepper.prompt_columns, stepper.prompt_lengths[:: variant.num_beams], variant.length_penalty)
         return [row if row is not None else self._opera(*item, new_tokens) for row, item in zip(tokens, items)]
 
     def _image_span(self, image, text: str) -> tuple[int, int]:
