@@ -192,3 +192,17 @@ def test_generic_auto_backend_and_bfloat16(tiny_llava, llava, images):
 def test_generate_free_text(llava, images):
     text = llava.generate([Question("a", "Describe the image.", image=images[0])], max_new_tokens=3)
     assert isinstance(text[0], str)
+
+
+def test_only_the_current_calls_images_keep_their_prefix(llava, demo_anno, images):
+    """Prefixes are kept for the decodings of a call and the next call's continuing image, not beyond: a new
+    call drops the prefixes (and encodings) of images it does not ask about."""
+    questions = _questions(demo_anno, images, "yn_obj", 30)
+    first, second = sorted({q.image for q in questions})[:2]
+    llava.forget_prefixes()
+    llava.score_yes_no([q for q in questions if q.image == first])
+    assert {key[0] for key in llava._prefixes} == {first}
+    llava.score_yes_no([q for q in questions if q.image in (first, second)])
+    assert {key[0] for key in llava._prefixes} == {first, second}
+    llava.score_yes_no([q for q in questions if q.image == second])
+    assert {key[0] for key in llava._prefixes} == {second} and len(llava._encoded_images) == 1

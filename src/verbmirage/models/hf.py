@@ -535,7 +535,7 @@ class TransformersVLM(LogitsVLM):
         flags = multiple_choice if isinstance(multiple_choice, (list, tuple)) else [multiple_choice] * len(questions)
         texts = [self.render(q, flag) for q, flag in zip(questions, flags)]
         logits = torch.full((len(questions), self.model.config.get_text_config().vocab_size), math.nan)
-        errors, items = self._open_items(questions, texts)
+        errors, items = self._open_items(questions, texts, new_call=True)
         kl = torch.full((len(questions),), math.nan, dtype=torch.float64)
         plausible = torch.zeros(len(questions), dtype=torch.long)
         valid = [i for i, error in enumerate(errors) if error is None]
@@ -551,8 +551,12 @@ class TransformersVLM(LogitsVLM):
         self._vcd_stats = (kl, plausible) if self.variant.vcd is not None else None
         return logits, errors
 
-    def _open_items(self, questions: list[Question], texts: list[str]) -> tuple[list, list]:
-        """Per question: an error (its image does not open) or the item (image path, image, prompt text)."""
+    def _open_items(self, questions: list[Question], texts: list[str], new_call: bool = False) -> tuple[list, list]:
+        """Per question: an error (its image does not open) or the item (image path, image, prompt text).
+
+        ``new_call`` (scoring; decodings follow it on a subset of its questions): from now on only these
+        images keep their prefix and encoding (a 7B model's prefix is ~0.3 GB).
+        """
         images: dict[Path, Image.Image | str] = {}
         errors: list[str | None] = [None] * len(questions)
         items: list[tuple | None] = [None] * len(questions)
@@ -569,9 +573,12 @@ class TransformersVLM(LogitsVLM):
                 errors[index] = image
             else:
                 items[index] = (question.image, image, text)
-        # the same image object for the next call (decoding after scoring): its encoding is kept by identity.
-        # Only this call's images keep their prefix and encoding (a 7B model's prefix is ~0.3 GB).
-        self._opened = {path: image for path, image in images.items() if not isinstance(image, str)}
+        opened = {path: image for path, image in images.items() if not isinstance(image, str)}
+        if not new_call:  # the same image objects for the decodings of this call: encodings are kept by identity
+            self._opened.update(opened)
+            self._opened = dict(list(self._opened.items())[-self.PREFIX_SLOTS:])
+            return errors, items
+        self._opened = opened
         for key in [key for key in self._prefixes if key[0] not in self._opened]:
             del self._prefixes[key]
         kept = {id(image) for image in self._opened.values()}
