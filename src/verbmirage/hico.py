@@ -169,7 +169,9 @@ def load_hico(root: str | Path) -> HicoAnnotations:
                 f"{path}: anno_{split}[{hoi}, {image}] = {matrix[hoi, image]}; "
                 "labels must be 1, 0, -1 or NaN"
             )
-        labels[split] = matrix.T.copy()
+        # images x HOIs. MATLAB files are column-major, so the transpose is already C-contiguous: a view, not a
+        # copy (copying the 600 x 38K training matrix took ~2.4 s, most of loading)
+        labels[split] = np.ascontiguousarray(matrix.T)
         images[split] = names
     return HicoAnnotations(root=root, hois=hois, labels=labels, images=images)
 
