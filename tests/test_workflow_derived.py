@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from verbmirage.derived import DERIVED_FOLDER
 from verbmirage.hico import load_hico
-from verbmirage.io import MITIGATION_TABLE5, NULLU_PAIRS, PREDICTIONS, read_provenance, read_table
+from verbmirage.io import NULLU_PAIRS, read_table
 
 pytestmark = pytest.mark.slow
 
@@ -48,20 +48,12 @@ def test_the_nullu_folder_is_the_edited_base(demo_run):
 
 
 def test_its_predictions_and_table5_row(demo_run):
-    for qset in QSETS:
-        for variant in ("default", "beam5"):
-            frame = read_table(demo_run / f"results/predictions/hico/{qset}/clean/{SLUG}/{variant}.parquet",
-                               PREDICTIONS)
-            assert len(frame) and frame.error.isna().all(), (qset, variant)
-            # the job loaded the effective entry: the base's backend and settings, the built folder as path
-            provenance = read_provenance(demo_run / f"results/shards/hico/clean/{SLUG}/{variant}/0/{qset}.parquet")
-            assert provenance["model_slug"] == SLUG and provenance["model"]["backend"] == "llava"
-            assert provenance["model"]["path"] == DERIVED_FOLDER.format(model=SLUG) and "derive" not in provenance["model"]
-    table5 = read_table(demo_run / "results/tables/table5.parquet", MITIGATION_TABLE5)
-    row = table5[(table5.source == "measured") & (table5.model == SLUG)]
-    assert row.method.tolist() == ["Nullu"] and row.variant.tolist() == ["beam5"]
-    assert row.yn_obj_acc.between(0, 100).all() and row.mc_verb_acc.between(0, 100).all()
-    assert "Nullu" in (demo_run / "results/tables/table5.md").read_text()
+    from workflow_run import derived_model_runs
+
+    # the job loaded the effective entry: the base's backend and settings, the built folder as path
+    for model in derived_model_runs(demo_run, SLUG, QSETS, "Nullu"):
+        assert model["backend"] == "llava"
+        assert model["path"] == DERIVED_FOLDER.format(model=SLUG) and "derive" not in model
 
 
 def _planned(demo_run, edit):

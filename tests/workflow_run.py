@@ -61,3 +61,25 @@ def planned_jobs(workdir: Path) -> list[tuple[str, dict]]:
             wildcards = dict(kv.split("=", 1) for kv in found.group(1).split(", ")) if found else {}
             jobs.append((match.group(1), wildcards))
     return jobs
+
+
+def derived_model_runs(workdir: Path, slug: str, qsets, method: str) -> list[dict]:
+    """A derived model's demo runs (default and beam5 on HICO clean): each set's predictions exist without
+    errors, and Table 5 has its beam5 row as ``method``. Returns the model entry each job loaded."""
+    from verbmirage.io import MITIGATION_TABLE5, PREDICTIONS, read_provenance, read_table
+
+    loaded = []
+    for qset in qsets:
+        for variant in ("default", "beam5"):
+            frame = read_table(workdir / f"results/predictions/hico/{qset}/clean/{slug}/{variant}.parquet",
+                               PREDICTIONS)
+            assert len(frame) and frame.error.isna().all(), (qset, variant)
+            provenance = read_provenance(workdir / f"results/shards/hico/clean/{slug}/{variant}/0/{qset}.parquet")
+            assert provenance["model_slug"] == slug
+            loaded.append(provenance["model"])
+    table5 = read_table(workdir / "results/tables/table5.parquet", MITIGATION_TABLE5)
+    row = table5[(table5.source == "measured") & (table5.model == slug)]
+    assert row.method.tolist() == [method] and row.variant.tolist() == ["beam5"]
+    assert row.yn_obj_acc.between(0, 100).all() and row.mc_verb_acc.between(0, 100).all()
+    assert method in (workdir / "results/tables/table5.md").read_text()
+    return loaded
