@@ -33,6 +33,31 @@ include: "rules/reliance.smk"
 include: "rules/figures.smk"
 
 
+# Local runs: one warm process imports torch, transformers and pandas once and forks every job, so jobs skip
+# seconds of Python start-up each (config `job_server`; src/verbmirage/jobserver.py). Off under a cluster
+# executor: there each job runs in its own process as always, and so does any job the server cannot take.
+_job_server = []
+
+
+onstart:
+    if config.get("job_server", True) and workflow.local_exec:
+        from verbmirage import jobserver
+
+        _job_server.append(jobserver.start("logs/job_server.log"))
+
+
+onsuccess:
+    from verbmirage import jobserver
+
+    jobserver.stop(_job_server.pop() if _job_server else None)
+
+
+onerror:
+    from verbmirage import jobserver
+
+    jobserver.stop(_job_server.pop() if _job_server else None)
+
+
 # Everything but the inference shards runs on the submitting node under a cluster profile.
 localrules:
     all,

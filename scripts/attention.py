@@ -6,6 +6,10 @@ Output: the job's ``io.ATTENTION`` table. Settings: ``params.model`` (the model 
 ``params.settings`` (``analysis.attention``); wildcards name the model and the condition.
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.analysis.attention import attention_job
 from verbmirage.joblog import job_log
 

@@ -6,6 +6,10 @@ Settings: ``params.qsets`` (the table's set order), ``params.models`` (slug -> e
 (figure -> path), ``params.condition``, ``params.bootstrap`` (the ``metrics:`` block: resamples, level, seed).
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.analysis.attention import collect_attention
 from verbmirage.analysis.attention_figures import draw_attention_figures
 from verbmirage.analysis.attention_summary import summarize_attention

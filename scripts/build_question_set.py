@@ -4,6 +4,10 @@ Input: ``anno``. Output: the question table (schema ``verbmirage.io.QUESTIONS``)
 Settings: ``params.settings`` (config key ``questions``); wildcard ``qset``.
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.hico import load_hico
 from verbmirage.io import QUESTIONS, write_table
 from verbmirage.joblog import job_log

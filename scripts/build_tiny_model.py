@@ -1,5 +1,9 @@
 """Build one tiny random-weight model (``wildcards.family``) into the output folder."""
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.joblog import job_log
 from verbmirage.tiny import BUILDERS
 

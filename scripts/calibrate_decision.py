@@ -8,6 +8,10 @@ Settings: as for predict_suite (``params.model``, ``params.variant``, ``params.b
 decoded past the first answer token (only the scores count).
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.decisions import calibrate
 from verbmirage.joblog import job_log
 

@@ -5,6 +5,10 @@ Settings: ``params.settings`` (config key ``questions``: protocol and seed), ``p
 training images: ``variants.<slug>.decision.calibration_images``); wildcard ``qset``.
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.decisions import build_calibration_set
 from verbmirage.hico import load_hico
 from verbmirage.io import QUESTIONS, write_table

@@ -5,6 +5,10 @@ Outputs: ``frames`` (folder), ``table`` (one row per frame, with ``error``).
 Settings: ``params.root``, ``params.split``.
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from pathlib import Path
 
 from verbmirage.charades import extract_frames, frame_table, load_split, video_pairs

@@ -4,6 +4,10 @@ Input: the frame table. Output: the question table. Settings: ``params.root``
 (class files), ``params.seed``, ``params.mc_options``.
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from pathlib import Path
 
 import pandas as pd

@@ -3,6 +3,10 @@
 Input: the annotations (class files and ``CharadesEgo_v1_train.csv``). Output: the statistics table.
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from pathlib import Path
 
 from verbmirage.charades import load_split, load_vocabulary, training_frequencies

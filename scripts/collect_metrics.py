@@ -1,5 +1,9 @@
 """Concatenate the metric parts into the long table ``results/metrics/metrics.parquet``."""
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 import pandas as pd
 
 from verbmirage.io import METRICS, read_table, write_table

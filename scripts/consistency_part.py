@@ -5,6 +5,10 @@ order), optional ``images`` (the folders of partial conditions such as ``crop``:
 images are compared). Output: metric rows under condition ``<reference>_vs_<other>``.
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.io import METRICS, write_table
 from verbmirage.joblog import job_log
 from verbmirage.metrics import BootstrapSettings, consistency_run

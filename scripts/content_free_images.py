@@ -6,6 +6,10 @@ Settings: ``params.root`` (the HICO folder), ``params.images`` (how many: ``deci
 ``params.seed`` (``questions.seed``).
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.decisions import write_content_free_images
 from verbmirage.hico import load_hico
 from verbmirage.joblog import job_log

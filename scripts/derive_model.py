@@ -5,6 +5,10 @@ LURE-format pairs file for Nullu). Output: the model folder (``results/models/<s
 ``params.derive`` (method, base, method settings), ``params.base`` (the base entry as its jobs load it).
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.derived import build_derived
 from verbmirage.joblog import job_log
 

@@ -4,6 +4,10 @@ Inputs: the members' prediction tables, set by set (``params.qsets``), members i
 Outputs: the ensemble's prediction tables, in ``params.qsets`` order.
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.ensembles import majority_vote
 from verbmirage.io import PREDICTIONS, read_table, write_table
 from verbmirage.joblog import job_log

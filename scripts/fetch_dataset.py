@@ -6,6 +6,10 @@ sha256 that were unpacked (or the folder that is used in place). Settings: ``par
 max_members), ``params.archive`` (where a downloaded archive is kept), ``params.target``.
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 import json
 import sys
 from pathlib import Path

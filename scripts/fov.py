@@ -7,6 +7,10 @@ first is the reference), ``params.token_models`` (models with token probabilitie
 (config ``metrics``).
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.analysis.fov import fov_tables
 from verbmirage.image_tags import IMAGE_TAGS
 from verbmirage.io import FOV, FOV_ROWS, PREDICTIONS, QUESTIONS, read_table, write_table

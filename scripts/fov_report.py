@@ -5,6 +5,10 @@ as Parquet, Markdown and HTML, and ``fig10_fov.png``. Settings: ``params.models`
 ``params.skipped`` (without), ``params.notes`` (per-model figure notes), ``params.variant`` (the one Fig. 10 shows).
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.analysis.fov import PAPER_NOTE, fov_report_table
 from verbmirage.analysis.uncertainty_figures import draw_fov_figure
 from verbmirage.io import FOV, FOV_ROWS, read_table, write_html, write_markdown

@@ -4,6 +4,10 @@ Inputs: ``anno`` (HICO), ``boxes`` (anno_bbox.mat or instances_test2015.json). O
 Settings: ``params.root``, ``params.det_root``, ``params.settings`` (config ``subsets``).
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.hico import load_hico, read_hico_det
 from verbmirage.image_tags import IMAGE_TAGS, TagSettings, image_tags
 from verbmirage.io import write_table

@@ -8,6 +8,10 @@ map_voc11 for all / rare / non_rare). Settings: ``params.runs`` ("condition/mode
 ``params.settings`` (analysis.known_object, checked), ``params.det_root``, ``params.images``.
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.analysis.known_object import known_object_job
 from verbmirage.joblog import job_log
 

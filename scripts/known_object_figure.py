@@ -5,6 +5,10 @@ Output: one PNG, drawn from those tables only. Settings: ``params.reference``, `
 ``params.models`` (slug -> entry: backends for the paper's marks, tiny models noted as random).
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.analysis.known_object import draw_known_object_figure
 from verbmirage.io import KNOWN_OBJECT_AP, METRICS, read_table
 from verbmirage.joblog import job_log

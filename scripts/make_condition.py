@@ -8,6 +8,10 @@ Settings: ``params.root`` (where ``image`` paths are relative to),
 ``params.settings`` (config ``conditions.<slug>``), ``params.seed``.
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.conditions import apply_condition
 from verbmirage.image_tags import IMAGE_TAGS, single_instance_boxes
 from verbmirage.io import QUESTIONS, read_table

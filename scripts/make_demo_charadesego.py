@@ -1,5 +1,9 @@
 """Write the demo CharadesEgo (annotations and paired videos). Settings: ``params.pairs``, ``params.seed``."""
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from pathlib import Path
 
 from verbmirage.charades import write_demo_charadesego

@@ -4,6 +4,10 @@ Outputs: ``anno`` (anno.mat), ``images`` (folder), ``bbox`` (anno_bbox.mat).
 Settings: ``params.demo`` (train_images, test_images, seed).
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from pathlib import Path
 
 from verbmirage.demo import DemoSizes, write_demo_hico

@@ -4,6 +4,10 @@ Outputs: the samples pickle, topology, node index, Label2Node JSON and the Image
 Settings: ``params.seed``.
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from pathlib import Path
 
 from verbmirage.derived.pangea import write_demo_pangea

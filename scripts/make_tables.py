@@ -7,6 +7,10 @@ Settings: ``params.models`` (row order), ``params.ensembles``, ``params.consiste
 ``params.variants``, ``params.paper_names`` (slug -> the paper's model name), ``params.variant_paper_names``.
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from pathlib import Path
 
 from verbmirage.io import read_table, write_html, write_markdown

@@ -5,6 +5,10 @@ run's inference jobs), optional ``images`` (the condition folder of a partial co
 the questions on its images are expected). Outputs: the prediction tables, in ``params.qsets`` order.
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.conditions import condition_questions
 from verbmirage.inference import merge_suite_shards, suite_table
 from verbmirage.io import PREDICTIONS, QUESTIONS, read_provenance, read_table, write_table

@@ -6,6 +6,10 @@ as ``crop``: only the questions on its images count). Output: long-format metric
 Settings: ``params.qsets``, ``params.settings`` (config ``metrics``).
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.image_tags import IMAGE_TAGS
 from verbmirage.io import METRICS, read_table, write_table
 from verbmirage.joblog import job_log

@@ -8,6 +8,10 @@ Settings: ``params.models`` (row order), ``params.paper_names`` (slug -> the pap
 ``params.paper_methods`` (slug -> its Table 5 row), ``params.variant_paper_names``.
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.io import (
     DECODING_TABLE8,
     METRICS,

@@ -9,6 +9,10 @@ Settings: ``params.settings`` (config ``analysis.object_reliance``), ``params.mo
 ``params.variant``.
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.analysis.object_reliance import RelianceSettings, object_reliance
 from verbmirage.conditions import condition_questions
 from verbmirage.hico import load_hico

@@ -7,6 +7,10 @@ Settings: ``params.models`` (bar-group order), ``params.paper_names`` (slug -> p
 ``params.paper_variant`` (the marks), ``params.pair`` (Fig. 4(b)'s conditions).
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.analysis.paper_figures import draw_paper_figures, figure_note
 from verbmirage.io import METRICS, read_table
 from verbmirage.joblog import job_log

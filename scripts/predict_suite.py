@@ -8,6 +8,10 @@ Output: a folder with ``<qset>.parquet`` per set. Settings: ``params.qsets``,
 condition's settings, part of the resume fingerprint); wildcards name the model and the shard.
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.inference import run_suite
 from verbmirage.joblog import job_log
 

@@ -3,6 +3,10 @@
 Inputs: every question table. Outputs: ``parquet`` and ``markdown``.
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.io import QUESTION_COUNTS, read_table, write_markdown, write_table
 from verbmirage.joblog import job_log
 from verbmirage.questions import question_counts

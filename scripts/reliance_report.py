@@ -7,6 +7,10 @@ Settings: ``params.models``, ``params.figure_model``, ``params.condition``, ``pa
 ``params.min_questions``, ``params.notes`` (model -> a line printed under the figure title).
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.analysis.object_reliance import (
     draw_fig15,
     iou_matrix,

@@ -3,6 +3,10 @@
 Input: ``anno``. Output: a table (kind, verb, object, positives, total, p_yes).
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.hico import load_hico
 from verbmirage.joblog import job_log
 from verbmirage.models.baselines import training_frequencies

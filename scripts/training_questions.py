@@ -5,6 +5,10 @@ Outputs: ``questions`` (io.QUESTIONS), ``sources`` (io.PANGEA_SOURCES), ``summar
 paper's numbers). Settings: ``params.settings`` (the entry's ``derive.pangea`` block).
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.derived.pangea import PangeaFiles, TrainingQuestionSettings, write_training_questions
 from verbmirage.joblog import job_log
 

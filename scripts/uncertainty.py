@@ -6,6 +6,10 @@ model, variant, condition, qset, questions, predictions). Outputs: ``hist`` (``i
 Settings: ``params.settings`` (``analysis.uncertainty``), ``params.bootstrap`` (config ``metrics``).
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.analysis.uncertainty import uncertainty_tables
 from verbmirage.io import METRICS, PREDICTIONS, QUESTIONS, UNCERTAINTY_HIST, read_table, write_table
 from verbmirage.joblog import job_log

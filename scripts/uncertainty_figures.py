@@ -6,6 +6,10 @@ Input: ``uncertainty_hist.parquet``. Outputs: one PNG per figure. Settings: ``pa
 ``params.condition``.
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.analysis.uncertainty_figures import draw_uncertainty_figures
 from verbmirage.io import UNCERTAINTY_HIST, read_table
 from verbmirage.joblog import job_log

@@ -7,6 +7,10 @@ drawn from the two tables as written. Settings: ``params.bins`` (``analysis.vcd_
 ``params.paper_names`` (slug -> the paper's model name), ``params.notes`` (slug -> a note under the title).
 """
 
+from verbmirage.jobserver import delegate
+
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+
 from verbmirage.analysis.vcd_divergence import (
     divergence_report_table,
     draw_vcd_divergence_figure,

@@ -99,6 +99,15 @@ def test_demo_produces_metrics_and_tables(demo_run):
     assert tiny.parse_rule.str.startswith("greedy:").all()  # decoded answers (first token, else the continuation)
 
 
+def test_a_local_run_serves_its_jobs_from_the_warm_job_server(demo_run):
+    """config job_server (on): the server imported once and forked the jobs, model inference included; each
+    exited 0 (the run's other assertions check what they wrote)."""
+    served = re.findall(r"job pid \d+ tmp\w+\.(\w+)\.py: exit (\d+)", (demo_run / "logs/job_server.log").read_text())
+    scripts = {script for script, _ in served}
+    assert {"predict_suite", "merge_predictions", "metric_part", "make_tables"} <= scripts, scripts
+    assert all(status == "0" for _, status in served)
+
+
 def test_complete_run_has_nothing_left_to_do(demo_run):
     assert planned_jobs(demo_run) == []
 

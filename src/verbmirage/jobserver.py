@@ -1,0 +1,421 @@
+"""A warm process that runs a local workflow's jobs by forking, so no job pays Python's start-up and imports.
+
+Why: every Snakemake job is a new Python process. Importing torch and transformers takes 5-9 s, pandas, pyarrow
+and scipy 1-2 s; on the demo (about 180 jobs on 2 cores) that start-up was as long as the jobs' own work. Here
+one server process imports all of it once (``PRELOAD``); each job script's first line (``delegate()``) hands the
+job to it. The server forks a child that takes over the job's stdin, stdout and stderr (passed over a Unix
+socket), working directory, environment and command line, and runs the very script Snakemake wrote (its
+preamble included), so a job runs the same code either way. The script's process waits and exits with the
+child's status; a signal it gets is passed on, and if it dies the child is stopped.
+
+Nothing depends on the server: without one (cluster jobs, ``job_server: false``, a server still importing,
+another host) ``delegate()`` returns at once and the job runs in its own process as before. The Snakefile starts
+the server in ``onstart`` for local runs only and stops it when the run ends; it also exits when the Snakemake
+process that started it goes away. Nothing exists that fits (nailgun-style servers are for the JVM;
+``multiprocessing``'s forkserver cannot take over another process's terminal and exit status), hence this
+module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import pickle
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+#: The environment variable naming the server of this run: ``<host>:<socket path>`` (jobs inherit it).
+ENV_VAR = "VERBMIRAGE_JOB_SERVER"
+
+#: Modules the server imports before it serves (what the job scripts import; the transformers classes the model
+#: backends and tiny models load by name). A module that fails to import is logged and left to the jobs.
+PRELOAD = (
+    "snakemake.script",
+    "numpy",
+    "pandas",
+    "pyarrow.parquet",
+    "scipy.io",
+    "scipy.stats",
+    "sklearn.metrics",
+    "PIL.Image",
+    "tqdm",
+    "yaml",
+    "matplotlib",
+    "matplotlib.pyplot",
+    "torch",
+    "transformers",
+    "peft",
+    "verbmirage.*",
+)
+#: transformers loads these lazily by attribute; touching them imports their modules.
+TRANSFORMERS_NAMES = (
+    "AutoConfig", "AutoProcessor", "AutoTokenizer", "AutoImageProcessor", "PreTrainedTokenizerFast",
+    "LlavaForConditionalGeneration", "LlavaProcessor", "LlavaConfig", "LlamaConfig", "CLIPVisionConfig",
+    "CLIPImageProcessor", "CLIPModel", "CLIPProcessor", "CLIPTokenizer",
+    "CLIPTokenizerFast", "InstructBlipForConditionalGeneration", "InstructBlipProcessor", "BlipImageProcessor",
+    "BertTokenizerFast", "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor", "Qwen2VLImageProcessor",
+    "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor", "LogitsProcessorList", "TemperatureLogitsWarper",
+    "TopKLogitsWarper", "TopPLogitsWarper", "Trainer",
+)
+_STATUS = struct.Struct("!i")
+_PID = struct.Struct("!i")
+_MAX_REQUEST = 64 << 20
+_serving = False  # True inside a job the server forked: delegate() then runs the script here
+log = logging.getLogger(__name__)
+
+
+# ---- the job's side -----------------------------------------------------------------------------------------
+
+
+def delegate() -> None:
+    """Run this job script in the run's job server and exit with its status; return when there is no server.
+
+    Call it first in a workflow script, before the heavy imports. It returns (the job then runs here) when no
+    server is named, the server is on another host or not listening yet, or inside the server's own child.
+    """
+    if _serving:
+        return
+    address = os.environ.get(ENV_VAR, "")
+    host, _, path = address.partition(":")
+    if not path or host != socket.gethostname():
+        return
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.connect(path)
+        pid = _hand_over(connection)
+    except OSError:
+        connection.close()
+        return  # not listening (yet), or it could not take the job: run here
+    status = _wait_for(connection, pid)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # the job ran elsewhere: nothing of this process's own should run at exit
+
+
+def _hand_over(connection: socket.socket) -> int:
+    """Send the job (streams, directory, environment, command line); return the pid of the process running it."""
+    request = pickle.dumps({
+        "argv": sys.argv, "cwd": os.getcwd(), "env": dict(os.environ), "path": list(sys.path),
+        "installation": _installation(),
+    })
+    socket.send_fds(connection, [struct.pack("!Q", len(request))], [0, 1, 2])
+    connection.sendall(request)
+    pid = _read_struct(connection, _PID)
+    if not pid:
+        raise OSError("the job server did not take the job (another Python environment or package copy)")
+    return pid
+
+
+def _installation() -> tuple[str, str]:
+    """What must match for the server's imports to be the job's: the Python environment and this package's copy
+    (a rule's ``conda:`` environment or another checkout runs its jobs itself)."""
+    return sys.prefix, os.path.realpath(__file__)
+
+
+def _wait_for(connection: socket.socket, pid: int) -> int:
+    """The job's exit status; signals to this process go to the job meanwhile."""
+
+    def forward(signum, _frame):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, forward)
+    with connection:
+        status = _read_struct(connection, _STATUS)
+    if status is None:
+        sys.stderr.write(f"verbmirage job server: the job (pid {pid}) ended without a status\n")
+        return 1
+    return status
+
+
+def _read_struct(connection: socket.socket, layout: struct.Struct) -> int | None:
+    data = b""
+    while len(data) < layout.size:
+        try:
+            chunk = connection.recv(layout.size - len(data))
+        except InterruptedError:
+            continue
+        if not chunk:
+            return None
+        data += chunk
+    return layout.unpack(data)[0]
+
+
+# ---- the server's side --------------------------------------------------------------------------------------
+
+
+def preload(names=PRELOAD, transformers_names=TRANSFORMERS_NAMES) -> list[str]:
+    """Import ``names`` (``pkg.*``: the package and all its modules); return the ones that failed."""
+    import pkgutil
+
+    failed = []
+    for name in names:
+        targets = [name]
+        if name.endswith(".*"):
+            package = name[:-2]
+            try:
+                module = importlib.import_module(package)
+            except Exception:  # noqa: BLE001 - a missing optional package is the jobs' business
+                failed.append(package)
+                continue
+            targets = [info.name for info in pkgutil.walk_packages(module.__path__, package + ".")]
+        for target in targets:
+            try:
+                importlib.import_module(target)
+            except Exception:  # noqa: BLE001
+                failed.append(target)
+    if "transformers" in sys.modules:
+        for attribute in transformers_names:
+            try:
+                getattr(sys.modules["transformers"], attribute)
+            except Exception:  # noqa: BLE001
+                failed.append(f"transformers.{attribute}")
+    return failed
+
+
+def serve(path: str | Path, parent_pid: int | None = None, names=PRELOAD, poll_seconds: float = 1.0) -> None:
+    """Import ``names``, then fork a child per connection at ``path`` until SIGTERM or ``parent_pid`` exits."""
+    started = time.perf_counter()
+    failed = preload(names)
+    log.info("imported %d modules in %.1f s%s", len(sys.modules), time.perf_counter() - started,
+             f" (not importable: {', '.join(failed)})" if failed else "")
+    stopping = False
+
+    def stop(_signum, _frame):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(64)
+    children: set[int] = set()
+    try:
+        while not stopping and (parent_pid is None or os.getppid() == parent_pid):
+            with contextlib.suppress(InterruptedError):
+                ready, _, _ = select.select([listener], [], [], poll_seconds)
+                if ready:
+                    connection, _ = listener.accept()
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    pid = os.fork()
+                    if pid == 0:
+                        listener.close()
+                        os._exit(_child(connection))
+                    connection.close()
+                    children.add(pid)
+            children -= {pid for pid in list(children) if _reaped(pid)}
+    finally:
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    log.info("stopped")
+
+
+def _reaped(pid: int) -> bool:
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:
+        return True
+
+
+def _child(connection: socket.socket) -> int:
+    """Run one job in this forked process; return its exit status (also sent to the waiting script)."""
+    global _serving
+    _serving = True
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        header, fds, _flags, _address = socket.recv_fds(connection, 8, 3)
+        (size,) = struct.unpack("!Q", header)
+        if len(fds) != 3 or size > _MAX_REQUEST:
+            return 1
+        request = pickle.loads(_read_exactly(connection, size))
+        if request.get("installation") != _installation():
+            connection.sendall(_PID.pack(0))
+            return 0
+        server_log = os.fdopen(os.dup(2), "w", buffering=1)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        connection.sendall(_PID.pack(os.getpid()))
+    except (OSError, ValueError, pickle.UnpicklingError, struct.error):
+        return 1
+    finished = threading.Event()
+    _stop_when_orphaned(connection, finished)
+    started = time.perf_counter()
+    status = _run_job(request)
+    finished.set()
+    with contextlib.suppress(OSError):
+        connection.sendall(_STATUS.pack(status))
+    with contextlib.suppress(OSError):
+        server_log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} job pid {os.getpid()} "
+                         f"{Path(request['argv'][0]).name}: exit {status} after {time.perf_counter() - started:.1f} s\n")
+    return status
+
+
+def _read_exactly(connection: socket.socket, size: int) -> bytes:
+    chunks, left = [], size
+    while left:
+        chunk = connection.recv(min(left, 1 << 20))
+        if not chunk:
+            raise OSError("the job script closed the connection")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _run_job(request: dict) -> int:
+    """Become the job's process (directory, environment, streams, threads) and run its script as ``__main__``."""
+    import runpy
+
+    os.chdir(request["cwd"])
+    environment = dict(request["env"])
+    environment.pop(ENV_VAR, None)  # processes the job starts run their own scripts themselves
+    os.environ.clear()
+    os.environ.update(environment)
+    sys.path[:] = request["path"]
+    sys.argv[:] = request["argv"]
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the job's own streams, for the rest of this process
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    _set_threads(environment)
+    _fresh_global_random_state()
+    try:
+        runpy.run_path(request["argv"][0], run_name="__main__")
+        status = 0
+    except SystemExit as exit_:
+        status = _exit_status(exit_.code)
+    except BaseException:  # noqa: BLE001 - as Python itself would: print the traceback, exit 1
+        traceback.print_exc()
+        status = 1
+    with contextlib.suppress(Exception):
+        logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    return status
+
+
+def _exit_status(code) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _stop_when_orphaned(connection: socket.socket, finished: threading.Event, grace_seconds: float = 10.0):
+    """Stop this job when the script's process that waits for it is gone (killed by Snakemake or a user):
+    SIGTERM first, as Snakemake would send, then SIGKILL after ``grace_seconds``."""
+
+    def watch():
+        with contextlib.suppress(OSError):
+            while connection.recv(1):
+                pass
+        if finished.is_set():
+            return
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_seconds)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="verbmirage-job-watch", daemon=True).start()
+
+
+def _set_threads(environment: dict) -> None:
+    """The job's thread count (Snakemake sets OMP_NUM_THREADS to the rule's threads); the server imported
+    torch and the BLAS libraries before that was known."""
+    try:
+        threads = int(environment.get("OMP_NUM_THREADS", ""))
+    except ValueError:
+        return
+    if threads < 1:
+        return
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+    with contextlib.suppress(ImportError):
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(threads)
+
+
+def _fresh_global_random_state() -> None:
+    """A new process seeds numpy's legacy global generator and torch's default one from entropy; every fork
+    would otherwise share the server's state (``random`` reseeds itself after a fork)."""
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    if "torch" in sys.modules:
+        sys.modules["torch"].seed()
+
+
+# ---- the run's side (the Snakefile) -------------------------------------------------------------------------
+
+
+def start(log_path: str | Path, preload: tuple[str, ...] = PRELOAD) -> subprocess.Popen:
+    """Start a server for this run, named in ``os.environ`` so that the jobs Snakemake starts find it.
+
+    The server logs to ``log_path``; it serves once its imports are done (jobs before that run on their own).
+    """
+    directory = tempfile.mkdtemp(prefix="verbmirage-jobs-")  # short: a socket path has at most 107 bytes
+    path = os.path.join(directory, "socket")
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("a") as stream:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "verbmirage.jobserver", path, "--parent", str(os.getpid()),
+             "--preload", ",".join(preload)],
+            stdin=subprocess.DEVNULL, stdout=stream, stderr=subprocess.STDOUT,
+        )
+    process.socket_path, process.log_path = path, log_path
+    os.environ[ENV_VAR] = f"{socket.gethostname()}:{path}"
+    return process
+
+
+def stop(process: subprocess.Popen | None, timeout: float = 10.0) -> None:
+    """Stop a server from ``start`` (jobs still running keep running) and forget its name."""
+    if process is None:
+        return
+    os.environ.pop(ENV_VAR, None)
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    with contextlib.suppress(OSError):
+        os.unlink(process.socket_path)
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.dirname(process.socket_path))
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("socket", help="the Unix socket path to serve at")
+    parser.add_argument("--parent", type=int, help="exit when this process (the Snakemake run) is gone")
+    parser.add_argument("--preload", default=",".join(PRELOAD), help="modules to import first, comma-separated")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s job server: %(message)s")
+    serve(args.socket, parent_pid=args.parent, names=tuple(filter(None, args.preload.split(","))))
+
+
+if __name__ == "__main__":
+    import verbmirage.jobserver  # the module the jobs import: its `_serving` is the flag that counts
+
+    verbmirage.jobserver.main()

@@ -1,0 +1,192 @@
+"""The local job server: a real server process forks real job scripts over a Unix socket (no Snakemake needed).
+
+A job must behave as if it ran in its own process: its streams, status, directory, command line, environment and
+thread count; and it must not outlive the script waiting for it. Without a usable server the script runs itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from verbmirage import jobserver
+
+SRC = str(Path(jobserver.__file__).resolve().parents[1])
+
+JOB = """\
+import json, os, sys
+from verbmirage.jobserver import delegate
+
+preloaded = "torch" in sys.modules
+delegate()
+preloaded = preloaded or "torch" in sys.modules
+import numpy, torch
+
+record = {
+    "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "argv": sys.argv,
+    "marker": os.environ.get("JOB_MARKER"), "server_named": "VERBMIRAGE_JOB_SERVER" in os.environ,
+    "torch_preloaded": preloaded, "threads": torch.get_num_threads(),
+    "torch_rand": torch.rand(3).tolist(), "numpy_global": float(numpy.random.random()),
+}
+print(json.dumps(record))
+print("to stderr", file=sys.stderr)
+mode = sys.argv[1] if len(sys.argv) > 1 else "ok"
+if mode == "raise":
+    raise RuntimeError("the job failed")
+if mode.isdigit():
+    sys.exit(int(mode))
+"""
+
+SLOW_JOB = """\
+import os, signal, sys, time
+from pathlib import Path
+from verbmirage.jobserver import delegate
+
+delegate()
+here = Path(sys.argv[1])
+
+def stopped(signum, frame):
+    (here / "terminated").write_text(str(os.getpid()))
+    sys.exit(7)
+
+signal.signal(signal.SIGTERM, stopped)
+(here / "started").write_text(str(os.getpid()))
+time.sleep(60)
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A server that preloads numpy and torch; named in this process's environment while the module runs."""
+    log = tmp_path_factory.mktemp("server") / "job_server.log"
+    process = jobserver.start(log, preload=("numpy", "torch", "verbmirage.jobserver"))
+    _wait_until(lambda: os.path.exists(process.socket_path), 120, "the server to listen")
+    yield process
+    jobserver.stop(process)
+    assert process.returncode == 0
+    assert not os.path.exists(process.socket_path)
+
+
+def _wait_until(condition, seconds, what):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _environment(**extra) -> dict:
+    return dict(os.environ, PYTHONPATH=SRC, OMP_NUM_THREADS="1", **extra)
+
+
+def _run(script: Path, *args, cwd: Path, env: dict, python: str = sys.executable):
+    result = subprocess.run([python, str(script), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                            timeout=120)
+    record = json.loads(result.stdout.splitlines()[0]) if result.stdout.startswith("{") else None
+    return result, record
+
+
+def test_a_job_runs_in_a_fork_of_the_server_as_if_in_its_own_process(server, tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    work = tmp_path / "work"
+    work.mkdir()
+    result, record = _run(script, "ok", cwd=work, env=_environment(JOB_MARKER="m1"))
+    assert result.returncode == 0, result.stderr
+    assert record["ppid"] == server.pid  # forked by the server, not started by us
+    assert record["torch_preloaded"]
+    assert record["cwd"] == str(work) and record["argv"] == [str(script), "ok"] and record["marker"] == "m1"
+    assert not record["server_named"]  # processes the job starts run their own scripts
+    assert record["threads"] == 1  # OMP_NUM_THREADS of the job, not of the server
+    assert result.stderr == "to stderr\n"
+
+    alone, own = _run(script, "ok", cwd=work, env=_environment(VERBMIRAGE_JOB_SERVER=""))
+    assert alone.returncode == 0 and own["ppid"] == os.getpid() and not own["torch_preloaded"]
+    again = _run(script, "ok", cwd=work, env=_environment())[1]
+    assert again["ppid"] == server.pid
+    # Unseeded global generators start from entropy in every job, as in new processes, not from the server's state.
+    assert again["numpy_global"] != record["numpy_global"] and again["torch_rand"] != record["torch_rand"]
+
+
+def test_exit_status_and_traceback_reach_the_caller(server, tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    result, record = _run(script, "3", cwd=tmp_path, env=_environment())
+    assert result.returncode == 3 and record["ppid"] == server.pid
+    result, record = _run(script, "raise", cwd=tmp_path, env=_environment())
+    assert result.returncode == 1 and record["ppid"] == server.pid
+    assert "RuntimeError: the job failed" in result.stderr and "Traceback" in result.stderr
+    served = Path(server.log_path).read_text()  # the server logs every job it ran
+    assert "job.py: exit 3" in served and "job.py: exit 1" in served
+
+
+def test_without_a_usable_server_the_script_runs_itself(server, tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    path = os.environ[jobserver.ENV_VAR].partition(":")[2]
+    for name in (f"another-host:{path}", f"{os.uname().nodename}:{tmp_path / 'no-socket'}"):
+        result, record = _run(script, cwd=tmp_path, env=_environment(VERBMIRAGE_JOB_SERVER=name))
+        assert result.returncode == 0 and record["ppid"] == os.getpid(), name
+    # Another Python environment (the base interpreter, not this venv): the server declines and it runs itself.
+    base = Path(sys.base_prefix) / "bin" / "python3"
+    if base.resolve() != Path(sys.executable).resolve() or sys.prefix != sys.base_prefix:
+        probe = tmp_path / "probe.py"
+        probe.write_text("import os, sys\nfrom verbmirage.jobserver import delegate\ndelegate()\n"
+                         "print(os.getppid(), sys.prefix)\n")
+        result = subprocess.run([str(base), str(probe)], env=_environment(), capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert int(result.stdout.split()[0]) == os.getpid()
+
+
+def test_killing_the_waiting_script_stops_the_job(server, tmp_path):
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_JOB)
+    waiting = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=_environment())
+    _wait_until((tmp_path / "started").exists, 60, "the job to start")
+    job_pid = int((tmp_path / "started").read_text())
+    assert job_pid != waiting.pid
+    waiting.send_signal(signal.SIGKILL)  # what a user's kill -9 or a dying Snakemake leaves behind
+    waiting.wait()
+    _wait_until((tmp_path / "terminated").exists, 30, "the orphaned job to get SIGTERM")
+    assert int((tmp_path / "terminated").read_text()) == job_pid
+
+
+def test_a_signal_to_the_script_reaches_the_job(server, tmp_path):
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_JOB)
+    waiting = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=_environment())
+    _wait_until((tmp_path / "started").exists, 60, "the job to start")
+    waiting.send_signal(signal.SIGTERM)  # Snakemake stopping its jobs
+    assert waiting.wait(timeout=30) == 7  # the job's own handler ran and its status came back
+    assert (tmp_path / "terminated").read_text() == (tmp_path / "started").read_text()
+
+
+def test_the_server_exits_when_the_run_that_started_it_is_gone(tmp_path):
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from verbmirage import jobserver\n"
+         f"p = jobserver.start({str(tmp_path / 'log')!r}, preload=())\n"
+         "print(p.pid, p.socket_path, flush=True); time.sleep(120)"],
+        env=_environment(), stdout=subprocess.PIPE, text=True,
+    )
+    server_pid, socket_path = parent.stdout.readline().split()
+    _wait_until(lambda: os.path.exists(socket_path), 60, "the server to listen")
+    parent.kill()  # Snakemake killed: no onsuccess/onerror hook runs
+    parent.wait()
+    _wait_until(lambda: not _alive(int(server_pid)), 30, "the server to notice")
+    assert not os.path.exists(socket_path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")  # a zombie has exited; whoever adopted it may not have reaped it yet
