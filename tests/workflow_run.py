@@ -33,6 +33,7 @@ def run_api(workdir: Path) -> None:
         DAGSettings,
         OutputSettings,
         ResourceSettings,
+        SchedulingSettings,
     )
 
     with SnakemakeApi(OutputSettings()) as api:
@@ -42,7 +43,8 @@ def run_api(workdir: Path) -> None:
             snakefile=REPO / "Snakefile",
             workdir=workdir,
         )
-        workflow.dag(dag_settings=DAGSettings()).execute_workflow(executor="local")
+        workflow.dag(dag_settings=DAGSettings()).execute_workflow(
+            executor="local", scheduling_settings=SchedulingSettings(scheduler="greedy"))  # as tools/demo.sh
 
 
 def planned_jobs(workdir: Path) -> list[tuple[str, dict]]:

@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
-exec .venv/bin/snakemake --cores "${CORES:-2}" "$@"
+# greedy: Snakemake's default ILP scheduler runs a solver at every scheduling round; with the demo's ~180 short
+# jobs on 2 cores that took 30-50 s of the run (docs/models.md, "Demo and CI time").
+exec .venv/bin/snakemake --cores "${CORES:-2}" --scheduler greedy "$@"

@@ -939,10 +939,11 @@ class TransformersVLM(LogitsVLM):
         """A stepper over ``items``: on the cached image prefixes (any prompt lengths), else whole prompts."""
         opened = self._open_rows(items, noised)
         if not opened.fallback:
-            rows = [i for i in range(len(items)) for _ in range(repeats)]
+            rows = list(range(len(items)))
             prefixes, image_of_row = opened.prefixes_of(rows)
             stepper = _PrefixStepper(self, self._rows_cache(prefixes, image_of_row), opened.prefix_length[0],
                                      [opened.suffix[i] for i in rows], prefixes[0].extra)
+            stepper.repeat(repeats)  # each prompt runs once; its beams start from copies of its cache
             return stepper.first, stepper
         image_path, image, _ = items[0]
         encoded = self.encode_shared_image([text for *_, text in items], image)
@@ -998,6 +999,15 @@ class _PrefixStepper:
         positions = (prefix_length + columns[None] - (width - lengths)[:, None]).clamp(min=prefix_length)
         slots = torch.arange(prefix_length, self.length, device=device)
         self.first = vlm._suffix_forward(input_ids, self.mask, self.cache, slots, positions, extra)[:, -1].float()
+
+    def repeat(self, times: int) -> None:
+        """Each row ``times`` times in a row (beams of one question), cache included."""
+        if times == 1:
+            return
+        rows = torch.arange(len(self.prompt_lengths), device=self.vlm.device).repeat_interleave(times)
+        self.reorder(rows)
+        self.first = self.first[rows]
+        self.prompt_lengths = [length for length in self.prompt_lengths for _ in range(times)]
 
     def advance(self, tokens: torch.Tensor) -> torch.Tensor:
         device = self.vlm.device
