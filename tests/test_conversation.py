@@ -113,3 +113,22 @@ def test_conversation_setting_is_checked(tiny_dirs):
                                          r"for backend 'qwen2_vl'"):
         create_model("q", {"backend": "qwen2_vl", "path": str(tiny_dirs["qwen2_vl"]), "local_files_only": True,
                            "conversation": "llava_v1"})
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl", "qwen2_5_vl"])
+def test_chat_template_frame_renders_like_the_template(tiny_dirs, family):
+    """Prompts are the template's frame around the text: equal to apply_chat_template on YN, MC (line breaks)
+    and free text; a template that changes the text is used as is."""
+    entry = {"backend": family, "path": str(tiny_dirs[family]), "local_files_only": True}
+    model = create_model("m", entry)
+    texts = ["Is someone riding a horse?\nAnswer yes or no.", "What is the person doing with the bicycle?\n"
+             "A. repairing\nB. riding\nC. washing\nD. carrying\nAnswer with the option's letter.", "Describe it.",
+             " padded text \n"]
+    assert model._chat_frame() is not None
+    for text in texts:
+        assert model.render_turn(text) == model._chat_turn(text), text
+
+    model.processor.chat_template = "USER: <image>{{ messages[0]['content'][1]['text'] | upper }} ASSISTANT:"
+    model._frame = False  # find the frame again
+    assert model._chat_frame() is None
+    assert model.render_turn(texts[0]) == "USER: <image>IS SOMEONE RIDING A HORSE?\nANSWER YES OR NO. ASSISTANT:"

@@ -190,3 +190,20 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state not in ("Z", "X")  # a zombie has exited; whoever adopted it may not have reaped it yet
+
+
+def test_a_job_that_starts_while_the_server_imports_waits_for_it(tmp_path, monkeypatch):
+    (tmp_path / "slow_to_import.py").write_text("import time\ntime.sleep(3)\n")
+    script = tmp_path / "job.py"
+    script.write_text("import os, sys\nfrom verbmirage.jobserver import delegate\ndelegate()\n"
+                      "print(os.getppid(), 'slow_to_import' in sys.modules)\n")
+    monkeypatch.setenv("PYTHONPATH", f"{SRC}{os.pathsep}{tmp_path}")
+    monkeypatch.delenv(jobserver.ENV_VAR, raising=False)  # restored afterwards for the module's server
+    process = jobserver.start(tmp_path / "log", preload=("slow_to_import",))
+    try:
+        _wait_until(lambda: os.path.exists(process.socket_path), 30, "the server to listen")
+        result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == [str(process.pid), "True"]  # served, after the server's imports
+    finally:
+        jobserver.stop(process)

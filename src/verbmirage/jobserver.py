@@ -8,8 +8,9 @@ socket), working directory, environment and command line, and runs the very scri
 preamble included), so a job runs the same code either way. The script's process waits and exits with the
 child's status; a signal it gets is passed on, and if it dies the child is stopped.
 
-Nothing depends on the server: without one (cluster jobs, ``job_server: false``, a server still importing,
-another host) ``delegate()`` returns at once and the job runs in its own process as before. The Snakefile starts
+Nothing depends on the server: without one (cluster jobs, ``job_server: false``, another host, another Python
+environment) ``delegate()`` returns at once and the job runs in its own process as before; jobs that start while
+the server still imports wait for it. The Snakefile starts
 the server in ``onstart`` for local runs only and stops it when the run ends; it also exits when the Snakemake
 process that started it goes away. Nothing exists that fits (nailgun-style servers are for the JVM;
 ``multiprocessing``'s forkserver cannot take over another process's terminal and exit status), hence this
@@ -82,7 +83,8 @@ def delegate() -> None:
     """Run this job script in the run's job server and exit with its status; return when there is no server.
 
     Call it first in a workflow script, before the heavy imports. It returns (the job then runs here) when no
-    server is named, the server is on another host or not listening yet, or inside the server's own child.
+    server is named, the server is on another host, not listening or gone, or declines the job (another Python
+    environment), and inside the server's own child.
     """
     if _serving:
         return
@@ -96,7 +98,7 @@ def delegate() -> None:
         pid = _hand_over(connection)
     except OSError:
         connection.close()
-        return  # not listening (yet), or it could not take the job: run here
+        return  # not listening, or it did not take the job: run here
     status = _wait_for(connection, pid)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -187,6 +189,11 @@ def preload(names=PRELOAD, transformers_names=TRANSFORMERS_NAMES) -> list[str]:
 
 def serve(path: str | Path, parent_pid: int | None = None, names=PRELOAD, poll_seconds: float = 1.0) -> None:
     """Import ``names``, then fork a child per connection at ``path`` until SIGTERM or ``parent_pid`` exits."""
+    # Listening first: jobs that start meanwhile wait for the imports (a job's own imports would compete with
+    # them for the same cores) instead of running themselves.
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(128)
     started = time.perf_counter()
     failed = preload(names)
     log.info("imported %d modules in %.1f s%s", len(sys.modules), time.perf_counter() - started,
@@ -198,9 +205,6 @@ def serve(path: str | Path, parent_pid: int | None = None, names=PRELOAD, poll_s
         stopping = True
 
     signal.signal(signal.SIGTERM, stop)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(path))
-    listener.listen(64)
     children: set[int] = set()
     try:
         while not stopping and (parent_pid is None or os.getppid() == parent_pid):
@@ -368,7 +372,7 @@ def _fresh_global_random_state() -> None:
 def start(log_path: str | Path, preload: tuple[str, ...] = PRELOAD) -> subprocess.Popen:
     """Start a server for this run, named in ``os.environ`` so that the jobs Snakemake starts find it.
 
-    The server logs to ``log_path``; it serves once its imports are done (jobs before that run on their own).
+    The server logs to ``log_path``; jobs that connect while it imports wait for it.
     """
     directory = tempfile.mkdtemp(prefix="verbmirage-jobs-")  # short: a socket path has at most 107 bytes
     path = os.path.join(directory, "socket")

@@ -446,8 +446,30 @@ class TransformersVLM(LogitsVLM):
         """One user turn (the image, then ``text``) and the opening of the answer, in the configured format."""
         if self.conversation != CHAT_TEMPLATE:
             return CONVERSATIONS[self.conversation].render(text, self.processor.image_token)
+        frame = self._chat_frame()
+        if frame is not None and text == text.strip():
+            return frame[0] + text + frame[1]
+        return self._chat_turn(text)
+
+    def _chat_turn(self, text: str) -> str:
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
         return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    #: Texts rendered to find the chat template's frame (sentence case, punctuation, a line break: as questions)
+    FRAME_PROBES = ("Is someone probing the frame?\nAnswer yes or no.", "Which one? A. first\nB. second")
+
+    def _chat_frame(self) -> tuple[str, str] | None:
+        """The text the chat template puts before and after a turn's text, so that rendering a prompt is a
+        concatenation (Jinja costs ~0.1 ms per prompt, twice per decoded question). Found from two probe texts;
+        None, and every prompt goes through the template, when the template changes them or frames them
+        differently. Texts with surrounding white space always go through it (templates often trim)."""
+        if getattr(self, "_frame", False) is False:
+            frames = set()
+            for probe in self.FRAME_PROBES:
+                rendered = self._chat_turn(probe)
+                frames.add(tuple(rendered.split(probe)) if rendered.count(probe) == 1 else None)
+            self._frame = frames.pop() if len(frames) == 1 else None
+        return self._frame
 
     def encode(self, texts: list[str], images: list[Image.Image], padding_side: str = "right"):
         """Processor call, padded on ``padding_side``, on the model's device."""
