@@ -862,7 +862,7 @@ class TransformersVLM(LogitsVLM):
         def run(rows: list[int]) -> list[list[int]]:
             if decoding_name == "opera":
                 return self._opera_rows([items[i] for i in rows], new_tokens)
-            first, stepper = self._open_stepper([items[i] for i in rows], beams)
+            first, stepper = self._open_stepper([items[i] for i in rows], beams, (opened, rows))
             if decoding_name == "beam":
                 return decoding.beam_search(first, stepper, beams, new_tokens, stop, variant.length_penalty)
             if decoding_name == "sample":
@@ -946,24 +946,25 @@ class TransformersVLM(LogitsVLM):
                     else [])
         return stop
 
-    def _open_stepper(self, items: list[tuple], repeats: int):
+    def _open_stepper(self, items: list[tuple], repeats: int, opened: tuple[_Rows, list[int]] | None = None):
         """First-position logits [rows, vocab] and the stepper of ``items`` ((image path, image, text): prompts
         on one prefix length, or of one image and one token length), each row repeated ``repeats`` times;
-        VCD: the contrasted pair of a clean and a noised stream."""
-        first, clean = self._stream(items, repeats, noised=False)
+        VCD: the contrasted pair of a clean and a noised stream. ``opened``: the items already tokenized, as
+        rows of an :meth:`_open_rows` result (saves tokenizing them again)."""
+        first, clean = self._stream(items, repeats, noised=False, opened=opened)
         if self.variant.vcd is None:
             return first, clean
         first_noised, noised = self._stream(items, repeats, noised=True)
         return (decoding.contrast(first, first_noised, self.variant.vcd),
                 decoding.ContrastedStepper(clean, noised, self.variant.vcd))
 
-    def _stream(self, items: list[tuple], repeats: int, noised: bool):
+    def _stream(self, items: list[tuple], repeats: int, noised: bool,
+                opened: tuple[_Rows, list[int]] | None = None):
         """A stepper over ``items``: on the cached image prefixes (any prompt lengths), else whole prompts."""
-        opened = self._open_rows(items, noised)
-        if not opened.fallback:
-            rows = list(range(len(items)))
+        opened, rows = opened or (self._open_rows(items, noised), list(range(len(items))))
+        if not any(opened.suffix[i] is None for i in rows):
             prefixes, image_of_row = opened.prefixes_of(rows)
-            stepper = _PrefixStepper(self, self._rows_cache(prefixes, image_of_row), opened.prefix_length[0],
+            stepper = _PrefixStepper(self, self._rows_cache(prefixes, image_of_row), opened.prefix_length[rows[0]],
                                      [opened.suffix[i] for i in rows], prefixes[0].extra)
             stepper.repeat(repeats)  # each prompt runs once; its beams start from copies of its cache
             return stepper.first, stepper
