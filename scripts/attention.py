@@ -8,7 +8,7 @@ Output: the job's ``io.ATTENTION`` table. Settings: ``params.model`` (the model 
 
 from verbmirage.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate(wait=True)  # a local run's warm job server runs this job (verbmirage.jobserver); it loads a model
 
 from verbmirage.analysis.attention import attention_job
 from verbmirage.joblog import job_log

@@ -2,7 +2,7 @@
 
 from verbmirage.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate(wait=True)  # a local run's warm job server runs this job (verbmirage.jobserver); it loads a model
 
 from verbmirage.joblog import job_log
 from verbmirage.tiny import BUILDERS

@@ -10,7 +10,7 @@ decoded past the first answer token (only the scores count).
 
 from verbmirage.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate(wait=True)  # a local run's warm job server runs this job (verbmirage.jobserver); it loads a model
 
 from verbmirage.decisions import calibrate
 from verbmirage.joblog import job_log

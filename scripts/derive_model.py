@@ -7,7 +7,7 @@ LURE-format pairs file for Nullu). Output: the model folder (``results/models/<s
 
 from verbmirage.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate(wait=True)  # a local run's warm job server runs this job (verbmirage.jobserver); it loads a model
 
 from verbmirage.derived import build_derived
 from verbmirage.joblog import job_log

@@ -10,7 +10,7 @@ condition's settings, part of the resume fingerprint); wildcards name the model 
 
 from verbmirage.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate(wait=True)  # a local run's warm job server runs this job (verbmirage.jobserver); it loads a model
 
 from verbmirage.inference import run_suite
 from verbmirage.joblog import job_log

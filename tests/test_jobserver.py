@@ -67,11 +67,11 @@ def server(tmp_path_factory):
     """A server that preloads numpy and torch; named in this process's environment while the module runs."""
     log = tmp_path_factory.mktemp("server") / "job_server.log"
     process = jobserver.start(log, preload=("numpy", "torch", "verbmirage.jobserver"))
-    _wait_until(lambda: os.path.exists(process.socket_path), 120, "the server to listen")
+    _wait_until(lambda: os.path.exists(process.ready_marker), 120, "the server's imports")
     yield process
     jobserver.stop(process)
     assert process.returncode == 0
-    assert not os.path.exists(process.socket_path)
+    assert not os.path.exists(process.socket_path) and not os.path.exists(process.ready_marker)
 
 
 def _wait_until(condition, seconds, what):
@@ -177,11 +177,11 @@ def test_the_server_exits_when_the_run_that_started_it_is_gone(tmp_path):
         env=_environment(), stdout=subprocess.PIPE, text=True,
     )
     server_pid, socket_path = parent.stdout.readline().split()
-    _wait_until(lambda: os.path.exists(socket_path), 60, "the server to listen")
+    _wait_until(lambda: os.path.exists(f"{socket_path}.ready"), 60, "the server's imports")
     parent.kill()  # Snakemake killed: no onsuccess/onerror hook runs
     parent.wait()
     _wait_until(lambda: not _alive(int(server_pid)), 30, "the server to notice")
-    assert not os.path.exists(socket_path)
+    assert not os.path.exists(socket_path) and not os.path.exists(f"{socket_path}.ready")
 
 
 def _alive(pid: int) -> bool:
@@ -192,18 +192,21 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")  # a zombie has exited; whoever adopted it may not have reaped it yet
 
 
-def test_a_job_that_starts_while_the_server_imports_waits_for_it(tmp_path, monkeypatch):
-    (tmp_path / "slow_to_import.py").write_text("import time\ntime.sleep(3)\n")
+def test_while_the_server_imports_model_jobs_wait_and_light_jobs_run_themselves(tmp_path, monkeypatch):
+    (tmp_path / "slow_to_import.py").write_text("import time\ntime.sleep(4)\n")
     script = tmp_path / "job.py"
-    script.write_text("import os, sys\nfrom verbmirage.jobserver import delegate\ndelegate()\n"
-                      "print(os.getppid(), 'slow_to_import' in sys.modules)\n")
+    script.write_text("import os, sys\nfrom verbmirage.jobserver import delegate\n"
+                      "delegate(wait=sys.argv[1] == 'wait')\nprint(os.getppid(), 'slow_to_import' in sys.modules)\n")
     monkeypatch.setenv("PYTHONPATH", f"{SRC}{os.pathsep}{tmp_path}")
     monkeypatch.delenv(jobserver.ENV_VAR, raising=False)  # restored afterwards for the module's server
     process = jobserver.start(tmp_path / "log", preload=("slow_to_import",))
     try:
         _wait_until(lambda: os.path.exists(process.socket_path), 30, "the server to listen")
-        result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
-        assert result.returncode == 0, result.stderr
-        assert result.stdout.split() == [str(process.pid), "True"]  # served, after the server's imports
+        light = subprocess.run([sys.executable, str(script), "light"], capture_output=True, text=True, timeout=60)
+        assert light.stdout.split() == [str(os.getpid()), "False"], light.stderr  # not served: ran itself
+        heavy = subprocess.run([sys.executable, str(script), "wait"], capture_output=True, text=True, timeout=60)
+        assert heavy.stdout.split() == [str(process.pid), "True"], heavy.stderr  # served after the imports
+        light = subprocess.run([sys.executable, str(script), "light"], capture_output=True, text=True, timeout=60)
+        assert light.stdout.split() == [str(process.pid), "True"], light.stderr  # the server is ready now
     finally:
         jobserver.stop(process)

@@ -9,8 +9,8 @@ preamble included), so a job runs the same code either way. The script's process
 child's status; a signal it gets is passed on, and if it dies the child is stopped.
 
 Nothing depends on the server: without one (cluster jobs, ``job_server: false``, another host, another Python
-environment) ``delegate()`` returns at once and the job runs in its own process as before; jobs that start while
-the server still imports wait for it. The Snakefile starts
+environment) ``delegate()`` returns at once and the job runs in its own process as before. Jobs that start while
+the server still imports run themselves too, except those that load models, which wait for it. The Snakefile starts
 the server in ``onstart`` for local runs only and stops it when the run ends; it also exits when the Snakemake
 process that started it goes away. Nothing exists that fits (nailgun-style servers are for the JVM;
 ``multiprocessing``'s forkserver cannot take over another process's terminal and exit status), hence this
@@ -79,18 +79,22 @@ log = logging.getLogger(__name__)
 # ---- the job's side -----------------------------------------------------------------------------------------
 
 
-def delegate() -> None:
+def delegate(wait: bool = False) -> None:
     """Run this job script in the run's job server and exit with its status; return when there is no server.
 
     Call it first in a workflow script, before the heavy imports. It returns (the job then runs here) when no
     server is named, the server is on another host, not listening or gone, or declines the job (another Python
-    environment), and inside the server's own child.
+    environment), and inside the server's own child. While the server still imports, a job runs here unless
+    ``wait``: jobs that load torch and transformers wait (their own imports would take as long and compete
+    for the same cores), light ones start at once.
     """
     if _serving:
         return
     address = os.environ.get(ENV_VAR, "")
     host, _, path = address.partition(":")
     if not path or host != socket.gethostname():
+        return
+    if not wait and not os.path.exists(_ready_marker(path)):
         return
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -117,6 +121,11 @@ def _hand_over(connection: socket.socket) -> int:
     if not pid:
         raise OSError("the job server did not take the job (another Python environment or package copy)")
     return pid
+
+
+def _ready_marker(path: str | Path) -> str:
+    """The file the server creates once its imports are done."""
+    return f"{path}.ready"
 
 
 def _installation() -> tuple[str, str]:
@@ -189,8 +198,7 @@ def preload(names=PRELOAD, transformers_names=TRANSFORMERS_NAMES) -> list[str]:
 
 def serve(path: str | Path, parent_pid: int | None = None, names=PRELOAD, poll_seconds: float = 1.0) -> None:
     """Import ``names``, then fork a child per connection at ``path`` until SIGTERM or ``parent_pid`` exits."""
-    # Listening first: jobs that start meanwhile wait for the imports (a job's own imports would compete with
-    # them for the same cores) instead of running themselves.
+    # Listening first: jobs that load models and start meanwhile wait for the imports (``delegate(wait=True)``).
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
     listener.listen(128)
@@ -198,6 +206,7 @@ def serve(path: str | Path, parent_pid: int | None = None, names=PRELOAD, poll_s
     failed = preload(names)
     log.info("imported %d modules in %.1f s%s", len(sys.modules), time.perf_counter() - started,
              f" (not importable: {', '.join(failed)})" if failed else "")
+    Path(_ready_marker(path)).touch()
     stopping = False
 
     def stop(_signum, _frame):
@@ -223,8 +232,9 @@ def serve(path: str | Path, parent_pid: int | None = None, names=PRELOAD, poll_s
             children -= {pid for pid in list(children) if _reaped(pid)}
     finally:
         listener.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        for name in (_ready_marker(path), path):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name)
     log.info("stopped")
 
 
@@ -372,7 +382,7 @@ def _fresh_global_random_state() -> None:
 def start(log_path: str | Path, preload: tuple[str, ...] = PRELOAD) -> subprocess.Popen:
     """Start a server for this run, named in ``os.environ`` so that the jobs Snakemake starts find it.
 
-    The server logs to ``log_path``; jobs that connect while it imports wait for it.
+    The server logs to ``log_path``; jobs that load models and start while it imports wait for it.
     """
     directory = tempfile.mkdtemp(prefix="verbmirage-jobs-")  # short: a socket path has at most 107 bytes
     path = os.path.join(directory, "socket")
@@ -384,7 +394,7 @@ def start(log_path: str | Path, preload: tuple[str, ...] = PRELOAD) -> subproces
              "--preload", ",".join(preload)],
             stdin=subprocess.DEVNULL, stdout=stream, stderr=subprocess.STDOUT,
         )
-    process.socket_path, process.log_path = path, log_path
+    process.socket_path, process.log_path, process.ready_marker = path, log_path, _ready_marker(path)
     os.environ[ENV_VAR] = f"{socket.gethostname()}:{path}"
     return process
 
@@ -401,8 +411,9 @@ def stop(process: subprocess.Popen | None, timeout: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-    with contextlib.suppress(OSError):
-        os.unlink(process.socket_path)
+    for name in (_ready_marker(process.socket_path), process.socket_path):
+        with contextlib.suppress(OSError):
+            os.unlink(name)
     with contextlib.suppress(OSError):
         os.rmdir(os.path.dirname(process.socket_path))
 
