@@ -226,3 +226,40 @@ def test_decoding_holds_at_most_the_calls_rows_and_halves_on_out_of_memory(tiny_
     with caplog.at_level("WARNING"):
         assert model.decode_answers(questions, False) == expected
     assert any("batch halved to 1" in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.parametrize("entry", [
+    {"decoding": "beam", "num_beams": 3, "max_new_tokens": 4},
+    {"decoding": "sample", "seed": 2, "max_new_tokens": 4, "vcd": {}},
+    {"decoding": "opera", "num_beams": 2, "max_new_tokens": 3, "opera": {"num_attn_candidates": 2}},
+])
+def test_decoding_from_the_scoring_pass_equals_opening_the_prompts_again(tiny_dirs, scene, monkeypatch, entry):
+    """Beam search, sampling (with VCD) and OPERA start from the scoring pass's rows (kept openings) instead of
+    running the prompts again: the same results as without them, YN and MC of both images in one call."""
+    from verbmirage.models.hf import TransformersVLM
+
+    model = tiny(tiny_dirs, "llava")
+    model.use_variant(Variant.from_config(entry))
+    questions = yes_no_questions(scene, n=6) + [
+        Question(f"m{i}", "Which action?\nA. riding\nB. holding\nC. eating\nD. washing", scene[i % 2],
+                 ("riding", "holding", "eating", "washing")) for i in range(4)]
+    flags = [q.options is not None and len(q.options) > 0 for q in questions]
+    taken = []
+    real_take = TransformersVLM._take_opening
+    monkeypatch.setattr(TransformersVLM, "_take_opening",
+                        lambda self, items, noised: taken.append(real_take(self, items, noised)) or taken[-1])
+    kept = model.score_mixed(questions, flags)
+    assert sum(stepper is not None for stepper in taken) >= 2  # YN and MC decodings started from scoring rows
+    assert not any(model._openings[noised] for noised in (False, True)), model._openings  # each used once
+
+    monkeypatch.setattr(TransformersVLM, "_take_opening", lambda self, items, noised: None)
+    monkeypatch.setattr(TransformersVLM, "_kept_opening",
+                        lambda self, opened, batch, items, noised: self._suffix_batch(opened, batch))
+    model.forget_prefixes()
+    again = model.score_mixed(questions, flags)
+    for ours, theirs in zip(kept, again):
+        assert (ours.prediction, ours.raw_answer, ours.parse_rule) == (theirs.prediction, theirs.raw_answer,
+                                                                       theirs.parse_rule)
+        for name in ("p_yes", "confidence"):
+            if getattr(ours, name, None) is not None:
+                assert getattr(ours, name) == pytest.approx(getattr(theirs, name), abs=1e-5, nan_ok=True)

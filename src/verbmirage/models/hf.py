@@ -550,6 +550,7 @@ class TransformersVLM(LogitsVLM):
         self._prefixes.clear()
         self._encoded_images.clear()
         self._opened = {}
+        self._openings = None
 
     @torch.inference_mode()
     def answer_logits(self, questions: list[Question], multiple_choice) -> tuple[torch.Tensor, list[str | None]]:
@@ -558,6 +559,8 @@ class TransformersVLM(LogitsVLM):
         texts = [self.render(q, flag) for q, flag in zip(questions, flags)]
         logits = torch.full((len(questions), self.model.config.get_text_config().vocab_size), math.nan)
         errors, items = self._open_items(questions, texts, new_call=True)
+        # beam search, sampling and OPERA decode every question of the call next: they start from these rows
+        self._openings = {False: {}, True: {}} if self.prefix_reuse and self.variant.decoding != "greedy" else None
         kl = torch.full((len(questions),), math.nan, dtype=torch.float64)
         plausible = torch.zeros(len(questions), dtype=torch.long)
         valid = [i for i, error in enumerate(errors) if error is None]
@@ -667,10 +670,33 @@ class TransformersVLM(LogitsVLM):
             result = torch.empty(len(items), values.shape[1])
             result[opened.fallback] = values
         for batch in opened.batches(self.BUCKET_GROWTH, self.cross_image_batches):
-            values = self._suffix_batch(opened, batch)
+            values = self._suffix_batch(opened, batch) if self._openings is None else \
+                self._kept_opening(opened, batch, items, noised)
             result = torch.empty(len(items), values.shape[1]) if result is None else result
             result[batch] = values
         return result
+
+    #: (scoring before a decoding of every question) noised -> {(image path, prompt): (stepper, row)}: the
+    #: decoding takes its rows from these steppers instead of running the prompts again; None otherwise
+    _openings: dict | None = None
+
+    def _kept_opening(self, opened: _Rows, batch: list[int], items: list[tuple], noised: bool) -> torch.Tensor:
+        """Scores a suffix batch as :meth:`_suffix_batch` does, as the opening of a decoding, and keeps it."""
+        prefixes, image_of_row = opened.prefixes_of(batch)
+        stepper = _PrefixStepper(self, self._rows_cache(prefixes, image_of_row), opened.prefix_length[batch[0]],
+                                 [opened.suffix[i] for i in batch], prefixes[0].extra)
+        kept = self._openings[noised]
+        for row, i in enumerate(batch):
+            kept[items[i][0], items[i][2]] = (stepper, row)
+        return stepper.first.cpu()
+
+    def _take_opening(self, items: list[tuple], noised: bool):
+        """A stepper on ``items`` from the call's kept openings (rows of one scoring batch), or None."""
+        kept = (self._openings or {}).get(noised)
+        found = [kept.get((path, text)) for path, _, text in items] if kept else [None]
+        if any(entry is None for entry in found) or len({id(entry[0]) for entry in found}) != 1:
+            return None
+        return found[0][0].subset([row for _, row in found])
 
     #: A suffix batch ends where a suffix is this much longer than the batch's shortest: YN and MC prompts
     #: of an image (short and long suffixes) then do not pad each other to the longest.
@@ -846,10 +872,13 @@ class TransformersVLM(LogitsVLM):
             if error is not None:
                 raise ValueError(error)
         stop = self._stop_tokens()
-        opened = self._open_rows(items, noised=False)
+        kept = (self._openings or {}).get(False) or {}
+        opened = None if all((path, text) in kept for path, _, text in items) else self._open_rows(items, False)
         batches: dict[tuple, list[int]] = {}
         for i, item in enumerate(items):
-            if opened.suffix[i] is None:  # whole prompts: one batch per image and token length
+            if (item[0], item[2]) in kept:  # rows of one scoring batch: the decoding starts from it
+                key = ("kept", id(kept[item[0], item[2]][0]))
+            elif opened.suffix[i] is None:  # whole prompts: one batch per image and token length
                 key = ("full", item[0], opened.length[i])
             else:
                 key = ("prefix", opened.prefix_length[i] if self.cross_image_batches else item[0])
@@ -862,7 +891,7 @@ class TransformersVLM(LogitsVLM):
         def run(rows: list[int]) -> list[list[int]]:
             if decoding_name == "opera":
                 return self._opera_rows([items[i] for i in rows], new_tokens)
-            first, stepper = self._open_stepper([items[i] for i in rows], beams, (opened, rows))
+            first, stepper = self._open_stepper([items[i] for i in rows], beams, opened and (opened, rows))
             if decoding_name == "beam":
                 return decoding.beam_search(first, stepper, beams, new_tokens, stop, variant.length_penalty)
             if decoding_name == "sample":
@@ -876,6 +905,9 @@ class TransformersVLM(LogitsVLM):
             # has questions, the memory the caller's batch size was chosen for
             size = len(questions) // (width * streams)
             self._record(answers, rows, self._with_shrinking_batches(run, rows, size, combine=_concatenated))
+        for kept_rows in (self._openings or {}).values():  # decoded: their scoring rows are no longer needed
+            for path, _, text in items:
+                kept_rows.pop((path, text), None)
         return answers
 
     def _record(self, answers: list, rows: list[int], tokens: list[list[int]]) -> None:
@@ -960,7 +992,12 @@ class TransformersVLM(LogitsVLM):
 
     def _stream(self, items: list[tuple], repeats: int, noised: bool,
                 opened: tuple[_Rows, list[int]] | None = None):
-        """A stepper over ``items``: on the cached image prefixes (any prompt lengths), else whole prompts."""
+        """A stepper over ``items``: the scoring pass's (kept openings), else on the cached image prefixes (any
+        prompt lengths), else whole prompts."""
+        stepper = self._take_opening(items, noised)
+        if stepper is not None:
+            stepper.repeat(repeats)
+            return stepper.first, stepper
         opened, rows = opened or (self._open_rows(items, noised), list(range(len(items))))
         if not any(opened.suffix[i] is None for i in rows):
             prefixes, image_of_row = opened.prefixes_of(rows)
@@ -1022,6 +1059,21 @@ class _PrefixStepper:
         positions = (prefix_length + columns[None] - (width - lengths)[:, None]).clamp(min=prefix_length)
         slots = torch.arange(prefix_length, self.length, device=device)
         self.first = vlm._suffix_forward(input_ids, self.mask, self.cache, slots, positions, extra)[:, -1].float()
+
+    def subset(self, rows: list[int]) -> "_PrefixStepper":
+        """A new stepper on ``rows`` of this one (copies of their cache rows; this one is unchanged)."""
+        from transformers import DynamicCache
+
+        index = torch.tensor(rows, device=self.vlm.device)
+        other = object.__new__(_PrefixStepper)
+        other.vlm, other.extra, other.length, other.prompt_columns = self.vlm, self.extra, self.length, \
+            self.prompt_columns
+        other.cache = DynamicCache(ddp_cache_data=[(layer.keys.index_select(0, index),
+                                                    layer.values.index_select(0, index))
+                                                   for layer in self.cache.layers], config=self.vlm.model.config)
+        other.mask, other.next_position, other.first = self.mask[index], self.next_position[index], self.first[index]
+        other.prompt_lengths = [self.prompt_lengths[row] for row in rows]
+        return other
 
     def repeat(self, times: int) -> None:
         """Each row ``times`` times in a row (beams of one question), cache included."""
