@@ -559,8 +559,13 @@ class TransformersVLM(LogitsVLM):
         texts = [self.render(q, flag) for q, flag in zip(questions, flags)]
         logits = torch.full((len(questions), self.model.config.get_text_config().vocab_size), math.nan)
         errors, items = self._open_items(questions, texts, new_call=True)
-        # beam search, sampling and OPERA decode every question of the call next: they start from these rows
-        self._openings = {False: {}, True: {}} if self.prefix_reuse and self.variant.decoding != "greedy" else None
+        # beam search, sampling and OPERA decode every question of the call next, greedy decoding (without VCD)
+        # the questions whose first token decides nothing: they start from the scoring pass's rows
+        variant = self.variant
+        continues = variant.decoding == "greedy" and variant.vcd is None and self.continue_tokens > 0
+        self._openings = {False: {}, True: {}} if self.prefix_reuse and (variant.decoding != "greedy" or continues) \
+            else None
+        self._multiple_choice_of = {(item[0], item[2]): flag for item, flag in zip(items, flags) if item is not None}
         kl = torch.full((len(questions),), math.nan, dtype=torch.float64)
         plausible = torch.zeros(len(questions), dtype=torch.long)
         valid = [i for i, error in enumerate(errors) if error is None]
@@ -676,8 +681,8 @@ class TransformersVLM(LogitsVLM):
             result[batch] = values
         return result
 
-    #: (scoring before a decoding of every question) noised -> {(image path, prompt): (stepper, row)}: the
-    #: decoding takes its rows from these steppers instead of running the prompts again; None otherwise
+    #: (scoring before a decoding) noised -> {(image path, prompt): (stepper, row)}: the decoding takes its rows
+    #: from these steppers instead of running the prompts again; None when no decoding follows
     _openings: dict | None = None
 
     def _kept_opening(self, opened: _Rows, batch: list[int], items: list[tuple], noised: bool) -> torch.Tensor:
@@ -685,10 +690,25 @@ class TransformersVLM(LogitsVLM):
         prefixes, image_of_row = opened.prefixes_of(batch)
         stepper = _PrefixStepper(self, self._rows_cache(prefixes, image_of_row), opened.prefix_length[batch[0]],
                                  [opened.suffix[i] for i in batch], prefixes[0].extra)
+        values = stepper.first.cpu()
+        rows = list(range(len(batch)))
+        if self.variant.decoding == "greedy":  # continued: only rows whose first token cannot decide their kind
+            tokens = self._real_tokens(values).argmax(dim=-1).tolist()
+            kinds = [self._multiple_choice_of.get((items[i][0], items[i][2]), False) for i in batch]
+            rows = [row for row, (token, kind) in enumerate(zip(tokens, kinds))
+                    if token not in self._answer_tokens(kind)]
+            stepper = stepper.subset(rows) if rows else None
         kept = self._openings[noised]
-        for row, i in enumerate(batch):
-            kept[items[i][0], items[i][2]] = (stepper, row)
-        return stepper.first.cpu()
+        for position, row in enumerate(rows):
+            kept[items[batch[row]][0], items[batch[row]][2]] = (stepper, position)
+        return values
+
+    def _answer_tokens(self, multiple_choice: bool) -> frozenset[int]:
+        """Token ids a first token can decide an answer with: the option letters (MC), yes and no (YN)."""
+        if getattr(self, "_answer_token_sets", None) is None:
+            ids = lambda groups: frozenset(int(i) for group in groups for i in group.tolist())  # noqa: E731
+            self._answer_token_sets = {True: ids(self._letter_ids), False: ids((self._yes_ids, self._no_ids))}
+        return self._answer_token_sets[multiple_choice]
 
     def _take_opening(self, items: list[tuple], noised: bool):
         """A stepper on ``items`` from the call's kept openings (rows of one scoring batch), or None."""
