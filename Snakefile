@@ -33,6 +33,9 @@ include: "rules/reliance.smk"
 include: "rules/figures.smk"
 
 
+# Rule priorities order the ready jobs: those that unblock most of the DAG first (demo data 20-30, question sets
+# and image conditions 20, model builds 10-15), inference (5) before the light jobs that follow it (0).
+
 # Local runs: one warm process imports torch, transformers and pandas once and forks every job, so jobs skip
 # seconds of Python start-up each (config `job_server`; src/verbmirage/jobserver.py). Off under a cluster
 # executor: there each job runs in its own process as always, and so does any job the server cannot take.

@@ -1,5 +1,6 @@
 rule demo_hico:
     """A mini HICO + HICO-DET in the real on-disk format (only used when a root is the demo folder)."""
+    priority: 30  # most of the DAG waits for it: first
     output:
         anno=f"{DEMO_HICO_ROOT}/anno.mat",
         images=directory(f"{DEMO_HICO_ROOT}/images"),
@@ -16,6 +17,7 @@ rule demo_hico:
 
 rule demo_charadesego:
     """A mini CharadesEgo in the real format: CSVs, class files, paired ego/exo mp4 videos (PyAV)."""
+    priority: 20
     output:
         csv=f"{DEMO_CHARADES_ROOT}/CharadesEgo/CharadesEgo_v1_test.csv",
         videos=directory(f"{DEMO_CHARADES_ROOT}/CharadesEgo_v1_480"),
@@ -32,6 +34,7 @@ rule demo_charadesego:
 
 rule tiny_model:
     """A tiny random-weight model of a real transformers class, built offline (tests and demo)."""
+    priority: 10
     output:
         directory("resources/models/tiny_{family}"),
     wildcard_constraints:

@@ -46,6 +46,7 @@ rule calibration_images:
 
 rule calibrate_decision:
     """A threshold variant's cuts for one run: the model answers its calibration sets (one job, resumable)."""
+    priority: 5
     input:
         questions=calibration_run_tables,
         images=CALIBRATION_IMAGES,

@@ -5,6 +5,7 @@
 rule derive_model:
     """Build a derived model (Nullu's edited weights, a LoRA fine-tune's adapter) from its base: a GPU job with
     the entry's resources. The base's settings are params, so changing the base rebuilds it."""
+    priority: 10
     input:
         unpack(derive_inputs),
     output:

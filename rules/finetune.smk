@@ -4,6 +4,7 @@
 
 rule demo_pangea:
     """A mini Pangea in the real format (pickled samples, VerbNet topology, node index, Label2Node, images)."""
+    priority: 20
     output:
         samples=f"{DEMO_PANGEA_ROOT}/B123_train_KIN-FULL_with_node.pkl",
         topology=f"{DEMO_PANGEA_ROOT}/verbnet_topology_898.pkl",
@@ -23,6 +24,7 @@ rule demo_pangea:
 rule training_questions:
     """A Pangea fine-tune's MC and YN training questions (seeded, sources excluded by pattern), their
     per-source counts and node coverage beside the paper's; fails if a HICO test image is among them."""
+    priority: 15
     input:
         **PANGEA_FILES,
         images=PANGEA_IMAGES or [],

@@ -1,5 +1,6 @@
 rule image_condition:
     """The images a dataset's questions ask about, as a model sees them under one condition (+ manifest.parquet)."""
+    priority: 20
     input:
         source=image_source,
         questions=dataset_questions,

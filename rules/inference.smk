@@ -5,6 +5,7 @@ rule predict_suite:
     answered rows go to "<output>.parts/<qset>/" as they come and stay there once the job succeeds, so a
     rerun with an added question set asks only that set.
     """
+    priority: 5  # model jobs before the light metric jobs that follow them
     input:
         questions=suite_questions,
         images=CONDITION_DIR,

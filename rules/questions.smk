@@ -1,5 +1,6 @@
 rule question_set:
     """One HICO question set; reads annotations only, never images."""
+    priority: 20
     input:
         anno=HICO_ANNO,
     output:
