@@ -276,8 +276,9 @@ def _child(connection: socket.socket) -> int:
     with contextlib.suppress(OSError):
         connection.sendall(_STATUS.pack(status))
     with contextlib.suppress(OSError):
+        seconds = time.perf_counter() - started
         server_log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} job pid {os.getpid()} "
-                         f"{Path(request['argv'][0]).name}: exit {status} after {time.perf_counter() - started:.1f} s\n")
+                         f"{Path(request['argv'][0]).name}: exit {status} after {seconds:.1f} s\n")
     return status
 
 

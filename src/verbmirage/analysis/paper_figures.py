@@ -87,22 +87,31 @@ def bar_panel(axis, lookup: pd.DataFrame, models: Sequence[str], bars: Sequence[
     width = 0.8 / max(1, len(bars))
     colours = [bar.colour or f"C{i}" for i, bar in enumerate(bars)]
     drawn, marked = set(), False
-    for i, model in enumerate(models):
-        for j, bar in enumerate(bars):
-            x = i - 0.4 + width * (j + 0.5)
+    for j, bar in enumerate(bars):  # one bar call per series (a call per bar cost most of a figure's time)
+        xs, values, errors, gids = [], [], [], []
+        for i, model in enumerate(models):
             key = (bar.dataset, model, bar.qset, bar.condition, bar.subset, bar.metric)
             if key in lookup.index:
                 value, low, high = (100 * lookup.loc[key, c] for c in ("value", "ci_low", "ci_high"))
                 if math.isfinite(value):
-                    error = [[value - low], [high - value]] if math.isfinite(low) and math.isfinite(high) else None
-                    style = {"hatch": "///", "alpha": 0.55, "edgecolor": "white"} if bar.hatched else {}
-                    axis.bar(x, value, width, yerr=error, capsize=2, color=colours[j], gid=f"{model}|{bar.label}",
-                             label=bar.label if bar.label not in drawn else None, **style)
-                    drawn.add(bar.label)
-            if bar.paper:
+                    xs.append(i - 0.4 + width * (j + 0.5))
+                    values.append(value)
+                    interval = math.isfinite(low) and math.isfinite(high)
+                    errors.append((value - low, high - value) if interval else (math.nan, math.nan))
+                    gids.append(f"{model}|{bar.label}")
+        if xs:
+            style = {"hatch": "///", "alpha": 0.55, "edgecolor": "white"} if bar.hatched else {}
+            spans = np.array(errors).T
+            drawn_bars = axis.bar(xs, values, width, yerr=None if np.isnan(spans).all() else spans, capsize=2,
+                                  color=colours[j], label=bar.label if bar.label not in drawn else None, **style)
+            for patch, gid in zip(drawn_bars.patches, gids):
+                patch.set_gid(gid)
+            drawn.add(bar.label)
+        if bar.paper:
+            for i, model in enumerate(models):
                 published = paper_value(paper, paper_names.get(model), *bar.paper, variant=paper_variant)
                 if math.isfinite(published):
-                    axis.plot([x], [published], gid=f"paper|{model}|{bar.label}",
+                    axis.plot([i - 0.4 + width * (j + 0.5)], [published], gid=f"paper|{model}|{bar.label}",
                               label=None if marked else f"paper ({paper_variant})", **PAPER_MARK)
                     marked = True
     axis.set_xticks(range(len(models)), [_tick(m, paper_names) for m in models], fontsize=7)
