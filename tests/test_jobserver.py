@@ -210,3 +210,23 @@ def test_while_the_server_imports_model_jobs_wait_and_light_jobs_run_themselves(
         assert light.stdout.split() == [str(process.pid), "True"], light.stderr  # the server is ready now
     finally:
         jobserver.stop(process)
+
+
+def test_the_server_imports_the_package_copy_that_started_it(tmp_path):
+    """As in a Snakefile that puts src/ on its own sys.path: the package is not installed in that Python
+    (here the base interpreter) and PYTHONPATH does not name it; the server still starts and serves."""
+    base = Path(sys.base_prefix) / "bin" / "python3"
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("needs a Python without the package installed (run from a virtual environment)")
+    environment = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", jobserver.ENV_VAR)}
+    starter = subprocess.run(
+        [str(base), "-c",
+         f"import os, sys, time; sys.path.insert(0, {SRC!r}); from verbmirage import jobserver\n"
+         f"p = jobserver.start({str(tmp_path / 'log')!r}, preload=('json',))\n"
+         "deadline = time.monotonic() + 60\n"
+         "while not os.path.exists(p.ready_marker) and p.poll() is None and time.monotonic() < deadline:\n"
+         "    time.sleep(0.05)\n"
+         "print(os.path.exists(p.ready_marker)); jobserver.stop(p)"],
+        env=environment, capture_output=True, text=True, timeout=120,
+    )
+    assert starter.stdout.split() == ["True"], starter.stdout + starter.stderr + (tmp_path / "log").read_text()

@@ -389,11 +389,15 @@ def start(log_path: str | Path, preload: tuple[str, ...] = PRELOAD) -> subproces
     path = os.path.join(directory, "socket")
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    # this copy of the package, also where the Snakefile found it on its own sys.path rather than installed
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                              environment.get("PYTHONPATH")]))
     with log_path.open("a") as stream:
         process = subprocess.Popen(
             [sys.executable, "-m", "verbmirage.jobserver", path, "--parent", str(os.getpid()),
              "--preload", ",".join(preload)],
-            stdin=subprocess.DEVNULL, stdout=stream, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, stdout=stream, stderr=subprocess.STDOUT, env=environment,
         )
     process.socket_path, process.log_path, process.ready_marker = path, log_path, _ready_marker(path)
     os.environ[ENV_VAR] = f"{socket.gethostname()}:{path}"
