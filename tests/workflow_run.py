@@ -28,6 +28,7 @@ def write_config(workdir: Path, edit=None) -> Path:
 
 def run_api(workdir: Path) -> None:
     from snakemake.api import SnakemakeApi
+    from snakemake.scheduling.greedy import SchedulerSettings as GreedySchedulerSettings
     from snakemake.settings.types import (
         ConfigSettings,
         DAGSettings,
@@ -43,8 +44,9 @@ def run_api(workdir: Path) -> None:
             snakefile=REPO / "Snakefile",
             workdir=workdir,
         )
-        workflow.dag(dag_settings=DAGSettings()).execute_workflow(
-            executor="local", scheduling_settings=SchedulingSettings(scheduler="greedy"))  # as tools/demo.sh
+        workflow.dag(dag_settings=DAGSettings()).execute_workflow(  # the greedy scheduler, as tools/demo.sh
+            executor="local", scheduling_settings=SchedulingSettings(scheduler="greedy"),
+            scheduler_settings=GreedySchedulerSettings())
 
 
 def planned_jobs(workdir: Path) -> list[tuple[str, dict]]:
