@@ -143,6 +143,7 @@ def test_without_a_usable_server_the_script_runs_itself(server, tmp_path):
                                 timeout=60)
         assert result.returncode == 0, result.stderr
         assert int(result.stdout.split()[0]) == os.getpid()
+        assert "declined probe.py" in Path(server.log_path).read_text()  # the server says why
 
 
 def test_killing_the_waiting_script_stops_the_job(server, tmp_path):

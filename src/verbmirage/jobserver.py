@@ -260,6 +260,8 @@ def _child(connection: socket.socket) -> int:
         request = pickle.loads(_read_exactly(connection, size))
         if request.get("installation") != _installation():
             connection.sendall(_PID.pack(0))
+            log.warning("declined %s: it runs in %s, this server in %s (Python environment, package file); it runs "
+                        "itself", Path(request["argv"][0]).name, request.get("installation"), _installation())
             return 0
         server_log = os.fdopen(os.dup(2), "w", buffering=1)
         for target, fd in enumerate(fds):
