@@ -49,16 +49,18 @@ onstart:
         _job_server.append(jobserver.start("logs/job_server.log"))
 
 
-onsuccess:
+def _stop_job_server():
     from verbmirage import jobserver
 
     jobserver.stop(_job_server.pop() if _job_server else None)
+
+
+onsuccess:
+    _stop_job_server()
 
 
 onerror:
-    from verbmirage import jobserver
-
-    jobserver.stop(_job_server.pop() if _job_server else None)
+    _stop_job_server()
 
 
 # Everything but the inference shards runs on the submitting node under a cluster profile.

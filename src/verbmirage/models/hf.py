@@ -824,8 +824,6 @@ class TransformersVLM(LogitsVLM):
 
     def _rows_cache(self, prefixes: list[_Prefix], image_of_row: list[int]):
         """A cache holding each row's image prefix (a view when every row has one image)."""
-        from transformers import DynamicCache
-
         rows = len(image_of_row)
         if len(prefixes) == 1:
             data = [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in prefixes[0].tensors]
@@ -834,6 +832,12 @@ class TransformersVLM(LogitsVLM):
             data = [(torch.cat([p.tensors[layer][0] for p in prefixes]).index_select(0, index),
                      torch.cat([p.tensors[layer][1] for p in prefixes]).index_select(0, index))
                     for layer in range(len(prefixes[0].tensors))]
+        return self._cache_of(data)
+
+    def _cache_of(self, data: list[tuple[torch.Tensor, torch.Tensor]]):
+        """A transformers cache holding (keys, values) per layer."""
+        from transformers import DynamicCache
+
         return DynamicCache(ddp_cache_data=data, config=self.model.config)
 
     def _suffix_batch(self, opened: _Rows, batch: list[int]) -> torch.Tensor:
@@ -1082,15 +1086,12 @@ class _PrefixStepper:
 
     def subset(self, rows: list[int]) -> "_PrefixStepper":
         """A new stepper on ``rows`` of this one (copies of their cache rows; this one is unchanged)."""
-        from transformers import DynamicCache
-
         index = torch.tensor(rows, device=self.vlm.device)
         other = object.__new__(_PrefixStepper)
         other.vlm, other.extra, other.length, other.prompt_columns = self.vlm, self.extra, self.length, \
             self.prompt_columns
-        other.cache = DynamicCache(ddp_cache_data=[(layer.keys.index_select(0, index),
-                                                    layer.values.index_select(0, index))
-                                                   for layer in self.cache.layers], config=self.vlm.model.config)
+        other.cache = self.vlm._cache_of([(layer.keys.index_select(0, index), layer.values.index_select(0, index))
+                                          for layer in self.cache.layers])
         other.mask, other.next_position, other.first = self.mask[index], self.next_position[index], self.first[index]
         other.prompt_lengths = [self.prompt_lengths[row] for row in rows]
         return other
