@@ -75,3 +75,17 @@ def demo_run(tmp_path_factory) -> Path:
     write_config(workdir)
     run_api(workdir)
     return workdir
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist turns the marks into node-id suffixes
+def pytest_collection_modifyitems(config, items):
+    """Group the tests for pytest-xdist's ``--dist loadgroup`` (tools/test.sh runs two workers).
+
+    Each file is one group, so its module fixtures (tiny models, worker envs) are built once; every test that
+    reads the shared demo run is in one group, so the demo runs once. The slow end-to-end groups go first: a
+    long group started last would leave the other worker idle at the end.
+    """
+    for item in items:
+        group = "demo_run" if "demo_run" in item.fixturenames else item.path.name
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
