@@ -82,10 +82,12 @@ def pytest_collection_modifyitems(config, items):
     """Group the tests for pytest-xdist's ``--dist loadgroup`` (tools/test.sh runs two workers).
 
     Each file is one group, so its module fixtures (tiny models, worker envs) are built once; every test that
-    reads the shared demo run is in one group, so the demo runs once. The slow end-to-end groups go first: a
-    long group started last would leave the other worker idle at the end.
+    reads the shared demo run is in one group, so the demo runs once. That group goes first, then the other
+    slow ones: a long group started last would leave the other worker idle at the end.
     """
+    def order(item) -> int:
+        return 0 if "demo_run" in item.fixturenames else 1 if item.get_closest_marker("slow") else 2
+
     for item in items:
-        group = "demo_run" if "demo_run" in item.fixturenames else item.path.name
-        item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        item.add_marker(pytest.mark.xdist_group("demo_run" if order(item) == 0 else item.path.name))
+    items.sort(key=order)
