@@ -12,6 +12,8 @@ stamp="$VENV/.verbmirage-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
     # torch is pinned to 2.13.0 in pyproject.toml: a CPU wheel where one is available locally.
-    "$VENV/bin/python" -m pip install --quiet -e ".[test]"
+    # --no-compile: byte-compiling every installed file (torch alone has thousands) took over half of the
+    # install; Python compiles what it imports on first use instead.
+    "$VENV/bin/python" -m pip install --quiet --no-compile -e ".[test]"
     touch "$stamp"
 fi
