@@ -113,6 +113,23 @@ def test_interval_equals_scipy_where_every_resample_is_defined():
     assert value == pytest.approx(mc_scores(per_image.sum(axis=0)))
 
 
+def test_resampled_sums_are_scipys_paired_resamples_batch_for_batch():
+    """The sums come from scipy.stats.bootstrap's own draws, also where the resamples run in several batches."""
+    import scipy.stats
+
+    from verbmirage.metrics import resampled_sums
+
+    per_image = np.random.default_rng(1).integers(0, 5, (2000, 6)).astype(float)
+    batch = 2_000_000 // per_image.size
+    assert batch < 300
+    ours = resampled_sums(per_image, 300, seed=3)
+    reference = scipy.stats.bootstrap(
+        tuple(per_image.T), lambda *c, axis=-1: np.stack([x.sum(axis=axis) for x in c]), paired=True,
+        vectorized=True, n_resamples=300, batch=batch, method="percentile", random_state=np.random.default_rng(3),
+    ).bootstrap_distribution
+    np.testing.assert_array_equal(ours.T, reference)
+
+
 def _yes_no_frame(n_images=40, per_image=3, p_correct=0.7, seed=0):
     rng = np.random.default_rng(seed)
     rows, predictions = [], []
