@@ -50,7 +50,7 @@ from verbmirage.models.base import (
     allow_remote_code,
     open_rgb,
 )
-from verbmirage.models import decoding
+from verbmirage.models import decoding, shared_prefix
 from verbmirage.models.parsing import decide_choice, decide_yes_no, letter_token, yes_no_token
 from verbmirage.models.prompts import CHAT_TEMPLATE, CONVERSATIONS, PromptTemplate
 from verbmirage.variants import question_seed
@@ -323,28 +323,31 @@ class _Prefix:
 
 
 class _Rows:
-    """The tokenized prompts of one engine call: per row its image, prefix length and suffix (None: no shared
-    prefix, then its whole token length), and the prefixes of its images."""
+    """The tokenized prompts of one engine call: per row its image, its cached prefix (the image, or the image
+    and a text header the row shares with others: :meth:`TransformersVLM._text_headers`), prefix length and
+    suffix (None: no shared prefix, then its whole token length), and those prefixes."""
 
     def __init__(self, n: int):
         self.image: list = [None] * n
+        self.prefix_key: list = [None] * n
         self.prefix_length = [0] * n
         self.suffix: list[torch.Tensor | None] = [None] * n
         self.length = [0] * n
         self.on_prefix: list[int] = []
         self.fallback: list[int] = []
-        self.prefixes: dict[Path, _Prefix] = {}
+        self.prefixes: dict[tuple, _Prefix] = {}
 
-    def add(self, row: int, image, prefix_length: int, suffix: torch.Tensor) -> None:
-        self.image[row], self.prefix_length[row], self.suffix[row] = image, prefix_length, suffix
+    def add(self, row: int, image, prefix_key: tuple, prefix_length: int, suffix: torch.Tensor) -> None:
+        self.image[row], self.prefix_key[row] = image, prefix_key
+        self.prefix_length[row], self.suffix[row] = prefix_length, suffix
         self.on_prefix.append(row)
 
     def batches(self, growth: float, cross_images: bool) -> list[list[int]]:
-        """Rows on a prefix in suffix batches: one image (or, ``cross_images``, one prefix length) per batch,
+        """Rows on a prefix in suffix batches: one prefix (or, ``cross_images``, one prefix length) per batch,
         sorted by suffix length and cut where a suffix is ``growth`` times longer than the batch's shortest."""
         groups: dict = {}
         for row in self.on_prefix:
-            groups.setdefault(self.prefix_length[row] if cross_images else self.image[row], []).append(row)
+            groups.setdefault(self.prefix_length[row] if cross_images else self.prefix_key[row], []).append(row)
         batches: list[list[int]] = []
         for rows in groups.values():
             start = len(batches)
@@ -357,9 +360,9 @@ class _Rows:
 
     def prefixes_of(self, rows: list[int]) -> tuple[list[_Prefix], list[int]]:
         """The distinct prefixes of ``rows`` and the index of each row's prefix among them."""
-        images = list(dict.fromkeys(self.image[row] for row in rows))
-        position = {image: j for j, image in enumerate(images)}
-        return [self.prefixes[image] for image in images], [position[self.image[row]] for row in rows]
+        keys = list(dict.fromkeys(self.prefix_key[row] for row in rows))
+        position = {key: j for j, key in enumerate(keys)}
+        return [self.prefixes[key] for key in keys], [position[self.prefix_key[row]] for row in rows]
 
 
 class TransformersVLM(LogitsVLM):
@@ -725,7 +728,7 @@ class TransformersVLM(LogitsVLM):
     def _open_rows(self, items: list[tuple], noised: bool) -> _Rows:
         """Tokenize ``items`` per image and find (computing what is missing) each image's prefix."""
         rows = _Rows(len(items))
-        needed = []
+        needed, headers = [], {}
         for indices in self._by_image(items).values():
             image_path, image, _ = items[indices[0]]
             encoded = self.encode_shared_image([items[i][2] for i in indices], image)
@@ -736,19 +739,72 @@ class TransformersVLM(LogitsVLM):
                 for r, i in enumerate(indices):
                     rows.length[i] = int(lengths[r])
                 continue
-            needed.append((image_path, encoded["input_ids"][0][:prefix_length], encoded))
-            for r, i in enumerate(indices):
-                rows.add(i, image_path, prefix_length, encoded["input_ids"][r, prefix_length : int(lengths[r])])
+            prefix_ids = encoded["input_ids"][0][:prefix_length]
+            image_key = self._prefix_key(image_path, prefix_ids, noised)
+            needed.append((image_path, prefix_ids, encoded))
+            suffixes = [encoded["input_ids"][r, prefix_length : int(lengths[r])] for r in range(len(indices))]
+            for r, header in enumerate(self._text_headers(suffixes)):
+                key = image_key
+                if header:
+                    key = self._prefix_key(image_path, torch.cat([prefix_ids, suffixes[r][:header]]), noised)
+                    headers.setdefault(key, (image_key, suffixes[r][:header]))
+                rows.add(indices[r], image_path, key, prefix_length + header, suffixes[r][header:])
         rows.prefixes = self._prefix_caches(needed, noised)
+        for key, (image_key, header) in headers.items():  # image prefix + shared text header, kept the same way
+            rows.prefixes[key] = self._header_prefix(key, rows.prefixes[image_key], header)
         return rows
+
+    #: A text header (the first suffix tokens several prompts of an image share, e.g. an MC question before its
+    #: options) becomes part of their cached prefix when it saves at least this many token positions.
+    HEADER_SAVING = 32
+    #: ... and is at least this long: shorter shared starts are not worth a forward of their own.
+    HEADER_LENGTH = 4
+
+    def _text_headers(self, suffixes: list[torch.Tensor]) -> list[int]:
+        """Per suffix, how many of its first tokens it shares as a header with the others that start the same
+        way (0: none), each keeping at least one token of its own.
+
+        Prompts group by their first :attr:`HEADER_LENGTH` tokens; a group's header is its longest common
+        start. One forward of the header on the image prefix then replaces running it once per prompt.
+        """
+        groups: dict[tuple, list[int]] = {}
+        for r, suffix in enumerate(suffixes):
+            if len(suffix) > self.HEADER_LENGTH:
+                groups.setdefault(tuple(suffix[: self.HEADER_LENGTH].tolist()), []).append(r)
+        headers = [0] * len(suffixes)
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            length = self._common_prefix_length([suffixes[r] for r in members])
+            if length >= self.HEADER_LENGTH and (len(members) - 1) * length >= self.HEADER_SAVING:
+                for r in members:
+                    headers[r] = length
+        return headers
+
+    def _header_prefix(self, key: tuple, image_prefix: _Prefix, header: torch.Tensor) -> _Prefix:
+        """The cached prefix of an image followed by a text header: the header's one forward on the image's."""
+        if key in self._prefixes:
+            self._prefixes.move_to_end(key)
+            return self._prefixes[key]
+        start = image_prefix.tensors[0][0].shape[-2]
+        cache = self._cache_of(list(image_prefix.tensors))
+        slots = torch.arange(start, start + len(header), device=self.device)
+        mask = torch.ones((1, start + len(header)), dtype=torch.long, device=self.device)
+        self._suffix_forward(header[None].to(self.device), mask, cache, slots, extra=image_prefix.extra)
+        prefix = self._prefixes[key] = _Prefix([(layer.keys, layer.values) for layer in cache.layers],
+                                               image_prefix.extra)
+        while len(self._prefixes) > self.PREFIX_SLOTS:
+            self._prefixes.popitem(last=False)
+        return prefix
 
     def _prefix_key(self, image_path, prefix_ids: torch.Tensor, noised: bool) -> tuple:
         key = (image_path, tuple(prefix_ids.tolist()))
         return key + (self.variant.vcd, self.variant.seed) if noised else key
 
-    def _prefix_caches(self, needed: list[tuple], noised: bool) -> dict[Path, _Prefix]:
-        """Key/value tensors of each image's prefix (``needed``: (image path, prefix ids, encoding)), computed
-        once per image and kept (:attr:`PREFIX_SLOTS`); images with one prefix run as one batch.
+    def _prefix_caches(self, needed: list[tuple], noised: bool) -> dict[tuple, _Prefix]:
+        """Key/value tensors of each image's prefix (``needed``: (image path, prefix ids, encoding)) by
+        :meth:`_prefix_key`, computed once per image and kept (:attr:`PREFIX_SLOTS`); images with one prefix
+        run as one batch.
 
         ``noised``: the prefix of VCD's noised image, kept apart from the clean one.
         """
@@ -757,7 +813,7 @@ class TransformersVLM(LogitsVLM):
             key = self._prefix_key(image_path, prefix_ids, noised)
             if key in self._prefixes:
                 self._prefixes.move_to_end(key)
-                found[image_path] = self._prefixes[key]
+                found[key] = self._prefixes[key]
             else:
                 missing.append((key, image_path, prefix_ids, encoded))
         groups: dict[tuple, list[tuple]] = {}
@@ -774,7 +830,7 @@ class TransformersVLM(LogitsVLM):
             extra = self._prefix_extra()
             for j, (key, image_path, _, _) in enumerate(group):
                 tensors = [(layer.keys[j : j + 1], layer.values[j : j + 1]) for layer in cache.layers]
-                found[image_path] = self._prefixes[key] = _Prefix(tensors, extra)
+                found[key] = self._prefixes[key] = _Prefix(tensors, extra)
         while len(self._prefixes) > self.PREFIX_SLOTS:
             self._prefixes.popitem(last=False)
         return found
@@ -840,6 +896,19 @@ class TransformersVLM(LogitsVLM):
 
         return DynamicCache(ddp_cache_data=data, config=self.model.config)
 
+    #: Whether suffix batches read their prefixes in place (models/shared_prefix.py) instead of one copy per
+    #: row: language models whose attention layers go through transformers' attention interface.
+    SHARED_PREFIX_MODELS = ("llama", "mistral", "qwen2")
+
+    def _reads_prefix_in_place(self) -> bool:
+        """(Not with eager attention: the analyses that switch to it read its attention weights.)"""
+        text = self.model.config.get_text_config()
+        return self.shared_prefix_attention and text.model_type in self.SHARED_PREFIX_MODELS \
+            and text._attn_implementation == "sdpa"
+
+    #: Whether the family's suffix batches may use :meth:`_reads_prefix_in_place` (LLaVA).
+    shared_prefix_attention: bool = False
+
     def _suffix_batch(self, opened: _Rows, batch: list[int]) -> torch.Tensor:
         """Logits at the last token of each suffix of ``batch`` (right-padded, on its image's prefix)."""
         suffixes = [opened.suffix[i] for i in batch]
@@ -853,9 +922,15 @@ class TransformersVLM(LogitsVLM):
         for r, row in enumerate(suffixes):
             input_ids[r, : len(row)] = row
             mask[r, prefix_length : prefix_length + len(row)] = 1
-        cache = self._rows_cache(prefixes, image_of_row)
         slots = torch.arange(prefix_length, prefix_length + width, device=self.device)
-        logits = self._suffix_forward(input_ids, mask, cache, slots, extra=prefixes[0].extra)
+        if self._reads_prefix_in_place():
+            text = self.model.config.get_text_config()
+            with shared_prefix.shared_prefix_attention(text, [p.tensors for p in prefixes], image_of_row):
+                logits = self._suffix_forward(input_ids, None, shared_prefix.SuffixOnlyCache(config=text), slots,
+                                              extra=prefixes[0].extra)
+        else:
+            cache = self._rows_cache(prefixes, image_of_row)
+            logits = self._suffix_forward(input_ids, mask, cache, slots, extra=prefixes[0].extra)
         last = torch.tensor([len(row) - 1 for row in suffixes], device=self.device)
         return logits[torch.arange(len(batch)), last].float().cpu()
 
@@ -905,7 +980,7 @@ class TransformersVLM(LogitsVLM):
             elif opened.suffix[i] is None:  # whole prompts: one batch per image and token length
                 key = ("full", item[0], opened.length[i])
             else:
-                key = ("prefix", opened.prefix_length[i] if self.cross_image_batches else item[0])
+                key = ("prefix", opened.prefix_length[i] if self.cross_image_batches else opened.prefix_key[i])
             batches.setdefault(key, []).append(i)
         if decoding_name not in ("beam", "sample", "greedy", "opera"):
             raise NotImplementedError(f"decoding '{decoding_name}' is not implemented for {self.backend}")
@@ -1187,6 +1262,7 @@ class LlavaVLM(TransformersVLM):
     backend = "llava"
     model_class = "LlavaForConditionalGeneration"
     cross_image_batches = True  # every image is the same number of tokens after the same text
+    shared_prefix_attention = True
     conversations = (CHAT_TEMPLATE, *CONVERSATIONS)
 
 

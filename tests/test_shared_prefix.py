@@ -1,0 +1,103 @@
+"""Suffix batches that read their cached prefixes in place (models/shared_prefix.py) and shared text headers
+(TransformersVLM._text_headers): the same scores as giving every row its own copy of its whole prompt."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from verbmirage.models import Question, create_model
+from verbmirage.models.shared_prefix import _attend, _attention, shared_prefix_attention
+
+
+class _Layer(torch.nn.Module):
+    layer_idx = 0
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_attention_on_shared_prefixes_equals_attention_on_each_rows_whole_sequence(fused, monkeypatch):
+    import verbmirage.models.shared_prefix as module
+
+    if not fused:  # the plain-product path other devices take
+        monkeypatch.setattr(module, "_attend", lambda *args: _attend(*args, fused=False))
+    generator = torch.Generator().manual_seed(0)
+    rows, heads, kv_heads, length, dim = 5, 4, 2, 6, 8
+    prefixes = [[tuple(torch.randn(1, kv_heads, size, dim, generator=generator) for _ in "kv")] for size in (7, 7)]
+    image_of_row = [0, 1, 1, 0, 1]
+    query = torch.randn(rows, heads, length, dim, generator=generator)
+    key, value = (torch.randn(rows, kv_heads, length, dim, generator=generator) for _ in "kv")
+
+    class Config:
+        _attn_implementation_internal = "sdpa"
+
+    with shared_prefix_attention(Config, prefixes, image_of_row):
+        ours, _ = _attention(_Layer(), query, key, value, None, scaling=0.3)
+    for row, image in enumerate(image_of_row):
+        prefix_keys, prefix_values = prefixes[image][0]
+        keys = torch.cat([prefix_keys[0], key[row]], dim=1).repeat_interleave(heads // kv_heads, 0)
+        values = torch.cat([prefix_values[0], value[row]], dim=1).repeat_interleave(heads // kv_heads, 0)
+        mask = torch.ones(length, 7 + length, dtype=torch.bool)
+        mask[:, 7:] = torch.ones(length, length, dtype=torch.bool).tril()
+        expected = torch.nn.functional.scaled_dot_product_attention(query[row], keys, values, attn_mask=mask,
+                                                                    scale=0.3)
+        torch.testing.assert_close(ours[row].transpose(0, 1), expected, atol=1e-5, rtol=1e-5)
+    assert Config._attn_implementation_internal == "sdpa"  # restored after the block
+
+
+@pytest.fixture(scope="module")
+def llava(tiny_dirs, tmp_path_factory):
+    model = create_model("tiny_llava", {"backend": "llava", "path": str(tiny_dirs["llava"]), "local_files_only": True})
+    model.continue_tokens = 0
+    folder = tmp_path_factory.mktemp("headers")
+    paths = []
+    for i in range(2):
+        paths.append(folder / f"img{i}.png")
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(paths[-1])
+    verbs = ["riding", "feeding", "washing", "walking"]
+    questions = []
+    for i, path in enumerate(paths):
+        for rotation in range(4):
+            options = tuple(verbs[rotation:] + verbs[:rotation])
+            questions.append(Question(f"mc{i}_{rotation}", "Which of the following actions is present in the "
+                                      "image?", path, options))
+    return model, questions
+
+
+def _scores(model, questions, **settings):
+    for name, value in settings.items():
+        setattr(model, name, value)
+    try:
+        model.forget_prefixes()
+        return np.array([result.option_probs for result in model.score_multiple_choice(questions)])
+    finally:
+        for name in settings:
+            delattr(model, name)
+
+
+def test_prompts_of_two_images_score_alike_with_prefixes_in_place_or_copied(llava):
+    model, questions = llava
+    assert model._reads_prefix_in_place()
+    in_place = _scores(model, questions)
+    copied = _scores(model, questions, shared_prefix_attention=False)
+    np.testing.assert_allclose(in_place, copied, atol=1e-5)
+    alone = _scores(model, questions[:1], shared_prefix_attention=False, HEADER_SAVING=10**9)
+    np.testing.assert_allclose(in_place[:1], alone, atol=1e-5)
+
+
+def test_an_mc_question_header_is_cached_once_per_image_and_changes_no_score(llava):
+    model, questions = llava
+    suffixes = [torch.tensor([5, 6, 7, 8, 9, 1, 2]), torch.tensor([5, 6, 7, 8, 9, 3, 2]),
+                torch.tensor([5, 6, 7, 8, 4, 4]), torch.tensor([1, 2, 3])]
+    model.HEADER_SAVING, model.HEADER_LENGTH = 4, 4
+    try:
+        assert model._text_headers(suffixes) == [4, 4, 4, 0]  # the shared start, not the 5th token of two
+    finally:
+        del model.HEADER_SAVING, model.HEADER_LENGTH
+    with_headers = _scores(model, questions)
+    lengths = {len(key[1]) for key in model._prefixes}
+    assert len(model._prefixes) == 4 and len(lengths) == 2  # per image: its prefix, and it with the header
+    without = _scores(model, questions, HEADER_SAVING=10**9)
+    assert len(model._prefixes) == 2
+    np.testing.assert_allclose(with_headers, without, atol=1e-5)
