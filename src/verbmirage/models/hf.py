@@ -544,6 +544,8 @@ class TransformersVLM(LogitsVLM):
     #: Whether the prefixes of several images can run as one batch and their questions share suffix batches
     #: (batch-first image tensors, one prefix length for every image: LLaVA). Otherwise each image alone.
     cross_image_batches: bool = False
+    #: Whether the family's suffix batches may read their prefixes in place (:meth:`_reads_prefix_in_place`).
+    shared_prefix_attention: bool = False
     #: At most this many image prefixes are kept (clean and VCD-noised count apart), and only those of the
     #: current call's images (for its decoding, and the next call if it continues an image).
     PREFIX_SLOTS = 32
@@ -783,19 +785,29 @@ class TransformersVLM(LogitsVLM):
 
     def _header_prefix(self, key: tuple, image_prefix: _Prefix, header: torch.Tensor) -> _Prefix:
         """The cached prefix of an image followed by a text header: the header's one forward on the image's."""
-        if key in self._prefixes:
-            self._prefixes.move_to_end(key)
-            return self._prefixes[key]
-        start = image_prefix.tensors[0][0].shape[-2]
-        cache = self._cache_of(list(image_prefix.tensors))
-        slots = torch.arange(start, start + len(header), device=self.device)
-        mask = torch.ones((1, start + len(header)), dtype=torch.long, device=self.device)
-        self._suffix_forward(header[None].to(self.device), mask, cache, slots, extra=image_prefix.extra)
-        prefix = self._prefixes[key] = _Prefix([(layer.keys, layer.values) for layer in cache.layers],
-                                               image_prefix.extra)
+        prefix = self._kept_prefix(key)
+        if prefix is None:
+            start = image_prefix.tensors[0][0].shape[-2]
+            cache = self._cache_of(list(image_prefix.tensors))
+            slots = torch.arange(start, start + len(header), device=self.device)
+            mask = torch.ones((1, start + len(header)), dtype=torch.long, device=self.device)
+            self._suffix_forward(header[None].to(self.device), mask, cache, slots, extra=image_prefix.extra)
+            prefix = _Prefix([(layer.keys, layer.values) for layer in cache.layers], image_prefix.extra)
+            self._keep_prefixes({key: prefix})
+        return prefix
+
+    def _kept_prefix(self, key: tuple) -> _Prefix | None:
+        """A kept prefix (now the most recently used), or None."""
+        if key not in self._prefixes:
+            return None
+        self._prefixes.move_to_end(key)
+        return self._prefixes[key]
+
+    def _keep_prefixes(self, new: dict[tuple, _Prefix]) -> None:
+        """Keep ``new`` prefixes, dropping the least recently used beyond :attr:`PREFIX_SLOTS`."""
+        self._prefixes.update(new)
         while len(self._prefixes) > self.PREFIX_SLOTS:
             self._prefixes.popitem(last=False)
-        return prefix
 
     def _prefix_key(self, image_path, prefix_ids: torch.Tensor, noised: bool) -> tuple:
         key = (image_path, tuple(prefix_ids.tolist()))
@@ -811,10 +823,8 @@ class TransformersVLM(LogitsVLM):
         found, missing = {}, []
         for image_path, prefix_ids, encoded in needed:
             key = self._prefix_key(image_path, prefix_ids, noised)
-            if key in self._prefixes:
-                self._prefixes.move_to_end(key)
-                found[key] = self._prefixes[key]
-            else:
+            found[key] = self._kept_prefix(key)
+            if found[key] is None:
                 missing.append((key, image_path, prefix_ids, encoded))
         groups: dict[tuple, list[tuple]] = {}
         for entry in missing:  # one forward per group of images with the same prefix tokens
@@ -828,11 +838,10 @@ class TransformersVLM(LogitsVLM):
             output = self.model(**batch, use_cache=True)
             cache = output.get("cache") or output.get("past_key_values")
             extra = self._prefix_extra()
-            for j, (key, image_path, _, _) in enumerate(group):
-                tensors = [(layer.keys[j : j + 1], layer.values[j : j + 1]) for layer in cache.layers]
-                found[key] = self._prefixes[key] = _Prefix(tensors, extra)
-        while len(self._prefixes) > self.PREFIX_SLOTS:
-            self._prefixes.popitem(last=False)
+            computed = {key: _Prefix([(layer.keys[j : j + 1], layer.values[j : j + 1]) for layer in cache.layers],
+                                     extra) for j, (key, *_) in enumerate(group)}
+            found.update(computed)
+            self._keep_prefixes(computed)
         return found
 
     def _prefix_extra(self):
@@ -896,18 +905,16 @@ class TransformersVLM(LogitsVLM):
 
         return DynamicCache(ddp_cache_data=data, config=self.model.config)
 
-    #: Whether suffix batches read their prefixes in place (models/shared_prefix.py) instead of one copy per
-    #: row: language models whose attention layers go through transformers' attention interface.
+    #: Language models whose attention layers go through transformers' attention interface, so that
+    #: models/shared_prefix.py can stand in for it.
     SHARED_PREFIX_MODELS = ("llama", "mistral", "qwen2")
 
     def _reads_prefix_in_place(self) -> bool:
-        """(Not with eager attention: the analyses that switch to it read its attention weights.)"""
+        """Whether suffix batches read their prefixes in place (models/shared_prefix.py) instead of one copy per
+        row. Not with eager attention: the analyses that switch to it read its attention weights."""
         text = self.model.config.get_text_config()
         return self.shared_prefix_attention and text.model_type in self.SHARED_PREFIX_MODELS \
             and text._attn_implementation == "sdpa"
-
-    #: Whether the family's suffix batches may use :meth:`_reads_prefix_in_place` (LLaVA).
-    shared_prefix_attention: bool = False
 
     def _suffix_batch(self, opened: _Rows, batch: list[int]) -> torch.Tensor:
         """Logits at the last token of each suffix of ``batch`` (right-padded, on its image's prefix)."""
@@ -917,20 +924,21 @@ class TransformersVLM(LogitsVLM):
         width = max(len(row) for row in suffixes)
         pad = self.tokenizer.pad_token_id or 0
         input_ids = torch.full((len(batch), width), pad, dtype=torch.long, device=self.device)
-        mask = torch.zeros((len(batch), prefix_length + width), dtype=torch.long, device=self.device)
-        mask[:, :prefix_length] = 1
         for r, row in enumerate(suffixes):
             input_ids[r, : len(row)] = row
-            mask[r, prefix_length : prefix_length + len(row)] = 1
         slots = torch.arange(prefix_length, prefix_length + width, device=self.device)
-        if self._reads_prefix_in_place():
+        if self._reads_prefix_in_place():  # causal attention alone: a row's padding comes after its last token
             text = self.model.config.get_text_config()
             with shared_prefix.shared_prefix_attention(text, [p.tensors for p in prefixes], image_of_row):
                 logits = self._suffix_forward(input_ids, None, shared_prefix.SuffixOnlyCache(config=text), slots,
                                               extra=prefixes[0].extra)
         else:
-            cache = self._rows_cache(prefixes, image_of_row)
-            logits = self._suffix_forward(input_ids, mask, cache, slots, extra=prefixes[0].extra)
+            mask = torch.zeros((len(batch), prefix_length + width), dtype=torch.long, device=self.device)
+            mask[:, :prefix_length] = 1
+            for r, row in enumerate(suffixes):
+                mask[r, prefix_length : prefix_length + len(row)] = 1
+            logits = self._suffix_forward(input_ids, mask, self._rows_cache(prefixes, image_of_row), slots,
+                                          extra=prefixes[0].extra)
         last = torch.tensor([len(row) - 1 for row in suffixes], device=self.device)
         return logits[torch.arange(len(batch)), last].float().cpu()
 

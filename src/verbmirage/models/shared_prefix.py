@@ -67,7 +67,7 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     query = query.reshape(rows, kv_heads, folded, dim)
     causal = torch.ones(length, length, dtype=torch.bool, device=query.device).tril().repeat(heads // kv_heads, 1)
     own, own_lse = _attend(query, key, value, scale, causal)
-    output = torch.empty_like(own)
+    output = None if groups[0] is None else torch.empty_like(own)  # one prefix: its result is the output
     for prefix, members in zip(prefixes, groups):
         keys, values = prefix[module.layer_idx]
         chosen = query if members is None else query[members]
