@@ -47,5 +47,7 @@ def test_question_set_benchmark_prints_each_set_and_the_total(demo_roots):
                          capture_output=True, text=True, timeout=600, check=True).stdout
     assert re.search(r"load anno.mat:\s+[\d.]+ s", out)
     assert len(re.findall(r"^\s+\w+\s+alone:\s+[\d.]+ s\s+\d+ rows$", out, re.M)) == 5
-    assert re.search(r"total \(load \+ five sets\):\s+[\d.]+ s", out)
+    assert re.search(r"five sets together, one process:\s+[\d.]+ s", out)
+    assert re.search(r"five sets together, 1 worker\(s\):\s+[\d.]+ s \(tables equal; ratio [\d.]+x\)", out)
+    assert re.search(r"total \(load \+ five sets on 1 worker\(s\)\):\s+[\d.]+ s", out)
     assert "(tables equal)" in out and re.search(r"speed-up \(reference / together\):\s+[\d.]+x", out)

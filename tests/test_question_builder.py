@@ -1,6 +1,7 @@
 """The fast question builder against the slow, obvious one (tests/question_reference.py): same rows, order, ids."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -11,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from question_reference import reference_question_set  # noqa: E402
 
+from verbmirage import questions  # noqa: E402
 from verbmirage.questions import (  # noqa: E402
     QUESTION_SETS,
     QuestionSettings,
@@ -60,6 +62,52 @@ def test_one_set_alone_equals_the_same_set_built_with_others(demo_anno):
     together = build_question_sets(demo_anno, ["mc_obj", "yn_verb"], QuestionSettings())
     for qset in ("yn_verb", "mc_obj"):
         _assert_same_table(build_question_set(demo_anno, qset, QuestionSettings()), together[qset], qset)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_sets_split_over_forked_workers_equal_one_process(demo_anno, monkeypatch, workers):
+    """Each image has its own random stream, so any split of the images gives the same tables (shares of one
+    image each here, so some shares ask a set nothing)."""
+    monkeypatch.setattr(questions, "MIN_IMAGES_PER_WORKER", 1)
+    alone = build_question_sets(demo_anno, list(QUESTION_SETS), QuestionSettings())
+    split = build_question_sets(demo_anno, list(QUESTION_SETS), QuestionSettings(), workers=workers)
+    for qset in QUESTION_SETS:
+        _assert_same_table(split[qset], alone[qset], f"{qset} on {workers} workers")
+
+
+def test_real_images_split_over_workers_equal_the_reference(real_anno, monkeypatch):
+    monkeypatch.setattr(questions, "MIN_IMAGES_PER_WORKER", 100)
+    images = set(real_anno.images["test"][1::16])
+    split = build_question_sets(real_anno, ["yn_obj", "mc_obj", "obj_exist"], QuestionSettings(), images=images,
+                                workers=2)
+    for qset, table in split.items():
+        _assert_same_table(table, reference_question_set(real_anno, qset, images=images), qset)
+
+
+def test_image_shares_are_contiguous_and_large_enough(monkeypatch):
+    monkeypatch.setattr(questions, "MIN_IMAGES_PER_WORKER", 10)
+    rows = list(range(35))
+    assert questions._image_shares(rows, 1) == [rows]
+    shares = questions._image_shares(rows, 8)  # at most 35 // 10 shares of at least 10 images
+    assert [len(share) for share in shares] == [12, 11, 12]
+    assert sum(shares, []) == rows
+    assert questions._image_shares(rows[:19], 4) == [rows[:19]]
+    with pytest.raises(ValueError, match="workers must be at least 1"):
+        questions._image_shares(rows, 0)
+
+
+def test_a_forked_worker_s_error_reaches_the_caller(demo_anno, monkeypatch):
+    monkeypatch.setattr(questions, "MIN_IMAGES_PER_WORKER", 1)
+    real_build, caller = questions.QUESTION_SETS["yn_obj"].build, os.getpid()
+
+    def fails_in_a_forked_worker(labels, *args):
+        if os.getpid() != caller:
+            raise RuntimeError(f"cannot draft {labels.image_id} in a worker")
+        return real_build(labels, *args)
+
+    monkeypatch.setitem(questions.QUESTION_SETS, "yn_obj", questions.QuestionSet("yn", fails_in_a_forked_worker))
+    with pytest.raises(RuntimeError, match="cannot draft .* in a worker"):
+        build_question_sets(demo_anno, ["yn_obj"], QuestionSettings(), workers=2)
 
 
 def test_unknown_set_is_named():

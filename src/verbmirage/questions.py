@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
 import zlib
 from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
 from functools import lru_cache
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
@@ -409,32 +411,41 @@ def rare_hois(train_labels: np.ndarray, vocab: Vocabulary, threshold: float) -> 
     return frozenset(rare)
 
 
-def image_labels(anno: HicoAnnotations, split: str, vocab: Vocabulary) -> list[ImageLabels]:
-    """Label sets of every image of a split."""
+def image_labels(anno: HicoAnnotations, split: str, vocab: Vocabulary,
+                 rows: Iterable[int] | None = None) -> list[ImageLabels]:
+    """Label sets of every image of a split (or of its images at positions ``rows``)."""
+    names, labels = anno.images[split], anno.labels[split]
     return [
-        ImageLabels.from_row(name.rsplit(".", 1)[0], anno.image_relpath(split, name), row, vocab)
-        for name, row in zip(anno.images[split], anno.labels[split])
+        ImageLabels.from_row(names[i].rsplit(".", 1)[0], anno.image_relpath(split, names[i]), labels[i], vocab)
+        for i in (range(len(names)) if rows is None else rows)
     ]
 
 
 def build_question_set(
     anno: HicoAnnotations, qset: str, settings: QuestionSettings, dataset: str = "hico",
-    images: Collection[str] | None = None,
+    images: Collection[str] | None = None, workers: int = 1,
 ) -> pd.DataFrame:
     """All questions of one set, one row per question (per rotation for MC).
 
     The images are those of ``settings.split``; ``images`` (file names of that split) keeps only those,
     e.g. the training images of a calibration set (``verbmirage.decisions``), built by the same protocol.
+    ``workers``: see :func:`build_question_sets`.
     """
-    return build_question_sets(anno, [qset], settings, dataset, images)[qset]
+    return build_question_sets(anno, [qset], settings, dataset, images, workers)[qset]
 
 
 def build_question_sets(
     anno: HicoAnnotations, qsets: Iterable[str], settings: QuestionSettings, dataset: str = "hico",
-    images: Collection[str] | None = None,
+    images: Collection[str] | None = None, workers: int = 1,
 ) -> dict[str, pd.DataFrame]:
     """Several sets at once (the same tables as :func:`build_question_set` one by one): the vocabulary,
-    the rare HOIs and every image's label sets are computed once for all of them."""
+    the rare HOIs and every image's label sets are computed once for all of them.
+
+    ``workers`` > 1 splits the images into that many contiguous shares, built at the same time in forked
+    processes (this one builds the first). Every image has its own random stream, so the tables are the same
+    for any number of workers; where ``fork`` is unavailable, or the split has fewer than
+    ``MIN_IMAGES_PER_WORKER`` images per share, the sets are built here alone.
+    """
     qsets = list(qsets)
     for qset in qsets:
         if qset not in QUESTION_SETS:
@@ -442,18 +453,70 @@ def build_question_sets(
     vocab = Vocabulary.from_hois(anno.hois)
     rare = rare_hois(anno.labels["train"], vocab, settings.rare_threshold)
     chosen = None if images is None else {anno.image_relpath(settings.split, name) for name in images}
-    labels = [item for item in image_labels(anno, settings.split, vocab) if chosen is None or item.image in chosen]
-    return {qset: _question_table(labels, vocab, rare, qset, settings, dataset) for qset in qsets}
+    rows = [i for i, name in enumerate(anno.images[settings.split])
+            if chosen is None or anno.image_relpath(settings.split, name) in chosen]
+    shares = _image_shares(rows, workers)
+    job = _QuestionJob(anno, vocab, rare, tuple(qsets), settings, dataset)
+    if len(shares) == 1:
+        parts = [job.frames(shares[0])]
+    else:
+        global _FORKED_JOB
+        _FORKED_JOB = job  # the forked workers inherit it: nothing large is pickled on the way out
+        try:
+            context = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(len(shares) - 1, mp_context=context) as pool:
+                others = [pool.submit(_forked_share_frames, share) for share in shares[1:]]
+                parts = [job.frames(shares[0])] + [future.result() for future in others]
+        finally:
+            _FORKED_JOB = None
+    return {qset: _joined_shares([part[qset] for part in parts], qset, settings) for qset in qsets}
+
+
+#: The fewest images a worker of ``build_question_sets`` gets: below this, forking costs more than it saves.
+MIN_IMAGES_PER_WORKER = 1000
+_FORKED_JOB = None
+
+
+def _image_shares(rows: list[int], workers: int) -> list[list[int]]:
+    """``rows`` cut into at most ``workers`` contiguous shares of at least MIN_IMAGES_PER_WORKER images."""
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    if "fork" not in multiprocessing.get_all_start_methods():
+        workers = 1
+    count = max(1, min(workers, len(rows) // MIN_IMAGES_PER_WORKER))
+    bounds = np.linspace(0, len(rows), count + 1).round().astype(int)
+    return [rows[start:stop] for start, stop in zip(bounds[:-1], bounds[1:])]
+
+
+def _forked_share_frames(rows: list[int]) -> dict[str, pd.DataFrame]:
+    return _FORKED_JOB.frames(rows)
 
 
 QUESTION_COLUMNS = ("question_id", "dataset", "qset", "image_id", "image", "verb", "object", "hoi_id", "prompt",
                     "options", "answer", "group_id", "rotation", "rare", "common")
 
 
-def _question_table(images: list[ImageLabels], vocab: Vocabulary, rare: frozenset[int], qset: str,
+@dataclass(frozen=True)
+class _QuestionJob:
+    """What every share of ``build_question_sets`` needs; ``frames`` drafts one share's rows of each set."""
+
+    anno: HicoAnnotations
+    vocab: Vocabulary
+    rare: frozenset[int]
+    qsets: tuple[str, ...]
+    settings: QuestionSettings
+    dataset: str
+
+    def frames(self, rows: list[int]) -> dict[str, pd.DataFrame]:
+        labels = image_labels(self.anno, self.settings.split, self.vocab, rows)
+        return {qset: _question_frame(labels, self.vocab, self.rare, qset, self.settings, self.dataset)
+                for qset in self.qsets}
+
+
+def _question_frame(images: list[ImageLabels], vocab: Vocabulary, rare: frozenset[int], qset: str,
                     settings: QuestionSettings, dataset: str) -> pd.DataFrame:
-    """One set's rows, image by image in split order, collected column by column (one dict per row costs
-    more than the drafting itself at HICO's 100K+ rows)."""
+    """One set's rows on some images, image by image in split order, collected column by column (one dict per
+    row costs more than the drafting itself at HICO's 100K+ rows)."""
     builder = QUESTION_SETS[qset].build
     common = set(settings.common_verbs)
     columns: dict[str, list] = {name: [] for name in QUESTION_COLUMNS}
@@ -483,14 +546,21 @@ def _question_table(images: list[ImageLabels], vocab: Vocabulary, rare: frozense
             rotations.append(draft.rotation)
         image_ids += [labels.image_id] * len(drafts)
         image_names += [labels.image] * len(drafts)
-    if not question_ids:
-        raise ValueError(f"question set '{qset}' is empty: no {settings.split} image has a usable positive label")
     columns["dataset"] = [dataset] * len(question_ids)
     columns["qset"] = [qset] * len(question_ids)
     columns["rare"] = [hoi is not None and hoi in rare for hoi in hoi_ids]
     columns["common"] = [verb in common for verb in verbs]
     frame = pd.DataFrame(columns)
     frame["hoi_id"] = frame["hoi_id"].astype("Int64")
+    return frame
+
+
+def _joined_shares(parts: list[pd.DataFrame], qset: str, settings: QuestionSettings) -> pd.DataFrame:
+    """One set's table from its shares' rows, in share order; an empty or duplicated set is an error."""
+    parts = [part for part in parts if len(part)]  # an empty share's columns have no dtypes to agree on
+    if not parts:
+        raise ValueError(f"question set '{qset}' is empty: no {settings.split} image has a usable positive label")
+    frame = parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)
     duplicated = frame.question_id.duplicated()
     if duplicated.any():
         raise AssertionError(f"duplicate question ids in {qset}: {frame.question_id[duplicated].head().tolist()}")
