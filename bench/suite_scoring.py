@@ -136,10 +136,13 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--continue-tokens", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3, help="runs of each path; the best one counts")
+    parser.add_argument("--hidden-size", type=int, default=128, help="width of the vision tower and language model")
+    parser.add_argument("--layers", type=int, default=4, help="layers of the vision tower and language model")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        path = build_tiny_llava(work / "llava336", image_size=336, patch_size=14, hidden_size=128, layers=4)
+        path = build_tiny_llava(work / "llava336", image_size=336, patch_size=14, hidden_size=args.hidden_size,
+                                layers=args.layers)
         model = create_model("bench", {"backend": "llava", "path": str(path), "device": args.device,
                                        "dtype": args.dtype, "local_files_only": True})
         model.continue_tokens = args.continue_tokens

@@ -496,32 +496,36 @@ class TransformersVLM(LogitsVLM):
         if cached is None or cached[0] is not image:
             first = self.encode(texts[:1], [image])
             count = int((first["input_ids"][0] == image_token).sum())
-            if self._expanded(self.tokenizer(texts[:1])["input_ids"][0], image_token, count) != \
-                    first["input_ids"][0, : int(first["attention_mask"][0].sum())].tolist():
+            expanded, _ = self._expanded_rows(self.tokenizer(texts[:1])["input_ids"], image_token, count)
+            if expanded[0].tolist() != first["input_ids"][0, : int(first["attention_mask"][0].sum())].tolist():
                 return self.encode(texts, [image] * len(texts))
             cached = self._encoded_images[id(image)] = (image, first, count)
             while len(self._encoded_images) > self.PREFIX_SLOTS:
                 self._encoded_images.popitem(last=False)
         _, first, count = cached
-        rows = [self._expanded(ids, image_token, count) for ids in self.tokenizer(texts)["input_ids"]]
-        width = max(len(row) for row in rows)
-        input_ids = torch.full((len(rows), width), self.tokenizer.pad_token_id or 0, dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, row in enumerate(rows):
-            input_ids[r, : len(row)] = torch.tensor(row)
-            attention_mask[r, : len(row)] = 1
+        input_ids, attention_mask = self._expanded_rows(self.tokenizer(texts)["input_ids"], image_token, count)
         encoded = {"input_ids": input_ids.to(self.device), "attention_mask": attention_mask.to(self.device)}
         if "mm_token_type_ids" in first:  # per-token modality marks (1 = image token)
             encoded["mm_token_type_ids"] = (encoded["input_ids"] == image_token).long()
-        return {**encoded, **self._image_inputs(first, len(rows))}
+        return {**encoded, **self._image_inputs(first, len(texts))}
 
-    @staticmethod
-    def _expanded(ids: list[int], image_token: int, count: int) -> list[int]:
-        """Token ids with each image placeholder repeated ``count`` times (the processor's expansion)."""
-        out: list[int] = []
-        for token in ids:
-            out += [token] * count if token == image_token else [token]
-        return out
+    def _expanded_rows(self, rows: list[list[int]], image_token: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input ids, attention mask) of token id rows, right-padded, with each image placeholder repeated
+        ``count`` times (the processor's expansion): written into one numpy array segment by segment (a tensor
+        per ~600-token row cost more than the tokenizer)."""
+        places = [[i for i, token in enumerate(ids) if token == image_token] for ids in rows]
+        lengths = np.array([len(ids) + (count - 1) * len(found) for ids, found in zip(rows, places)])
+        input_ids = np.full((len(rows), int(lengths.max())), self.tokenizer.pad_token_id or 0, dtype=np.int64)
+        for r, (ids, found) in enumerate(zip(rows, places)):
+            start = column = 0
+            for place in found:  # the text before each placeholder, then its image tokens
+                input_ids[r, column : column + place - start] = ids[start:place]
+                column += place - start
+                input_ids[r, column : column + count] = image_token
+                column, start = column + count, place + 1
+            input_ids[r, column : column + len(ids) - start] = ids[start:]
+        attention_mask = np.arange(input_ids.shape[1])[None] < lengths[:, None]
+        return torch.from_numpy(input_ids), torch.from_numpy(attention_mask.astype(np.int64))
 
     PER_TOKEN_KEYS = frozenset({"input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids"})
 
@@ -791,7 +795,7 @@ class TransformersVLM(LogitsVLM):
             cache = self._cache_of(list(image_prefix.tensors))
             slots = torch.arange(start, start + len(header), device=self.device)
             mask = torch.ones((1, start + len(header)), dtype=torch.long, device=self.device)
-            self._suffix_forward(header[None].to(self.device), mask, cache, slots, extra=image_prefix.extra)
+            self._suffix_forward(header[None].to(self.device), mask, cache, slots, extra=image_prefix.extra, keep=1)
             prefix = _Prefix([(layer.keys, layer.values) for layer in cache.layers], image_prefix.extra)
             self._keep_prefixes({key: prefix})
         return prefix
@@ -835,7 +839,7 @@ class TransformersVLM(LogitsVLM):
                       for _, image_path, prefix_ids, encoded in group]
             batch = inputs[0] if len(inputs) == 1 else {key: torch.cat([one[key] for one in inputs])
                                                         for key in inputs[0]}
-            output = self.model(**batch, use_cache=True)
+            output = self.model(**batch, use_cache=True, logits_to_keep=1)  # the prefix's logits are not used
             cache = output.get("cache") or output.get("past_key_values")
             extra = self._prefix_extra()
             computed = {key: _Prefix([(layer.keys[j : j + 1], layer.values[j : j + 1]) for layer in cache.layers],
@@ -927,29 +931,32 @@ class TransformersVLM(LogitsVLM):
         for r, row in enumerate(suffixes):
             input_ids[r, : len(row)] = row
         slots = torch.arange(prefix_length, prefix_length + width, device=self.device)
+        last = torch.tensor([[len(row) - 1] for row in suffixes], device=self.device)  # the only logits kept
         if self._reads_prefix_in_place():  # causal attention alone: a row's padding comes after its last token
             text = self.model.config.get_text_config()
             with shared_prefix.shared_prefix_attention(text, [p.tensors for p in prefixes], image_of_row):
                 logits = self._suffix_forward(input_ids, None, shared_prefix.SuffixOnlyCache(config=text), slots,
-                                              extra=prefixes[0].extra)
+                                              extra=prefixes[0].extra, keep=last)
         else:
             mask = torch.zeros((len(batch), prefix_length + width), dtype=torch.long, device=self.device)
             mask[:, :prefix_length] = 1
             for r, row in enumerate(suffixes):
                 mask[r, prefix_length : prefix_length + len(row)] = 1
             logits = self._suffix_forward(input_ids, mask, self._rows_cache(prefixes, image_of_row), slots,
-                                          extra=prefixes[0].extra)
-        last = torch.tensor([len(row) - 1 for row in suffixes], device=self.device)
-        return logits[torch.arange(len(batch)), last].float().cpu()
+                                          extra=prefixes[0].extra, keep=last)
+        return logits[:, 0].float().cpu()
 
-    def _suffix_forward(self, input_ids, attention_mask, cache, slots, positions=None, extra=None) -> torch.Tensor:
+    def _suffix_forward(self, input_ids, attention_mask, cache, slots, positions=None, extra=None,
+                        keep: int | torch.Tensor = 0) -> torch.Tensor:
         """Logits of tokens fed after the cached prefix. ``slots``: their cache indices [width];
         ``positions``: each row's position ids [rows, width] where rows are left-padded (default: the slots);
-        ``extra``: the prefix's :meth:`_prefix_extra`."""
+        ``extra``: the prefix's :meth:`_prefix_extra`; ``keep``: transformers' ``logits_to_keep`` (0: every
+        position; n: the last n; [rows, k] indices: those of each row), so the vocabulary projection runs only
+        where logits are read."""
         position_ids = slots[None].expand(input_ids.shape[0], -1) if positions is None else positions
         return self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache_position=slots,
-            use_cache=True, **{self._cache_argument: cache},
+            use_cache=True, logits_to_keep=keep, **{self._cache_argument: cache},
         ).logits
 
     # ---- decoding variants (beam search, sampling, VCD): models/decoding.py -----------------------------
@@ -1165,7 +1172,8 @@ class _PrefixStepper:
         self.next_position = prefix_length + lengths
         positions = (prefix_length + columns[None] - (width - lengths)[:, None]).clamp(min=prefix_length)
         slots = torch.arange(prefix_length, self.length, device=device)
-        self.first = vlm._suffix_forward(input_ids, self.mask, self.cache, slots, positions, extra)[:, -1].float()
+        self.first = vlm._suffix_forward(input_ids, self.mask, self.cache, slots, positions, extra,
+                                         keep=1)[:, -1].float()
 
     def subset(self, rows: list[int]) -> "_PrefixStepper":
         """A new stepper on ``rows`` of this one (copies of their cache rows; this one is unchanged)."""
@@ -1361,7 +1369,7 @@ class QwenVLM(TransformersVLM):
         return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                           use_cache=True, **{self._cache_argument: cache}).logits
 
-    def _suffix_forward(self, input_ids, attention_mask, cache, slots, positions=None, extra=None):
+    def _suffix_forward(self, input_ids, attention_mask, cache, slots, positions=None, extra=None, keep=0):
         """Text after the image: position = index + the image's rope delta (``extra``), on all three M-RoPE
         axes."""
         rope_delta = extra.to(self.device)
@@ -1369,5 +1377,5 @@ class QwenVLM(TransformersVLM):
         position_ids = (text + rope_delta).expand(3, -1, -1)
         return self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            cache_position=slots, use_cache=True, **{self._cache_argument: cache},
+            cache_position=slots, use_cache=True, logits_to_keep=keep, **{self._cache_argument: cache},
         ).logits
