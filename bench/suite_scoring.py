@@ -9,11 +9,11 @@ patch 14 -> 576 image tokens; narrow layers so it runs on a CPU):
 (b) all sets of an image in one call (``inference.score_questions``, image-major batches), as the
     ``predict_suite`` job does: each image's prefix once for all sets.
 
-Prints prompts/s of both, ``suite ratio`` (b over a), the largest score difference between the paths and
-the process's peak memory. ``--continue-tokens`` 0 (default) times the scoring pass only: decoding past an
+Prints prompts/s of both (each its best run), ``suite ratio`` (b over a: the median of ``--repeats`` pairs
+of runs, back to back), the largest score difference between the paths and the process's peak memory. ``--continue-tokens`` 0 (default) times the scoring pass only: decoding past an
 undecided first token is the same work in both paths.
 
-    python bench/suite_scoring.py [--images 12] [--batch-size 64] [--device cpu] [--repeats 3]
+    python bench/suite_scoring.py [--images 12] [--batch-size 64] [--device cpu] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import resource
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -102,29 +103,48 @@ def peak_memory_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def time_both(model, suite, batch_size: int, synchronize=lambda: None, repeats: int = 1) -> tuple[float, float, float]:
-    """prompts/s of (a) and (b), each the best of ``repeats`` interleaved runs (the least disturbed by other
-    work on the machine), and their largest score difference."""
-    per_set_seconds = together_seconds = math.inf
-    for _ in range(repeats):
-        synchronize()
-        start = time.perf_counter()
-        per_set = one_set_per_call(model, suite, batch_size)
-        synchronize()
-        per_set_seconds = min(per_set_seconds, time.perf_counter() - start)
-        start = time.perf_counter()
-        together = all_sets_per_call(model, suite, batch_size)
-        synchronize()
-        together_seconds = min(together_seconds, time.perf_counter() - start)
-    return len(suite) / per_set_seconds, len(suite) / together_seconds, score_difference(per_set, together)
+@dataclass
+class Timing:
+    """prompts/s of (a) and (b), each the best of its runs, and the suite ratio: the median over the runs of
+    (a)'s time over (b)'s in the same pair of runs. This machine's speed drifts by +-20% within a minute, so
+    the best (a) and the best (b) may come from different moments; a pair run back to back does not."""
+
+    per_set: float
+    together: float
+    ratio: float
+    ratios: list[float]
+    difference: float
 
 
-def report(n_prompts: int, n_images: int, per_set: float, together: float, difference: float) -> None:
+def time_both(model, suite, batch_size: int, synchronize=lambda: None, repeats: int = 1) -> Timing:
+    """``repeats`` pairs of runs of (a) and (b), back to back, in alternating order (a drift in speed then
+    favours neither), and the largest score difference between the paths."""
+    per_set_seconds, together_seconds, ratios = [], [], []
+    for repeat in range(repeats):
+        seconds = {}
+        for name in (("a", "b") if repeat % 2 == 0 else ("b", "a")):
+            synchronize()
+            start = time.perf_counter()
+            if name == "a":
+                per_set = one_set_per_call(model, suite, batch_size)
+            else:
+                together = all_sets_per_call(model, suite, batch_size)
+            synchronize()
+            seconds[name] = time.perf_counter() - start
+        per_set_seconds.append(seconds["a"])
+        together_seconds.append(seconds["b"])
+        ratios.append(seconds["a"] / seconds["b"])
+    return Timing(len(suite) / min(per_set_seconds), len(suite) / min(together_seconds), float(np.median(ratios)),
+                  ratios, score_difference(per_set, together))
+
+
+def report(n_prompts: int, n_images: int, timing: Timing) -> None:
     print(f"{n_prompts} prompts of {len(HICO_SETS)} sets on {n_images} images ({n_prompts / n_images:.1f} per image)")
-    print(f"(a) one set per call:          {per_set:8.2f} prompts/s")
-    print(f"(b) all sets of an image:      {together:8.2f} prompts/s")
-    print(f"suite ratio (b / a):           {together / per_set:8.2f}x")
-    print(f"max |score difference|:        {difference:.2e}")
+    print(f"(a) one set per call:          {timing.per_set:8.2f} prompts/s")
+    print(f"(b) all sets of an image:      {timing.together:8.2f} prompts/s")
+    print(f"suite ratio (b / a):           {timing.ratio:8.2f}x (median of {len(timing.ratios)} back-to-back pairs: "
+          + ", ".join(f"{ratio:.2f}" for ratio in sorted(timing.ratios)) + ")")
+    print(f"max |score difference|:        {timing.difference:.2e}")
     print(f"peak memory:                   {peak_memory_mib():8.0f} MiB")
 
 
@@ -135,7 +155,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--continue-tokens", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each path; the best one counts")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="pairs of runs of (a) and (b); rates: the best run, ratio: the median pair")
     parser.add_argument("--hidden-size", type=int, default=128, help="width of the vision tower and language model")
     parser.add_argument("--layers", type=int, default=4, help="layers of the vision tower and language model")
     args = parser.parse_args()
@@ -148,8 +169,8 @@ def main() -> None:
         model.continue_tokens = args.continue_tokens
         suite = hico_suite(args.images, work)
         model.score_yes_no([q for s, q in suite if s == "yn_obj"][:2])  # warm-up
-        per_set, together, difference = time_both(model, suite, args.batch_size, repeats=args.repeats)
-    report(len(suite), args.images, per_set, together, difference)
+        timing = time_both(model, suite, args.batch_size, repeats=args.repeats)
+    report(len(suite), args.images, timing)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,11 @@
-"""Suffix batches that read their cached prefixes in place (models/shared_prefix.py) and shared text headers
-(TransformersVLM._text_headers): the same scores as giving every row its own copy of its whole prompt."""
+"""Suffix batches that read their cached prefixes in place (models/shared_prefix.py), shared text headers
+(TransformersVLM._text_headers) and where suffix batches are cut (_cheapest_cuts): the same scores as giving
+every row its own copy of its whole prompt."""
 
 from __future__ import annotations
+
+import itertools
+import random
 
 import numpy as np
 import pytest
@@ -9,6 +13,7 @@ import torch
 from PIL import Image
 
 from verbmirage.models import Question, create_model
+from verbmirage.models.hf import _cheapest_cuts
 from verbmirage.models.shared_prefix import _attend, _attention, shared_prefix_attention
 
 
@@ -101,3 +106,39 @@ def test_an_mc_question_header_is_cached_once_per_image_and_changes_no_score(lla
     without = _scores(model, questions, HEADER_SAVING=10**9)
     assert len(model._prefixes) == 2
     np.testing.assert_allclose(with_headers, without, atol=1e-5)
+
+
+def _padded_cost(lengths: list[int], cuts: list[int], batch_cost: int) -> int:
+    bounds = [0] + cuts + [len(lengths)]
+    return sum((stop - start) * lengths[stop - 1] + batch_cost for start, stop in zip(bounds[:-1], bounds[1:]))
+
+
+def test_suffix_batches_are_cut_where_a_search_of_every_cut_finds_the_least_work():
+    generator = random.Random(0)
+    for _ in range(300):
+        lengths = sorted(generator.randint(1, 40) for _ in range(generator.randint(1, 8)))
+        batch_cost = generator.choice([0, 3, 32, 1000])
+        cuts = _cheapest_cuts(lengths, batch_cost)
+        assert cuts == sorted(set(cuts)) and all(0 < cut < len(lengths) for cut in cuts)
+        every = [list(chosen) for k in range(len(lengths))
+                 for chosen in itertools.combinations(range(1, len(lengths)), k)]
+        least = min(_padded_cost(lengths, other, batch_cost) for other in every)
+        assert _padded_cost(lengths, cuts, batch_cost) == least
+    assert _cheapest_cuts([10, 10, 10, 30, 30, 30], 5) == [3]  # short and long prompts apart
+    assert _cheapest_cuts([10, 10, 10, 30, 30, 30], 1000) == []  # one forward is worth the padding
+
+
+def test_scores_do_not_depend_on_where_suffix_batches_are_cut(llava, monkeypatch):
+    model, questions = llava
+    questions = questions + [Question(q.question_id + "_long", q.prompt + " Look at the horse and the bike.",
+                                      q.image, q.options) for q in questions[:3]]
+    sizes = []
+    suffix_batch = model._suffix_batch
+    monkeypatch.setattr(model, "_suffix_batch", lambda opened, batch: sizes.append(len(batch)) or
+                        suffix_batch(opened, batch))
+    apart = _scores(model, questions, BATCH_COST=0)
+    cut_apart, sizes[:] = list(sizes), []
+    together = _scores(model, questions, BATCH_COST=10**6)
+    assert len(cut_apart) > len(sizes)  # the same rows, cut into more batches
+    for score, other in zip(apart, together):
+        np.testing.assert_allclose(score, other, atol=1e-5)
