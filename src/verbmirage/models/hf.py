@@ -747,10 +747,11 @@ class TransformersVLM(LogitsVLM):
             return None
         return found[0][0].subset([row for _, row in found])
 
-    #: A suffix batch's fixed cost in token positions (one more forward: ~1.6 ms on the CPU benchmark model, as
-    #: much as ~32 padded positions): suffix batches are cut where padding costs more than that
-    #: (:func:`_cheapest_cuts`), so YN and MC prompts of an image (short and long suffixes) do not pad each other.
-    BATCH_COST = 32
+    #: A suffix batch's fixed cost in token positions: suffix batches are cut where padding costs more than one
+    #: more forward (:func:`_cheapest_cuts`), so YN and MC prompts of an image (short and long suffixes) do not
+    #: pad each other much. Measured on the CPU (bench/suite_scoring.py's model and the demo's tiny LLaVA),
+    #: 256-2000 were as fast as or faster than 32; on a GPU a forward's launch overhead makes it larger still.
+    BATCH_COST = 256
 
     def _open_rows(self, items: list[tuple], noised: bool) -> _Rows:
         """Tokenize ``items`` per image and find (computing what is missing) each image's prefix."""
