@@ -237,15 +237,20 @@ def test_decoding_holds_at_most_the_calls_rows_and_halves_on_out_of_memory(tiny_
 def test_decoding_from_the_scoring_pass_equals_opening_the_prompts_again(tiny_dirs, scene, monkeypatch, entry):
     """Greedy continuations, beam search, sampling (with VCD) and OPERA start from the scoring pass's rows (kept
     openings) instead of running the prompts again: the same results as without them, YN and MC of both images
-    in one call."""
-    from verbmirage.models.hf import TransformersVLM
+    in one call. Suffix batches cut at every length here, so a decoding joins rows of several (not OPERA)."""
+    from verbmirage.models.hf import TransformersVLM, _PrefixStepper
 
     model = tiny(tiny_dirs, "llava")
     model.use_variant(Variant.from_config(entry))
     model.continue_tokens = 4
+    model.BATCH_COST = 0
+    joined = []
+    real_joined = _PrefixStepper.joined.__func__
+    monkeypatch.setattr(_PrefixStepper, "joined", classmethod(lambda cls, picks: joined.append(len(picks)) or
+                                                              real_joined(cls, picks)))
     questions = yes_no_questions(scene, n=6) + [
-        Question(f"m{i}", "Which action?\nA. riding\nB. holding\nC. eating\nD. washing", scene[i % 2],
-                 ("riding", "holding", "eating", "washing")) for i in range(4)]
+        Question(f"m{i}", f"Which action{' do you see' * (i // 2)}?\nA. riding\nB. holding\nC. eating\nD. washing",
+                 scene[i % 2], ("riding", "holding", "eating", "washing")) for i in (2, 0, 3, 1)]  # batches interleaved
     flags = [q.options is not None and len(q.options) > 0 for q in questions]
     taken = []
     real_take = TransformersVLM._take_opening
@@ -256,6 +261,7 @@ def test_decoding_from_the_scoring_pass_equals_opening_the_prompts_again(tiny_di
     assert sum(stepper is not None for stepper in taken) >= (1 if entry["decoding"] == "greedy" else 2)
     if entry["decoding"] != "greedy":  # every question decoded: no kept row is left
         assert not any(model._openings[noised] for noised in (False, True)), model._openings
+    assert (len(joined) > 0) == (entry["decoding"] != "opera"), joined
 
     monkeypatch.setattr(TransformersVLM, "_take_opening", lambda self, items, noised: None)
     monkeypatch.setattr(TransformersVLM, "_kept_opening",

@@ -740,12 +740,21 @@ class TransformersVLM(LogitsVLM):
         return self._answer_token_sets[multiple_choice]
 
     def _take_opening(self, items: list[tuple], noised: bool):
-        """A stepper on ``items`` from the call's kept openings (rows of one scoring batch), or None."""
+        """A stepper on ``items`` from the call's kept openings, or None: the rows of one scoring batch, or of
+        several joined (:meth:`_PrefixStepper.joined`; not for OPERA, which needs one prompt width, nor where
+        a prefix carries more than its keys and values, such as Qwen's rope delta)."""
         kept = (self._openings or {}).get(noised)
         found = [kept.get((path, text)) for path, _, text in items] if kept else [None]
-        if any(entry is None for entry in found) or len({id(entry[0]) for entry in found}) != 1:
+        if any(entry is None for entry in found):
             return None
-        return found[0][0].subset([row for _, row in found])
+        steppers = {id(stepper): stepper for stepper, _ in found}
+        if len(steppers) == 1:
+            return found[0][0].subset([row for _, row in found])
+        return _PrefixStepper.joined(found) if all(map(self._joins, steppers.values())) else None
+
+    def _joins(self, stepper) -> bool:
+        """Whether the rows of this kept opening may decode joined with those of others."""
+        return self.variant.decoding != "opera" and stepper.extra is None
 
     #: A suffix batch's fixed cost in token positions: suffix batches are cut where padding costs more than one
     #: more forward (:func:`_cheapest_cuts`), so YN and MC prompts of an image (short and long suffixes) do not
@@ -778,8 +787,7 @@ class TransformersVLM(LogitsVLM):
                     headers.setdefault(key, (image_key, suffixes[r][:header]))
                 rows.add(indices[r], image_path, key, prefix_length + header, suffixes[r][header:])
         rows.prefixes = self._prefix_caches(needed, noised)
-        for key, (image_key, header) in headers.items():  # image prefix + shared text header, kept the same way
-            rows.prefixes[key] = self._header_prefix(key, rows.prefixes[image_key], header)
+        rows.prefixes.update(self._header_prefixes(headers, rows.prefixes))  # image prefix + shared text header
         return rows
 
     #: A text header (the first suffix tokens several prompts of an image share, e.g. an MC question before its
@@ -809,18 +817,33 @@ class TransformersVLM(LogitsVLM):
                     headers[r] = length
         return headers
 
-    def _header_prefix(self, key: tuple, image_prefix: _Prefix, header: torch.Tensor) -> _Prefix:
-        """The cached prefix of an image followed by a text header: the header's one forward on the image's."""
-        prefix = self._kept_prefix(key)
-        if prefix is None:
-            start = image_prefix.tensors[0][0].shape[-2]
-            cache = self._cache_of(list(image_prefix.tensors))
+    def _header_prefixes(self, headers: dict[tuple, tuple[tuple, torch.Tensor]],
+                         image_prefixes: dict[tuple, _Prefix]) -> dict[tuple, _Prefix]:
+        """The cached prefix of each image followed by a text header (``headers``: key -> (the image prefix's
+        key, header tokens)), kept like image prefixes: one forward of each header on its image's prefix, the
+        images with the same header and prefix length (:attr:`cross_image_batches`) in one batch."""
+        found, groups = {}, {}
+        for key, (image_key, header) in headers.items():
+            found[key] = self._kept_prefix(key)
+            if found[key] is None:
+                image = image_prefixes[image_key]
+                group = (tuple(header.tolist()), image.tensors[0][0].shape[-2]) if self.cross_image_batches else key
+                groups.setdefault(group, []).append((key, image, header))
+        for group in groups.values():
+            images, header, rows = [image for _, image, _ in group], group[0][2], len(group)
+            start = images[0].tensors[0][0].shape[-2]
+            cache = self._cache_of([(torch.cat([image.tensors[layer][0] for image in images]),
+                                     torch.cat([image.tensors[layer][1] for image in images]))
+                                    for layer in range(len(images[0].tensors))])
             slots = torch.arange(start, start + len(header), device=self.device)
-            mask = torch.ones((1, start + len(header)), dtype=torch.long, device=self.device)
-            self._suffix_forward(header[None].to(self.device), mask, cache, slots, extra=image_prefix.extra, keep=1)
-            prefix = _Prefix([(layer.keys, layer.values) for layer in cache.layers], image_prefix.extra)
-            self._keep_prefixes({key: prefix})
-        return prefix
+            mask = torch.ones((rows, start + len(header)), dtype=torch.long, device=self.device)
+            self._suffix_forward(header[None].expand(rows, -1).to(self.device), mask, cache, slots,
+                                 extra=images[0].extra, keep=1)
+            computed = {key: _Prefix([(layer.keys[j : j + 1], layer.values[j : j + 1]) for layer in cache.layers],
+                                     image.extra) for j, (key, image, _) in enumerate(group)}
+            self._keep_prefixes(computed)
+            found.update(computed)
+        return found
 
     def _kept_prefix(self, key: tuple) -> _Prefix | None:
         """A kept prefix (now the most recently used), or None."""
@@ -1012,8 +1035,9 @@ class TransformersVLM(LogitsVLM):
         opened = None if all((path, text) in kept for path, _, text in items) else self._open_rows(items, False)
         batches: dict[tuple, list[int]] = {}
         for i, item in enumerate(items):
-            if (item[0], item[2]) in kept:  # rows of one scoring batch: the decoding starts from it
-                key = ("kept", id(kept[item[0], item[2]][0]))
+            if (item[0], item[2]) in kept:  # rows of the scoring batches: the decoding starts from them
+                stepper = kept[item[0], item[2]][0]
+                key = ("kept",) if self._joins(stepper) else ("kept", id(stepper))
             elif opened.suffix[i] is None:  # whole prompts: one batch per image and token length
                 key = ("full", item[0], opened.length[i])
             else:
@@ -1196,6 +1220,45 @@ class _PrefixStepper:
         slots = torch.arange(prefix_length, self.length, device=device)
         self.first = vlm._suffix_forward(input_ids, self.mask, self.cache, slots, positions, extra,
                                          keep=1)[:, -1].float()
+
+    @classmethod
+    def joined(cls, picks: list[tuple["_PrefixStepper", int]]) -> "_PrefixStepper":
+        """One stepper over rows of several, in the order of ``picks`` ((stepper, row) each): their caches side by
+        side, right-padded to the longest with the padding masked out, so that rows of different prefix and
+        prompt lengths decode in one batch. A step attends to every unmasked key whatever its column (a cached
+        key carries the position it was computed at; each row keeps its own next position)."""
+        steppers = list({id(stepper): stepper for stepper, _ in picks}.values())
+        vlm, length = steppers[0].vlm, max(stepper.length for stepper in steppers)
+        parts, order = [], {}
+        for stepper in steppers:
+            rows = [row for owner, row in picks if owner is stepper]
+            for row in rows:
+                order[id(stepper), row] = len(order)
+            part = stepper.subset(rows)
+            pad = length - part.length
+            if pad:
+                part.cache = vlm._cache_of([(torch.nn.functional.pad(layer.keys, (0, 0, 0, pad)),
+                                             torch.nn.functional.pad(layer.values, (0, 0, 0, pad)))
+                                            for layer in part.cache.layers])
+                part.mask = torch.nn.functional.pad(part.mask, (0, pad))
+            parts.append(part)
+        other = object.__new__(_PrefixStepper)
+        other.vlm, other.extra, other.length = vlm, None, length
+        other.cache = vlm._cache_of([(torch.cat([part.cache.layers[layer].keys for part in parts]),
+                                      torch.cat([part.cache.layers[layer].values for part in parts]))
+                                     for layer in range(len(parts[0].cache.layers))])
+        other.mask = torch.cat([part.mask for part in parts])
+        other.next_position = torch.cat([part.next_position for part in parts])
+        other.first = torch.cat([part.first for part in parts])
+        other.prompt_lengths = [length for part in parts for length in part.prompt_lengths]
+        other.prompt_columns = None  # the rows' prompts end at different columns (OPERA does not join)
+        wanted = [order[id(stepper), row] for stepper, row in picks]
+        if wanted != list(range(len(wanted))):
+            index = torch.tensor(wanted, device=vlm.device)
+            other.reorder(index)
+            other.first = other.first[index]
+            other.prompt_lengths = [other.prompt_lengths[i] for i in wanted]
+        return other
 
     def subset(self, rows: list[int]) -> "_PrefixStepper":
         """A new stepper on ``rows`` of this one (copies of their cache rows; this one is unchanged)."""
