@@ -134,9 +134,12 @@ def _is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
 
 
-def _probability(probs: torch.Tensor, row: int, token: int) -> float:
-    """P(token) of a row over the real tokens; 0 for an id of the output layer's padding (never a real answer)."""
-    return float(probs[row, token]) if token < probs.shape[1] else 0.0
+def _probabilities(probs: torch.Tensor, tokens: list[int]) -> list[float]:
+    """P(token) of each row over the real tokens; 0 for an id of the output layer's padding (never a real
+    answer). One gather for all rows: a thousand-row call spent more on per-row indexing than on its forwards."""
+    real = torch.tensor([token if token < probs.shape[1] else 0 for token in tokens], dtype=torch.long)
+    chosen = probs[torch.arange(len(tokens)), real].tolist()
+    return [value if token < probs.shape[1] else 0.0 for value, token in zip(chosen, tokens)]
 
 
 class LogitsVLM(VisionLanguageModel):
@@ -262,16 +265,15 @@ class LogitsVLM(VisionLanguageModel):
         first_ids, continued = self._decisions(questions, errors, probs.argmax(dim=-1), False,
                                                lambda i, text: yes_no_token(text) is not None)
         vcd = self._vcd_columns(len(questions))
+        p_yes, margins, confidences = (yes / (yes + no)).tolist(), margins.tolist(), _probabilities(probs, first_ids)
         results = []
         for i, error in enumerate(errors):
             if error is not None:
                 results.append(YesNoResult.failed(error))
                 continue
-            p_yes = float(yes[i] / (yes[i] + no[i]))
             prediction, raw, rule = decide_yes_no(self._token_text(first_ids[i]), continued.get(i), self.variant.label)
-            margin = float(margins[i]) if math.isfinite(float(margins[i])) else None
-            results.append(YesNoResult(p_yes, prediction, raw, _probability(probs, i, first_ids[i]), rule,
-                                       yes_margin=margin, **vcd[i]))
+            margin = margins[i] if math.isfinite(margins[i]) else None
+            results.append(YesNoResult(p_yes[i], prediction, raw, confidences[i], rule, yes_margin=margin, **vcd[i]))
         return results
 
     def _vcd_columns(self, n: int) -> list[dict]:
@@ -295,18 +297,21 @@ class LogitsVLM(VisionLanguageModel):
             questions, errors, probs.argmax(dim=-1), True,
             lambda i, text: decide_choice(text, None, questions[i].options)[0] != UNKNOWN)
         vcd = self._vcd_columns(len(questions))
+        letters = max((len(question.options) for question in questions), default=0)
+        masses = torch.stack([probs[:, ids].sum(-1) for ids in self._letter_ids[:letters]], dim=1).tolist() \
+            if letters else [[]] * len(questions)
+        confidences = _probabilities(probs, first_ids)
         results = []
         for i, (question, error) in enumerate(zip(questions, errors)):
             n = len(question.options)
             if error is not None:
                 results.append(MultipleChoiceResult.failed(n, error))
                 continue
-            mass = np.array([float(probs[i, self._letter_ids[k]].sum()) for k in range(n)])
+            mass = np.array(masses[i][:n])
             option_probs = tuple(float(x) for x in mass / mass.sum()) if mass.sum() > 0 else (math.nan,) * n
             letter, raw, rule = decide_choice(self._token_text(first_ids[i]), continued.get(i), question.options,
                                               self.variant.label)
-            confidence = _probability(probs, i, first_ids[i])
-            results.append(MultipleChoiceResult(option_probs, letter, raw, confidence, rule, **vcd[i]))
+            results.append(MultipleChoiceResult(option_probs, letter, raw, confidences[i], rule, **vcd[i]))
         return results
 
 
@@ -516,18 +521,32 @@ class TransformersVLM(LogitsVLM):
         if cached is None or cached[0] is not image:
             first = self.encode(texts[:1], [image])
             count = int((first["input_ids"][0] == image_token).sum())
-            expanded, _ = self._expanded_rows(self.tokenizer(texts[:1])["input_ids"], image_token, count)
+            expanded, _ = self._expanded_rows(self._text_ids(texts[:1]), image_token, count)
             if expanded[0].tolist() != first["input_ids"][0, : int(first["attention_mask"][0].sum())].tolist():
                 return self.encode(texts, [image] * len(texts))
             cached = self._encoded_images[id(image)] = (image, first, count)
             while len(self._encoded_images) > self.PREFIX_SLOTS:
                 self._encoded_images.popitem(last=False)
         _, first, count = cached
-        input_ids, attention_mask = self._expanded_rows(self.tokenizer(texts)["input_ids"], image_token, count)
+        input_ids, attention_mask = self._expanded_rows(self._text_ids(texts), image_token, count)
         encoded = {"input_ids": input_ids.to(self.device), "attention_mask": attention_mask.to(self.device)}
         if "mm_token_type_ids" in first:  # per-token modality marks (1 = image token)
             encoded["mm_token_type_ids"] = (encoded["input_ids"] == image_token).long()
         return {**encoded, **self._image_inputs(first, len(texts))}
+
+    #: At most this many prompt texts keep their token ids (:meth:`_text_ids`).
+    TEXT_IDS_KEPT = 1 << 16
+
+    def _text_ids(self, texts: list[str]) -> list[list[int]]:
+        """The tokenizer's ids of each text, the new ones tokenized in one call and kept: prompts repeat across
+        images (a YN question is asked of many), and one call per image cost ~1 ms each in the tokenizer."""
+        kept = self.__dict__.setdefault("_kept_text_ids", {})
+        new = list(dict.fromkeys(text for text in texts if text not in kept))
+        if new:
+            if len(kept) + len(new) > self.TEXT_IDS_KEPT:
+                kept.clear()
+            kept.update(zip(new, self.tokenizer(new)["input_ids"]))
+        return [kept[text] for text in texts]
 
     def _expanded_rows(self, rows: list[list[int]], image_token: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(input ids, attention mask) of token id rows, right-padded, with each image placeholder repeated
@@ -766,6 +785,7 @@ class TransformersVLM(LogitsVLM):
         """Tokenize ``items`` per image and find (computing what is missing) each image's prefix."""
         rows = _Rows(len(items))
         needed, headers = [], {}
+        self._text_ids([text for *_, text in items])  # every new prompt of the call in one tokenizer call
         for indices in self._by_image(items).values():
             image_path, image, _ = items[indices[0]]
             encoded = self.encode_shared_image([items[i][2] for i in indices], image)
