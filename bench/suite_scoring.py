@@ -19,7 +19,6 @@ undecided first token is the same work in both paths.
 from __future__ import annotations
 
 import argparse
-import math
 import resource
 import sys
 import tempfile
