@@ -8,6 +8,7 @@ one, is the plain model; the same (image, seed) gets the same noise in any batch
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -251,6 +252,7 @@ def test_decoding_from_the_scoring_pass_equals_opening_the_prompts_again(tiny_di
     questions = yes_no_questions(scene, n=6) + [
         Question(f"m{i}", f"Which action{' do you see' * (i // 2)}?\nA. riding\nB. holding\nC. eating\nD. washing",
                  scene[i % 2], ("riding", "holding", "eating", "washing")) for i in (2, 0, 3, 1)]  # batches interleaved
+    questions.insert(7, replace(questions[6], question_id="m2_again"))  # one prompt asked twice of an image
     flags = [q.options is not None and len(q.options) > 0 for q in questions]
     taken = []
     real_take = TransformersVLM._take_opening

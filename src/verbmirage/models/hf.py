@@ -1250,8 +1250,8 @@ class _PrefixStepper:
         steppers = list({id(stepper): stepper for stepper, _ in picks}.values())
         vlm, length = steppers[0].vlm, max(stepper.length for stepper in steppers)
         parts, order = [], {}
-        for stepper in steppers:
-            rows = [row for owner, row in picks if owner is stepper]
+        for stepper in steppers:  # a row picked twice (one prompt asked twice of an image) is taken once
+            rows = list(dict.fromkeys(row for owner, row in picks if owner is stepper))
             for row in rows:
                 order[id(stepper), row] = len(order)
             part = stepper.subset(rows)
