@@ -1270,7 +1270,7 @@ class _PrefixStepper:
         other.mask = torch.cat([part.mask for part in parts])
         other.next_position = torch.cat([part.next_position for part in parts])
         other.first = torch.cat([part.first for part in parts])
-        other.prompt_lengths = [length for part in parts for length in part.prompt_lengths]
+        other.prompt_lengths = [prompt for part in parts for prompt in part.prompt_lengths]
         other.prompt_columns = None  # the rows' prompts end at different columns (OPERA does not join)
         wanted = [order[id(stepper), row] for stepper, row in picks]
         if wanted != list(range(len(wanted))):
