@@ -27,10 +27,10 @@ import pandas as pd  # noqa: E402
 
 from verbmirage.hico import load_hico  # noqa: E402
 from verbmirage.questions import (  # noqa: E402
-    MIN_IMAGES_PER_WORKER,
     QuestionSettings,
     build_question_set,
     build_question_sets,
+    image_shares,
 )
 
 HICO_SETS = ("yn_obj", "yn_verb", "mc_obj", "mc_verb", "obj_exist")
@@ -62,7 +62,7 @@ def main() -> None:
     shared = time.perf_counter() - start
     for qset in HICO_SETS:
         pd.testing.assert_frame_equal(split[qset], tables[qset], check_exact=True)
-    used = max(1, min(args.workers, len(anno.images["test"]) // MIN_IMAGES_PER_WORKER))  # as build_question_sets
+    used = len(image_shares(list(range(len(anno.images["test"]))), args.workers))  # processes building the sets
     print(f"five sets together, {used} worker(s): {shared:.2f} s (tables equal; ratio {together / shared:.2f}x)")
     print(f"total (load + five sets on {used} worker(s)): {load + shared:.2f} s (target <= 10 s)")
 

@@ -10,8 +10,9 @@ patch 14 -> 576 image tokens; narrow layers so it runs on a CPU):
     ``predict_suite`` job does: each image's prefix once for all sets.
 
 Prints prompts/s of both (each its best run), ``suite ratio`` (b over a: the median of ``--repeats`` pairs
-of runs, back to back), the largest score difference between the paths and the process's peak memory. ``--continue-tokens`` 0 (default) times the scoring pass only: decoding past an
-undecided first token is the same work in both paths.
+of runs, back to back), the largest score difference between the paths and the process's peak memory.
+``--continue-tokens`` 0 (default) times the scoring pass only: decoding past an undecided first token is the
+same work in both paths.
 
     python bench/suite_scoring.py [--images 12] [--batch-size 64] [--device cpu] [--repeats 5]
 """
@@ -110,9 +111,12 @@ class Timing:
 
     per_set: float
     together: float
-    ratio: float
     ratios: list[float]
     difference: float
+
+    @property
+    def ratio(self) -> float:
+        return float(np.median(self.ratios))
 
 
 def time_both(model, suite, batch_size: int, synchronize=lambda: None, repeats: int = 1) -> Timing:
@@ -133,8 +137,8 @@ def time_both(model, suite, batch_size: int, synchronize=lambda: None, repeats: 
         per_set_seconds.append(seconds["a"])
         together_seconds.append(seconds["b"])
         ratios.append(seconds["a"] / seconds["b"])
-    return Timing(len(suite) / min(per_set_seconds), len(suite) / min(together_seconds), float(np.median(ratios)),
-                  ratios, score_difference(per_set, together))
+    return Timing(len(suite) / min(per_set_seconds), len(suite) / min(together_seconds), ratios,
+                  score_difference(per_set, together))
 
 
 def report(n_prompts: int, n_images: int, timing: Timing) -> None:

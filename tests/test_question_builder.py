@@ -87,13 +87,13 @@ def test_real_images_split_over_workers_equal_the_reference(real_anno, monkeypat
 def test_image_shares_are_contiguous_and_large_enough(monkeypatch):
     monkeypatch.setattr(questions, "MIN_IMAGES_PER_WORKER", 10)
     rows = list(range(35))
-    assert questions._image_shares(rows, 1) == [rows]
-    shares = questions._image_shares(rows, 8)  # at most 35 // 10 shares of at least 10 images
+    assert questions.image_shares(rows, 1) == [rows]
+    shares = questions.image_shares(rows, 8)  # at most 35 // 10 shares of at least 10 images
     assert [len(share) for share in shares] == [12, 11, 12]
     assert sum(shares, []) == rows
-    assert questions._image_shares(rows[:19], 4) == [rows[:19]]
+    assert questions.image_shares(rows[:19], 4) == [rows[:19]]
     with pytest.raises(ValueError, match="workers must be at least 1"):
-        questions._image_shares(rows, 0)
+        questions.image_shares(rows, 0)
 
 
 def test_a_forked_worker_s_error_reaches_the_caller(demo_anno, monkeypatch):

@@ -455,7 +455,7 @@ def build_question_sets(
     chosen = None if images is None else {anno.image_relpath(settings.split, name) for name in images}
     rows = [i for i, name in enumerate(anno.images[settings.split])
             if chosen is None or anno.image_relpath(settings.split, name) in chosen]
-    shares = _image_shares(rows, workers)
+    shares = image_shares(rows, workers)
     job = _QuestionJob(anno, vocab, rare, tuple(qsets), settings, dataset)
     if len(shares) == 1:
         parts = [job.frames(shares[0])]
@@ -477,7 +477,7 @@ MIN_IMAGES_PER_WORKER = 1000
 _FORKED_JOB = None
 
 
-def _image_shares(rows: list[int], workers: int) -> list[list[int]]:
+def image_shares(rows: list[int], workers: int) -> list[list[int]]:
     """``rows`` cut into at most ``workers`` contiguous shares of at least MIN_IMAGES_PER_WORKER images."""
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")

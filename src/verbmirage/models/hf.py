@@ -351,12 +351,11 @@ def _cheapest_cuts(lengths: list[int], batch_cost: int) -> list[int]:
 
 
 class _Rows:
-    """The tokenized prompts of one engine call: per row its image, its cached prefix (the image, or the image
+    """The tokenized prompts of one engine call: per row its cached prefix (the image, or the image
     and a text header the row shares with others: :meth:`TransformersVLM._text_headers`), prefix length and
     suffix (None: no shared prefix, then its whole token length), and those prefixes."""
 
     def __init__(self, n: int):
-        self.image: list = [None] * n
         self.prefix_key: list = [None] * n
         self.prefix_length = [0] * n
         self.suffix: list[torch.Tensor | None] = [None] * n
@@ -365,9 +364,8 @@ class _Rows:
         self.fallback: list[int] = []
         self.prefixes: dict[tuple, _Prefix] = {}
 
-    def add(self, row: int, image, prefix_key: tuple, prefix_length: int, suffix: torch.Tensor) -> None:
-        self.image[row], self.prefix_key[row] = image, prefix_key
-        self.prefix_length[row], self.suffix[row] = prefix_length, suffix
+    def add(self, row: int, prefix_key: tuple, prefix_length: int, suffix: torch.Tensor) -> None:
+        self.prefix_key[row], self.prefix_length[row], self.suffix[row] = prefix_key, prefix_length, suffix
         self.on_prefix.append(row)
 
     def batches(self, batch_cost: int, cross_images: bool) -> list[list[int]]:
@@ -444,6 +442,7 @@ class TransformersVLM(LogitsVLM):
         # and image tokens per placeholder (encode_shared_image)
         self._opened: dict[Path, Image.Image] = {}
         self._encoded_images: collections.OrderedDict[int, tuple] = collections.OrderedDict()
+        self._kept_text_ids: dict[str, list[int]] = {}  # prompt text -> token ids (_text_ids)
         # transformers 5.2x renamed the cache argument `past_key_values` -> `cache`.
         parameters = inspect.signature(self.model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
@@ -540,7 +539,7 @@ class TransformersVLM(LogitsVLM):
     def _text_ids(self, texts: list[str]) -> list[list[int]]:
         """The tokenizer's ids of each text, the new ones tokenized in one call and kept: prompts repeat across
         images (a YN question is asked of many), and one call per image cost ~1 ms each in the tokenizer."""
-        kept = self.__dict__.setdefault("_kept_text_ids", {})
+        kept = self._kept_text_ids
         new = list(dict.fromkeys(text for text in texts if text not in kept))
         if new:
             if len(kept) + len(new) > self.TEXT_IDS_KEPT:
@@ -805,7 +804,7 @@ class TransformersVLM(LogitsVLM):
                 if header:
                     key = self._prefix_key(image_path, torch.cat([prefix_ids, suffixes[r][:header]]), noised)
                     headers.setdefault(key, (image_key, suffixes[r][:header]))
-                rows.add(indices[r], image_path, key, prefix_length + header, suffixes[r][header:])
+                rows.add(indices[r], key, prefix_length + header, suffixes[r][header:])
         rows.prefixes = self._prefix_caches(needed, noised)
         rows.prefixes.update(self._header_prefixes(headers, rows.prefixes))  # image prefix + shared text header
         return rows
@@ -1243,41 +1242,39 @@ class _PrefixStepper:
 
     @classmethod
     def joined(cls, picks: list[tuple["_PrefixStepper", int]]) -> "_PrefixStepper":
-        """One stepper over rows of several, in the order of ``picks`` ((stepper, row) each): their caches side by
-        side, right-padded to the longest with the padding masked out, so that rows of different prefix and
-        prompt lengths decode in one batch. A step attends to every unmasked key whatever its column (a cached
-        key carries the position it was computed at; each row keeps its own next position)."""
-        steppers = list({id(stepper): stepper for stepper, _ in picks}.values())
-        vlm, length = steppers[0].vlm, max(stepper.length for stepper in steppers)
-        parts, order = [], {}
-        for stepper in steppers:  # a row picked twice (one prompt asked twice of an image) is taken once
-            rows = list(dict.fromkeys(row for owner, row in picks if owner is stepper))
-            for row in rows:
-                order[id(stepper), row] = len(order)
-            part = stepper.subset(rows)
-            pad = length - part.length
-            if pad:
-                part.cache = vlm._cache_of([(torch.nn.functional.pad(layer.keys, (0, 0, 0, pad)),
-                                             torch.nn.functional.pad(layer.values, (0, 0, 0, pad)))
-                                            for layer in part.cache.layers])
-                part.mask = torch.nn.functional.pad(part.mask, (0, pad))
-            parts.append(part)
-        other = object.__new__(_PrefixStepper)
-        other.vlm, other.extra, other.length = vlm, None, length
-        other.cache = vlm._cache_of([(torch.cat([part.cache.layers[layer].keys for part in parts]),
-                                      torch.cat([part.cache.layers[layer].values for part in parts]))
-                                     for layer in range(len(parts[0].cache.layers))])
-        other.mask = torch.cat([part.mask for part in parts])
-        other.next_position = torch.cat([part.next_position for part in parts])
-        other.first = torch.cat([part.first for part in parts])
-        other.prompt_lengths = [prompt for part in parts for prompt in part.prompt_lengths]
+        """One stepper over rows of several, in the order of ``picks`` ((stepper, row) each; a row may be picked
+        twice): their caches side by side, right-padded to the longest with the padding masked out, so that rows
+        of different prefix and prompt lengths decode in one batch. A step attends to every unmasked key
+        whatever its column (a cached key carries the position it was computed at; each row keeps its own next
+        position)."""
+        sample, rows = picks[0][0], len(picks)
+        length = max(stepper.length for stepper, _ in picks)
+        sources: dict[int, tuple[_PrefixStepper, list[int], list[int]]] = {}  # stepper -> (it, its rows, where)
+        for position, (stepper, row) in enumerate(picks):
+            entry = sources.setdefault(id(stepper), (stepper, [], []))
+            entry[1].append(row)
+            entry[2].append(position)
+        blank = lambda like: like.new_zeros((rows, *like.shape[1:-2], length, like.shape[-1]))  # noqa: E731
+        data = [(blank(layer.keys), blank(layer.values)) for layer in sample.cache.layers]
+        other = object.__new__(cls)
+        other.vlm, other.extra, other.length = sample.vlm, None, length
+        other.mask = sample.mask.new_zeros((rows, length))
+        other.next_position = sample.next_position.new_empty(rows)
+        other.first = sample.first.new_empty((rows, *sample.first.shape[1:]))
+        other.prompt_lengths = [0] * rows
         other.prompt_columns = None  # the rows' prompts end at different columns (OPERA does not join)
-        wanted = [order[id(stepper), row] for stepper, row in picks]
-        if wanted != list(range(len(wanted))):
-            index = torch.tensor(wanted, device=vlm.device)
-            other.reorder(index)
-            other.first = other.first[index]
-            other.prompt_lengths = [other.prompt_lengths[i] for i in wanted]
+        for stepper, members, positions in sources.values():
+            take = torch.tensor(members, device=stepper.mask.device)
+            put = torch.tensor(positions, device=stepper.mask.device)
+            for (keys, values), layer in zip(data, stepper.cache.layers):
+                keys[put, ..., : stepper.length, :] = layer.keys.index_select(0, take)
+                values[put, ..., : stepper.length, :] = layer.values.index_select(0, take)
+            other.mask[put, : stepper.length] = stepper.mask[take]
+            other.next_position[put] = stepper.next_position[take]
+            other.first[put] = stepper.first[take.to(stepper.first.device)]
+            for member, position in zip(members, positions):
+                other.prompt_lengths[position] = stepper.prompt_lengths[member]
+        other.cache = sample.vlm._cache_of(data)
         return other
 
     def subset(self, rows: list[int]) -> "_PrefixStepper":
