@@ -85,7 +85,7 @@ def main() -> None:
             suite = hico_suite(args.images, work)
             print(f"{parameters:.2f}B parameters, {dtype}")
             model.score_yes_no([q for s, q in suite if s == "yn_obj"][:2])  # warm-up
-            report(len(suite), args.images, time_both(model, suite, args.batch_size, synchronize))
+            report(len(suite), args.images, time_both(model, suite, args.batch_size, synchronize), args.batch_size)
             if device == "cuda":
                 print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
             return

@@ -10,11 +10,16 @@ patch 14 -> 576 image tokens; narrow layers so it runs on a CPU):
     ``predict_suite`` job does: each image's prefix once for all sets.
 
 Prints prompts/s of both (each its best run), ``suite ratio`` (b over a: the median of ``--repeats`` pairs
-of runs, back to back), the largest score difference between the paths and the process's peak memory.
+of runs, back to back), the largest score difference between the paths and the process's peak memory, for
+each ``--batch-size`` (questions per call, both paths). The ratio grows with the call: a bigger call of (b)
+holds more images, whose prefixes then run in fewer, fuller forwards and whose suffixes are cut into fuller
+batches, while (a)'s prefixes stay five per image. The default, 256, is a CPU scoring call (the demo's tiny
+LLaVA asks 1024 per call); ``configs/paper.yaml`` gives LLaVA-1.5-7B 64 on a GPU, a batch chosen for the
+decoding variants' memory (``--batch-size 64 256`` prints both).
 ``--continue-tokens`` 0 (default) times the scoring pass only: decoding past an undecided first token is the
 same work in both paths.
 
-    python bench/suite_scoring.py [--images 12] [--batch-size 64] [--device cpu] [--repeats 5]
+    python bench/suite_scoring.py [--images 12] [--batch-size 256 [64 ...]] [--device cpu] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -141,8 +146,10 @@ def time_both(model, suite, batch_size: int, synchronize=lambda: None, repeats: 
                   score_difference(per_set, together))
 
 
-def report(n_prompts: int, n_images: int, timing: Timing) -> None:
-    print(f"{n_prompts} prompts of {len(HICO_SETS)} sets on {n_images} images ({n_prompts / n_images:.1f} per image)")
+def report(n_prompts: int, n_images: int, timing: Timing, batch_size: int | None = None) -> None:
+    calls = "" if batch_size is None else f", {batch_size} questions per call"
+    print(f"{n_prompts} prompts of {len(HICO_SETS)} sets on {n_images} images ({n_prompts / n_images:.1f} per image"
+          f"{calls})")
     print(f"(a) one set per call:          {timing.per_set:8.2f} prompts/s")
     print(f"(b) all sets of an image:      {timing.together:8.2f} prompts/s")
     print(f"suite ratio (b / a):           {timing.ratio:8.2f}x (median of {len(timing.ratios)} back-to-back pairs: "
@@ -154,7 +161,8 @@ def report(n_prompts: int, n_images: int, timing: Timing) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=12)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, nargs="+", default=[256],
+                        help="questions per call (both paths); several values: one report each")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--continue-tokens", type=int, default=0)
@@ -172,8 +180,9 @@ def main() -> None:
         model.continue_tokens = args.continue_tokens
         suite = hico_suite(args.images, work)
         model.score_yes_no([q for s, q in suite if s == "yn_obj"][:2])  # warm-up
-        timing = time_both(model, suite, args.batch_size, repeats=args.repeats)
-    report(len(suite), args.images, timing)
+        timings = {size: time_both(model, suite, size, repeats=args.repeats) for size in args.batch_size}
+    for size, timing in timings.items():
+        report(len(suite), args.images, timing, size)
 
 
 if __name__ == "__main__":

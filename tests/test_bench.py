@@ -25,15 +25,19 @@ def test_gpu_benchmark_script_runs_in_smoke_mode():
     assert re.search(r"engine, float32, prefix reuse: [\d.]+ prompts/s", out)
 
 
-def test_suite_benchmark_prints_both_rates_and_the_suite_ratio():
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "suite_scoring.py"), "--images", "1", "--repeats", "1"],
-                         capture_output=True, text=True, timeout=600, check=True).stdout
-    rates = [float(x) for x in re.findall(r"\(\w\) [\w ]+:\s+([\d.]+) prompts/s", out)]
-    assert len(rates) == 2 and all(rate > 0 for rate in rates)
-    ratio = float(re.search(r"suite ratio \(b / a\):\s+([\d.]+)x", out).group(1))
-    assert ratio == pytest.approx(rates[1] / rates[0], rel=0.01)
-    assert float(re.search(r"max \|score difference\|:\s+([\d.e+-]+)", out).group(1)) < 1e-4
-    assert re.search(r"peak memory:\s+\d+ MiB", out)
+def test_suite_benchmark_prints_both_rates_and_the_suite_ratio_per_call_size():
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "suite_scoring.py"), "--images", "1", "--repeats", "1",
+                          "--batch-size", "8", "64"], capture_output=True, text=True, timeout=600, check=True).stdout
+    reports = out.split(" prompts of 5 sets on 1 images")[1:]
+    assert len(reports) == 2
+    for size, text in zip((8, 64), reports):
+        assert f", {size} questions per call)" in text
+        rates = [float(x) for x in re.findall(r"\(\w\) [\w ]+:\s+([\d.]+) prompts/s", text)]
+        assert len(rates) == 2 and all(rate > 0 for rate in rates)
+        ratio = float(re.search(r"suite ratio \(b / a\):\s+([\d.]+)x", text).group(1))
+        assert ratio == pytest.approx(rates[1] / rates[0], rel=0.01)  # one pair: its ratio is the rates' ratio
+        assert float(re.search(r"max \|score difference\|:\s+([\d.e+-]+)", text).group(1)) < 1e-4
+        assert re.search(r"peak memory:\s+\d+ MiB", text)
 
 
 def test_gpu_suite_benchmark_runs_in_smoke_mode():
