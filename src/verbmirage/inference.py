@@ -27,6 +27,7 @@ resumes from its parts. The guarantees:
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -34,8 +35,9 @@ import os
 import signal
 import threading
 import zlib
+from collections import namedtuple
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import fields
 from pathlib import Path
 
 import pandas as pd
@@ -303,6 +305,13 @@ class PartStore:
             log.warning("%s: not removed (%s)", self.directory, error)
 
 
+def _question_rows(frame: pd.DataFrame) -> list:
+    """The rows of a question table as named tuples, read column by column: iterating Arrow-backed columns
+    value by value (``itertuples``) costs several times more."""
+    row = namedtuple("QuestionRow", frame.columns, rename=True)
+    return [row._make(values) for values in zip(*(frame[column].tolist() for column in frame.columns))]
+
+
 def _to_question(row, resolver: ImageResolver | None) -> tuple[Question, str | None]:
     """A table row -> a backend Question; an unresolvable image becomes an error string."""
     image, error = None, None
@@ -339,14 +348,20 @@ def _error_row(question_id: str, error: str) -> dict:
 
 
 def _result_row(question_id: str, result: YesNoResult | MultipleChoiceResult) -> dict:
-    row = asdict(result)
-    del row["retry"]
+    # a shallow copy of the fields: dataclasses.asdict deep-copies every value (a third of a blind baseline's job)
+    row = {name: getattr(result, name) for name in _stored_fields(type(result))}
     if isinstance(result, YesNoResult):
         row["option_probs"] = None
     else:
         row["option_probs"] = list(row["option_probs"])
         row["p_yes"] = row["yes_margin"] = None
     return {"question_id": question_id, **row}
+
+
+@functools.cache
+def _stored_fields(result_type: type) -> tuple[str, ...]:
+    """The fields of a result class that a prediction row stores (all but ``retry``)."""
+    return tuple(field.name for field in fields(result_type) if field.name != "retry")
 
 
 def _in_question_order(frame: pd.DataFrame, questions: pd.DataFrame) -> pd.DataFrame:
@@ -427,6 +442,7 @@ def predict(
     if len(done) > len(answered):
         log.info("asking %d questions again whose stored answer was an error", len(done) - len(answered))
     todo = questions[~questions.question_id.isin(set(answered.question_id))]
+    question_rows = _question_rows(todo)
     budget = _ErrorBudget(len(questions), max_error_share)
     pending: list[dict] = []  # rows not yet in the store
     retry: list[str] = []  # transient failures: not stored
@@ -441,7 +457,7 @@ def predict(
         with _sigterm_raises(), tqdm(total=len(questions), initial=len(answered), desc=description, unit="q") as bar:
             for start in range(0, len(todo), batch_size):
                 batch = []
-                for row in todo.iloc[start : start + batch_size].itertuples(index=False):
+                for row in question_rows[start : start + batch_size]:
                     question, error = _to_question(row, resolver if model.uses_images else None)
                     if error is not None:
                         keep(_error_row(row.question_id, error))
@@ -485,10 +501,11 @@ def check_complete(questions: pd.DataFrame, frame: pd.DataFrame, where: str = "p
     duplicated = frame.question_id[frame.question_id.duplicated()]
     if len(duplicated):
         raise IncompleteShardError(f"{where}: {len(duplicated)} questions answered twice, e.g. {duplicated.iloc[0]}")
-    missing = set(questions.question_id) - set(frame.question_id)
+    asked, answered = set(questions.question_id.tolist()), set(frame.question_id.tolist())  # tolist: in bulk
+    missing = asked - answered
     if missing:
         raise IncompleteShardError(f"{where}: {len(missing)} questions have no answer, e.g. {sorted(missing)[0]}")
-    extra = set(frame.question_id) - set(questions.question_id)
+    extra = answered - asked
     if extra:
         raise IncompleteShardError(f"{where}: {len(extra)} answers to unknown questions, e.g. {sorted(extra)[0]}")
 
@@ -636,7 +653,8 @@ def predict_suite(
             log.info("%s: asking %d questions again whose stored answer was an error", qset, len(done) - len(kept))
         answered |= kept
     todo = suite_order(questions[~questions.question_id.isin(answered)])
-    multiple_choice = [question_kind(qset) == "mc" for qset in todo.qset]
+    question_rows = _question_rows(todo)
+    multiple_choice = [question_kind(row.qset) == "mc" for row in question_rows]
     budget = _ErrorBudget(len(questions), max_error_share)
     pending: dict[str, list[dict]] = {qset: [] for qset in stores}
     asked = dict.fromkeys(stores, 0)
@@ -658,9 +676,9 @@ def predict_suite(
     try:
         with _sigterm_raises(), tqdm(total=len(questions), initial=len(answered), desc=description, unit="q") as bar:
             for start in range(0, len(todo), batch_size):
-                chunk = todo.iloc[start : start + batch_size]
                 batch, flags, sets = [], [], []
-                for row, flag in zip(chunk.itertuples(index=False), multiple_choice[start : start + batch_size]):
+                for row, flag in zip(question_rows[start : start + batch_size],
+                                      multiple_choice[start : start + batch_size]):
                     question, error = _to_question(row, resolver if model.uses_images else None)
                     if error is not None:
                         keep(row.qset, _error_row(row.question_id, error))
@@ -672,7 +690,7 @@ def predict_suite(
                         budget.add(result.error)
                     else:
                         keep(qset, _result_row(question.question_id, result))
-                bar.update(len(chunk))
+                bar.update(min(batch_size, len(todo) - start))
                 flush(everything=False)
     except (FatalBackendError, IncompleteShardError, JobTerminated, KeyboardInterrupt) as stop:
         flush(everything=True)

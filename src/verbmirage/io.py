@@ -552,7 +552,7 @@ def check_questions(frame: pd.DataFrame, where: str) -> None:
         return SchemaError(f"{where}: column '{column}', row {row}: {problem}")
 
     first_seen: dict = {}
-    for row, question_id in enumerate(frame["question_id"]):
+    for row, question_id in enumerate(frame["question_id"].tolist()):  # tolist: Arrow columns convert in bulk
         if not isinstance(question_id, str):
             raise bad("question_id", row, f"missing id ({question_id!r})")
         if question_id in first_seen:
@@ -570,7 +570,7 @@ def check_questions(frame: pd.DataFrame, where: str) -> None:
         if missing.any():
             raise bad(column, int(missing.argmax()), "missing value")
     for row, (qset, answer, options, image) in enumerate(
-        zip(frame["qset"], frame["answer"], frame["options"], frame["image"])
+        zip(*(frame[column].tolist() for column in ("qset", "answer", "options", "image")))
     ):
         if kinds[qset] == "yn":
             if answer not in ("yes", "no"):
