@@ -569,6 +569,7 @@ def check_questions(frame: pd.DataFrame, where: str) -> None:
         missing = frame[column].isna().to_numpy()
         if missing.any():
             raise bad(column, int(missing.argmax()), "missing value")
+    safe_images: set = set()  # an image has many questions: its path is checked once
     for row, (qset, answer, options, image) in enumerate(
         zip(*(frame[column].tolist() for column in ("qset", "answer", "options", "image")))
     ):
@@ -580,10 +581,13 @@ def check_questions(frame: pd.DataFrame, where: str) -> None:
             letters = [chr(ord("A") + k) for k in range(min(count, 26))]
             if answer not in letters:
                 raise bad("answer", row, f"{answer!r} is not the letter of one of its {count} options (qset {qset})")
+        if image in safe_images:
+            continue
         try:
             safe_relative_name(image, "image")
         except UnsafePathError as error:
             raise bad("image", row, str(error)) from None
+        safe_images.add(image)
 
 
 _VALUE_CHECKS = [(QUESTIONS, check_questions)]  # (schema, check of its values) for read_table

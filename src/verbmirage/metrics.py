@@ -159,6 +159,9 @@ def score_with_interval(
     # small subset may draw no image with a yes answer (recall undefined), which would make the
     # whole interval NaN. Equal to scipy's interval when every resample is defined.
     tail = 100 * (1 - settings.level) / 2
+    if not np.isnan(distribution).any():  # the same values; nanpercentile loops over the metrics in Python
+        low, high = np.percentile(distribution, [tail, 100 - tail], axis=-1)
+        return value, low, high
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN: the metric itself is undefined
         low, high = np.nanpercentile(distribution, [tail, 100 - tail], axis=-1)
