@@ -11,15 +11,15 @@ patch 14 -> 576 image tokens; narrow layers so it runs on a CPU):
 
 Prints prompts/s of both (each its best run), ``suite ratio`` (b over a: the median of ``--repeats`` pairs
 of runs, back to back), the largest score difference between the paths and the process's peak memory, for
-each ``--batch-size`` (questions per call, both paths). The ratio grows with the call: a bigger call of (b)
-holds more images, whose prefixes then run in fewer, fuller forwards and whose suffixes are cut into fuller
-batches, while (a)'s prefixes stay five per image. The default, 256, is a CPU scoring call (the demo's tiny
-LLaVA asks 1024 per call); ``configs/paper.yaml`` gives LLaVA-1.5-7B 64 on a GPU, a batch chosen for the
-decoding variants' memory (``--batch-size 64 256`` prints both).
+each ``--batch-size``: the config's ``batch_size`` (rows per forward), default 64 as ``configs/paper.yaml``
+gives LLaVA-1.5-7B. Both paths size their calls as the workflow does (``questions_per_call``: a greedy
+LLaVA call holds 4 batches' worth of questions). The ratio grows with the call: a bigger call of (b) holds
+more images, whose prefixes then run in fewer, fuller forwards and whose suffixes are cut into fuller
+batches, while (a)'s prefixes stay five per image.
 ``--continue-tokens`` 0 (default) times the scoring pass only: decoding past an undecided first token is the
 same work in both paths.
 
-    python bench/suite_scoring.py [--images 12] [--batch-size 256 [64 ...]] [--device cpu] [--repeats 5]
+    python bench/suite_scoring.py [--images 12] [--batch-size 64 [256 ...]] [--device cpu] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -68,24 +68,26 @@ def hico_suite(n_images: int, work: Path) -> list[tuple[str, Question]]:
 
 
 def one_set_per_call(model, suite: list[tuple[str, Question]], batch_size: int) -> dict:
-    """(a) Each set on its own (a fresh job each: no prefix carried over), image-sorted batches."""
+    """(a) Each set on its own (a fresh job each: no prefix carried over), image-sorted calls."""
     results = {}
+    per_call = model.questions_per_call(batch_size)  # as inference.predict sizes its calls
     for qset in HICO_SETS:
         questions = [q for s, q in suite if s == qset]
         score = model.score_multiple_choice if question_kind(qset) == "mc" else model.score_yes_no
         model.forget_prefixes()
-        for start in range(0, len(questions), batch_size):
-            chunk = questions[start : start + batch_size]
+        for start in range(0, len(questions), per_call):
+            chunk = questions[start : start + per_call]
             results.update(zip([q.question_id for q in chunk], score(chunk)))
     return results
 
 
 def all_sets_per_call(model, suite: list[tuple[str, Question]], batch_size: int) -> dict:
-    """(b) Image-major batches mixing every set: each image's prefix once."""
+    """(b) Image-major calls mixing every set: each image's prefix once."""
     results = {}
+    per_call = model.questions_per_call(batch_size)  # as inference.predict_suite sizes its calls
     model.forget_prefixes()
-    for start in range(0, len(suite), batch_size):
-        chunk = suite[start : start + batch_size]
+    for start in range(0, len(suite), per_call):
+        chunk = suite[start : start + per_call]
         questions = [q for _, q in chunk]
         flags = [question_kind(s) == "mc" for s, _ in chunk]
         results.update(zip([q.question_id for q in questions], score_questions(model, questions, flags)))
@@ -146,8 +148,9 @@ def time_both(model, suite, batch_size: int, synchronize=lambda: None, repeats: 
                   score_difference(per_set, together))
 
 
-def report(n_prompts: int, n_images: int, timing: Timing, batch_size: int | None = None) -> None:
-    calls = "" if batch_size is None else f", {batch_size} questions per call"
+def report(n_prompts: int, n_images: int, timing: Timing, batch_size: int | None = None,
+           per_call: int | None = None) -> None:
+    calls = "" if batch_size is None else f", batch {batch_size}, {per_call or batch_size} questions per call"
     print(f"{n_prompts} prompts of {len(HICO_SETS)} sets on {n_images} images ({n_prompts / n_images:.1f} per image"
           f"{calls})")
     print(f"(a) one set per call:          {timing.per_set:8.2f} prompts/s")
@@ -161,8 +164,8 @@ def report(n_prompts: int, n_images: int, timing: Timing, batch_size: int | None
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=12)
-    parser.add_argument("--batch-size", type=int, nargs="+", default=[256],
-                        help="questions per call (both paths); several values: one report each")
+    parser.add_argument("--batch-size", type=int, nargs="+", default=[64],
+                        help="the config's batch_size (both paths); several values: one report each")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--continue-tokens", type=int, default=0)
@@ -181,8 +184,9 @@ def main() -> None:
         suite = hico_suite(args.images, work)
         model.score_yes_no([q for s, q in suite if s == "yn_obj"][:2])  # warm-up
         timings = {size: time_both(model, suite, size, repeats=args.repeats) for size in args.batch_size}
+        calls = {size: model.questions_per_call(size) for size in args.batch_size}
     for size, timing in timings.items():
-        report(len(suite), args.images, timing, size)
+        report(len(suite), args.images, timing, size, calls[size])
 
 
 if __name__ == "__main__":

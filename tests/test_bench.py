@@ -31,7 +31,7 @@ def test_suite_benchmark_prints_both_rates_and_the_suite_ratio_per_call_size():
     reports = out.split(" prompts of 5 sets on 1 images")[1:]
     assert len(reports) == 2
     for size, text in zip((8, 64), reports):
-        assert f", {size} questions per call)" in text
+        assert f", batch {size}, {4 * size} questions per call)" in text  # a greedy LLaVA call: 4 batches
         rates = [float(x) for x in re.findall(r"\(\w\) [\w ]+:\s+([\d.]+) prompts/s", text)]
         assert len(rates) == 2 and all(rate > 0 for rate in rates)
         ratio = float(re.search(r"suite ratio \(b / a\):\s+([\d.]+)x", text).group(1))

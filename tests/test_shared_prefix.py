@@ -113,19 +113,28 @@ def _padded_cost(lengths: list[int], cuts: list[int], batch_cost: int) -> int:
     return sum((stop - start) * lengths[stop - 1] + batch_cost for start, stop in zip(bounds[:-1], bounds[1:]))
 
 
+def _batch_rows(length: int, cuts: list[int]) -> list[int]:
+    bounds = [0] + cuts + [length]
+    return [stop - start for start, stop in zip(bounds[:-1], bounds[1:])]
+
+
 def test_suffix_batches_are_cut_where_a_search_of_every_cut_finds_the_least_work():
     generator = random.Random(0)
     for _ in range(300):
         lengths = sorted(generator.randint(1, 40) for _ in range(generator.randint(1, 8)))
         batch_cost = generator.choice([0, 3, 32, 1000])
-        cuts = _cheapest_cuts(lengths, batch_cost)
+        max_rows = generator.choice([None, 1, 2, 3, 5])
+        cuts = _cheapest_cuts(lengths, batch_cost, max_rows)
         assert cuts == sorted(set(cuts)) and all(0 < cut < len(lengths) for cut in cuts)
+        assert max_rows is None or max(_batch_rows(len(lengths), cuts)) <= max_rows
         every = [list(chosen) for k in range(len(lengths))
-                 for chosen in itertools.combinations(range(1, len(lengths)), k)]
+                 for chosen in itertools.combinations(range(1, len(lengths)), k)
+                 if max_rows is None or max(_batch_rows(len(lengths), list(chosen))) <= max_rows]
         least = min(_padded_cost(lengths, other, batch_cost) for other in every)
         assert _padded_cost(lengths, cuts, batch_cost) == least
     assert _cheapest_cuts([10, 10, 10, 30, 30, 30], 5) == [3]  # short and long prompts apart
     assert _cheapest_cuts([10, 10, 10, 30, 30, 30], 1000) == []  # one forward is worth the padding
+    assert _cheapest_cuts([10, 10, 10, 30, 30, 30], 1000, max_rows=2) == [2, 4]  # ... unless rows are capped
 
 
 def test_scores_do_not_depend_on_where_suffix_batches_are_cut(llava, monkeypatch):
@@ -142,3 +151,37 @@ def test_scores_do_not_depend_on_where_suffix_batches_are_cut(llava, monkeypatch
     assert len(cut_apart) > len(sizes)  # the same rows, cut into more batches
     for score, other in zip(apart, together):
         np.testing.assert_allclose(score, other, atol=1e-5)
+
+
+def test_a_greedy_call_holds_several_batches_and_each_forward_at_most_one(llava, monkeypatch):
+    """questions_per_call: a greedy LLaVA call takes CALL_BATCHES batches' worth of questions, its suffix batches
+    and decodings stay within batch_rows, and the answers are those of an uncapped call."""
+    from verbmirage.variants import Variant
+
+    model, questions = llava
+    sizes, chunks = [], []
+    shrinking, kept_opening = model._with_shrinking_batches, model._kept_opening
+    monkeypatch.setattr(model, "_kept_opening", lambda opened, batch, *rest: sizes.append(len(batch)) or
+                        kept_opening(opened, batch, *rest))  # a scoring batch that opens greedy continuations
+    monkeypatch.setattr(model, "_with_shrinking_batches", lambda method, items, size=None, **kw: chunks.append(size)
+                        or shrinking(method, items, size, **kw))
+    model.continue_tokens = 4  # undecided answers decode (random weights: many)
+    try:
+        assert model.questions_per_call(3) == 3 * model.CALL_BATCHES and model.batch_rows == 3
+        model.forget_prefixes()
+        capped = model.score_multiple_choice(questions)
+        assert sizes and max(sizes) <= 3
+        decoded = [size for size in chunks if size is not None]  # the decodings' chunks (scoring passes None)
+        assert decoded and max(decoded) <= 3
+        model.batch_rows, sizes[:] = None, []
+        model.forget_prefixes()
+        whole = model.score_multiple_choice(questions)
+        assert max(sizes) > 3  # the same call in fewer, larger forwards
+        for a, b in zip(capped, whole):
+            np.testing.assert_allclose(a.option_probs, b.option_probs, atol=1e-5)
+            assert (a.prediction, a.raw_answer) == (b.prediction, b.raw_answer)
+        model.use_variant(Variant(decoding="beam", num_beams=2))
+        assert model.questions_per_call(3) == 3 and model.batch_rows is None  # beams keep one batch per call
+    finally:
+        model.use_variant(Variant())
+        model.batch_rows, model.continue_tokens = None, 0

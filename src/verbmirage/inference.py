@@ -443,6 +443,7 @@ def predict(
         log.info("asking %d questions again whose stored answer was an error", len(done) - len(answered))
     todo = questions[~questions.question_id.isin(set(answered.question_id))]
     question_rows = _question_rows(todo)
+    per_call = model.questions_per_call(batch_size)  # questions per model call (a batch, or more: the model's)
     budget = _ErrorBudget(len(questions), max_error_share)
     pending: list[dict] = []  # rows not yet in the store
     retry: list[str] = []  # transient failures: not stored
@@ -455,9 +456,9 @@ def predict(
 
     try:
         with _sigterm_raises(), tqdm(total=len(questions), initial=len(answered), desc=description, unit="q") as bar:
-            for start in range(0, len(todo), batch_size):
+            for start in range(0, len(todo), per_call):
                 batch = []
-                for row in question_rows[start : start + batch_size]:
+                for row in question_rows[start : start + per_call]:
                     question, error = _to_question(row, resolver if model.uses_images else None)
                     if error is not None:
                         keep(_error_row(row.question_id, error))
@@ -469,7 +470,7 @@ def predict(
                         budget.add(result.error)
                     else:
                         keep(_result_row(question.question_id, result))
-                bar.update(min(batch_size, len(todo) - start))
+                bar.update(min(per_call, len(todo) - start))
                 if store is not None and len(pending) >= part_size:
                     store.append(pending)
                     pending = []
@@ -655,6 +656,7 @@ def predict_suite(
     todo = suite_order(questions[~questions.question_id.isin(answered)])
     question_rows = _question_rows(todo)
     multiple_choice = [question_kind(row.qset) == "mc" for row in question_rows]
+    per_call = model.questions_per_call(batch_size)  # questions per model call (a batch, or more: the model's)
     budget = _ErrorBudget(len(questions), max_error_share)
     pending: dict[str, list[dict]] = {qset: [] for qset in stores}
     asked = dict.fromkeys(stores, 0)
@@ -675,10 +677,10 @@ def predict_suite(
     description = f"{model.name} {len(stores)} sets"
     try:
         with _sigterm_raises(), tqdm(total=len(questions), initial=len(answered), desc=description, unit="q") as bar:
-            for start in range(0, len(todo), batch_size):
+            for start in range(0, len(todo), per_call):
                 batch, flags, sets = [], [], []
-                for row, flag in zip(question_rows[start : start + batch_size],
-                                      multiple_choice[start : start + batch_size]):
+                for row, flag in zip(question_rows[start : start + per_call],
+                                      multiple_choice[start : start + per_call]):
                     question, error = _to_question(row, resolver if model.uses_images else None)
                     if error is not None:
                         keep(row.qset, _error_row(row.question_id, error))
@@ -690,7 +692,7 @@ def predict_suite(
                         budget.add(result.error)
                     else:
                         keep(qset, _result_row(question.question_id, result))
-                bar.update(min(batch_size, len(todo) - start))
+                bar.update(min(per_call, len(todo) - start))
                 flush(everything=False)
     except (FatalBackendError, IncompleteShardError, JobTerminated, KeyboardInterrupt) as stop:
         flush(everything=True)

@@ -227,6 +227,11 @@ class VisionLanguageModel(ABC):
         if prompts is not None:
             self.prompts = dataclasses.replace(prompts, suffix=variant.prompt_suffix)
 
+    def questions_per_call(self, batch_size: int) -> int:
+        """How many questions to hand this model per scoring call when a batch may hold ``batch_size`` questions
+        (the config's ``batch_size``, sized for the GPU's memory). Most backends: one batch per call."""
+        return batch_size
+
     def fingerprint_extra(self) -> dict:
         """What the answers depend on beyond the config entry, known once loaded (code, environment).
 

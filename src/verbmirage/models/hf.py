@@ -327,11 +327,11 @@ class _Prefix:
     extra: object = None
 
 
-def _cheapest_cuts(lengths: list[int], batch_cost: int) -> list[int]:
+def _cheapest_cuts(lengths: list[int], batch_cost: int, max_rows: int | None = None) -> list[int]:
     """Where to cut rows sorted by length (ascending) into batches so that the token positions computed, each
     batch's rows times its longest row plus ``batch_cost`` per batch (its fixed cost, in positions), are
-    fewest. Dynamic programming over the cut points, one numpy step per row (no library partitions a sorted
-    sequence by this cost)."""
+    fewest, no batch holding more than ``max_rows`` rows. Dynamic programming over the cut points, one numpy
+    step per row (no library partitions a sorted sequence by this cost)."""
     n = len(lengths)
     if n < 2:
         return []
@@ -339,10 +339,11 @@ def _cheapest_cuts(lengths: list[int], batch_cost: int) -> list[int]:
     best = np.zeros(n + 1, dtype=np.int64)  # best[j]: the cheapest cost of rows[:j]
     start_of = np.zeros(n + 1, dtype=np.int64)  # where the last batch of that cheapest rows[:j] starts
     for stop in range(1, n + 1):
-        starts = np.arange(stop)
-        costs = best[:stop] + (stop - starts) * longest[stop - 1] + batch_cost
-        start_of[stop] = int(np.argmin(costs))
-        best[stop] = costs[start_of[stop]]
+        first = 0 if max_rows is None else max(0, stop - max_rows)
+        starts = np.arange(first, stop)
+        costs = best[first:stop] + (stop - starts) * longest[stop - 1] + batch_cost
+        start_of[stop] = first + int(np.argmin(costs))
+        best[stop] = costs[start_of[stop] - first]
     cuts, stop = [], n
     while stop > 0:
         stop = int(start_of[stop])
@@ -368,16 +369,17 @@ class _Rows:
         self.prefix_key[row], self.prefix_length[row], self.suffix[row] = prefix_key, prefix_length, suffix
         self.on_prefix.append(row)
 
-    def batches(self, batch_cost: int, cross_images: bool) -> list[list[int]]:
+    def batches(self, batch_cost: int, cross_images: bool, max_rows: int | None = None) -> list[list[int]]:
         """Rows on a prefix in suffix batches: one prefix (or, ``cross_images``, one prefix length) per batch,
-        each group sorted by suffix length and cut where the padded work is least (:func:`_cheapest_cuts`)."""
+        each group sorted by suffix length and cut where the padded work is least (:func:`_cheapest_cuts`),
+        at most ``max_rows`` rows each."""
         groups: dict = {}
         for row in self.on_prefix:
             groups.setdefault(self.prefix_length[row] if cross_images else self.prefix_key[row], []).append(row)
         batches: list[list[int]] = []
         for rows in groups.values():
             rows = sorted(rows, key=lambda r: len(self.suffix[r]))
-            cuts = _cheapest_cuts([len(self.suffix[r]) for r in rows], batch_cost)
+            cuts = _cheapest_cuts([len(self.suffix[r]) for r in rows], batch_cost, max_rows)
             batches += [rows[start:stop] for start, stop in zip([0] + cuts, cuts + [len(rows)])]
         return batches
 
@@ -721,7 +723,7 @@ class TransformersVLM(LogitsVLM):
             values = self._full_logits([items[i] for i in opened.fallback], noised)
             result = torch.empty(len(items), values.shape[1])
             result[opened.fallback] = values
-        for batch in opened.batches(self.BATCH_COST, self.cross_image_batches):
+        for batch in opened.batches(self.BATCH_COST, self.cross_image_batches, self.batch_rows):
             values = self._suffix_batch(opened, batch) if self._openings is None else \
                 self._kept_opening(opened, batch, items, noised)
             result = torch.empty(len(items), values.shape[1]) if result is None else result
@@ -773,6 +775,29 @@ class TransformersVLM(LogitsVLM):
     def _joins(self, stepper) -> bool:
         """Whether the rows of this kept opening may decode joined with those of others."""
         return self.variant.decoding != "opera" and stepper.extra is None
+
+    #: At most this many rows per forward (suffix batches, decodings) when a call holds more questions than a
+    #: batch (:meth:`questions_per_call`); None: the call is one batch.
+    batch_rows: int | None = None
+    #: A greedy variant's scoring call holds this many batches' worth of questions (below).
+    CALL_BATCHES = 4
+
+    def questions_per_call(self, batch_size: int) -> int:
+        """Greedy variants on a model whose images share suffix batches (LLaVA): ``CALL_BATCHES`` batches' worth
+        of questions per call, each forward still at most ``batch_size`` rows (:attr:`batch_rows`).
+
+        A call's images run their prefixes as one batch and its suffixes are cut where padding costs least,
+        so larger calls mean fuller forwards (bench/suite_scoring.py on the CPU: 64-question calls ~340
+        prompts/s, 256 ~420). The memory that grows with the call is small on this path: the prefixes of its
+        images (those of a 64-question call already number 2-3) and, for greedy continuation, the undecided
+        rows' openings. Beam search, sampling and OPERA keep every scoring row as an opening for the decoding
+        that follows, which grows with the call as a batch does, so they keep one batch per call.
+        """
+        self.batch_rows = None
+        if not (self.prefix_reuse and self.cross_image_batches and self.variant.decoding == "greedy"):
+            return batch_size
+        self.batch_rows = batch_size
+        return batch_size * self.CALL_BATCHES
 
     #: A suffix batch's fixed cost in token positions: suffix batches are cut where padding costs more than one
     #: more forward (:func:`_cheapest_cuts`), so YN and MC prompts of an image (short and long suffixes) do not
@@ -1080,9 +1105,9 @@ class TransformersVLM(LogitsVLM):
             return decoding.greedy_search(first, stepper, new_tokens, stop)
 
         for rows in batches.values():
-            # every beam (and VCD's second stream) holds its own cache: at most as many cached rows as the call
-            # has questions, the memory the caller's batch size was chosen for
-            size = len(questions) // (width * streams)
+            # every beam (and VCD's second stream) holds its own cache: at most as many cached rows as a batch
+            # has questions (the call's, or batch_rows when the call is larger), the memory it was chosen for
+            size = min(len(questions), self.batch_rows or len(questions)) // (width * streams)
             self._record(answers, rows, self._with_shrinking_batches(run, rows, size, combine=_concatenated))
         for kept_rows in (self._openings or {}).values():  # decoded: their scoring rows are no longer needed
             for path, _, text in items:
