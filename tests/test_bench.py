@@ -1,5 +1,6 @@
 """The benchmark scripts run and print their figures (speed itself is not asserted: see bench/)."""
 
+import os
 import re
 import subprocess
 import sys
@@ -19,10 +20,15 @@ def test_cpu_benchmark_prints_ratio_and_difference():
     assert difference < 1e-4
 
 
-def test_gpu_benchmark_script_runs_in_smoke_mode():
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_scoring.py"), "--smoke", "--images", "1"],
+def test_the_device_check_runs_both_gpu_benchmarks_in_smoke_mode(tmp_path):
+    """bench/h200_check.sh, the one prepared device run: versions, the suite benchmark and the engine rate, each
+    also in $OUT (here on a CPU with --smoke, the benchmarks' narrow model)."""
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
+    out = subprocess.run(["bash", str(REPO / "bench" / "h200_check.sh"), "--smoke", "--images", "1"], env=env,
                          capture_output=True, text=True, timeout=600, check=True).stdout
-    assert re.search(r"engine, float32, prefix reuse: [\d.]+ prompts/s", out)
+    assert re.search(r"torch [\w.+]+ \| transformers [\w.]+ \| cuda (True|False)", out)
+    assert re.search(r"suite ratio \(b / a\):\s+[\d.]+x", (tmp_path / "suite.txt").read_text())
+    assert re.search(r"engine, float32, prefix reuse: [\d.]+ prompts/s", (tmp_path / "engine.txt").read_text())
 
 
 def test_suite_benchmark_prints_both_rates_and_the_suite_ratio_per_call_size():
@@ -40,10 +46,6 @@ def test_suite_benchmark_prints_both_rates_and_the_suite_ratio_per_call_size():
         assert re.search(r"peak memory:\s+\d+ MiB", text)
 
 
-def test_gpu_suite_benchmark_runs_in_smoke_mode():
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_scoring.py"), "--smoke", "--suite", "--images", "1"],
-                         capture_output=True, text=True, timeout=600, check=True).stdout
-    assert re.search(r"suite ratio \(b / a\):\s+[\d.]+x", out)
 
 
 def test_question_set_benchmark_prints_each_set_and_the_total(demo_roots):
