@@ -15,7 +15,7 @@ each ``--batch-size``: the config's ``batch_size`` (rows per forward), default 6
 gives LLaVA-1.5-7B. Both paths size their calls as the workflow does (``questions_per_call``: a greedy
 LLaVA call holds 4 batches' worth of questions). The ratio grows with the call: a bigger call of (b) holds
 more images, whose prefixes then run in fewer, fuller forwards and whose suffixes are cut into fuller
-batches, while (a)'s prefixes stay five per image.
+batches, while (a) still computes each image's prefix once per set it is in.
 ``--continue-tokens`` 0 (default) times the scoring pass only: decoding past an undecided first token is the
 same work in both paths.
 
