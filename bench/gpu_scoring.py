@@ -86,13 +86,13 @@ def main() -> None:
             print(f"{parameters:.2f}B parameters, {dtype}")
             model.score_yes_no([q for s, q in suite if s == "yn_obj"][:2])  # warm-up
             report(len(suite), args.images, time_both(model, suite, args.batch_size, synchronize), args.batch_size,
-                   model.questions_per_call(args.batch_size))
+                   model.use_batch_size(args.batch_size))
             if device == "cuda":
                 print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
             return
         questions = hico_like_questions(args.images, work)
         print(f"{parameters:.2f}B parameters, {len(questions)} questions on {args.images} images")
-        per_call = model.questions_per_call(args.batch_size)  # as the workflow's jobs size their calls
+        per_call = model.use_batch_size(args.batch_size)  # as the workflow's jobs size their calls
         model.score_yes_no(questions[:per_call])  # warm-up
         synchronize()
         model.forget_prefixes()

@@ -12,7 +12,7 @@ patch 14 -> 576 image tokens; narrow layers so it runs on a CPU):
 Prints prompts/s of both (each its best run), ``suite ratio`` (b over a: the median of ``--repeats`` pairs
 of runs, back to back), the largest score difference between the paths and the process's peak memory, for
 each ``--batch-size``: the config's ``batch_size`` (rows per forward), default 64 as ``configs/paper.yaml``
-gives LLaVA-1.5-7B. Both paths size their calls as the workflow does (``questions_per_call``: a greedy
+gives LLaVA-1.5-7B. Both paths size their calls as the workflow does (``use_batch_size``: a greedy
 LLaVA call holds 4 batches' worth of questions). The ratio grows with the call: a bigger call of (b) holds
 more images, whose prefixes then run in fewer, fuller forwards and whose suffixes are cut into fuller
 batches, while (a) still computes each image's prefix once per set it is in.
@@ -70,7 +70,7 @@ def hico_suite(n_images: int, work: Path) -> list[tuple[str, Question]]:
 def one_set_per_call(model, suite: list[tuple[str, Question]], batch_size: int) -> dict:
     """(a) Each set on its own (a fresh job each: no prefix carried over), image-sorted calls."""
     results = {}
-    per_call = model.questions_per_call(batch_size)  # as inference.predict sizes its calls
+    per_call = model.use_batch_size(batch_size)  # as inference.predict sizes its calls
     for qset in HICO_SETS:
         questions = [q for s, q in suite if s == qset]
         score = model.score_multiple_choice if question_kind(qset) == "mc" else model.score_yes_no
@@ -84,7 +84,7 @@ def one_set_per_call(model, suite: list[tuple[str, Question]], batch_size: int) 
 def all_sets_per_call(model, suite: list[tuple[str, Question]], batch_size: int) -> dict:
     """(b) Image-major calls mixing every set: each image's prefix once."""
     results = {}
-    per_call = model.questions_per_call(batch_size)  # as inference.predict_suite sizes its calls
+    per_call = model.use_batch_size(batch_size)  # as inference.predict_suite sizes its calls
     model.forget_prefixes()
     for start in range(0, len(suite), per_call):
         chunk = suite[start : start + per_call]
@@ -184,7 +184,7 @@ def main() -> None:
         suite = hico_suite(args.images, work)
         model.score_yes_no([q for s, q in suite if s == "yn_obj"][:2])  # warm-up
         timings = {size: time_both(model, suite, size, repeats=args.repeats) for size in args.batch_size}
-        calls = {size: model.questions_per_call(size) for size in args.batch_size}
+        calls = {size: model.use_batch_size(size) for size in args.batch_size}
     for size, timing in timings.items():
         report(len(suite), args.images, timing, size, calls[size])
 

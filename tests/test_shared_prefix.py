@@ -154,7 +154,7 @@ def test_scores_do_not_depend_on_where_suffix_batches_are_cut(llava, monkeypatch
 
 
 def test_a_greedy_call_holds_several_batches_and_each_forward_at_most_one(llava, monkeypatch):
-    """questions_per_call: a greedy LLaVA call takes CALL_BATCHES batches' worth of questions, its suffix batches
+    """use_batch_size: a greedy LLaVA call takes CALL_BATCHES batches' worth of questions, its suffix batches
     and decodings stay within batch_rows, and the answers are those of an uncapped call."""
     from verbmirage.variants import Variant
 
@@ -167,13 +167,13 @@ def test_a_greedy_call_holds_several_batches_and_each_forward_at_most_one(llava,
                         or shrinking(method, items, size, **kw))
     model.continue_tokens = 4  # undecided answers decode (random weights: many)
     try:
-        assert model.questions_per_call(3) == 3 * model.CALL_BATCHES and model.batch_rows == 3
+        assert model.use_batch_size(3) == 3 * model.CALL_BATCHES and model.batch_rows == 3
         model.forget_prefixes()
         capped = model.score_multiple_choice(questions)
         assert sizes and max(sizes) <= 3
         decoded = [size for size in chunks if size is not None]  # the decodings' chunks (scoring passes None)
         assert decoded and max(decoded) <= 3
-        model.batch_rows, sizes[:] = None, []
+        model.batch_size, sizes[:] = None, []
         model.forget_prefixes()
         whole = model.score_multiple_choice(questions)
         assert max(sizes) > 3  # the same call in fewer, larger forwards
@@ -181,7 +181,7 @@ def test_a_greedy_call_holds_several_batches_and_each_forward_at_most_one(llava,
             np.testing.assert_allclose(a.option_probs, b.option_probs, atol=1e-5)
             assert (a.prediction, a.raw_answer) == (b.prediction, b.raw_answer)
         model.use_variant(Variant(decoding="beam", num_beams=2))
-        assert model.questions_per_call(3) == 3 and model.batch_rows is None  # beams keep one batch per call
+        assert model.use_batch_size(3) == 3 and model.batch_rows is None  # beams keep one batch per call
     finally:
         model.use_variant(Variant())
-        model.batch_rows, model.continue_tokens = None, 0
+        model.batch_size, model.continue_tokens = None, 0

@@ -342,8 +342,8 @@ class CalibratedModel(VisionLanguageModel):
     def score_mixed(self, questions, multiple_choice):
         return self.rule.decide(questions, list(multiple_choice), self.model.score_mixed(questions, multiple_choice))
 
-    def questions_per_call(self, batch_size: int) -> int:
-        return self.model.questions_per_call(batch_size)
+    def use_batch_size(self, batch_size: int) -> int:
+        return self.model.use_batch_size(batch_size)
 
     def fingerprint_extra(self) -> dict:
         return {**self.model.fingerprint_extra(), "decision": self.rule.fingerprint}

@@ -443,7 +443,7 @@ def predict(
         log.info("asking %d questions again whose stored answer was an error", len(done) - len(answered))
     todo = questions[~questions.question_id.isin(set(answered.question_id))]
     question_rows = _question_rows(todo)
-    per_call = model.questions_per_call(batch_size)  # questions per model call (a batch, or more: the model's)
+    per_call = model.use_batch_size(batch_size)  # questions per model call (a batch, or more: the model's)
     budget = _ErrorBudget(len(questions), max_error_share)
     pending: list[dict] = []  # rows not yet in the store
     retry: list[str] = []  # transient failures: not stored
@@ -656,7 +656,7 @@ def predict_suite(
     todo = suite_order(questions[~questions.question_id.isin(answered)])
     question_rows = _question_rows(todo)
     multiple_choice = [question_kind(row.qset) == "mc" for row in question_rows]
-    per_call = model.questions_per_call(batch_size)  # questions per model call (a batch, or more: the model's)
+    per_call = model.use_batch_size(batch_size)  # questions per model call (a batch, or more: the model's)
     budget = _ErrorBudget(len(questions), max_error_share)
     pending: dict[str, list[dict]] = {qset: [] for qset in stores}
     asked = dict.fromkeys(stores, 0)

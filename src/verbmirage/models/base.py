@@ -227,9 +227,9 @@ class VisionLanguageModel(ABC):
         if prompts is not None:
             self.prompts = dataclasses.replace(prompts, suffix=variant.prompt_suffix)
 
-    def questions_per_call(self, batch_size: int) -> int:
-        """How many questions to hand this model per scoring call when a batch may hold ``batch_size`` questions
-        (the config's ``batch_size``, sized for the GPU's memory). Most backends: one batch per call."""
+    def use_batch_size(self, batch_size: int) -> int:
+        """Forwards hold at most ``batch_size`` questions from now on (the config's ``batch_size``, sized for the
+        GPU's memory); returns how many questions to hand the model per call. Most backends: one batch."""
         return batch_size
 
     def fingerprint_extra(self) -> dict:

@@ -776,13 +776,21 @@ class TransformersVLM(LogitsVLM):
         """Whether the rows of this kept opening may decode joined with those of others."""
         return self.variant.decoding != "opera" and stepper.extra is None
 
-    #: At most this many rows per forward (suffix batches, decodings) when a call holds more questions than a
-    #: batch (:meth:`questions_per_call`); None: the call is one batch.
-    batch_rows: int | None = None
+    #: The caller's batch size (:meth:`use_batch_size`); None: not given, a call is one batch.
+    batch_size: int | None = None
     #: A greedy variant's scoring call holds this many batches' worth of questions (below).
     CALL_BATCHES = 4
 
-    def questions_per_call(self, batch_size: int) -> int:
+    def _calls_span_batches(self) -> bool:
+        return self.prefix_reuse and self.cross_image_batches and self.variant.decoding == "greedy"
+
+    @property
+    def batch_rows(self) -> int | None:
+        """At most this many rows per forward (suffix batches, decodings) where a call holds several batches;
+        None: the call is one batch."""
+        return self.batch_size if self._calls_span_batches() else None
+
+    def use_batch_size(self, batch_size: int) -> int:
         """Greedy variants on a model whose images share suffix batches (LLaVA): ``CALL_BATCHES`` batches' worth
         of questions per call, each forward still at most ``batch_size`` rows (:attr:`batch_rows`).
 
@@ -793,11 +801,8 @@ class TransformersVLM(LogitsVLM):
         rows' openings. Beam search, sampling and OPERA keep every scoring row as an opening for the decoding
         that follows, which grows with the call as a batch does, so they keep one batch per call.
         """
-        self.batch_rows = None
-        if not (self.prefix_reuse and self.cross_image_batches and self.variant.decoding == "greedy"):
-            return batch_size
-        self.batch_rows = batch_size
-        return batch_size * self.CALL_BATCHES
+        self.batch_size = batch_size
+        return batch_size * self.CALL_BATCHES if self._calls_span_batches() else batch_size
 
     #: A suffix batch's fixed cost in token positions: suffix batches are cut where padding costs more than one
     #: more forward (:func:`_cheapest_cuts`), so YN and MC prompts of an image (short and long suffixes) do not
