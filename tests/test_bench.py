@@ -46,8 +46,6 @@ def test_suite_benchmark_prints_both_rates_and_the_suite_ratio_per_call_size():
         assert re.search(r"peak memory:\s+\d+ MiB", text)
 
 
-
-
 def test_question_set_benchmark_prints_each_set_and_the_total(demo_roots):
     out = subprocess.run([sys.executable, str(REPO / "bench" / "question_sets.py"), str(demo_roots[0]), "--baseline"],
                          capture_output=True, text=True, timeout=600, check=True).stdout
