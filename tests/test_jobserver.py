@@ -29,10 +29,12 @@ delegate()
 preloaded = preloaded or "torch" in sys.modules
 import numpy, torch
 
+numpy.ones((300, 300)) @ numpy.ones((300, 300))  # a BLAS call (BLAS libraries start their workers lazily)
 record = {
     "pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(), "argv": sys.argv,
     "marker": os.environ.get("JOB_MARKER"), "server_named": "VERBMIRAGE_JOB_SERVER" in os.environ,
     "torch_preloaded": preloaded, "threads": torch.get_num_threads(),
+    "os_threads": len(os.listdir("/proc/self/task")),
     "torch_rand": torch.rand(3).tolist(), "numpy_global": float(numpy.random.random()),
 }
 print(json.dumps(record))
@@ -104,7 +106,14 @@ def test_a_job_runs_in_a_fork_of_the_server_as_if_in_its_own_process(server, tmp
     assert record["cwd"] == str(work) and record["argv"] == [str(script), "ok"] and record["marker"] == "m1"
     assert not record["server_named"]  # processes the job starts run their own scripts
     assert record["threads"] == 1  # OMP_NUM_THREADS of the job, not of the server
+    # one thread means one: the job's own and the server's watch on its script, no BLAS workers (those that
+    # a forked job started when it limited the BLAS library itself spun while it ran)
+    assert record["os_threads"] == 2
     assert result.stderr == "to stderr\n"
+    # A job of another thread count gets its own; the next job starts from the server's count again.
+    for threads in (2, 1):
+        result, record = _run(script, "ok", cwd=work, env={**_environment(), "OMP_NUM_THREADS": str(threads)})
+        assert result.returncode == 0 and record["ppid"] == server.pid and record["threads"] == threads
 
     alone, own = _run(script, "ok", cwd=work, env=_environment(VERBMIRAGE_JOB_SERVER=""))
     assert alone.returncode == 0 and own["ppid"] == os.getpid() and not own["torch_preloaded"]
