@@ -20,3 +20,6 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     "$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_path('purelib'))")" > /dev/null || true
     touch "$stamp"
 fi
+# The package's own modules at every call (they change; compileall skips the current ones): Snakemake and each
+# job import them, and the same setting would have them compiled again in every process (paper plan 7.5 -> 6.5 s).
+"$VENV/bin/python" -m compileall -q -j 0 src > /dev/null || true
