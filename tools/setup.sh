@@ -21,5 +21,5 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     touch "$stamp"
 fi
 # The package's own modules at every call (they change; compileall skips the current ones): Snakemake and each
-# job import them, and the same setting would have them compiled again in every process (paper plan 7.5 -> 6.5 s).
+# job import them, and PYTHONDONTWRITEBYTECODE would have them compiled again in every process (docs/models.md).
 "$VENV/bin/python" -m compileall -q -j 0 src > /dev/null || true
