@@ -183,10 +183,9 @@ def main() -> None:
         model.continue_tokens = args.continue_tokens
         suite = hico_suite(args.images, work)
         model.score_yes_no([q for s, q in suite if s == "yn_obj"][:2])  # warm-up
-        timings = {size: time_both(model, suite, size, repeats=args.repeats) for size in args.batch_size}
-        calls = {size: model.use_batch_size(size) for size in args.batch_size}
-    for size, timing in timings.items():
-        report(len(suite), args.images, timing, size, calls[size])
+        for size in args.batch_size:  # each report as soon as its size is timed
+            timing = time_both(model, suite, size, repeats=args.repeats)
+            report(len(suite), args.images, timing, size, model.use_batch_size(size))
 
 
 if __name__ == "__main__":
