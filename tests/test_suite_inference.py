@@ -162,3 +162,25 @@ def test_a_second_writer_fails_before_loading_a_model(suite, tmp_path):
     assert not output.exists()
     run_suite(paths, base / "clean", "random", {"backend": "random", "seed": 0}, {}, 0, 1, output)
     assert sorted(p.name for p in output.iterdir()) == sorted(f"{qset}.parquet" for qset in SETS)
+
+
+def test_a_job_holds_at_most_a_part_and_a_call_of_rows_per_set(suite, tmp_path, monkeypatch):
+    """Issue 8 item 5: memory does not grow with the questions. Answered rows go to parts as they come (at most
+    a part plus one call's rows wait per set), and each set's table is written from its parts one at a time
+    (one Parquet row group per part), never gathered into one frame."""
+    import pyarrow.parquet as pq
+
+    base, paths = suite
+    held = []  # (set, rows) of each part written
+    append = PartStore.append
+    monkeypatch.setattr(PartStore, "append",
+                        lambda store, rows: (held.append((store.directory.name, len(rows))), append(store, rows))[1])
+    part_size, batch_size = 16, 8
+    counts = run_suite(paths, base / "clean", "random", {"backend": "random", "seed": 0}, {}, 0, 1,
+                       tmp_path / "0", batch_size=batch_size, part_size=part_size)
+    assert sum(n for _, n in held) == sum(counts.values()) and max(n for _, n in held) < part_size + batch_size
+    for qset, n in counts.items():
+        parts = [rows for name, rows in held if name == qset]
+        assert sum(parts) == n and len(parts) > 1  # every set spans several parts here
+        table = pq.ParquetFile(suite_table(tmp_path / "0", qset))
+        assert table.metadata.num_row_groups == len(parts) and table.metadata.num_rows == n
