@@ -54,12 +54,17 @@ from verbmirage.jobserver import delegate
 delegate()
 here = Path(sys.argv[1])
 
+def mark(name):
+    # written whole, then renamed: the test polls for the name and must never read an empty file
+    (here / f"{name}.part").write_text(str(os.getpid()))
+    os.replace(here / f"{name}.part", here / name)
+
 def stopped(signum, frame):
-    (here / "terminated").write_text(str(os.getpid()))
+    mark("terminated")
     sys.exit(7)
 
 signal.signal(signal.SIGTERM, stopped)
-(here / "started").write_text(str(os.getpid()))
+mark("started")
 time.sleep(60)
 """
 
