@@ -7,7 +7,13 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config.yaml"
+# The demo's config.yaml, unless the command line names config files: those replace it rather than being merged
+# into it (Snakemake's default), so configs/paper.yaml or an edited copy never brings back the demo's tiny
+# models, ensembles or analyses. Keys a file leaves out take the schema's defaults. (`--config key=value`
+# still adjusts whichever config is in use.)
+if not workflow.overwrite_configfiles:
+
+    configfile: "config.yaml"
 
 
 report: "report/workflow.rst"

@@ -151,6 +151,33 @@ def test_changing_a_model_reruns_only_its_jobs(demo_run):
     assert {w["model"] for rule, w in jobs if rule == "metric_part"} == {"random", "blind_vote"}
 
 
+def _prior_on_clean_hico(config):
+    """The demo config cut to one model, one question set and one condition on HICO."""
+    config["questions"]["sets"] = ["yn_obj"]
+    config["models"] = {"prior": {"backend": "prior"}}
+    config.update(ensembles={}, conditions={"clean": {"type": "clean"}})
+    del config["datasets"]["charadesego"]
+    config.pop("analysis", None)  # its models are not configured here
+    config["metrics"]["error_consistency"] = []
+
+
+def test_a_config_file_named_on_the_command_line_replaces_the_demo_config(tmp_path):
+    """configs/paper.yaml, or an edited copy of config.yaml, is the whole config: Snakemake would merge it into
+    the Snakefile's config.yaml and bring back the demo's models, ensembles and analyses. --config still applies."""
+    def edit(config):
+        _prior_on_clean_hico(config)
+        config["questions"]["sets"] = ["yn_obj", "yn_verb"]
+
+    write_config(tmp_path)  # the demo's config.yaml, where the Snakefile looks for its own
+    (tmp_path / "mine").mkdir()
+    mine = write_config(tmp_path / "mine", edit)
+    jobs = planned_jobs(tmp_path, mine, "--config", "questions={'sets': ['yn_verb']}")
+    assert {w["model"] for _, w in jobs if "model" in w} == {"prior"}
+    assert {w["condition"] for _, w in jobs if "condition" in w} == {"clean"}
+    assert {w["qset"] for _, w in jobs if "qset" in w} == {"yn_verb"}  # --config on top of the named file
+    assert not {"known_object", "attention", "vcd_divergence"} & {rule for rule, _ in jobs}
+
+
 def test_dataset_from_a_local_archive(tmp_path):
     """datasets.hico.root inside a configured download: fetch_dataset unpacks it first (in place, no copy).
 
@@ -171,14 +198,9 @@ def test_dataset_from_a_local_archive(tmp_path):
     workdir.mkdir()
 
     def edit(config):
+        _prior_on_clean_hico(config)
         config["datasets"]["hico"] = {"root": "resources/data/hico/hico_20150920", "det_root": ""}
         config["downloads"] = {"hico": {"source": str(archive), "archive": "hico_20150920.zip"}}
-        config["questions"]["sets"] = ["yn_obj"]
-        config["models"] = {"prior": {"backend": "prior"}}
-        config.update(ensembles={}, conditions={"clean": {"type": "clean"}})
-        del config["datasets"]["charadesego"]
-        config.pop("analysis", None)  # its models are not configured here
-        config["metrics"]["error_consistency"] = []
 
     write_config(workdir, edit)
     result = subprocess.run(
