@@ -188,11 +188,10 @@ def test_byte_identical_and_seeded(demo_anno, tmp_path):
     assert len(yes(0, "paired")) == len(yes(1, "paired"))
 
 
+@pytest.mark.parametrize("built", ["real"], indirect=True)  # the module's real sets only (built once)
 def test_real_counts_near_the_paper(built):
     """docs/questions.md, "Counts on the real anno.mat": the default protocol (paired), seed 0."""
-    source, _, frames = built
-    if source != "real":
-        pytest.skip("real anno.mat counts")
+    _, _, frames = built
     counts = question_counts(frames).set_index("qset")
     measured = {q: tuple(counts.loc[q, ["unique_questions", "yes", "no", "images"]]) for q in ("yn_obj", "yn_verb", "obj_exist")}
     assert measured == {
