@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import select
 import signal
 import stat
 import subprocess
@@ -232,14 +234,18 @@ def test_sigterm_flushes_answered_rows_and_says_so(prepared, tmp_path):
         "--output", str(output), "--batch-size", "4", "--part-size", "1000",
     ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     parts = parts_directory(output)
-    deadline = time.monotonic() + 120
-    while not (parts / "fingerprint.json").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(1.0)  # some batches answered, none stored yet (part_size 1000)
+    # SIGTERM as soon as the progress bar counts answered rows: some batches answered, none stored yet
+    # (part_size 1000), and most still to ask (a fixed sleep here once raced a slow start or a fast machine)
+    seen, deadline = b"", time.monotonic() + 120
+    while not re.search(rb"\b[1-9]\d*/%d\b" % len(questions), seen):
+        assert process.poll() is None and time.monotonic() < deadline, seen.decode(errors="replace")[-2000:]
+        if select.select([process.stderr], [], [], 1.0)[0]:
+            seen += os.read(process.stderr.fileno(), 65536)
     process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=60)
+    _, rest = process.communicate(timeout=60)
+    stderr = (seen + rest).decode(errors="replace")
     assert process.returncode != 0
     assert "terminated by SIGTERM" in stderr and "answered rows are saved" in stderr
     assert not output.exists()
