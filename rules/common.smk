@@ -25,12 +25,13 @@ from verbmirage.config import (
     check_config,
     check_yaml_file,
     condition_question_sets,
+    model_question_sets,
+    model_variant_list,
 )
-from verbmirage.models.registry import variant_features
 from verbmirage.paper_numbers import paper_names_from_config
 from verbmirage.questions import question_kind
 from verbmirage.tiny import BUILDERS as TINY_BUILDERS
-from verbmirage.variants import Variant, model_variants
+from verbmirage.variants import Variant
 
 for _configfile in workflow.configfiles:  # Snakemake's YAML reader keeps the last of two equal keys silently
     check_yaml_file(_configfile)
@@ -55,9 +56,7 @@ VARIANTS = list(config["variants"])
 ENSEMBLES = config["ensembles"]
 # model -> the variants it runs: its `variants:` list, else those its backend can run (verbmirage.variants);
 # an ensemble runs the variants all its members run.
-MODEL_VARIANTS = {m: model_variants(config, m, variant_features(e["backend"])) for m, e in config["models"].items()}
-MODEL_VARIANTS.update({e: [v for v in VARIANTS if all(v in MODEL_VARIANTS[m] for m in members)]
-                       for e, members in ENSEMBLES.items()})
+MODEL_VARIANTS = {m: model_variant_list(config, m) for m in [*config["models"], *ENSEMBLES]}
 VARIANT_SETTINGS = {v: Variant.from_config(entry, f"variants.{v}") for v, entry in config["variants"].items()}
 
 
@@ -310,20 +309,10 @@ def condition_qsets(dataset, condition):
     return condition_question_sets(config, condition, dataset, DATASET_QSETS[dataset])
 
 
-def model_qsets(model):
-    """The question sets a model answers (``models.<slug>.qsets``, default all: None); an ensemble, those
-    every member answers."""
-    if model in ENSEMBLES:
-        member_sets = [model_qsets(member) for member in ENSEMBLES[model]]
-        chosen = [set(sets) for sets in member_sets if sets is not None]
-        return set.intersection(*chosen) if chosen else None
-    return config["models"][model].get("qsets")
-
-
 def asks(dataset, condition, qset, model, variant=None):
     """Whether the run asks ``model`` (or an ensemble) question set ``qset`` under ``condition`` (with
     ``variant``: also ``variants.<slug>.qsets``)."""
-    chosen = model_qsets(model)
+    chosen = model_question_sets(config, model)
     return (qset in condition_qsets(dataset, condition) and (chosen is None or qset in chosen)
             and (variant is None or VARIANT_SETTINGS[variant].asks(qset)))
 

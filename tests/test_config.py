@@ -51,6 +51,18 @@ def test_unknown_top_level_key_is_refused(config):
          r"models.prior.qsets: \['mc_objects'\] are not question sets"),
         (lambda c: c["conditions"]["saltpepper"].update(qsets=["yn_obj", "yn_objj"]),
          r"conditions.saltpepper.qsets: \['yn_objj'\] are not question sets"),
+        # settings a transform or a backend does not take stop the plan (not the image or inference job)
+        (lambda c: c["conditions"]["saltpepper"].update(probabilty=0.5),
+         r"conditions.saltpepper: unknown key\(s\) \['probabilty'\] for type 'saltpepper' "
+         r"\(known: type, qsets, probability\)"),
+        (lambda c: c["conditions"]["clean"].update(probability=0.5),
+         r"conditions.clean: unknown key\(s\) \['probability'\] for type 'clean' \(known: type, qsets\)"),
+        (lambda c: c["models"]["tiny_llava"].update(dtpye="bfloat16"),
+         r"models.tiny_llava: backend 'llava' takes no setting\(s\) \['dtpye'\] \(did you mean 'dtpye' -> 'dtype'\?\)"),
+        (lambda c: c["models"]["tiny_clip"].update(treshold=0.3, conversation="llava_v1"),
+         r"models.tiny_clip: backend 'clip' takes no setting\(s\) \['conversation', 'treshold'\] "
+         r"\(did you mean 'treshold' -> 'threshold'\?\); it takes \['device', "),
+        (lambda c: c["models"]["random"].update(temperature=0.0), r"models.random: backend 'random' takes no setting"),
         (lambda c: (c["conditions"]["saltpepper"].update(qsets=["yn_obj"]),
                     c["conditions"]["crop"].update(qsets=["mc_obj"]),
                     c["metrics"].update(error_consistency=[["saltpepper", "crop"]])),

@@ -106,7 +106,7 @@ def test_config_checks_crop_conditions():
     cases = [
         (lambda c: c["datasets"]["hico"].update(det_root=""), "conditions.crop: type 'crop' crops to HICO-DET boxes"),
         (lambda c: c["conditions"]["crop"].update(margin=-0.1), "conditions.crop.margin: -0.1"),
-        (lambda c: c["conditions"]["crop"].update(probability=0.5), r"conditions.crop: unknown keys \['probability'\]"),
+        (lambda c: c["conditions"]["crop"].update(probability=0.5), r"conditions.crop: unknown key\(s\) \['probability'\] for type 'crop' \(known: type, qsets, margin\)"),
     ]
     for edit, message in cases:
         changed = copy.deepcopy(config)

@@ -198,7 +198,9 @@ def test_bootstrap_drops_hois_without_a_positive_in_a_replicate():
 
 # ---- settings -------------------------------------------------------------------------------------
 def _config(**block):
-    return {"models": {"llava": {"backend": "llava"}, "clip": {"backend": "clip"}}, "ensembles": {},
+    return {"models": {"llava": {"backend": "llava"}, "clip": {"backend": "clip"},
+                       "blip": {"backend": "instructblip", "qsets": ["yn_obj"]}},
+            "ensembles": {"vote": ["llava", "blip"]},
             "questions": {"sets": ["yn_obj", "yn_ko"]},
             "conditions": {"clean": {"type": "clean"}, "noise": {"type": "saltpepper", "qsets": ["yn_obj"]}},
             "analysis": {"known_object": {"models": ["llava", "clip"], "reference_model": "clip", **block}}}
@@ -214,6 +216,10 @@ def test_settings_are_checked_against_the_config():
         "conditions\\[0\\]: 'fog' is not a configured condition": {"conditions": ["fog"]},
         "conditions\\[1\\]: condition 'noise' does not ask yn_ko": {"conditions": ["clean", "noise"]},
         "qset: 'mc_obj' is not one of": {"qset": "mc_obj"},
+        # not asked the set: it would silently get no AP
+        r"models\[2\]: 'blip' is not asked yn_ko \(models.blip.qsets, or an ensemble member's: \['yn_obj'\]\)":
+            {"models": ["llava", "clip", "blip"]},
+        r"models\[2\]: 'vote' is not asked yn_ko": {"models": ["llava", "clip", "vote"]},
     }
     for message, block in problems.items():
         with pytest.raises(KnownObjectError, match=message):

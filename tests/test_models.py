@@ -32,6 +32,28 @@ def test_registry_is_lazy_and_checks_names():
         create_model("r", {"backend": "random", "temperature": 1.0})
 
 
+def test_settings_read_from_the_source_equal_the_imported_signatures():
+    """backend_settings (read while planning, nothing imported) names what create_model would accept."""
+    import inspect
+    import subprocess
+
+    from verbmirage.models.registry import backend_class, backend_settings
+
+    planned = subprocess.run(  # a fresh interpreter: planning imports no backend module (torch stays out)
+        [sys.executable, "-c", "import sys; from verbmirage.models.registry import BACKENDS, backend_settings\n"
+         "[backend_settings(b) for b in BACKENDS]; print(sorted(m for m in sys.modules if m.startswith("
+         "('torch', 'transformers', 'verbmirage.models.hf', 'verbmirage.models.remote'))))"],
+        capture_output=True, text=True, check=True)
+    assert planned.stdout.strip() == "[]"
+    for backend in BACKENDS:
+        parameters = inspect.signature(backend_class(backend).__init__).parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+        expected = None if takes_any else frozenset(parameters) - {"self", "name", "context"}
+        assert backend_settings(backend) == expected, backend
+    assert "dtype" in backend_settings("llava") and "threshold" in backend_settings("clip")
+    assert backend_settings("tests_module:Mine") is None  # a custom backend is checked when its job loads it
+
+
 def test_baselines_answer_both_kinds():
     yes = create_model("y", {"backend": "always_yes"})
     yn = [Question("q1", "Is someone riding a horse?"), Question("q2", "Is someone feeding a horse?")]

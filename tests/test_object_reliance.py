@@ -417,6 +417,28 @@ def test_plan_defaults_and_errors():
         reliance_plan(fewer_sets)
 
 
+def test_models_must_answer_all_four_sets_and_run_the_variant():
+    """Checked when the run is planned: otherwise Snakemake stops on a missing predictions file."""
+    config = {**CONFIG, "variants": {"default": {}, "beam5": {"decoding": "beam", "num_beams": 5}},
+              "models": {**CONFIG["models"], "clip": {"backend": "clip", "qsets": ["yn_obj", "yn_verb"]},
+                         "owl": {"backend": "mplug_owl2"}}}
+    default = reliance_plan({**config, "analysis": {"object_reliance": {}}})
+    assert default["models"] == ["always_yes", "prior", "tiny_llava", "owl"]  # clip skips the MC sets
+    beam = reliance_plan({**config, "analysis": {"object_reliance": {"variant": "beam5"}}})
+    assert beam["models"] == ["tiny_llava"]  # the blind baselines and mPLUG-Owl2's backend do not beam-search
+    for block, message in (
+        ({"models": ["tiny_llava", "clip"]}, r"models\[1\]: 'clip' does not answer \['mc_obj', 'mc_verb'\]"),
+        ({"models": ["prior"], "variant": "beam5"},
+         r"models\[0\]: 'prior' does not run variant 'beam5' \(analysis.object_reliance.variant; it runs \['default'\]\)"),
+        ({"models": ["vote"], "variant": "beam5"}, r"models\[0\]: 'vote' does not run variant 'beam5'"),
+    ):
+        with pytest.raises(RelianceError, match=message):
+            reliance_plan({**config, "analysis": {"object_reliance": block}})
+    blind = {**config, "models": {"prior": {"backend": "prior"}}, "ensembles": {}}
+    with pytest.raises(RelianceError, match=r"no model to analyse \(none answers all of .* runs variant 'beam5'\)"):
+        reliance_plan({**blind, "analysis": {"object_reliance": {"variant": "beam5"}}})
+
+
 # ---- real HICO --------------------------------------------------------------------------------------------------
 def test_every_real_verb_question_has_an_attribution(real_anno):
     """On the real anno.mat (a sample of the built sets): every yn_verb / mc_verb question names ≥ 1 object."""

@@ -19,6 +19,7 @@ under it use only the questions on those images (:func:`condition_questions`).
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import zlib
@@ -49,6 +50,14 @@ class ImageCondition:
     transform: Callable[..., Image.Image] | None
     description: str
     needs_boxes: bool = False  # transform(image, rng, box=(x1, y1, x2, y2), **params); images without a box skipped
+
+    def parameters(self) -> list[str]:
+        """The settings a config entry of this type may give (the transform's own keywords): what is checked
+        when the run is planned, so a misspelled one stops it there and not in the image job."""
+        if self.transform is None:
+            return []
+        given_by_the_job = {"image", "rng", "box"}
+        return [name for name in inspect.signature(self.transform).parameters if name not in given_by_the_job]
 
 
 def salt_and_pepper(image: Image.Image, rng: np.random.Generator, probability: float = 0.75) -> Image.Image:

@@ -13,17 +13,18 @@ here imports a user's module; custom backends must be allow-listed under
 
 from __future__ import annotations
 
+import difflib
 import importlib.machinery
 import sys
 from pathlib import Path
 
 import yaml
 
-from verbmirage.conditions import CONDITIONS
-from verbmirage.derived import effective_models
+from verbmirage.conditions import CONDITIONS, PLANNING_KEYS
+from verbmirage.derived import effective_entry, effective_models
 from verbmirage.hico import hico_det_file
 from verbmirage.models.base import allow_remote_code
-from verbmirage.models.registry import BACKENDS, variant_features
+from verbmirage.models.registry import BACKENDS, WORKFLOW_KEYS, backend_settings, variant_features
 from verbmirage.variants import Variant, model_variants
 
 # Where rule `demo_hico` writes the demo; a root pointing here need not exist yet.
@@ -95,15 +96,27 @@ def _check_custom_backend(slug: str, backend: str, allowed: list[str]) -> None:
         raise ConfigError(f"models.{slug}.backend: module '{module}' cannot be found on the Python path")
 
 
+def _check_backend_settings(slug: str, entry: dict) -> None:
+    """A setting the backend does not take (a typo, or one of another backend) stops the plan, not the job."""
+    accepted = backend_settings(entry["backend"])
+    if accepted is None:
+        return
+    unknown = sorted(set(entry) - WORKFLOW_KEYS - accepted)
+    if unknown:
+        hints = [f"'{key}' -> '{close[0]}'" for key in unknown
+                 if (close := difflib.get_close_matches(key, sorted(accepted), n=1))]
+        raise ConfigError(
+            f"models.{slug}: backend '{entry['backend']}' takes no setting(s) {unknown}"
+            + (f" (did you mean {', '.join(hints)}?)" if hints else "")
+            + f"; it takes {sorted(accepted)} and the workflow's {sorted(WORKFLOW_KEYS - {'backend'})}"
+        )
+
+
 def _check_box_condition(slug: str, entry: dict, config: dict) -> None:
     """A crop condition needs HICO-DET boxes and a margin >= 0 (its only parameter)."""
     if not config["datasets"]["hico"].get("det_root"):
         raise ConfigError(f"conditions.{slug}: type '{entry['type']}' crops to HICO-DET boxes; "
                           "set datasets.hico.det_root")
-    unknown = sorted(set(entry) - {"type", "qsets", "margin"})
-    if unknown:
-        raise ConfigError(f"conditions.{slug}: unknown keys {unknown} for type '{entry['type']}' "
-                          "(known: margin, qsets)")
     margin = entry.get("margin", 0.1)
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 100:
         raise ConfigError(f"conditions.{slug}.margin: {margin!r} is not a number >= 0")
@@ -145,6 +158,28 @@ def condition_question_sets(config: dict, condition: str, dataset: str, dataset_
         return []
     chosen = entry.get("qsets")
     return [q for q in dataset_sets if chosen is None or q in chosen]
+
+
+def model_question_sets(config: dict, model: str) -> set[str] | None:
+    """The question sets ``model`` answers (``models.<slug>.qsets``; None: every set asked); for an ensemble,
+    those every member answers."""
+    ensembles = config.get("ensembles") or {}
+    if model in ensembles:
+        chosen = [sets for sets in (model_question_sets(config, m) for m in ensembles[model]) if sets is not None]
+        return set.intersection(*chosen) if chosen else None
+    sets = config["models"][model].get("qsets")
+    return None if sets is None else set(sets)
+
+
+def model_variant_list(config: dict, model: str) -> list[str]:
+    """The variants ``model`` runs (:func:`verbmirage.variants.model_variants`: its ``variants:`` list, else
+    those its backend can run); for an ensemble, those every member runs."""
+    ensembles = config.get("ensembles") or {}
+    if model in ensembles:
+        runs = [model_variant_list(config, member) for member in ensembles[model]]
+        return [v for v in config["variants"] if all(v in run for run in runs)]
+    backend = effective_entry(config, model)["backend"]  # a derived entry runs on its base's backend
+    return model_variants(config, model, variant_features(backend))
 
 
 def _check_pangea(config: dict, workdir: Path) -> None:
@@ -200,6 +235,8 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
             raise ConfigError(
                 f"models.{slug}.backend: unknown backend '{entry['backend']}'; known: {sorted(BACKENDS)}"
             )
+        else:
+            _check_backend_settings(slug, entry)
         if entry["backend"] == "openai":
             from verbmirage.models.api import DEFAULT_API_KEY_ENV, DEFAULT_BASE_URL, check_endpoint
 
@@ -248,6 +285,11 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
             raise ConfigError(
                 f"conditions.{slug}.type: unknown image condition '{entry['type']}'; known: {sorted(CONDITIONS)}"
             )
+        known = ["type", *sorted(PLANNING_KEYS), *CONDITIONS[entry["type"]].parameters()]
+        unknown = sorted(set(entry) - set(known))
+        if unknown:
+            raise ConfigError(f"conditions.{slug}: unknown key(s) {unknown} for type '{entry['type']}' "
+                              f"(known: {', '.join(known)})")
         if CONDITIONS[entry["type"]].needs_boxes:
             _check_box_condition(slug, entry, config)
         unknown_sets = sorted(set(entry.get("qsets", [])) - set(known_question_sets()))

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from verbmirage.config import model_question_sets
 from verbmirage.paper_numbers import load_paper_numbers, packaged_paper_numbers
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,11 @@ def known_object_settings(config: dict) -> KnownObjectSettings | None:
     sets = config.get("questions", {}).get("sets", [])
     if qset not in sets:
         raise KnownObjectError(f"{where}.qset: '{qset}' is not in questions.sets {sets}")
+    for index, slug in enumerate(models):  # a model that is not asked the set would silently get no AP
+        chosen = model_question_sets(config, slug)
+        if chosen is not None and qset not in chosen:
+            raise KnownObjectError(f"{where}.models[{index}]: '{slug}' is not asked {qset} "
+                                   f"(models.{slug}.qsets, or an ensemble member's: {sorted(chosen)})")
     conditions = tuple(block.get("conditions", ("clean",)))
     for index, condition in enumerate(conditions):
         entry = config.get("conditions", {}).get(condition)

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from verbmirage.config import model_question_sets, model_variant_list
 from verbmirage.hico import HicoAnnotations
 from verbmirage.io import MISSING_VALUE
 from verbmirage.paper_numbers import load_paper_numbers, packaged_paper_numbers
@@ -101,8 +102,8 @@ class RelianceSettings:
 def reliance_plan(config: dict) -> dict | None:
     """The checked ``analysis.object_reliance`` block with its defaults resolved; None when it is absent.
 
-    ``models`` defaults to every ``models:`` entry that answers all four sets (ensembles may be listed);
-    ``figure_model`` (Fig. 15)
+    ``models`` defaults to every ``models:`` entry that answers all four sets and runs ``variant``
+    (ensembles may be listed); a listed model that does not is an error. ``figure_model`` (Fig. 15)
     to the first mPLUG-Owl2 model (the paper's), else the first model that is not a baseline, else the first.
     """
     block = (config.get("analysis") or {}).get("object_reliance")
@@ -110,24 +111,36 @@ def reliance_plan(config: dict) -> dict | None:
         return None
     where = "analysis.object_reliance"
     known = list(config.get("models", {})) + list(config.get("ensembles", {}) or {})
+    variant = block.get("variant", "default")
+    if variant not in config.get("variants", {variant: None}):
+        raise RelianceError(f"{where}.variant: '{variant}' is not a configured variant {list(config['variants'])}")
 
-    def answers_all(slug: str) -> bool:  # models.<slug>.qsets: a model that skips a set cannot be compared
-        chosen = config.get("models", {}).get(slug, {}).get("qsets")
-        return chosen is None or set(RELIANCE_QSETS) <= set(chosen)
+    def skipped_sets(slug: str) -> list[str]:  # models.<slug>.qsets: a model that skips a set cannot be compared
+        chosen = model_question_sets(config, slug)
+        return [q for q in RELIANCE_QSETS if chosen is not None and q not in chosen]
 
-    models = list(block.get("models") or [slug for slug in config.get("models", {}) if answers_all(slug)])
+    def runs_variant(slug: str) -> bool:
+        return "variants" not in config or variant in model_variant_list(config, slug)
+
+    listed = block.get("models")
+    models = list(listed or [slug for slug in config.get("models", {})
+                             if not skipped_sets(slug) and runs_variant(slug)])
     for index, slug in enumerate(models):
         if slug not in known:
             raise RelianceError(f"{where}.models[{index}]: '{slug}' is neither in models: nor in ensembles:")
+        if skipped_sets(slug):
+            raise RelianceError(f"{where}.models[{index}]: '{slug}' does not answer {skipped_sets(slug)} "
+                                f"(models.{slug}.qsets, or an ensemble member's); the analysis compares all four")
+        if not runs_variant(slug):
+            raise RelianceError(f"{where}.models[{index}]: '{slug}' does not run variant '{variant}' "
+                                f"({where}.variant; it runs {model_variant_list(config, slug)})")
     if not models:
-        raise RelianceError(f"{where}.models: no model to analyse")
+        raise RelianceError(f"{where}.models: no model to analyse" + (
+            "" if listed else f" (none answers all of {list(RELIANCE_QSETS)} and runs variant '{variant}')"))
     condition = block.get("condition", "clean")
     if condition not in config.get("conditions", {condition: None}):
         raise RelianceError(f"{where}.condition: '{condition}' is not a configured condition "
                             f"{list(config.get('conditions', {}))}")
-    variant = block.get("variant", "default")
-    if variant not in config.get("variants", {variant: None}):
-        raise RelianceError(f"{where}.variant: '{variant}' is not a configured variant {list(config['variants'])}")
     asked = config.get("questions", {}).get("sets", list(RELIANCE_QSETS))
     missing = [q for q in RELIANCE_QSETS if q not in asked]
     if missing:

@@ -6,7 +6,10 @@ A config entry ``models: {slug: {backend: NAME, ...settings}}`` becomes
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib
+import importlib.util
 import inspect
 
 from verbmirage.models.base import ModelContext, VisionLanguageModel
@@ -56,6 +59,43 @@ WORKFLOW_KEYS = frozenset({"backend", "batch_size", "shards", "resources", "qset
 def variant_features(backend: str) -> frozenset[str] | None:
     """The variant features a backend offers; None for a custom ``module:Class`` (unknown until imported)."""
     return VARIANT_FEATURES.get(backend)
+
+
+def backend_settings(backend: str) -> frozenset[str] | None:
+    """The settings a registered backend's constructor takes (``name`` and the injected ``context`` aside), or
+    None where it takes any (``**kwargs``) or cannot be read (a custom ``module:Class``).
+
+    Read from the source, not by importing it: the backends import torch and transformers, seconds that
+    planning a run should not pay, and a misspelled setting should stop the plan, not a GPU job
+    (``inspect.signature`` needs the class imported; ``tests/test_models.py`` checks the two agree).
+    """
+    if backend not in BACKENDS:
+        return None
+    module, _, name = BACKENDS[backend].partition(":")
+    return _constructor_settings(module, name)
+
+
+@functools.cache
+def _constructor_settings(module: str, name: str) -> frozenset[str] | None:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin:
+        return None
+    tree = ast.parse(open(spec.origin, encoding="utf-8").read(), spec.origin)
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    imported = {alias.asname or alias.name: node.module for node in tree.body
+                if isinstance(node, ast.ImportFrom) and node.level == 0 for alias in node.names}
+    if name not in classes:
+        return _constructor_settings(imported[name], name) if name in imported else None
+    for node in classes[name].body:
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+            if node.args.kwarg is not None:
+                return None
+            arguments = [*node.args.posonlyargs, *node.args.args][1:] + node.args.kwonlyargs  # [1:]: self
+            return frozenset(a.arg for a in arguments) - {"name", "context"}
+    for base in classes[name].bases:  # no __init__ of its own: the first base's
+        if isinstance(base, ast.Name) and (base.id in classes or base.id in imported):
+            return _constructor_settings(module if base.id in classes else imported[base.id], base.id)
+    return None
 
 
 def backend_class(backend: str) -> type[VisionLanguageModel]:
