@@ -21,7 +21,6 @@ from verbmirage.analysis.object_reliance import (
     attribute_objects,
     draw_fig15,
     iou_matrix,
-    metric_rows,
     model_reliance,
     object_deltas,
     object_reliance,
