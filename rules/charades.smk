@@ -8,6 +8,7 @@ rule charades_frames:
         table=CHARADES_FRAME_TABLE,
     params:
         root=lambda wildcards: CHARADES_ROOT,
+        videos=lambda wildcards: CHARADES_VIDEO_FOLDER,
         split=CHARADES_SPLIT,
     log:
         "logs/charades_frames.log",

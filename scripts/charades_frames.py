@@ -2,7 +2,8 @@
 
 Inputs: the split's CSV and the videos (or the download that brings them).
 Outputs: ``frames`` (folder), ``table`` (one row per frame, with ``error``).
-Settings: ``params.root``, ``params.split``.
+Settings: ``params.root`` (annotations in ``CharadesEgo/``), ``params.videos`` (the ``<id>.mp4`` folder),
+``params.split``.
 """
 
 from verbmirage.jobserver import delegate
@@ -17,6 +18,6 @@ from verbmirage.joblog import job_log
 with job_log(snakemake.log[0]) as log:
     root = Path(snakemake.params.root)
     pairs = video_pairs(load_split(root / "CharadesEgo", snakemake.params.split))
-    frames = extract_frames(frame_table(pairs), root / "CharadesEgo_v1_480", snakemake.output.frames)
+    frames = extract_frames(frame_table(pairs), snakemake.params.videos, snakemake.output.frames)
     frames.to_parquet(snakemake.output.table, index=False)
     log.info("%d pairs, %d frames, %d failed", len(pairs), len(frames), frames.error.notna().sum())

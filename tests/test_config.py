@@ -77,6 +77,20 @@ def test_semantic_errors_name_the_key(config, edit, message):
         check_config(config, REPO)
 
 
+def test_charadesego_video_folder_is_checked(config, tmp_path):
+    (tmp_path / "ego" / "CharadesEgo").mkdir(parents=True)
+    (tmp_path / "ego" / "CharadesEgo" / "Charades_v1_classes.txt").write_text("c000 Holding some clothes\n")
+    config["datasets"]["charadesego"] = {"root": str(tmp_path / "ego")}
+    with pytest.raises(ConfigError, match=r"datasets.charadesego.root: no video folder '.*ego/CharadesEgo_v1_480'"):
+        check_config(config, REPO)
+    config["datasets"]["charadesego"]["videos"] = str(tmp_path / "elsewhere")
+    with pytest.raises(ConfigError, match=r"datasets.charadesego.videos: no video folder '.*elsewhere'"):
+        check_config(config, REPO)
+    (tmp_path / "elsewhere").mkdir()
+    check_config(config, REPO)
+    validate(config, SCHEMA)
+
+
 def test_paper_config_is_valid():
     paper = yaml.safe_load((REPO / "configs" / "paper.yaml").read_text())
     validate(paper, SCHEMA)

@@ -178,6 +178,27 @@ def test_a_config_file_named_on_the_command_line_replaces_the_demo_config(tmp_pa
     assert not {"known_object", "attention", "vcd_divergence"} & {rule for rule, _ in jobs}
 
 
+def test_charadesego_videos_from_their_own_folder(tmp_path):
+    """datasets.charadesego.videos: the videos outside <root>/CharadesEgo_v1_480, as its own download leaves them."""
+    from verbmirage.charades import write_demo_charadesego
+
+    root = write_demo_charadesego(tmp_path / "mine" / "charadesego", pairs=3)
+    (root / "CharadesEgo_v1_480").rename(tmp_path / "mine" / "videos")
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    write_config(workdir, lambda c: c["datasets"].update(
+        charadesego={"root": str(root), "videos": str(tmp_path / "mine" / "videos")}))
+    frames = "results/benchmark/charadesego/frames.parquet"
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", frames, "--cores", "2", "--snakefile", str(REPO / "Snakefile"),
+         "--directory", str(workdir), "--configfile", str(workdir / "config.yaml")],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = pd.read_parquet(workdir / frames)
+    assert len(table) > 0 and table.error.isna().all(), table.error.dropna().head()
+
+
 def test_dataset_from_a_local_archive(tmp_path):
     """datasets.hico.root inside a configured download: fetch_dataset unpacks it first (in place, no copy).
 

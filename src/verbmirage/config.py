@@ -228,6 +228,12 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
         inside_download = any(root == folder or folder in root.parents for folder in downloaded)
         if not inside_download and not (workdir / root / "CharadesEgo" / "Charades_v1_classes.txt").is_file():
             raise ConfigError(f"datasets.charadesego.root: '{root}' has no CharadesEgo/Charades_v1_classes.txt")
+        videos = Path(charades.get("videos") or root / "CharadesEgo_v1_480")
+        videos_downloaded = any(videos == folder or folder in videos.parents for folder in downloaded)
+        if not videos_downloaded and not (workdir / videos).is_dir():
+            key = "videos" if charades.get("videos") else "root"
+            raise ConfigError(f"datasets.charadesego.{key}: no video folder '{videos}' (the <id>.mp4 files; "
+                              "datasets.charadesego.videos names it when it is not <root>/CharadesEgo_v1_480)")
     for slug, entry in config["models"].items():
         if ":" in entry["backend"]:
             _check_custom_backend(slug, entry["backend"], config.get("custom_backends", []))
