@@ -23,6 +23,7 @@ from verbmirage.config import (
     DEMO_PANGEA_ROOT,
     DOWNLOADS_FOLDER,
     check_config,
+    check_schema,
     check_yaml_file,
     condition_question_sets,
     model_question_sets,
@@ -35,7 +36,8 @@ from verbmirage.variants import Variant
 
 for _configfile in workflow.configfiles:  # Snakemake's YAML reader keeps the last of two equal keys silently
     check_yaml_file(_configfile)
-validate(config, workflow.source_path("../schemas/config.schema.yaml"))
+check_schema(config, workflow.source_path("../schemas/config.schema.yaml"))  # one line per problem, key first
+validate(config, workflow.source_path("../schemas/config.schema.yaml"))  # fills the defaults
 check_config(config, workdir=os.getcwd())
 # Derived models (models.<slug>.derive, rules/derived.smk): from here on each is the entry its jobs load (its
 # base's backend and settings, path or adapter = its built folder); DERIVED keeps their derive blocks.

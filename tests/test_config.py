@@ -8,7 +8,7 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from verbmirage.config import ConfigError, check_config
+from verbmirage.config import ConfigError, check_config, check_schema
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = str(REPO / "schemas" / "config.schema.yaml")
@@ -30,6 +30,20 @@ def test_wrong_type_names_the_key(config):
     config["models"]["random"]["batch_size"] = "large"
     with pytest.raises(WorkflowError, match="batch_size"):
         validate(config, SCHEMA)
+
+
+def test_schema_problems_are_listed_one_per_line_key_first(config):
+    check_schema(config, SCHEMA)
+    config["models"]["random"]["batch_size"] = "large"
+    config["conditions"]["clean"]["qsets"] = "yn_obj"
+    config["modles"] = {}
+    with pytest.raises(ConfigError) as raised:
+        check_schema(config, SCHEMA)
+    assert str(raised.value).splitlines()[1:] == [
+        "  (top level): Additional properties are not allowed ('modles' was unexpected)",
+        "  conditions.clean.qsets: 'yn_obj' is not of type 'array'",
+        "  models.random.batch_size: 'large' is not of type 'integer'",
+    ]
 
 
 def test_unknown_top_level_key_is_refused(config):

@@ -40,6 +40,19 @@ class ConfigError(ValueError):
     """The config is invalid; the message names the key."""
 
 
+def check_schema(config: dict, schema_path: str | Path) -> None:
+    """Every schema violation as one line ``key.path: problem``, before Snakemake's own validation (which
+    fills the defaults but names the key only after a dump of the whole schema)."""
+    import jsonschema
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    problems = sorted(validator.iter_errors(config), key=lambda error: list(map(str, error.absolute_path)))
+    if problems:
+        lines = [f"{'.'.join(map(str, error.absolute_path)) or '(top level)'}: {error.message}" for error in problems]
+        raise ConfigError("the config does not match schemas/config.schema.yaml:\n  " + "\n  ".join(lines))
+
+
 class _StrictLoader(yaml.SafeLoader):
     """A SafeLoader that refuses a key written twice in one mapping (PyYAML keeps the last silently)."""
 
