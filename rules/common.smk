@@ -324,9 +324,15 @@ def asks(dataset, condition, qset, model, variant=None):
 LABEL_KEYS = ("qsets", "paper_name", "paper_method")
 
 
+# A model entry's keys that say where its jobs run and which variants it runs: raising a shard's runtime after a
+# time-out, or adding a variant to its list, must not rerun its other jobs or discard their saved answers.
+MODEL_PLANNING_KEYS = (*LABEL_KEYS, "resources", "variants")
+
+
 def model_settings(model):
-    """What a model's answers depend on: its entry without the labels (``qsets``, ``paper_name``, ``paper_method``)."""
-    return {key: value for key, value in config["models"][model].items() if key not in LABEL_KEYS}
+    """What a model's answers depend on: its entry without the labels (``qsets``, ``paper_name``, ``paper_method``)
+    and the planning keys (``resources``, ``variants``). ``batch_size`` stays: padding moves scores by ~1e-4."""
+    return {key: value for key, value in config["models"][model].items() if key not in MODEL_PLANNING_KEYS}
 
 
 def variant_settings(variant):

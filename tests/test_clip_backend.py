@@ -62,3 +62,26 @@ def test_unreadable_image(clip, tmp_path, images):
     results = clip.score_yes_no([Question("a", "", image=bad, verb="ride", object="horse"),
                                  Question("b", "", image=images[0], verb="ride", object="horse")])
     assert "bad.jpg" in results[0].error and results[1].error is None
+
+
+def test_the_tiny_clip_is_the_same_in_every_build(tiny_dirs, tmp_path):
+    """Built again in another process (another hash seed): the same files, so the demo's CLIP answers do not
+    depend on which machine or run built it (the BPE trainer once numbered its tokens differently each time)."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    script = "import sys; from verbmirage.tiny import build_tiny_clip; build_tiny_clip(sys.argv[1])"
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "again")], check=True, capture_output=True,
+                   env={**os.environ, "PYTHONHASHSEED": "123"})
+
+    def digests(folder):
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+    assert digests(tmp_path / "again") == digests(tiny_dirs["clip"])
+    from transformers import CLIPTokenizer
+
+    tokenizer = CLIPTokenizer.from_pretrained(tiny_dirs["clip"])
+    pieces = tokenizer.tokenize("a photo of a person riding a horse")
+    assert pieces[0] == "a</w>" and "horse</w>" in pieces  # a real CLIP BPE: words end in </w>

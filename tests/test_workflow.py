@@ -151,6 +151,23 @@ def test_changing_a_model_reruns_only_its_jobs(demo_run):
     assert {w["model"] for rule, w in jobs if rule == "metric_part"} == {"random", "blind_vote"}
 
 
+def test_resources_and_a_models_variant_list_rerun_nothing_already_answered(demo_run):
+    """A shard's runtime raised after a time-out, or a variant added to a model's `variants:` list, keeps every
+    finished job (and its saved answers): only the new variant's runs are planned."""
+    def edit(config):
+        config["models"]["tiny_clip"]["resources"]["runtime"] = 240
+        config["models"]["tiny_llava_pangea"]["variants"].append("sample")
+
+    write_config(demo_run, edit)
+    try:
+        jobs = planned_jobs(demo_run)
+    finally:
+        write_config(demo_run)
+    predicted = {(w["model"], w["variant"]) for rule, w in jobs if rule == "predict_suite"}
+    assert predicted == {("tiny_llava_pangea", "sample")}
+    assert not {w.get("model") for _, w in jobs} & {"tiny_clip"}
+
+
 def _prior_on_clean_hico(config):
     """The demo config cut to one model, one question set and one condition on HICO."""
     config["questions"]["sets"] = ["yn_obj"]

@@ -263,23 +263,36 @@ def build_tiny_qwen2_5_vl(out_dir: str | Path, seed: int = 0) -> Path:
     return build_tiny_qwen2_vl(out_dir, seed, version="2.5")
 
 
-def build_clip_tokenizer(out_dir: Path, vocab_size: int = 800):
-    """A CLIP-style BPE (lower case, "</w>" word ends, <|startoftext|>/<|endoftext|>) as a real CLIPTokenizer."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+def build_clip_tokenizer(vocab_size: int = 800):
+    """A CLIP-style BPE (lower case, "</w>" word ends, <|startoftext|>/<|endoftext|>) as a real CLIPTokenizer.
+
+    Built from the corpus's words, not trained with ``tokenizers``' BpeTrainer: that trainer numbers the
+    "x</w>" letters in the order of a hash set, so tied merges and ids came out differently in each process
+    and every build of the demo's CLIP answered differently. Here: the specials, every letter plain and with
+    "</w>", then the most frequent words (ties by spelling), each merged left to right, until ``vocab_size``.
+    """
+    import collections
+    import re
+
     from transformers import CLIPTokenizer
 
     special = ["<|startoftext|>", "<|endoftext|>"]
-    bpe = Tokenizer(models.BPE(unk_token="<|endoftext|>", end_of_word_suffix="</w>"))
-    bpe.normalizer = normalizers.Lowercase()
-    bpe.pre_tokenizer = pre_tokenizers.Whitespace()
-    bpe.train_from_iterator(
-        [f"a photo of a person {line}" for line in _corpus()],
-        trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, end_of_word_suffix="</w>"),
-    )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    vocab_file, merges_file = bpe.model.save(str(out_dir), "clip")
-    merges = [tuple(line.split()) for line in Path(merges_file).read_text().splitlines() if line and not line.startswith("#")]
-    return CLIPTokenizer(vocab=json.loads(Path(vocab_file).read_text()), merges=merges)
+    # CLIPTokenizer's own pieces: letter runs, single digits, runs of other symbols
+    words = collections.Counter(word for line in _corpus()
+                                for word in re.findall(r"[a-z]+|[0-9]|[^\sa-z0-9]+", f"a photo of a person {line}".lower()))
+    letters = sorted({letter for word in words for letter in word})
+    vocab = dict.fromkeys([*special, *letters, *(f"{letter}</w>" for letter in letters)])
+    merges = []
+    for word, _ in sorted(words.items(), key=lambda item: (-item[1], item[0])):
+        pieces = [*word[:-1], f"{word[-1]}</w>"]
+        steps = [(pieces[0] + "".join(pieces[1:i]), pieces[i]) for i in range(1, len(pieces))]
+        new = [step for step in steps if "".join(step) not in vocab]
+        if len(vocab) + len(new) > vocab_size:
+            break
+        for step in new:
+            merges.append(step)
+            vocab["".join(step)] = None
+    return CLIPTokenizer(vocab={token: index for index, token in enumerate(vocab)}, merges=merges)
 
 
 def build_tiny_clip(out_dir: str | Path, seed: int = 0, image_size: int = 32, patch_size: int = 8) -> Path:
@@ -291,7 +304,7 @@ def build_tiny_clip(out_dir: str | Path, seed: int = 0, image_size: int = 32, pa
 
     out_dir = Path(out_dir)
     with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = build_clip_tokenizer(Path(tmp))
+        tokenizer = build_clip_tokenizer()
         image_processor = CLIPImageProcessor(size={"shortest_edge": image_size},
                                              crop_size={"height": image_size, "width": image_size})
         processor = CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer)
