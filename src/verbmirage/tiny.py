@@ -14,7 +14,6 @@ properties (batched == unbatched), never values.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from verbmirage.hico import hoi_vocabulary
@@ -296,31 +295,28 @@ def build_clip_tokenizer(vocab_size: int = 800):
 
 
 def build_tiny_clip(out_dir: str | Path, seed: int = 0, image_size: int = 32, patch_size: int = 8) -> Path:
-    """CLIPModel + CLIPProcessor (CLIP image processor and a CLIPTokenizer trained offline)."""
-    import tempfile
-
+    """CLIPModel + CLIPProcessor (CLIP image processor and a CLIPTokenizer built offline)."""
     import torch
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
 
     out_dir = Path(out_dir)
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = build_clip_tokenizer()
-        image_processor = CLIPImageProcessor(size={"shortest_edge": image_size},
-                                             crop_size={"height": image_size, "width": image_size})
-        processor = CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer)
-        eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-        config = CLIPConfig(
-            text_config={"vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64,
-                         "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 77,
-                         "pad_token_id": eos, "bos_token_id": tokenizer.bos_token_id, "eos_token_id": eos},
-            vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                           "num_attention_heads": 2, "image_size": image_size, "patch_size": patch_size},
-            projection_dim=16,
-        )
-        torch.manual_seed(seed)
-        model = CLIPModel(config).eval()
-        model.save_pretrained(out_dir)
-        processor.save_pretrained(out_dir)
+    tokenizer = build_clip_tokenizer()
+    image_processor = CLIPImageProcessor(size={"shortest_edge": image_size},
+                                         crop_size={"height": image_size, "width": image_size})
+    processor = CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = CLIPConfig(
+        text_config={"vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64,
+                     "num_hidden_layers": 2, "num_attention_heads": 2, "max_position_embeddings": 77,
+                     "pad_token_id": eos, "bos_token_id": tokenizer.bos_token_id, "eos_token_id": eos},
+        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+                       "num_attention_heads": 2, "image_size": image_size, "patch_size": patch_size},
+        projection_dim=16,
+    )
+    torch.manual_seed(seed)
+    model = CLIPModel(config).eval()
+    model.save_pretrained(out_dir)
+    processor.save_pretrained(out_dir)
     return out_dir
 
 
