@@ -47,6 +47,18 @@ def test_apply_conditions(demo_roots, tmp_path):
         resolver.path("images/test2015/unknown.jpg")
 
 
+def test_a_condition_with_no_readable_image_stops(tmp_path):
+    """An empty or wrong images folder fails the image job, naming it, instead of a manifest of errors that
+    only the model jobs would trip over later."""
+    (tmp_path / "hico" / "images" / "test2015").mkdir(parents=True)
+    images = ["images/test2015/HICO_test2015_00000001.jpg", "images/test2015/HICO_test2015_00000002.jpg"]
+    for condition, settings in (("clean", {"type": "clean"}), ("saltpepper", {"type": "saltpepper"})):
+        with pytest.raises(FileNotFoundError, match=rf"condition {condition}: none of the 2 images could be read "
+                                                    rf"under .*hico .*first error: .*00000001"):
+            apply_condition(tmp_path / "hico", images, tmp_path / condition, condition, settings)
+        assert not (tmp_path / condition / "manifest.parquet").exists()
+
+
 def test_unknown_condition_names_the_key(tmp_path):
     with pytest.raises(KeyError, match="conditions.fog.type"):
         apply_condition(tmp_path, [], tmp_path / "out", "fog", {"type": "fog"})

@@ -178,6 +178,9 @@ def apply_condition(
             error = f"{type(failure).__name__}: {failure}"
         rows.append({"image": image, "file": None if error else str(target), "error": error,
                      "crop_area_frac": area_frac})
+    if rows and all(row["error"] for row in rows):  # a wrong or empty images folder, not a few bad files
+        raise FileNotFoundError(f"condition {condition}: none of the {len(rows)} images could be read under "
+                                f"{source_root} (check the dataset's images folder); first error: {rows[0]['error']}")
     columns = ["image", "file", "error"] + (["crop_area_frac"] if spec.needs_boxes else [])
     manifest = pd.DataFrame(rows, columns=columns)
     _write_manifest(manifest, out_dir / MANIFEST, source_root, partial=spec.needs_boxes)
