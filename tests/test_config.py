@@ -77,6 +77,8 @@ def test_unknown_top_level_key_is_refused(config):
          r"models.tiny_clip: backend 'clip' takes no setting\(s\) \['conversation', 'treshold'\] "
          r"\(did you mean 'treshold' -> 'threshold'\?\); it takes \['device', "),
         (lambda c: c["models"]["random"].update(temperature=0.0), r"models.random: backend 'random' takes no setting"),
+        (lambda c: c["models"]["tiny_llava"].update(path="/nowhere/llava-1.5-7b-hf"),
+         r"models.tiny_llava.path: no folder '/nowhere/llava-1.5-7b-hf' \(a local checkpoint must exist"),
         (lambda c: (c["conditions"]["saltpepper"].update(qsets=["yn_obj"]),
                     c["conditions"]["crop"].update(qsets=["mc_obj"]),
                     c["metrics"].update(error_consistency=[["saltpepper", "crop"]])),

@@ -256,6 +256,11 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
             )
         else:
             _check_backend_settings(slug, entry)
+        for key in ("path", "adapter"):  # an absolute path is a local folder, never a hub id: it must be there
+            value = entry.get(key)
+            if isinstance(value, str) and Path(value).is_absolute() and not Path(value).exists():
+                raise ConfigError(f"models.{slug}.{key}: no folder '{value}' (a local checkpoint must exist where "
+                                  "the run is planned; a hub id looks like 'org/name')")
         if entry["backend"] == "openai":
             from verbmirage.models.api import DEFAULT_API_KEY_ENV, DEFAULT_BASE_URL, check_endpoint
 
