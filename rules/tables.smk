@@ -9,6 +9,7 @@ rule tables:
         models=MODELS,
         ensembles=ENSEMBLES,
         consistency_pairs=CONSISTENCY_PAIRS,
+        partial_conditions=BOX_CONDITIONS,  # asked on single-instance images only: Table 2 narrows their pair
         variants=VARIANTS,
         paper_names=TABLE_PAPER_NAMES,  # slug -> the paper's model name (models.<slug>.paper_name)
         variant_paper_names={v: s.get("paper_name", "") for v, s in config["variants"].items()},

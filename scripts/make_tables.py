@@ -29,7 +29,8 @@ with job_log(snakemake.log[0]):
     p = snakemake.params
     metrics = read_table(snakemake.input[0])
     tables = paper_tables(metrics, load_paper_numbers(packaged_paper_numbers()), p.models, p.ensembles,
-                          [tuple(pair) for pair in p.consistency_pairs], p.variants, p.paper_names)
+                          [tuple(pair) for pair in p.consistency_pairs], p.variants, p.paper_names,
+                          partial_conditions=p.partial_conditions)
     for number, table in tables.items():
         display = table.display(p.variant_paper_names)
         for path in snakemake.output:

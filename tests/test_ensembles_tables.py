@@ -124,6 +124,31 @@ def test_table2_every_pair_and_table3_members_then_ensemble():
     assert three.set_index(["source", "model"]).at[("measured", "vote"), "yn_obj_recall"] == pytest.approx(91.17)
 
 
+def test_table2_reads_the_reference_on_single_instance_images_beside_a_crop():
+    """crop asks only single-instance images: the clean column beside it must count the same questions."""
+    metrics = pd.concat([_long([
+        ("m1", "mc_verb", "clean", "circular_accuracy", 0.59),  # all images
+        ("m1", "yn_verb", "clean", "accuracy", 0.70),
+        ("m1", "mc_verb", "crop", "circular_accuracy", 0.50),
+        ("m1", "yn_verb", "crop", "accuracy", 0.60),
+        ("m1", "mc_verb", "saltpepper", "circular_accuracy", 0.40),
+    ]), _long([
+        ("m1", "mc_verb", "clean", "circular_accuracy", 0.54),
+        ("m1", "yn_verb", "clean", "accuracy", 0.65),
+        ("m1", "mc_verb", "crop", "circular_accuracy", 0.11),  # (a crop's subsets are not read)
+    ]).assign(subset="single_instance")], ignore_index=True)
+    two = paper_tables(metrics, load_paper_numbers(packaged_paper_numbers()), ["m1"], {},
+                       [("clean", "saltpepper"), ("clean", "crop"), ("crop", "clean")],
+                       partial_conditions=["crop"])[2].frame
+    ours = two[two.source.eq("measured")].set_index(["reference", "other"])
+    assert ours.at[("clean", "saltpepper"), "mc_acc_ref"] == pytest.approx(59.0)  # no crop: all images
+    assert ours.at[("clean", "crop"), "mc_acc_ref"] == pytest.approx(54.0)
+    assert ours.at[("clean", "crop"), "yn_acc_ref"] == pytest.approx(65.0)
+    assert ours.at[("clean", "crop"), "mc_acc_other"] == pytest.approx(50.0)
+    assert ours.at[("crop", "clean"), "mc_acc_ref"] == pytest.approx(50.0)
+    assert ours.at[("crop", "clean"), "mc_acc_other"] == pytest.approx(54.0)
+
+
 def test_measured_rows_refuse_duplicate_keys():
     metrics = _long([("m1", "yn_obj", "clean", "accuracy", 0.5), ("m1", "yn_obj", "clean", "accuracy", 0.7)])
     with pytest.raises(ValueError, match=r"1 key\(s\) appear more than once.*'model': 'm1', 'variant': 'default', "

@@ -12,7 +12,7 @@ Nothing here computes a metric.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -34,6 +34,8 @@ class Column:
     #: where the paper's CSV names this column differently (Table 4: qset ``charadesego_yn``, condition ``ego``)
     paper_qset: str | None = None
     paper_condition: str | None = None
+    #: the metrics subset this column reads, where not the table's (Table 2 beside a crop: ``single_instance``)
+    subset: str | None = None
 
     def paper_key(self) -> tuple[str, str, str]:
         """(qset, condition, metric) of this column in ``paper_tables.csv``."""
@@ -59,20 +61,23 @@ def table1_columns(condition: str = "clean") -> list[Column]:
     return columns
 
 
-def table2_columns(reference: str = "clean", distorted: str = "saltpepper") -> list[Column]:
+def table2_columns(reference: str = "clean", distorted: str = "saltpepper", reference_subset: str | None = None,
+                   other_subset: str | None = None) -> list[Column]:
     """Paper Table 2: verb-only questions under a reference and another condition, and error consistency.
 
-    Labels say ``ref``/``other`` (one table holds every configured pair; its rows name the pair).
+    Labels say ``ref``/``other`` (one table holds every configured pair; its rows name the pair). Beside a
+    condition that covers only single-instance images (``crop``), the other condition is read on its
+    ``single_instance`` subset, so both columns count the same questions (error consistency already does).
     """
     pair = consistency_condition(reference, distorted)
     return [
-        Column("yn_acc_ref", "yn_verb", reference, "accuracy"),
-        Column("yn_f1_ref", "yn_verb", reference, "f1"),
-        Column("yn_acc_other", "yn_verb", distorted, "accuracy"),
-        Column("yn_f1_other", "yn_verb", distorted, "f1"),
+        Column("yn_acc_ref", "yn_verb", reference, "accuracy", subset=reference_subset),
+        Column("yn_f1_ref", "yn_verb", reference, "f1", subset=reference_subset),
+        Column("yn_acc_other", "yn_verb", distorted, "accuracy", subset=other_subset),
+        Column("yn_f1_other", "yn_verb", distorted, "f1", subset=other_subset),
         Column("yn_err_cons", "yn_verb", pair, "error_consistency"),
-        Column("mc_acc_ref", "mc_verb", reference, "circular_accuracy"),
-        Column("mc_acc_other", "mc_verb", distorted, "circular_accuracy"),
+        Column("mc_acc_ref", "mc_verb", reference, "circular_accuracy", subset=reference_subset),
+        Column("mc_acc_other", "mc_verb", distorted, "circular_accuracy", subset=other_subset),
         Column("mc_err_cons", "mc_verb", pair, "error_consistency"),
     ]
 
@@ -117,13 +122,17 @@ def measured_rows(
 
     A (model, variant) with no value in any column (not run) is left out; a missing cell stays NaN.
     """
-    lookup = _lookup(metrics, dataset, subset)
+    lookups: dict[str, pd.DataFrame] = {}
     rows = []
     for model in models:
         for variant in variants:
             row = {"source": MEASURED, "model": model, "variant": variant,
                    "paper_name": (paper_names or {}).get(model, "")}
             for column in columns:
+                column_subset = column.subset or subset
+                if column_subset not in lookups:
+                    lookups[column_subset] = _lookup(metrics, dataset, column_subset)
+                lookup = lookups[column_subset]
                 key = (model, variant, column.qset, column.condition, column.metric)
                 value, low, high = lookup.loc[key] if key in lookup.index else (float("nan"),) * 3
                 row[column.label] = 100 * value
@@ -231,8 +240,12 @@ def _keyed(frame: pd.DataFrame, **keys) -> pd.DataFrame:
 
 def paper_tables(metrics: pd.DataFrame, paper: pd.DataFrame, models: Sequence[str], ensembles: Mapping[str, list],
                  pairs: Sequence[tuple[str, str]], variants: Sequence[str] = ("default",),
-                 paper_names: Mapping[str, str] | None = None, condition: str = "clean") -> dict[int, PaperTable]:
-    """Tables 1-4 (4 only with CharadesEgo rows), each with every row the paper published for it."""
+                 paper_names: Mapping[str, str] | None = None, condition: str = "clean",
+                 partial_conditions: Collection[str] = ()) -> dict[int, PaperTable]:
+    """Tables 1-4 (4 only with CharadesEgo rows), each with every row the paper published for it.
+
+    ``partial_conditions``: those asked on single-instance images only (``crop``); Table 2 reads the other
+    condition of such a pair on its ``single_instance`` subset."""
     rows = list(models) + list(ensembles)
     common = dict(variants=variants, paper_names=paper_names)
     tables = {}
@@ -241,7 +254,13 @@ def paper_tables(metrics: pd.DataFrame, paper: pd.DataFrame, models: Sequence[st
                                          paper_rows(paper, 1, columns)), columns)
     # Table 2: one block per configured condition pair; the paper's pair is clean ~ saltpepper
     generic = table2_columns()
-    blocks = [_keyed(measured_rows(metrics, table2_columns(a, b), rows, **common), reference=a, other=b)
+    def pair_columns(a: str, b: str) -> list[Column]:
+        narrowed = "single_instance"
+        return table2_columns(a, b, reference_subset=narrowed if b in partial_conditions and a not in partial_conditions
+                              else None,
+                              other_subset=narrowed if a in partial_conditions and b not in partial_conditions else None)
+
+    blocks = [_keyed(measured_rows(metrics, pair_columns(a, b), rows, **common), reference=a, other=b)
               for a, b in pairs]
     blocks.append(_keyed(paper_rows(paper, 2, generic), reference="clean", other="saltpepper"))
     frame = pd.concat([b for b in blocks if len(b)], ignore_index=True) if any(len(b) for b in blocks) else blocks[-1]
