@@ -36,6 +36,7 @@ rule known_object_figure:
         reference=KNOWN_OBJECT_PARAMS.get("reference_model"),
         metric=KNOWN_OBJECT_PARAMS.get("figure_metric"),
         models=KNOWN_OBJECT_MODEL_ENTRIES,
+        paper_names=TABLE_PAPER_NAMES,  # the paper's mAP beside a model whose paper_name it published
     log:
         "logs/known_object_figure.log",
     conda:

@@ -17,6 +17,6 @@ with job_log(snakemake.log[0]):
     p = snakemake.params
     notes = {slug: "tiny model with RANDOM weights: its APs are noise, the figure only shows the layout"
              for slug, entry in p.models.items() if "tiny_" in str(entry.get("path", ""))}
-    backends = {slug: entry.get("backend", "") for slug, entry in p.models.items()}
     draw_known_object_figure(read_table(snakemake.input.ap, KNOWN_OBJECT_AP), read_table(snakemake.input.metrics, METRICS),
-                             p.reference, snakemake.output[0], metric=p.metric, backends=backends, notes=notes)
+                             p.reference, snakemake.output[0], metric=p.metric, paper_names=p.paper_names,
+                             notes=notes)

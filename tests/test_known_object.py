@@ -22,6 +22,7 @@ from verbmirage.analysis.known_object import (
     hico_det_rare,
     known_object_job,
     known_object_settings,
+    map_label,
     ranking_scores,
 )
 from verbmirage.hico import NO_INTERACTION
@@ -326,9 +327,14 @@ def test_job_writes_tables_equal_to_an_independent_computation(demo_anno, tmp_pa
     assert delta.delta.is_monotonic_decreasing
     assert delta.delta.to_numpy() == pytest.approx((delta.model - delta.reference).to_numpy())
     figure = tmp_path / "fig11.png"
-    draw_known_object_figure(table, metrics, "clip", figure, backends={"llava": "llava", "clip": "clip"},
+    draw_known_object_figure(table, metrics, "clip", figure, paper_names={"llava": "LLaVA-1.5-7B"},
                              notes={"llava": "random weights"})
     assert figure.stat().st_size > 10_000
+    # the paper's mAP only beside a model whose paper_name it measured (not by backend: a zero-shot CLIP is not
+    # the paper's HICO-finetuned one)
+    assert map_label("llava", 0.3493, "LLaVA-1.5-7B") == "llava 34.93 (paper LLaVA-1.5-7B: 68.41)"
+    assert map_label("clip_l14", 0.398) == "clip_l14 39.80"
+    assert map_label("clip_l14", 0.398, "CLIP (HICO-finetuned)").endswith("(paper CLIP (HICO-finetuned): 60.45)")
 
 
 def test_paper_config_runs_fig11_once_uncommented():

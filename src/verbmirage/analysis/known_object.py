@@ -420,13 +420,20 @@ def ap_differences(ap_table: pd.DataFrame, model: str, reference: str, condition
     return both.reset_index().sort_values(["delta", "hoi_id"], ascending=[False, True], kind="stable")
 
 
+def map_label(model: str, value: float, paper_name: str = "") -> str:
+    """``model`` and its mAP in percent, and the paper's mAP beside it only where ``paper_name`` (the
+    model's ``paper_name``, the rule of the tables) is a model the paper measured."""
+    text = f"{model} {100 * value:.2f}"
+    return text + (f" (paper {paper_name}: {_PAPER_KO[paper_name]:.2f})" if paper_name in _PAPER_KO else "")
+
+
 def draw_known_object_figure(ap_table: pd.DataFrame, metrics: pd.DataFrame, reference: str, path: str | Path,
-                             metric: str = "map_voc11", backends: dict[str, str] | None = None,
+                             metric: str = "map_voc11", paper_names: dict[str, str] | None = None,
                              notes: dict[str, str] | None = None) -> None:
     """Fig. 11: ΔAP per HOI (each model minus ``reference``), sorted bars, one panel per model/condition/variant.
 
     The title of a panel gives both mAPs, the share of HOIs with Δ > 0 and, where the paper has
-    one for the model's family (``backends``), the paper's mAP; the dashed line is our mean Δ
+    one for the model (its ``paper_name``, as in the tables), the paper's mAP; the dashed line is our mean Δ
     (= the mAP difference on the shared HOIs), the dotted one the paper's 68.41 - 60.45.
     """
     import matplotlib
@@ -434,7 +441,7 @@ def draw_known_object_figure(ap_table: pd.DataFrame, metrics: pd.DataFrame, refe
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    backends, notes = backends or {}, notes or {}
+    paper_names, notes = paper_names or {}, notes or {}
     column = {v: k for k, v in METRIC_OF.items()}[metric]
     runs = ap_table[["condition", "variant", "model"]].drop_duplicates()
     panels = [(c, v, m) for c, v, m in runs.itertuples(index=False) if m != reference]
@@ -444,10 +451,7 @@ def draw_known_object_figure(ap_table: pd.DataFrame, metrics: pd.DataFrame, refe
     paper_delta = PAPER_MAP["llava"][1] - PAPER_MAP["clip"][1]
 
     def label(model: str, condition: str, variant: str) -> str:
-        value = mean_map.get((condition, variant, model), math.nan)
-        text = f"{model} {100 * value:.2f}"
-        paper = PAPER_MAP.get(backends.get(model, ""))
-        return text + (f" (paper {paper[0]}: {paper[1]:.2f})" if paper else "")
+        return map_label(model, mean_map.get((condition, variant, model), math.nan), paper_names.get(model, ""))
 
     for axis, (condition, variant, model) in zip(axes[:, 0], panels):
         delta = ap_differences(ap_table, model, reference, condition, variant, column)
