@@ -169,7 +169,7 @@ def _run(base, output, model_settings, **kwargs):
                      batch_size=8, part_size=8, **kwargs)
 
 
-def test_too_many_error_rows_fail_the_job_and_keep_the_parts(prepared, tmp_path):
+def test_too_many_error_rows_fail_the_job_and_keep_the_parts(prepared, tmp_path, caplog):
     base, questions = prepared
     output = tmp_path / "out.parquet"
     failing = {"backend": "test_shard_integrity:ScriptedModel", "fail": list(questions.question_id[:10])}
@@ -178,9 +178,13 @@ def test_too_many_error_rows_fail_the_job_and_keep_the_parts(prepared, tmp_path)
     assert not output.exists()
     assert list(parts_directory(output).glob("part-*.parquet"))
     # a higher limit accepts them; the stored error rows are asked again and answered the same way
-    frame = _run(base, output, failing, max_error_share=0.2)
+    with caplog.at_level(logging.WARNING, logger="verbmirage.inference"):
+        frame = _run(base, output, failing, max_error_share=0.2)
     assert frame.error.notna().sum() == 10 and len(frame) == len(questions)
     assert not parts_directory(output).exists()
+    # kept within the budget, but not silently: the job log says how many and why
+    assert any(f"m: 10 of {len(questions)} questions are stored as errors (within max_error_share=0.2" in r.message
+               and "first error: HTTP 400" in r.message for r in caplog.records)
 
 
 def test_a_fatal_backend_error_stops_at_once_and_keeps_answered_rows(prepared, tmp_path):

@@ -397,6 +397,13 @@ class _ErrorBudget:
         self.total, self.max_share, self.count = total, max_share, 0
         self.example: str | None = None
 
+    def warn_if_any(self, name: str) -> None:
+        """Error rows within the budget are kept (they count as unknown answers): say so in the job log."""
+        if self.count:
+            log.warning("%s: %d of %d questions are stored as errors (within max_error_share=%g; they count as "
+                        "unknown); first error: %s. After fixing the cause, rerun the shard (snakemake -R <shard>) "
+                        "to ask them again", name, self.count, self.total, self.max_share, self.example)
+
     def add(self, error: str) -> None:
         self.count += 1
         self.example = self.example or error
@@ -489,6 +496,7 @@ def predict(
         frame = store.rows()
     else:
         frame = pd.DataFrame(pending, columns=PREDICTIONS.names)
+    budget.warn_if_any(model.name)
     if retry:
         raise IncompleteShardError(
             f"{len(retry)} questions failed transiently and were not stored (first: {retry[0]}); "
@@ -703,6 +711,7 @@ def predict_suite(
         flush(everything=True)  # keep what was answered, whatever went wrong
         raise
     flush(everything=True)
+    budget.warn_if_any(model.name)
     if retry:
         raise IncompleteShardError(
             f"{len(retry)} questions failed transiently and were not stored (first: {retry[0]}); "
