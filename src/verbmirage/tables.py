@@ -254,11 +254,12 @@ def paper_tables(metrics: pd.DataFrame, paper: pd.DataFrame, models: Sequence[st
                                          paper_rows(paper, 1, columns)), columns)
     # Table 2: one block per configured condition pair; the paper's pair is clean ~ saltpepper
     generic = table2_columns()
+
     def pair_columns(a: str, b: str) -> list[Column]:
-        narrowed = "single_instance"
-        return table2_columns(a, b, reference_subset=narrowed if b in partial_conditions and a not in partial_conditions
-                              else None,
-                              other_subset=narrowed if a in partial_conditions and b not in partial_conditions else None)
+        def narrowed(beside: str, own: str) -> str | None:  # the single-instance questions a crop asks
+            return "single_instance" if beside in partial_conditions and own not in partial_conditions else None
+
+        return table2_columns(a, b, reference_subset=narrowed(b, a), other_subset=narrowed(a, b))
 
     blocks = [_keyed(measured_rows(metrics, pair_columns(a, b), rows, **common), reference=a, other=b)
               for a, b in pairs]
