@@ -29,6 +29,7 @@ from verbmirage.config import (
     model_question_sets,
     model_variant_list,
 )
+from verbmirage.models.registry import PLANNING_KEYS as MODEL_PLANNING_KEYS
 from verbmirage.paper_numbers import paper_names_from_config
 from verbmirage.questions import question_kind
 from verbmirage.tiny import BUILDERS as TINY_BUILDERS
@@ -218,10 +219,9 @@ def derive_inputs(wildcards):
 
 
 def derive_base_settings(base):
-    """The base entry a build loads: what its weights and prompts depend on, without planning keys (its own
-    variants, resources, shards, batch size), so that only a change of these settings rebuilds."""
-    return {key: value for key, value in model_settings(base).items()
-            if key not in ("variants", "resources", "shards", "batch_size")}
+    """The base entry a build loads: what its weights and prompts depend on, without planning keys and its own
+    shards and batch size, so that only a change of these settings rebuilds."""
+    return {key: value for key, value in model_settings(base).items() if key not in ("shards", "batch_size")}
 
 
 def derive_data(wildcards):
@@ -324,14 +324,9 @@ def asks(dataset, condition, qset, model, variant=None):
 LABEL_KEYS = ("qsets", "paper_name", "paper_method")
 
 
-# A model entry's keys that say where its jobs run and which variants it runs: raising a shard's runtime after a
-# time-out, or adding a variant to its list, must not rerun its other jobs or discard their saved answers.
-MODEL_PLANNING_KEYS = (*LABEL_KEYS, "resources", "variants")
-
-
 def model_settings(model):
-    """What a model's answers depend on: its entry without the labels (``qsets``, ``paper_name``, ``paper_method``)
-    and the planning keys (``resources``, ``variants``). ``batch_size`` stays: padding moves scores by ~1e-4."""
+    """What a model's answers depend on: its entry without the keys that plan or label its runs
+    (``verbmirage.models.registry.PLANNING_KEYS``)."""
     return {key: value for key, value in config["models"][model].items() if key not in MODEL_PLANNING_KEYS}
 
 

@@ -28,7 +28,7 @@ by the model's ``yes_margin`` (logsumexp(z[yes]) - logsumexp(z[no])).
   percentile interval of the replicate mAPs.
 
 The numbers are written as fractions; the figure and the tables show percent.
-The paper: LLaVA-1.5 68.41, HICO-finetuned CLIP 60.45 (``PAPER_MAP``).
+The paper: LLaVA-1.5 68.41, HICO-finetuned CLIP 60.45 (``PAPER_MAP``, by the paper's model name).
 """
 
 from __future__ import annotations
@@ -49,11 +49,12 @@ log = logging.getLogger(__name__)
 
 #: Question sets whose rows are (image, HOI) pairs with a yes/no answer: a ranking per HOI.
 KO_QSETS = ("yn_ko", "yn_obj")
-#: The paper's Known-Object mAP (percent; the packaged paper_tables.csv rows ``hoi_known_object``), by backend.
+#: The paper's Known-Object mAP (percent; the packaged paper_tables.csv rows ``hoi_known_object``), by the
+#: paper's model name: a model's ``paper_name`` finds its row, as in the tables.
 _PAPER = load_paper_numbers(packaged_paper_numbers())
-_PAPER_KO = dict(zip(*_PAPER[_PAPER.qset.eq("hoi_known_object")][["model", "value"]].T.values))
-PAPER_MAP = {backend: (name, float(_PAPER_KO[name]))
-             for backend, name in (("llava", "LLaVA-1.5-7B"), ("clip", "CLIP (HICO-finetuned)"))}
+PAPER_MAP = {model: float(value) for model, value in
+             _PAPER[_PAPER.qset.eq("hoi_known_object")][["model", "value"]].itertuples(index=False)}
+PAPER_LLAVA, PAPER_CLIP = "LLaVA-1.5-7B", "CLIP (HICO-finetuned)"  # Fig. 11's pair
 #: HICO-DET: an HOI is rare with fewer than this many training instances (Chao et al. 2018).
 RARE_INSTANCES = 10
 SUBSETS = ("all", "rare", "non_rare")
@@ -424,7 +425,7 @@ def map_label(model: str, value: float, paper_name: str = "") -> str:
     """``model`` and its mAP in percent, and the paper's mAP beside it only where ``paper_name`` (the
     model's ``paper_name``, the rule of the tables) is a model the paper measured."""
     text = f"{model} {100 * value:.2f}"
-    return text + (f" (paper {paper_name}: {_PAPER_KO[paper_name]:.2f})" if paper_name in _PAPER_KO else "")
+    return text + (f" (paper {paper_name}: {PAPER_MAP[paper_name]:.2f})" if paper_name in PAPER_MAP else "")
 
 
 def draw_known_object_figure(ap_table: pd.DataFrame, metrics: pd.DataFrame, reference: str, path: str | Path,
@@ -448,7 +449,7 @@ def draw_known_object_figure(ap_table: pd.DataFrame, metrics: pd.DataFrame, refe
     figure, axes = plt.subplots(max(1, len(panels)), 1, figsize=(11, 3.4 * max(1, len(panels)) + 0.4), squeeze=False)
     mean_map = metrics[metrics.subset.eq("all") & metrics.metric.eq(metric)].set_index(
         ["condition", "variant", "model"]).value
-    paper_delta = PAPER_MAP["llava"][1] - PAPER_MAP["clip"][1]
+    paper_delta = PAPER_MAP[PAPER_LLAVA] - PAPER_MAP[PAPER_CLIP]
 
     def label(model: str, condition: str, variant: str) -> str:
         return map_label(model, mean_map.get((condition, variant, model), math.nan), paper_names.get(model, ""))
@@ -463,7 +464,7 @@ def draw_known_object_figure(ap_table: pd.DataFrame, metrics: pd.DataFrame, refe
             axis.axhline(values.mean(), color="black", linestyle="--", linewidth=0.8,
                          label=f"ours: mean ΔAP {values.mean():+.2f}")
         axis.axhline(paper_delta, color="grey", linestyle=":", linewidth=1.0,
-                     label=f"paper: {PAPER_MAP['llava'][1]:.2f} - {PAPER_MAP['clip'][1]:.2f} = {paper_delta:+.2f}")
+                     label=f"paper: {PAPER_MAP[PAPER_LLAVA]:.2f} - {PAPER_MAP[PAPER_CLIP]:.2f} = {paper_delta:+.2f}")
         share = float((values > 0).mean()) if len(values) else math.nan
         axis.set_title(f"{label(model, condition, variant)} vs {label(reference, condition, variant)} "
                        f"[{metric}, {condition}, {variant}]; ΔAP > 0 on {share:.0%} of {len(values)} HOIs"
