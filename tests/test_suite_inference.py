@@ -7,27 +7,34 @@ prefix once for YN and MC, keep per-set answers for reuse, and keep the shard gu
 from __future__ import annotations
 
 import logging
+import zlib
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from verbmirage.conditions import apply_condition
+from verbmirage.conditions import ImageResolver, apply_condition
 from verbmirage.inference import (
     ShardBusyError,
     PartStore,
     image_shard,
     merge_suite_shards,
     parts_directory,
+    predict_suite,
     run_shard,
     run_suite,
     score_questions,
     select_suite_shard,
+
+
+
+    suite_calls,
     suite_order,
     suite_table,
 )
 from verbmirage.io import PREDICTIONS, QUESTIONS, read_provenance, read_table, write_table
 from verbmirage.models import Question, create_model
+from verbmirage.models.base import MultipleChoiceResult, VisionLanguageModel, YesNoResult
 from verbmirage.questions import QuestionSettings, build_question_set
 from verbmirage.tiny import build_tiny_llava
 
@@ -184,3 +191,89 @@ def test_a_job_holds_at_most_a_part_and_a_call_of_rows_per_set(suite, tmp_path, 
         assert sum(parts) == n and len(parts) > 1  # every set spans several parts here
         table = pq.ParquetFile(suite_table(tmp_path / "0", qset))
         assert table.metadata.num_row_groups == len(parts) and table.metadata.num_rows == n
+
+
+class _PrefixKeeping(VisionLanguageModel):
+    """Scores that depend on the call as the transformers engine's do: the prefixes of a call's new images are
+    computed as one batch (their floats depend on the batch), kept while the next call asks the same image, and
+    every answer on an image depends on its prefix. Stops (as Ctrl-C would) after ``stop_after`` calls."""
+
+    backend = "prefix_keeping"
+
+    def __init__(self, stop_after: int | None = None):
+        super().__init__("prefix_keeping")
+        self.stop_after, self.calls, self.images, self.prefixes = stop_after, [], [], {}
+
+    def _scores(self, questions) -> list[float]:
+        if self.stop_after is not None and len(self.calls) == self.stop_after:
+            raise KeyboardInterrupt
+        self.calls.append([q.question_id for q in questions])
+        images = sorted({str(q.image) for q in questions})
+        self.images.append(images)
+        self.prefixes = {image: value for image, value in self.prefixes.items() if image in images}
+        new = [image for image in images if image not in self.prefixes]
+        self.prefixes.update(dict.fromkeys(new, zlib.crc32(",".join(new).encode())))
+        return [((self.prefixes[str(q.image)] + zlib.crc32(q.question_id.encode())) % 997) / 997 for q in questions]
+
+    mixed_kinds = True  # YN and MC of a call in one pass, as the transformers engine
+
+    def score_mixed(self, questions, multiple_choice):
+        return [MultipleChoiceResult((p, 1 - p) + (0.0,) * (len(q.options) - 2), "A", "A", p, "test") if mc
+                else YesNoResult(p, "yes" if p >= 0.5 else "no", "x", p, "test")
+                for p, q, mc in zip(self._scores(questions), questions, multiple_choice)]
+
+    def _score_yes_no(self, questions):
+        return self.score_mixed(questions, [False] * len(questions))
+
+    def _score_multiple_choice(self, questions):
+        return self.score_mixed(questions, [True] * len(questions))
+
+
+def _suite_questions(paths) -> pd.DataFrame:
+    return pd.concat([read_table(paths[qset], QUESTIONS) for qset in ("yn_obj", "mc_obj")], ignore_index=True)
+
+
+def test_calls_hold_whole_images_and_an_image_never_shares_two_calls(suite):
+    _, paths = suite
+    images = suite_order(_suite_questions(paths)).image.tolist()
+    for per_call in (1, 5, 16, 64, 10_000):
+        calls = suite_calls(images, per_call)
+        assert [row for call in calls for row in call] == list(range(len(images)))
+        assert all(len(call) <= per_call for call in calls)
+        for image in set(images):
+            holding = [call for call in calls if image in {images[i] for i in call}]
+            if len(holding) > 1:  # split only where the image alone is larger than a call, then alone
+                assert images.count(image) > per_call
+                assert all({images[i] for i in call} == {image} for call in holding)
+
+
+def test_a_job_resumed_after_any_call_answers_bit_identically(suite, tmp_path):
+    """Rows are stored only after their call, and calls are cut over every question of the shard with whole
+    images: the rows asked after an interruption meet the same call-mates and image prefixes as in an
+    uninterrupted run, so their answers are bit-identical wherever the job stopped."""
+    base, paths = suite
+    questions, resolver = _suite_questions(paths), ImageResolver(base / "clean")
+    sets = ("yn_obj", "mc_obj")
+
+    def run(root, model):
+        stores = {qset: PartStore(root / qset, "f") for qset in sets}
+        try:
+            predict_suite(questions, model, resolver, stores, batch_size=24, part_size=4)
+        finally:
+            for store in stores.values():
+                store.close()
+        return {qset: PartStore(root / qset, "f").rows().sort_values("question_id", ignore_index=True)
+                for qset in sets}
+
+    reference = _PrefixKeeping()
+    expected = run(tmp_path / "reference", reference)
+    assert max(map(len, reference.images)) > 1  # prefixes of several images computed together
+    for stop_after in range(1, len(reference.calls)):
+        root = tmp_path / f"stopped-{stop_after}"
+        with pytest.raises(KeyboardInterrupt):
+            run(root, _PrefixKeeping(stop_after))
+        resumed = _PrefixKeeping()
+        answers = run(root, resumed)
+        assert resumed.calls == reference.calls[stop_after:], stop_after
+        for qset in sets:
+            pd.testing.assert_frame_equal(answers[qset], expected[qset], check_exact=True, obj=f"{qset} {stop_after}")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -628,6 +629,42 @@ def suite_order(questions: pd.DataFrame) -> pd.DataFrame:
     return questions.sort_values("image", kind="stable").reset_index(drop=True)
 
 
+def _image_runs(images: list[str]) -> list[tuple[int, int]]:
+    """(start, stop) of each run of equal values in ``images``."""
+    runs, start = [], 0
+    for _, run in itertools.groupby(images):
+        length = sum(1 for _ in run)
+        runs.append((start, start + length))
+        start += length
+    return runs
+
+
+def suite_calls(images: list[str], per_call: int) -> list[range]:
+    """Cut rows in image-major order (``images``: each row's image) into model calls of at most ``per_call``.
+
+    A call holds whole images; an image with more rows than ``per_call`` has calls of its own. The cut is made
+    over every question of the shard, answered or not, so a resumed job (whose stored parts end at call
+    boundaries: rows are stored only after their call) asks its remaining questions in exactly the calls of an
+    uninterrupted run. A call's answers can depend on its other rows (padding, images whose prefixes run as one
+    batch), so this is what makes a resumed table bit-identical to an uninterrupted one. No image spans two
+    calls with other images, so no image prefix is carried from one call into the next.
+    """
+    calls: list[range] = []
+    first = 0  # the first row of the open call
+    for image_start, image_stop in _image_runs(images):
+        if image_stop - image_start > per_call:  # an image too large for one call: calls of its own
+            if first < image_start:
+                calls.append(range(first, image_start))
+            calls += [range(row, min(row + per_call, image_stop)) for row in range(image_start, image_stop, per_call)]
+            first = image_stop
+        elif image_stop - first > per_call:  # the image starts the next call
+            calls.append(range(first, image_start))
+            first = image_start
+    if first < len(images):
+        calls.append(range(first, len(images)))
+    return calls
+
+
 def predict_suite(
     questions: pd.DataFrame,
     model: VisionLanguageModel,
@@ -661,10 +698,14 @@ def predict_suite(
         if len(done) > len(kept):
             log.info("%s: asking %d questions again whose stored answer was an error", qset, len(done) - len(kept))
         answered |= kept
-    todo = suite_order(questions[~questions.question_id.isin(answered)])
-    question_rows = _question_rows(todo)
-    multiple_choice = [question_kind(row.qset) == "mc" for row in question_rows]
+    ordered = suite_order(questions)
     per_call = model.use_batch_size(batch_size)  # questions per model call (a batch, or more: the model's)
+    calls = suite_calls(ordered.image.tolist(), per_call)  # cut over every question: see suite_calls
+    unanswered = ~ordered.question_id.isin(answered).to_numpy()
+    calls = [[i for i in call if unanswered[i]] for call in calls]
+    calls = [call for call in calls if call]
+    question_rows = _question_rows(ordered)
+    multiple_choice = [question_kind(row.qset) == "mc" for row in question_rows]
     budget = _ErrorBudget(len(questions), max_error_share)
     pending: dict[str, list[dict]] = {qset: [] for qset in stores}
     asked = dict.fromkeys(stores, 0)
@@ -685,10 +726,9 @@ def predict_suite(
     description = f"{model.name} {len(stores)} sets"
     try:
         with _sigterm_raises(), tqdm(total=len(questions), initial=len(answered), desc=description, unit="q") as bar:
-            for start in range(0, len(todo), per_call):
+            for call in calls:
                 batch, flags, sets = [], [], []
-                for row, flag in zip(question_rows[start : start + per_call],
-                                      multiple_choice[start : start + per_call]):
+                for row, flag in ((question_rows[i], multiple_choice[i]) for i in call):
                     question, error = _to_question(row, resolver if model.uses_images else None)
                     if error is not None:
                         keep(row.qset, _error_row(row.question_id, error))
@@ -700,7 +740,7 @@ def predict_suite(
                         budget.add(result.error)
                     else:
                         keep(qset, _result_row(question.question_id, result))
-                bar.update(min(per_call, len(todo) - start))
+                bar.update(len(call))
                 flush(everything=False)
     except (FatalBackendError, IncompleteShardError, JobTerminated, KeyboardInterrupt) as stop:
         flush(everything=True)
