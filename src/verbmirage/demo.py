@@ -13,6 +13,7 @@ Everything is drawn from one seeded generator, so the output is deterministic.
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,18 @@ class DemoSizes:
     train: int = 400
     test: int = 200
     seed: int = 0
+
+
+#: The text MATLAB v5 files open with (116 bytes); scipy writes the time of writing into it, we the date
+#: HICO's own anno.mat names, so that the demo data (and all built from it) is the same bytes on every run.
+MAT_HEADER = b"MATLAB 5.0 MAT-file Platform: posix, Created on: Sun Sep 20 00:00:00 2015".ljust(116)
+
+
+def _save_mat(path: Path, contents: dict) -> None:
+    """``scipy.io.savemat`` (compressed) with a fixed header text instead of the time of writing."""
+    buffer = io.BytesIO()
+    scipy.io.savemat(buffer, contents, do_compression=True)
+    path.write_bytes(MAT_HEADER + buffer.getvalue()[len(MAT_HEADER):])
 
 
 def _struct_array(records: list[dict]) -> np.ndarray:
@@ -181,5 +194,5 @@ def write_demo_hico(root: str | Path, det_root: str | Path, sizes: DemoSizes = D
         bbox[f"bbox_{split}"] = _struct_array(entries)
     root.mkdir(parents=True, exist_ok=True)
     det_root.mkdir(parents=True, exist_ok=True)
-    scipy.io.savemat(root / "anno.mat", mat, do_compression=True)
-    scipy.io.savemat(det_root / "anno_bbox.mat", bbox, do_compression=True)
+    _save_mat(root / "anno.mat", mat)
+    _save_mat(det_root / "anno_bbox.mat", bbox)
