@@ -139,5 +139,7 @@ def test_sigkill_then_resume_of_the_suite_job_equals_uninterrupted_run(prepared,
         second = read_table(killed / f"{qset}.parquet", PREDICTIONS).sort_values("question_id", ignore_index=True)
         assert second.question_id.is_unique
         pd.testing.assert_frame_equal(first, second)
+        # the same file, byte for byte: row groups do not follow the parts a kill left
+        assert (reference / f"{qset}.parquet").read_bytes() == (killed / f"{qset}.parquet").read_bytes()
         # the answers stay as one hard-linked part per set for a later rerun
         assert [p.name for p in (parts / qset).glob("part-*.parquet")] == ["part-000000.parquet"]

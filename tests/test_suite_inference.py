@@ -174,7 +174,7 @@ def test_a_second_writer_fails_before_loading_a_model(suite, tmp_path):
 def test_a_job_holds_at_most_a_part_and_a_call_of_rows_per_set(suite, tmp_path, monkeypatch):
     """Issue 8 item 5: memory does not grow with the questions. Answered rows go to parts as they come (at most
     a part plus one call's rows wait per set), and each set's table is written from its parts one at a time
-    (one Parquet row group per part), never gathered into one frame."""
+    (row groups of ``part_size`` rows), never gathered into one frame."""
     import pyarrow.parquet as pq
 
     base, paths = suite
@@ -189,8 +189,10 @@ def test_a_job_holds_at_most_a_part_and_a_call_of_rows_per_set(suite, tmp_path, 
     for qset, n in counts.items():
         parts = [rows for name, rows in held if name == qset]
         assert sum(parts) == n and len(parts) > 1  # every set spans several parts here
-        table = pq.ParquetFile(suite_table(tmp_path / "0", qset))
-        assert table.metadata.num_row_groups == len(parts) and table.metadata.num_rows == n
+        table = pq.ParquetFile(suite_table(tmp_path / "0", qset))  # row groups of part_size rows, the last shorter
+        assert table.metadata.num_rows == n and table.metadata.num_row_groups == -(-n // part_size)
+        assert [table.metadata.row_group(i).num_rows for i in range(table.metadata.num_row_groups - 1)] == \
+            [part_size] * (table.metadata.num_row_groups - 1)
 
 
 class _PrefixKeeping(VisionLanguageModel):

@@ -42,6 +42,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
@@ -771,21 +772,31 @@ def _latest_part_of(store: PartStore, questions: pd.DataFrame) -> tuple[list[Pat
     return parts, owner
 
 
-def _stream_table(parts: list[Path], owner: dict[str, int], path: Path, provenance: dict) -> None:
+def _stream_table(parts: list[Path], owner: dict[str, int], path: Path, provenance: dict, rows_per_group: int) -> None:
     """Write the rows ``owner`` picks from ``parts`` to ``path`` part by part (never all rows in memory).
 
     Written like :func:`verbmirage.io.write_table` (atomic, schema checked, provenance metadata),
-    which takes a whole frame; hence this streaming twin.
+    which takes a whole frame; hence this streaming twin. Row groups hold ``rows_per_group`` rows whatever
+    the parts were, so the file's bytes depend on its rows only: a table resumed from more parts (a job
+    killed and run again) is the same file as an uninterrupted job's.
     """
     metadata = {b"verbmirage.version": __version__.encode(),
                 b"verbmirage.provenance": json.dumps(provenance, sort_keys=True, default=str).encode()}
     schema = PREDICTIONS.with_metadata(metadata)
+    waiting: list = []  # Arrow tables not yet written, fewer than rows_per_group rows in all
     with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema) as writer:
         for index, part in enumerate(parts):
             frame = read_table(part, PREDICTIONS)
             frame = frame[frame.question_id.map(owner).eq(index)].drop_duplicates("question_id", keep="last")
             if len(frame):
-                writer.write_table(to_arrow(frame, PREDICTIONS, str(part)).replace_schema_metadata(metadata))
+                waiting.append(to_arrow(frame, PREDICTIONS, str(part)).replace_schema_metadata(metadata))
+            pending = pa.concat_tables(waiting) if waiting else None
+            while pending is not None and pending.num_rows >= rows_per_group:
+                writer.write_table(pending.slice(0, rows_per_group))
+                pending = pending.slice(rows_per_group)
+            waiting = [pending] if pending is not None and pending.num_rows else []
+        if waiting:
+            writer.write_table(pa.concat_tables(waiting))
         if not owner:
             writer.write_table(schema.empty_table())
 
@@ -865,7 +876,7 @@ def run_suite(
             answers[qset] = (parts, owner)
         output.mkdir(parents=True, exist_ok=True)
         for qset, (parts, owner) in answers.items():
-            _stream_table(parts, owner, suite_table(output, qset), {**provenance, "qset": qset})
+            _stream_table(parts, owner, suite_table(output, qset), {**provenance, "qset": qset}, part_size)
     except BaseException:
         for store in stores.values():
             store.close()
