@@ -47,6 +47,32 @@ def test_apply_conditions(demo_roots, tmp_path):
         resolver.path("images/test2015/unknown.jpg")
 
 
+def test_a_relative_root_gives_the_same_condition_folder_in_any_checkout(demo_roots, tmp_path, monkeypatch):
+    """With the data inside the project (a relative root, as the demo's), the links are relative and the
+    manifest names the root as given: the folder is the same bytes wherever the checkout lies, and it moves
+    with the project."""
+    import os
+    import shutil
+
+    images = sorted(str(p.relative_to(demo_roots[0])) for p in (demo_roots[0] / "images/test2015").glob("*.jpg"))[:3]
+    images.append("images/test2015/HICO_test2015_99999999.jpg")  # missing on disk: its error names no checkout
+    folders = []
+    for checkout in ("a", "b"):
+        shutil.copytree(demo_roots[0] / "images", tmp_path / checkout / "data/hico/images")
+        monkeypatch.chdir(tmp_path / checkout)
+        apply_condition("data/hico", images, "results/clean", "clean", {"type": "clean"})
+        folders.append(tmp_path / checkout / "results/clean")
+    listing = lambda folder: {  # noqa: E731
+        str(path.relative_to(folder)): os.readlink(path) if path.is_symlink() else path.read_bytes()
+        for path in sorted(folder.rglob("*")) if path.is_file() or path.is_symlink()}
+    assert listing(folders[0]) == listing(folders[1])
+    link = folders[0] / images[0]
+    assert not os.path.isabs(os.readlink(link))
+    shutil.move(tmp_path / "a", tmp_path / "moved")  # the whole project moves: its links still resolve
+    monkeypatch.chdir(tmp_path / "moved")
+    assert ImageResolver("results/clean").path(images[0]).read_bytes() == (demo_roots[0] / images[0]).read_bytes()
+
+
 def test_a_condition_with_no_readable_image_stops(tmp_path):
     """An empty or wrong images folder fails the image job, naming it, instead of a manifest of errors that
     only the model jobs would trip over later."""

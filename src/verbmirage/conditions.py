@@ -147,7 +147,9 @@ def apply_condition(
         if boxes is None:
             raise ValueError(f"conditions.{condition}: type '{kind}' needs boxes (datasets.hico.det_root)")
         images = [image for image in images if image in boxes]
-    source_root, out_dir = Path(source_root).resolve(), Path(out_dir)
+    # the root as given is what the manifest records and errors name: a relative root (inside the project) keeps
+    # the condition folder free of this checkout's location, so two checkouts build the same bytes
+    given_root, source_root, out_dir = Path(source_root), Path(source_root).resolve(), Path(out_dir)
     targets = {}
     for image in sorted(set(images)):  # a bad name stops the job before anything is written
         where = f"condition {condition}: image {image!r}"
@@ -166,8 +168,8 @@ def apply_condition(
             inside(source_root, source, f"condition {condition}: image {image!r}")
             if spec.transform is None:
                 if not source.is_file():
-                    raise FileNotFoundError(f"no such image: {source}")
-                replace_entry(destination, _symlink_at(source))
+                    raise FileNotFoundError(f"no such image: {given_root / image}")
+                replace_entry(destination, _symlink_at(source, relative=not given_root.is_absolute()))
             else:
                 original = open_rgb(source)
                 extra = {"box": boxes[image]} if spec.needs_boxes else {}
@@ -180,10 +182,10 @@ def apply_condition(
                      "crop_area_frac": area_frac})
     if rows and all(row["error"] for row in rows):  # a wrong or empty images folder, not a few bad files
         raise FileNotFoundError(f"condition {condition}: none of the {len(rows)} images could be read under "
-                                f"{source_root} (check the dataset's images folder); first error: {rows[0]['error']}")
+                                f"{given_root} (check the dataset's images folder); first error: {rows[0]['error']}")
     columns = ["image", "file", "error"] + (["crop_area_frac"] if spec.needs_boxes else [])
     manifest = pd.DataFrame(rows, columns=columns)
-    _write_manifest(manifest, out_dir / MANIFEST, source_root, partial=spec.needs_boxes)
+    _write_manifest(manifest, out_dir / MANIFEST, given_root, partial=spec.needs_boxes)
     return manifest
 
 
@@ -196,12 +198,13 @@ def condition_questions(questions: pd.DataFrame, condition_dir: str | Path) -> p
     return questions[questions.image.isin(covered)].reset_index(drop=True)
 
 
-def _symlink_at(source: Path) -> Callable[[Path], None]:
-    """For :func:`~verbmirage.paths.replace_entry`: swap the fresh empty file for a link to ``source``."""
+def _symlink_at(source: Path, relative: bool) -> Callable[[Path], None]:
+    """For :func:`~verbmirage.paths.replace_entry`: swap the fresh empty file for a link to ``source`` (a real
+    path), ``relative`` to the link's real folder (the project can move with its data) or absolute."""
 
     def create(tmp: Path) -> None:
         tmp.unlink()
-        os.symlink(source, tmp)
+        os.symlink(os.path.relpath(source, tmp.parent.resolve()) if relative else source, tmp)
 
     return create
 
