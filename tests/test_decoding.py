@@ -13,6 +13,7 @@ from verbmirage.models import create_model
 from verbmirage.models.base import Question
 from verbmirage.models.hf import LogitsVLM
 from verbmirage.models.parsing import decide_choice, decide_yes_no
+from verbmirage.variants import Variant
 from verbmirage.tiny import build_tokenizer
 
 
@@ -145,3 +146,29 @@ def test_decoded_answers_agree_with_generate_on_every_row(tiny_dirs, scene, fami
             expected = decide(first if first is not None else "", text if first is None else None)[0]
             assert result.prediction == expected, (question.question_id, text, result)
             assert 0 < result.confidence <= 1
+
+
+class DesignedDecoding(DesignedLogits):
+    """A designed backend whose variant's decoding gives each question the (first token, text) of ``decoded``."""
+
+    variant_features = frozenset({"decoding:greedy", "decoding:beam", "decoding:sample", "decoding:opera"})
+
+    def __init__(self, logits: torch.Tensor, decoded: list[tuple[int | None, str]]):
+        super().__init__(logits, None)
+        self.decoded = decoded
+
+    def decode_answers(self, questions, multiple_choice):
+        return self.decoded[: len(questions)]
+
+
+@pytest.mark.parametrize("variant", [{"decoding": "sample"}, {"decoding": "beam", "num_beams": 2},
+                                     {"decoding": "opera", "num_beams": 2}])
+def test_a_decoding_that_ends_at_once_is_unknown_whatever_the_first_argmax(variant):
+    """The first position's argmax is "Yes" (P = .9), but the variant's decoding ended at once (end of sequence
+    first): the model said nothing, so the answer is unknown (rule `empty`), not the argmax's "yes"."""
+    model = DesignedDecoding(designed({"Yes": 0.9, "No": 0.1})[None].repeat(2, 1), [(None, ""), (None, "")])
+    model.use_variant(Variant.from_config({**variant, "max_new_tokens": 2}))
+    results = model.score_yes_no([Question("q0", "Is someone riding?"), Question("q1", "Is someone eating?")])
+    label = model.variant.label
+    assert [(r.prediction, r.raw_answer, r.parse_rule) for r in results] == [("unknown", "", f"{label}:empty")] * 2
+    assert all(r.p_yes == pytest.approx(0.9, rel=1e-4) for r in results)  # the first-token score stays

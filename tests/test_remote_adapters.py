@@ -142,7 +142,7 @@ def test_logits_wider_than_the_tokenizer(tmp_path):
 def test_scores_through_the_driver(tmp_path, images, in_process):
     model = _model(tmp_path, in_process=in_process)
     assert isinstance(model.client, InProcessClient if in_process else WorkerClient)
-    assert model.vocabulary[8] is None and model.vocabulary[-1] is None and len(model.vocabulary) == 13
+    assert model.vocabulary[8] is None and model.vocabulary[-1] is None and len(model.vocabulary) == 14
     questions = [Question("1", "Is someone riding a horse?", image=images["yes_horse"]),
                  Question("2", "Is someone sitting on a bench?", image=images["bench"])]
     results = model.score_yes_no(questions)
@@ -159,6 +159,23 @@ def test_scores_through_the_driver(tmp_path, images, in_process):
     assert mc[0].option_probs == pytest.approx((e(1) / (e(1) + e(-5) + e(3)), e(-5) / (e(1) + e(-5) + e(3)),
                                                e(3) / (e(1) + e(-5) + e(3))), rel=1e-6)
     assert model.generate([questions[0]], max_new_tokens=4) == ["Yes, I think"]
+    model.close()
+
+
+@pytest.mark.parametrize("continue_tokens", [8, 0])
+def test_an_answer_that_ends_at_once_is_unknown(tmp_path, images, continue_tokens):
+    """End of sequence as the first token: an empty answer, unknown by the rule `empty`, whether or not the
+    adapter would decode further; the first-token scores stay."""
+    Image.new("RGB", (8, 8), (10, 20, 30)).save(tmp_path / "end_horse.png")
+    model = _model(tmp_path)
+    model.continue_tokens = continue_tokens
+    assert model.stop_ids == {fake.END}
+    yn = model.score_yes_no([Question("1", "Is someone riding a horse?", image=tmp_path / "end_horse.png")])[0]
+    mc = model.score_multiple_choice([Question("2", "Which of the following actions? A. x B. y", options=("x", "y"),
+                                               image=tmp_path / "end_horse.png")])[0]
+    for result in (yn, mc):
+        assert (result.prediction, result.raw_answer, result.parse_rule) == ("unknown", "", "greedy:empty")
+    assert 0 < yn.p_yes < 1 and yn.confidence > 0.5
     model.close()
 
 

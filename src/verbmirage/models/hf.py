@@ -151,8 +151,10 @@ class LogitsVLM(VisionLanguageModel):
     #: New tokens decoded greedily when the first answer token decides nothing (``inference.continue_tokens``).
     continue_tokens: int = 8
 
-    def answer_logits(self, questions: list[Question], multiple_choice: bool) -> tuple[torch.Tensor, list[str | None]]:
-        """Float32 logits [N, vocab] at each question's first answer position, and per-question errors."""
+    def answer_logits(self, questions: list[Question], multiple_choice: bool) -> tuple:
+        """Float32 logits [N, vocab] at each question's first answer position, per-question errors and,
+        optionally, per-question extra result fields (a list of dicts, one per question: VCD's statistics),
+        each in the order of ``questions``."""
         raise NotImplementedError
 
     def _find_answer_tokens(self) -> None:
@@ -196,18 +198,27 @@ class LogitsVLM(VisionLanguageModel):
         beam search, sampling or VCD implement it (:class:`TransformersVLM`)."""
         raise NotImplementedError(f"backend '{self.backend}' decodes greedily only")
 
+    def _stop_tokens(self) -> set[int]:
+        """Token ids that end an answer (the tokenizer's end of sequence; the transformers backends add the
+        generation config's)."""
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return {eos} if eos is not None else set()
+
     def _decisions(self, questions: list[Question], errors: list, best: torch.Tensor, multiple_choice: bool,
-                   decided) -> tuple[list[int], dict[int, str]]:
-        """The first answer token of each question and, where needed, its decoded text.
+                   decided) -> tuple[list[int | None], dict[int, str]]:
+        """The first answer token of each question (None: the answer ended at once) and, where needed, its
+        decoded text.
 
         Plain greedy: the first-position argmax, and a greedy continuation only where that token decides
         nothing (``decided``). Greedy with VCD: the same, continued by VCD's greedy steps. Beam search and
-        sampling: every answer decoded in full (its first token need not be the argmax).
+        sampling: every answer decoded in full (its first token need not be the argmax). An answer whose
+        first token ends it (end of sequence) is empty, whatever the decoding: it decides nothing.
         """
-        first_ids = [int(token) for token in best]
+        stop = self._stop_tokens()
+        first_ids: list[int | None] = [None if int(token) in stop else int(token) for token in best]
         if self.variant.decoding == "greedy":
-            undecided = [i for i, error in enumerate(errors)
-                         if error is None and not decided(i, self._token_text(first_ids[i]))]
+            undecided = [i for i, error in enumerate(errors) if error is None and first_ids[i] is not None
+                         and not decided(i, self._token_text(first_ids[i]))]
             if self.variant.vcd is None:
                 return first_ids, self._continued(questions, undecided, multiple_choice)
             rows = undecided if self.continue_tokens > 0 else []
@@ -217,9 +228,26 @@ class LogitsVLM(VisionLanguageModel):
             return first_ids, {}
         decoded = self.decode_answers([questions[i] for i in rows], multiple_choice)
         for i, (token, _) in zip(rows, decoded):
-            if token is not None:
-                first_ids[i] = token
+            first_ids[i] = token  # None: the decoding ended at once (its rows stop before the end token)
         return first_ids, {i: text for i, (_, text) in zip(rows, decoded)}
+
+    def _answer_texts(self, first_ids: list[int | None], continued: dict[int, str]) -> list[tuple[str, str | None]]:
+        """Per question, (its first token's text, its decoded text or None) for the parsers; an answer that
+        ended at once is ("", ""), which parses as ``unknown`` by the rule ``empty``."""
+        return [("", "") if token is None else (self._token_text(token), continued.get(i))
+                for i, token in enumerate(first_ids)]
+
+    def _confidences(self, probs: torch.Tensor, first_ids: list[int | None]) -> list[float]:
+        """The probability of each answer's first token (paper Eq. 2); for an answer that ended at once, that of
+        the most probable end token (the token it ended with)."""
+        stop = sorted(token for token in self._stop_tokens() if token < probs.shape[1])
+        ending = probs[:, stop].max(dim=-1).values.tolist() if stop else [math.nan] * len(first_ids)
+        chosen = _probabilities(probs, [0 if token is None else token for token in first_ids])
+        return [ending[i] if token is None else chosen[i] for i, token in enumerate(first_ids)]
+
+    @staticmethod
+    def _columns(questions: list[Question], columns: list[dict] | None) -> list[dict]:
+        return [{}] * len(questions) if columns is None else columns
 
     # ---- results ----------------------------------------------------------------
     #: Whether :meth:`answer_logits` takes one kind per question (then :meth:`score_mixed` scores YN and MC
@@ -239,24 +267,32 @@ class LogitsVLM(VisionLanguageModel):
             kinds[bool(flag)].append(index)
         for flag, indices in kinds.items():
             self._check([questions[i] for i in indices], multiple_choice=flag)
-        logits, errors = self.answer_logits(questions, [bool(flag) for flag in multiple_choice])
+        logits, errors, columns = self._logits(questions, [bool(flag) for flag in multiple_choice])
         results: list = [None] * len(questions)
         for flag, indices in kinds.items():
             if not indices:
                 continue
             decide = self._multiple_choice_results if flag else self._yes_no_results
-            chosen = decide([questions[i] for i in indices], logits[indices], [errors[i] for i in indices])
+            chosen = decide([questions[i] for i in indices], logits[indices], [errors[i] for i in indices],
+                            [columns[i] for i in indices])
             for i, result in zip(indices, chosen):
                 results[i] = result
         self._check_results(questions, results)
         return results
 
+    def _logits(self, questions: list[Question], multiple_choice) -> tuple[torch.Tensor, list, list[dict]]:
+        """:meth:`answer_logits`, with its per-question columns (``[{}] * n`` where it returns none)."""
+        answer = self.answer_logits(questions, multiple_choice)
+        logits, errors = answer[0], answer[1]
+        return logits, errors, answer[2] if len(answer) > 2 else [{}] * len(questions)
+
     def _score_yes_no(self, questions: list[Question]) -> list[YesNoResult]:
         """Score (P(yes), ``yes_margin``) from the first answer position; decision from the decoded answer."""
-        logits, errors = self.answer_logits(questions, multiple_choice=False)
-        return self._yes_no_results(questions, logits, errors)
+        return self._yes_no_results(questions, *self._logits(questions, multiple_choice=False))
 
-    def _yes_no_results(self, questions: list[Question], logits: torch.Tensor, errors: list) -> list[YesNoResult]:
+    def _yes_no_results(self, questions: list[Question], logits: torch.Tensor, errors: list,
+                        columns: list[dict]) -> list[YesNoResult]:
+        """``columns``: each question's extra result fields from its logits pass (VCD's statistics)."""
         probs = torch.softmax(self._real_tokens(logits), dim=-1)
         yes, no = probs[:, self._yes_ids].sum(-1), probs[:, self._no_ids].sum(-1)
         # float64, from the logits themselves: finite where the float32 P(yes) above is exactly 1.0
@@ -264,43 +300,34 @@ class LogitsVLM(VisionLanguageModel):
         margins = torch.logsumexp(real[:, self._yes_ids], -1) - torch.logsumexp(real[:, self._no_ids], -1)
         first_ids, continued = self._decisions(questions, errors, probs.argmax(dim=-1), False,
                                                lambda i, text: yes_no_token(text) is not None)
-        vcd = self._vcd_columns(len(questions))
-        p_yes, margins, confidences = (yes / (yes + no)).tolist(), margins.tolist(), _probabilities(probs, first_ids)
+        texts = self._answer_texts(first_ids, continued)
+        p_yes, margins, confidences = (yes / (yes + no)).tolist(), margins.tolist(), self._confidences(probs, first_ids)
         results = []
         for i, error in enumerate(errors):
             if error is not None:
                 results.append(YesNoResult.failed(error))
                 continue
-            prediction, raw, rule = decide_yes_no(self._token_text(first_ids[i]), continued.get(i), self.variant.label)
+            prediction, raw, rule = decide_yes_no(*texts[i], self.variant.label)
             margin = margins[i] if math.isfinite(margins[i]) else None
-            results.append(YesNoResult(p_yes[i], prediction, raw, confidences[i], rule, yes_margin=margin, **vcd[i]))
+            results.append(YesNoResult(p_yes[i], prediction, raw, confidences[i], rule, yes_margin=margin,
+                                       **columns[i]))
         return results
-
-    def _vcd_columns(self, n: int) -> list[dict]:
-        """Per question of the last :meth:`answer_logits` call: ``vcd_kl`` and ``vcd_plausible`` (VCD only)."""
-        stats = getattr(self, "_vcd_stats", None)
-        if self.variant.vcd is None or stats is None:
-            return [{}] * n
-        kl, size = stats
-        return [{"vcd_kl": float(kl[i]), "vcd_plausible": int(size[i])} if math.isfinite(float(kl[i])) else {}
-                for i in range(n)]
 
     def _score_multiple_choice(self, questions: list[Question]) -> list[MultipleChoiceResult]:
         """Option probabilities from the first answer position; the chosen letter from the decoded answer."""
-        logits, errors = self.answer_logits(questions, multiple_choice=True)
-        return self._multiple_choice_results(questions, logits, errors)
+        return self._multiple_choice_results(questions, *self._logits(questions, multiple_choice=True))
 
-    def _multiple_choice_results(self, questions: list[Question], logits: torch.Tensor,
-                                 errors: list) -> list[MultipleChoiceResult]:
+    def _multiple_choice_results(self, questions: list[Question], logits: torch.Tensor, errors: list,
+                                 columns: list[dict]) -> list[MultipleChoiceResult]:
         probs = torch.softmax(self._real_tokens(logits), dim=-1)
         first_ids, continued = self._decisions(
             questions, errors, probs.argmax(dim=-1), True,
             lambda i, text: decide_choice(text, None, questions[i].options)[0] != UNKNOWN)
-        vcd = self._vcd_columns(len(questions))
+        texts = self._answer_texts(first_ids, continued)
         letters = max((len(question.options) for question in questions), default=0)
         masses = torch.stack([probs[:, ids].sum(-1) for ids in self._letter_ids[:letters]], dim=1).tolist() \
             if letters else [[]] * len(questions)
-        confidences = _probabilities(probs, first_ids)
+        confidences = self._confidences(probs, first_ids)
         results = []
         for i, (question, error) in enumerate(zip(questions, errors)):
             n = len(question.options)
@@ -309,9 +336,8 @@ class LogitsVLM(VisionLanguageModel):
                 continue
             mass = np.array(masses[i][:n])
             option_probs = tuple(float(x) for x in mass / mass.sum()) if mass.sum() > 0 else (math.nan,) * n
-            letter, raw, rule = decide_choice(self._token_text(first_ids[i]), continued.get(i), question.options,
-                                              self.variant.label)
-            results.append(MultipleChoiceResult(option_probs, letter, raw, confidences[i], rule, **vcd[i]))
+            letter, raw, rule = decide_choice(*texts[i], question.options, self.variant.label)
+            results.append(MultipleChoiceResult(option_probs, letter, raw, confidences[i], rule, **columns[i]))
         return results
 
 
@@ -602,8 +628,9 @@ class TransformersVLM(LogitsVLM):
         self._openings = None
 
     @torch.inference_mode()
-    def answer_logits(self, questions: list[Question], multiple_choice) -> tuple[torch.Tensor, list[str | None]]:
-        """``multiple_choice``: one flag for all questions, or one per question (YN and MC of an image together)."""
+    def answer_logits(self, questions: list[Question], multiple_choice) -> tuple[torch.Tensor, list, list[dict]]:
+        """``multiple_choice``: one flag for all questions, or one per question (YN and MC of an image together).
+        The third element holds each question's VCD statistics (``vcd_kl``, ``vcd_plausible``; VCD only)."""
         flags = multiple_choice if isinstance(multiple_choice, (list, tuple)) else [multiple_choice] * len(questions)
         texts = [self.render(q, flag) for q, flag in zip(questions, flags)]
         logits = torch.full((len(questions), self.model.config.get_text_config().vocab_size), math.nan)
@@ -627,8 +654,10 @@ class TransformersVLM(LogitsVLM):
                 kl[valid], plausible[valid] = decoding.divergence(values, contrasted, self.variant.vcd.beta)
                 values = contrasted
             logits[valid] = values
-        self._vcd_stats = (kl, plausible) if self.variant.vcd is not None else None
-        return logits, errors
+        columns = [{"vcd_kl": float(kl[i]), "vcd_plausible": int(plausible[i])}
+                   if self.variant.vcd is not None and math.isfinite(float(kl[i])) else {}
+                   for i in range(len(questions))]
+        return logits, errors, columns
 
     def _open_items(self, questions: list[Question], texts: list[str], new_call: bool = False) -> tuple[list, list]:
         """Per question: an error (its image does not open) or the item (image path, image, prompt text).

@@ -240,6 +240,7 @@ class RemoteCodeVLM(VisionLanguageModel):
         self.vocab_size, self.tokenizer_size = loaded["vocab_size"], loaded["tokenizer_size"]
         self.environment, self.code = loaded.get("environment", {}), loaded.get("code", {})
         self.loaded_dtype = loaded.get("dtype", "")
+        self.stop_ids = set(loaded.get("stop_ids", []))  # an answer whose first token is one of these is empty
         self.vocabulary = self._call("vocabulary")["tokens"]
         self._yes_ids, self._no_ids, self._letter_ids = answer_token_ids(self.vocabulary, where)
 
@@ -314,12 +315,16 @@ class RemoteCodeVLM(VisionLanguageModel):
         token = self.vocabulary[token_id] if 0 <= token_id < len(self.vocabulary) else None
         return token or ""
 
-    def _continued(self, question: Question, prompt: str, first_token: str, decides) -> str | None:
-        """The greedy answer text when the first token (the scoring argmax) decides nothing, else None."""
+    def _answer(self, question: Question, prompt: str, first_id: int, decides) -> tuple[str, str | None]:
+        """(first token text, greedy answer text or None) for the parsers: the text when the first token (the
+        scoring argmax) decides nothing; ("", "") when it ends the answer (an empty answer is unknown)."""
+        if first_id in self.stop_ids:
+            return "", ""
+        first_token = self._token_text(first_id)
         if decides(first_token) or self.continue_tokens <= 0:
-            return None
+            return first_token, None
         text, error = self._reply_text(question, prompt, self.continue_tokens, greedy=True)
-        return None if error else text
+        return first_token, None if error else text
 
     # ---- results ----------------------------------------------------------------------------------
     def _score_yes_no(self, questions):
@@ -343,9 +348,8 @@ class RemoteCodeVLM(VisionLanguageModel):
             probs = [math.exp(v - row["logsumexp"]) for v in row["logits"]]
             yes, no = sum(probs[: len(self._yes_ids)]), sum(probs[len(self._yes_ids):])
             p_yes = yes / (yes + no) if yes + no > 0 else math.nan
-            first = self._token_text(row["argmax_id"])
-            continued = self._continued(question, prompt, first, lambda t: yes_no_token(t) is not None)
-            prediction, raw, rule = decide_yes_no(first, continued)
+            texts = self._answer(question, prompt, row["argmax_id"], lambda t: yes_no_token(t) is not None)
+            prediction, raw, rule = decide_yes_no(*texts)
             confidence = math.exp(row["argmax_logit"] - row["logsumexp"])
             margin = yes_no_margin(row["logits"][: len(self._yes_ids)], row["logits"][len(self._yes_ids):])
             results.append(YesNoResult(p_yes, prediction, raw, confidence, rule, yes_margin=margin))
@@ -374,10 +378,9 @@ class RemoteCodeVLM(VisionLanguageModel):
             mass = [sum(next(values) for _ in group) for group in groups]
             total = sum(mass)
             option_probs = tuple(m / total for m in mass) if total > 0 else (math.nan,) * n
-            first = self._token_text(row["argmax_id"])
-            continued = self._continued(question, prompt, first,
-                                        lambda t: decide_choice(t, None, question.options)[0] != UNKNOWN)
-            letter, raw, rule = decide_choice(first, continued, question.options)
+            texts = self._answer(question, prompt, row["argmax_id"],
+                                 lambda t: decide_choice(t, None, question.options)[0] != UNKNOWN)
+            letter, raw, rule = decide_choice(*texts, question.options)
             confidence = math.exp(row["argmax_logit"] - row["logsumexp"])
             results.append(MultipleChoiceResult(option_probs, letter, raw, confidence, rule))
         return results

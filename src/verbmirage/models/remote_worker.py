@@ -20,6 +20,7 @@ transformers and PIL are imported inside the drivers) and nothing of
     {"op": "load", "driver", "path", "revision", "dtype", "device", "options"}
         -> {"ok": true, "vocab_size", "tokenizer_size", "dtype", "environment", "code"}
     {"op": "vocabulary"}                      -> {"ok": true, "tokens": [str | null, ...]}
+    (``load`` answers the sizes, the environment, the code hashes and ``stop_ids``: the tokens that end an answer)
     {"op": "score", "image", "prompt", "token_ids"}
         -> {"ok": true, "logits": [...], "logsumexp", "argmax_id", "argmax_logit"}
     {"op": "generate", "image", "prompt", "max_new_tokens", "num_beams", "repetition_penalty"}
@@ -133,6 +134,13 @@ class Driver:
     @property
     def tokenizer_size(self) -> int:
         return len(self.tokenizer)
+
+    def stop_ids(self) -> list[int]:
+        """Token ids that end an answer: the tokenizer's and the generation config's end of sequence."""
+        ids = {getattr(self.tokenizer, "eos_token_id", None)}
+        configured = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        ids |= set(configured) if isinstance(configured, (list, tuple)) else {configured}
+        return sorted(int(token) for token in ids if isinstance(token, int))
 
     @property
     def vocab_size(self) -> int:
@@ -323,9 +331,13 @@ class QwenVLChatDriver(Driver):
             )
         new = output[0, ids.shape[1]:].tolist()
         self.last_token_ids = new
-        ends = {self.tokenizer.im_end_id, self.tokenizer.im_start_id, self.model.generation_config.eos_token_id}
+        ends = set(self.stop_ids())
         cut = next((i for i, token in enumerate(new) if token in ends), len(new))
         return self.tokenizer.decode(new[:cut], errors="replace").strip(), tag
+
+    def stop_ids(self):
+        """ChatML's turn marks end an answer too."""
+        return sorted({self.tokenizer.im_end_id, self.tokenizer.im_start_id, *super().stop_ids()})
 
 
 # ---- Molmo-7B-D -------------------------------------------------------------------------------------
@@ -673,6 +685,7 @@ class Worker:
             return {"ok": True, "protocol": PROTOCOL_VERSION, "vocab_size": self.driver.vocab_size,
                     "dtype": str(getattr(model, "dtype", "")).replace("torch.", ""),
                     "tokenizer_size": self.driver.tokenizer_size, "environment": environment(),
+                    "stop_ids": self.driver.stop_ids() if hasattr(self.driver, "stop_ids") else [],
                     "code": code_hashes(folder) if folder else {}}
         if op == "shutdown":
             return {"ok": True}
