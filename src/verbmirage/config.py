@@ -24,7 +24,7 @@ from verbmirage.conditions import CONDITIONS, PLANNING_KEYS
 from verbmirage.derived import effective_entry, effective_models
 from verbmirage.hico import hico_det_file
 from verbmirage.models.base import allow_remote_code
-from verbmirage.models.registry import BACKENDS, WORKFLOW_KEYS, backend_settings, variant_features
+from verbmirage.models.registry import BACKENDS, IMAGE_MODES, WORKFLOW_KEYS, backend_settings, variant_features
 from verbmirage.variants import Variant, model_variants
 
 # Where rule `demo_hico` writes the demo; a root pointing here need not exist yet.
@@ -123,6 +123,10 @@ def _check_backend_settings(slug: str, entry: dict) -> None:
             + (f" (did you mean {', '.join(hints)}?)" if hints else "")
             + f"; it takes {sorted(accepted)} and the workflow's {sorted(WORKFLOW_KEYS - {'backend'})}"
         )
+    modes = IMAGE_MODES.get(entry["backend"])
+    if "image_mode" in entry and modes is not None and entry["image_mode"] not in modes:
+        raise ConfigError(f"models.{slug}.image_mode: {entry['image_mode']!r} is not one of {list(modes)} for "
+                          f"backend '{entry['backend']}' (docs/models.md, \"Image processing\")")
 
 
 def _check_box_condition(slug: str, entry: dict, config: dict) -> None:

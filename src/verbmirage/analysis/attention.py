@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from verbmirage.imaging import size_field, square_input_side
 from verbmirage.text import object_name, verb_phrase
 
 log = logging.getLogger(__name__)
@@ -156,35 +157,33 @@ class TokenGrid:
         return self.leading + np.flatnonzero(inside.reshape(-1))
 
 
-def _size_value(size, key: str):
-    """A field of an image processor's ``size``/``crop_size`` (a SizeDict or a plain dict)."""
-    if size is None:
-        return None
-    return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
-
-
-def clip_style_grid(image_processor, width: int, height: int, grid: int, leading: int = 0) -> TokenGrid:
+def clip_style_grid(image_processor, width: int, height: int, grid: int, leading: int = 0,
+                    image_mode: str = "crop") -> TokenGrid:
     """LLaVA-1.5's mapping, read from the image processor: optional pad-to-square, resize, optional center crop.
 
-    ``do_pad`` (``LlavaImageProcessor``, the original ``expand2square``) pads the short side
-    to a square, (L - side) // 2 before; ``size.shortest_edge`` resizes the short side to S and
-    the long side to int(S * long / short); ``do_center_crop`` cuts ``crop_size`` at
+    ``do_pad`` (``LlavaImageProcessor``, the original ``expand2square``) or the model's ``image_mode: pad``
+    pads the short side to a square, (L - side) // 2 before; ``image_mode: resize`` squashes the image to the
+    processor's square input size (then nothing else moves it); ``size.shortest_edge`` resizes the short side
+    to S and the long side to int(S * long / short); ``do_center_crop`` cuts ``crop_size`` at
     ((W' - w) // 2, (H' - h) // 2).
     """
+    if image_mode == "resize":
+        side = square_input_side(image_processor)
+        return TokenGrid(grid, grid, side / grid, side / grid, side / width, side / height, 0.0, 0.0, leading)
     offset_x = offset_y = 0.0
     frame_w, frame_h = width, height
-    if getattr(image_processor, "do_pad", False):
+    if getattr(image_processor, "do_pad", False) or image_mode == "pad":
         side = max(width, height)
         offset_x, offset_y = (side - width) // 2, (side - height) // 2
         frame_w = frame_h = side
     size = image_processor.size
-    shortest = _size_value(size, "shortest_edge")
+    shortest = size_field(size, "shortest_edge")
     if getattr(image_processor, "do_resize", True) and shortest:
         short, long = min(frame_w, frame_h), max(frame_w, frame_h)
         new_long = int(shortest * long / short)
         new_w, new_h = (shortest, new_long) if frame_w <= frame_h else (new_long, shortest)
-    elif getattr(image_processor, "do_resize", True) and _size_value(size, "height"):
-        new_w, new_h = _size_value(size, "width"), _size_value(size, "height")
+    elif getattr(image_processor, "do_resize", True) and size_field(size, "height"):
+        new_w, new_h = size_field(size, "width"), size_field(size, "height")
     else:
         new_w, new_h = frame_w, frame_h
     scale_x, scale_y = new_w / frame_w, new_h / frame_h
@@ -192,7 +191,7 @@ def clip_style_grid(image_processor, width: int, height: int, grid: int, leading
     out_w, out_h = new_w, new_h
     if getattr(image_processor, "do_center_crop", False):
         crop = image_processor.crop_size
-        out_w, out_h = _size_value(crop, "width"), _size_value(crop, "height")
+        out_w, out_h = size_field(crop, "width"), size_field(crop, "height")
         offset_x -= (new_w - out_w) // 2 if new_w >= out_w else -((out_w - new_w) // 2)
         offset_y -= (new_h - out_h) // 2 if new_h >= out_h else -((out_h - new_h) // 2)
     return TokenGrid(grid, grid, out_w / grid, out_h / grid, scale_x, scale_y, offset_x, offset_y, leading)
@@ -220,7 +219,7 @@ def token_grid(model, encoded, row: int, width: int, height: int, n_visual: int)
     elif hasattr(config, "vision_config") and hasattr(config.vision_config, "image_size"):
         side = config.vision_config.image_size // config.vision_config.patch_size
         leading = 1 if getattr(config, "vision_feature_select_strategy", "default") == "full" else 0
-        grid = clip_style_grid(image_processor, width, height, side, leading)
+        grid = clip_style_grid(image_processor, width, height, side, leading, getattr(model, "image_mode", "crop"))
     else:
         return f"no known token grid for {type(model.model).__name__}"
     if grid.size != n_visual:

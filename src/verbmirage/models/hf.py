@@ -50,9 +50,11 @@ from verbmirage.models.base import (
     allow_remote_code,
     open_rgb,
 )
+from verbmirage.imaging import expand_to_square, square_input_side
 from verbmirage.models import decoding, shared_prefix
 from verbmirage.models.parsing import decide_choice, decide_yes_no, letter_token, yes_no_token
 from verbmirage.models.prompts import CHAT_TEMPLATE, CONVERSATIONS, PromptTemplate
+from verbmirage.models.registry import IMAGE_MODES
 from verbmirage.variants import question_seed
 
 log = logging.getLogger(__name__)
@@ -442,8 +444,15 @@ class TransformersVLM(LogitsVLM):
         conversation: str = CHAT_TEMPLATE,
         adapter: str | None = None,
         merge_adapter: bool = True,
+        image_mode: str | None = None,
     ):
         super().__init__(name)
+        modes = IMAGE_MODES.get(self.backend, IMAGE_MODES["hf"])
+        if image_mode is not None and image_mode not in modes:
+            raise ValueError(f"models.{name}.image_mode: '{image_mode}' is not one of {list(modes)} for backend "
+                             f"'{self.backend}'")
+        #: How images reach the processor (``registry.IMAGE_MODES``); the first mode is the processor as shipped.
+        self.image_mode, self._shipped_mode = image_mode or modes[0], modes[0]
         if dtype not in DTYPES:
             raise ValueError(f"models.{name}.dtype: '{dtype}' is not one of {sorted(DTYPES)}")
         if conversation not in self.conversations:
@@ -527,10 +536,27 @@ class TransformersVLM(LogitsVLM):
         return self._frame
 
     def encode(self, texts: list[str], images: list[Image.Image], padding_side: str = "right"):
-        """Processor call, padded on ``padding_side``, on the model's device."""
+        """Processor call (each image first as :meth:`prepare_image` makes it), padded on ``padding_side``, on the
+        model's device."""
         self.tokenizer.padding_side = padding_side
+        prepared: dict[int, Image.Image] = {}  # an image repeated for several prompts is prepared once
+        images = [prepared.setdefault(id(image), self.prepare_image(image)) for image in images]
         encoded = self.processor(text=texts, images=images, return_tensors="pt", padding=True)
         return encoded.to(self.device)
+
+    def prepare_image(self, image: Image.Image) -> Image.Image:
+        """``image`` as the processor gets it under :attr:`image_mode`: as it is (the processor as shipped),
+        expanded to a square in the processor's mean colour (``pad``: the original LLaVA-1.5's ``expand2square``
+        with ``image_aspect_ratio: pad``), or squashed to the processor's square input size with bicubic
+        resampling (``resize``: OPERA's LLaVA processor), after which the processor's own resize and crop
+        change nothing."""
+        if self.image_mode == self._shipped_mode:
+            return image
+        if self.image_mode == "pad":
+            mean = self.processor.image_processor.image_mean
+            return expand_to_square(image, tuple(int(value * 255) for value in mean))
+        side = square_input_side(self.processor.image_processor)
+        return image.resize((side, side), Image.BICUBIC)
 
     def encode_shared_image(self, texts: list[str], image: Image.Image) -> dict:
         """Like ``encode(texts, [image] * n)`` but the image is preprocessed once.

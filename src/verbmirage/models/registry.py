@@ -51,6 +51,18 @@ VARIANT_FEATURES: dict[str, frozenset[str]] = {
     "mplug_owl2": SCORING,
 }
 
+# How a transformers backend's images reach its processor (``image_mode``; docs/models.md, "Image processing"):
+# the first value is the default, the checkpoint's processor as shipped. ``pad`` expands the image to a square
+# in the processor's mean colour first (the original LLaVA-1.5's ``image_aspect_ratio: pad``); ``resize`` squashes
+# it to the processor's square input size first (OPERA's LLaVA processor), so nothing is cropped.
+IMAGE_MODES: dict[str, tuple[str, ...]] = {
+    "llava": ("crop", "pad", "resize"),  # llava-hf: short side to 336, then the centre 336 x 336
+    "instructblip": ("resize", "pad"),  # its processor squashes to 224 x 224: nothing is cropped
+    "qwen2_vl": ("native",),  # dynamic resolution: the whole image at its own aspect ratio
+    "qwen2_5_vl": ("native",),
+    "hf": ("native", "pad"),  # whatever the checkpoint's processor does
+}
+
 # Keys of a model entry that belong to the workflow, not to the backend.
 WORKFLOW_KEYS = frozenset({"backend", "batch_size", "shards", "resources", "qsets", "paper_name", "variants",
                            "paper_method"})
