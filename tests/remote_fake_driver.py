@@ -63,6 +63,10 @@ class FakeDriver:
         return f"<img>{image_path}</img>\n{question}"
 
     def logits(self, image_path, question):
+        if self.options.get("c_print"):  # what a C library's printf does: below Python's sys.stdout
+            os.write(1, b"[C++ warning] cudnn not found\n")
+        if self.options.get("stray_reply"):  # a line that looks like a protocol reply, on descriptor 1
+            os.write(1, b'{"ok": true, "id": 1, "logits": [], "logsumexp": 0.0}\n')
         if "die" in question:
             os._exit(3)
         if "hang" in question:
@@ -83,6 +87,8 @@ class FakeDriver:
             row[0] = 1.0
         else:
             row[2] = 2.0
+        if self.options.get("nan") and "nan" in os.path.basename(image_path):  # a float16 overflow
+            row[2] = float("nan")
         return row
 
     def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0):

@@ -112,3 +112,32 @@ def check_decision(result, options: tuple[str, ...] | None = None) -> None:
         assert result.prediction == decide(result.raw_answer, None)[0]
     else:
         assert result.prediction == decide("", result.raw_answer)[0], result
+
+
+def check_beam_and_sampling(model, image: Path, prompt: str = YES_NO_PROMPT, beams: bool = True) -> None:
+    """Under a beam-5 variant the answer is the checkpoint's own beam search (its chat or README function with
+    num_beams=5) and parse_rule names it; under sampling the draw is the question's, the same on every call.
+    The scores stay those of the first answer position."""
+    from verbmirage.models import Question
+    from verbmirage.models.parsing import decide_yes_no
+    from verbmirage.variants import Variant
+
+    question = Question("beam", prompt.split("\n")[0], image=image)
+    plain = model.score_yes_no([question])[0]
+    if beams:
+        model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 5, "max_new_tokens": 3}))
+        result = model.score_yes_no([question])[0]
+        assert result.error is None and result.parse_rule.startswith("beam5:"), result
+        ours = model.client.request("generate", image=str(image), prompt=prompt, max_new_tokens=3, num_beams=5,
+                                    repetition_penalty=1.0, sampling={"length_penalty": 1.0})
+        official = model.client.request("reference", image=str(image), prompt=prompt, max_new_tokens=3, num_beams=5)
+        assert ours["ok"] and official["ok"] and ours["decoding"] == "beam5", (ours, official)
+        assert ours["text"].startswith(official["text"].strip())  # chat() may drop the last token at the limit
+        first = model._token_text(ours["token_ids"][0]) if ours["token_ids"] else ""
+        assert result.prediction == decide_yes_no(first, ours["text"], "beam5")[0]
+        assert result.p_yes == plain.p_yes and result.yes_margin == plain.yes_margin
+    model.use_variant(Variant.from_config({"decoding": "sample", "max_new_tokens": 3, "seed": 1}))
+    drawn = [model.score_yes_no([question])[0] for _ in range(2)]
+    assert drawn[0] == drawn[1] and drawn[0].parse_rule.startswith("sample:") and drawn[0].error is None
+    assert drawn[0].p_yes == plain.p_yes
+    model.use_variant(Variant.from_config({}))

@@ -403,3 +403,46 @@ def test_minicpm_resampler_table_is_recomputed():
     model = types.SimpleNamespace(resampler=Resampler())
     patch_minicpm_after_load(model)
     assert torch.equal(model.resampler.pos_embed, torch.ones(2, 3, 4))
+
+
+def test_c_level_prints_and_stray_replies_go_to_the_log_not_the_protocol(tmp_path, images):
+    """Checkpoint code that writes to file descriptor 1 (a C library's print, or a line that looks like a reply)
+    reaches stderr; the answers are those of a quiet driver."""
+    quiet = _model(tmp_path)
+    expected = quiet.score_yes_no([Question("1", "Is someone riding a horse?", image=images["yes_horse"])])
+    quiet.close()
+    for option in ("c_print", "stray_reply"):
+        model = _model(tmp_path, options={option: True})
+        results = model.score_yes_no([Question("1", "Is someone riding a horse?", image=images["yes_horse"])] * 3)
+        assert all(result == expected[0] for result in results), option
+        model.close()
+        assert "cudnn not found" in model.client.stderr_tail() if option == "c_print" else \
+            '"id": 1' in model.client.stderr_tail()
+
+
+def test_a_reply_to_another_request_stops_the_worker(tmp_path, monkeypatch):
+    """Replies are matched to requests by id: one that answers another request (or none) is a named
+    WorkerError, never an answer handed to the wrong question."""
+    import verbmirage.models.remote as remote
+
+    script = tmp_path / "liar.py"
+    script.write_text("import json, sys\nfor line in sys.stdin:\n"
+                      "    request = json.loads(line)\n"
+                      "    print(json.dumps({'ok': True, 'id': request['id'] + 1}), flush=True)\n")
+    monkeypatch.setattr(remote, "WORKER_SCRIPT", script)
+    client = WorkerClient(sys.executable, "models.liar", timeout=10)
+    with pytest.raises(WorkerError, match=r"models\.liar: .* answered request 2 where request 1 \('score'\) was due"):
+        client.request("score")
+    assert client.process.poll() is not None  # stopped: the replies can no longer be matched
+
+
+def test_non_finite_scores_are_error_rows_naming_model_question_and_image(tmp_path, images):
+    Image.new("RGB", (8, 8), (10, 20, 30)).save(tmp_path / "nan_bench.png")
+    model = _model(tmp_path, options={"nan": True})
+    results = model.score_yes_no([Question("q-nan", "Is someone sitting on a bench?", image=tmp_path / "nan_bench.png"),
+                                  Question("q-ok", "Is someone sitting on a bench?", image=images["bench"])])
+    assert results[0].error is not None and results[0].prediction == "unknown"
+    for part in ("models.m", "q-nan", "nan_bench.png", "not a finite number"):
+        assert part in results[0].error, part
+    assert results[1].error is None and results[1].prediction == "no"
+    model.close()

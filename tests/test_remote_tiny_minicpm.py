@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from remote_tiny import colour_images, first_greedy_answer, open_tiny_model, check_decision
+from remote_tiny import check_beam_and_sampling, colour_images, first_greedy_answer, open_tiny_model, check_decision
 from verbmirage.models import Question
 
 BEGIN, START_HEADER, END_HEADER, EOT = 128000, 128006, 128007, 128009
@@ -82,3 +82,7 @@ def test_logits_argmax_is_the_first_greedy_token_and_chat_agrees(minicpm, images
     beams = minicpm.client.request("generate", image=str(images[0]), prompt=prompt, max_new_tokens=2, num_beams=3,
                                    repetition_penalty=1.2)
     assert beams["ok"] and beams["decoding"] == "beam3-rp1.2"
+
+
+def test_beam_search_and_sampling_are_the_checkpoints_own(minicpm, images):
+    check_beam_and_sampling(minicpm, images[0])

@@ -16,6 +16,7 @@ from remote_tiny import (
     check_decision,
     open_tiny_model,
     colour_images,
+    check_beam_and_sampling,
     first_greedy_answer,
     require_env,
     tiny_entry,
@@ -110,3 +111,13 @@ def test_in_process_path_on_transformers5_scores_like_the_official_stack(molmo, 
         assert not reply["ok"] and "env: remote-molmo" in reply["error"]
     finally:
         patched.close()
+
+
+def test_sampling_runs_and_beam_search_is_refused(molmo, images):
+    """Molmo's generate_from_batch cannot run beam search (its caches have no reordering): a beam variant is
+    refused, naming what the backend lacks; sampling is its own generate's."""
+    from verbmirage.variants import Variant
+
+    with pytest.raises(ValueError, match=r"backend 'molmo' .* lacks \['decoding:beam'\]"):
+        molmo.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 5}))
+    check_beam_and_sampling(molmo, images[0], beams=False)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from remote_tiny import colour_images, first_greedy_answer, check_decision
+from remote_tiny import check_beam_and_sampling, colour_images, first_greedy_answer, check_decision
 
 from verbmirage.models import Question, create_model
 from verbmirage.models.remote import WorkerError
@@ -215,3 +215,7 @@ def test_a_missing_package_says_how_to_provide_it(tmp_path):
     assert "mplug_owl2 package is not importable" in message and "code_dir" in message
     message = load_error(tmp_path, {"code_dir": str(tmp_path / "nowhere")})
     assert "no mplug_owl2/__init__.py" in message and str(tmp_path / "nowhere") in message
+
+
+def test_beam_search_and_sampling_are_the_checkpoints_own(mplug, images):
+    check_beam_and_sampling(mplug, images[0])

@@ -19,6 +19,7 @@ from remote_tiny import (
     check_decision,
     open_tiny_model,
     colour_images,
+    check_beam_and_sampling,
     first_greedy_answer,
     require_env,
     tiny_entry,
@@ -133,3 +134,7 @@ def test_in_process_path_on_transformers5_equals_the_official_stack(qwen, images
                                       max_new_tokens=3)["token_ids"] == reference["token_ids"]
     finally:
         patched.close()
+
+
+def test_beam_search_and_sampling_are_the_checkpoints_own(qwen, images):
+    check_beam_and_sampling(qwen, images[0])

@@ -13,7 +13,7 @@ import importlib.util
 import inspect
 
 from verbmirage.models.base import ModelContext, VisionLanguageModel
-from verbmirage.variants import ALL_FEATURES, API, PLAIN_ONLY, SCORING
+from verbmirage.variants import ALL_FEATURES, API, PLAIN_ONLY, REMOTE, REMOTE_NO_BEAM
 
 BACKENDS: dict[str, str] = {
     "always_yes": "verbmirage.models.baselines:AlwaysYes",
@@ -45,10 +45,10 @@ VARIANT_FEATURES: dict[str, frozenset[str]] = {
     "qwen2_vl": ALL_FEATURES,
     "qwen2_5_vl": ALL_FEATURES,
     "clip": PLAIN_ONLY,
-    "qwen_vl_chat": SCORING,
-    "molmo": SCORING,
-    "minicpm_v": SCORING,
-    "mplug_owl2": SCORING,
+    "qwen_vl_chat": REMOTE,
+    "molmo": REMOTE_NO_BEAM,
+    "minicpm_v": REMOTE,
+    "mplug_owl2": REMOTE,
 }
 
 # How a transformers backend's images reach its processor (``image_mode``; docs/models.md, "Image processing"):

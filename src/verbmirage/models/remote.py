@@ -55,6 +55,7 @@ from verbmirage.models.base import (
 from verbmirage.models.hf import answer_token_ids
 from verbmirage.models.parsing import decide_choice, decide_yes_no, parse_choice, parse_yes_no, yes_no_token
 from verbmirage.models.prompts import PromptTemplate
+from verbmirage.variants import question_seed
 
 WORKER_SCRIPT = Path(remote_worker.__file__).resolve()
 #: Where ``env: <name>`` entries are looked up (``tools/make_envs.sh`` builds them there).
@@ -109,10 +110,14 @@ class WorkerClient:
                            f"{self.stderr_tail() or '(none)'}")
 
     def request(self, op: str, timeout: float | None = None, **fields) -> dict:
+        """Send one request and return its reply; the reply must echo the request's ``id`` (a reply to another
+        request, or one without an id, means the replies can no longer be matched to questions: the worker is
+        stopped with a :class:`WorkerError`)."""
         if self.process.poll() is not None:
             raise self._fail(f"has exited with status {self.process.returncode}")
+        self._sent = getattr(self, "_sent", 0) + 1
         try:
-            self.process.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+            self.process.stdin.write(json.dumps({"op": op, "id": self._sent, **fields}) + "\n")
             self.process.stdin.flush()
         except (BrokenPipeError, OSError):
             raise self._fail("closed its input") from None
@@ -127,6 +132,10 @@ class WorkerClient:
             reply = json.loads(line)
         except json.JSONDecodeError:
             raise self._fail(f"wrote a line that is not protocol JSON: {line[:200]!r}") from None
+        if not isinstance(reply, dict) or reply.get("id") != self._sent:
+            got = reply.get("id") if isinstance(reply, dict) else None
+            raise self._fail(f"answered request {got!r} where request {self._sent} ('{op}') was due: "
+                             f"{line[:200]!r}")
         return reply
 
     def close(self, kill: bool = False) -> None:
@@ -173,6 +182,26 @@ def environment_python(name: str, where: str) -> Path:
         raise ValueError(f"{where}.env: environment '{name}' is not built ({python} is missing); "
                          f"run `tools/make_envs.sh {name}`")
     return python
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _score_problem(reply: dict, asked: int, tokenizer_size: int) -> str | None:
+    """What is wrong with a ``score`` reply (None: nothing): every number finite, one logit per asked token,
+    an argmax among the real tokens. JSON carries NaN as null and the worker sends infinities as +-1e308."""
+    logits = reply.get("logits")
+    if not isinstance(logits, list) or len(logits) != asked:
+        return f"{len(logits) if isinstance(logits, list) else 'no'} logits for {asked} tokens"
+    for key, value in (("logsumexp", reply.get("logsumexp")), ("argmax_logit", reply.get("argmax_logit")),
+                       *((f"logits[{i}]", v) for i, v in enumerate(logits))):
+        if not _finite(value) or abs(value) >= 1e308:
+            return f"{key} is {value!r}, not a finite number"
+    argmax = reply.get("argmax_id")
+    if not isinstance(argmax, int) or not 0 <= argmax < tokenizer_size:
+        return f"argmax_id {argmax!r} is not a token id below {tokenizer_size}"
+    return None
 
 
 class RemoteCodeVLM(VisionLanguageModel):
@@ -290,26 +319,49 @@ class RemoteCodeVLM(VisionLanguageModel):
         return reply["text"]
 
     def _score(self, question: Question, prompt: str, token_ids: list[int]) -> tuple[dict | None, str | None]:
+        """The first answer position's logits of ``token_ids`` (with logsumexp and argmax), checked, or an error
+        naming the model, the question and the image: a reply with a non-finite number (a float16 overflow comes
+        back as null) or of the wrong shape is an error row, never a score."""
         image, error = self._image(question)
         if error:
             return None, error
         reply = self.client.request("score", image=image, prompt=prompt, token_ids=token_ids)
         if not reply.get("ok"):
             return None, f"{self.where}: {reply.get('error')}"
+        problem = _score_problem(reply, len(token_ids), self.tokenizer_size)
+        if problem:
+            return None, f"{self.where}: question {question.question_id} on {question.image}: the worker's scores " \
+                         f"are unusable ({problem})"
         return reply, None
 
     def _reply_text(self, question: Question, prompt: str, max_new_tokens: int,
-                    greedy: bool = False) -> tuple[str, str | None]:
-        """The checkpoint's answer text: its configured decoding, or plain greedy (``greedy``)."""
+                    greedy: bool = False) -> tuple[str, list[int], str | None]:
+        """(text, token ids, error): the checkpoint's answer under the variant's decoding (beam search or
+        sampling), else the entry's (``num_beams``, ``repetition_penalty``), or plain greedy (``greedy``)."""
         image, error = self._image(question)
         if error:
-            return "", error
-        beams, penalty = (1, 1.0) if greedy else (self.num_beams, self.repetition_penalty)
+            return "", [], error
+        beams, penalty, sampling = (1, 1.0, {}) if greedy else self._decoding_request(question)
         reply = self.client.request("generate", image=image, prompt=prompt, max_new_tokens=max_new_tokens,
-                                    num_beams=beams, repetition_penalty=penalty)
+                                    num_beams=beams, repetition_penalty=penalty, sampling=sampling)
         if not reply.get("ok"):
-            return "", f"{self.where}: {reply.get('error')}"
-        return reply["text"], None
+            return "", [], f"{self.where}: {reply.get('error')}"
+        text, ids = reply.get("text"), reply.get("token_ids", [])
+        if not isinstance(text, str) or not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            return "", [], (f"{self.where}: question {question.question_id} on {question.image}: the worker's "
+                            f"'generate' reply has no text and token ids: {str(reply)[:200]}")
+        return text, ids, None
+
+    def _decoding_request(self, question: Question) -> tuple[int, float, dict]:
+        """(num_beams, repetition_penalty, sampling settings) of a ``generate`` request: the variant's beam search
+        or sampling (its seed per question, as the transformers engine), else the entry's own decoding."""
+        variant = self.variant
+        if variant.decoding == "beam":
+            return variant.num_beams, 1.0, {"length_penalty": variant.length_penalty}
+        if variant.decoding == "sample":
+            return 1, 1.0, {"do_sample": True, "temperature": variant.temperature, "top_k": variant.top_k,
+                            "top_p": variant.top_p, "seed": question_seed(question.question_id, variant.seed)}
+        return self.num_beams, self.repetition_penalty, {}
 
     def _token_text(self, token_id: int) -> str:
         token = self.vocabulary[token_id] if 0 <= token_id < len(self.vocabulary) else None
@@ -323,17 +375,33 @@ class RemoteCodeVLM(VisionLanguageModel):
         first_token = self._token_text(first_id)
         if decides(first_token) or self.continue_tokens <= 0:
             return first_token, None
-        text, error = self._reply_text(question, prompt, self.continue_tokens, greedy=True)
+        text, _, error = self._reply_text(question, prompt, self.continue_tokens, greedy=True)
         return first_token, None if error else text
+
+    @property
+    def _decodes(self) -> bool:
+        """Whether answers come from the variant's decoding (beam search, sampling), not the first argmax."""
+        return self.variant.decoding in ("beam", "sample")
+
+    def _decoded(self, question: Question, prompt: str, token_ids: list[int]):
+        """A decoding variant's answer: (text, its first token's id or None, score row, error). The score row is
+        asked for ``token_ids`` plus that first token, whose probability is the answer's confidence."""
+        text, ids, error = self._reply_text(question, prompt, self.variant.max_new_tokens)
+        if error:
+            return text, None, None, error
+        first = ids[0] if ids and ids[0] not in self.stop_ids and 0 <= ids[0] < self.tokenizer_size else None
+        row, error = self._score(question, prompt, token_ids + ([first] if first is not None else []))
+        return text, first, row, error
 
     # ---- results ----------------------------------------------------------------------------------
     def _score_yes_no(self, questions):
         results = []
         ids = self._yes_ids + self._no_ids
+        label = self.variant.label
         for question in questions:
             prompt = self.prompts.render(question.prompt, False)
-            if self.scoring == "text":
-                text, error = self._reply_text(question, prompt, self.max_new_tokens)
+            if self.scoring == "text" and not self._decodes:
+                text, _, error = self._reply_text(question, prompt, self.max_new_tokens)
                 if error:
                     results.append(YesNoResult.failed(error))
                     continue
@@ -341,27 +409,42 @@ class RemoteCodeVLM(VisionLanguageModel):
                 p_yes = {YES: 1.0, NO: 0.0}.get(answer, math.nan)
                 results.append(YesNoResult(p_yes, answer, text, math.nan, f"text:{self.decoding}:{rule}"))
                 continue
-            row, error = self._score(question, prompt, ids)
+            if self._decodes:
+                text, first, row, error = self._decoded(question, prompt, ids)
+            else:
+                row, error = self._score(question, prompt, ids)
             if error:
                 results.append(YesNoResult.failed(error))
                 continue
-            probs = [math.exp(v - row["logsumexp"]) for v in row["logits"]]
+            values = row["logits"][: len(ids)]
+            probs = [math.exp(v - row["logsumexp"]) for v in values]
             yes, no = sum(probs[: len(self._yes_ids)]), sum(probs[len(self._yes_ids):])
             p_yes = yes / (yes + no) if yes + no > 0 else math.nan
-            texts = self._answer(question, prompt, row["argmax_id"], lambda t: yes_no_token(t) is not None)
-            prediction, raw, rule = decide_yes_no(*texts)
-            confidence = math.exp(row["argmax_logit"] - row["logsumexp"])
-            margin = yes_no_margin(row["logits"][: len(self._yes_ids)], row["logits"][len(self._yes_ids):])
+            margin = yes_no_margin(values[: len(self._yes_ids)], values[len(self._yes_ids):])
+            if self._decodes:  # as the transformers engine: a deciding first token, else the parsed text
+                texts = ("", "") if first is None else (self._token_text(first), text)
+                prediction, raw, rule = decide_yes_no(*texts, label)
+                confidence = self._confidence(row, len(ids), first)
+            else:
+                texts = self._answer(question, prompt, row["argmax_id"], lambda t: yes_no_token(t) is not None)
+                prediction, raw, rule = decide_yes_no(*texts, label)
+                confidence = math.exp(row["argmax_logit"] - row["logsumexp"])
             results.append(YesNoResult(p_yes, prediction, raw, confidence, rule, yes_margin=margin))
         return results
 
+    def _confidence(self, row: dict, asked: int, first: int | None) -> float:
+        """The probability of a decoded answer's first token (the end token's for an empty answer: the argmax's)."""
+        value = row["logits"][asked] if first is not None else row["argmax_logit"]
+        return math.exp(value - row["logsumexp"])
+
     def _score_multiple_choice(self, questions):
         results = []
+        label = self.variant.label
         for question in questions:
             n = len(question.options)
             prompt = self.prompts.render(question.prompt, True)
-            if self.scoring == "text":
-                text, error = self._reply_text(question, prompt, self.max_new_tokens)
+            if self.scoring == "text" and not self._decodes:
+                text, _, error = self._reply_text(question, prompt, self.max_new_tokens)
                 if error:
                     results.append(MultipleChoiceResult.failed(n, error))
                     continue
@@ -370,25 +453,34 @@ class RemoteCodeVLM(VisionLanguageModel):
                 results.append(MultipleChoiceResult(probs, letter, text, math.nan, f"text:{self.decoding}:{rule}"))
                 continue
             groups = self._letter_ids[:n]
-            row, error = self._score(question, prompt, [i for group in groups for i in group])
+            asked = [i for group in groups for i in group]
+            if self._decodes:
+                text, first, row, error = self._decoded(question, prompt, asked)
+            else:
+                row, error = self._score(question, prompt, asked)
             if error:
                 results.append(MultipleChoiceResult.failed(n, error))
                 continue
-            values = iter(math.exp(v - row["logsumexp"]) for v in row["logits"])
+            values = iter(math.exp(v - row["logsumexp"]) for v in row["logits"][: len(asked)])
             mass = [sum(next(values) for _ in group) for group in groups]
             total = sum(mass)
             option_probs = tuple(m / total for m in mass) if total > 0 else (math.nan,) * n
-            texts = self._answer(question, prompt, row["argmax_id"],
-                                 lambda t: decide_choice(t, None, question.options)[0] != UNKNOWN)
-            letter, raw, rule = decide_choice(*texts, question.options)
-            confidence = math.exp(row["argmax_logit"] - row["logsumexp"])
+            if self._decodes:
+                texts = ("", "") if first is None else (self._token_text(first), text)
+                letter, raw, rule = decide_choice(*texts, question.options, label)
+                confidence = self._confidence(row, len(asked), first)
+            else:
+                texts = self._answer(question, prompt, row["argmax_id"],
+                                     lambda t: decide_choice(t, None, question.options)[0] != UNKNOWN)
+                letter, raw, rule = decide_choice(*texts, question.options, label)
+                confidence = math.exp(row["argmax_logit"] - row["logsumexp"])
             results.append(MultipleChoiceResult(option_probs, letter, raw, confidence, rule))
         return results
 
     def _generate(self, questions, max_new_tokens):
         texts = []
         for question in questions:
-            text, error = self._reply_text(question, question.prompt, max_new_tokens)
+            text, _, error = self._reply_text(question, question.prompt, max_new_tokens)
             texts.append(text if error is None else "")
         return texts
 

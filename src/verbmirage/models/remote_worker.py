@@ -23,7 +23,7 @@ transformers and PIL are imported inside the drivers) and nothing of
     (``load`` answers the sizes, the environment, the code hashes and ``stop_ids``: the tokens that end an answer)
     {"op": "score", "image", "prompt", "token_ids"}
         -> {"ok": true, "logits": [...], "logsumexp", "argmax_id", "argmax_logit"}
-    {"op": "generate", "image", "prompt", "max_new_tokens", "num_beams", "repetition_penalty"}
+    {"op": "generate", "image", "prompt", "max_new_tokens", "num_beams", "repetition_penalty"[, "sampling"]}
         -> {"ok": true, "text", "decoding", "token_ids"}
     {"op": "prompt", "image", "prompt"}       -> {"ok": true, "text"[, "ids"]}
     {"op": "reference", "image", "prompt", "max_new_tokens"}
@@ -48,7 +48,7 @@ import traceback
 import types
 from pathlib import Path
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: replies echo the request's id, on their own descriptor
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
@@ -60,6 +60,27 @@ def decoding_tag(num_beams: int = 1, repetition_penalty: float = 1.0) -> str:
     if float(repetition_penalty) != 1.0:
         tag += f"-rp{float(repetition_penalty):g}"
     return tag
+
+
+def sampling_tag(num_beams: int, repetition_penalty: float, sampling: dict | None) -> str:
+    """:func:`decoding_tag`, or ``sample`` for a sampled answer."""
+    return "sample" if (sampling or {}).get("do_sample") else decoding_tag(num_beams, repetition_penalty)
+
+
+def generation_settings(sampling: dict | None) -> dict:
+    """``generate`` keyword arguments of a request's ``sampling`` settings (empty: deterministic decoding),
+    seeding torch's generator for a sampled answer (one seed per question: the same draw in any batch)."""
+    sampling = dict(sampling or {})
+    settings = {"do_sample": False}
+    if "length_penalty" in sampling:
+        settings["length_penalty"] = float(sampling["length_penalty"])
+    if sampling.get("do_sample"):
+        import torch
+
+        torch.manual_seed(int(sampling.get("seed", 0)))
+        settings = {"do_sample": True, "temperature": float(sampling.get("temperature", 1.0)),
+                    "top_k": int(sampling.get("top_k", 0)), "top_p": float(sampling.get("top_p", 1.0))}
+    return settings
 
 
 def decode_or_none(decode, token_id: int):
@@ -166,7 +187,9 @@ class Driver:
         raise NotImplementedError
 
     def generate(self, image_path: str, question: str, max_new_tokens: int, num_beams: int = 1,
-                 repetition_penalty: float = 1.0) -> tuple[str, str]:
+                 repetition_penalty: float = 1.0, sampling: dict | None = None) -> tuple[str, str]:
+        """(answer text, decoding tag) of the checkpoint's own ``generate``: greedy, beam search (``num_beams``,
+        ``sampling['length_penalty']``) or sampling (``sampling``: do_sample, temperature, top_k, top_p, seed)."""
         raise NotImplementedError
 
     #: Token ids of the last :meth:`generate` (new tokens only), for tests that compare with the logits' argmax.
@@ -310,24 +333,24 @@ class QwenVLChatDriver(Driver):
         with torch.inference_mode():
             return self.model(input_ids=ids).logits[0, -1].float().cpu()
 
-    def reference_text(self, image_path, question, max_new_tokens):
+    def reference_text(self, image_path, question, max_new_tokens, num_beams=1):
         """The checkpoint's own ``chat()`` with sampling switched off (what ``generate`` must agree with)."""
         query = self.tokenizer.from_list_format([{"image": qwen_image_path(image_path)}, {"text": question}])
         text, _ = self.model.chat(self.tokenizer, query=query, history=None, max_new_tokens=int(max_new_tokens),
-                                  do_sample=False, top_p=None, top_k=None)
+                                  do_sample=False, top_p=None, top_k=None, num_beams=int(num_beams))
         return text
 
-    def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0):
+    def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0, sampling=None):
         import torch
 
-        tag = decoding_tag(num_beams, repetition_penalty)
+        tag = sampling_tag(num_beams, repetition_penalty, sampling)
         ids = torch.tensor([self.prompt_ids(image_path, question)], device=self.device)
         stop = self._utils.get_stop_words_ids("chatml", self.tokenizer)
+        settings = {"top_p": None, "top_k": None, **generation_settings(sampling)}
         with torch.inference_mode():
             output = self.model.generate(
-                ids, stop_words_ids=stop, max_new_tokens=max_new_tokens, do_sample=False, top_p=None, top_k=None,
-                num_beams=int(num_beams), repetition_penalty=float(repetition_penalty),
-                use_cache=_transformers_major() < 5,
+                ids, stop_words_ids=stop, max_new_tokens=max_new_tokens, num_beams=int(num_beams),
+                repetition_penalty=float(repetition_penalty), use_cache=_transformers_major() < 5, **settings,
             )
         new = output[0, ids.shape[1]:].tolist()
         self.last_token_ids = new
@@ -398,19 +421,19 @@ class MolmoDriver(Driver):
         with torch.inference_mode():
             return self.model(**self._inputs(image_path, question)).logits[0, -1].float().cpu()
 
-    def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0):
+    def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0, sampling=None):
         import torch
         from transformers import GenerationConfig
 
-        if int(num_beams) != 1:
-            raise ValueError("molmo: generate_from_batch supports greedy decoding only (num_beams=1)")
+        if int(num_beams) != 1:  # its caches are plain tuples and the class has no _reorder_cache for beams
+            raise ValueError("molmo: generate_from_batch cannot run beam search (num_beams=1 only)")
         if _transformers_major() >= 5:
             raise NotImplementedError("molmo: generate_from_batch does not run on transformers 5.x; decode text in "
                                       "its worker env (env: remote-molmo); scores from logits work here")
-        tag = decoding_tag(num_beams, repetition_penalty)
+        tag = sampling_tag(num_beams, repetition_penalty, sampling)
         inputs = self._inputs(image_path, question)
-        config = GenerationConfig(max_new_tokens=int(max_new_tokens), stop_strings="<|endoftext|>", do_sample=False,
-                                  use_cache=True, repetition_penalty=float(repetition_penalty))
+        config = GenerationConfig(max_new_tokens=int(max_new_tokens), stop_strings="<|endoftext|>", use_cache=True,
+                                  repetition_penalty=float(repetition_penalty), **generation_settings(sampling))
         with torch.inference_mode():
             output = self.model.generate_from_batch(inputs, config, tokenizer=self.tokenizer)
         new = output[0, inputs["input_ids"].shape[1]:].tolist()
@@ -497,23 +520,24 @@ class MiniCPMVDriver(Driver):
             embeddings, _ = self.model.get_vllm_embedding(self._inputs(image_path, question))
             return self.model.llm(inputs_embeds=embeddings).logits[0, -1].float().cpu()
 
-    def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0):
+    def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0, sampling=None):
         """``chat(sampling=False)``'s path with the beam count and penalty explicit (its default is beam3-rp1.2, C1)."""
         import torch
 
-        tag = decoding_tag(num_beams, repetition_penalty)
+        tag = sampling_tag(num_beams, repetition_penalty, sampling)
         with torch.inference_mode():
             output = self.model.generate(self._inputs(image_path, question), tokenizer=self.tokenizer,
                                          max_new_tokens=int(max_new_tokens), num_beams=int(num_beams),
-                                         repetition_penalty=float(repetition_penalty), decode_text=False)
+                                         repetition_penalty=float(repetition_penalty), decode_text=False,
+                                         **generation_settings(sampling))
         self.last_token_ids = output[0].tolist()
         return self.model._decode_text(output, self.tokenizer)[0], tag
 
-    def reference_text(self, image_path, question, max_new_tokens):
-        """The checkpoint's own ``chat()`` (sampling off, greedy), with the processor loaded once (C2)."""
+    def reference_text(self, image_path, question, max_new_tokens, num_beams=1):
+        """The checkpoint's own ``chat()`` (sampling off), with the processor loaded once (C2)."""
         return self.model.chat(image=_open_rgb(image_path), msgs=[{"role": "user", "content": question}],
                                tokenizer=self.tokenizer, processor=self.processor, sampling=False,
-                               max_new_tokens=int(max_new_tokens), num_beams=1, repetition_penalty=1.0)
+                               max_new_tokens=int(max_new_tokens), num_beams=int(num_beams), repetition_penalty=1.0)
 
 
 # ---- mPLUG-Owl2 ---------------------------------------------------------------------------------------
@@ -610,23 +634,24 @@ class MplugOwl2Driver(Driver):
         with torch.inference_mode():
             return self.model(input_ids=ids, images=pixels).logits[0, -1].float().cpu()
 
-    def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0):
-        """Deterministic decoding as the official evaluations run it (``do_sample=False``, O6), stopping at ``</s>``."""
+    def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0, sampling=None):
+        """Decoding as the official evaluations run it (``do_sample=False``, O6, unless sampling is asked),
+        stopping at ``</s>``."""
         import torch
 
-        tag = decoding_tag(num_beams, repetition_penalty)
+        tag = sampling_tag(num_beams, repetition_penalty, sampling)
         ids, pixels = self._inputs(image_path, question)
         with torch.inference_mode():
             output = self.model.generate(
-                ids, images=pixels, do_sample=False, num_beams=int(num_beams),
-                repetition_penalty=float(repetition_penalty), max_new_tokens=int(max_new_tokens), use_cache=True,
-                pad_token_id=self.tokenizer.eos_token_id,
+                ids, images=pixels, num_beams=int(num_beams), repetition_penalty=float(repetition_penalty),
+                max_new_tokens=int(max_new_tokens), use_cache=True, pad_token_id=self.tokenizer.eos_token_id,
+                **generation_settings(sampling),
             )
         new = output[0, ids.shape[1]:].tolist()
         self.last_token_ids = new
         return self.tokenizer.decode(new, skip_special_tokens=True).strip(), tag
 
-    def reference_text(self, image_path, question, max_new_tokens):
+    def reference_text(self, image_path, question, max_new_tokens, num_beams=1):
         """The package README's inference (its stopping criterion and decode), sampling switched off."""
         import torch
         from mplug_owl2.mm_utils import KeywordsStoppingCriteria
@@ -634,10 +659,12 @@ class MplugOwl2Driver(Driver):
         ids, pixels = self._inputs(image_path, question)
         from mplug_owl2.conversation import conv_templates
 
-        stop = KeywordsStoppingCriteria([conv_templates["mplug_owl2"].sep2], self.tokenizer, ids)
+        # the README's keyword criterion handles one sequence only; beams end at </s> (the generation config)
+        stop = [KeywordsStoppingCriteria([conv_templates["mplug_owl2"].sep2], self.tokenizer, ids)] \
+            if int(num_beams) == 1 else []
         with torch.inference_mode():
             output = self.model.generate(ids, images=pixels, do_sample=False, max_new_tokens=int(max_new_tokens),
-                                         use_cache=True, stopping_criteria=[stop])
+                                         use_cache=True, stopping_criteria=stop, num_beams=int(num_beams))
         return self.tokenizer.decode(output[0, ids.shape[1]:]).strip()
 
 
@@ -699,15 +726,18 @@ class Worker:
                 reply["ids"] = self.driver.prompt_ids(request["image"], request["prompt"])
             return reply
         if op == "reference":
+            beams = {"num_beams": int(request["num_beams"])} if "num_beams" in request else {}
             return {"ok": True, "text": self.driver.reference_text(request["image"], request["prompt"],
-                                                                   int(request["max_new_tokens"]))}
+                                                                   int(request["max_new_tokens"]), **beams)}
         if op == "score":
             return {"ok": True, **score_row(self.driver.logits(request["image"], request["prompt"]),
                                             request["token_ids"], self.driver.tokenizer_size)}
         if op == "generate":
+            sampling = {"sampling": request["sampling"]} if request.get("sampling") else {}
             text, tag = self.driver.generate(request["image"], request["prompt"], int(request["max_new_tokens"]),
                                              num_beams=int(request.get("num_beams", 1)),
-                                             repetition_penalty=float(request.get("repetition_penalty", 1.0)))
+                                             repetition_penalty=float(request.get("repetition_penalty", 1.0)),
+                                             **sampling)
             return {"ok": True, "text": text, "decoding": tag, "token_ids": list(self.driver.last_token_ids)}
         raise ValueError(f"unknown op '{op}'")
 
@@ -740,7 +770,8 @@ def _json_safe(value):
 
 
 def serve(stdin=None, stdout=None) -> None:
-    """The request loop: stdout carries replies only; everything else printed goes to stderr."""
+    """The request loop. Replies go to ``stdout`` only and echo each request's ``id``; everything else the
+    checkpoint's code prints goes to stderr (the job log)."""
     stdin = stdin or sys.stdin
     reply_stream = stdout or sys.stdout
     worker = Worker()
@@ -755,10 +786,23 @@ def serve(stdin=None, stdout=None) -> None:
             except Exception as error:  # noqa: BLE001 - every failure becomes a reply; the worker keeps serving
                 traceback.print_exc(file=sys.stderr)
                 reply = {"ok": False, "error": f"{type(error).__name__}: {error}"}
+            if isinstance(request, dict) and "id" in request:
+                reply = {**reply, "id": request["id"]}
             reply_stream.write(json.dumps(_json_safe(reply)) + "\n")
             reply_stream.flush()
             if isinstance(request, dict) and request.get("op") == "shutdown":
                 break
+
+
+def protocol_stream():
+    """A text stream on a copy of file descriptor 1 for the replies, with descriptor 1 itself pointed at stderr:
+    C-level prints of the checkpoint's code (CUDA and cuDNN warnings write to descriptor 1, below Python's
+    ``sys.stdout``) then reach the job log instead of the protocol."""
+    sys.stdout.flush()
+    replies = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = os.fdopen(1, "w", encoding="utf-8", buffering=1, closefd=False)
+    return replies
 
 
 if __name__ == "__main__":
@@ -767,4 +811,4 @@ if __name__ == "__main__":
     here = Path(__file__).resolve().parent
     sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != here]
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    serve()
+    serve(stdout=protocol_stream())
