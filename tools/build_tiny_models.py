@@ -1,8 +1,11 @@
-"""Build every tiny random-weight model (real transformers classes, offline) under OUT.
+"""Build every tiny random-weight model (real transformers classes, offline) under a folder.
 
-    python tools/build_tiny_models.py resources/models
+    python tools/build_tiny_models.py [OUT]        (default OUT: resources/models)
+
+Each family goes to OUT/tiny_<family>/ (the demo's `tiny_model` rule builds the same ones).
 """
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -10,7 +13,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from verbmirage.tiny import BUILDERS  # noqa: E402
 
-if __name__ == "__main__":
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "resources/models")
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=f"families: {', '.join(BUILDERS)}")
+    parser.add_argument("out", nargs="?", default="resources/models", type=Path, help="the folder to build into")
+    args = parser.parse_args(argv)
     for family, build in BUILDERS.items():
-        print(f"tiny_{family}: {build(out / f'tiny_{family}')}")
+        print(f"tiny_{family}: {build(args.out / f'tiny_{family}')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,6 +16,7 @@
 # its gigabytes. The envs have no pip of their own; add a package with
 #   python3.11 -m pip --python .envs/<name>/bin/python install ...
 # Settings: VERBMIRAGE_ENVS_DIR (default .envs), VERBMIRAGE_ENV_FILES (default envs).
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (Python 3.11+) with the pinned dependencies and the package.
 # Idempotent: a stamp file skips the install when pyproject.toml is unchanged.
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}

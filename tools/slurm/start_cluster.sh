@@ -4,6 +4,7 @@
 # fake GPUs declared as gres (character devices linked to /dev/null and /dev/zero: jobs get
 # CUDA_VISIBLE_DEVICES but no GPU). Installs the packages when missing. Idempotent: a
 # running cluster is restarted with this configuration.
+case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 set -euo pipefail
 if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
     apt-get update -qq

@@ -1,0 +1,64 @@
+"""The ``verbmirage`` command and the tools' --help."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from verbmirage import __version__
+from verbmirage.cli import SNAKEFILE, main, snakemake_command
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out.strip() == f"verbmirage {__version__}"
+
+
+def test_the_console_command_is_installed():
+    result = subprocess.run([str(BIN / "verbmirage"), "--help"], capture_output=True, text=True, check=True)
+    assert all(command in result.stdout for command in ("check", "run", "report", "predict", "predict-suite"))
+
+
+def test_run_puts_targets_before_the_config_file_and_passes_the_rest():
+    command = snakemake_command("my.yaml", ["results/tables/table1.md"], cores=4, extra=["--keep-going"])
+    assert command.index("results/tables/table1.md") < command.index("--configfile")
+    assert command[-2:] == ["--configfile", "my.yaml"] and "--keep-going" in command
+    assert command[command.index("--snakefile") + 1] == str(SNAKEFILE) and SNAKEFILE.is_file()
+    profiled = snakemake_command("my.yaml", profile="profiles/slurm")
+    assert "--cores" not in profiled and profiled[profiled.index("--profile") + 1] == "profiles/slurm"
+
+
+@pytest.mark.parametrize("tool", sorted(str(p.relative_to(REPO)) for p in (REPO / "tools").rglob("*")
+                                        if p.suffix in (".py", ".sh")))
+def test_every_tool_takes_help(tool, tmp_path):
+    """--help prints what the tool does and does nothing else (no folder named --help, no install, no run)."""
+    runner = [sys.executable] if tool.endswith(".py") else ["bash"]
+    result = subprocess.run([*runner, str(REPO / tool), "--help"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.strip()) > 20
+    assert not list(tmp_path.iterdir())
+
+
+def test_check_plans_a_config_and_names_a_bad_key(tmp_path):
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    (tmp_path / "good.yaml").write_text(yaml.safe_dump(config))
+    config["models"]["tiny_llava"]["batch_sise"] = 8
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(config))
+    good = subprocess.run([str(BIN / "verbmirage"), "check", "--configfile", "good.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert good.returncode == 0, good.stderr
+    assert "good.yaml plans;" in good.stdout and "jobs to run" in good.stdout
+    bad = subprocess.run([str(BIN / "verbmirage"), "check", "--configfile", "bad.yaml"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0
+    assert "models.tiny_llava" in bad.stderr and "batch_sise" in bad.stderr
+    assert not (tmp_path / "results").exists()  # planned, nothing run
