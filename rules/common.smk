@@ -148,10 +148,12 @@ VARIANT_PAPER_NAMES = {v: s.get("paper_name", "") for v, s in config["variants"]
 
 
 # ---- paper Tables 5 and 8: mitigation methods, decoding strategies (rules/tables.smk) ----------------------
-from verbmirage.mitigation_tables import paper_methods_from_config
+from verbmirage.mitigation_tables import paper_method_pairs, paper_methods_from_config
 
 # slug -> its Table 5 row (models.<slug>.paper_method: Nullu, REVERIE, ...); an unknown name stops the run here
-TABLE5_PAPER_METHODS = paper_methods_from_config(config)
+TABLE5_PAPER_METHODS = paper_methods_from_config(config, DERIVED)
+# slug -> LLaVA-1.5-7B where its row is the paper's method on the paper's model (else the paper's row stands alone)
+TABLE5_METHOD_PAIRS = paper_method_pairs(config, TABLE5_PAPER_METHODS, DERIVED)
 MITIGATION_TABLES = {n: [f"results/tables/table{n}.{ext}" for ext in ("parquet", "md", "html")] for n in (5, 8)}
 MITIGATION_TABLE_OUTPUTS = [path for paths in MITIGATION_TABLES.values() for path in paths]
 

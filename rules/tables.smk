@@ -33,6 +33,7 @@ rule mitigation_tables:
         models=MODELS + list(ENSEMBLES),
         paper_names=TABLE_PAPER_NAMES,  # slug -> the paper's model name (models.<slug>.paper_name)
         paper_methods=TABLE5_PAPER_METHODS,  # slug -> its Table 5 row (models.<slug>.paper_method)
+        method_pairs=TABLE5_METHOD_PAIRS,  # slug -> the paper model its row is compared with (its base's)
         variant_paper_names=VARIANT_PAPER_NAMES,  # variant -> variants.<slug>.paper_name
     log:
         "logs/mitigation_tables.log",

@@ -5,7 +5,8 @@ rows (``source`` measured, with 95% intervals) and every row the paper published
 paper; Table 5 also Appendix F's prompt-suffix rows); Markdown and HTML lay them side by side with the
 difference where names match (verbmirage.mitigation_tables says which runs land in which row).
 Settings: ``params.models`` (row order), ``params.paper_names`` (slug -> the paper's model name),
-``params.paper_methods`` (slug -> its Table 5 row), ``params.variant_paper_names``.
+``params.paper_methods`` (slug -> its Table 5 row), ``params.method_pairs`` (slug -> the paper model its
+Table 5 row is compared with), ``params.variant_paper_names``.
 """
 
 from verbmirage.jobserver import delegate
@@ -36,7 +37,8 @@ with job_log(snakemake.log[0]):
     metrics = read_table(snakemake.input[0], METRICS)
     paper = load_paper_numbers(packaged_paper_numbers())
     tables = {
-        5: (table5(metrics, paper, p.models, p.variant_paper_names, p.paper_names, p.paper_methods),
+        5: (table5(metrics, paper, p.models, p.variant_paper_names, p.paper_names, p.paper_methods,
+                   method_pairs=p.method_pairs),
             out.table5, MITIGATION_TABLE5),
         8: (table8(metrics, paper, p.models, p.variant_paper_names, p.paper_names), out.table8, DECODING_TABLE8),
     }

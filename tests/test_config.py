@@ -123,7 +123,7 @@ def test_paper_config_is_valid():
     assert {"llava15_7b", "instructblip_7b", "qwen2_vl_7b", "qwen_vl_chat", "minicpm_llama3_v25",
             "mplug_owl2", "molmo_7b_d", "gpt4_turbo"} <= set(paper["models"])
     for slug, entry in paper["models"].items():
-        remote = entry["backend"] in {"qwen_vl_chat", "minicpm_v", "mplug_owl2", "molmo"}
+        remote = entry.get("backend") in {"qwen_vl_chat", "minicpm_v", "mplug_owl2", "molmo"}
         assert entry.get("trust_remote_code", False) == remote, slug
 
 

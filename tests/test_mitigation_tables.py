@@ -12,10 +12,12 @@ from verbmirage.mitigation_tables import (
     PROMPT_GROUP,
     PROMPT_SUFFIX_METHOD,
     TABLE5_GROUP,
+    paper_method_pairs,
     paper_methods_from_config,
     table5,
     table8,
 )
+from verbmirage.derived.pangea import PAPER_MC_STEM
 from verbmirage.paper_numbers import load_paper_numbers, packaged_paper_numbers
 
 PAPER = load_paper_numbers(packaged_paper_numbers())
@@ -113,13 +115,20 @@ def test_table5_none_is_the_beam5_variant_and_methods_follow_the_paper_order():
 def test_table5_paper_method_models_land_in_their_row():
     metrics = _long({("llava", "beam5"): 0.60, ("llava_nullu", "beam5"): 0.52, ("llava_nullu", "default"): 0.9,
                      ("llava_nullu", "vcd_beam"): 0.3, ("llava_pangea", "beam5"): 0.80})
-    methods = paper_methods_from_config({"models": {
-        "llava": {"backend": "llava"}, "llava_nullu": {"backend": "llava", "paper_method": "Nullu"},
-        "llava_pangea": {"backend": "llava", "paper_method": "Pangea-LoRA (paper's method)"}}})
+    config = {"models": {
+        "llava": {"backend": "llava", "paper_name": "LLaVA-1.5-7B"},
+        "llava_nullu": {"backend": "llava", "paper_method": "Nullu"},
+        "llava_pangea": {"backend": "llava", "paper_method": "Pangea-LoRA (paper's method)"}}}
+    derived = {"llava_nullu": {"method": "nullu", "base": "llava"},
+               "llava_pangea": {"method": "lora_finetune", "base": "llava",
+                                "pangea": {"negatives_per_positive": 19, "mc_stem": PAPER_MC_STEM}}}
+    methods = paper_methods_from_config(config, derived)
     table = table5(metrics, PAPER, ["llava", "llava_nullu", "llava_pangea"], VARIANT_NAMES,
-                   paper_names={"llava": "LLaVA-1.5-7B"}, paper_methods=methods)
+                   paper_names={"llava": "LLaVA-1.5-7B"}, paper_methods=methods,
+                   method_pairs=paper_method_pairs(config, methods, derived))
     ours = table.frame[table.frame.source == "measured"]
     # a paper_method model is its method under the paper's decoding (beam5) only; compared with LLaVA-1.5-7B's row
+    # because its base is the paper's LLaVA-1.5-7B
     assert list(zip(ours.method, ours.model, ours.variant)) == [
         ("none", "llava", "beam5"), ("Nullu", "llava_nullu", "beam5"),
         ("Pangea-LoRA (paper's method)", "llava_pangea", "beam5")]
@@ -130,6 +139,32 @@ def test_table5_paper_method_models_land_in_their_row():
     assert nullu.mc_verb_acc.tolist()[1:] == ["53.17", "-1.17"]
     pangea = _block(shown, method="Pangea-LoRA (paper's method)")
     assert pangea.yn_obj_acc.tolist()[1:] == ["78.48", "+1.52"]
+
+
+def test_table5_pairs_a_method_row_only_on_the_papers_model_and_mix():
+    """A Nullu built from a model that is not the paper's LLaVA-1.5-7B (a random-weight demo model, a Qwen2-VL)
+    and a Pangea fine-tune on another training mix get the paper's rows beside them, unpaired: no difference
+    against another model's or another method's number."""
+    metrics = _long({("tiny", "beam5"): 0.5, ("tiny_nullu", "beam5"): 0.2, ("tiny_pangea", "beam5"): 0.3})
+    config = {"models": {"tiny": {"backend": "llava"}, "tiny_nullu": {"backend": "llava", "paper_method": "Nullu"},
+                         "tiny_pangea": {"backend": "llava", "paper_method": "Pangea-LoRA (paper's method)"}}}
+    derived = {"tiny_nullu": {"method": "nullu", "base": "tiny"},
+               "tiny_pangea": {"method": "lora_finetune", "base": "tiny", "pangea": {"yn_questions": 24}}}
+    methods = paper_methods_from_config(config, derived)
+    variant = methods["tiny_pangea"]
+    assert variant.startswith("Pangea-LoRA (variant of the paper's method: Yes:No 1:2, the paper's 1:19; "
+                              "another MC stem; ") and "24 YN" in variant
+    assert paper_method_pairs(config, methods, derived) == {}
+    table = table5(metrics, PAPER, ["tiny", "tiny_nullu", "tiny_pangea"], VARIANT_NAMES, paper_methods=methods,
+                   method_pairs=paper_method_pairs(config, methods, derived))
+    shown = table.display(VARIANT_NAMES)
+    assert DELTA not in set(shown.source)
+    assert _block(shown, method="Nullu").source.tolist() == ["measured", "paper"]
+    assert _block(shown, method=variant).source.tolist() == ["measured"]
+    assert _block(shown, method="Pangea-LoRA (paper's method)").source.tolist() == ["paper"]
+    # the same Nullu on the paper's model is paired
+    config["models"]["tiny"]["paper_name"] = "LLaVA-1.5-7B"
+    assert paper_method_pairs(config, methods, derived) == {"tiny_nullu": "LLaVA-1.5-7B"}
 
 
 def test_table5_scope_without_paper_names():

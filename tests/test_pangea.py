@@ -254,3 +254,22 @@ def test_config_check_names_a_missing_pangea(tmp_path):
     config["datasets"]["pangea"] = {"root": "nowhere", "samples": "B123_train_KIN-FULL_with_node.pkl"}
     with pytest.raises(ConfigError, match="datasets.pangea.root: 'nowhere' has no B123_train_KIN-FULL_with_node.pkl"):
         check_config(config, tmp_path)
+
+
+def test_the_paper_configs_fine_tune_is_built_on_the_papers_mix(tmp_path):
+    """configs/paper.yaml's "Pangea-LoRA (paper's method)" entry asks the paper's mix (Appendix D): Yes:No about
+    1:19 and "present at the image" (sized down to a demo Pangea of 60 samples per source here)."""
+    import yaml
+
+    pangea = load_pangea(write_demo_pangea(tmp_path / "Data", samples_per_source=60))
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/paper.yaml").read_text())
+    entry = config["models"]["llava15_7b_pangea"]
+    assert entry["paper_method"] == "Pangea-LoRA (paper's method)"
+    settings = TrainingQuestionSettings.from_config({**entry["derive"]["pangea"], "mc_questions": 100,
+                                                     "yn_questions": 160})
+    assert settings.departures_from_paper() == ["100 MC + 160 YN questions, the paper's 60K + 60K"]
+    questions = build_training_questions(pangea, settings).questions
+    yn, mc = questions[questions.qset == QSET_YN], questions[questions.qset == QSET_MC]
+    assert (yn.answer == "yes").mean() == pytest.approx(0.05, abs=0.005)
+    assert all(prompt.splitlines()[0].endswith("present at the image?") for prompt in mc.prompt)
+    assert TrainingQuestionSettings.from_config(entry["derive"]["pangea"]).departures_from_paper() == []

@@ -15,7 +15,9 @@ Table 5 (all the paper's rows are LLaVA-1.5-7B) names a row by its *method*:
   ``VCD`` (VCD + beam search) and ``OPERA`` are rows of their own;
 - a model entry with ``paper_method`` (a derived or fine-tuned LLaVA: Nullu, REVERIE, HaloQuest, Octopus,
   the paper's Pangea LoRA) is that row, under its ``beam5`` variant (the paper's decoding), and is compared
-  with the paper's LLaVA-1.5-7B row of that method whatever its own ``paper_name``;
+  with the paper's LLaVA-1.5-7B row of that method only when it is built on the paper's LLaVA-1.5-7B (its
+  base's ``paper_name``, :func:`paper_method_pairs`); a Pangea fine-tune that departs from the paper's
+  training mix is named a variant of the paper's method and never paired;
 - Appendix F's prompt suffix (variant ``paper_name`` ``prompt:pay-attention-to-verb``; the paper prints
   only the two YN F1) is a second row group, ``Appendix F (prompt suffix)``, read against ``none``.
 
@@ -31,6 +33,7 @@ from dataclasses import dataclass, replace
 
 import pandas as pd
 
+from verbmirage.derived.pangea import TrainingQuestionSettings
 from verbmirage.paper_numbers import PAPER_VARIANT
 from verbmirage.tables import Column, PaperTable, measured_rows, paper_rows, table1_columns, table_columns, with_paper
 
@@ -66,8 +69,17 @@ def table8_columns(condition: str = "clean") -> list[Column]:
     return table1_columns(condition)
 
 
-def paper_methods_from_config(config: dict) -> dict[str, str]:
-    """Model slug -> its Table 5 row (``models.<slug>.paper_method``); an unknown name is an error naming the key."""
+#: The one Table 5 row the pipeline builds itself; its label when the build departs from the paper's settings.
+PANGEA_METHOD = "Pangea-LoRA (paper's method)"
+
+
+def paper_methods_from_config(config: dict, derived: Mapping[str, dict] | None = None) -> dict[str, str]:
+    """Model slug -> its Table 5 row (``models.<slug>.paper_method``); an unknown name is an error naming the key.
+
+    A Pangea fine-tune built here (``derived``: slug -> ``derive`` block) whose questions depart from the paper's
+    (Appendix D: Yes:No about 1:19, "present at the image", 60K + 60K) is named a variant of the paper's method,
+    with the departures, and is never paired with the paper's row.
+    """
     methods = {}
     for slug, entry in config["models"].items():
         method = entry.get("paper_method")
@@ -78,8 +90,29 @@ def paper_methods_from_config(config: dict) -> dict[str, str]:
                                                                             *TABLE5_VARIANT_METHODS) else "")
             raise ValueError(f"models.{slug}.paper_method: '{method}' is not a model row of the paper's Table 5"
                              f"{hint}; known: {list(TABLE5_MODEL_METHODS)}")
+        derive = (derived or {}).get(slug) or {}
+        if method == PANGEA_METHOD and derive.get("method") == "lora_finetune":
+            departures = (["trained on another question table"] if derive.get("questions") else
+                          TrainingQuestionSettings.from_config(derive.get("pangea")).departures_from_paper())
+            if departures:
+                method = f"Pangea-LoRA (variant of the paper's method: {'; '.join(departures)})"
         methods[slug] = method
     return methods
+
+
+def paper_method_pairs(config: dict, methods: Mapping[str, str], derived: Mapping[str, dict] | None = None
+                       ) -> dict[str, str]:
+    """Model slug -> the paper model its Table 5 row is compared with: LLaVA-1.5-7B where the row is one of the
+    paper's methods (not a variant of it) and the model is built on the paper's LLaVA-1.5-7B (a derived model's
+    base, or an adapter entry itself, says so with ``paper_name``); other models get the paper's row unpaired."""
+    pairs = {}
+    for slug, method in methods.items():
+        if method not in TABLE5_MODEL_METHODS:
+            continue
+        base = ((derived or {}).get(slug) or {}).get("base", slug)
+        if config["models"].get(base, {}).get("paper_name") == TABLE5_MODEL:
+            pairs[slug] = TABLE5_MODEL
+    return pairs
 
 
 def _runs(metrics: pd.DataFrame, dataset: str = "hico", subset: str = "all") -> set[tuple[str, str]]:
@@ -94,8 +127,10 @@ def table5_runs(
     variant_paper_names: Mapping[str, str],
     paper_names: Mapping[str, str],
     paper_methods: Mapping[str, str],
+    method_pairs: Mapping[str, str] | None = None,
 ) -> list[dict]:
-    """Our Table 5 rows: group, method, model, variant and the paper model compared with, in the paper's order."""
+    """Our Table 5 rows: group, method, model, variant and the paper model compared with (``method_pairs`` for
+    the ``paper_method`` models: :func:`paper_method_pairs`), in the paper's order."""
     beam_variants = [v for v, name in variant_paper_names.items() if name == PAPER_VARIANT]
     mitigations = {v for v, name in variant_paper_names.items()
                    if name in ("VCD", "OPERA", PROMPT_SUFFIX_METHOD)}
@@ -103,7 +138,7 @@ def table5_runs(
     for model in models:
         if model in paper_methods:
             rows += [{"group": TABLE5_GROUP, "method": paper_methods[model], "model": model, "variant": v,
-                      "paper_name": TABLE5_MODEL} for v in beam_variants if (model, v) in runs]
+                      "paper_name": (method_pairs or {}).get(model, "")} for v in beam_variants if (model, v) in runs]
             continue
         in_scope = paper_names.get(model) == TABLE5_MODEL or any((model, v) in runs for v in mitigations)
         if not in_scope:
@@ -120,7 +155,8 @@ def table5_runs(
             rows.append({"group": group, "method": method, "model": model, "variant": variant,
                          "paper_name": paper_names.get(model, "")})
     order = {method: i for i, method in enumerate(TABLE5_ORDER)}
-    return sorted(rows, key=lambda row: (row["group"] != TABLE5_GROUP, order[row["method"]]))
+    place = lambda method: order.get(method, order[PANGEA_METHOD])  # noqa: E731 - a variant of the paper's method
+    return sorted(rows, key=lambda row: (row["group"] != TABLE5_GROUP, place(row["method"])))
 
 
 def _with_keys(frame: pd.DataFrame, keys: dict) -> pd.DataFrame:
@@ -149,11 +185,13 @@ def table5(
     paper_names: Mapping[str, str] | None = None,
     paper_methods: Mapping[str, str] | None = None,
     condition: str = "clean",
+    method_pairs: Mapping[str, str] | None = None,
 ) -> PaperTable:
     """Paper Table 5 and Appendix F's prompt suffix, ours (:func:`table5_runs`) then the paper's rows."""
     columns = table5_columns(condition)
     blocks = []
-    for run in table5_runs(_runs(metrics), models, variant_paper_names, paper_names or {}, paper_methods or {}):
+    for run in table5_runs(_runs(metrics), models, variant_paper_names, paper_names or {}, paper_methods or {},
+                           method_pairs):
         row = measured_rows(metrics, columns, [run["model"]], [run["variant"]],
                             paper_names={run["model"]: run["paper_name"]})
         if len(row):

@@ -220,6 +220,11 @@ def load_pangea(root: str | Path, files: PangeaFiles = PangeaFiles()) -> Pangea:
 
 
 # ---- training questions ----------------------------------------------------------------------------------------
+#: The paper's training mix (Appendix D): YN questions about 1:19 Yes:No, and its MC stem ("present at").
+PAPER_NEGATIVES_PER_POSITIVE = 19
+PAPER_MC_STEM = "Which of the following actions is present at the image?"
+
+
 @dataclass(frozen=True)
 class TrainingQuestionSettings:
     """How Pangea becomes training questions (``derive.<slug>.pangea`` of a ``lora_finetune`` entry)."""
@@ -243,6 +248,17 @@ class TrainingQuestionSettings:
             raise ValueError("pangea: negatives_per_positive must be >= 1 and mc_options >= 2")
         if "{action}" not in self.yn_prompt:
             raise ValueError("pangea.yn_prompt: the prompt must contain {action}")
+
+    def departures_from_paper(self) -> list[str]:
+        """How these settings differ from the paper's Appendix D (empty: the paper's method as published)."""
+        departures = []
+        if self.negatives_per_positive != PAPER_NEGATIVES_PER_POSITIVE:
+            departures.append(f"Yes:No 1:{self.negatives_per_positive}, the paper's 1:{PAPER_NEGATIVES_PER_POSITIVE}")
+        if self.mc_stem != PAPER_MC_STEM:
+            departures.append("another MC stem")
+        if (self.mc_questions, self.yn_questions) != (60_000, 60_000):
+            departures.append(f"{self.mc_questions} MC + {self.yn_questions} YN questions, the paper's 60K + 60K")
+        return departures
 
     @classmethod
     def from_config(cls, entry: dict | None) -> "TrainingQuestionSettings":
