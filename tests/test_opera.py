@@ -237,3 +237,24 @@ def test_batched_opera_equals_one_question_at_a_time(tiny_dirs, picture, family,
         alone = [model.decode_answers([q], False)[0] for q in questions]  # one question: opera_search
         assert batches == expected
         assert together == alone, (family, full_length)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_full_length_normalisation_counts_the_image_as_one_placeholder(tiny_dirs, picture, monkeypatch, batch):
+    """The official OPERA LLaVA wrapper's prompt holds the image as one placeholder token: the length it
+    normalises by is the unexpanded prompt's, len(tokenizer(prompt)), not the 576-token (here: the tiny model's)
+    expansion."""
+    model = create_model("tiny", {"backend": "llava", "path": str(tiny_dirs["llava"]), "local_files_only": True})
+    model.use_variant(Variant.from_config({"decoding": "opera", "num_beams": 2, "max_new_tokens": 2,
+                                           "opera": {"num_attn_candidates": 2}}))
+    questions = [Question(f"q{i}", f"Is the person {verb} the horse?", picture)
+                 for i, verb in enumerate(["riding", "feeding"][:batch])]
+    seen = []
+    search, batched = decoding.opera_search, decoding.opera_batch
+    monkeypatch.setattr(decoding, "opera_search", lambda *args, **kwargs: (
+        seen.append(kwargs["normalised_length"]), search(*args, **kwargs))[1])
+    monkeypatch.setattr(decoding, "opera_batch", lambda *args, **kwargs: (
+        seen.extend(args[8]), batched(*args, **kwargs))[1])
+    model.decode_answers(questions, False)
+    expected = [len(model.tokenizer(model.render(q, False)).input_ids) for q in questions]
+    assert seen == expected and model._image_token_id() in model.tokenizer(model.render(questions[0], False)).input_ids

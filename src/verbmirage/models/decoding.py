@@ -321,7 +321,8 @@ def _opera_advance(stepper: AttentionStepper, book: BeamBook, history: torch.Ten
 
 def opera_search(first: torch.Tensor, stepper: AttentionStepper, settings, num_beams: int, max_new_tokens: int,
                  stop: set[int], image_span: tuple[int, int], prompt_length: int, reopen,
-                 length_penalty: float = 1.0) -> tuple[list[int], list[tuple[int, int]]]:
+                 length_penalty: float = 1.0, normalised_length: int | None = None
+                 ) -> tuple[list[int], list[tuple[int, int]]]:
     """OPERA's beam search for ONE question (``first``: its K rows): (best tokens, rollbacks as (step, position)).
 
     Per step, per beam: the top ``num_attn_candidates`` tokens of the raw logits; each is fed alone to read
@@ -330,7 +331,9 @@ def opera_search(first: torch.Tensor, stepper: AttentionStepper, settings, num_b
     later it loses the over-trust score of the local window (the generated tokens and the candidate):
     max over columns of 1e-7 * prod (scale_factor * a), times ``penalty_weights``. The step's distribution
     is log-softmax over the candidates only (-999 elsewhere), and :class:`BeamBook` ranks the beams (length
-    normalised by prompt + generated length when ``full_length_normalisation``, as the official code).
+    normalised by prompt + generated length when ``full_length_normalisation``, as the official code; the prompt
+    counts ``normalised_length`` tokens when given: the official LLaVA wrapper's prompt holds the image as one
+    placeholder, not its expanded image tokens).
 
     Retrospection: each beam's over-trust column (the mode over its candidates) is recorded per step; when
     the columns' mode (over beams), at column >= 10, has recurred more than ``threshold`` times for every
@@ -340,7 +343,8 @@ def opera_search(first: torch.Tensor, stepper: AttentionStepper, settings, num_b
     stepper at the prompt (its rows are then fed the restored beams' tokens).
     """
     k = num_beams
-    offset = prompt_length if settings.full_length_normalisation else 0
+    offset = (prompt_length if normalised_length is None else normalised_length) \
+        if settings.full_length_normalisation else 0
     book = BeamBook(1, k, max_new_tokens, stop, length_penalty, length_offset=offset)
     history = torch.zeros(k, 0, 0)  # renormalised attention of generated rows on generated columns
     locs: list[torch.Tensor] = []  # per step: each beam's over-trust column
@@ -391,7 +395,8 @@ def opera_batch(first: torch.Tensor, stepper: AttentionStepper, settings, num_be
     back gets None (decode it alone; rollbacks need 10+ generated tokens, so they are rare).
 
     The rows may be left-padded prompts: ``prompt_columns`` is where the generated tokens' keys start in every
-    row, ``prompt_lengths`` each question's own prompt length (the length normalisation). A question stops
+    row, ``prompt_lengths`` each question's prompt length for the length normalisation (as
+    :func:`opera_search`'s ``normalised_length``). A question stops
     when its :func:`opera_search` loop would (no beam can improve, or every continuation ended); its best
     hypothesis is taken then.
     """

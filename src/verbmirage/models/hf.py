@@ -1203,10 +1203,18 @@ class TransformersVLM(LogitsVLM):
         variant = self.variant
         first, stepper = self._open_stepper(items, variant.num_beams)
         attending = _AttentionStepper(self, stepper, first)  # (OPERA does not combine with VCD: one stream)
+        span = spans.pop()
         tokens = decoding.opera_batch(
-            first, attending, variant.opera, variant.num_beams, new_tokens, self._stop_tokens(), spans.pop(),
-            stepper.prompt_columns, stepper.prompt_lengths[:: variant.num_beams], variant.length_penalty)
+            first, attending, variant.opera, variant.num_beams, new_tokens, self._stop_tokens(), span,
+            stepper.prompt_columns, [self._placeholder_length(n, span) for n in stepper.prompt_lengths[::variant.num_beams]],
+            variant.length_penalty)
         return [row if row is not None else self._opera(*item, new_tokens) for row, item in zip(tokens, items)]
+
+    @staticmethod
+    def _placeholder_length(length: int, image_span: tuple[int, int]) -> int:
+        """A prompt's token count with its image tokens (``image_span``, inclusive) counted as one placeholder,
+        as the official OPERA LLaVA wrapper's prompt holds the image (its length normalisation)."""
+        return length - (image_span[1] - image_span[0])
 
     def _image_span(self, image, text: str) -> tuple[int, int]:
         """First and last position of the image tokens in the prompt."""
@@ -1226,10 +1234,10 @@ class TransformersVLM(LogitsVLM):
             return _AttentionStepper(self, stepper, first)
 
         opened = reopen()
+        span, length = self._image_span(image, text), int(encoded["attention_mask"].sum())
         tokens, rollbacks = decoding.opera_search(
-            opened.first, opened, variant.opera, variant.num_beams, new_tokens, self._stop_tokens(),
-            self._image_span(image, text), int(encoded["attention_mask"].sum()), reopen,
-            variant.length_penalty)
+            opened.first, opened, variant.opera, variant.num_beams, new_tokens, self._stop_tokens(), span, length,
+            reopen, variant.length_penalty, normalised_length=self._placeholder_length(length, span))
         if rollbacks:
             log.info("%s: OPERA rolled back %d time(s): %s", self.name, len(rollbacks), rollbacks)
         return tokens
