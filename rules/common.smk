@@ -33,7 +33,7 @@ from verbmirage.models.registry import PLANNING_KEYS as MODEL_PLANNING_KEYS
 from verbmirage.paper_numbers import paper_names_from_config
 from verbmirage.questions import question_kind
 from verbmirage.tiny import BUILDERS as TINY_BUILDERS
-from verbmirage.variants import Variant
+from verbmirage.variants import Variant, model_variant_entry
 
 for _configfile in workflow.configfiles:  # Snakemake's YAML reader keeps the last of two equal keys silently
     check_yaml_file(_configfile)
@@ -332,9 +332,10 @@ def model_settings(model):
     return {key: value for key, value in config["models"][model].items() if key not in MODEL_PLANNING_KEYS}
 
 
-def variant_settings(variant):
-    """What a variant's answers depend on: its entry without ``paper_name``."""
-    return {key: value for key, value in config["variants"][variant].items() if key not in LABEL_KEYS}
+def variant_settings(variant, model):
+    """What a variant's answers depend on as ``model`` runs it (its ``variant_settings`` on top), without
+    ``paper_name``."""
+    return {key: value for key, value in model_variant_entry(config, model, variant).items() if key not in LABEL_KEYS}
 
 
 def condition_settings(condition):

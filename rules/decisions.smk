@@ -63,7 +63,7 @@ rule calibrate_decision:
         qsets=lambda wildcards: run_calibration_qsets(wildcards.dataset, wildcards.condition, wildcards.model,
                                                       wildcards.variant),
         model=lambda wildcards: model_settings(wildcards.model),
-        variant=lambda wildcards: variant_settings(wildcards.variant),
+        variant=lambda wildcards: variant_settings(wildcards.variant, wildcards.model),
         batch_size=lambda wildcards: config["models"][wildcards.model].get(
             "batch_size", config["inference"]["batch_size"]
         ),

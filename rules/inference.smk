@@ -19,7 +19,7 @@ rule predict_suite:
     params:
         qsets=suite_qsets,
         model=lambda wildcards: model_settings(wildcards.model),
-        variant=lambda wildcards: variant_settings(wildcards.variant),
+        variant=lambda wildcards: variant_settings(wildcards.variant, wildcards.model),
         n_shards=lambda wildcards: n_shards(wildcards.model),
         batch_size=lambda wildcards: config["models"][wildcards.model].get(
             "batch_size", config["inference"]["batch_size"]

@@ -154,3 +154,28 @@ def test_only_runs_a_backend_can_do_are_planned(tmp_path):
     assert beam_models and not beam_models & {"always_yes", "random", "prior", "blind_vote"}
     default_models = {w["model"] for rule, w in jobs if w.get("variant") == "default"}
     assert {"random", "blind_vote"} <= default_models
+
+
+def test_a_model_sets_its_own_vcd_alpha_for_one_variant():
+    """The official VCD scripts ran alpha 1 for LLaVA and 0.5 for InstructBLIP: configs/paper.yaml sets it per
+    model, on top of the shared variant, for that variant only."""
+    import yaml
+    from pathlib import Path
+
+    from verbmirage.variants import check_model_variant_settings, model_variant_entry
+
+    paper = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/paper.yaml").read_text())
+    alpha = lambda model, variant: Variant.from_config(model_variant_entry(paper, model, variant)).vcd.alpha  # noqa
+    assert alpha("instructblip_7b", "sample_vcd") == 0.5 and alpha("llava15_7b", "sample_vcd") == 1.0
+    assert set(model_variant_entry(paper, "instructblip_7b", "sample_vcd")["vcd"]) == {"alpha"}
+    assert model_variant_entry(paper, "instructblip_7b", "beam5") == paper["variants"]["beam5"]
+    config = {"variants": {"v": {"vcd": {"beta": 0.2}, "qsets": ["yn_obj"]}},
+              "models": {"m": {"variant_settings": {"v": {"vcd": {"alpha": 0.5}}}}}}
+    assert model_variant_entry(config, "m", "v") == {"vcd": {"beta": 0.2, "alpha": 0.5}, "qsets": ["yn_obj"]}
+    check_model_variant_settings(config, "m", ["v"])
+    for own, message in (({"w": {}}, r"models\.m\.variant_settings\.w: 'w' is not a variant this model runs"),
+                         ({"v": {"qsets": ["yn_verb"]}}, r"\['qsets'\] plan or label"),
+                         ({"v": {"vcd": {"alfa": 1}}}, r"models\.m\.variant_settings\.v\.vcd: unknown key")):
+        config["models"]["m"]["variant_settings"] = own
+        with pytest.raises(ValueError, match=message):
+            check_model_variant_settings(config, "m", ["v"])

@@ -25,7 +25,7 @@ from verbmirage.derived import effective_entry, effective_models
 from verbmirage.hico import hico_det_file
 from verbmirage.models.base import allow_remote_code
 from verbmirage.models.registry import BACKENDS, IMAGE_MODES, WORKFLOW_KEYS, backend_settings, variant_features
-from verbmirage.variants import Variant, model_variants
+from verbmirage.variants import Variant, check_model_variant_settings, model_variants
 
 # Where rule `demo_hico` writes the demo; a root pointing here need not exist yet.
 DEMO_HICO_ROOT = "resources/demo/hico_20150920"
@@ -296,7 +296,8 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
                               f"known: {known_question_sets()}")
     for slug, entry in config["models"].items():
         try:
-            model_variants(config, slug, variant_features(entry["backend"]))
+            runs = model_variants(config, slug, variant_features(entry["backend"]))
+            check_model_variant_settings(config, slug, runs)
         except ValueError as error:
             raise ConfigError(str(error)) from None
         unknown_sets = sorted(set(entry.get("qsets", [])) - set(known_question_sets()))

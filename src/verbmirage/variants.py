@@ -212,6 +212,39 @@ def question_seed(question_id: str, seed: int) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
+#: Variant keys that plan runs or label them: a model's ``variant_settings`` may not change them.
+VARIANT_PLANNING_KEYS = ("paper_name", "conditions", "datasets", "qsets")
+
+
+def model_variant_entry(config: dict, model: str, variant: str) -> dict:
+    """The entry of ``variant`` as ``model`` runs it: ``variants.<variant>`` with the model's own
+    ``models.<model>.variant_settings.<variant>`` on top (a nested block such as ``vcd`` merged key by key).
+
+    The official VCD scripts ran alpha 1 for LLaVA and Qwen-VL but 0.5 for InstructBLIP: one variant, a
+    setting per model.
+    """
+    merged = dict(config["variants"][variant])
+    own = ((config["models"].get(model) or {}).get("variant_settings") or {}).get(variant) or {}
+    for key, value in own.items():
+        both_blocks = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = {**merged[key], **value} if both_blocks else value
+    return merged
+
+
+def check_model_variant_settings(config: dict, model: str, runs: list[str]) -> None:
+    """``models.<model>.variant_settings``: each names a variant the model runs, changes no planning key, and
+    gives settings :meth:`Variant.from_config` accepts; errors name the key."""
+    where = f"models.{model}.variant_settings"
+    for variant, own in ((config["models"][model].get("variant_settings")) or {}).items():
+        if variant not in runs:
+            raise ValueError(f"{where}.{variant}: '{variant}' is not a variant this model runs ({runs})")
+        planning = sorted(set(own) & set(VARIANT_PLANNING_KEYS))
+        if planning:
+            raise ValueError(f"{where}.{variant}: {planning} plan or label the variant's runs for every model; "
+                             f"set them in variants.{variant}")
+        Variant.from_config(model_variant_entry(config, model, variant), f"{where}.{variant}")
+
+
 def model_variants(config: dict, model: str, offered: frozenset[str] | None) -> list[str]:
     """The variants planned for ``model``: its ``variants:`` list, else every configured variant its backend
     offers (``offered``; None: unknown, e.g. a custom backend, which gets the plain variants only).
