@@ -151,6 +151,21 @@ def test_contrast_cut_and_divergence():
     assert torch.equal(plain, clean) and float(decoding.divergence(clean, plain, 0.0)[0][0]) == 0.0
 
 
+def test_the_stored_kl_direction_and_its_zeros():
+    """The documented example (docs/analysis.md, "VCD divergence"): z = [2, 1, -3], z' = [1, 1, -3], alpha 1,
+    beta 0.1. We store KL(q || p~) = 0.0671; the paper's wording reads as KL(p~ || q) = 0.0826. Whichever the
+    direction, a KL is 0 exactly when q = p~, so the share of exact zeros does not depend on it."""
+    clean, noised = torch.tensor([[2.0, 1.0, -3.0]]), torch.tensor([[1.0, 1.0, -3.0]])
+    contrasted = decoding.contrast(clean, noised, VCDSettings(alpha=1.0, beta=0.1))
+    kl, size = decoding.divergence(clean, contrasted, 0.1)
+    q = torch.softmax(contrasted.double(), -1)[0, :2]
+    p = torch.softmax(clean.double()[0, :2], -1)
+    assert int(size[0]) == 2 and float(kl[0]) == pytest.approx(0.0671, abs=5e-5)
+    assert float((p * (p / q).log()).sum()) == pytest.approx(0.0826, abs=5e-5)
+    same = decoding.contrast(clean, clean, VCDSettings(alpha=1.0, beta=0.1))  # no contrast: q = p~
+    assert float(decoding.divergence(clean, same, 0.1)[0][0]) == 0.0
+
+
 @pytest.mark.parametrize("family", ["llava", "qwen2_vl", "instructblip"])
 def test_vcd_oracles_on_the_tiny_models(tiny_dirs, scene, family, monkeypatch):
     model = tiny(tiny_dirs, family)
