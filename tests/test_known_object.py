@@ -117,6 +117,26 @@ def test_saturated_p_yes_ties_but_margins_rank():
     assert by_margin.ap.iloc[0] == 1.0 and by_margin.n_tied_scores.iloc[0] == 0
 
 
+def test_the_raw_yes_mass_ranks_where_it_differs_from_the_renormalised_p_yes():
+    """P(Yes) over the whole vocabulary and P(yes) renormalised over yes + no rank differently when mass goes
+    elsewhere: the setting `score` picks one; a model that stores no yes_mass (CLIP) keeps its margin."""
+    questions = pd.DataFrame({"question_id": list("ab"), "hoi_id": 7, "image_id": ["i1", "i2"],
+                              "answer": ["no", "yes"], "verb": "ride", "object": "horse", "rare": False})
+    # a: yes .30 no .10 (renormalised .75, raw .30); b: yes .40 no .40 (renormalised .50, raw .40)
+    predictions = _predictions(list("ab"), margins=[math.log(3), 0.0], p_yes=[0.75, 0.5])
+    predictions["yes_mass"] = [0.30, 0.40]
+    keys = {"dataset": "hico", "qset": "yn_ko", "condition": "clean", "model": "m", "variant": "default"}
+    by_margin, _ = evaluate_run(questions, predictions, keys, resamples=0)
+    by_mass, _ = evaluate_run(questions, predictions, keys, resamples=0, score="yes_mass")
+    assert by_margin.ap.iloc[0] == 0.5 and by_mass.ap.iloc[0] == 1.0
+    score, counts = ranking_scores(questions, predictions.assign(yes_mass=None), "yes_mass")
+    assert score.tolist() == pytest.approx([math.log(3), 0.0]) and counts["yes_mass_absent"] == 1
+    with pytest.raises(KnownObjectError, match=r"analysis\.known_object\.score: 'raw' is not one of"):
+        known_object_settings({"analysis": {"known_object": {"models": ["m"], "reference_model": "m",
+                                                              "score": "raw"}},
+                               "models": {"m": {}}, "questions": {"sets": ["yn_ko"]}, "conditions": {"clean": {}}})
+
+
 # ---- one run: AP table, mAP rows, bootstrap ---------------------------------------------------------
 def _toy(seed=0, images=30, hois=(3, 5, 8, 11)):
     rng = np.random.default_rng(seed)

@@ -353,7 +353,7 @@ def test_minicpm_chat_gets_the_processor_and_explicit_decoding(tmp_path):
 def test_paper_config_pins_every_remote_model():
     """S3: a revision and a worker env per remote entry; the placeholder is refused until replaced."""
     paper = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "paper.yaml").read_text())["models"]
-    remote = {slug: e for slug, e in paper.items() if e["backend"] in ("qwen_vl_chat", "molmo", "minicpm_v", "mplug_owl2")}
+    remote = {slug: e for slug, e in paper.items() if e.get("backend") in ("qwen_vl_chat", "molmo", "minicpm_v", "mplug_owl2")}
     assert len(remote) == 4
     for slug, entry in remote.items():
         assert entry["revision"] and entry["env"] == f"remote-{entry['backend']}", slug

@@ -341,6 +341,7 @@ def _error_row(question_id: str, error: str) -> dict:
         "parse_rule": "error",
         "p_yes": None,
         "yes_margin": None,
+        "yes_mass": None,
         "option_probs": None,
         "confidence": None,
         "error": error,
@@ -356,7 +357,7 @@ def _result_row(question_id: str, result: YesNoResult | MultipleChoiceResult) ->
         row["option_probs"] = None
     else:
         row["option_probs"] = list(row["option_probs"])
-        row["p_yes"] = row["yes_margin"] = None
+        row["p_yes"] = row["yes_margin"] = row["yes_mass"] = None
     return {"question_id": question_id, **row}
 
 

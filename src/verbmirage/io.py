@@ -56,6 +56,10 @@ PREDICTIONS = pa.schema(
         # logsumexp(z[yes]) - logsumexp(z[no]) at the first answer position (float64): sigmoid of it is p_yes,
         # finite where p_yes saturates at 1.0; null without yes/no logits (baselines, parsed text, MC rows)
         ("yes_margin", pa.float64()),
+        # P(Yes) not renormalised: the probability mass of the yes tokens over the whole vocabulary at the first
+        # answer position (the paper's Known-Object ranking score, read literally); null where the backend has
+        # no logits; an API's is the mass of the yes tokens among the top logprobs it returns
+        ("yes_mass", pa.float64()),
         ("option_probs", pa.list_(pa.float64())),
         ("confidence", pa.float64()),
         ("error", pa.string()),
@@ -593,7 +597,7 @@ def check_questions(frame: pd.DataFrame, where: str) -> None:
 _VALUE_CHECKS = [(QUESTIONS, check_questions)]  # (schema, check of its values) for read_table
 # (schema, nullable columns added after tables were written with it): an older table reads with them null,
 # and a writer that does not know them yet writes them null.
-_ADDED_COLUMNS = [(PREDICTIONS, ("yes_margin", "vcd_kl", "vcd_plausible"))]
+_ADDED_COLUMNS = [(PREDICTIONS, ("yes_margin", "yes_mass", "vcd_kl", "vcd_plausible"))]
 
 
 def _added_columns(schema: pa.Schema) -> tuple[str, ...]:

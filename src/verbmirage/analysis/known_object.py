@@ -79,6 +79,9 @@ class KnownObjectSettings:
     seed: int = 0
     confidence_level: float = 0.95
     figure_metric: str = "map_voc11"
+    #: What ranks a model's answers: ``margin`` (P(yes) renormalised over yes + no, as its log-odds) or
+    #: ``yes_mass`` (P(Yes) over the whole vocabulary, the paper's "probability of Yes tokens" read literally).
+    score: str = "margin"
 
 
 def known_object_settings(config: dict) -> KnownObjectSettings | None:
@@ -126,20 +129,43 @@ def known_object_settings(config: dict) -> KnownObjectSettings | None:
         models=models, reference_model=reference, qset=qset, conditions=conditions,
         bootstrap_resamples=int(block.get("bootstrap_resamples", 200)), seed=int(block.get("seed", 0)),
         confidence_level=float(config.get("metrics", {}).get("confidence_level", 0.95)),
-        figure_metric=block.get("figure_metric", "map_voc11"),
+        figure_metric=block.get("figure_metric", "map_voc11"), score=_score_setting(block, where),
     )
 
 
+#: ``analysis.known_object.score`` values (:attr:`KnownObjectSettings.score`).
+SCORES = ("margin", "yes_mass")
+
+
+def _score_setting(block: dict, where: str) -> str:
+    score = block.get("score", "margin")
+    if score not in SCORES:
+        raise KnownObjectError(f"{where}.score: '{score}' is not one of {list(SCORES)}")
+    return score
+
+
 # ---- scores and the per-HOI rankings ----------------------------------------------------------------
-def ranking_scores(questions: pd.DataFrame, predictions: pd.DataFrame) -> tuple[np.ndarray, dict]:
+def ranking_scores(questions: pd.DataFrame, predictions: pd.DataFrame, score: str = "margin"
+                   ) -> tuple[np.ndarray, dict]:
     """The score of each question (in ``questions`` order) and counts of where it came from.
 
-    ``yes_margin``, else logit(``p_yes``), else -inf (no answer: ranked last).
+    ``margin``: ``yes_margin``, else logit(``p_yes``), else -inf (no answer: ranked last). ``yes_mass``: the
+    stored P(Yes) over the whole vocabulary, -inf where a row has none; a model that stores it on no row (CLIP,
+    blind baselines, parsed text) is ranked by its margin instead (counted as ``yes_mass_absent``).
     """
     extra = set(predictions.question_id) - set(questions.question_id)
     if extra:
         raise KnownObjectError(f"{len(extra)} predictions answer no known question, e.g. {sorted(extra)[:3]}")
     table = predictions.set_index("question_id")
+    if score == "yes_mass" and "yes_mass" in table and table["yes_mass"].notna().any():
+        mass = questions.question_id.map(table["yes_mass"]).to_numpy(dtype=float)
+        return np.where(np.isnan(mass), -np.inf, mass), {"yes_mass": int(np.isfinite(mass).sum()),
+                                                        "no_score": int(np.isnan(mass).sum())}
+    margin_scores, counts = _margin_scores(questions, table)
+    return margin_scores, {**counts, "yes_mass_absent": 1} if score == "yes_mass" else counts
+
+
+def _margin_scores(questions: pd.DataFrame, table: pd.DataFrame) -> tuple[np.ndarray, dict]:
     margin = questions.question_id.map(table["yes_margin"]).to_numpy(dtype=float)
     p_yes = questions.question_id.map(table["p_yes"]).to_numpy(dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -313,17 +339,19 @@ def evaluate_run(
     resamples: int = 200,
     seed: int = 0,
     level: float = 0.95,
+    score: str = "margin",
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """AP per HOI (``io.KNOWN_OBJECT_AP`` rows) and mAP rows (``io.METRICS``) of one prediction table.
+    """AP per HOI (``io.KNOWN_OBJECT_AP`` rows) and mAP rows (``io.METRICS``) of one prediction table, its
+    answers ranked by ``score`` (:func:`ranking_scores`).
 
     ``keys``: dataset, qset, condition, model, variant. ``rare``: HICO-DET's rare
     HOIs, or None to use the question table's ``rare`` flag.
     """
     prepared = _prepare(questions, rare)
-    score, counts = ranking_scores(prepared.questions, predictions)
-    log.info("%s: %d questions scored by yes_margin, %d by logit(p_yes), %d without a score (ranked last)",
-             "/".join(str(v) for v in keys.values()), counts["yes_margin"], counts["p_yes_fallback"],
-             counts["no_score"])
+    ranked_by = score
+    score, counts = ranking_scores(prepared.questions, predictions, ranked_by)
+    log.info("%s: ranked by %s (%s)", "/".join(str(v) for v in keys.values()), ranked_by,
+             ", ".join(f"{name} {count}" for name, count in counts.items()))
     rankings = _Rankings.build(prepared.group, prepared.positive, score, prepared.image, len(prepared.hois))
     n, n_pos, ap, ap11 = rankings.average_precisions()
     table = prepared.hois.assign(n_pos=n_pos, n=n, ap=ap, ap_voc11=ap11, n_tied_scores=rankings.tied_rows())
@@ -397,7 +425,8 @@ def known_object_job(
         keys = {"dataset": dataset, "qset": settings["qset"], "condition": condition, "model": model,
                 "variant": variant}
         table, rows = evaluate_run(asked, read_table(path, PREDICTIONS), keys, rare,
-                                   settings["bootstrap_resamples"], settings["seed"], settings["confidence_level"])
+                                   settings["bootstrap_resamples"], settings["seed"], settings["confidence_level"],
+                                   settings.get("score", "margin"))
         tables.append(table)
         metrics.append(rows)
         summary = rows[rows.subset.eq("all")].set_index("metric").value

@@ -1,7 +1,8 @@
 """Token uncertainty (paper Eq. 2, Figs. 9 and 12): how sure a model is of its answer, correct vs hallucinated.
 
 u is the prediction table's ``confidence`` column: the probability of the answer token at the first
-answer position (today the top token of the whole vocabulary). It is read, never recomputed, so a
+answer position (the decoded first token: under greedy decoding the top token of the whole vocabulary). It is
+read, never recomputed, so a
 change of its definition in the scoring code reaches every table here unchanged.
 
 - The unit is one question row (an MC rotation is one forward pass, so one row).

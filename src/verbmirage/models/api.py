@@ -377,13 +377,15 @@ class OpenAIChatModel(VisionLanguageModel):
                     mass[word] += math.exp(logprob)
                     logprobs[word].append(logprob)
             rule = f"{self._decoding()}:{rule}"
+            yes_mass = mass[YES] if candidates else None  # the yes tokens among the top logprobs only
             if mass[YES] + mass[NO] > 0:
                 p_yes = mass[YES] / (mass[YES] + mass[NO])
                 # only where both words are among the top logprobs; one side missing gives a bound, not a score
                 margin = yes_no_margin(logprobs[YES], logprobs[NO])
             else:  # no scores: P(yes) is the parsed answer's 0/1, marked "text:" (ensembles.graded)
                 p_yes, margin, rule = {YES: 1.0, NO: 0.0}.get(prediction, math.nan), None, f"text:{rule}"
-            results.append(YesNoResult(p_yes, prediction, text, confidence, rule, yes_margin=margin))
+            results.append(YesNoResult(p_yes, prediction, text, confidence, rule, yes_margin=margin,
+                                       yes_mass=yes_mass))
         return results
 
     def _score_multiple_choice(self, questions):

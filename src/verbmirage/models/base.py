@@ -78,6 +78,9 @@ class YesNoResult:
     #: size of the plausibility set (``io.PREDICTIONS``).
     vcd_kl: float | None = None
     vcd_plausible: int | None = None
+    #: The yes tokens' probability mass over the whole vocabulary at the first answer position (P(yes) not
+    #: renormalised by yes + no); None without logits.
+    yes_mass: float | None = None
 
     @classmethod
     def failed(cls, error: str, retry: bool = False) -> "YesNoResult":

@@ -304,6 +304,7 @@ class LogitsVLM(VisionLanguageModel):
                                                lambda i, text: yes_no_token(text) is not None)
         texts = self._answer_texts(first_ids, continued)
         p_yes, margins, confidences = (yes / (yes + no)).tolist(), margins.tolist(), self._confidences(probs, first_ids)
+        masses = yes.tolist()
         results = []
         for i, error in enumerate(errors):
             if error is not None:
@@ -312,7 +313,7 @@ class LogitsVLM(VisionLanguageModel):
             prediction, raw, rule = decide_yes_no(*texts[i], self.variant.label)
             margin = margins[i] if math.isfinite(margins[i]) else None
             results.append(YesNoResult(p_yes[i], prediction, raw, confidences[i], rule, yes_margin=margin,
-                                       **columns[i]))
+                                       yes_mass=masses[i], **columns[i]))
         return results
 
     def _score_multiple_choice(self, questions: list[Question]) -> list[MultipleChoiceResult]:

@@ -2,9 +2,12 @@
 
 A question's ``prompt`` (the question; for MC the stem and the lettered
 options, one per line) is wrapped by a :class:`PromptTemplate` before the
-backend applies the model's chat template. The defaults follow the common
-practice of LLaVA-style evaluation (POPE, MMBench); a model entry may override
-them in config: ``prompts: {yes_no: "...{question}...", multiple_choice: ...}``.
+backend applies the model's chat template. The defaults are ours (the paper
+gives no benchmark prompt): a yes/no question ends with "Answer yes or no."
+(LLaVA's POPE evaluation asks "Answer the question using a single word or
+phrase." instead), and an MC question with LLaVA's MMBench instruction; a model
+entry may override them in config: ``prompts: {yes_no: "...{question}...",
+multiple_choice: ...}``.
 
 A LLaVA entry may instead ask for one of the original LLaVA repository's
 conversation formats (``conversation: llava_v1``), written out here as

@@ -429,7 +429,7 @@ class RemoteCodeVLM(VisionLanguageModel):
                 texts = self._answer(question, prompt, row["argmax_id"], lambda t: yes_no_token(t) is not None)
                 prediction, raw, rule = decide_yes_no(*texts, label)
                 confidence = math.exp(row["argmax_logit"] - row["logsumexp"])
-            results.append(YesNoResult(p_yes, prediction, raw, confidence, rule, yes_margin=margin))
+            results.append(YesNoResult(p_yes, prediction, raw, confidence, rule, yes_margin=margin, yes_mass=yes))
         return results
 
     def _confidence(self, row: dict, asked: int, first: int | None) -> float:
