@@ -3,7 +3,8 @@
 Inputs: ``source`` (the image folder, or what produces it), ``questions`` (the
 dataset's question sets), optional ``tags`` (``image_tags.parquet``: a box condition such as ``crop``
 covers only the single-instance images, cropped to their union box). Output: the condition folder with
-``manifest.parquet``.
+``manifest.parquet``. Stops, naming the count and the first few, when any question image is missing under
+the root.
 Settings: ``params.root`` (where ``image`` paths are relative to),
 ``params.settings`` (config ``conditions.<slug>``), ``params.seed``.
 """
@@ -12,7 +13,7 @@ from verbmirage.jobserver import delegate
 
 delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
 
-from verbmirage.conditions import apply_condition
+from verbmirage.conditions import apply_condition, require_images
 from verbmirage.image_tags import IMAGE_TAGS, single_instance_boxes
 from verbmirage.io import QUESTIONS, read_table
 from verbmirage.joblog import job_log
@@ -20,6 +21,7 @@ from verbmirage.joblog import job_log
 with job_log(snakemake.log[0]) as log:
     questions = [read_table(path, QUESTIONS) for path in snakemake.input.questions]  # types and domains checked
     images = sorted(set().union(*(set(frame.image) for frame in questions)))
+    require_images(snakemake.params.root, images, snakemake.wildcards.condition)  # every one, before any model job
     boxes = None
     if snakemake.input.get("tags"):
         boxes = single_instance_boxes(read_table(snakemake.input.tags, IMAGE_TAGS), images)

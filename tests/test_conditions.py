@@ -4,7 +4,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from verbmirage.conditions import CONDITIONS, ImageResolver, apply_condition, condition_rng, salt_and_pepper
+from verbmirage.conditions import (
+    CONDITIONS,
+    ImageResolver,
+    MissingImagesError,
+    apply_condition,
+    condition_rng,
+    require_images,
+    salt_and_pepper,
+)
 
 
 def test_salt_and_pepper_statistics():
@@ -89,3 +97,17 @@ def test_unknown_condition_names_the_key(tmp_path):
     with pytest.raises(KeyError, match="conditions.fog.type"):
         apply_condition(tmp_path, [], tmp_path / "out", "fog", {"type": "fog"})
     assert {"clean", "saltpepper"} <= set(CONDITIONS)
+
+
+def test_missing_images_stop_naming_how_many_and_the_first_few(tmp_path):
+    """The image job's check before it writes anything: an incomplete images folder stops the run there, not
+    as error rows of every model job."""
+    (tmp_path / "images/test2015").mkdir(parents=True)
+    images = [f"images/test2015/HICO_test2015_{i:08d}.jpg" for i in range(1, 11)]
+    for image in images[:3]:
+        (tmp_path / image).write_bytes(b"x")
+    require_images(tmp_path, images[:3], "clean")  # all there: nothing happens
+    with pytest.raises(MissingImagesError, match=r"condition clean: 7 of the 10 images the question sets ask about "
+                                                 r"are missing under .* \(first: images/test2015/HICO_test2015_"
+                                                 r"00000004.jpg, .*00000008.jpg, \.\.\.\)"):
+        require_images(tmp_path, images, "clean")

@@ -134,7 +134,8 @@ def apply_condition(
 
     A missing, unreadable or oversized (decompression bomb) source image, or
     one that resolves outside ``source_root``, is recorded with an ``error``
-    and the others go on. An unsafe name (absolute, ``..``, odd characters)
+    and the others go on (the workflow's job first stops on missing images:
+    :func:`require_images`). An unsafe name (absolute, ``..``, odd characters)
     or a folder under ``out_dir`` that leads outside it stops the job before
     anything is written there.
     """
@@ -187,6 +188,28 @@ def apply_condition(
     manifest = pd.DataFrame(rows, columns=columns)
     _write_manifest(manifest, out_dir / MANIFEST, given_root, partial=spec.needs_boxes)
     return manifest
+
+
+class MissingImagesError(FileNotFoundError):
+    """Images the question sets ask about are not under the dataset's root."""
+
+
+#: How many missing images a :class:`MissingImagesError` names.
+MISSING_SHOWN = 5
+
+
+def require_images(source_root: str | Path, images: Iterable[str], condition: str) -> None:
+    """Stop when any of ``images`` (paths relative to ``source_root``) is not a file there, naming how many
+    and the first :data:`MISSING_SHOWN`, before any image is written and so before any model job starts: an
+    incomplete images folder would otherwise surface only as error rows of every inference job."""
+    images = sorted(set(images))
+    missing = [image for image in images if not (Path(source_root) / image).is_file()]
+    if missing:
+        shown = ", ".join(missing[:MISSING_SHOWN]) + (", ..." if len(missing) > MISSING_SHOWN else "")
+        raise MissingImagesError(
+            f"condition {condition}: {len(missing)} of the {len(images)} images the question sets ask about are "
+            f"missing under {source_root} (first: {shown}); complete the images folder, or point the dataset's "
+            "root at the complete one")
 
 
 def condition_questions(questions: pd.DataFrame, condition_dir: str | Path) -> pd.DataFrame:
