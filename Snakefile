@@ -52,7 +52,7 @@ onstart:
     if config.get("job_server", True) and workflow.local_exec:
         from verbmirage import jobserver
 
-        _job_server.append(jobserver.start("logs/job_server.log"))
+        _job_server.append(jobserver.start(in_logs("job_server.log")))
 
 
 def _stop_job_server():

@@ -24,9 +24,9 @@ rule attention:
         runtime=attention_resource("runtime", 60),
         cpus_per_gpu=attention_resource("cpus_per_gpu", 4),
     log:
-        "logs/attention/{dataset}/{condition}/{model}.log",
+        in_logs("attention/{dataset}/{condition}/{model}.log"),
     benchmark:
-        "benchmarks/attention/{dataset}/{condition}/{model}.tsv"
+        in_benchmarks("attention/{dataset}/{condition}/{model}.tsv")
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -53,7 +53,7 @@ rule attention_figures:
         condition=lambda wildcards: ATTENTION_CONDITIONS[0] if ATTENTION_CONDITIONS else "clean",
         bootstrap=config["metrics"],
     log:
-        "logs/attention_figures.log",
+        in_logs("attention_figures.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -78,7 +78,7 @@ rule vcd_divergence:
         paper_names=TABLE_PAPER_NAMES,
         notes=vcd_divergence_notes(),
     log:
-        "logs/vcd_divergence.log",
+        in_logs("vcd_divergence.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:

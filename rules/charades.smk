@@ -11,7 +11,7 @@ rule charades_frames:
         videos=lambda wildcards: CHARADES_VIDEO_FOLDER,
         split=CHARADES_SPLIT,
     log:
-        "logs/charades_frames.log",
+        in_logs("charades_frames.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -23,7 +23,7 @@ rule charades_question_set:
     input:
         frames=CHARADES_FRAME_TABLE,
     output:
-        "results/benchmark/charadesego/{qset}.parquet",
+        CHARADES_QUESTIONS,
     wildcard_constraints:
         qset=_alternatives(CHARADES_QUESTION_SETS),
     params:
@@ -31,7 +31,7 @@ rule charades_question_set:
         seed=config["questions"]["seed"],
         mc_options=config["questions"]["mc_options"],
     log:
-        "logs/charades_question_set/{qset}.log",
+        in_logs("charades_question_set/{qset}.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -43,11 +43,11 @@ rule charades_train_stats:
     input:
         annotations=CHARADES_CSV,
     output:
-        "results/benchmark/charadesego/train_stats.parquet",
+        CHARADES_TRAIN_STATS,
     params:
         root=lambda wildcards: CHARADES_ROOT,
     log:
-        "logs/charades_train_stats.log",
+        in_logs("charades_train_stats.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:

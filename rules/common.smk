@@ -40,12 +40,38 @@ for _configfile in workflow.configfiles:  # Snakemake's YAML reader keeps the la
 check_schema(config, workflow.source_path("../schemas/config.schema.yaml"))  # one line per problem, key first
 validate(config, workflow.source_path("../schemas/config.schema.yaml"))  # fills the defaults
 check_config(config, workdir=os.getcwd())
+
+# Each config its own tree (verbmirage.run_folders): results/, logs/, benchmarks/ for the demo's config.yaml,
+# results/<name>/, logs/<name>/, benchmarks/<name>/ for configs/<name>.yaml or any other --configfile, or the
+# folder of the `results_dir` key. Every artifact, log and benchmark path below is built with these three.
+from verbmirage.run_folders import run_folders
+
+RUN_FOLDERS = run_folders(config["results_dir"], workflow.overwrite_configfiles, os.getcwd(),
+                          Path(workflow.main_snakefile).parent)
+
+
+def in_results(path):
+    """``path`` inside this config's results folder."""
+    return f"{RUN_FOLDERS.results}/{path}"
+
+
+def in_logs(path):
+    """``path`` inside this config's logs folder."""
+    return f"{RUN_FOLDERS.logs}/{path}"
+
+
+def in_benchmarks(path):
+    """``path`` inside this config's benchmarks folder."""
+    return f"{RUN_FOLDERS.benchmarks}/{path}"
+
+
 # Derived models (models.<slug>.derive, rules/derived.smk): from here on each is the entry its jobs load (its
 # base's backend and settings, path or adapter = its built folder); DERIVED keeps their derive blocks.
-from verbmirage.derived import DERIVED_FOLDER, derived_entries, effective_models
+from verbmirage.derived import derived_entries, effective_models
 
+DERIVED_MODEL = in_results("models/{model}")  # Nullu's edited weights, a fine-tune's peft adapter
 DERIVED = derived_entries(config)  # slug -> {method, base, ...settings}
-config["models"] = effective_models(config)
+config["models"] = effective_models(config, DERIVED_MODEL)
 
 CHARADES = config["datasets"].get("charadesego")  # optional: Table 4 (ego vs exo)
 DATASETS = ["hico"] + (["charadesego"] if CHARADES else [])
@@ -124,24 +150,27 @@ CHARADES_SPLIT = CHARADES["split"] if CHARADES else "test"
 CHARADES_CSV = _produced_by_download(CHARADES_ROOT) or f"{CHARADES_ROOT}/CharadesEgo/CharadesEgo_v1_{CHARADES_SPLIT}.csv"
 CHARADES_VIDEO_FOLDER = (CHARADES.get("videos") or f"{CHARADES_ROOT}/CharadesEgo_v1_480") if CHARADES else ""
 CHARADES_VIDEOS = _produced_by_download(CHARADES_VIDEO_FOLDER) or CHARADES_VIDEO_FOLDER
-CHARADES_FRAMES = "results/frames/charadesego"  # frames/{exo,ego}/<pair>_<action>.jpg
-CHARADES_FRAME_TABLE = "results/benchmark/charadesego/frames.parquet"
-QUESTIONS = "results/benchmark/{dataset}/{qset}.parquet"
-IMAGE_TAGS = "results/benchmark/hico/image_tags.parquet"  # per test image: HICO-DET tags (rule image_tags)
-TRAIN_STATS = "results/benchmark/{dataset}/train_stats.parquet"
-QUESTION_COUNTS = expand("results/benchmark/hico/counts.{ext}", ext=["parquet", "md"])
-CONDITION_DIR = "results/images/{dataset}/{condition}"
-PREDICTIONS = "results/predictions/{dataset}/{qset}/{condition}/{model}/{variant}.parquet"
+CHARADES_FRAMES = in_results("frames/charadesego")  # frames/{exo,ego}/<pair>_<action>.jpg
+CHARADES_FRAME_TABLE = in_results("benchmark/charadesego/frames.parquet")
+QUESTIONS = in_results("benchmark/{dataset}/{qset}.parquet")
+IMAGE_TAGS = in_results("benchmark/hico/image_tags.parquet")  # per test image: HICO-DET tags (rule image_tags)
+TRAIN_STATS = in_results("benchmark/{dataset}/train_stats.parquet")
+CHARADES_QUESTIONS = QUESTIONS.format(dataset="charadesego", qset="{qset}")
+CHARADES_TRAIN_STATS = TRAIN_STATS.format(dataset="charadesego")
+QUESTION_COUNT_FILES = {ext: in_results(f"benchmark/{{dataset}}/counts.{ext}") for ext in ("parquet", "md")}
+QUESTION_COUNTS = [path.format(dataset="hico") for path in QUESTION_COUNT_FILES.values()]
+CONDITION_DIR = in_results("images/{dataset}/{condition}")
+PREDICTIONS = in_results("predictions/{dataset}/{qset}/{condition}/{model}/{variant}.parquet")
 # One inference job's output (every question set it asks on one image shard): a folder with <qset>.parquet
 # per set; its resumable parts, kept after success for reuse, live beside it in "<shard>.parts/<qset>/".
-SUITE_SHARD = "results/shards/{dataset}/{condition}/{model}/{variant}/{shard}"
+SUITE_SHARD = in_results("shards/{dataset}/{condition}/{model}/{variant}/{shard}")
 # One metric job per run and one consistency job per (pair, model, variant), over all their question sets.
-METRIC_PART = "results/metrics/parts/{dataset}/{condition}/{model}/{variant}.parquet"
-CONSISTENCY_PART = "results/metrics/parts/{dataset}/{reference}_vs_{other}/{model}/{variant}.parquet"
-METRICS = "results/metrics/metrics.parquet"
+METRIC_PART = in_results("metrics/parts/{dataset}/{condition}/{model}/{variant}.parquet")
+CONSISTENCY_PART = in_results("metrics/parts/{dataset}/{reference}_vs_{other}/{model}/{variant}.parquet")
+METRICS = in_results("metrics/metrics.parquet")
 TABLE_NUMBERS = [1, 2, 3] + ([4] if CHARADES else [])
-TABLES = expand("results/tables/table{n}.{ext}", n=TABLE_NUMBERS, ext=["parquet", "md"])
-TABLES_HTML = expand("results/tables/table{n}.html", n=TABLE_NUMBERS)
+TABLES = expand(in_results("tables/table{n}.{ext}"), n=TABLE_NUMBERS, ext=["parquet", "md"])
+TABLES_HTML = expand(in_results("tables/table{n}.html"), n=TABLE_NUMBERS)
 # slug -> the paper's model name: models.<slug>.paper_name; an ensemble of the paper's three members is its ensemble
 TABLE_PAPER_NAMES = paper_names_from_config(config)
 VARIANT_PAPER_NAMES = {v: s.get("paper_name", "") for v, s in config["variants"].items()}
@@ -154,7 +183,7 @@ from verbmirage.mitigation_tables import paper_method_pairs, paper_methods_from_
 TABLE5_PAPER_METHODS = paper_methods_from_config(config, DERIVED)
 # slug -> LLaVA-1.5-7B where its row is the paper's method on the paper's model (else the paper's row stands alone)
 TABLE5_METHOD_PAIRS = paper_method_pairs(config, TABLE5_PAPER_METHODS, DERIVED)
-MITIGATION_TABLES = {n: [f"results/tables/table{n}.{ext}" for ext in ("parquet", "md", "html")] for n in (5, 8)}
+MITIGATION_TABLES = {n: [in_results(f"tables/table{n}.{ext}") for ext in ("parquet", "md", "html")] for n in (5, 8)}
 MITIGATION_TABLE_OUTPUTS = [path for paths in MITIGATION_TABLES.values() for path in paths]
 
 
@@ -166,7 +195,6 @@ def mitigation_table_outputs(number):
 
 
 # ---- derived models (rules/derived.smk; models.<slug>.derive, docs/models.md "Derived models") ------------
-DERIVED_MODEL = DERIVED_FOLDER  # results/models/{model}: Nullu's edited weights, a fine-tune's peft adapter
 DERIVED_MODELS = [DERIVED_MODEL.format(model=slug) for slug in DERIVED]
 DERIVED_OUTPUTS = DERIVED_MODELS  # built even when no run asks the model (rule all)
 
@@ -188,9 +216,9 @@ PANGEA_FILES = {key: _produced_by_download(PANGEA_ROOT) or f"{PANGEA_ROOT}/{PANG
                 for key in PANGEA_FILE_KEYS} if PANGEA else {}
 PANGEA_IMAGES = (_produced_by_download(PANGEA_ROOT) or f"{PANGEA_ROOT}/{PANGEA['images']}") if PANGEA else ""
 PANGEA_IMAGE_ROOT = f"{PANGEA_ROOT}/{PANGEA['images']}" if PANGEA else ""  # what a build reads
-TRAINING_QUESTIONS = "results/training/{model}/questions.parquet"
-TRAINING_SOURCES = "results/training/{model}/sources.parquet"  # per Pangea source: kept or why not, counts
-TRAINING_SUMMARY = "results/training/{model}/summary.md"  # our counts and node coverage beside the paper's
+TRAINING_QUESTIONS = in_results("training/{model}/questions.parquet")
+TRAINING_SOURCES = in_results("training/{model}/sources.parquet")  # per Pangea source: kept or why not, counts
+TRAINING_SUMMARY = in_results("training/{model}/summary.md")  # our counts and node coverage beside the paper's
 PANGEA_FINETUNES = [slug for slug, derive in DERIVED.items()
                     if derive["method"] == "lora_finetune" and not derive.get("questions")]
 FINETUNE_OUTPUTS = [path.format(model=slug) for slug in PANGEA_FINETUNES
@@ -432,10 +460,10 @@ ATTENTION_SETTINGS = config.get("analysis", {}).get("attention") or {}
 ATTENTION_MODELS = attention_models(config)  # slug -> model entry (models: or analysis.attention.extra_models)
 ATTENTION_QSETS = ATTENTION_SETTINGS.get("qsets", [])  # checked against questions.sets by attention_models
 ATTENTION_CONDITIONS = ATTENTION_SETTINGS.get("conditions", [])
-ATTENTION_PART = "results/analysis/attention/{dataset}/{condition}/{model}.parquet"  # one job: every set, model loaded once
-ATTENTION_TABLE = "results/analysis/attention.parquet"
-ATTENTION_FIGURES = {n: f"results/figures/fig{n}_attention.png" for n in (7, 8, 13, 14)}
-ATTENTION_SUMMARY = expand("results/analysis/attention_summary.{ext}", ext=["parquet", "html"])
+ATTENTION_PART = in_results("analysis/attention/{dataset}/{condition}/{model}.parquet")  # one job: every set, model loaded once
+ATTENTION_TABLE = in_results("analysis/attention.parquet")
+ATTENTION_FIGURES = {n: in_results(f"figures/fig{n}_attention.png") for n in (7, 8, 13, 14)}
+ATTENTION_SUMMARY = expand(in_results("analysis/attention_summary.{ext}"), ext=["parquet", "html"])
 ATTENTION_OUTPUTS = [ATTENTION_TABLE, *ATTENTION_SUMMARY, *ATTENTION_FIGURES.values()] if ATTENTION_MODELS else []
 
 
@@ -495,10 +523,10 @@ VCD_DIVERGENCE_RUNS = [  # each VCD run read, with its plain counterpart's table
     ]
     if _planned(run, run["variant"])
 ]
-VCD_DIVERGENCE_TABLE = "results/analysis/vcd_divergence.parquet"
-VCD_DIVERGENCE_HTML = "results/analysis/vcd_divergence.html"
-VCD_KL_HIST = "results/analysis/vcd_kl_hist.parquet"
-VCD_DIVERGENCE_FIGURE = "results/figures/vcd_divergence.png"
+VCD_DIVERGENCE_TABLE = in_results("analysis/vcd_divergence.parquet")
+VCD_DIVERGENCE_HTML = in_results("analysis/vcd_divergence.html")
+VCD_KL_HIST = in_results("analysis/vcd_kl_hist.parquet")
+VCD_DIVERGENCE_FIGURE = in_results("figures/vcd_divergence.png")
 VCD_DIVERGENCE_OUTPUTS = (
     [VCD_DIVERGENCE_TABLE, VCD_DIVERGENCE_HTML, VCD_KL_HIST, VCD_DIVERGENCE_FIGURE] if VCD_DIVERGENCE_RUNS else []
 )
@@ -523,10 +551,10 @@ from verbmirage.analysis.known_object import known_object_settings
 
 KNOWN_OBJECT = known_object_settings(config)  # None: off; checked against models, question sets and conditions
 KNOWN_OBJECT_PARAMS = _asdict(KNOWN_OBJECT) if KNOWN_OBJECT else {}
-KNOWN_OBJECT_AP = "results/metrics/ap_per_hoi.parquet"
-KNOWN_OBJECT_METRIC_PART = "results/metrics/parts/analysis/known_object.parquet"  # read by rule metrics
+KNOWN_OBJECT_AP = in_results("metrics/ap_per_hoi.parquet")
+KNOWN_OBJECT_METRIC_PART = in_results("metrics/parts/analysis/known_object.parquet")  # read by rule metrics
 KNOWN_OBJECT_METRIC_PARTS = [KNOWN_OBJECT_METRIC_PART] if KNOWN_OBJECT else []
-KNOWN_OBJECT_FIGURE = "results/figures/fig11_known_object_ap.png"
+KNOWN_OBJECT_FIGURE = in_results("figures/fig11_known_object_ap.png")
 KNOWN_OBJECT_OUTPUTS = [KNOWN_OBJECT_AP, KNOWN_OBJECT_FIGURE] if KNOWN_OBJECT else []
 KNOWN_OBJECT_QUESTIONS = QUESTIONS.format(dataset="hico", qset=KNOWN_OBJECT.qset) if KNOWN_OBJECT else []
 KNOWN_OBJECT_RUNS = {  # "condition/model/variant" -> its prediction table
@@ -554,14 +582,14 @@ TOKEN_MODELS = token_probability_models({m: config["models"][m] for m in MODELS}
 NO_TOKEN_MODELS = [m for m in MODELS if m not in TOKEN_MODELS]
 UNCERTAINTY_MODELS = [m for m in (UNCERTAINTY.models or MODELS) if m in TOKEN_MODELS] if UNCERTAINTY else []
 FOV = fov_settings(config, {c: condition_qsets("hico", c) for c in CONDITIONS})  # None: off
-UNCERTAINTY_HIST = "results/analysis/uncertainty_hist.parquet"
-UNCERTAINTY_METRIC_PART = "results/metrics/parts/analysis/uncertainty.parquet"  # read by rule metrics
+UNCERTAINTY_HIST = in_results("analysis/uncertainty_hist.parquet")
+UNCERTAINTY_METRIC_PART = in_results("metrics/parts/analysis/uncertainty.parquet")  # read by rule metrics
 UNCERTAINTY_METRIC_PARTS = [UNCERTAINTY_METRIC_PART] if UNCERTAINTY else []
-UNCERTAINTY_FIGURES = {n: f"results/figures/fig{n}_uncertainty.png" for n in (9, 12)}
-FOV_SUMMARY = "results/analysis/fov.parquet"
-FOV_ROWS = "results/analysis/fov_rows.parquet"  # the question rows behind fov.parquet (Fig. 10's boxes)
-FOV_TABLE = {ext: f"results/tables/fov.{ext}" for ext in ("parquet", "md", "html")}
-FOV_FIGURE = "results/figures/fig10_fov.png"
+UNCERTAINTY_FIGURES = {n: in_results(f"figures/fig{n}_uncertainty.png") for n in (9, 12)}
+FOV_SUMMARY = in_results("analysis/fov.parquet")
+FOV_ROWS = in_results("analysis/fov_rows.parquet")  # the question rows behind fov.parquet (Fig. 10's boxes)
+FOV_TABLE = {ext: in_results(f"tables/fov.{ext}") for ext in ("parquet", "md", "html")}
+FOV_FIGURE = in_results("figures/fig10_fov.png")
 UNCERTAINTY_OUTPUTS = ([UNCERTAINTY_HIST, *UNCERTAINTY_FIGURES.values()] if UNCERTAINTY else []) + (
     [FOV_SUMMARY, FOV_FIGURE, *FOV_TABLE.values()] if FOV else []
 )
@@ -610,11 +638,11 @@ PAPER_FIGURE_PAIR = next(  # Fig. 4(b): the noise pair of Table 2 (the first pai
     CONSISTENCY_PAIRS[0] if CONSISTENCY_PAIRS else None,
 )
 PAPER_FIGURES = {
-    "fig1": "results/figures/fig1_object_vs_verb.png",
-    "fig3": "results/figures/fig3_rare_common.png",
-    **({"fig4b": "results/figures/fig4b_error_consistency.png"} if PAPER_FIGURE_PAIR else {}),
-    **({"fig5": "results/figures/fig5_ego_exo.png"} if CHARADES else {}),  # CharadesEgo only
-    **({"fig6": "results/figures/fig6_ambiguity.png"} if HICO_DET_ROOT else {}),  # needs the HICO-DET tags
+    "fig1": in_results("figures/fig1_object_vs_verb.png"),
+    "fig3": in_results("figures/fig3_rare_common.png"),
+    **({"fig4b": in_results("figures/fig4b_error_consistency.png")} if PAPER_FIGURE_PAIR else {}),
+    **({"fig5": in_results("figures/fig5_ego_exo.png")} if CHARADES else {}),  # CharadesEgo only
+    **({"fig6": in_results("figures/fig6_ambiguity.png")} if HICO_DET_ROOT else {}),  # needs the HICO-DET tags
 }
 PAPER_FIGURE_OUTPUTS = list(PAPER_FIGURES.values())
 
@@ -631,12 +659,12 @@ RELIANCE_SETTINGS = (
     if RELIANCE
     else {}
 )
-RELIANCE_OBJECTS = "results/analysis/object_reliance.parquet"
-RELIANCE_VERBS = "results/analysis/verb_influence.parquet"
-RELIANCE_METRIC_PART = "results/metrics/parts/analysis/object_reliance.parquet"  # read by rule metrics
+RELIANCE_OBJECTS = in_results("analysis/object_reliance.parquet")
+RELIANCE_VERBS = in_results("analysis/verb_influence.parquet")
+RELIANCE_METRIC_PART = in_results("metrics/parts/analysis/object_reliance.parquet")  # read by rule metrics
 RELIANCE_METRIC_PARTS = [RELIANCE_METRIC_PART] if RELIANCE else []
-RELIANCE_TABLES = {n: [f"results/tables/table{n}.{ext}" for ext in ("parquet", "md", "html")] for n in (6, 7)}
-RELIANCE_FIGURE = "results/figures/fig15_object_reliance.png"
+RELIANCE_TABLES = {n: [in_results(f"tables/table{n}.{ext}") for ext in ("parquet", "md", "html")] for n in (6, 7)}
+RELIANCE_FIGURE = in_results("figures/fig15_object_reliance.png")
 RELIANCE_OUTPUTS = [*RELIANCE_TABLES[6], *RELIANCE_TABLES[7], RELIANCE_FIGURE] if RELIANCE else []
 
 
@@ -688,11 +716,11 @@ def reliance_figure_notes():
 from verbmirage.decisions import calibration_qsets, decision_plan
 
 DECISIONS = decision_plan(config)  # threshold / content_free variant slugs; the calibration images they share
-CALIBRATION_QUESTIONS = "results/benchmark/{dataset}/calibration/{qset}.parquet"  # YN protocol, training images
-CALIBRATION_IMAGES = "results/images/calibration/{dataset}/{condition}"  # those images under a condition
-CALIBRATION_ANSWERS = "results/calibration/{dataset}/{condition}/{model}/{variant}.answers"  # <qset>.parquet
-CALIBRATION_CUTS = "results/calibration/{dataset}/{condition}/{model}/{variant}.json"  # one cut per YN set
-CONTENT_FREE_IMAGES = "results/images/content_free/{dataset}"  # blank.png, mean.png (HICO training images)
+CALIBRATION_QUESTIONS = in_results("benchmark/{dataset}/calibration/{qset}.parquet")  # YN protocol, training images
+CALIBRATION_IMAGES = in_results("images/calibration/{dataset}/{condition}")  # those images under a condition
+CALIBRATION_ANSWERS = in_results("calibration/{dataset}/{condition}/{model}/{variant}.answers")  # <qset>.parquet
+CALIBRATION_CUTS = in_results("calibration/{dataset}/{condition}/{model}/{variant}.json")  # one cut per YN set
+CONTENT_FREE_IMAGES = in_results("images/content_free/{dataset}")  # blank.png, mean.png (HICO training images)
 
 
 def run_calibration_qsets(dataset, condition, model, variant=None):

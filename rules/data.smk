@@ -8,7 +8,7 @@ rule demo_hico:
     params:
         demo=config["demo"],
     log:
-        "logs/demo_hico.log",
+        in_logs("demo_hico.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -25,7 +25,7 @@ rule demo_charadesego:
         pairs=config["demo"]["charades_pairs"],
         seed=config["demo"]["seed"],
     log:
-        "logs/demo_charadesego.log",
+        in_logs("demo_charadesego.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -40,7 +40,7 @@ rule tiny_model:
     wildcard_constraints:
         family=_alternatives(TINY_FAMILIES),
     log:
-        "logs/tiny_model/{family}.log",
+        in_logs("tiny_model/{family}.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -59,7 +59,7 @@ rule fetch_dataset:
         archive=lambda wildcards: f"resources/archives/{DOWNLOADS[wildcards.download]['archive']}",
         target=DOWNLOADED,
     log:
-        "logs/fetch_dataset/{download}.log",
+        in_logs("fetch_dataset/{download}.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:

@@ -16,7 +16,7 @@ rule calibration_question_set:
         settings=config["questions"],
         images=DECISIONS["calibration_images"],
     log:
-        "logs/calibration_question_set/{dataset}/{qset}.log",
+        in_logs("calibration_question_set/{dataset}/{qset}.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -37,7 +37,7 @@ rule calibration_images:
         settings=lambda wildcards: condition_settings(wildcards.condition),
         seed=config["condition_seed"],
     log:
-        "logs/calibration_images/{dataset}/{condition}.log",
+        in_logs("calibration_images/{dataset}/{condition}.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -76,9 +76,9 @@ rule calibrate_decision:
         runtime=model_resource("runtime", 60),
         cpus_per_gpu=model_resource("cpus_per_gpu", 4),
     log:
-        "logs/calibrate_decision/{dataset}/{condition}/{model}/{variant}.log",
+        in_logs("calibrate_decision/{dataset}/{condition}/{model}/{variant}.log"),
     benchmark:
-        "benchmarks/calibrate_decision/{dataset}/{condition}/{model}/{variant}.tsv"
+        in_benchmarks("calibrate_decision/{dataset}/{condition}/{model}/{variant}.tsv")
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -99,7 +99,7 @@ rule content_free_images:
         images=DECISIONS["calibration_images"],
         seed=config["questions"]["seed"],
     log:
-        "logs/content_free_images/{dataset}.log",
+        in_logs("content_free_images/{dataset}.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:

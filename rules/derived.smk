@@ -22,9 +22,9 @@ rule derive_model:
         runtime=model_resource("runtime", 60),
         cpus_per_gpu=model_resource("cpus_per_gpu", 4),
     log:
-        "logs/derive_model/{model}.log",
+        in_logs("derive_model/{model}.log"),
     benchmark:
-        "benchmarks/derive_model/{model}.tsv"
+        in_benchmarks("derive_model/{model}.tsv")
     conda:
         "../envs/verbmirage.yaml"
     script:

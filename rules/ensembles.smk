@@ -22,7 +22,7 @@ for _index, (_dataset, _condition, _qsets, _ensembles, _variant) in enumerate(EN
             qsets=_qsets,
             members=lambda wildcards: ENSEMBLES[wildcards.model],
         log:
-            f"logs/ensemble/{_dataset}/{_condition}/{{model}}/{{variant}}.log",
+            in_logs(f"ensemble/{_dataset}/{_condition}/{{model}}/{{variant}}.log"),
         conda:
             "../envs/verbmirage.yaml"
         script:

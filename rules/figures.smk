@@ -20,7 +20,7 @@ rule paper_figures:
         paper_variant=config["variants"][VARIANTS[0]].get("paper_name") or "beam5",  # the paper's default decoding
         pair=PAPER_FIGURE_PAIR,
     log:
-        "logs/paper_figures.log",
+        in_logs("paper_figures.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:

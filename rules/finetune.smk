@@ -14,7 +14,7 @@ rule demo_pangea:
     params:
         seed=config["demo"]["seed"],
     log:
-        "logs/demo_pangea.log",
+        in_logs("demo_pangea.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -41,7 +41,7 @@ rule training_questions:
         settings=lambda wildcards: DERIVED[wildcards.model].get("pangea", {}),
         hico_root=HICO_ROOT,
     log:
-        "logs/training_questions/{model}.log",
+        in_logs("training_questions/{model}.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:

@@ -12,7 +12,7 @@ rule image_condition:
         settings=lambda wildcards: condition_settings(wildcards.condition),
         seed=config["condition_seed"],
     log:
-        "logs/image_condition/{dataset}/{condition}.log",
+        in_logs("image_condition/{dataset}/{condition}.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:

@@ -34,9 +34,9 @@ rule predict_suite:
         runtime=model_resource("runtime", 60),
         cpus_per_gpu=model_resource("cpus_per_gpu", 4),
     log:
-        "logs/predict/{dataset}/{condition}/{model}/{variant}/{shard}.log",
+        in_logs("predict/{dataset}/{condition}/{model}/{variant}/{shard}.log"),
     benchmark:
-        "benchmarks/predict/{dataset}/{condition}/{model}/{variant}/{shard}.tsv"
+        in_benchmarks("predict/{dataset}/{condition}/{model}/{variant}/{shard}.tsv")
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -65,7 +65,7 @@ for _index, (_dataset, _condition, _qsets, _models, _variant) in enumerate(MERGE
         params:
             qsets=_qsets,
         log:
-            f"logs/merge_predictions/{_dataset}/{_condition}/{{model}}/{{variant}}.log",
+            in_logs(f"merge_predictions/{_dataset}/{_condition}/{{model}}/{{variant}}.log"),
         conda:
             "../envs/verbmirage.yaml"
         script:

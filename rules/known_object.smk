@@ -18,7 +18,7 @@ rule known_object:
         det_root=HICO_DET_ROOT,  # the folder (its file may come from a download)
         images=KNOWN_OBJECT_PARTIAL_IMAGES,
     log:
-        "logs/known_object.log",
+        in_logs("known_object.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -38,7 +38,7 @@ rule known_object_figure:
         models=KNOWN_OBJECT_MODEL_ENTRIES,
         paper_names=TABLE_PAPER_NAMES,  # the paper's mAP beside a model whose paper_name it published
     log:
-        "logs/known_object_figure.log",
+        in_logs("known_object_figure.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:

@@ -13,7 +13,7 @@ rule metric_part:
         qsets=run_qsets,
         settings=config["metrics"],
     log:
-        "logs/metric_part/{dataset}/{condition}/{model}/{variant}.log",
+        in_logs("metric_part/{dataset}/{condition}/{model}/{variant}.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -35,7 +35,7 @@ rule consistency_part:
         qsets=pair_qsets,
         settings=config["metrics"],
     log:
-        "logs/consistency_part/{dataset}/{reference}_vs_{other}/{model}/{variant}.log",
+        in_logs("consistency_part/{dataset}/{reference}_vs_{other}/{model}/{variant}.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -51,7 +51,7 @@ rule metrics:
     output:
         METRICS,
     log:
-        "logs/metrics.log",
+        in_logs("metrics.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:

@@ -11,7 +11,7 @@ rule question_set:
         root=lambda wildcards: HICO_ROOT,  # the dataset folder (its files may come from a download)
         settings=config["questions"],
     log:
-        "logs/question_set/{dataset}/{qset}.log",
+        in_logs("question_set/{dataset}/{qset}.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -29,7 +29,7 @@ rule train_stats:
     params:
         root=lambda wildcards: HICO_ROOT,  # the dataset folder (its files may come from a download)
     log:
-        "logs/train_stats/{dataset}.log",
+        in_logs("train_stats/{dataset}.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -41,12 +41,12 @@ rule question_counts:
     input:
         expand(QUESTIONS, qset=QSETS, allow_missing=True),
     output:
-        parquet="results/benchmark/{dataset}/counts.parquet",
-        markdown="results/benchmark/{dataset}/counts.md",
+        parquet=QUESTION_COUNT_FILES["parquet"],
+        markdown=QUESTION_COUNT_FILES["md"],
     wildcard_constraints:
         dataset="hico",
     log:
-        "logs/question_counts/{dataset}.log",
+        in_logs("question_counts/{dataset}.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:

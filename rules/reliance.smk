@@ -22,7 +22,7 @@ rule object_reliance:
         variant=RELIANCE_SETTINGS.get("variant"),
         hico_root=HICO_ROOT,
     log:
-        "logs/object_reliance.log",
+        in_logs("object_reliance.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -47,7 +47,7 @@ rule reliance_report:
         min_questions=RELIANCE_SETTINGS.get("min_questions"),
         notes=reliance_figure_notes(),
     log:
-        "logs/reliance_report.log",
+        in_logs("reliance_report.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:

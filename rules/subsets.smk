@@ -10,7 +10,7 @@ rule image_tags:
         det_root=lambda wildcards: HICO_DET_ROOT,
         settings=config["subsets"],
     log:
-        "logs/image_tags.log",
+        in_logs("image_tags.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:

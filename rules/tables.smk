@@ -14,7 +14,7 @@ rule tables:
         paper_names=TABLE_PAPER_NAMES,  # slug -> the paper's model name (models.<slug>.paper_name)
         variant_paper_names={v: s.get("paper_name", "") for v, s in config["variants"].items()},
     log:
-        "logs/tables.log",
+        in_logs("tables.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -36,7 +36,7 @@ rule mitigation_tables:
         method_pairs=TABLE5_METHOD_PAIRS,  # slug -> the paper model its row is compared with (its base's)
         variant_paper_names=VARIANT_PAPER_NAMES,  # variant -> variants.<slug>.paper_name
     log:
-        "logs/mitigation_tables.log",
+        in_logs("mitigation_tables.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:

@@ -12,7 +12,7 @@ rule uncertainty:
         settings=UNCERTAINTY,
         bootstrap=config["metrics"],
     log:
-        "logs/uncertainty.log",
+        in_logs("uncertainty.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -37,7 +37,7 @@ rule uncertainty_figures:
         variant=VARIANTS[0],
         condition=UNCERTAINTY.conditions[0] if UNCERTAINTY else "clean",
     log:
-        "logs/uncertainty_figures.log",
+        in_logs("uncertainty_figures.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -60,7 +60,7 @@ rule fov:
         token_models=TOKEN_MODELS,  # the others get accuracies only
         bootstrap=config["metrics"],
     log:
-        "logs/fov.log",
+        in_logs("fov.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -83,7 +83,7 @@ rule fov_report:
         notes=random_weight_notes(),
         variant=VARIANTS[0],
     log:
-        "logs/fov_report.log",
+        in_logs("fov_report.log"),
     conda:
         "../envs/verbmirage.yaml"
     script:

@@ -49,10 +49,11 @@ def run_api(workdir: Path) -> None:
             scheduler_settings=GreedySchedulerSettings())
 
 
-def planned_jobs(workdir: Path, configfile: Path | None = None, *extra: str) -> list[tuple[str, dict]]:
-    """(rule, wildcards) of every job a dry run would execute (config: ``workdir``/config.yaml by default)."""
+def planned_jobs(workdir: Path, configfile: Path | None = None, *extra: str, targets=()) -> list[tuple[str, dict]]:
+    """(rule, wildcards) of every job a dry run would execute (config: ``workdir``/config.yaml by default;
+    ``targets``: files to plan instead of rule all)."""
     result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--dry-run", "--snakefile", str(REPO / "Snakefile"),
+        [sys.executable, "-m", "snakemake", *targets, "--dry-run", "--snakefile", str(REPO / "Snakefile"),
          "--directory", str(workdir), "--configfile", str(configfile or workdir / "config.yaml"), *extra],
         capture_output=True, text=True, timeout=300,
     )

@@ -33,7 +33,8 @@ DERIVE_METHODS = {
 }
 #: method -> the key of the effective entry the built folder fills: full weights or a peft adapter on the base.
 OUTPUT_KEYS = {"nullu": "path", "lora_finetune": "adapter"}
-#: Where rule ``derive_model`` builds a derived model (``{model}`` = its slug).
+#: Where rule ``derive_model`` builds a derived model (``{model}`` = its slug) in the demo's results tree; a
+#: config with its own tree passes its folder (rules/common.smk, ``DERIVED_MODEL``).
 DERIVED_FOLDER = "results/models/{model}"
 #: Backends a method can derive from: the transformers ones (their weights load with from_pretrained).
 TRANSFORMERS_BACKENDS = frozenset(name for name, target in BACKENDS.items() if target.startswith("verbmirage.models.hf:"))
@@ -103,10 +104,10 @@ def method_settings(derive: dict) -> dict:
     return {key: value for key, value in derive.items() if key not in ("method", "base")}
 
 
-def effective_entry(config: dict, slug: str) -> dict:
+def effective_entry(config: dict, slug: str, folder: str = DERIVED_FOLDER) -> dict:
     """The entry the jobs of ``slug`` load: for a derived entry, its base's entry (without the base's labels
-    and planning keys), its own keys on top (without ``derive``) and the built folder as ``path`` or
-    ``adapter``; any other entry as it is."""
+    and planning keys), its own keys on top (without ``derive``) and the built folder (``folder``, with
+    ``{model}``) as ``path`` or ``adapter``; any other entry as it is."""
     entry = config["models"][slug]
     if "derive" not in entry:
         return dict(entry)
@@ -117,13 +118,13 @@ def effective_entry(config: dict, slug: str) -> dict:
         inherited.pop("adapter", None)
         inherited.pop("merge_adapter", None)
     own = {key: value for key, value in entry.items() if key != "derive"}
-    return {**inherited, **own, OUTPUT_KEYS[method]: DERIVED_FOLDER.format(model=slug)}
+    return {**inherited, **own, OUTPUT_KEYS[method]: folder.format(model=slug)}
 
 
-def effective_models(config: dict) -> dict[str, dict]:
+def effective_models(config: dict, folder: str = DERIVED_FOLDER) -> dict[str, dict]:
     """``models:`` with every derived entry replaced by :func:`effective_entry` (checked first)."""
     check_derived(config)
-    return {slug: effective_entry(config, slug) for slug in config["models"]}
+    return {slug: effective_entry(config, slug, folder) for slug in config["models"]}
 
 
 def _method_module(method: str, where: str):
