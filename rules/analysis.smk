@@ -18,6 +18,7 @@ rule attention:
         model=lambda wildcards: ATTENTION_MODELS[wildcards.model],
         settings=ATTENTION_SETTINGS,
         det_root=lambda wildcards: HICO_DET_ROOT,  # the folder (its file may come from a download)
+        identity=identity("hico_boxes"),
     resources:
         gpu=attention_resource("gpu", 0),
         mem_mb=attention_resource("mem_mb", 4000),

@@ -9,6 +9,7 @@ rule charades_frames:
     params:
         root=lambda wildcards: CHARADES_ROOT,
         videos=lambda wildcards: CHARADES_VIDEO_FOLDER,
+        identity=identity("charadesego"),  # root, CharadesEgo/'s files' digests, the videos' listing
         split=CHARADES_SPLIT,
     log:
         in_logs("charades_frames.log"),
@@ -28,6 +29,7 @@ rule charades_question_set:
         qset=_alternatives(CHARADES_QUESTION_SETS),
     params:
         root=lambda wildcards: CHARADES_ROOT,
+        identity=identity("charadesego"),
         seed=config["questions"]["seed"],
         mc_options=config["questions"]["mc_options"],
     log:
@@ -46,6 +48,7 @@ rule charades_train_stats:
         CHARADES_TRAIN_STATS,
     params:
         root=lambda wildcards: CHARADES_ROOT,
+        identity=identity("charadesego"),
     log:
         in_logs("charades_train_stats.log"),
     conda:

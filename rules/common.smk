@@ -260,6 +260,44 @@ def derive_data(wildcards):
     return DERIVE_DATA[derive["method"]](derive)[1]
 
 
+# ---- dataset identity (verbmirage.data_identity) ------------------------------------------------------------
+# Each job that reads a dataset takes its identity as the param `identity` (root, content digests of the
+# annotation files, listings with sizes of the image and video folders); a changed identity reruns the job, also
+# for data replaced under the same path with old modification times. Snakemake records a param function of
+# `wildcards` only (not one of `input`) and calls it again just before its job runs, so data the run itself
+# brings (the demo, a download) is recorded as built.
+from verbmirage import data_identity
+
+DATA_PARTS = {
+    "hico_annotations": lambda: data_identity.hico_annotations(HICO_ROOT),
+    "hico_images": lambda: data_identity.hico_images(HICO_ROOT),
+    "hico_boxes": lambda: data_identity.hico_boxes(HICO_DET_ROOT),
+    "charadesego": lambda: data_identity.charades(CHARADES_ROOT, CHARADES_VIDEO_FOLDER),
+    "pangea": lambda: data_identity.pangea(PANGEA, PANGEA_FILE_KEYS),
+}
+
+
+def identity(*parts):
+    """The ``identity`` param of a rule that reads the named parts of ``DATA_PARTS``."""
+    return lambda wildcards: {part: DATA_PARTS[part]() for part in parts}
+
+
+def image_identity(wildcards):
+    """An image condition's source: HICO's image folder (CharadesEgo's frames are built by rule charades_frames)."""
+    return identity("hico_images")(wildcards) if wildcards.dataset == "hico" else {}
+
+
+def derive_identity(wildcards):
+    """The data a derived model trains on: HICO (Nullu without a pairs file), Pangea (a fine-tune without its own
+    questions); a user's pairs file or question table is tracked by its modification time only."""
+    derive = DERIVED[wildcards.model]
+    if derive["method"] == "nullu" and not derive.get("pairs_file"):
+        return identity("hico_annotations", "hico_images")(wildcards)
+    if derive["method"] == "lora_finetune" and not derive.get("questions"):
+        return identity("pangea")(wildcards)
+    return {}
+
+
 # ---- input functions ---------------------------------------------------------
 def model_resource(key, default):
     """Resource of the prediction job, from the model entry's ``resources``."""

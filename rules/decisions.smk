@@ -13,6 +13,7 @@ rule calibration_question_set:
         dataset="hico",
     params:
         root=lambda wildcards: HICO_ROOT,
+        identity=identity("hico_annotations"),
         settings=config["questions"],
         images=DECISIONS["calibration_images"],
     log:
@@ -34,6 +35,7 @@ rule calibration_images:
         dataset="hico",
     params:
         root=lambda wildcards: HICO_ROOT,
+        identity=identity("hico_images"),
         settings=lambda wildcards: condition_settings(wildcards.condition),
         seed=config["condition_seed"],
     log:
@@ -96,6 +98,7 @@ rule content_free_images:
         dataset="hico",
     params:
         root=lambda wildcards: HICO_ROOT,
+        identity=identity("hico_annotations", "hico_images"),
         images=DECISIONS["calibration_images"],
         seed=config["questions"]["seed"],
     log:

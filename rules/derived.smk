@@ -16,6 +16,7 @@ rule derive_model:
         derive=lambda wildcards: DERIVED[wildcards.model],  # method, base and the method's settings
         base=lambda wildcards: derive_base_settings(DERIVED[wildcards.model]["base"]),
         data=derive_data,
+        identity=derive_identity,  # the training data's (HICO or Pangea)
     resources:
         gpu=model_resource("gpu", 0),
         mem_mb=model_resource("mem_mb", 4000),

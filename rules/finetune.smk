@@ -40,6 +40,7 @@ rule training_questions:
         pangea=PANGEA,
         settings=lambda wildcards: DERIVED[wildcards.model].get("pangea", {}),
         hico_root=HICO_ROOT,
+        identity=identity("pangea", "hico_annotations", "hico_images"),
     log:
         in_logs("training_questions/{model}.log"),
     conda:

@@ -9,6 +9,7 @@ rule image_condition:
         directory(CONDITION_DIR),
     params:
         root=image_root,
+        identity=image_identity,  # root and the images folder's listing (names, sizes)
         settings=lambda wildcards: condition_settings(wildcards.condition),
         seed=config["condition_seed"],
     log:

@@ -16,6 +16,7 @@ rule known_object:
         runs=KNOWN_OBJECT_RUNS,
         settings=KNOWN_OBJECT_PARAMS,
         det_root=HICO_DET_ROOT,  # the folder (its file may come from a download)
+        identity=identity("hico_boxes"),
         images=KNOWN_OBJECT_PARTIAL_IMAGES,
     log:
         in_logs("known_object.log"),

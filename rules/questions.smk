@@ -9,6 +9,7 @@ rule question_set:
         dataset="hico",
     params:
         root=lambda wildcards: HICO_ROOT,  # the dataset folder (its files may come from a download)
+        identity=identity("hico_annotations"),  # root and anno.mat's digest: replaced data reruns the job
         settings=config["questions"],
     log:
         in_logs("question_set/{dataset}/{qset}.log"),
@@ -28,6 +29,7 @@ rule train_stats:
         dataset="hico",
     params:
         root=lambda wildcards: HICO_ROOT,  # the dataset folder (its files may come from a download)
+        identity=identity("hico_annotations"),
     log:
         in_logs("train_stats/{dataset}.log"),
     conda:

@@ -21,6 +21,7 @@ rule object_reliance:
         condition=RELIANCE_SETTINGS.get("condition"),
         variant=RELIANCE_SETTINGS.get("variant"),
         hico_root=HICO_ROOT,
+        identity=identity("hico_annotations"),
     log:
         in_logs("object_reliance.log"),
     conda:

@@ -8,6 +8,7 @@ rule image_tags:
     params:
         root=lambda wildcards: HICO_ROOT,  # the dataset folders (their files may come from a download)
         det_root=lambda wildcards: HICO_DET_ROOT,
+        identity=identity("hico_annotations", "hico_boxes"),
         settings=config["subsets"],
     log:
         in_logs("image_tags.log"),

@@ -1,8 +1,11 @@
-"""Two configs in one checkout, replayed in Snakemake on small demo data, building only the targets it needs
-(README, "Several configs in one checkout")."""
+"""Two configs in one checkout, data replaced under old dates, an incomplete images folder: each replayed in
+Snakemake on small demo data, building only the targets it needs (README, "Several configs in one checkout",
+"Changed data rebuilds what was built from it", "An incomplete images folder stops the image stage")."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +18,7 @@ from workflow_run import REPO, planned_jobs, write_config
 
 pytestmark = pytest.mark.slow
 
+OLD = (1442700000, 1442700000)  # 2015-09-19: the dates `tar x`, `cp -a` and `rsync -a` keep
 SMALL = DemoSizes(train=20, test=12, seed=7)
 
 
@@ -45,6 +49,11 @@ def _build(workdir: Path, configfile: Path, *targets: str) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
+def _backdate(folder: Path) -> None:
+    for path in [folder, *folder.rglob("*")]:
+        os.utime(path, OLD, follow_symlinks=False)
+
+
 def test_a_second_config_builds_into_its_own_tree_and_leaves_the_demo_done(tmp_path):
     """A copy of config.yaml pointing at other data builds results/<file name>/; the demo's question set is
     untouched and a dry run of the demo has nothing to do (it had 141 of 179 jobs to redo)."""
@@ -59,3 +68,48 @@ def test_a_second_config_builds_into_its_own_tree_and_leaves_the_demo_done(tmp_p
     assert (tmp_path / "logs/real/question_set/hico/yn_obj.log").is_file()
     assert ((tmp_path / question_set).read_bytes(), (tmp_path / question_set).stat().st_mtime_ns) == built
     assert planned_jobs(tmp_path, demo, targets=[question_set]) == []
+
+
+def test_data_replaced_under_old_dates_rebuilds_the_question_sets_and_images(tmp_path):
+    """Probe 39: question sets and clean images built, then the data folder replaced by other data with 2015
+    dates; the plan rebuilds both (it said "Nothing to be done"). Images alone replaced: the images only."""
+    write_config(tmp_path, _small)
+    write_demo_hico(tmp_path / "data/hico2", tmp_path / "data/hico2_det", SMALL)
+    _backdate(tmp_path / "data")
+    config = _other_config(tmp_path, "swap", "data/hico2")
+    targets = ["results/swap/benchmark/hico/yn_obj.parquet", "results/swap/images/hico/clean"]
+    _build(tmp_path, config, *targets)
+    assert planned_jobs(tmp_path, config, targets=targets) == []
+
+    kept = tmp_path / "kept"
+    shutil.move(tmp_path / "data/hico2", kept)
+    write_demo_hico(tmp_path / "data/hico2", tmp_path / "data/hico2_det", DemoSizes(train=20, test=12, seed=11))
+    _backdate(tmp_path / "data")
+    rules = {rule for rule, _ in planned_jobs(tmp_path, config, targets=targets)}
+    assert {"question_set", "image_condition"} <= rules, rules
+
+    shutil.rmtree(tmp_path / "data/hico2/images")  # the old labels back, only the images swapped
+    shutil.move(kept / "anno.mat", tmp_path / "data/hico2/anno.mat")
+    shutil.move(kept / "images", tmp_path / "data/hico2/images")
+    (tmp_path / "data/hico2/images/test2015/HICO_test2015_00000001.jpg").write_bytes(
+        (tmp_path / "data/hico2/images/test2015/HICO_test2015_00000002.jpg").read_bytes())
+    _backdate(tmp_path / "data")
+    rules = {rule for rule, _ in planned_jobs(tmp_path, config, targets=targets)}
+    assert rules == {"image_condition"}, rules
+
+
+def test_missing_images_stop_the_image_stage_naming_them(tmp_path):
+    """The real annotation with only some of its images: the image condition job stops, naming how many are
+    missing and the first few, before any model job could start (they all take its folder as input)."""
+    write_config(tmp_path, _small)
+    write_demo_hico(tmp_path / "data/hico_part", tmp_path / "data/hico_part_det", SMALL)
+    for index in (3, 5, 6):
+        (tmp_path / f"data/hico_part/images/test2015/HICO_test2015_{index:08d}.jpg").unlink()
+    config = _other_config(tmp_path, "partial", "data/hico_part")
+    result = _snakemake(tmp_path, config, "results/partial/images/hico/clean")
+    assert result.returncode != 0
+    log = (tmp_path / "logs/partial/image_condition/hico/clean.log").read_text()
+    assert "MissingImagesError: condition clean: 3 of the 12 images the question sets ask about are missing " \
+           "under data/hico_part (first: images/test2015/HICO_test2015_00000003.jpg, " \
+           "images/test2015/HICO_test2015_00000005.jpg, images/test2015/HICO_test2015_00000006.jpg)" in log, log
+    assert not (tmp_path / "results/partial/images/hico/clean").exists()
