@@ -111,6 +111,53 @@ def test_schema_and_semantic_checks_of_variant_entries(config):
         check_config(bad, REPO)
 
 
+def test_non_finite_numbers_stop_the_plan_naming_the_key(config):
+    """Probe 28 of the third reliability review: `.nan` / `.inf` passed the schema's bounds and the plan; `alpha:
+    .inf` then answered every question "unknown" without an error row."""
+    loaded = copy.deepcopy(config)
+    loaded["variants"]["vcd_beam"]["vcd"]["alpha"] = yaml.safe_load(".inf")
+    loaded["variants"].update(yaml.safe_load("""
+        nan_sample: {decoding: sample, temperature: .nan, conditions: [clean]}
+        nan_beam: {decoding: beam, length_penalty: .nan}
+    """))
+    validate(loaded, SCHEMA)  # the schema lets all three through: only the walk below stops them
+    with pytest.raises(ConfigError) as raised:
+        check_config(loaded, REPO)
+    assert str(raised.value) == ("variants.vcd_beam.vcd.alpha: .inf is not a finite number; "
+                                 "variants.nan_sample.temperature: .nan is not a finite number; "
+                                 "variants.nan_beam.length_penalty: .nan is not a finite number")
+    # any key, at any depth, lists included: not only the variants
+    for edit, message in [
+        (lambda c: c["inference"].update(max_error_share=float("nan")), "inference.max_error_share: .nan"),
+        (lambda c: c["conditions"]["saltpepper"].update(probability=float("nan")),
+         "conditions.saltpepper.probability: .nan"),
+        (lambda c: c["models"]["tiny_clip"].update(threshold=-float("inf")), "models.tiny_clip.threshold: -.inf"),
+        (lambda c: c["variants"]["opera"]["opera"].update(scale_factor=float("inf")),
+         "variants.opera.opera.scale_factor: .inf"),
+        (lambda c: c["models"]["tiny_llava"].update(resources={"gpu": 0, "mem_mb": float("inf")}),
+         "models.tiny_llava.resources.mem_mb: .inf"),
+    ]:
+        bad = copy.deepcopy(config)
+        edit(bad)
+        with pytest.raises(ConfigError, match=rf"^{message} is not a finite number$"):
+            check_config(bad, REPO)
+    check_config(config, REPO)
+
+
+@pytest.mark.parametrize("entry, message", [
+    ('{"vcd": {"alpha": Infinity}}', r"^run\.vcd\.alpha: \.inf is not a finite number$"),
+    ('{"decoding": "sample", "temperature": NaN}', r"^run\.temperature: \.nan is not a finite number$"),
+    ('{"decoding": "beam", "length_penalty": -Infinity}', r"^run\.length_penalty: -\.inf is not a finite number$"),
+])
+def test_a_job_refuses_non_finite_variant_numbers_it_gets_without_a_plan(entry, message):
+    """The command line (`python -m verbmirage predict-suite --variant JSON`) bypasses planning, and JSON reads
+    NaN and Infinity: the job refuses them before loading a model."""
+    import json
+
+    with pytest.raises(ValueError, match=message):
+        Variant.from_config(json.loads(entry), "run")
+
+
 def test_backends_refuse_variants_they_cannot_run():
     blind = create_model("y", {"backend": "always_yes"})
     with pytest.raises(ValueError, match=r"where: backend 'always_yes' \(y\) cannot run .* lacks \['decoding:beam'\]"):

@@ -25,7 +25,7 @@ from verbmirage.derived import effective_entry, effective_models
 from verbmirage.hico import hico_det_file
 from verbmirage.models.base import allow_remote_code
 from verbmirage.models.registry import BACKENDS, IMAGE_MODES, WORKFLOW_KEYS, backend_settings, variant_features
-from verbmirage.variants import Variant, check_model_variant_settings, model_variants
+from verbmirage.variants import Variant, check_model_variant_settings, model_variants, non_finite_numbers
 
 # Where rule `demo_hico` writes the demo; a root pointing here need not exist yet.
 DEMO_HICO_ROOT = "resources/demo/hico_20150920"
@@ -219,7 +219,15 @@ def _check_pangea(config: dict, workdir: Path) -> None:
 
 
 def check_config(config: dict, workdir: str | Path = ".") -> None:
-    """Raise :class:`ConfigError` on the first problem found."""
+    """Raise :class:`ConfigError` on the first problem found.
+
+    First, anywhere in the config: a number that is NaN or infinite (YAML ``.nan``, ``.inf``), which the
+    schema's bounds let through and which would reach a model (a VCD ``alpha: .inf`` answers every question
+    "unknown") or switch a check off (``max_error_share: .nan`` fails no job).
+    """
+    problems = non_finite_numbers(config, "")
+    if problems:
+        raise ConfigError("; ".join(problems))
     workdir = Path(workdir)
     _check_pangea(config, workdir)
     try:  # a derived entry (models.<slug>.derive) is checked as the entry its jobs load

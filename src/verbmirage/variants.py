@@ -18,6 +18,7 @@ This module imports nothing heavy: the workflow reads it while planning.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import asdict, dataclass, fields
 
 DECODINGS = ("greedy", "beam", "sample", "opera")
@@ -117,8 +118,15 @@ class Variant:
 
     @classmethod
     def from_config(cls, entry: dict | None, where: str = "variants") -> "Variant":
-        """The variant of one config entry; errors name ``where`` and the key."""
+        """The variant of one config entry; errors name ``where`` and the key.
+
+        A non-finite number (``.nan``, ``.inf``) is refused here too, not only when the run is planned: a job
+        started from the command line (JSON admits ``NaN`` and ``Infinity``) never sees the plan.
+        """
         entry = dict(entry or {})
+        problems = non_finite_numbers(entry, where)
+        if problems:
+            raise ValueError("; ".join(problems))
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(entry) - known)
         if unknown:
@@ -204,6 +212,26 @@ def _checked(values: dict, settings_class, where: str) -> dict:
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")
     return dict(values)
+
+
+def non_finite_numbers(value, where: str) -> list[str]:
+    """One message per NaN or infinite float inside ``value`` (mappings and lists, at any depth), each naming
+    its key path (``where.key[index]``) and the value as YAML writes it, e.g.
+    ``variants.vcd_beam.vcd.alpha: .inf is not a finite number``.
+
+    The schema's bounds cannot refuse them: every comparison with NaN is false, and infinity passes any
+    ``minimum`` (and any key without a ``maximum``).
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        spelled = ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
+        return [f"{where}: {spelled} is not a finite number"]
+    if isinstance(value, dict):
+        return [problem for key, item in value.items()
+                for problem in non_finite_numbers(item, f"{where}.{key}" if where else str(key))]
+    if isinstance(value, (list, tuple)):
+        return [problem for index, item in enumerate(value)
+                for problem in non_finite_numbers(item, f"{where}[{index}]")]
+    return []
 
 
 def question_seed(question_id: str, seed: int) -> int:
