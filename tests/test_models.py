@@ -1,5 +1,6 @@
 """The model interface, the registry and the blind baselines."""
 
+import re
 import sys
 
 import numpy as np
@@ -116,3 +117,85 @@ def test_predict_keeps_order_and_records_missing_images(demo_anno, demo_roots, t
     assert (predictions.prediction[missing.to_numpy()] == "unknown").all()
     blind = predict(questions, create_model("y", {"backend": "always_yes"}), ImageResolver(tmp_path / "clean"))
     assert blind.error.isna().all()  # a blind model never asks for the image
+
+
+# ---- which scores must be finite (the result types' docstrings) ---------------------------------------------------
+def _yes_no(p_yes=0.7, confidence=0.6, parse_rule="greedy:first-token", **extra):
+    from verbmirage.models.base import YesNoResult
+
+    return YesNoResult(p_yes, "yes", "Yes", confidence, parse_rule, **extra)
+
+
+def _choice(probs=(0.2, 0.8), confidence=0.6, parse_rule="greedy:first-token"):
+    from verbmirage.models.base import MultipleChoiceResult
+
+    return MultipleChoiceResult(tuple(probs), "B", "B", confidence, parse_rule)
+
+
+@pytest.mark.parametrize("result, problem", [
+    # undefined where the rules allow it: an answer
+    (_yes_no(), None),
+    (_yes_no(p_yes=np.float32(0.25), confidence=np.float64(0.5), yes_margin=-1.1, vcd_kl=0.0, vcd_plausible=1), None),
+    (_yes_no(p_yes=float("nan")), None),  # VCD's cut removed every yes and no spelling
+    (_yes_no(p_yes=float("nan"), confidence=float("nan"), parse_rule="text:greedy:unparsed"), None),  # API, no logprobs
+    (_choice(probs=(float("nan"),) * 2), None),  # no mass on any option letter
+    (_choice(probs=(0.0, 1.0), confidence=float("nan"), parse_rule="text:sample:letter"), None),
+    # broken numbers: an error
+    (_yes_no(p_yes=float("nan"), confidence=float("nan")), "confidence = nan"),  # NaN logits (VCD alpha = inf)
+    (_yes_no(p_yes=float("inf")), "p_yes = inf"),
+    (_yes_no(confidence=float("-inf"), parse_rule="text:greedy:yes"), "confidence = -inf"),
+    (_yes_no(yes_margin=float("nan")), "yes_margin = nan"),  # undefined is None
+    (_yes_no(yes_margin=float("inf")), "yes_margin = inf"),
+    (_yes_no(vcd_kl=float("nan")), "vcd_kl = nan"),
+    (_yes_no(yes_mass=float("nan")), "yes_mass = nan"),
+    (_yes_no(p_yes=None), "p_yes = None, not a number"),
+    (_choice(probs=(float("nan"), 0.5)), r"option_probs = \(nan, 0.5\) \(some NaN, some not\)"),
+    (_choice(probs=(float("inf"), 0.0)), r"option_probs\[0\] = inf"),
+    (_choice(confidence=float("nan")), "confidence = nan"),
+])
+def test_which_scores_may_be_undefined(result, problem):
+    from verbmirage.models.base import score_problem
+
+    found = score_problem(result)
+    assert found is None if problem is None else re.fullmatch(problem, found), found
+
+
+def test_a_non_finite_score_becomes_an_error_row_the_budget_counts(tmp_path):
+    """Every backend's answers pass the base class's result check: a NaN score from any backend (here a custom
+    one) is an error row naming model, question and image, and more of them than max_error_share fail the job."""
+    from verbmirage.decisions import CalibratedModel, ThresholdRule
+    from verbmirage.inference import IncompleteShardError
+    from verbmirage.models.base import VisionLanguageModel
+
+    class Overflowing(VisionLanguageModel):
+        backend, uses_images = "overflowing", False
+
+        def _score_yes_no(self, questions):
+            return [_yes_no(float("nan"), float("nan")) if q.question_id.endswith("1") else
+                    _yes_no(float("nan"), float("nan"), "text:greedy:unparsed") for q in questions]
+
+        def _score_multiple_choice(self, questions):
+            return [_choice((float("inf"), 0.0)) for _ in questions]
+
+    model = Overflowing("fp16_model")
+    yes_no = model.score_yes_no([Question("q1", "?", image=tmp_path / "a.jpg"), Question("q2", "?")])
+    assert yes_no[0].error == ("models.fp16_model: question q1 on image " + str(tmp_path / "a.jpg") + ": non-finite "
+                               "score, confidence = nan; check the model's dtype and the variant's settings")
+    assert (yes_no[0].prediction, yes_no[0].parse_rule, yes_no[0].retry) == ("unknown", "error", False)
+    assert yes_no[1].error is None  # text-scored and unparsed: undefined, an answer
+    (choice,) = model.score_multiple_choice([Question("q3", "?", options=("a", "b"))])
+    assert "question q3 on image None: non-finite score, option_probs[0] = inf" in choice.error
+    assert len(choice.option_probs) == 2
+    # a decision rule over the checked answers renames a text-scored rule; its NaN confidence is no error
+    calibrated = CalibratedModel(model, ThresholdRule({"yn_obj": 0.0}, {"q2": "yn_obj"}))
+    assert calibrated.score_yes_no([Question("q2", "?")])[0].error is None
+    # in a job: error rows, counted by the budget
+    questions = pd.DataFrame({"question_id": ["q1", "q2"], "qset": "yn_obj", "prompt": "?", "image": "a.jpg",
+                              "options": None, "verb": "ride", "object": "horse"})
+    rows = predict(questions, model, None, max_error_share=0.5)
+    assert rows.error.notna().tolist() == [True, False]
+    with pytest.raises(IncompleteShardError, match=r"1 of 2 questions failed, more than max_error_share=0.4; first "
+                                                   r"error: models.fp16_model: question q1 on image None"):
+        predict(questions, model, None, max_error_share=0.4)
+    with pytest.raises(ValueError, match="max_error_share: nan is not a share between 0 and 1"):
+        predict(questions, model, None, max_error_share=float("nan"))

@@ -7,6 +7,7 @@ prefix once for YN and MC, keep per-set answers for reuse, and keep the shard gu
 from __future__ import annotations
 
 import logging
+import math
 import zlib
 
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 
 from verbmirage.conditions import ImageResolver, apply_condition
 from verbmirage.inference import (
+    IncompleteShardError,
     ShardBusyError,
     PartStore,
     image_shard,
@@ -37,6 +39,7 @@ from verbmirage.models import Question, create_model
 from verbmirage.models.base import MultipleChoiceResult, VisionLanguageModel, YesNoResult
 from verbmirage.questions import QuestionSettings, build_question_set
 from verbmirage.tiny import build_tiny_llava
+from verbmirage.variants import Variant, VCDSettings
 
 SETS = ("yn_obj", "yn_verb", "mc_obj", "mc_verb", "obj_exist")
 FLOATS = ("p_yes", "yes_margin", "confidence")
@@ -279,3 +282,37 @@ def test_a_job_resumed_after_any_call_answers_bit_identically(suite, tmp_path):
         assert resumed.calls == reference.calls[stop_after:], stop_after
         for qset in sets:
             pd.testing.assert_frame_equal(answers[qset], expected[qset], check_exact=True, obj=f"{qset} {stop_after}")
+
+
+def test_non_finite_scores_of_the_engine_are_error_rows_and_fail_the_job(suite, tiny_llava_entry, tmp_path):
+    """Probe 28 of the third reliability review: VCD with alpha = inf made a job exit 0 with every answer "unknown",
+    no error row and P(yes) NaN. Planning and ``Variant.from_config`` now refuse the setting; set here directly
+    (as NaN logits from an fp16 overflow would arrive), every YN and MC answer is an error row that names the
+    model, the question and the image, and the error budget fails the job."""
+    base, paths = suite
+    questions, resolver = _suite_questions(paths), ImageResolver(base / "clean")
+    model = create_model("tiny_llava", tiny_llava_entry)
+
+    def run(root, variant, max_error_share):
+        model.use_variant(variant)
+        stores = {qset: PartStore(root / qset, "f") for qset in ("yn_obj", "mc_obj")}
+        try:
+            predict_suite(questions, model, resolver, stores, batch_size=64, max_error_share=max_error_share)
+        finally:
+            for store in stores.values():
+                store.close()
+        return pd.concat([PartStore(root / qset, "f").rows() for qset in stores], ignore_index=True)
+
+    broken = Variant(decoding="beam", num_beams=2, max_new_tokens=2, vcd=VCDSettings(alpha=math.inf))  # vcd_beam
+    with pytest.raises(IncompleteShardError, match=r"more than max_error_share=0.05; first error: models.tiny_llava: "
+                                                   r"question \w+ on image \S+\.jpg: non-finite score, confidence = nan"):
+        run(tmp_path / "budget", broken, 0.05)
+    rows = run(tmp_path / "all", broken, 1.0).merge(questions[["question_id", "image", "qset"]], on="question_id")
+    assert len(rows) == len(questions) and rows.parse_rule.eq("error").all() and rows.prediction.eq("unknown").all()
+    for row in rows.itertuples():
+        assert f"question {row.question_id} on image " in row.error and row.error.split(": ")[1].endswith(row.image)
+    # an undefined score is no error: a cut that keeps only the top token leaves most YN answers no yes or no mass
+    rows = run(tmp_path / "cut", Variant(decoding="beam", num_beams=2, max_new_tokens=2, vcd=VCDSettings(beta=1.0)),
+               0.05)
+    yes_no = rows[rows.option_probs.isna()]
+    assert rows.error.isna().all() and yes_no.p_yes.isna().any() and yes_no.confidence.notna().all()

@@ -319,6 +319,8 @@ class ContentFreeRule:
 class CalibratedModel(VisionLanguageModel):
     """A loaded model whose answers pass through a decision rule; everything else is the model's own."""
 
+    checks_scores = False  # the model's own methods checked them; a rule renames a text-scored answer's rule
+
     def __init__(self, model: VisionLanguageModel, rule):
         super().__init__(model.name)
         self.model, self.rule = model, rule

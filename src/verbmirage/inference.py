@@ -397,6 +397,8 @@ class _ErrorBudget:
     """
 
     def __init__(self, total: int, max_share: float):
+        if not 0 <= max_share <= 1:  # NaN included: no count is ever more than a NaN share, so no job would fail
+            raise ValueError(f"max_error_share: {max_share!r} is not a share between 0 and 1")
         self.total, self.max_share, self.count = total, max_share, 0
         self.example: str | None = None
 

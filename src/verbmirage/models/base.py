@@ -18,7 +18,12 @@ A backend answers batches of :class:`Question` in three ways:
 The public methods validate the batch once and call the backend's private
 ``_score_yes_no`` / ``_score_multiple_choice`` / ``_generate``. A backend
 that fails on one question returns a result with ``error`` set rather than
-raising, so a batch never loses its other answers. A failure that asking
+raising, so a batch never loses its other answers. A result whose numbers
+break the rules of :class:`YesNoResult` / :class:`MultipleChoiceResult` (a NaN
+or infinite score where the answer has one: NaN logits, an overflow, a VCD
+``alpha`` of infinity) becomes such an error result in the public methods, so
+it counts against a job's error budget instead of passing as an "unknown"
+answer (:func:`score_problem`). A failure that asking
 again may fix (a timeout, a rate limit) sets ``retry``: such rows are never
 stored, so a resumed job asks those questions again. A failure that no
 question can survive (a rejected API key) raises :class:`FatalBackendError`,
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -62,8 +68,25 @@ class Question:
     object: str | None = None
 
 
+#: ``parse_rule`` prefix of an answer read from its text alone (no token probabilities: an API without
+#: logprobs, a remote adapter with ``scoring: text``); its scores are the parsed answer's 0/1.
+TEXT_SCORED = "text:"
+
+
 @dataclass(frozen=True)
 class YesNoResult:
+    """One yes/no answer. Which numbers may be undefined (the rest are finite; :func:`score_problem`):
+
+    - ``p_yes``: NaN where P(yes) is undefined: a text-scored answer (``parse_rule`` ``text:...``) that is
+      neither yes nor no, or a distribution with no mass on any yes or no spelling (VCD's plausibility cut
+      removed them all). Never infinite.
+    - ``confidence``: NaN only for a text-scored answer (no token probabilities).
+    - ``yes_margin``, ``yes_mass``, ``vcd_kl``, ``vcd_plausible``: None where undefined or not computed; never
+      NaN or infinite.
+
+    A result with ``error`` set is a question without an answer: its numbers are NaN and not checked.
+    """
+
     p_yes: float
     prediction: str
     raw_answer: str
@@ -90,6 +113,13 @@ class YesNoResult:
 
 @dataclass(frozen=True)
 class MultipleChoiceResult:
+    """One multiple-choice answer; the rules of :class:`YesNoResult`, and:
+
+    - ``option_probs``: one finite probability per option, or all NaN where undefined (no mass on any
+      option letter, or a decision rule that could not calibrate them). A text-scored answer has the parsed
+      letter's 0/1. Never a mix of finite and NaN, never infinite.
+    """
+
     option_probs: tuple[float, ...]
     prediction: str
     raw_answer: str
@@ -104,6 +134,37 @@ class MultipleChoiceResult:
     @classmethod
     def failed(cls, n_options: int, error: str, retry: bool = False) -> "MultipleChoiceResult":
         return cls((math.nan,) * n_options, UNKNOWN, "", math.nan, "error", error, retry)
+
+
+def score_problem(result) -> str | None:
+    """The first number of ``result`` that breaks its type's rules (see :class:`YesNoResult`), as
+    ``name = value``; None when all hold, for a result with ``error`` set, and for anything but a result.
+
+    A backend returns such a number only when its computation failed (NaN or infinite logits: an fp16
+    overflow, a VCD ``alpha`` of infinity); an undefined score is NaN or None where the rules allow it.
+    """
+    if not isinstance(result, (YesNoResult, MultipleChoiceResult)) or result.error is not None:
+        return None
+    scores = {"confidence": result.confidence}
+    if isinstance(result, YesNoResult):
+        scores["p_yes"] = result.p_yes
+    probs = {f"option_probs[{i}]": p for i, p in enumerate(getattr(result, "option_probs", ()))}
+    optional = {name: getattr(result, name, None) for name in ("yes_margin", "yes_mass", "vcd_kl")}
+    optional = {name: value for name, value in optional.items() if value is not None}  # None: undefined
+    for name, value in {**scores, **probs, **optional}.items():
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            return f"{name} = {value!r}, not a number"
+        if math.isinf(value):
+            return f"{name} = {value}"
+    if math.isnan(result.confidence) and not result.parse_rule.startswith(TEXT_SCORED):
+        return "confidence = nan"
+    for name, value in optional.items():
+        if math.isnan(value):
+            return f"{name} = nan"
+    undefined = sum(math.isnan(p) for p in probs.values())
+    if 0 < undefined < len(probs):
+        return f"option_probs = {tuple(result.option_probs)} (some NaN, some not)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -182,13 +243,13 @@ class VisionLanguageModel(ABC):
 
     def score_yes_no(self, questions: Sequence[Question]) -> list[YesNoResult]:
         self._check(questions, multiple_choice=False)
-        results = self._score_yes_no(list(questions))
+        results = list(self._score_yes_no(list(questions)))
         self._check_results(questions, results)
         return results
 
     def score_multiple_choice(self, questions: Sequence[Question]) -> list[MultipleChoiceResult]:
         self._check(questions, multiple_choice=True)
-        results = self._score_multiple_choice(list(questions))
+        results = list(self._score_multiple_choice(list(questions)))
         self._check_results(questions, results)
         return results
 
@@ -207,6 +268,10 @@ class VisionLanguageModel(ABC):
     def _generate(self, questions: list[Question], max_new_tokens: int) -> list[str]:
         raise NotImplementedError(f"backend '{self.backend}' does not generate free text")
 
+    #: Whether :meth:`_check_results` checks the numbers of each result (:func:`score_problem`). False only for
+    #: a wrapper whose results are another model's, already checked there, passed through a decision rule
+    #: (``decisions.CalibratedModel``: a text-scored answer keeps its NaN confidence under a new ``parse_rule``).
+    checks_scores: bool = True
     #: Variant features a custom backend offers (built-in backends: ``registry.VARIANT_FEATURES``).
     variant_features: frozenset[str] = PLAIN_ONLY
     #: The variant this model answers with (:meth:`use_variant`); plain greedy until told otherwise.
@@ -255,8 +320,25 @@ class VisionLanguageModel(ABC):
             if self.uses_images and question.image is None:
                 raise ValueError(f"question {question.question_id}: backend '{self.backend}' needs an image")
 
-    def _check_results(self, questions: Sequence[Question], results: Sequence) -> None:
+    def _check_results(self, questions: Sequence[Question], results: list) -> None:
+        """One result per question; a result whose numbers break its type's rules (:func:`score_problem`) is
+        replaced, in place, by an error result that names the model, the question and the image.
+
+        Every backend's answers pass here (the public methods, and the engine's ``score_mixed``: a backend's
+        own ``score_mixed`` must call it too), so a NaN or infinite score becomes an error row that the job's
+        error budget counts (``inference.max_error_share``).
+        """
         if len(results) != len(questions):
             raise RuntimeError(
                 f"backend '{self.backend}' returned {len(results)} results for {len(questions)} questions"
             )
+        if not self.checks_scores:
+            return
+        for index, (question, result) in enumerate(zip(questions, results)):
+            problem = score_problem(result)
+            if problem is None:
+                continue
+            error = (f"models.{self.name}: question {question.question_id} on image {question.image}: "
+                     f"non-finite score, {problem}; check the model's dtype and the variant's settings")
+            results[index] = (YesNoResult.failed(error) if isinstance(result, YesNoResult)
+                              else MultipleChoiceResult.failed(len(result.option_probs), error))
