@@ -486,6 +486,20 @@ def all_consistency():
     ]
 
 
+def planned_cells():
+    """(dataset, condition, model or ensemble, variant, qset) of each set a run of :func:`all_scored` asks, and
+    (condition ``<reference>_vs_<other>``) of each pair of :func:`all_consistency`: the paper tables keep the
+    row of a planned run whose metrics are missing or all undefined (``verbmirage.tables.measured_rows``)."""
+    runs = [*MODELS, *ENSEMBLES]
+    scored = [(d, c, m, v, q) for d in DATASETS for c in dataset_conditions(d) for m in runs
+              for v in variants_under(m, c, d) for q in condition_qsets(d, c) if asks(d, c, q, m, v)]
+    pairs = [("hico", f"{a}_vs_{b}", m, v, q) for a, b in CONSISTENCY_PAIRS for m in runs
+             for v in variants_under(m, a) if v in variants_under(m, b)
+             for q in condition_qsets("hico", a) if asks("hico", a, q, m, v) and asks("hico", b, q, m, v)]
+    return scored + pairs
+
+
+PLANNED_CELLS = planned_cells()
 MERGE_GROUPS = merge_groups(MODELS)  # one merge rule each (rules/inference.smk)
 ENSEMBLE_GROUPS = merge_groups(list(ENSEMBLES))  # one vote rule each (rules/ensembles.smk)
 

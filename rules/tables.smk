@@ -13,6 +13,7 @@ rule tables:
         variants=VARIANTS,
         paper_names=TABLE_PAPER_NAMES,  # slug -> the paper's model name (models.<slug>.paper_name)
         variant_paper_names={v: s.get("paper_name", "") for v, s in config["variants"].items()},
+        planned=PLANNED_CELLS,  # a planned run without values keeps its row, with the reason
     log:
         in_logs("tables.log"),
     conda:
@@ -35,6 +36,7 @@ rule mitigation_tables:
         paper_methods=TABLE5_PAPER_METHODS,  # slug -> its Table 5 row (models.<slug>.paper_method)
         method_pairs=TABLE5_METHOD_PAIRS,  # slug -> the paper model its row is compared with (its base's)
         variant_paper_names=VARIANT_PAPER_NAMES,  # variant -> variants.<slug>.paper_name
+        planned=PLANNED_CELLS,  # a planned run without values keeps its row, with the reason
     log:
         in_logs("mitigation_tables.log"),
     conda:

@@ -4,7 +4,8 @@ Input: the metrics table. Outputs: ``results/tables/table{1,2,3,4}.{parquet,md,h
 our rows (``source`` measured, with 95% intervals) and every row the paper published for the table
 (``source`` paper); Markdown and HTML lay them side by side with the difference where names match.
 Settings: ``params.models`` (row order), ``params.ensembles``, ``params.consistency_pairs``,
-``params.variants``, ``params.paper_names`` (slug -> the paper's model name), ``params.variant_paper_names``.
+``params.variants``, ``params.paper_names`` (slug -> the paper's model name), ``params.variant_paper_names``,
+``params.planned`` (the cells of every planned run: a run without values keeps its row, with the reason).
 """
 
 from verbmirage.jobserver import delegate
@@ -30,7 +31,7 @@ with job_log(snakemake.log[0]):
     metrics = read_table(snakemake.input[0])
     tables = paper_tables(metrics, load_paper_numbers(packaged_paper_numbers()), p.models, p.ensembles,
                           [tuple(pair) for pair in p.consistency_pairs], p.variants, p.paper_names,
-                          partial_conditions=p.partial_conditions)
+                          partial_conditions=p.partial_conditions, planned=p.planned)
     for number, table in tables.items():
         display = table.display(p.variant_paper_names)
         for path in snakemake.output:

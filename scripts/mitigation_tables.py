@@ -6,7 +6,8 @@ paper; Table 5 also Appendix F's prompt-suffix rows); Markdown and HTML lay them
 difference where names match (verbmirage.mitigation_tables says which runs land in which row).
 Settings: ``params.models`` (row order), ``params.paper_names`` (slug -> the paper's model name),
 ``params.paper_methods`` (slug -> its Table 5 row), ``params.method_pairs`` (slug -> the paper model its
-Table 5 row is compared with), ``params.variant_paper_names``.
+Table 5 row is compared with), ``params.variant_paper_names``, ``params.planned`` (the cells of every planned
+run: a run without values keeps its row, with the reason).
 """
 
 from verbmirage.jobserver import delegate
@@ -38,9 +39,10 @@ with job_log(snakemake.log[0]):
     paper = load_paper_numbers(packaged_paper_numbers())
     tables = {
         5: (table5(metrics, paper, p.models, p.variant_paper_names, p.paper_names, p.paper_methods,
-                   method_pairs=p.method_pairs),
+                   method_pairs=p.method_pairs, planned=p.planned),
             out.table5, MITIGATION_TABLE5),
-        8: (table8(metrics, paper, p.models, p.variant_paper_names, p.paper_names), out.table8, DECODING_TABLE8),
+        8: (table8(metrics, paper, p.models, p.variant_paper_names, p.paper_names, planned=p.planned), out.table8,
+            DECODING_TABLE8),
     }
     for number, (table, (parquet, markdown, html), schema) in tables.items():
         write_table(table.frame, parquet, schema)

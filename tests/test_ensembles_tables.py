@@ -205,3 +205,42 @@ def test_undefined_values_print_as_a_dash(tmp_path):
     row = (tmp_path / "t.md").read_text().splitlines()[-1]
     assert "50.00" in row and MISSING_VALUE in row and "nan" not in row
     assert f"<td>{MISSING_VALUE}</td>" in (tmp_path / "t.html").read_text()
+
+
+def test_a_configured_model_without_values_keeps_its_row_with_the_reason(tmp_path):
+    """Probe 37 of the third reliability review: a model whose every metric is NaN vanished from Table 1, like a
+    model that never ran. Both keep their rows, "–" in every cell and the reason in ``note``; a pair the config
+    never plans (a baseline under beam search) stays out."""
+    from verbmirage.io import MISSING_VALUE, write_markdown
+    from verbmirage.tables import NO_VALUES, NOT_RUN
+
+    metrics = _long([("m1", "yn_obj", "clean", "accuracy", 0.5), ("m1", "yn_verb", "clean", "accuracy", 0.6),
+                     ("all_nan", "yn_obj", "clean", "accuracy", np.nan), ("all_nan", "yn_obj", "clean", "recall", np.nan),
+                     ("all_nan", "yn_verb", "clean", "accuracy", np.nan)])
+    planned = [("hico", "clean", model, "default", qset) for model in ("m1", "all_nan", "absent")
+               for qset in ("yn_obj", "yn_verb")]
+    planned += [("hico", "clean_vs_saltpepper", model, "default", "yn_verb") for model in ("m1", "absent")]
+    tables = paper_tables(metrics, PAPER.iloc[:0], ["m1", "all_nan", "absent", "unplanned"], {"vote": ["m1", "absent"]},
+                          [("clean", "saltpepper")], planned=planned)
+    one = tables[1].frame.set_index("model")
+    assert one.index.tolist() == ["m1", "all_nan", "absent"]
+    assert one.note.fillna("").tolist() == ["", NO_VALUES, NOT_RUN]
+    assert one.loc[["all_nan", "absent"], "yn_obj_acc"].isna().all()
+    shown = tables[1].display()
+    assert shown.note.tolist() == ["", NO_VALUES, NOT_RUN]
+    assert (shown.loc[1:, "yn_obj_acc"] == MISSING_VALUE).all() and shown.at[0, "yn_obj_acc"] == "50.00"
+    write_markdown(shown, tmp_path / "t1.md")
+    lines = (tmp_path / "t1.md").read_text().splitlines()
+    assert any("all_nan" in line and NO_VALUES in line and MISSING_VALUE in line for line in lines)
+    assert any("absent" in line and NOT_RUN in line for line in lines)
+    assert not any("unplanned" in line for line in lines)
+    # Table 2 (per condition pair) and Table 3 (ensemble members) follow the same rule
+    two = tables[2].frame
+    assert two[two.source.eq("measured")].set_index("model").note.fillna("").to_dict() == {
+        "m1": "", "all_nan": NO_VALUES, "absent": NOT_RUN}  # all_nan: its clean yn_verb accuracy is stored, NaN
+    three = tables[3].frame
+    assert three[three.source.eq("measured")].set_index("model").note.fillna("").to_dict() == {"m1": "",
+                                                                                             "absent": NOT_RUN}
+    # without the plan, only the stored all-NaN row is told apart from nothing
+    bare = paper_tables(metrics, PAPER.iloc[:0], ["m1", "all_nan", "absent"], {}, [])[1].frame
+    assert bare.model.tolist() == ["m1", "all_nan"]

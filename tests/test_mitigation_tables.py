@@ -224,3 +224,28 @@ def test_paper_method_must_be_a_table5_model_row():
     with pytest.raises(ValueError, match=r"models\.m\.paper_method: 'VCD'.*a variant's paper_name"):
         paper_methods_from_config({"models": {"m": {"backend": "llava", "paper_method": "VCD"}}})
     assert paper_methods_from_config({"models": {"m": {"backend": "llava"}}}) == {}
+
+
+def test_tables_5_and_8_keep_planned_runs_without_values_with_the_reason(tmp_path):
+    """As Table 1 (probe 37 of the third reliability review): an all-NaN run and a planned run without metrics
+    keep their rows, "–" and the reason; the Parquet schemas hold the reason."""
+    from verbmirage.tables import NO_VALUES, NOT_RUN
+
+    metrics = _long({("llava", "beam5"): 0.6, ("llava", "vcd_beam"): float("nan")})
+    planned = [("hico", "clean", "llava", variant, qset) for variant in ("beam5", "vcd_beam", "opera", "sample")
+               for qset, _ in SETS]
+    five = table5(metrics, PAPER, ["llava"], VARIANT_NAMES, planned=planned)
+    ours = five.frame[five.frame.source == "measured"].set_index("method")
+    assert ours.note.fillna("").to_dict() == {"none": "", "OPERA": NOT_RUN, "VCD": NO_VALUES}
+    assert ours.loc[["OPERA", "VCD"], "yn_obj_acc"].isna().all()
+    shown = five.display(VARIANT_NAMES)
+    assert shown[shown.source == "measured"].note.tolist() == ["", NOT_RUN, NO_VALUES]
+    assert (shown.note[shown.source == "paper"] == "").all()
+    assert (shown[shown.model.eq("llava") & shown.note.ne("")].yn_obj_acc == MISSING_VALUE).all()
+    write_table(five.frame, tmp_path / "t5.parquet", MITIGATION_TABLE5)
+    stored = read_table(tmp_path / "t5.parquet", MITIGATION_TABLE5)
+    assert stored[stored.source == "measured"].note.fillna("").tolist() == ["", NOT_RUN, NO_VALUES]
+    eight = table8(metrics, PAPER, ["llava"], VARIANT_NAMES, planned=planned)
+    ours = eight.frame[eight.frame.source == "measured"].set_index("decoding")
+    assert ours.note.fillna("").to_dict() == {"sampling": NOT_RUN, "beam5": ""}
+    write_table(eight.frame, tmp_path / "t8.parquet", DECODING_TABLE8)

@@ -215,11 +215,13 @@ RELIANCE_TABLE7 = pa.schema(
 
 
 def _paper_table(keys: tuple[str, ...], labels: tuple[str, ...]) -> pa.Schema:
-    """A paper table beside ours (tables.py): identifying columns, one value per label and its 95% interval."""
+    """A paper table beside ours (tables.py): identifying columns, one value per label and its 95% interval, and
+    ``note``: why a row of ours has no value (``tables.NO_VALUES``, ``tables.NOT_RUN``; else null)."""
     return pa.schema(
         [("source", pa.string()), *[(key, pa.string()) for key in keys], ("model", pa.string()),
          ("variant", pa.string()), ("paper_name", pa.string()), *[(label, pa.float64()) for label in labels],
-         *[(f"{label}_{end}", pa.float64()) for label in labels for end in ("ci_low", "ci_high")]]
+         *[(f"{label}_{end}", pa.float64()) for label in labels for end in ("ci_low", "ci_high")],
+         ("note", pa.string())]
     )
 
 
@@ -597,7 +599,8 @@ def check_questions(frame: pd.DataFrame, where: str) -> None:
 _VALUE_CHECKS = [(QUESTIONS, check_questions)]  # (schema, check of its values) for read_table
 # (schema, nullable columns added after tables were written with it): an older table reads with them null,
 # and a writer that does not know them yet writes them null.
-_ADDED_COLUMNS = [(PREDICTIONS, ("yes_margin", "yes_mass", "vcd_kl", "vcd_plausible"))]
+_ADDED_COLUMNS = [(PREDICTIONS, ("yes_margin", "yes_mass", "vcd_kl", "vcd_plausible")),
+                  (MITIGATION_TABLE5, ("note",)), (DECODING_TABLE8, ("note",))]
 
 
 def _added_columns(schema: pa.Schema) -> tuple[str, ...]:

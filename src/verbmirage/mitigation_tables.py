@@ -28,7 +28,7 @@ with every Table-5 variant they ran, so a mitigation always sits next to its own
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import pandas as pd
@@ -174,7 +174,10 @@ class GroupedPaperTable(PaperTable):
         groups = sorted(set(self.frame.group), key=lambda group: (group != TABLE5_GROUP, group))
         parts = [replace(self, frame=self.frame[self.frame.group == group]) for group in groups]
         shown = [PaperTable.display(part, variant_paper_names) for part in parts]
-        return pd.concat(shown, ignore_index=True) if shown else PaperTable.display(self, variant_paper_names)
+        if not shown:
+            return PaperTable.display(self, variant_paper_names)
+        joined = pd.concat(shown, ignore_index=True)
+        return joined.fillna({"note": ""}) if "note" in joined else joined  # a group without notes has none
 
 
 def table5(
@@ -186,14 +189,17 @@ def table5(
     paper_methods: Mapping[str, str] | None = None,
     condition: str = "clean",
     method_pairs: Mapping[str, str] | None = None,
+    planned: Collection[Sequence[str]] = (),
 ) -> PaperTable:
-    """Paper Table 5 and Appendix F's prompt suffix, ours (:func:`table5_runs`) then the paper's rows."""
+    """Paper Table 5 and Appendix F's prompt suffix, ours (:func:`table5_runs`) then the paper's rows; a planned
+    run (``planned``, as in :func:`~verbmirage.tables.measured_rows`) without metrics keeps its row, "not run"."""
     columns = table5_columns(condition)
     blocks = []
-    for run in table5_runs(_runs(metrics), models, variant_paper_names, paper_names or {}, paper_methods or {},
+    runs = _runs(metrics) | {(m, v) for d, c, m, v, _ in planned if (d, c) == ("hico", condition)}
+    for run in table5_runs(runs, models, variant_paper_names, paper_names or {}, paper_methods or {},
                            method_pairs):
         row = measured_rows(metrics, columns, [run["model"]], [run["variant"]],
-                            paper_names={run["model"]: run["paper_name"]})
+                            paper_names={run["model"]: run["paper_name"]}, planned=planned)
         if len(row):
             blocks.append(_with_keys(row, {"group": run["group"], "method": run["method"]}))
     published = paper_rows(paper, 5, columns)
@@ -214,13 +220,15 @@ def table8(
     variant_paper_names: Mapping[str, str],
     paper_names: Mapping[str, str] | None = None,
     condition: str = "clean",
+    planned: Collection[Sequence[str]] = (),
 ) -> PaperTable:
-    """Paper Table 8: every run of a variant named like one of the paper's decodings, then the paper's rows."""
+    """Paper Table 8: every run of a variant named like one of the paper's decodings, then the paper's rows
+    (``planned``: as in :func:`~verbmirage.tables.measured_rows`)."""
     columns = table8_columns(condition)
     order = {name: i for i, name in enumerate(TABLE8_DECODINGS)}
     variants = sorted((v for v, name in variant_paper_names.items() if name in order),
                       key=lambda v: order[variant_paper_names[v]])
-    measured = measured_rows(metrics, columns, models, variants, paper_names=paper_names)
+    measured = measured_rows(metrics, columns, models, variants, paper_names=paper_names, planned=planned)
     measured = _with_keys(measured, {"decoding": [variant_paper_names[v] for v in measured.variant]})
     published = paper_rows(paper, 8, columns)
     published = _with_keys(published, {"decoding": published.variant.tolist()})

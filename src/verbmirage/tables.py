@@ -8,10 +8,16 @@ intervals out of the long table for the models and variants asked for,
 each of our rows, then the paper's row of the same model and decoding and the
 difference, where the model's and the variant's ``paper_name`` match.
 Nothing here computes a metric.
+
+A configured (model, variant) never vanishes from a table: a row without any
+value is kept, its cells "–", and its ``note`` says why (:data:`NO_VALUES`,
+:data:`NOT_RUN`), so a model whose metrics are all undefined is told apart
+from one that is not in the config.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -23,6 +29,10 @@ from verbmirage.io import MISSING_VALUE
 #: our metric name -> the name ``paper_tables.csv`` gives the same quantity (kappa printed x100)
 PAPER_METRICS = {"error_consistency": "error_consistency_kappa_x100"}
 MEASURED, PAPER = "measured", "paper"
+#: ``note`` of a kept row without values: its cells are in the metrics table, every one undefined (NaN) ...
+NO_VALUES = "no valid answers: every metric undefined"
+#: ... or the config plans its run but the metrics table has none of its cells.
+NOT_RUN = "not run: no metrics for this run"
 
 
 @dataclass(frozen=True)
@@ -117,35 +127,49 @@ def measured_rows(
     paper_names: Mapping[str, str] | None = None,
     dataset: str = "hico",
     subset: str = "all",
+    planned: Collection[Sequence[str]] = (),
 ) -> pd.DataFrame:
     """Our rows: one per (model, variant), values x100 and their interval (``<label>_ci_low``/``_ci_high``).
 
-    A (model, variant) with no value in any column (not run) is left out; a missing cell stays NaN.
+    A missing cell stays NaN. A (model, variant) with no value in any column keeps its row, ``note`` saying
+    why, when the metrics table holds its cells, all NaN (:data:`NO_VALUES`), or when ``planned`` holds one
+    of its cells (:data:`NOT_RUN`); ``planned``: (dataset, condition, model, variant, qset) of every run the
+    config plans (``rules/common.smk``, ``PLANNED_CELLS``). Any other pair without values (one the config
+    does not run, e.g. a baseline under beam search) is left out.
     """
+    planned = {tuple(cell) for cell in planned}
     lookups: dict[str, pd.DataFrame] = {}
     rows = []
     for model in models:
         for variant in variants:
             row = {"source": MEASURED, "model": model, "variant": variant,
-                   "paper_name": (paper_names or {}).get(model, "")}
+                   "paper_name": (paper_names or {}).get(model, ""), "note": math.nan}
+            stored = False
             for column in columns:
                 column_subset = column.subset or subset
                 if column_subset not in lookups:
                     lookups[column_subset] = _lookup(metrics, dataset, column_subset)
                 lookup = lookups[column_subset]
                 key = (model, variant, column.qset, column.condition, column.metric)
+                stored = stored or key in lookup.index
                 value, low, high = lookup.loc[key] if key in lookup.index else (float("nan"),) * 3
                 row[column.label] = 100 * value
                 row[f"{column.label}_ci_low"], row[f"{column.label}_ci_high"] = 100 * low, 100 * high
-            if any(pd.notna(row[column.label]) for column in columns):
-                rows.append(row)
+            if not any(pd.notna(row[column.label]) for column in columns):
+                if stored:
+                    row["note"] = NO_VALUES
+                elif any((dataset, c.condition, model, variant, c.qset) in planned for c in columns):
+                    row["note"] = NOT_RUN
+                else:
+                    continue
+            rows.append(row)
     return pd.DataFrame(rows, columns=table_columns(columns))
 
 
 def table_columns(columns: Sequence[Column]) -> list[str]:
     labels = [column.label for column in columns]
     intervals = [f"{label}_{end}" for label in labels for end in ("ci_low", "ci_high")]
-    return ["source", "model", "variant", "paper_name", *labels, *intervals]
+    return ["source", "model", "variant", "paper_name", *labels, *intervals, "note"]
 
 
 def paper_rows(paper: pd.DataFrame, table: int | str, columns: Sequence[Column]) -> pd.DataFrame:
@@ -185,16 +209,20 @@ def side_by_side(table: pd.DataFrame, columns: Sequence[Column], variant_paper_n
     variant's ``paper_name`` match a paper row (and the ``match_keys`` columns agree), that row and
     ``Δ (ours − paper)`` follow; the paper's other rows come last. ``keys``: extra identifying columns kept
     in front (Table 2's condition pair, Table 3's ensemble). ``paper_variant_key``: the column of our row
-    that names the paper's variant instead of the variant's ``paper_name`` (Table 5: the method)."""
+    that names the paper's variant instead of the variant's ``paper_name`` (Table 5: the method).
+    A last column ``note`` says why a row of ours has no value, where one has none."""
     labels = [column.label for column in columns]
     measured, paper = table[table.source == MEASURED], table[table.source == PAPER]
     used, lines = set(), []
+    notes = "note" in measured and bool(measured.note.notna().any())
 
     def line(row, source, values, signed=False, intervals=True):
         out = {"source": source, **{k: row[k] for k in keys}, "model": row["model"], "variant": row["variant"]}
         for label in labels:
             bounds = (row.get(f"{label}_ci_low"), row.get(f"{label}_ci_high")) if intervals else (None, None)
             out[label] = _cell(values[label], *bounds, signed=signed)
+        if notes:
+            out["note"] = row["note"] if source == MEASURED and pd.notna(row.get("note")) else ""
         return out
 
     for _, row in measured.iterrows():
@@ -213,7 +241,7 @@ def side_by_side(table: pd.DataFrame, columns: Sequence[Column], variant_paper_n
     for index, reference in paper.iterrows():
         if index not in used:
             lines.append(line(reference, PAPER, reference, intervals=False))
-    return pd.DataFrame(lines, columns=["source", *keys, "model", "variant", *labels])
+    return pd.DataFrame(lines, columns=["source", *keys, "model", "variant", *labels, *(["note"] if notes else [])])
 
 
 @dataclass(frozen=True)
@@ -241,13 +269,15 @@ def _keyed(frame: pd.DataFrame, **keys) -> pd.DataFrame:
 def paper_tables(metrics: pd.DataFrame, paper: pd.DataFrame, models: Sequence[str], ensembles: Mapping[str, list],
                  pairs: Sequence[tuple[str, str]], variants: Sequence[str] = ("default",),
                  paper_names: Mapping[str, str] | None = None, condition: str = "clean",
-                 partial_conditions: Collection[str] = ()) -> dict[int, PaperTable]:
+                 partial_conditions: Collection[str] = (),
+                 planned: Collection[Sequence[str]] = ()) -> dict[int, PaperTable]:
     """Tables 1-4 (4 only with CharadesEgo rows), each with every row the paper published for it.
 
     ``partial_conditions``: those asked on single-instance images only (``crop``); Table 2 reads the other
-    condition of such a pair on its ``single_instance`` subset."""
+    condition of such a pair on its ``single_instance`` subset. ``planned``: the cells of the runs the
+    config plans; their rows stay, "not run", when the metrics table lacks them (:func:`measured_rows`)."""
     rows = list(models) + list(ensembles)
-    common = dict(variants=variants, paper_names=paper_names)
+    common = dict(variants=variants, paper_names=paper_names, planned=planned)
     tables = {}
     columns = table1_columns(condition)
     tables[1] = PaperTable(1, with_paper(measured_rows(metrics, columns, rows, **common),
@@ -275,7 +305,7 @@ def paper_tables(metrics: pd.DataFrame, paper: pd.DataFrame, models: Sequence[st
     blocks.append(_keyed(published, ensemble=ensemble_names[0] if ensemble_names else "paper"))
     frame = pd.concat([b for b in blocks if len(b)], ignore_index=True) if any(len(b) for b in blocks) else blocks[-1]
     tables[3] = PaperTable(3, frame, columns, ("ensemble",))
-    if "charadesego" in set(metrics.dataset):
+    if "charadesego" in set(metrics.dataset) or any(cell[0] == "charadesego" for cell in planned):
         columns = table4_columns(condition)
         tables[4] = PaperTable(4, with_paper(measured_rows(metrics, columns, rows, dataset="charadesego", **common),
                                              paper_rows(paper, 4, columns)), columns)
