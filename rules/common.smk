@@ -158,7 +158,7 @@ TRAIN_STATS = in_results("benchmark/{dataset}/train_stats.parquet")
 CHARADES_QUESTIONS = QUESTIONS.format(dataset="charadesego", qset="{qset}")
 CHARADES_TRAIN_STATS = TRAIN_STATS.format(dataset="charadesego")
 QUESTION_COUNT_FILES = {ext: in_results(f"benchmark/{{dataset}}/counts.{ext}") for ext in ("parquet", "md")}
-QUESTION_COUNTS = [path.format(dataset="hico") for path in QUESTION_COUNT_FILES.values()]
+QUESTION_COUNTS = [path.format(dataset=d) for d in DATASETS for path in QUESTION_COUNT_FILES.values()]
 CONDITION_DIR = in_results("images/{dataset}/{condition}")
 PREDICTIONS = in_results("predictions/{dataset}/{qset}/{condition}/{model}/{variant}.parquet")
 # One inference job's output (every question set it asks on one image shard): a folder with <qset>.parquet

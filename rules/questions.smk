@@ -39,14 +39,12 @@ rule train_stats:
 
 
 rule question_counts:
-    """Our question counts beside the paper's."""
+    """Our question counts beside the paper's (HICO, and CharadesEgo when configured)."""
     input:
-        expand(QUESTIONS, qset=QSETS, allow_missing=True),
+        lambda wildcards: expand(QUESTIONS, dataset=wildcards.dataset, qset=DATASET_QSETS[wildcards.dataset]),
     output:
         parquet=QUESTION_COUNT_FILES["parquet"],
         markdown=QUESTION_COUNT_FILES["md"],
-    wildcard_constraints:
-        dataset="hico",
     log:
         in_logs("question_counts/{dataset}.log"),
     conda:

@@ -122,6 +122,14 @@ def test_question_sets_ask_both_views_the_same(demo):
         assert sorted(group.rotation) == [0, 1, 2, 3]
         correct = {options[ord(a) - 65] for options, a in zip(group.options, group.answer)}
         assert len(correct) == 1
+    # counts.md: ours beside the paper's (Appendix A: 76K / 36K unique, 28K / 10K used, Yes:No about 1:1)
+    from verbmirage.questions import question_counts
+
+    counts = question_counts({**{f"yn_{v}": t for v, t in yn.items()}, "mc_ego": mc}, "charadesego").set_index("qset")
+    assert counts.loc["yn_exo", ["paper_unique_questions", "paper_used_questions", "paper_yes_to_no"]].tolist() == [
+        76_000, 28_000, "1:1"]
+    assert counts.loc["mc_ego", ["paper_unique_questions", "paper_used_questions"]].tolist() == [36_000, 10_000]
+    assert counts.loc["yn_ego", "unique_questions"] == len(yn["ego"]) and counts.loc["yn_ego", "paper_yes_share"] == 0.5
 
 
 def test_a_class_done_twice_gets_a_frame_and_questions_per_interval(demo):

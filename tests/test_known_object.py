@@ -357,26 +357,25 @@ def test_job_writes_tables_equal_to_an_independent_computation(demo_anno, tmp_pa
     assert map_label("clip_l14", 0.398, "CLIP (HICO-finetuned)").endswith("(paper CLIP (HICO-finetuned): 60.45)")
 
 
-def test_paper_config_runs_fig11_once_uncommented():
-    """configs/paper.yaml keeps yn_ko off; its commented recipe (and the demo's block) pass every check."""
+def test_paper_config_runs_fig11():
+    """configs/paper.yaml runs Fig. 11: LLaVA-1.5-7B and the CLIP reference ask yn_ko (no other model does)."""
     import yaml
     from snakemake.utils import validate
 
-    from verbmirage.config import check_config
+    from verbmirage.config import check_config, model_question_sets
 
     repo = Path(__file__).resolve().parents[1]
     schema = str(repo / "schemas" / "config.schema.yaml")
     paper = yaml.safe_load((repo / "configs" / "paper.yaml").read_text())
-    assert paper["models"]["clip_l14"]["backend"] == "clip" and "known_object" not in paper["analysis"]
-    paper["questions"]["sets"].append("yn_ko")
-    paper["conditions"]["saltpepper"]["qsets"] = ["yn_obj", "yn_verb", "mc_obj", "mc_verb", "obj_exist"]
-    paper["analysis"]["known_object"] = {"models": ["llava15_7b", "clip_l14"], "reference_model": "clip_l14",
-                                         "conditions": ["clean"], "bootstrap_resamples": 200}
     validate(paper, schema)
     paper["datasets"] = yaml.safe_load((repo / "config.yaml").read_text())["datasets"]  # the real data is not here
     check_config(paper, repo)
     settings = known_object_settings(paper)
-    assert settings.figure_metric == "map_voc11" and settings.seed == 0  # schema defaults
+    assert settings.models == ("llava15_7b", "clip_l14") and settings.reference_model == "clip_l14"
+    assert settings.figure_metric == "map_voc11" and settings.seed == 0 and settings.score == "margin"  # defaults
+    asking = {slug for slug in paper["models"] if "yn_ko" in (model_question_sets(paper, slug) or {"yn_ko"})}
+    assert asking == {"llava15_7b", "clip_l14"}
+    assert "yn_ko" not in paper["variants"]["beam5"]["qsets"]
     demo = yaml.safe_load((repo / "config.yaml").read_text())
     validate(demo, schema)
     assert known_object_settings(demo).reference_model == "tiny_clip"

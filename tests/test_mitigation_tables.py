@@ -102,7 +102,7 @@ def test_table5_none_is_the_beam5_variant_and_methods_follow_the_paper_order():
     assert ours.set_index("method").at["VCD", "yn_verb_f1"] == pytest.approx(55.0)
 
     shown = table.display(VARIANT_NAMES)
-    none = _block(shown, method="none")
+    none = _block(shown, method="none", group=TABLE5_GROUP)
     assert none.source.tolist() == ["measured", "paper", DELTA]
     assert none.variant.tolist() == ["beam5", "none", "beam5"]
     assert none.yn_obj_acc.tolist() == ["60.00 [59.00, 61.00]", "52.16", "+7.84"]
@@ -187,14 +187,15 @@ def test_table5_prompt_suffix_group():
     # Appendix F prints the two YN F1 only
     assert prompt.yn_obj_f1.tolist()[1:] == ["57.50", "+3.50"] and prompt.yn_verb_f1.tolist()[1] == "62.40"
     assert prompt.yn_obj_acc.tolist()[1:] == [MISSING_VALUE, MISSING_VALUE]
-    # the group follows all of Table 5's rows, the paper-only ones included
-    assert shown.group.tolist()[-3:] == [PROMPT_GROUP] * 3 and set(shown.group[:-3]) == {TABLE5_GROUP}
+    # the group follows all of Table 5's rows, the paper-only ones included; Appendix F's Qwen2.5-VL row last
+    assert shown.group.tolist()[-4:] == [PROMPT_GROUP] * 3 + ["Appendix F (Qwen2.5-VL-7B)"]
+    assert set(shown.group[:-4]) == {TABLE5_GROUP}
 
 
 def test_table5_groups_keep_their_order_when_only_the_prompt_ran():
     metrics = _long({("llava", "verb_prompt"): 0.61})
     shown = table5(metrics, PAPER, ["llava"], VARIANT_NAMES, paper_names={"llava": "LLaVA-1.5-7B"}).display()
-    assert shown.group.tolist() == [TABLE5_GROUP] * 8 + [PROMPT_GROUP] * 3
+    assert shown.group.tolist() == [TABLE5_GROUP] * 8 + [PROMPT_GROUP] * 3 + ["Appendix F (Qwen2.5-VL-7B)"]
 
 
 def test_table5_paper_rows_when_nothing_maps(tmp_path):
@@ -203,11 +204,13 @@ def test_table5_paper_rows_when_nothing_maps(tmp_path):
     frame = table.frame
     assert (frame.source == "paper").all()
     assert frame.method.tolist() == ["none", "OPERA", "VCD", "REVERIE", "HaloQuest", "Nullu", "Octopus",
-                                     "Pangea-LoRA (paper's method)", PROMPT_SUFFIX_METHOD]
+                                     "Pangea-LoRA (paper's method)", PROMPT_SUFFIX_METHOD, "none"]
+    assert frame.group.tolist()[-1] == "Appendix F (Qwen2.5-VL-7B)"
     published = PAPER[PAPER.table == "5"]
+    table5_rows = frame[frame.group == TABLE5_GROUP].set_index("method")
     for entry in published.itertuples():
         column = next(c for c in table.columns if c.paper_key() == (entry.qset, entry.condition, entry.metric))
-        assert frame.set_index("method").at[entry.variant, column.label] == pytest.approx(entry.value)
+        assert table5_rows.at[entry.variant, column.label] == pytest.approx(entry.value)
     # the Parquet schemas hold exactly these columns (measured rows included)
     write_table(frame, tmp_path / "t5.parquet", MITIGATION_TABLE5)
     assert read_table(tmp_path / "t5.parquet").method.tolist() == frame.method.tolist()
@@ -249,3 +252,16 @@ def test_tables_5_and_8_keep_planned_runs_without_values_with_the_reason(tmp_pat
     ours = eight.frame[eight.frame.source == "measured"].set_index("decoding")
     assert ours.note.fillna("").to_dict() == {"sampling": NOT_RUN, "beam5": ""}
     write_table(eight.frame, tmp_path / "t8.parquet", DECODING_TABLE8)
+
+
+def test_appendix_f_has_a_cell_for_qwen25_vl_f1():
+    """Appendix F prints Qwen2.5-VL-7B's YN F1 (73.79 with the object, 71.99 without): a model whose paper_name is
+    Qwen2.5-VL-7B gets its beam5 row beside them, with the difference."""
+    metrics = _long({("qwen25", "beam5"): 0.70, ("qwen25", "default"): 0.9})
+    table = table5(metrics, PAPER, ["qwen25"], VARIANT_NAMES, paper_names={"qwen25": "Qwen2.5-VL-7B"})
+    shown = table.display(VARIANT_NAMES)
+    block = _block(shown, group="Appendix F (Qwen2.5-VL-7B)")
+    assert block.source.tolist() == ["measured", "paper", DELTA] and block.variant.tolist()[0] == "beam5"
+    assert block.yn_obj_f1.tolist()[1:] == ["73.79", "-3.79"] and block.yn_verb_f1.tolist()[1:] == ["71.99", "-1.99"]
+    without = table5(_long({}), PAPER, [], VARIANT_NAMES).display(VARIANT_NAMES)
+    assert _block(without, group="Appendix F (Qwen2.5-VL-7B)").source.tolist() == ["paper"]

@@ -98,6 +98,7 @@ QUESTION_COUNTS = pa.schema(
         ("no", pa.int64()),
         ("yes_share", pa.float64()),  # yes / (yes + no): 1/3 is the paper's 1:2
         ("paper_unique_questions", pa.int64()),
+        ("paper_used_questions", pa.int64()),  # of those, how many the paper's experiments asked (CharadesEgo)
         ("paper_yes_to_no", pa.string()),
         ("paper_yes_share", pa.float64()),
     ]

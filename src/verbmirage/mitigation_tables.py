@@ -19,7 +19,9 @@ Table 5 (all the paper's rows are LLaVA-1.5-7B) names a row by its *method*:
   base's ``paper_name``, :func:`paper_method_pairs`); a Pangea fine-tune that departs from the paper's
   training mix is named a variant of the paper's method and never paired;
 - Appendix F's prompt suffix (variant ``paper_name`` ``prompt:pay-attention-to-verb``; the paper prints
-  only the two YN F1) is a second row group, ``Appendix F (prompt suffix)``, read against ``none``.
+  only the two YN F1) is a second row group, ``Appendix F (prompt suffix)``, read against ``none``; Appendix
+  F's other numbers, Qwen2.5-VL-7B's YN F1 without a mitigation, are a third, ``Appendix F (Qwen2.5-VL-7B)``:
+  the runs of a model whose ``paper_name`` is Qwen2.5-VL-7B under the paper's decoding (beam5).
 
 Rows of models with a ``paper_method`` appear only as that method. The other models appear when they are
 the paper's LLaVA-1.5-7B (``paper_name``) or ran a mitigation (a VCD, OPERA or prompt-suffix variant),
@@ -46,6 +48,10 @@ TABLE5_MODEL_METHODS = ("REVERIE", "HaloQuest", "Nullu", "Octopus", "Pangea-LoRA
 #: Appendix F's ad-hoc prompt (the ``text`` rows of paper_tables.csv)
 PROMPT_SUFFIX_METHOD = "prompt:pay-attention-to-verb"
 TABLE5_GROUP, PROMPT_GROUP = "Table 5", "Appendix F (prompt suffix)"
+#: Appendix F also prints Qwen2.5-VL-7B's YN F1 without any mitigation (its decoding: the paper's default)
+APPENDIX_F_MODEL, APPENDIX_F_MODEL_GROUP = "Qwen2.5-VL-7B", "Appendix F (Qwen2.5-VL-7B)"
+#: the row groups in the order they are shown
+GROUP_ORDER = {TABLE5_GROUP: 0, PROMPT_GROUP: 1, APPENDIX_F_MODEL_GROUP: 2}
 #: the paper's row order within Table 5
 TABLE5_ORDER = ("none", "OPERA", "VCD", *TABLE5_MODEL_METHODS, PROMPT_SUFFIX_METHOD)
 #: Table 8's decodings (variant paper_name), in the paper's row order
@@ -140,6 +146,9 @@ def table5_runs(
             rows += [{"group": TABLE5_GROUP, "method": paper_methods[model], "model": model, "variant": v,
                       "paper_name": (method_pairs or {}).get(model, "")} for v in beam_variants if (model, v) in runs]
             continue
+        if paper_names.get(model) == APPENDIX_F_MODEL:  # Appendix F's plain F1 of Qwen2.5-VL-7B
+            rows += [{"group": APPENDIX_F_MODEL_GROUP, "method": "none", "model": model, "variant": v,
+                      "paper_name": APPENDIX_F_MODEL} for v in beam_variants if (model, v) in runs]
         in_scope = paper_names.get(model) == TABLE5_MODEL or any((model, v) in runs for v in mitigations)
         if not in_scope:
             continue
@@ -156,7 +165,7 @@ def table5_runs(
                          "paper_name": paper_names.get(model, "")})
     order = {method: i for i, method in enumerate(TABLE5_ORDER)}
     place = lambda method: order.get(method, order[PANGEA_METHOD])  # noqa: E731 - a variant of the paper's method
-    return sorted(rows, key=lambda row: (row["group"] != TABLE5_GROUP, place(row["method"])))
+    return sorted(rows, key=lambda row: (GROUP_ORDER[row["group"]], place(row["method"])))
 
 
 def _with_keys(frame: pd.DataFrame, keys: dict) -> pd.DataFrame:
@@ -171,7 +180,7 @@ class GroupedPaperTable(PaperTable):
     """Table 5 read group by group (its methods, then Appendix F's): each group's rows, then its paper-only rows."""
 
     def display(self, variant_paper_names: Mapping[str, str] | None = None) -> pd.DataFrame:
-        groups = sorted(set(self.frame.group), key=lambda group: (group != TABLE5_GROUP, group))
+        groups = sorted(set(self.frame.group), key=GROUP_ORDER.get)
         parts = [replace(self, frame=self.frame[self.frame.group == group]) for group in groups]
         shown = [PaperTable.display(part, variant_paper_names) for part in parts]
         if not shown:
@@ -204,9 +213,12 @@ def table5(
             blocks.append(_with_keys(row, {"group": run["group"], "method": run["method"]}))
     published = paper_rows(paper, 5, columns)
     blocks.append(_with_keys(published, {"group": TABLE5_GROUP, "method": published.variant.tolist()}))
-    appendix = paper_rows(paper, "text", columns)
-    appendix = appendix[appendix.variant == PROMPT_SUFFIX_METHOD].reset_index(drop=True)
+    text = paper_rows(paper, "text", columns)
+    appendix = text[text.variant == PROMPT_SUFFIX_METHOD].reset_index(drop=True)
     blocks.append(_with_keys(appendix, {"group": PROMPT_GROUP, "method": appendix.variant.tolist()}))
+    qwen = text[(text.model == APPENDIX_F_MODEL) & (text.variant == PAPER_VARIANT)].reset_index(drop=True)
+    qwen = qwen.assign(variant="none")  # its plain decoding: the row "none", as in Table 5
+    blocks.append(_with_keys(qwen, {"group": APPENDIX_F_MODEL_GROUP, "method": ["none"] * len(qwen)}))
     frame = pd.concat([b for b in blocks if len(b)], ignore_index=True) if any(len(b) for b in blocks) else (
         pd.DataFrame(columns=["source", "group", "method", *table_columns(columns)[1:]]))
     return GroupedPaperTable(5, frame, columns, keys=("group", "method"), match_keys=("group",),

@@ -52,12 +52,16 @@ from verbmirage.hico import NO_INTERACTION, HicoAnnotations
 from verbmirage.text import hoi_phrase, object_name, object_with_article, verb_phrase
 
 MC_STEM = "Which of the following actions is present in the image?"
+#: dataset -> question set -> (unique questions, questions the main experiments asked, Yes:No), Appendix A.
 PAPER_COUNTS = {
-    # Paper, Appendix A: "47K unique YN questions", "16.6K unique MC questions", Yes:No ~ 1:2.
-    "yn_obj": (47_000, "1:2"),
-    "yn_verb": (47_000, "1:2"),
-    "mc_obj": (16_600, ""),
-    "mc_verb": (16_600, ""),
+    # HICO: "47K unique YN questions", "16.6K unique MC questions", Yes:No ~ 1:2 (the paper does not say
+    # whether a number counts one set or both of its kind: it stands beside each).
+    "hico": {"yn_obj": (47_000, None, "1:2"), "yn_verb": (47_000, None, "1:2"),
+             "mc_obj": (16_600, None, ""), "mc_verb": (16_600, None, "")},
+    # CharadesEgo: "76K unique YN questions and 36K unique MC questions, and we use 28K YN questions and 10K MC
+    # questions for experiment", Yes:No ~ 1:1 (over both views: it stands beside each view's set).
+    "charadesego": {"yn_exo": (76_000, 28_000, "1:1"), "yn_ego": (76_000, 28_000, "1:1"),
+                    "mc_exo": (36_000, 10_000, ""), "mc_ego": (36_000, 10_000, "")},
 }
 PROTOCOLS = {
     # YN sampling (docs/questions.md): "paired" asks only positives that get k negatives of their own, so
@@ -573,7 +577,7 @@ def question_counts(frames: dict[str, pd.DataFrame], dataset: str = "hico") -> p
     for qset, frame in frames.items():
         yn = question_kind(qset) == "yn"
         unique = frame.group_id.nunique()
-        paper_unique, paper_ratio = PAPER_COUNTS.get(qset, (None, ""))
+        paper_unique, paper_used, paper_ratio = PAPER_COUNTS.get(dataset, {}).get(qset, (None, None, ""))
         yes, no = (int((frame.answer == "yes").sum()), int((frame.answer == "no").sum())) if yn else (None, None)
         rows.append(
             {
@@ -586,12 +590,13 @@ def question_counts(frames: dict[str, pd.DataFrame], dataset: str = "hico") -> p
                 "no": no,
                 "yes_share": yes / (yes + no) if yn and yes + no else None,
                 "paper_unique_questions": paper_unique,
+                "paper_used_questions": paper_used,
                 "paper_yes_to_no": paper_ratio,
                 "paper_yes_share": _yes_share_of_ratio(paper_ratio),
             }
         )
     table = pd.DataFrame(rows)
-    for column in ("yes", "no", "paper_unique_questions"):
+    for column in ("yes", "no", "paper_unique_questions", "paper_used_questions"):
         table[column] = table[column].astype("Int64")
     for column in ("yes_share", "paper_yes_share"):
         table[column] = table[column].astype("Float64")
