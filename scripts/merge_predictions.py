@@ -10,17 +10,18 @@ from verbmirage.jobserver import delegate
 delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
 
 from verbmirage.conditions import condition_questions
-from verbmirage.inference import merge_suite_shards, suite_table
+from verbmirage.inference import asked_questions, merge_suite_shards, suite_table
 from verbmirage.io import PREDICTIONS, QUESTIONS, read_provenance, read_table, write_table
 from verbmirage.joblog import job_log
 
 with job_log(snakemake.log[0]):
     shards = snakemake.input.shards
     for qset, questions_path, output in zip(snakemake.params.qsets, snakemake.input.questions, snakemake.output):
-        questions = read_table(questions_path, QUESTIONS)
+        provenance = {k: v for k, v in read_provenance(suite_table(shards[0], qset)).items()
+                      if k not in ("shard", "qset")}
+        # a model asked a fixed sample of each set (sample_questions): the same sample is expected
+        questions = asked_questions(read_table(questions_path, QUESTIONS), provenance.get("model"))
         if snakemake.input.get("images"):
             questions = condition_questions(questions, snakemake.input.images)
         merged = merge_suite_shards(questions, shards, qset, where=output)
-        provenance = {k: v for k, v in read_provenance(suite_table(shards[0], qset)).items()
-                      if k not in ("shard", "qset")}
         write_table(merged, output, PREDICTIONS, provenance=provenance)

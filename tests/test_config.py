@@ -246,3 +246,16 @@ def test_qsets_never_reach_the_image_transform():
     from verbmirage.conditions import image_settings
 
     assert image_settings({"type": "crop", "margin": 0.2, "qsets": ["mc_obj"]}) == {"type": "crop", "margin": 0.2}
+
+
+def test_a_sampled_model_is_refused_where_models_are_compared_question_by_question(config):
+    config["models"]["random"]["sample_questions"] = 20
+    config["ensembles"] = {}
+    check_config(config, REPO)  # alone it is fine
+    config["ensembles"] = {"vote": ["always_yes", "random"]}
+    with pytest.raises(ConfigError, match=r"ensembles\.vote: \['random'\] asked a sample of each set"):
+        check_config(config, REPO)
+    config["ensembles"] = {}
+    config["models"]["prior"]["sample_seed"] = 3
+    with pytest.raises(ConfigError, match=r"models\.prior\.sample_seed: set with sample_questions only"):
+        check_config(config, REPO)

@@ -316,3 +316,33 @@ def test_non_finite_scores_of_the_engine_are_error_rows_and_fail_the_job(suite, 
                0.05)
     yes_no = rows[rows.option_probs.isna()]
     assert rows.error.isna().all() and yes_no.p_yes.isna().any() and yes_no.confidence.notna().all()
+
+
+def test_a_sampled_model_answers_the_same_fixed_sample_in_any_shard_and_is_scored_on_it(suite, tmp_path):
+    """models.<slug>.sample_questions: N groups per set (MC rotations together), the same whatever the shards,
+    recorded in the provenance; the merge expects them and the metrics count only them."""
+    from verbmirage.metrics import BootstrapSettings, evaluate_run
+    from verbmirage.questions import question_sample
+
+    base, paths = suite
+    entry = {"backend": "random", "seed": 0, "sample_questions": 3, "sample_seed": 1}
+    for n_shards in (1, 2):
+        for shard in range(n_shards):
+            run_suite(paths, base / "clean", "random", entry, {}, shard, n_shards, tmp_path / f"{n_shards}/{shard}")
+    for qset in SETS:
+        questions = read_table(paths[qset], QUESTIONS)
+        one = read_table(suite_table(tmp_path / "1/0", qset), PREDICTIONS)
+        two = merge_suite_shards(question_sample(questions, 3, 1), [tmp_path / "2/0", tmp_path / "2/1"], qset)
+        assert set(one.question_id) == set(two.question_id) == set(question_sample(questions, 3, 1).question_id)
+        groups = questions[questions.question_id.isin(one.question_id)].group_id
+        assert groups.nunique() == min(3, questions.group_id.nunique())
+        assert len(one) == questions[questions.group_id.isin(set(groups))].shape[0]  # rotations kept whole
+        assert read_provenance(suite_table(tmp_path / "1/0", qset))["model"]["sample_questions"] == 3
+        path = tmp_path / f"{qset}.parquet"
+        write_table(two, path, PREDICTIONS, provenance=read_provenance(suite_table(tmp_path / "1/0", qset)))
+        rows = evaluate_run([(qset, paths[qset], path)], {"dataset": "hico", "condition": "clean", "model": "random",
+                                                          "variant": "default"}, BootstrapSettings(resamples=0))
+        counted = rows[(rows.subset == "all") & rows.metric.isin(["accuracy", "circular_accuracy"])].n.max()
+        assert counted == groups.nunique() if qset.startswith("mc") else counted == len(one)
+    assert question_sample(read_table(paths["yn_obj"], QUESTIONS), 3, 2).question_id.tolist() != \
+        question_sample(read_table(paths["yn_obj"], QUESTIONS), 3, 1).question_id.tolist()

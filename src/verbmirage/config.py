@@ -218,6 +218,24 @@ def _check_pangea(config: dict, workdir: Path) -> None:
         raise ConfigError(f"datasets.pangea.root: '{root}' has no {samples}")
 
 
+def _check_sampled_models(config: dict) -> None:
+    """A model asked a sample of each set (``sample_questions``) answers other questions than the rest: it may not
+    vote in an ensemble or enter an analysis that compares models question by question."""
+    sampled = [slug for slug, entry in config["models"].items() if entry.get("sample_questions")]
+    for slug, entry in config["models"].items():
+        if "sample_seed" in entry and not entry.get("sample_questions"):
+            raise ConfigError(f"models.{slug}.sample_seed: set with sample_questions only")
+    analysis = config.get("analysis") or {}
+    uses = [(f"ensembles.{name}", members) for name, members in (config.get("ensembles") or {}).items()]
+    uses += [(f"analysis.{key}.models", (analysis.get(key) or {}).get("models") or [])
+             for key in ("known_object", "object_reliance")]
+    for where, members in uses:
+        clash = sorted(set(members) & set(sampled))
+        if clash:
+            raise ConfigError(f"{where}: {clash} asked a sample of each set (models.<slug>.sample_questions): they "
+                              "answer other questions than the rest, so they cannot be compared question by question")
+
+
 def check_config(config: dict, workdir: str | Path = ".") -> None:
     """Raise :class:`ConfigError` on the first problem found.
 
@@ -230,6 +248,7 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
         raise ConfigError("; ".join(problems))
     workdir = Path(workdir)
     _check_pangea(config, workdir)
+    _check_sampled_models(config)
     try:  # a derived entry (models.<slug>.derive) is checked as the entry its jobs load
         config = {**config, "models": effective_models(config)}
     except ValueError as error:

@@ -57,7 +57,7 @@ from verbmirage.models.base import (
     YesNoResult,
 )
 from verbmirage.paths import file_digest
-from verbmirage.questions import question_kind
+from verbmirage.questions import question_kind, question_sample, sample_settings
 from verbmirage.variants import Variant
 
 log = logging.getLogger(__name__)
@@ -565,7 +565,8 @@ def run_shard(
     from verbmirage.models import ModelContext, create_model
 
     # a partial condition (crop: single-instance images only) asks only the questions on its images
-    questions = select_shard(condition_questions(read_table(questions_path, QUESTIONS), images_dir), shard, n_shards)
+    questions = select_shard(condition_questions(asked_questions(read_table(questions_path, QUESTIONS),
+                                                                 model_settings), images_dir), shard, n_shards)
     variant = Variant.from_config(variant_settings, where=f"variants (run of {model_slug})")
     settings = run_settings(model_settings, variant.settings(), condition_settings, images_dir, continue_tokens)
     provenance = {"model": model_settings, "variant": variant_settings, "condition": condition_settings,
@@ -614,6 +615,13 @@ def score_questions(model: VisionLanguageModel, questions: list[Question], multi
             for i, result in zip(indices, score([questions[i] for i in indices])):
                 results[i] = result
     return results
+
+
+def asked_questions(questions: pd.DataFrame, model_settings: dict | None) -> pd.DataFrame:
+    """The questions a model is asked of a set: all, or its entry's fixed sample (``sample_questions``; the
+    merge and the metrics read the same sample back from the predictions' provenance)."""
+    sample = sample_settings(model_settings)
+    return questions if sample is None else question_sample(questions, *sample).reset_index(drop=True)
 
 
 def image_shard(image: str, n_shards: int) -> int:
@@ -842,7 +850,7 @@ def run_suite(
 
     frames = []
     for qset, path in questions_paths.items():
-        table = read_table(path, QUESTIONS)
+        table = asked_questions(read_table(path, QUESTIONS), model_settings)
         if not table.qset.eq(qset).all():
             raise ValueError(f"{path}: holds question set(s) {sorted(set(table.qset))}, expected '{qset}'")
         # a partial condition (crop: single-instance images only) asks only the questions on its images

@@ -352,7 +352,7 @@ def evaluate_run(
 
     parts = []
     for qset, questions_path, predictions_path in tables:
-        questions = read_table(questions_path, QUESTIONS)
+        questions = questions_answered_by(read_table(questions_path, QUESTIONS), predictions_path)
         if images_dir:
             questions = condition_questions(questions, images_dir)
         set_keys = {"dataset": keys["dataset"], "qset": qset, **{k: v for k, v in keys.items() if k != "dataset"}}
@@ -362,6 +362,16 @@ def evaluate_run(
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=[
         "dataset", "qset", *[k for k in keys if k != "dataset"], "subset", "metric", "value", "ci_low", "ci_high",
         "n"])
+
+
+def questions_answered_by(questions: pd.DataFrame, predictions_path: str | Path) -> pd.DataFrame:
+    """The questions a prediction table answers: all of them, or the fixed sample its model was asked
+    (``sample_questions``, recorded in the table's provenance), so that no unasked question counts as wrong."""
+    from verbmirage.io import read_provenance
+    from verbmirage.questions import question_sample, sample_settings
+
+    sample = sample_settings(read_provenance(predictions_path).get("model"))
+    return questions if sample is None else question_sample(questions, *sample).reset_index(drop=True)
 
 
 def consistency_run(
@@ -381,7 +391,7 @@ def consistency_run(
 
     parts = []
     for qset, questions_path, reference_path, other_path in tables:
-        questions = read_table(questions_path, QUESTIONS)
+        questions = questions_answered_by(read_table(questions_path, QUESTIONS), reference_path)
         for folder in images_dirs:
             questions = condition_questions(questions, folder)
         if images_dirs and questions.empty:  # a crop without single-instance questions: nothing to compare

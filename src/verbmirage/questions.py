@@ -609,3 +609,27 @@ def _yes_share_of_ratio(ratio: str) -> float | None:
         return None
     yes, no = (float(part) for part in ratio.split(":"))
     return yes / (yes + no)
+
+
+# ---- a fixed sample of a set's questions (an API model asked N questions per set: paper Fig. 1) ----------
+def sample_settings(model_settings: dict | None) -> tuple[int, int] | None:
+    """(N, seed) of a model entry's ``sample_questions`` / ``sample_seed``, or None: it asks every question."""
+    settings = model_settings or {}
+    count = settings.get("sample_questions")
+    return (int(count), int(settings.get("sample_seed", 0))) if count else None
+
+
+def question_sample(questions: pd.DataFrame, count: int, seed: int = 0) -> pd.DataFrame:
+    """The questions of ``count`` groups of each set (an MC question's rotations stay together), in table order.
+
+    A group is chosen by a hash of (seed, set, group id), not by position: the same questions whatever the
+    table's order, the shard, the image condition or the variant (a condition that covers fewer images asks
+    the sample's questions on them), so every run of the model answers the same questions.
+    """
+    if questions.empty:
+        return questions
+    keys = questions.qset.astype(str) + "\0" + questions.group_id.astype(str)
+    ranks = keys.drop_duplicates().map(lambda key: hashlib.sha256(f"{seed}\0{key}".encode()).hexdigest())
+    chosen = set(keys[ranks.index].to_frame("key").assign(rank=ranks.to_numpy(), qset=questions.qset[ranks.index])
+                 .sort_values("rank").groupby("qset", sort=False).head(count).key)
+    return questions[keys.isin(chosen).to_numpy()]

@@ -65,7 +65,7 @@ IMAGE_MODES: dict[str, tuple[str, ...]] = {
 
 # Keys of a model entry that belong to the workflow, not to the backend.
 WORKFLOW_KEYS = frozenset({"backend", "batch_size", "shards", "resources", "qsets", "paper_name", "variants",
-                           "paper_method", "variant_settings"})
+                           "paper_method", "variant_settings", "sample_questions", "sample_seed"})
 # Those of them that plan or label its runs, which its answers do not depend on: kept out of its inference params
 # and answer fingerprint, so that raising a timed-out shard's runtime or adding a variant to its list reruns and
 # discards nothing already answered. (``batch_size`` is not among them: padding moves scores by ~1e-4.)
