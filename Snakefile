@@ -61,12 +61,26 @@ def _stop_job_server():
     jobserver.stop(_job_server.pop() if _job_server else None)
 
 
+# The end of a run (src/verbmirage/run_summary.py): on success where the results are, Table 1's headline numbers
+# and how to open the report; on failure which jobs failed and their logs. It never fails the run.
+def _end_of_run(outcome, log):
+    from verbmirage import run_summary
+
+    if outcome == "success":
+        run_summary.print_summary(outcome, outputs=rules.all.input, metrics=METRICS, variants=config.get("variants"),
+                                  configfiles=workflow.overwrite_configfiles)
+    else:
+        run_summary.print_summary(outcome, snakemake_logs=log)
+
+
 onsuccess:
     _stop_job_server()
+    _end_of_run("success", log)
 
 
 onerror:
     _stop_job_server()
+    _end_of_run("error", log)
 
 
 # Everything but the inference shards runs on the submitting node under a cluster profile.
