@@ -15,6 +15,9 @@ REAL_HICO = SHARED_DATA / "hico_20150920"
 REAL_HICO_DET_JSON = SHARED_DATA / "hicodet" / "instances_test2015.json"
 
 
+_STARTED = pytest.StashKey[float]()
+
+
 @pytest.fixture(scope="session")
 def demo_roots(tmp_path_factory) -> tuple[Path, Path]:
     base = tmp_path_factory.mktemp("demo")
@@ -91,3 +94,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         item.add_marker(pytest.mark.xdist_group("demo_run" if order(item) == 0 else item.path.name))
     items.sort(key=order)
+
+
+def pytest_sessionstart(session):
+    import time
+
+    session.config.stash[_STARTED] = time.time()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Name the folder of the files the tests kept for CI (the report's screenshots), when this session wrote any."""
+    from workflow_run import ARTIFACTS
+
+    started = config.stash.get(_STARTED, None)
+    if started is None or not ARTIFACTS.is_dir():
+        return
+    written = [path for path in ARTIFACTS.rglob("*") if path.is_file() and path.stat().st_mtime >= started]
+    if written:
+        terminalreporter.write_line(f"test artifacts: {len(written)} files in {ARTIFACTS}")

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
-from workflow_run import REPO
+from workflow_run import ARTIFACTS, REPO
 
 from verbmirage.analysis.paper_figures import bar_values, fig1_object_vs_verb
 from verbmirage.io import METRICS, read_table
@@ -43,18 +45,25 @@ def test_fig1_bars_are_the_demo_metric_rows(demo_run):
     assert bars["prior|object existence (obj_exist, not POPE)"] == pytest.approx(100 * expected["prior", "obj_exist"])
 
 
-def test_report_holds_every_figure_and_table(demo_run, tmp_path):
-    figures = sorted((demo_run / "results" / "figures").glob("*.png"))
-    tables = sorted((demo_run / "results" / "tables").glob("*.html"))
-    assert {p.name for p in figures} >= set(PAPER_FIGURES)
-    assert {"table1.html", "table2.html", "table3.html", "table4.html"} <= {p.name for p in tables}
-    report = tmp_path / "report.html"
+@pytest.fixture(scope="module")
+def demo_report(demo_run, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The demo's Snakemake report (report.html), written once for this file, and the command's result."""
+    report = tmp_path_factory.mktemp("report") / "report.html"
     result = subprocess.run(
         [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--directory", str(demo_run),
          "--configfile", str(demo_run / "config.yaml"), "--report", str(report)],
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    return report, result
+
+
+def test_report_holds_every_figure_and_table(demo_run, demo_report):
+    figures = sorted((demo_run / "results" / "figures").glob("*.png"))
+    tables = sorted((demo_run / "results" / "tables").glob("*.html"))
+    assert {p.name for p in figures} >= set(PAPER_FIGURES)
+    assert {"table1.html", "table2.html", "table3.html", "table4.html"} <= {p.name for p in tables}
+    report, result = demo_report
     # docutils reports a caption it cannot read (e.g. |x| taken as a substitution) on stderr, and the report
     # then shows its error message instead of the text
     assert not re.findall(r"\((?:WARNING|ERROR|SEVERE)/\d\).*", result.stderr)
@@ -63,3 +72,176 @@ def test_report_holds_every_figure_and_table(demo_run, tmp_path):
     assert not missing, f"not in the report: {missing}"
     for text in ("Paper figures", "Paper tables", "Not reproduced", "Fig. 4(a)"):
         assert text in html, text
+
+
+# ---- the report in a real browser ----------------------------------------------------------------------------
+#: Debian's Chromium (apt-get install chromium; .ci/run installs it): playwright's own download cannot be reached
+CHROMIUM = os.environ.get("VERBMIRAGE_CHROMIUM", "/usr/bin/chromium")
+
+
+def expand_braces(text: str) -> list[str]:
+    """``a{1,2}b`` -> ``a1b``, ``a2b`` (every ``{x,y}`` group; a group without a comma, a placeholder such as
+    ``{qset}``, stays as it is)."""
+    match = re.search(r"\{([^{}]*,[^{}]*)\}", text)
+    if not match:
+        return [text]
+    return [expanded for option in match.group(1).split(",")
+            for expanded in expand_braces(text[: match.start()] + option + text[match.end() :])]
+
+
+def readme_report_files(readme: str, run: Path) -> list[str]:
+    """The figures (PNG) and tables (HTML) the README's output table lists, as files of ``run``: its backticked
+    names with brace groups expanded and globs matched; a bare file name is looked up under ``results/``."""
+    table = readme.split("| output | what |", 1)[1].split("\n\n", 1)[0]
+    found = []
+    for token in re.findall(r"`([^`]+)`", table):
+        for name in expand_braces(token):
+            if not name.endswith((".png", ".html")):
+                continue
+            pattern = name if "/" in name else f"results/**/{name}"
+            matches = sorted(str(path.relative_to(run)) for path in run.glob(pattern))
+            assert matches, f"README lists {name}, which the demo run did not make"
+            found += matches
+    return sorted(set(found))
+
+
+def test_readme_report_files_expand_the_output_table(tmp_path):
+    for name in ("results/tables/table1.html", "results/tables/table2.html", "results/figures/fig7_attention.png",
+                 "results/figures/fig10_fov.png", "results/tables/table1.parquet"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    readme = ("intro `results/x.html`\n\n| output | what |\n| --- | --- |\n"
+              "| `results/tables/table{1,2}.{parquet,html}`, `results/figures/fig{7,8}_*.png` | tables |\n"
+              "| `results/{qset}.parquet`, `fig10_fov.png` | more |\n\nafter `results/y.png`\n")
+    with pytest.raises(AssertionError, match="fig8_"):  # a listed file the run did not make
+        readme_report_files(readme, tmp_path)
+    (tmp_path / "results/figures/fig8_attention.png").write_text("x")
+    assert readme_report_files(readme, tmp_path) == [
+        "results/figures/fig10_fov.png", "results/figures/fig7_attention.png", "results/figures/fig8_attention.png",
+        "results/tables/table1.html", "results/tables/table2.html"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).is_file():
+        if os.environ.get("VERBMIRAGE_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"no Chromium at {CHROMIUM} (apt-get install -y chromium, or set VERBMIRAGE_CHROMIUM)")
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install -y chromium; CI sets VERBMIRAGE_REQUIRE_BROWSER=1)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+def _open_result(page, row) -> str:
+    """Click a result's view button (the eye) in the report's list; the path the report then shows."""
+    row.locator("a[iconname=eye]").click()
+    return page.evaluate("app.state.resultPath")
+
+
+def _rendered_size(page, path: str) -> tuple[float, float]:
+    """Width and height of the shown result: the decoded image, or the table inside the HTML's frame (0, 0
+    where the image does not decode or the frame holds no table)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        if path.endswith(".png"):
+            image = page.locator("#app img").last
+            image.wait_for(timeout=10_000)
+            # decode() rejects for an image that cannot be decoded; its natural size is then 0
+            natural = image.evaluate("i => i.decode().then(() => [i.naturalWidth, i.naturalHeight], () => [0, 0])")
+            box = image.bounding_box() if min(natural) > 0 else None
+        else:
+            page.locator("#app iframe").wait_for(timeout=10_000)
+            table = page.frame_locator("#app iframe").locator("table").first
+            table.wait_for(timeout=10_000)
+            box = table.bounding_box()
+    except PlaywrightTimeout:
+        box = None
+    return (box["width"], box["height"]) if box else (0.0, 0.0)
+
+
+def test_report_renders_in_a_browser(demo_run, demo_report, browser):
+    """The report a researcher opens: it loads without console errors, and every figure and table the README's
+    output table lists is one of its results and shows with a non-zero size when opened from its category."""
+    report, _ = demo_report
+    expected = readme_report_files((REPO / "README.md").read_text(), demo_run)
+    assert len(expected) >= 20, expected
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    problems = []
+    page.on("console", lambda message: problems.append(f"console {message.type}: {message.text}")
+            if message.type == "error" else None)
+    page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+    page.on("requestfailed", lambda request: problems.append(f"request failed: {request.url[:100]}"))
+    page.goto(report.as_uri())
+    categories = page.evaluate("Object.keys(categories)")
+    menu = page.get_by_role("link", name="Paper figures", exact=True)
+    menu.wait_for()
+    artifacts = ARTIFACTS / "report"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=artifacts / "landing.png")
+    listed = page.evaluate("Object.keys(results)")
+    assert not [path for path in expected if path not in listed], "README files not in the report"
+
+    shown: dict[str, tuple[float, float]] = {}
+    for category in categories:
+        page.get_by_role("link", name=category, exact=True).click()
+        subcategories = page.evaluate("c => Object.keys(categories[c])", category)
+        for subcategory in subcategories:
+            if len(subcategories) > 1:
+                page.get_by_role("link", name=subcategory, exact=True).click()
+            rows = page.locator("#app table tbody tr")
+            assert rows.count() == len(page.evaluate("([c, s]) => categories[c][s]", [category, subcategory]))
+            for index in range(rows.count()):
+                path = _open_result(page, rows.nth(index))
+                shown[path] = _rendered_size(page, path)
+                if path == "results/figures/fig1_object_vs_verb.png":
+                    page.locator("#app img").last.screenshot(path=artifacts / "figure.png")
+                elif path == "results/tables/table1.html":
+                    page.screenshot(path=artifacts / "table1.png")
+            if len(subcategories) > 1:
+                page.locator("nav ol li a").nth(1).click()  # back to the category
+        page.locator("nav ol li a").first.click()  # the breadcrumbs' home: back to the category menu
+    print(f"report screenshots in {artifacts}")
+    missing = [path for path in expected if path not in shown]
+    assert not missing, f"not reachable from the report's categories: {missing}"
+    empty = {path: size for path, size in shown.items() if not (size[0] > 0 and size[1] > 0)}
+    assert not empty, f"shown with no size: {empty}"
+    assert (artifacts / "figure.png").is_file() and (artifacts / "table1.png").is_file()
+    assert not problems, problems
+
+
+# ---- the end of a run ----------------------------------------------------------------------------------------
+def test_snakefile_hooks_print_the_end_of_run_summary(demo_run, tmp_path):
+    """onsuccess prints where the results are, Table 1's headline and the report command; onerror names the
+    failed job, its log and the error in it. Run on a copy of the demo's tables (only rule ``tables`` reruns)."""
+    import shutil
+
+    import pandas as pd
+
+    shutil.copy(demo_run / "config.yaml", tmp_path / "config.yaml")
+    (tmp_path / "resources").symlink_to(demo_run / "resources")
+    for folder in ("results/metrics", "results/tables"):
+        shutil.copytree(demo_run / folder, tmp_path / folder)
+    command = [sys.executable, "-m", "snakemake", "results/tables/table1.md", "--force", "--snakefile",
+               str(REPO / "Snakefile"), "--directory", str(tmp_path), "--configfile", str(tmp_path / "config.yaml"),
+               "--cores", "1", "--config", "job_server=False", "--allowed-rules", "tables"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    text = result.stderr[result.stderr.index("Verb Mirage: the run finished."):]
+    table1 = pd.read_parquet(tmp_path / "results/tables/table1.parquet").set_index(["source", "model", "variant"])
+    llava = table1.loc[("measured", "tiny_llava", "default")]
+    headline = (f"yn_obj {llava.yn_obj_acc:.2f} [{llava.yn_obj_acc_ci_low:.2f}, {llava.yn_obj_acc_ci_high:.2f}]  "
+                f"yn_verb {llava.yn_verb_acc:.2f}")
+    assert re.search(rf"\n    tiny_llava \(default\) +{re.escape(headline)}", text), text
+    assert "tables   results/tables/ (" in text and "figures  results/figures/ (0 of " in text  # not copied
+    assert f"report --configfile config.yaml` writes {tmp_path / 'report.html'}, then open it in a browser" in text
+
+    (tmp_path / "results/metrics/metrics.parquet").write_bytes(b"not a parquet file")
+    failed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert failed.returncode != 0
+    text = failed.stderr[failed.stderr.index("Verb Mirage: the run stopped; 1 job failed:"):]
+    assert "\n  tables\n    log logs/tables.log: pyarrow.lib.ArrowInvalid: " in text, text
+    assert "Snakemake's log of this run: .snakemake/log/" in text

@@ -5,6 +5,7 @@ The demo run itself is one session fixture (`demo_run` in conftest.py) shared by
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -13,6 +14,8 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+#: what the slow tests keep for CI (screenshots of the demo's report; git-ignored); the session's summary names it
+ARTIFACTS = Path(os.environ.get("VERBMIRAGE_TEST_ARTIFACTS", REPO / "test-artifacts"))
 
 
 def write_config(workdir: Path, edit=None) -> Path:

@@ -39,15 +39,15 @@ def _shown(path: str | Path, workdir: Path) -> str:
     return str(path)
 
 
-def _folders(paths: Sequence[str], workdir: Path) -> str:
-    """``folder/ (made of total)`` for each folder the paths lie in, in first-seen order."""
+def _folders(paths: Sequence[str], workdir: Path, noun: str) -> str:
+    """``folder/ (N nouns)`` (or ``made of N``) for each folder the paths lie in, in first-seen order."""
     folders: dict[str, list[str]] = {}
     for path in paths:
         folders.setdefault(str(Path(path).parent), []).append(path)
     parts = []
     for folder, members in folders.items():
         made = sum((workdir / member).is_file() for member in members)
-        count = f"{made} files" if made == len(members) else f"{made} of {len(members)} files made"
+        count = f"{made} {noun}" if made == len(members) else f"{made} of {len(members)} {noun} made"
         parts.append(f"{_shown(folder, workdir)}/ ({count})")
     return ", ".join(parts)
 
@@ -56,11 +56,11 @@ def _interval(row: Mapping, column: str) -> str:
     low, high = row.get(f"{column}_ci_low"), row.get(f"{column}_ci_high")
     if low is None or high is None or low != low or high != high:  # NaN: no interval
         return ""
-    return f" [{low:.1f}, {high:.1f}]"
+    return f" [{low:.2f}, {high:.2f}]"
 
 
 def _value(value) -> str:
-    return "–" if value is None or value != value else f"{value:.1f}"
+    return "–" if value is None or value != value else f"{value:.2f}"
 
 
 def headline_lines(table1, variant_paper_names: Mapping[str, str] | None = None,
@@ -143,9 +143,9 @@ def success_summary(outputs: Iterable[str], metrics: str, table1: str | None = N
     lines = ["", "Verb Mirage: the run finished."]
     tables = [path for path in outputs if path.endswith(TABLE_SUFFIXES)]
     figures = [path for path in outputs if path.endswith(FIGURE_SUFFIXES)]
-    lines.append(f"  tables   {_folders(tables, workdir) if tables else 'none configured'}"
-                 + ("  (.md, .parquet beside each .html)" if tables else ""))
-    lines.append(f"  figures  {_folders(figures, workdir) if figures else 'none configured'}")
+    lines.append(f"  tables   {_folders(tables, workdir, 'tables') if tables else 'none configured'}"
+                 + ("; .html, with .md and .parquet beside" if tables else ""))
+    lines.append(f"  figures  {_folders(figures, workdir, 'figures') if figures else 'none configured'}")
     metrics_path = workdir / metrics
     try:
         detail = _metrics_line(metrics_path) if metrics_path.is_file() else "missing (this run did not make it)"
@@ -228,12 +228,20 @@ def failed_jobs(snakemake_log: str) -> list[dict[str, object]]:
 
 
 def error_line(log: Path, limit: int = 200) -> str:
-    """The line a job log names its error with: the last exception line, else its last line."""
-    lines = [line.strip() for line in re.split(r"[\r\n]+", log.read_text(errors="replace")) if line.strip()]
+    """The line a job log names its error with: the exception line of its last Python traceback (the first
+    line after ``Traceback (most recent call last):`` that is not indented), else the last line that names an
+    error, else its last line."""
+    lines = [line.rstrip() for line in re.split(r"[\r\n]+", log.read_text(errors="replace")) if line.strip()]
     if not lines:
         return "(empty)"
-    line = next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line)), lines[-1])
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    starts = [number for number, line in enumerate(lines) if line.strip() == "Traceback (most recent call last):"]
+    found = None
+    if starts:
+        found = next((line for line in lines[starts[-1] + 1 :] if not line[0].isspace()), None)
+    if found is None:
+        found = next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line.strip())), lines[-1])
+    found = found.strip()
+    return found if len(found) <= limit else found[: limit - 3] + "..."
 
 
 def failure_summary(snakemake_logs: Sequence[str], workdir: str | Path = ".", limit: int = FAILED_JOBS) -> str:

@@ -1,0 +1,187 @@
+"""The end-of-run block (verbmirage.run_summary): Table 1's headline beside the paper's, the failed jobs of a
+real Snakemake log, and a summary that never fails the run."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from verbmirage.paper_numbers import load_paper_numbers, packaged_paper_numbers
+from verbmirage.run_summary import failed_jobs, failure_summary, headline_lines, print_summary, success_summary
+from verbmirage.tables import paper_tables
+
+VARIANTS = {"default": {}, "beam5": {"decoding": "beam", "num_beams": 5, "paper_name": "beam5"}}
+
+
+def _metrics(values: dict[tuple[str, str, str], float]) -> pd.DataFrame:
+    """A long metrics table: (model, variant, qset) -> accuracy (circular accuracy for MC), clean HICO."""
+    rows = []
+    for (model, variant, qset), value in values.items():
+        metric = "circular_accuracy" if qset.startswith("mc") else "accuracy"
+        rows.append({"dataset": "hico", "qset": qset, "condition": "clean", "model": model, "variant": variant,
+                     "subset": "all", "metric": metric, "value": value, "ci_low": value - 0.05,
+                     "ci_high": value + 0.05, "n": 300})
+    return pd.DataFrame(rows)
+
+
+def _table1(tmp_path, values, paper_names=None, models=None):
+    """table1.parquet as scripts/make_tables.py writes it (our rows, then the paper's)."""
+    metrics = _metrics(values)
+    models = models or list(dict.fromkeys(model for model, _, _ in values))
+    variants = list(dict.fromkeys(variant for _, variant, _ in values))
+    tables = paper_tables(metrics, load_paper_numbers(packaged_paper_numbers()), models, {}, [], variants,
+                          paper_names or {})
+    folder = tmp_path / "results" / "tables"
+    folder.mkdir(parents=True)
+    tables[1].frame.to_parquet(folder / "table1.parquet", index=False)
+    metrics_folder = tmp_path / "results" / "metrics"
+    metrics_folder.mkdir(parents=True)
+    metrics.to_parquet(metrics_folder / "metrics.parquet", index=False)
+    return tables[1].frame
+
+
+def test_headline_puts_the_paper_beside_the_same_model_and_decoding(tmp_path):
+    frame = _table1(tmp_path, {
+        ("llava", "default", "yn_obj"): 0.60, ("llava", "default", "yn_verb"): 0.55,
+        ("llava", "beam5", "yn_obj"): 0.5216, ("llava", "beam5", "yn_verb"): 0.50,
+        ("prior", "default", "yn_obj"): 0.71, ("prior", "default", "yn_verb"): 0.6766,
+    }, paper_names={"llava": "LLaVA-1.5-7B"})
+    lines = headline_lines(frame, {name: s.get("paper_name", "") for name, s in VARIANTS.items()})
+    # llava's beam5 row matches the paper's LLaVA-1.5-7B beam5 row (Table 1: 52.16 and 59.16); it comes first,
+    # and its greedy row is not compared with the paper's beam search
+    assert lines[0].split() == ["llava", "(beam5)", "yn_obj", "52.16", "[47.16,", "57.16]", "yn_verb",
+                                "50.00", "[45.00,", "55.00]", "|", "paper", "LLaVA-1.5-7B", "(beam5):", "52.16,", "59.16"]
+    assert lines[1].split()[:4] == ["prior", "(default)", "yn_obj", "71.00"] and "paper" not in lines[1]
+    assert len(lines) == 2
+    # without the variant's paper_name the same row has nothing beside it
+    unmatched = headline_lines(frame, {})
+    assert unmatched[0].startswith("llava (default)") and all("| paper" not in line for line in unmatched)
+    assert "paper_name" in unmatched[-1]
+
+
+def test_headline_counts_the_models_it_leaves_out(tmp_path):
+    values = {(f"m{i}", "default", qset): 0.5 for i in range(7) for qset in ("yn_obj", "yn_verb")}
+    frame = _table1(tmp_path, values)
+    lines = headline_lines(frame, {}, limit=5)
+    assert [line.split()[0] for line in lines[:5]] == ["m0", "m1", "m2", "m3", "m4"]
+    assert lines[5] == "... and 2 more models in table1.md"
+
+
+def test_success_summary_names_folders_headline_and_report_command(tmp_path):
+    _table1(tmp_path, {("llava", "beam5", "yn_obj"): 0.5216, ("llava", "beam5", "yn_verb"): 0.50},
+            paper_names={"llava": "LLaVA-1.5-7B"})
+    figures = tmp_path / "results" / "figures"
+    figures.mkdir()
+    (figures / "fig1_object_vs_verb.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    outputs = ["results/tables/table1.parquet", "results/tables/table1.html", "results/tables/table2.html",
+               "results/figures/fig1_object_vs_verb.png", "results/figures/fig3_rare_common.png"]
+    (tmp_path / "results/tables/table1.html").write_text("<table></table>")
+    text = success_summary(outputs, "results/metrics/metrics.parquet", variants=VARIANTS,
+                           configfiles=["configs/paper.yaml"], workdir=tmp_path)
+    assert "tables   results/tables/ (1 of 2 tables made)" in text
+    assert "figures  results/figures/ (1 of 2 figures made)" in text
+    assert "metrics  results/metrics/metrics.parquet: 2 values (datasets: hico)" in text
+    assert "| paper LLaVA-1.5-7B (beam5): 52.16, 59.16" in text
+    script = Path(sys.executable).parent / "verbmirage"
+    command = str(script) if script.is_file() else f"{sys.executable} -m verbmirage"
+    assert (f"report   not written yet: `{command} report --configfile configs/paper.yaml` writes "
+            f"{tmp_path / 'report.html'}, then open it in a browser") in text
+    (tmp_path / "report.html").write_text("<html></html>")
+    assert f"report   {tmp_path / 'report.html'} (open it in a browser" in success_summary(
+        outputs, "results/metrics/metrics.parquet", variants=VARIANTS, workdir=tmp_path)
+
+
+def test_success_summary_says_what_is_missing_in_one_line_each(tmp_path):
+    text = success_summary(["results/tables/table1.parquet", "results/tables/table1.html"],
+                           "results/metrics/metrics.parquet", variants=None, workdir=tmp_path)
+    assert "metrics  results/metrics/metrics.parquet: missing (this run did not make it)" in text
+    assert "Table 1  results/tables/table1.parquet is missing: no headline numbers" in text
+    assert "tables   results/tables/ (0 of 1 tables made)" in text
+    (tmp_path / "results" / "tables").mkdir(parents=True)
+    (tmp_path / "results" / "tables" / "table1.parquet").write_bytes(b"not parquet")
+    broken = success_summary(["results/tables/table1.parquet"], "results/metrics/metrics.parquet",
+                             workdir=tmp_path)
+    assert "results/tables/table1.parquet unreadable (" in broken
+
+
+def test_print_summary_never_raises(tmp_path):
+    stream = io.StringIO()
+    print_summary("success", stream=stream, outputs=None, metrics="results/metrics/metrics.parquet",
+                  workdir=tmp_path)  # a bad argument: the summary says so instead of failing the run
+    assert stream.getvalue().startswith("Verb Mirage: no end-of-run summary (TypeError:")
+
+
+SNAKEFILE = r"""
+from verbmirage import run_summary
+
+rule all:
+    input: expand("out/{x}.txt", x=["a", "b", "c"])
+
+rule make:
+    output: "out/{x}.txt"
+    log: "logs/make/{x}.log"
+    shell:
+        "echo starting {wildcards.x} > {log}; "
+        "if [ {wildcards.x} != a ]; then "
+        "printf 'Traceback (most recent call last):\n  ...\nValueError: bad row 3 in {wildcards.x}\n"
+        "job resources: 0.1 s\n' >> {log}; exit 1; fi; "
+        "touch {output}"
+
+onerror:
+    run_summary.print_summary("error", snakemake_logs=log)
+"""
+
+
+def test_failure_summary_reads_the_failed_jobs_from_a_real_snakemake_log(tmp_path):
+    (tmp_path / "Snakefile").write_text(textwrap.dedent(SNAKEFILE))
+    result = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "--keep-going"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    logs = sorted((tmp_path / ".snakemake" / "log").glob("*.snakemake.log"))
+    jobs = failed_jobs(logs[-1].read_text())
+    assert sorted((job["rule"], job["wildcards"], tuple(job["logs"])) for job in jobs) == [
+        ("make", "x=b", ("logs/make/b.log",)), ("make", "x=c", ("logs/make/c.log",))]
+    text = failure_summary([str(logs[-1])], workdir=tmp_path)
+    assert "the run stopped; 2 jobs failed:" in text
+    assert "  make (x=b)\n    log logs/make/b.log: ValueError: bad row 3 in b\n" in text
+    assert f"Snakemake's log of this run: .snakemake/log/{logs[-1].name}" in text
+    assert text in result.stderr  # the hook printed the same block
+
+
+def test_failure_summary_without_failed_jobs_or_logs(tmp_path):
+    log = tmp_path / "run.snakemake.log"
+    log.write_text("Building DAG of jobs...\nError in rule make:\n    jobid: 4\n    log: logs/x.log (check log "
+                   "file(s) for error details)\n    message: SLURM-job '17' failed\n")
+    text = failure_summary([str(log), str(tmp_path / "gone.log")], workdir=tmp_path)
+    assert "1 job failed:" in text and "  make\n    message: SLURM-job '17' failed\n" in text
+    assert "    log logs/x.log: missing (the job wrote none)" in text
+    assert "gone.log unreadable" in text
+    empty = tmp_path / "empty.snakemake.log"
+    empty.write_text("Building DAG of jobs...\n")
+    assert "names no failed job" in failure_summary([str(empty)], workdir=tmp_path)
+
+
+@pytest.mark.parametrize("tail, expected", [
+    # job_log's record of a failed job: the traceback, then the resources line (verbmirage.joblog)
+    ("12:00 ERROR verbmirage.job: job failed\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
+     "    read()\npyarrow.lib.ArrowInvalid: Could not open 'm.parquet'\n12:00 INFO verbmirage.job: job resources\n",
+     "pyarrow.lib.ArrowInvalid: Could not open 'm.parquet'"),
+    # chained exceptions: the last traceback's
+    ("Traceback (most recent call last):\n  File \"a\"\nKeyError: 'x'\n\nDuring handling of the above exception, "
+     "another exception occurred:\n\nTraceback (most recent call last):\n  File \"b\"\nValueError: models.x: bad\n"
+     "job resources: 1 s\n", "ValueError: models.x: bad"),
+    ("loading\nRuntimeError: CUDA out of memory\nslurmstepd: cancelled\n", "RuntimeError: CUDA out of memory"),
+    ("progress 10%\rprogress 100%\r\nall done\n", "all done"),
+])
+def test_error_line_of_a_job_log(tmp_path, tail, expected):
+    from verbmirage.run_summary import error_line
+
+    log = tmp_path / "job.log"
+    log.write_text(tail)
+    assert error_line(log) == expected
