@@ -28,3 +28,11 @@ def test_the_rules_conda_env_pins_what_pyproject_pins():
     # Snakemake and its SLURM plugin run the workflow; the jobs in the env do not import them
     runner = {name for name in project if name.startswith("snakemake")}
     assert {name: project[name] for name in project.keys() - runner} == env
+
+
+def test_test_extra_is_pinned_exactly():
+    """tools/setup.sh installs `.[test]`: the test tools (pytest, xdist, playwright for the report test) pinned."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    test = _pins(extras["test"])
+    assert all("==" in line for line in test.values()), test
+    assert {"pytest", "pytest-xdist", "playwright"} <= set(test)
