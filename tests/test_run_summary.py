@@ -65,6 +65,18 @@ def test_headline_puts_the_paper_beside_the_same_model_and_decoding(tmp_path):
     assert "paper_name" in unmatched[-1]
 
 
+def test_headline_prefers_a_row_with_values_and_says_why_one_has_none(tmp_path):
+    nan = float("nan")
+    frame = _table1(tmp_path, {
+        ("llava", "default", "yn_obj"): nan, ("llava", "default", "yn_verb"): nan,
+        ("llava", "verb_prompt", "yn_obj"): 0.61, ("llava", "verb_prompt", "yn_verb"): 0.58,
+        ("broken", "default", "yn_obj"): nan, ("broken", "default", "yn_verb"): nan,
+    })
+    lines = headline_lines(frame, {})
+    assert lines[0].split()[:4] == ["llava", "(verb_prompt)", "yn_obj", "61.00"]
+    assert lines[1].split(None, 2) == ["broken", "(default)", "no values: no valid answers: every metric undefined"]
+
+
 def test_headline_counts_the_models_it_leaves_out(tmp_path):
     values = {(f"m{i}", "default", qset): 0.5 for i in range(7) for qset in ("yn_obj", "yn_verb")}
     frame = _table1(tmp_path, values)

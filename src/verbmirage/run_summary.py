@@ -68,8 +68,9 @@ def headline_lines(table1, variant_paper_names: Mapping[str, str] | None = None,
     """One line per model of Table 1 (``table1.parquet``, percent): its ``yn_obj`` and ``yn_verb`` accuracy
     with the 95% interval, and the paper's values of the same model and decoding where Table 1 has them.
 
-    A model with several variants shows one: the first whose decoding matches a paper row, else its first
-    row. Models with a paper counterpart come first; after ``limit`` models, one line counts the rest.
+    A model with several variants shows one: the first whose decoding matches a paper row, else the first
+    with a value, else its first row (and its ``note``: why it has none). Models with a paper counterpart
+    come first; after ``limit`` models, one line counts the rest.
     """
     names = dict(variant_paper_names or {})
     missing = [column for column, _ in HEADLINE_COLUMNS if column not in table1.columns]
@@ -85,11 +86,16 @@ def headline_lines(table1, variant_paper_names: Mapping[str, str] | None = None,
         match = paper[(paper.model == row["paper_name"]) & (paper.variant == decoding)]
         return match.iloc[0].to_dict() if len(match) else None
 
+    def has_values(row) -> bool:
+        return any(row[column] == row[column] for column, _ in HEADLINE_COLUMNS)  # not all NaN
+
     chosen: dict[str, tuple[Mapping, Mapping | None]] = {}
     for _, frame_row in measured.iterrows():
         row = frame_row.to_dict()
         reference = paper_row(row)
-        if row["model"] not in chosen or (reference is not None and chosen[row["model"]][1] is None):
+        rank = (reference is not None, has_values(row))
+        if row["model"] not in chosen or rank > (chosen[row["model"]][1] is not None,
+                                                 has_values(chosen[row["model"]][0])):
             chosen[row["model"]] = (row, reference)
     if not chosen:
         return ["table1.parquet has no measured rows: no headline numbers"]
@@ -99,6 +105,9 @@ def headline_lines(table1, variant_paper_names: Mapping[str, str] | None = None,
     for model in order[:limit]:
         row, reference = chosen[model]
         ours = "  ".join(f"{short} {_value(row[column])}{_interval(row, column)}" for column, short in HEADLINE_COLUMNS)
+        note = row.get("note")
+        if not has_values(row) and isinstance(note, str) and note:  # a planned run without values says why
+            ours = f"no values: {note}"
         line = f"{model + ' (' + row['variant'] + ')':<{width}}  {ours}"
         if reference is not None:
             theirs = ", ".join(_value(reference[column]) for column, _ in HEADLINE_COLUMNS)
