@@ -346,3 +346,25 @@ def test_a_sampled_model_answers_the_same_fixed_sample_in_any_shard_and_is_score
         assert counted == groups.nunique() if qset.startswith("mc") else counted == len(one)
     assert question_sample(read_table(paths["yn_obj"], QUESTIONS), 3, 2).question_id.tolist() != \
         question_sample(read_table(paths["yn_obj"], QUESTIONS), 3, 1).question_id.tolist()
+
+
+def test_greedy_vcd_decodes_mc_questions_that_share_a_text_header(suite, tiny_llava_entry):
+    """Greedy VCD decodes the undecided answers on a clean and a noised stream; the MC prompts of an image share
+    a text header (the stem before the options) that becomes part of their cached prefix. The noised rows must
+    split where the clean ones do (it failed with mismatched prefix lengths), and a batch answers each question
+    as it is answered alone."""
+    base, paths = suite
+    resolver = ImageResolver(base / "clean")
+    table = read_table(paths["mc_obj"], QUESTIONS)
+    questions = [Question(r.question_id, r.prompt, resolver.path(r.image), tuple(r.options))
+                 for r in table.itertuples()]
+    model = create_model("tiny_llava", tiny_llava_entry)
+    model.use_variant(Variant.from_config({"vcd": {}}))
+    model.continue_tokens = 3
+    together = model.score_multiple_choice(questions)
+    assert all(result.error is None for result in together)
+    for question, result in list(zip(questions, together))[:8]:
+        model.forget_prefixes()
+        (alone,) = model.score_multiple_choice([question])
+        assert (alone.prediction, alone.raw_answer, alone.parse_rule) == \
+            (result.prediction, result.raw_answer, result.parse_rule)

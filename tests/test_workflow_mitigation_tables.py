@@ -7,11 +7,13 @@ import pandas as pd
 import pytest
 import yaml
 
+from verbmirage.derived import derived_entries
 from verbmirage.io import DECODING_TABLE8, METRICS, MITIGATION_TABLE5, read_table
 from verbmirage.mitigation_tables import (
     PROMPT_SUFFIX_METHOD,
     TABLE5_VARIANT_METHODS,
     TABLE8_DECODINGS,
+    paper_method_pairs,
     paper_methods_from_config,
     table5,
     table8,
@@ -74,7 +76,7 @@ def test_table5_rows_of_the_demo(run):
         if model in ran_mitigation and (name in TABLE5_VARIANT_METHODS or name == PROMPT_SUFFIX_METHOD):
             row = ours[(ours.model == model) & (ours.variant == variant)]
             assert row.method.tolist() == [TABLE5_VARIANT_METHODS.get(name, name)]
-    assert set(ours.model) <= ran_mitigation | set(paper_methods_from_config(run["config"]))
+    assert set(ours.model) <= ran_mitigation | set(paper_methods_from_config(run["config"], derived_entries(run["config"])))
 
 
 @pytest.mark.parametrize("number", [5, 8])
@@ -83,8 +85,11 @@ def test_tables_equal_the_library_on_the_demo_metrics(run, number):
     paper = load_paper_numbers(packaged_paper_numbers())
     names = paper_names_from_config(run["config"])
     if number == 5:
-        expected = table5(run["metrics"], paper, run["models"], run["names"], names,
-                          paper_methods_from_config(run["config"])).frame
+        derived = derived_entries(run["config"])
+        methods = paper_methods_from_config(run["config"], derived)
+        assert methods["tiny_llava_pangea"].startswith("Pangea-LoRA (variant of the paper's method: Yes:No 1:2")
+        expected = table5(run["metrics"], paper, run["models"], run["names"], names, methods,
+                          method_pairs=paper_method_pairs(run["config"], methods, derived)).frame
     else:
         expected = table8(run["metrics"], paper, run["models"], run["names"], names).frame
     schema = {5: MITIGATION_TABLE5, 8: DECODING_TABLE8}[number]

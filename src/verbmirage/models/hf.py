@@ -1138,6 +1138,9 @@ class TransformersVLM(LogitsVLM):
         stop = self._stop_tokens()
         kept = (self._openings or {}).get(False) or {}
         opened = None if all((path, text) in kept for path, _, text in items) else self._open_rows(items, False)
+        kept_noised = (self._openings or {}).get(True) or {}
+        opened_noised = self._open_rows(items, True) if variant.vcd is not None and opened is not None \
+            and not all((path, text) in kept_noised for path, _, text in items) else None
         batches: dict[tuple, list[int]] = {}
         for i, item in enumerate(items):
             if (item[0], item[2]) in kept:  # rows of the scoring batches: the decoding starts from them
@@ -1156,7 +1159,8 @@ class TransformersVLM(LogitsVLM):
         def run(rows: list[int]) -> list[list[int]]:
             if decoding_name == "opera":
                 return self._opera_rows([items[i] for i in rows], new_tokens)
-            first, stepper = self._open_stepper([items[i] for i in rows], beams, opened and (opened, rows))
+            first, stepper = self._open_stepper([items[i] for i in rows], beams, opened and (opened, rows),
+                                                opened_noised and (opened_noised, rows))
             if decoding_name == "beam":
                 return decoding.beam_search(first, stepper, beams, new_tokens, stop, variant.length_penalty)
             if decoding_name == "sample":
@@ -1251,15 +1255,18 @@ class TransformersVLM(LogitsVLM):
                     else [])
         return stop
 
-    def _open_stepper(self, items: list[tuple], repeats: int, opened: tuple[_Rows, list[int]] | None = None):
+    def _open_stepper(self, items: list[tuple], repeats: int, opened: tuple[_Rows, list[int]] | None = None,
+                      opened_noised: tuple[_Rows, list[int]] | None = None):
         """First-position logits [rows, vocab] and the stepper of ``items`` ((image path, image, text): prompts
         on one prefix length, or of one image and one token length), each row repeated ``repeats`` times;
-        VCD: the contrasted pair of a clean and a noised stream. ``opened``: the items already tokenized, as
-        rows of an :meth:`_open_rows` result (saves tokenizing them again)."""
+        VCD: the contrasted pair of a clean and a noised stream. ``opened`` (``opened_noised``): the items already
+        tokenized, as rows of an :meth:`_open_rows` result of the clean (noised) images. Both come from the same
+        items, so the noised rows split into prefix and suffix where the clean ones do (a shared text header is
+        chosen over all the items: opened again on a batch's rows alone, its rows could differ in prefix length)."""
         first, clean = self._stream(items, repeats, noised=False, opened=opened)
         if self.variant.vcd is None:
             return first, clean
-        first_noised, noised = self._stream(items, repeats, noised=True)
+        first_noised, noised = self._stream(items, repeats, noised=True, opened=opened_noised)
         return (decoding.contrast(first, first_noised, self.variant.vcd),
                 decoding.ContrastedStepper(clean, noised, self.variant.vcd))
 
