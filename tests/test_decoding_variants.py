@@ -228,15 +228,15 @@ def test_decoding_holds_at_most_the_calls_rows_and_halves_on_out_of_memory(tiny_
     model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 3, "max_new_tokens": 4}))
     opened = []
     real = type(model)._open_stepper
-    monkeypatch.setattr(type(model), "_open_stepper", lambda self, items, repeats, rows=None:
-                        opened.append(len(items)) or real(self, items, repeats, rows))
+    monkeypatch.setattr(type(model), "_open_stepper", lambda self, items, repeats, *rows:
+                        opened.append(len(items)) or real(self, items, repeats, *rows))
     expected = model.decode_answers(questions, False)
     assert opened == [2, 2, 2]
 
-    def tight(self, items, repeats, rows=None):  # a device that holds one question's beams
+    def tight(self, items, repeats, *rows):  # a device that holds one question's beams
         if len(items) > 1:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(self, items, repeats, rows)
+        return real(self, items, repeats, *rows)
 
     monkeypatch.setattr(type(model), "_open_stepper", tight)
     with caplog.at_level("WARNING"):
