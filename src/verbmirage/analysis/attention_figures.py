@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from verbmirage.analysis.figure_layout import fit_title, legend_below, page_figure, page_style, save_figure
+
 BINS = np.linspace(0.0, 1.0, 21)
 FIGURES = {
     7: "key-area and verb attention (yn_obj)",
@@ -58,34 +60,23 @@ def _panel(axis, frame: pd.DataFrame, column: str, title: str) -> None:
         if len(part):
             axis.hist(part, bins=BINS, density=True, alpha=0.5, color=colour,
                       label=f"{label} (n={len(part)}, mean {part.mean():.3f})")
-    if values.empty:
-        axis.text(0.5, 0.5, "no rows", ha="center", va="center", transform=axis.transAxes)
-    else:
-        axis.legend(fontsize=7)
-    axis.set_title(title, fontsize=9)
     axis.set_xlim(0, 1)
     axis.set_xlabel(column.replace("_", " "))
     axis.set_ylabel("density")
+    fit_title(axis, title)
+    if values.empty:
+        axis.text(0.5, 0.5, "no rows", ha="center", va="center", transform=axis.transAxes)
+    else:
+        legend_below(axis, axis.get_legend_handles_labels()[0])  # under the panel: the n and means stay readable
 
 
 def _figure(panels: list[tuple[pd.DataFrame, str, str]], title: str, note: str, path: str | Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    columns = min(3, len(panels))
-    rows = -(-len(panels) // columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3.2 * rows + 0.6), squeeze=False)
-    for axis, (frame, column, panel_title) in zip(axes.flat, panels):
-        _panel(axis, frame, column, panel_title)
-    for axis in list(axes.flat)[len(panels) :]:
-        axis.set_visible(False)
-    figure.suptitle(title + (f"\n{note}" if note else ""), fontsize=10)
-    figure.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    """The panels on a page, at most three a row (verbmirage.analysis.figure_layout), saved as PNG, PDF, SVG."""
+    with page_style():
+        figure, axes = page_figure(len(panels), panel_height=2.9, heading=title + (f"\n{note}" if note else ""))
+        for axis, (frame, column, panel_title) in zip(axes, panels):
+            _panel(axis, frame, column, panel_title)
+        save_figure(figure, path)
 
 
 def _yn_mc_panels(rows: pd.DataFrame) -> list[tuple[pd.DataFrame, str, str]]:
@@ -115,7 +106,8 @@ PAPER_ROLES = {7: "llava", 8: "llava", 13: "llava", 14: "instructblip"}
 def draw_attention_figures(table: pd.DataFrame, paths: dict[int, str | Path], roles: dict[int, str | None],
                            notes: dict[str, str] | None = None, condition: str = "clean",
                            backends: dict[str, str] | None = None) -> None:
-    """Write Figs. 7, 8, 13, 14 (``paths``: figure number -> PNG) from the attention table.
+    """Write Figs. 7, 8, 13, 14 (``paths``: figure number -> PNG, its PDF and SVG beside it) from the attention
+    table.
 
     ``notes[model]`` is printed under the title (e.g. that a tiny model's weights are random);
     a model standing in for the paper's family (``backends``) is said so too.

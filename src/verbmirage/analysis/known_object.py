@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from verbmirage.analysis.figure_layout import fit_title, page_figure, page_style, save_figure
 from verbmirage.config import model_question_sets
 from verbmirage.paper_numbers import load_paper_numbers, packaged_paper_numbers
 
@@ -457,6 +458,7 @@ def map_label(model: str, value: float, paper_name: str = "") -> str:
     return text + (f" (paper {paper_name}: {PAPER_MAP[paper_name]:.2f})" if paper_name in PAPER_MAP else "")
 
 
+@page_style()  # the whole drawing in the page's fonts
 def draw_known_object_figure(ap_table: pd.DataFrame, metrics: pd.DataFrame, reference: str, path: str | Path,
                              metric: str = "map_voc11", paper_names: dict[str, str] | None = None,
                              notes: dict[str, str] | None = None) -> None:
@@ -464,18 +466,13 @@ def draw_known_object_figure(ap_table: pd.DataFrame, metrics: pd.DataFrame, refe
 
     The title of a panel gives both mAPs, the share of HOIs with Δ > 0 and, where the paper has
     one for the model (its ``paper_name``, as in the tables), the paper's mAP; the dashed line is our mean Δ
-    (= the mAP difference on the shared HOIs), the dotted one the paper's 68.41 - 60.45.
+    (= the mAP difference on the shared HOIs), the dotted one the paper's 68.41 - 60.45. The panels stand one
+    under the other on a page (:mod:`verbmirage.analysis.figure_layout`), saved as PNG, PDF and SVG.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     paper_names, notes = paper_names or {}, notes or {}
     column = {v: k for k, v in METRIC_OF.items()}[metric]
     runs = ap_table[["condition", "variant", "model"]].drop_duplicates()
     panels = [(c, v, m) for c, v, m in runs.itertuples(index=False) if m != reference]
-    figure, axes = plt.subplots(max(1, len(panels)), 1, figsize=(11, 3.4 * max(1, len(panels)) + 0.4), squeeze=False)
     mean_map = metrics[metrics.subset.eq("all") & metrics.metric.eq(metric)].set_index(
         ["condition", "variant", "model"]).value
     paper_delta = PAPER_MAP[PAPER_LLAVA] - PAPER_MAP[PAPER_CLIP]
@@ -483,7 +480,10 @@ def draw_known_object_figure(ap_table: pd.DataFrame, metrics: pd.DataFrame, refe
     def label(model: str, condition: str, variant: str) -> str:
         return map_label(model, mean_map.get((condition, variant, model), math.nan), paper_names.get(model, ""))
 
-    for axis, (condition, variant, model) in zip(axes[:, 0], panels):
+    heading = (f"Fig. 11: Known-Object AP per HOI class, model minus {reference}"
+               + (f" - {notes[reference]}" if notes.get(reference) else ""))
+    figure, axes = page_figure(len(panels), columns=1, panel_height=3.0, heading=heading)
+    for axis, (condition, variant, model) in zip(axes, panels):
         delta = ap_differences(ap_table, model, reference, condition, variant, column)
         values = 100 * delta.delta.to_numpy()
         colours = np.where(values > 0, "tab:blue", "tab:red")
@@ -495,19 +495,14 @@ def draw_known_object_figure(ap_table: pd.DataFrame, metrics: pd.DataFrame, refe
         axis.axhline(paper_delta, color="grey", linestyle=":", linewidth=1.0,
                      label=f"paper: {PAPER_MAP[PAPER_LLAVA]:.2f} - {PAPER_MAP[PAPER_CLIP]:.2f} = {paper_delta:+.2f}")
         share = float((values > 0).mean()) if len(values) else math.nan
-        axis.set_title(f"{label(model, condition, variant)} vs {label(reference, condition, variant)} "
-                       f"[{metric}, {condition}, {variant}]; ΔAP > 0 on {share:.0%} of {len(values)} HOIs"
-                       + (f"\n{notes[model]}" if notes.get(model) else ""), fontsize=8)
+        fit_title(axis, f"{label(model, condition, variant)} vs {label(reference, condition, variant)} "
+                        f"[{metric}, {condition}, {variant}]; ΔAP > 0 on {share:.0%} of {len(values)} HOIs"
+                        + (f"\n{notes[model]}" if notes.get(model) else ""))
         axis.set_xlim(-0.5, max(len(values), 1) - 0.5)
         axis.set_xlabel("HOI classes, sorted by ΔAP")
         axis.set_ylabel(f"ΔAP = AP({model}) - AP({reference})")
-        axis.legend(fontsize=7, loc="upper right")
+        axis.legend(loc="upper right")
     if not panels:
-        axes[0, 0].text(0.5, 0.5, f"only the reference model {reference} is configured", ha="center",
-                        transform=axes[0, 0].transAxes)
-    figure.suptitle(f"Fig. 11: Known-Object AP per HOI class, model minus {reference}"
-                    + (f" - {notes[reference]}" if notes.get(reference) else ""), fontsize=10)
-    figure.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+        axes[0].text(0.5, 0.5, f"only the reference model {reference} is configured", ha="center",
+                     transform=axes[0].transAxes)
+    save_figure(figure, path)

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from verbmirage.analysis.figure_layout import FONT, PAGE_WIDTH, n_label, page_figure, page_style, save_figure
 from verbmirage.config import model_question_sets, model_variant_list
 from verbmirage.hico import HicoAnnotations
 from verbmirage.io import MISSING_VALUE
@@ -54,6 +55,9 @@ PAPER_TABLE7 = {tuple(row.model.split(PAIR_SEPARATOR)): row.value for row in _PA
 _FIG15 = _PAPER[_PAPER.table.eq("1") & _PAPER.model.eq("mPLUG-Owl2") & _PAPER.metric.eq("accuracy")]
 PAPER_FIG15 = {"model": "mPLUG-Owl2", **{f"{row.qset}_accuracy": row.value for row in _FIG15.itertuples()
                                          if row.qset in ("yn_obj", "yn_verb")}}
+
+#: Fig. 15's objects per panel: their names at 8 pt, turned upright, side by side across the page (36).
+OBJECTS_PER_PANEL = int((PAGE_WIDTH - 0.9) / (FONT * 1.5 / 72))
 
 # Sets compare floats with a tolerance, so that e.g. .9 − .8 counts as ≥ .1 (the values are ratios of counts).
 _TOLERANCE = 1e-9
@@ -424,28 +428,19 @@ def overall_accuracy(metrics: pd.DataFrame, model: str, keys: Mapping) -> dict[s
     return values
 
 
+@page_style()  # the whole drawing in the page's fonts
 def draw_fig15(objects: pd.DataFrame, model: str, path: str | Path, overall: Mapping[str, float] | None = None,
                note: str = "", min_questions: int | None = None):
     """Fig. 15: Δ_YN per object for ``model``, bars sorted from largest to smallest; returns the Figure.
 
-    ``overall``: our yn_obj / yn_verb accuracy (percent), printed beside the paper's (mPLUG-Owl2).
+    ``overall``: our yn_obj / yn_verb accuracy (percent), printed beside the paper's (mPLUG-Owl2). The bars run
+    on over as many page-wide panels as the object names need (:data:`OBJECTS_PER_PANEL` each, one y scale);
+    an object with fewer than 30 questions in a set says how many (``n=yn_obj/yn_verb``). Saved as PNG, PDF
+    and SVG (:mod:`verbmirage.analysis.figure_layout`).
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = objects[(objects.model == model) & (objects.qset_pair == "yn") & objects.delta.notna()]
     rows = rows.sort_values(["delta", "object"], ascending=[False, True])
-    figure, axis = plt.subplots(figsize=(max(6.0, 0.28 * len(rows) + 2), 4.2))
     deltas = 100 * rows.delta.to_numpy(dtype=float)
-    axis.bar(np.arange(len(rows)), deltas, color=np.where(deltas > 0, "tab:blue", "tab:red"))
-    axis.set_xticks(np.arange(len(rows)), rows.object.str.replace("_", " "), rotation=90, fontsize=7)
-    axis.axhline(0, color="black", linewidth=0.8)
-    axis.set_ylabel("Δ_YN = acc(yn_obj) − acc(yn_verb) (points)")
-    if rows.empty:
-        axis.text(0.5, 0.5, f"no object with ≥ {min_questions or '?'} questions in both sets", ha="center",
-                  va="center", transform=axis.transAxes)
     overall = overall or {}
     lines = [f"Fig. 15: {model}'s difference of YN accuracy with and without the object, per object "
              f"({len(rows)} objects, {int((deltas > 0).sum())} with Δ > 0)",
@@ -453,9 +448,20 @@ def draw_fig15(objects: pd.DataFrame, model: str, path: str | Path, overall: Map
              f"{overall.get('yn_verb', float('nan')):.2f}; paper ({PAPER_FIG15['model']}) "
              f"{PAPER_FIG15['yn_obj_accuracy']:.2f} / {PAPER_FIG15['yn_verb_accuracy']:.2f}"]
     lines += [part for part in note.split("; ") if part]
-    axis.set_title("\n".join(lines), fontsize=8)
-    figure.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    chunks = [slice(start, start + OBJECTS_PER_PANEL) for start in range(0, len(rows), OBJECTS_PER_PANEL)]
+    figure, axes = page_figure(max(1, len(chunks)), columns=1, panel_height=2.6, heading="\n".join(lines),
+                               sharey=True)
+    for axis, chunk in zip(axes, chunks or [slice(0, 0)]):
+        part, values = rows.iloc[chunk], deltas[chunk]
+        names = [name.replace("_", " ") + (f" (n={a}/{b})" if n_label(min(a, b)) else "")
+                 for name, a, b in zip(part.object, part.n_obj, part.n_verb)]
+        axis.bar(np.arange(len(part)), values, color=np.where(values > 0, "tab:blue", "tab:red"))
+        axis.set_xticks(np.arange(len(part)), names, rotation=90)
+        axis.set_xlim(-0.6, OBJECTS_PER_PANEL - 0.4 if len(chunks) > 1 else max(len(part), 1) - 0.4)
+        axis.axhline(0, color="black", linewidth=0.8)
+        axis.set_ylabel("Δ_YN = acc(yn_obj) −\nacc(yn_verb) (points)")
+    if rows.empty:
+        axes[0].text(0.5, 0.5, f"no object with ≥ {min_questions or '?'} questions in both sets", ha="center",
+                     va="center", transform=axes[0].transAxes)
+    save_figure(figure, path)
     return figure

@@ -4,8 +4,11 @@ Every figure is grouped bars, one group per model, one bar per quantity, in perc
 with the metric's bootstrap interval over images as an error bar. Where the paper's numbers
 (:mod:`verbmirage.paper_numbers`, the packaged ``paper_tables.csv``) have the quantity for the model a
 group stands for (``models.<slug>.paper_name``), a black diamond marks it: the paper's decoding
-(``paper_variant``: the drawn variant's ``paper_name``, else the paper's default ``beam5``), which the
-legend names. A combination the run did not ask (e.g. a set not run under noise) has no bar.
+(``paper_variant``: the drawn variant's ``paper_name``, else the paper's default ``beam5``). The legend names
+the decoding on both sides: its title the bars' (``variant`` and ``decoding``, :func:`variant_decoding`), the
+mark's entry the paper's, and says so where they differ (a beam-5 mark beside greedy bars). A bar over fewer
+than 30 questions says how many ("n=12"). A combination the run did not ask (e.g. a set not run under noise)
+has no bar. Every figure is laid out for a page and saved by :mod:`verbmirage.analysis.figure_layout`.
 
 - Fig. 1: YN accuracy with (``yn_obj``) and without (``yn_verb``) object reference next to an
   object-hallucination score. The paper quotes POPE from the literature; ours is the accuracy on
@@ -22,7 +25,6 @@ legend names. A combination the run did not ask (e.g. a set not run under noise)
 from __future__ import annotations
 
 import math
-import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +32,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
+from verbmirage.analysis.figure_layout import (
+    FONT,
+    columns_for,
+    fit_title,
+    legend_below,
+    n_label,
+    page_figure,
+    page_style,
+    save_figure,
+    tick_rotation,
+)
 from verbmirage.paper_numbers import PAPER_VARIANT, empty_paper_numbers, paper_value
+from verbmirage.variants import Variant
 
 FIGURES = {
     "fig1": "Fig. 1: object vs verb hallucination",
@@ -77,18 +93,47 @@ def _tick(model: str, paper_names: Mapping[str, str]) -> str:
     return f"{model}\n({name})" if name else model
 
 
+def variant_decoding(entry: Mapping | None) -> str:
+    """How the legend names a variant's decoding: the paper's name for it where the variant declares one
+    (``paper_name``: ``beam5``, ``VCD``, ``OPERA``), else its own (``greedy``, ``beam5``, ``sample``, ``+vcd``)."""
+    variant = Variant.from_config(dict(entry or {}))
+    return variant.paper_name or variant.label
+
+
+def mark_label(paper_variant: str, decoding: str | None) -> str:
+    """The paper mark's legend entry: the paper's decoding, and whether the bars share it (``decoding``: the
+    bars' decoding, :func:`variant_decoding`; None: not known, nothing said)."""
+    if decoding is None:
+        return f"paper ({paper_variant})"
+    if decoding == paper_variant:
+        return f"paper ({paper_variant}, as the bars)"
+    return f"paper ({paper_variant}); bars: {decoding}, not like for like"
+
+
+def bars_title(variant: str, decoding: str | None) -> str:
+    """The legend's title: which of our variants the bars are, and its decoding."""
+    return f"ours: {variant}" + (f" ({decoding})" if decoding and decoding != variant else "")
+
+
 def bar_panel(axis, lookup: pd.DataFrame, models: Sequence[str], bars: Sequence[Bar], paper: pd.DataFrame,
-              paper_names: Mapping[str, str], title: str, ylabel: str, paper_variant: str = PAPER_VARIANT) -> None:
+              paper_names: Mapping[str, str], title: str, ylabel: str, paper_variant: str = PAPER_VARIANT, *,
+              variant: str = "default", decoding: str | None = None, legend: bool = True,
+              tick_labels: bool = True) -> None:
     """Grouped bars (x100) with bootstrap error bars and paper marks on one axis.
 
     Each bar patch has gid ``"<model>|<bar label>"``, each paper mark ``"paper|<model>|<bar label>"``,
-    so a reader (or a test) can find a value without knowing the layout.
+    so a reader (or a test) can find a value without knowing the layout. Where a bar stands on fewer than
+    :data:`~verbmirage.analysis.figure_layout.SMALL_N` questions its n is printed: once in the title for a
+    series whose bars all have the same n (every model asked the same questions), else on the bar. The legend
+    (below the axis; ``legend`` off: none) lists every series of ``bars`` under the title :func:`bars_title`
+    and, where a mark is drawn, the paper's decoding (:func:`mark_label`). ``tick_labels`` off: no model
+    names under the panel (a grid names them under its bottom row).
     """
     width = 0.8 / max(1, len(bars))
     colours = [bar.colour or f"C{i}" for i, bar in enumerate(bars)]
-    drawn, marked = set(), False
+    drawn, marked, small = False, False, []
     for j, bar in enumerate(bars):  # one bar call per series (a call per bar cost most of a figure's time)
-        xs, values, errors, gids = [], [], [], []
+        xs, values, errors, gids, counts = [], [], [], [], []
         for i, model in enumerate(models):
             key = (bar.dataset, model, bar.qset, bar.condition, bar.subset, bar.metric)
             if key in lookup.index:
@@ -99,52 +144,65 @@ def bar_panel(axis, lookup: pd.DataFrame, models: Sequence[str], bars: Sequence[
                     interval = math.isfinite(low) and math.isfinite(high)
                     errors.append((value - low, high - value) if interval else (math.nan, math.nan))
                     gids.append(f"{model}|{bar.label}")
+                    counts.append(lookup.loc[key, "n"])
         if xs:
-            style = {"hatch": "///", "alpha": 0.55, "edgecolor": "white"} if bar.hatched else {}
             spans = np.array(errors).T
             drawn_bars = axis.bar(xs, values, width, yerr=None if np.isnan(spans).all() else spans, capsize=2,
-                                  color=colours[j], label=bar.label if bar.label not in drawn else None, **style)
+                                  color=colours[j], **_bar_style(bar))
             for patch, gid in zip(drawn_bars.patches, gids):
                 patch.set_gid(gid)
-            drawn.add(bar.label)
+            if len(set(counts)) == 1 and n_label(counts[0]):  # one n for the series: said once, in the title
+                small.append(f"{bar.label} {n_label(counts[0])}")
+            elif len(set(counts)) > 1:  # else on each small bar, inside it from its base
+                for x, n in zip(xs, counts):
+                    if n_label(n):
+                        axis.text(x, 1, n_label(n), rotation=90, ha="center", va="bottom", fontsize=FONT, zorder=6)
+            drawn = True
         if bar.paper:
             for i, model in enumerate(models):
                 published = paper_value(paper, paper_names.get(model), *bar.paper, variant=paper_variant)
                 if math.isfinite(published):
                     axis.plot([i - 0.4 + width * (j + 0.5)], [published], gid=f"paper|{model}|{bar.label}",
-                              label=None if marked else f"paper ({paper_variant})", **PAPER_MARK)
+                              **PAPER_MARK)
                     marked = True
-    axis.set_xticks(range(len(models)), [_tick(m, paper_names) for m in models], fontsize=7)
+    ticks = [_tick(m, paper_names) for m in models] if tick_labels else [""] * len(models)
+    rotation = tick_rotation(ticks, axis)
+    axis.set_xticks(range(len(models)), ticks, rotation=rotation, ha="right" if rotation else "center",
+                    rotation_mode="anchor")
     axis.set_xlim(-0.6, len(models) - 0.4)
-    axis.set_title(title, fontsize=9)
-    axis.set_ylabel(ylabel, fontsize=8)
-    if drawn or marked:
-        # below the axis, so no bar hides under it
-        axis.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=min(3, len(bars) + marked),
-                    frameon=False)
-    else:
+    fit_title(axis, title + (f" (small samples: {', '.join(small)})" if small else ""))
+    axis.set_ylabel(ylabel)
+    if not drawn and not marked:
         axis.text(0.5, 0.5, "no questions in this panel", ha="center", va="center", transform=axis.transAxes)
+    if legend:
+        handles = [Patch(facecolor=colour, label=bar.label, **_bar_style(bar)) for bar, colour in zip(bars, colours)]
+        if marked:
+            handles.append(Line2D([], [], label=mark_label(paper_variant, decoding), **PAPER_MARK))
+        legend_below(axis, handles, rotation, title=bars_title(variant, decoding))  # so no bar hides under it
     axis.axhline(0, color="grey", linewidth=0.5)
 
 
-def _figure(rows: int, columns: int, title: str, note: str, width: float = 5.5, height: float = 3.6) -> tuple:
-    # the note wraps to the figure's width (about 15 characters per inch at this size)
-    lines = [wrapped for line in note.splitlines() for wrapped in textwrap.wrap(line, int(15 * width * columns))]
-    figure = Figure(figsize=(width * columns, height * rows + 0.5 + 0.18 * len(lines)))
-    axes = figure.subplots(rows, columns, squeeze=False)
-    figure.suptitle("\n".join([title, *lines]), fontsize=9)
-    return figure, axes
+def _bar_style(bar: Bar) -> dict:
+    """The comparison bar of a pair: the same colour, hatched and lighter."""
+    return {"hatch": "///", "alpha": 0.55, "edgecolor": "white"} if bar.hatched else {}
+
+
+def _figure(n_panels: int, title: str, note: str, models: Sequence[str], columns: int = 2,
+            panel_height: float = 3.4) -> tuple:
+    """A page-wide figure with ``n_panels`` bar panels, as many a row (at most ``columns``) as leave each model's
+    group of bars room (:func:`~verbmirage.analysis.figure_layout.columns_for`); the note under the title."""
+    columns = min(columns, columns_for(n_panels, len(models)))
+    return page_figure(n_panels, columns=columns, panel_height=panel_height, heading="\n".join([title, note]).strip())
 
 
 def _finish(figure: Figure) -> Figure:
-    figure.tight_layout()
-    return figure
+    return figure  # constrained layout: the figure places its panels, legends and heading when drawn
 
 
 def fig1_object_vs_verb(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
                         models: Sequence[str] | None = None, paper_names: Mapping[str, str] | None = None,
                         condition: str = "clean", variant: str = "default", paper_variant: str = PAPER_VARIANT,
-                note: str = "") -> Figure:
+                        decoding: str | None = None, note: str = "") -> Figure:
     """Fig. 1: YN accuracy with and without the object named, next to object existence (not POPE)."""
     paper = empty_paper_numbers() if paper is None else paper
     bars = [
@@ -155,42 +213,46 @@ def fig1_object_vs_verb(metrics: pd.DataFrame, paper: pd.DataFrame | None = None
         Bar("object existence (obj_exist, not POPE)", "obj_exist", "accuracy", condition=condition),
     ]
     models = _models(metrics, models)
-    figure, axes = _figure(1, 1, f"{FIGURES['fig1']} ({condition})", note, width=max(6, 1.6 * len(models)))
-    bar_panel(axes[0, 0], _metric_lookup(metrics, variant), models, bars, paper,
-              paper_names or {}, "accuracy per model", "accuracy (%)", paper_variant=paper_variant)
-    axes[0, 0].set_ylim(0, TOP)
+    with page_style():
+        figure, axes = _figure(1, f"{FIGURES['fig1']} ({condition})", note, models)
+        bar_panel(axes[0], _metric_lookup(metrics, variant), models, bars, paper, paper_names or {},
+                  "accuracy per model", "accuracy (%)", paper_variant=paper_variant, variant=variant,
+                  decoding=decoding)
+        axes[0].set_ylim(0, TOP)
     return _finish(figure)
 
 
 def fig3_rare_common(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
                      models: Sequence[str] | None = None, paper_names: Mapping[str, str] | None = None,
                      condition: str = "clean", variant: str = "default", paper_variant: str = PAPER_VARIANT,
-                note: str = "") -> Figure:
+                     decoding: str | None = None, note: str = "") -> Figure:
     """Fig. 3: accuracy on answer-No (and answer-Yes) questions, rare vs non-rare and common vs non-common."""
     paper = empty_paper_numbers() if paper is None else paper
     models = _models(metrics, models)
     lookup = _metric_lookup(metrics, variant)
-    figure, axes = _figure(1, 2, f"{FIGURES['fig3']} ({condition})", note, width=max(5.5, 1.5 * len(models)))
-    for axis, answer, title in ((axes[0, 0], "no", "(a) correct answer No (the paper's figure)"),
-                                (axes[0, 1], "yes", "(b) correct answer Yes (recall)")):
-        bars = [
-            Bar("yn_obj rare HOI", "yn_obj", "accuracy", f"rare_{answer}", condition, colour="C0"),
-            Bar("yn_obj non-rare HOI", "yn_obj", "accuracy", f"non_rare_{answer}", condition, colour="C0",
-                hatched=True),
-            Bar("yn_verb common verb", "yn_verb", "accuracy", f"common_{answer}", condition, colour="C1"),
-            Bar("yn_verb non-common verb", "yn_verb", "accuracy", f"non_common_{answer}", condition, colour="C1",
-                hatched=True),
-        ]
-        bar_panel(axis, lookup, models, bars, paper, paper_names or {}, title, "accuracy (%)",
-                  paper_variant=paper_variant)
-        axis.set_ylim(0, TOP)
+    with page_style():
+        figure, axes = _figure(2, f"{FIGURES['fig3']} ({condition})", note, models)
+        for axis, answer, title in ((axes[0], "no", "(a) correct answer No (the paper's figure)"),
+                                    (axes[1], "yes", "(b) correct answer Yes (recall)")):
+            bars = [
+                Bar("yn_obj rare HOI", "yn_obj", "accuracy", f"rare_{answer}", condition, colour="C0"),
+                Bar("yn_obj non-rare HOI", "yn_obj", "accuracy", f"non_rare_{answer}", condition, colour="C0",
+                    hatched=True),
+                Bar("yn_verb common verb", "yn_verb", "accuracy", f"common_{answer}", condition, colour="C1"),
+                Bar("yn_verb non-common verb", "yn_verb", "accuracy", f"non_common_{answer}", condition,
+                    colour="C1", hatched=True),
+            ]
+            bar_panel(axis, lookup, models, bars, paper, paper_names or {}, title, "accuracy (%)",
+                      paper_variant=paper_variant, variant=variant, decoding=decoding)
+            axis.set_ylim(0, TOP)
     return _finish(figure)
 
 
 def fig4b_error_consistency(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
                             models: Sequence[str] | None = None, paper_names: Mapping[str, str] | None = None,
                             pair: tuple[str, str] = ("clean", "saltpepper"), variant: str = "default",
-                            paper_variant: str = PAPER_VARIANT, note: str = "") -> Figure:
+                            paper_variant: str = PAPER_VARIANT, decoding: str | None = None,
+                            note: str = "") -> Figure:
     """Fig. 4(b): error consistency kappa (x100) between two image conditions, objects vs verbs."""
     paper = empty_paper_numbers() if paper is None else paper
     models = _models(metrics, models)
@@ -202,64 +264,71 @@ def fig4b_error_consistency(metrics: pd.DataFrame, paper: pd.DataFrame | None = 
         Bar("YN verb only (yn_verb)", "yn_verb", "error_consistency", condition=ours,
             paper=("yn_verb", theirs, "error_consistency_kappa_x100")),
     ]
-    figure, axes = _figure(1, 1, f"{FIGURES['fig4b']} ({reference} vs {other})", note,
-                           width=max(6, 1.6 * len(models)))
-    axis = axes[0, 0]
-    bar_panel(axis, _metric_lookup(metrics, variant), models, bars, paper, paper_names or {},
-              "Cohen's kappa of correctness (error consistency)", "kappa x100", paper_variant=paper_variant)
-    low = min([0.0, *[patch.get_y() + min(0.0, patch.get_height()) for patch in axis.patches]])
-    axis.set_ylim(min(-5.0, low - 5), TOP)
+    with page_style():
+        figure, axes = _figure(1, f"{FIGURES['fig4b']} ({reference} vs {other})", note, models)
+        axis = axes[0]
+        bar_panel(axis, _metric_lookup(metrics, variant), models, bars, paper, paper_names or {},
+                  "Cohen's kappa of correctness (error consistency)", "kappa x100", paper_variant=paper_variant,
+                  variant=variant, decoding=decoding)
+        low = min([0.0, *[patch.get_y() + min(0.0, patch.get_height()) for patch in axis.patches]])
+        axis.set_ylim(min(-5.0, low - 5), TOP)
     return _finish(figure)
 
 
 def fig5_ego_exo(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
                  models: Sequence[str] | None = None, paper_names: Mapping[str, str] | None = None,
                  condition: str = "clean", variant: str = "default", paper_variant: str = PAPER_VARIANT,
-                note: str = "") -> Figure:
+                 decoding: str | None = None, note: str = "") -> Figure:
     """Fig. 5: CharadesEgo MC circular accuracy and YN accuracy, egocentric vs exocentric (Table 4's data)."""
     paper = empty_paper_numbers() if paper is None else paper
     models = _models(metrics, models)
     lookup = _metric_lookup(metrics, variant)
-    figure, axes = _figure(1, 2, FIGURES["fig5"], note, width=max(5.5, 1.5 * len(models)))
     mc = [Bar(f"{view}centric", f"mc_{view}", "circular_accuracy", condition=condition, dataset="charadesego")
           for view in ("ego", "exo")]
     yn = [Bar(f"{view}centric", f"yn_{view}", "accuracy", condition=condition, dataset="charadesego",
               paper=("charadesego_yn", view, "accuracy")) for view in ("ego", "exo")]
-    bar_panel(axes[0, 0], lookup, models, mc, paper, paper_names or {},
-              "(a) MC, circular accuracy (the paper's figure)",
-              "circular accuracy (%)", paper_variant=paper_variant)
-    bar_panel(axes[0, 1], lookup, models, yn, paper, paper_names or {}, "(b) YN accuracy (the paper's Table 4)",
-              "accuracy (%)", paper_variant=paper_variant)
-    for axis in axes.flat:
-        axis.set_ylim(0, TOP)
+    with page_style():
+        figure, axes = _figure(2, FIGURES["fig5"], note, models)
+        bar_panel(axes[0], lookup, models, mc, paper, paper_names or {},
+                  "(a) MC, circular accuracy (the paper's figure)", "circular accuracy (%)",
+                  paper_variant=paper_variant, variant=variant, decoding=decoding)
+        bar_panel(axes[1], lookup, models, yn, paper, paper_names or {}, "(b) YN accuracy (the paper's Table 4)",
+                  "accuracy (%)", paper_variant=paper_variant, variant=variant, decoding=decoding)
+        for axis in axes:
+            axis.set_ylim(0, TOP)
     return _finish(figure)
 
 
 def fig6_ambiguity(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
                    models: Sequence[str] | None = None, paper_names: Mapping[str, str] | None = None,
                    condition: str = "clean", variant: str = "default", paper_variant: str = PAPER_VARIANT,
-                note: str = "") -> Figure:
-    """Fig. 6: accuracy on ambiguous vs unambiguous images; one column per rule (the first: any rule).
+                   decoding: str | None = None, note: str = "") -> Figure:
+    """Fig. 6: accuracy on ambiguous vs unambiguous images; one row per rule (the first: any rule).
 
-    Row 1: YN accuracy (``yn_obj``, ``yn_verb``); row 2: MC circular accuracy (``mc_obj``, ``mc_verb``).
-    Each column compares the images one rule flags with the unambiguous images (flagged by none).
+    Left: YN accuracy (``yn_obj``, ``yn_verb``); right: MC circular accuracy (``mc_obj``, ``mc_verb``).
+    Each row compares the images one rule flags with the unambiguous images (flagged by none). The series
+    are the same in every row, so only the top row carries the legends.
     """
     paper = empty_paper_numbers() if paper is None else paper
     models = _models(metrics, models)
     lookup = _metric_lookup(metrics, variant)
     rules = ("ambiguous", *AMBIGUITY_RULES)
-    figure, axes = _figure(2, len(rules), f"{FIGURES['fig6']} ({condition})", note,
-                           width=max(4.5, 1.1 * len(models)), height=3.4)
-    for row, (kind, qsets, metric) in enumerate((("YN accuracy", ("yn_obj", "yn_verb"), "accuracy"),
-                                                 ("MC circular accuracy", ("mc_obj", "mc_verb"), "circular_accuracy"))):
-        for column, rule in enumerate(rules):
-            bars = [Bar(f"{qset} {'unamb.' if subset == 'unambiguous' else 'amb.'}", qset, metric, subset, condition,
-                        colour=f"C{k}", hatched=subset == "unambiguous")
-                    for k, qset in enumerate(qsets) for subset in (rule, "unambiguous")]
-            bar_panel(axes[row, column], lookup, models, bars, paper, paper_names or {},
-                      f"{kind}: {RULE_TITLES[rule]} vs unambiguous", f"{kind.split()[-1]} (%)",
-                      paper_variant=paper_variant)
-            axes[row, column].set_ylim(0, TOP)
+    kinds = (("YN accuracy", ("yn_obj", "yn_verb"), "accuracy"),
+             ("MC circular accuracy", ("mc_obj", "mc_verb"), "circular_accuracy"))
+    with page_style():
+        figure, axes = page_figure(len(rules) * len(kinds), columns=len(kinds), panel_height=2.3,
+                                   heading="\n".join([f"{FIGURES['fig6']} ({condition})", note]).strip())
+        for row, rule in enumerate(rules):
+            for column, (kind, qsets, metric) in enumerate(kinds):
+                bars = [Bar(f"{qset} {'unamb.' if subset == 'unambiguous' else 'amb.'}", qset, metric, subset,
+                            condition, colour=f"C{k}", hatched=subset == "unambiguous")
+                        for k, qset in enumerate(qsets) for subset in (rule, "unambiguous")]
+                axis = axes[row * len(kinds) + column]
+                bar_panel(axis, lookup, models, bars, paper, paper_names or {},
+                          f"{kind}: {RULE_TITLES[rule]} vs unambiguous", f"{kind.split()[-1]} (%)",
+                          paper_variant=paper_variant, variant=variant, decoding=decoding, legend=row == 0,
+                          tick_labels=row == len(rules) - 1)  # the model names once, under the bottom row
+                axis.set_ylim(0, TOP)
     return _finish(figure)
 
 
@@ -273,16 +342,18 @@ DRAW = {
 
 
 def figure_note(model_entries: Mapping[str, Mapping], paper_names: Mapping[str, str], variant: str,
-                paper_variant: str) -> str:
+                paper_variant: str, decoding: str | None = None) -> str:
     """What a reader must know under every title: which decoding the bars and the marks are, which bars are noise.
 
     ``paper_names``: slug -> the paper's model (``models.<slug>.paper_name``); only those models get marks.
+    ``decoding``: the bars' decoding (:func:`variant_decoding`), said where it is not the marks'.
     """
+    bars = f"bars: variant {variant}" + (f" ({decoding})" if decoding and decoding != variant else "")
     if paper_names:
-        lines = [f"bars: variant {variant}; diamonds: the paper's number ({paper_variant}) for the model named "
-                 "under a group"]
+        differs = f", not the bars' {decoding}" if decoding and decoding != paper_variant else ""
+        lines = [f"{bars}; diamonds: the paper's number ({paper_variant}{differs}) for the model named under a group"]
     else:
-        lines = [f"bars: variant {variant}; no paper marks: no model has a paper_name (models.<slug>.paper_name)"]
+        lines = [f"{bars}; no paper marks: no model has a paper_name (models.<slug>.paper_name)"]
     tiny = [slug for slug, entry in model_entries.items() if "tiny_" in str(entry.get("path", ""))]
     if tiny:
         marked = [slug for slug in tiny if slug in paper_names]
@@ -307,15 +378,15 @@ def bar_values(figure: Figure) -> dict[str, float]:
 
 def draw_paper_figures(metrics: pd.DataFrame, paths: Mapping[str, str | Path], paper: pd.DataFrame | None = None,
                        *, note: str = "", pair: tuple[str, str] = ("clean", "saltpepper"), **options) -> None:
-    """Write each figure of ``paths`` (``fig1``, ``fig3``, ``fig4b``, ``fig5``, ``fig6`` -> PNG).
+    """Write each figure of ``paths`` (``fig1``, ``fig3``, ``fig4b``, ``fig5``, ``fig6`` -> PNG), its PDF and SVG
+    beside it (:func:`~verbmirage.analysis.figure_layout.save_figure`).
 
-    ``options`` go to every figure function (``models``, ``paper_names``, ``variant``, ``paper_variant``).
+    ``options`` go to every figure function (``models``, ``paper_names``, ``variant``, ``paper_variant``,
+    ``decoding``).
     """
     unknown = sorted(set(paths) - set(DRAW))
     if unknown:
         raise ValueError(f"unknown paper figures {unknown}; known: {sorted(DRAW)}")
     for name, path in paths.items():
         extra = {"pair": pair} if name == "fig4b" else {}
-        figure = DRAW[name](metrics, paper, note=note, **options, **extra)
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, dpi=110)
+        save_figure(DRAW[name](metrics, paper, note=note, **options, **extra), path)

@@ -8,7 +8,8 @@
   each FOV condition, ordered by mean crop area (full image first), with plain and circular accuracy
   written above (``fov.parquet`` and ``fov_rows.parquet``).
 
-Only logit-scored models have a u; the others are named as skipped under the title.
+Only logit-scored models have a u; the others are named as skipped under the title. Every figure is laid
+out for a page and saved as PNG, PDF and SVG by :mod:`verbmirage.analysis.figure_layout`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,14 @@ import numpy as np
 import pandas as pd
 
 from verbmirage.analysis.attention_figures import figure_models
+from verbmirage.analysis.figure_layout import (
+    fit_title,
+    legend_below,
+    page_figure,
+    page_style,
+    save_figure,
+    tick_rotation,
+)
 from verbmirage.questions import question_kind
 
 COLOURS = {True: "tab:blue", False: "tab:red"}
@@ -32,15 +41,6 @@ def uncertainty_roles(models: list[str], backends: dict[str, str]) -> dict[int, 
     next model, else the Fig. 9 one (the same rule as the attention figures)."""
     roles = figure_models(models, backends)
     return {9: roles[7], 12: roles[14]}
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _hist_panels(rows: pd.DataFrame) -> list[tuple[pd.DataFrame, str]]:
@@ -71,20 +71,14 @@ def _hist_panel(axis, bins: pd.DataFrame, title: str) -> None:
         density = part["count"].to_numpy() / (n * width)
         axis.stairs(density, np.append(part.bin_left.to_numpy(), part.bin_right.iloc[-1]), fill=True, alpha=0.5,
                     color=COLOURS[correct], label=f"{LABELS[correct]} (n={n})")
-    if bins.empty or not bins["count"].sum():
-        axis.text(0.5, 0.5, "no rows", ha="center", va="center", transform=axis.transAxes)
-    else:
-        axis.legend(fontsize=7)
-    axis.set_title(title, fontsize=9)
     axis.set_xlim(0, 1)
     axis.set_xlabel("u = P(answer token)")
     axis.set_ylabel("density")
-
-
-def _save(figure, path: str | Path) -> None:
-    figure.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
+    fit_title(axis, title)
+    if bins.empty or not bins["count"].sum():
+        axis.text(0.5, 0.5, "no rows", ha="center", va="center", transform=axis.transAxes)
+    else:
+        legend_below(axis, axis.get_legend_handles_labels()[0])  # under the panel: n stays readable
 
 
 def _note_lines(model: str | None, number: int, backends: dict, notes: dict, skipped: list[str]) -> str:
@@ -102,49 +96,53 @@ def draw_uncertainty_figures(hist: pd.DataFrame, paths: dict[int, str | Path], m
                              backends: dict[str, str], notes: dict[str, str] | None = None,
                              skipped: list[str] | None = None, variant: str = "default",
                              condition: str = "clean") -> dict[int, str | None]:
-    """Write Figs. 9 and 12 (``paths``: number -> PNG) from the histogram table; return the roles used.
+    """Write Figs. 9 and 12 (``paths``: number -> PNG, its PDF and SVG beside it) from the histogram table;
+    return the roles used.
 
     ``models``: the models with a token probability, in config order; ``skipped``: those without, named
     under the title.
     """
-    plt = _pyplot()
     notes, skipped = notes or {}, list(skipped or [])
     roles = uncertainty_roles(list(models), backends)
     for number, path in paths.items():
         model = roles.get(number)
         rows = hist[(hist.model == model) & (hist.variant == variant) & (hist.condition == condition)]
         panels = _hist_panels(rows)
-        columns = min(3, len(panels))
-        n_rows = -(-len(panels) // columns)
-        figure, axes = plt.subplots(n_rows, columns, figsize=(4 * columns, 3.2 * n_rows + 0.8), squeeze=False)
-        for axis, (bins, title) in zip(axes.flat, panels):
-            _hist_panel(axis, bins, title)
-        for axis in list(axes.flat)[len(panels):]:
-            axis.set_visible(False)
         heading = f"{TITLES[number]} - {model or 'no logit-scored model'}, {variant}, {condition}"
         note = _note_lines(model, number, backends, notes, skipped)
-        figure.suptitle(heading + (f"\n{note}" if note else ""), fontsize=10)
-        _save(figure, path)
-        plt.close(figure)
+        with page_style():
+            figure, axes = page_figure(len(panels), panel_height=2.9, heading=heading + (f"\n{note}" if note else ""))
+            for axis, (bins, title) in zip(axes, panels):
+                _hist_panel(axis, bins, title)
+            save_figure(figure, path)
     return roles
 
 
 def draw_fov_figure(fov: pd.DataFrame, rows: pd.DataFrame, path: str | Path, models: list[str],
                     notes: dict[str, str] | None = None, skipped: list[str] | None = None,
                     variant: str = "default") -> None:
-    """Write Fig. 10: per model (rows) and question set (columns), u by condition, correct vs hallucinated.
+    """Write Fig. 10 (PNG, its PDF and SVG beside it): per model and question set, u by condition, correct vs
+    hallucinated; a model's sets side by side (a row per model while it has at most three sets).
 
     ``models``: the models with a token probability, in config order; ``skipped``: those without.
     """
-    plt = _pyplot()
+    from matplotlib.patches import Patch
+
     notes, skipped = notes or {}, list(skipped or [])
     shown = [m for m in models if m in set(fov.model)]
     qsets = list(dict.fromkeys(fov.qset)) or ["(none)"]
-    n_rows = max(1, len(shown))
-    figure, axes = plt.subplots(n_rows, len(qsets), figsize=(5.5 * len(qsets), 3.6 * n_rows + 0.8), squeeze=False)
-    for i, model in enumerate(shown or [None]):
-        for j, qset in enumerate(qsets):
-            axis = axes[i, j]
+    cells = [(model, qset) for model in shown or [None] for qset in qsets]
+    heading = [f"Fig. 10: field of view and token uncertainty ({variant}; same questions in every condition)"]
+    by_note = {}  # each note once, with the models it is about (not in every panel's title)
+    for model in shown:
+        if notes.get(model):
+            by_note.setdefault(notes[model], []).append(model)
+    heading += [f"{', '.join(named)}: {note}" for note, named in by_note.items()]
+    if skipped:
+        heading.append(f"skipped, no token probability: {', '.join(skipped)}")
+    with page_style():
+        figure, axes = page_figure(len(cells), columns=len(qsets), panel_height=3.0, heading="\n".join(heading))
+        for axis, (model, qset) in zip(axes, cells):
             summary = fov[(fov.model == model) & (fov.variant == variant) & (fov.qset == qset)]
             summary = summary.sort_values("crop_area_frac_mean", ascending=False, kind="stable")
             if summary.empty:
@@ -162,21 +160,15 @@ def draw_fov_figure(fov: pd.DataFrame, rows: pd.DataFrame, path: str | Path, mod
                         box["boxes"][0].set_facecolor(COLOURS[correct])
                         box["boxes"][0].set_alpha(0.5)
                 circular = "" if np.isnan(condition.acc_circular) else f"\ncirc {100 * condition.acc_circular:.0f}%"
-                axis.text(x, 1.02, f"plain {100 * condition.acc_plain:.0f}%{circular}", ha="center", va="bottom",
-                          fontsize=7)
-            axis.set_xticks(range(len(summary)))
-            axis.set_xticklabels([f"{c}\narea {100 * a:.0f}%" for c, a in
-                                  zip(summary.condition, summary.crop_area_frac_mean)], fontsize=7)
+                axis.text(x, 1.02, f"plain {100 * condition.acc_plain:.0f}%{circular}", ha="center", va="bottom")
+            ticks = [f"{c}\narea {100 * a:.0f}%" for c, a in zip(summary.condition, summary.crop_area_frac_mean)]
+            rotation = tick_rotation(ticks, axis)
+            axis.set_xticks(range(len(summary)), ticks, rotation=rotation, ha="right" if rotation else "center",
+                            rotation_mode="anchor")
             axis.set_xlim(-0.6, len(summary) - 0.4)
-            axis.set_ylim(0, 1.18)
+            axis.set_ylim(0, 1.25)
             axis.set_ylabel("u = P(answer token)")
-            axis.set_title(f"{model}, {qset} (n={int(summary.n.iloc[0])} rows)"
-                           + (f"\n{notes[model]}" if notes.get(model) else ""), fontsize=8)
-            handles = [plt.Rectangle((0, 0), 1, 1, color=COLOURS[c], alpha=0.5) for c in (True, False)]
-            axis.legend(handles, [LABELS[True], LABELS[False]], fontsize=7, loc="lower left")
-    heading = f"Fig. 10: field of view and token uncertainty ({variant}; same questions in every condition)"
-    if skipped:
-        heading += f"\nskipped, no token probability: {', '.join(skipped)}"
-    figure.suptitle(heading, fontsize=10)
-    _save(figure, path)
-    plt.close(figure)
+            fit_title(axis, f"{model}, {qset} (n={int(summary.n.iloc[0])} rows)")
+            handles = [Patch(color=COLOURS[c], alpha=0.5, label=LABELS[c]) for c in (True, False)]
+            axis.legend(handles=handles, loc="lower left")
+        save_figure(figure, path)

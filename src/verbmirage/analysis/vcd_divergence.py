@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from verbmirage.analysis.figure_layout import legend_below, page_figure, page_style, save_figure
 from verbmirage.config import ConfigError
 from verbmirage.questions import question_kind
 from verbmirage.variants import Variant
@@ -389,15 +390,6 @@ def divergence_report_table(summary: pd.DataFrame) -> pd.DataFrame:
 # ---- the figure ------------------------------------------------------------------------------------------
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def overall_rows(summary: pd.DataFrame) -> pd.DataFrame:
     """Per (model, variant, condition), the row over all its sets: the pooled row, else the only set's."""
     if summary.empty:
@@ -407,36 +399,40 @@ def overall_rows(summary: pd.DataFrame) -> pd.DataFrame:
     return summary[keep]
 
 
+@page_style()  # the whole drawing in the page's fonts
 def draw_vcd_divergence_figure(
     summary: pd.DataFrame, hist: pd.DataFrame, path, notes: dict[str, str] | None = None
 ) -> None:
     """Three panels over each (model, VCD variant) of the first condition, its sets pooled:
     (a) the share of questions with KL exactly 0 and with a one-token plausibility set, the paper's share
     marked; (b) the distribution of the positive KLs (log bins; shares of all questions, so with (a)'s
-    zero share they add up to 1); (c) the decisions VCD flips against the plain counterpart."""
-    plt = _pyplot()
+    zero share they add up to 1); (c) the decisions VCD flips against the plain counterpart. The panels stand one
+    under the other on a page, legends below them (:mod:`verbmirage.analysis.figure_layout`); saved as PNG, PDF
+    and SVG."""
     notes = notes or {}
     rows = overall_rows(summary)
     condition = rows.condition.iloc[0] if len(rows) else "clean"
     rows = rows[rows.condition == condition].reset_index(drop=True)
     labels = [f"{r.model}\n{r.variant}" for r in rows.itertuples()]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 5.2))
+    sets = rows.qset.iloc[0] if len(rows) else ""
+    lines = [f"VCD divergence ({condition}, {sets})"]
+    lines += [f"{slug}: {note}" for slug, note in notes.items() if slug in set(rows.model)]
+    fig, axes = page_figure(3, columns=1, panel_height=2.5, heading="\n".join(lines))
     x = np.arange(len(rows))
 
     ax = axes[0]
     ax.bar(x - 0.2, rows.share_kl_zero, width=0.4, color="tab:blue", label="KL exactly 0")
     ax.bar(x + 0.2, rows.share_plausible_one, width=0.4, color="tab:gray", label="plausibility set of 1 token")
     for i, r in rows.iterrows():
-        ax.text(i - 0.2, r.share_kl_zero, f"{r.share_kl_zero:.1%}\n{r.n_kl_zero}/{r.n}", ha="center", va="bottom",
-                fontsize=7)
+        ax.text(i - 0.2, r.share_kl_zero, f"{r.share_kl_zero:.1%}\n{r.n_kl_zero}/{r.n}", ha="center", va="bottom")
     ax.axhline(PAPER.share_kl_zero, color="black", linestyle="--", linewidth=1,
                label=f"paper ({PAPER.model}): {PAPER.n_kl_zero / 1000:.1f}K of {PAPER.n / 1000:.0f}K = "
                      f"{PAPER.share_kl_zero:.0%}")
-    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_xticks(x, labels)
     ax.set_ylim(0, 1.15)
     ax.set_ylabel("share of questions")
     ax.set_title("(a) KL = 0 vs one-token plausibility set")
-    ax.legend(fontsize=7, loc="upper right")
+    legend_below(ax, ax.get_legend_handles_labels()[0])
 
     ax = axes[1]
     drawn = False
@@ -449,19 +445,20 @@ def draw_vcd_divergence_figure(
             drawn = True
     if drawn:
         ax.set_xscale("log")
-        ax.legend(fontsize=7)
     else:
         ax.text(0.5, 0.5, "no question with KL > 0", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("KL(q || p~) at the first answer position (KL > 0 only)")
     ax.set_ylabel("share of all questions per bin")
     ax.set_title("(b) distribution of KL > 0")
+    if drawn:
+        legend_below(ax, ax.get_legend_handles_labels()[0])
 
     ax = axes[2]
     flips = rows.n_paired.notna() & rows.n_paired.astype(float).gt(0)
     for i, r in rows.iterrows():
         if not flips[i]:
             ax.text(i, 0.002, "no plain counterpart\n(plain_note in the table)", ha="center", va="bottom",
-                    fontsize=7, rotation=90)
+                    rotation=90)
             continue
         n = float(r.n_paired)
         yes_no = float(r.yes_to_no or 0) / n
@@ -472,20 +469,13 @@ def draw_vcd_divergence_figure(
         ax.bar(i, other, bottom=yes_no + no_yes, color="tab:purple",
                label="other change (MC option; YN to or from neither yes nor no)" if i == flips.idxmax() else None)
         ax.text(i, float(r.flip_share), f"{r.flip_share:.1%} of {int(n)}\nvs {r.plain_variant}", ha="center",
-                va="bottom", fontsize=7)
-    ax.set_xticks(x, labels, fontsize=8)
+                va="bottom")
+    ax.set_xticks(x, labels)
     ax.set_xlim(-0.6, len(rows) - 0.4)
     top = float(rows.flip_share.astype(float).max()) if flips.any() else 0.0
     ax.set_ylim(0, max(0.05, 1.6 * top))
-    ax.set_ylabel("share of questions whose answer VCD changes")
+    ax.set_ylabel("share of questions\nwhose answer VCD changes")
     ax.set_title("(c) decisions flipped against the plain variant")
     if flips.any():
-        ax.legend(fontsize=7)
-
-    sets = rows.qset.iloc[0] if len(rows) else ""
-    lines = [f"VCD divergence ({condition}, {sets})"]
-    lines += [f"{slug}: {note}" for slug, note in notes.items() if slug in set(rows.model)]
-    fig.suptitle("\n".join(lines), fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        legend_below(ax, ax.get_legend_handles_labels()[0])
+    save_figure(fig, path)
