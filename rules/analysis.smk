@@ -46,6 +46,7 @@ rule attention_figures:
             report(path, category="Attention", caption=f"../report/attention_fig{n}.rst")
             for n, path in ATTENTION_FIGURES.items()
         ],
+        figure_prints=figure_prints(*ATTENTION_FIGURES.values()),  # the same figures as PDF and SVG
     params:
         qsets=ATTENTION_QSETS,  # the table's rows set by set, in this order
         models=ATTENTION_MODELS,
@@ -73,6 +74,7 @@ rule vcd_divergence:
         html=report(VCD_DIVERGENCE_HTML, category="VCD divergence", caption="../report/vcd_divergence_table.rst"),
         hist=VCD_KL_HIST,
         figure=report(VCD_DIVERGENCE_FIGURE, category="VCD divergence", caption="../report/vcd_divergence.rst"),
+        figure_prints=figure_prints(VCD_DIVERGENCE_FIGURE),  # the same figure as PDF and SVG
     params:
         runs=VCD_DIVERGENCE_RUNS,
         bins=VCD_DIVERGENCE_SETTINGS.bins,

@@ -504,6 +504,15 @@ MERGE_GROUPS = merge_groups(MODELS)  # one merge rule each (rules/inference.smk)
 ENSEMBLE_GROUPS = merge_groups(list(ENSEMBLES))  # one vote rule each (rules/ensembles.smk)
 
 
+# ---- figures: each PNG has a PDF and an SVG beside it (verbmirage.analysis.figure_layout) -------------------
+from verbmirage.analysis.figure_layout import companion_paths as _companion_paths
+
+
+def figure_prints(*pngs):
+    """The PDF and SVG each figure is saved as beside its PNG (for papers), declared as the rule's outputs."""
+    return [str(path) for png in pngs for path in _companion_paths(png)]
+
+
 # ---- attention analysis (rules/analysis.smk; analysis.attention in config) --------------
 from verbmirage.analysis.attention import attention_models
 from verbmirage.analysis.attention_figures import figure_models
@@ -685,6 +694,8 @@ def random_weight_notes():
 
 
 # ---- the paper's Figs. 1, 3, 4(b), 5, 6 (rules/figures.smk) -----------------------------------------------
+from verbmirage.analysis.paper_figures import variant_decoding
+
 PAPER_FIGURE_PAIR = next(  # Fig. 4(b): the noise pair of Table 2 (the first pair with a salt-and-pepper condition)
     (pair for pair in CONSISTENCY_PAIRS if config["conditions"][pair[1]]["type"] == "saltpepper"),
     CONSISTENCY_PAIRS[0] if CONSISTENCY_PAIRS else None,
@@ -697,6 +708,8 @@ PAPER_FIGURES = {
     **({"fig6": in_results("figures/fig6_ambiguity.png")} if HICO_DET_ROOT else {}),  # needs the HICO-DET tags
 }
 PAPER_FIGURE_OUTPUTS = list(PAPER_FIGURES.values())
+# how the legend names the bars' decoding (the first variant's): the paper's name for it, else greedy, beam5, ...
+PAPER_FIGURE_DECODING = variant_decoding(config["variants"][VARIANTS[0]])
 
 
 # ---- object reliance: Fig. 15, Tables 6 and 7 (rules/reliance.smk; analysis.object_reliance in config) ----

@@ -11,6 +11,7 @@ rule paper_figures:
             report(path, category="Paper figures", caption=f"../report/{Path(path).stem}.rst")
             for path in PAPER_FIGURE_OUTPUTS
         ],
+        prints=figure_prints(*PAPER_FIGURE_OUTPUTS),  # the same figures as PDF and SVG
     params:
         figures=PAPER_FIGURES,
         paper_names=TABLE_PAPER_NAMES,  # slug -> the paper's model (models.<slug>.paper_name), as in the tables
@@ -18,6 +19,7 @@ rule paper_figures:
         model_entries=config["models"],
         variant=VARIANTS[0],
         paper_variant=config["variants"][VARIANTS[0]].get("paper_name") or "beam5",  # the paper's default decoding
+        decoding=PAPER_FIGURE_DECODING,  # the bars' decoding, named in the legend beside the marks'
         pair=PAPER_FIGURE_PAIR,
     log:
         in_logs("paper_figures.log"),

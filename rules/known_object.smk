@@ -33,6 +33,7 @@ rule known_object_figure:
         metrics=KNOWN_OBJECT_METRIC_PART,
     output:
         report(KNOWN_OBJECT_FIGURE, category="Known-Object mAP", caption="../report/known_object_fig11.rst"),
+        prints=figure_prints(KNOWN_OBJECT_FIGURE),  # the same figure as PDF and SVG
     params:
         reference=KNOWN_OBJECT_PARAMS.get("reference_model"),
         metric=KNOWN_OBJECT_PARAMS.get("figure_metric"),

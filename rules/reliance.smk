@@ -40,6 +40,7 @@ rule reliance_report:
         table6=reliance_table_outputs(6),
         table7=reliance_table_outputs(7),
         figure=report(RELIANCE_FIGURE, category="Paper figures", caption="../report/fig15_object_reliance.rst"),
+        figure_prints=figure_prints(RELIANCE_FIGURE),  # the same figure as PDF and SVG
     params:
         models=RELIANCE_MODELS,
         figure_model=RELIANCE_SETTINGS.get("figure_model"),

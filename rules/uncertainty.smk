@@ -28,6 +28,7 @@ rule uncertainty_figures:
             report(path, category="Uncertainty", caption=f"../report/uncertainty_fig{n}.rst")
             for n, path in UNCERTAINTY_FIGURES.items()
         ],
+        prints=figure_prints(*UNCERTAINTY_FIGURES.values()),  # the same figures as PDF and SVG
     params:
         figures=UNCERTAINTY_FIGURES,
         models=UNCERTAINTY_MODELS,
@@ -77,6 +78,7 @@ rule fov_report:
         markdown=FOV_TABLE["md"],
         html=report(FOV_TABLE["html"], category="Field of view", caption="../report/fov_table.rst"),
         figure=report(FOV_FIGURE, category="Field of view", caption="../report/fov_fig10.rst"),
+        figure_prints=figure_prints(FOV_FIGURE),  # the same figure as PDF and SVG
     params:
         models=TOKEN_MODELS,
         skipped=NO_TOKEN_MODELS,

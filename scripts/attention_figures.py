@@ -1,7 +1,8 @@
 """The attention table, its summary and Figs. 7, 8, 13, 14; rule ``attention_figures``.
 
 Inputs: the per-job attention tables. Outputs: ``results/analysis/attention.parquet``, the summary
-(``attention_summary.parquet`` and its HTML page) and one PNG per figure (drawn from that table only).
+(``attention_summary.parquet`` and its HTML page) and one PNG per figure, a PDF and an SVG beside it (drawn
+from that table only).
 Settings: ``params.qsets`` (the table's set order), ``params.models`` (slug -> entry), ``params.roles`` (figure -> model), ``params.figures``
 (figure -> path), ``params.condition``, ``params.bootstrap`` (the ``metrics:`` block: resamples, level, seed).
 """

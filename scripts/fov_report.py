@@ -1,7 +1,7 @@
 """The FOV table (full image beside each crop, percent) and Fig. 10; rule ``fov_report``.
 
 Inputs: ``summary`` (``fov.parquet``) and ``rows`` (``fov_rows.parquet``). Outputs: ``results/tables/fov``
-as Parquet, Markdown and HTML, and ``fig10_fov.png``. Settings: ``params.models`` (with token probabilities, in order),
+as Parquet, Markdown and HTML, and ``fig10_fov.png`` (a PDF and an SVG beside it). Settings: ``params.models`` (with token probabilities, in order),
 ``params.skipped`` (without), ``params.notes`` (per-model figure notes), ``params.variant`` (the one Fig. 10 shows).
 """
 

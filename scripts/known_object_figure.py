@@ -1,7 +1,7 @@
 """Fig. 11 (ΔAP per HOI class, each model minus the reference CLIP entry); rule ``known_object_figure``.
 
 Inputs: ``ap`` (``results/metrics/ap_per_hoi.parquet``) and ``metrics`` (the Known-Object mAP rows).
-Output: one PNG, drawn from those tables only. Settings: ``params.reference``, ``params.metric``,
+Output: one PNG (a PDF and an SVG beside it), drawn from those tables only. Settings: ``params.reference``, ``params.metric``,
 ``params.models`` (slug -> entry: backends for the paper's marks, tiny models noted as random).
 """
 

@@ -2,7 +2,7 @@
 
 Inputs: ``metrics`` (the long metrics table: the overlap-index and IoU rows, and the YN accuracies
 Fig. 15 prints), ``objects`` (object_reliance.parquet), ``verbs`` (verb_influence.parquet).
-Outputs: ``table6``/``table7`` (Parquet, Markdown, HTML) and ``figure`` (Fig. 15 PNG), drawn from these tables only.
+Outputs: ``table6``/``table7`` (Parquet, Markdown, HTML) and ``figure`` (Fig. 15 PNG; a PDF and an SVG beside it), drawn from these tables only.
 Settings: ``params.models``, ``params.figure_model``, ``params.condition``, ``params.variant``,
 ``params.min_questions``, ``params.notes`` (model -> a line printed under the figure title).
 """

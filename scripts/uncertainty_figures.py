@@ -1,6 +1,6 @@
 """Figs. 9 and 12 (token uncertainty) from the histogram table; rule ``uncertainty_figures``.
 
-Input: ``uncertainty_hist.parquet``. Outputs: one PNG per figure. Settings: ``params.figures``
+Input: ``uncertainty_hist.parquet``. Outputs: one PNG per figure, a PDF and an SVG beside it. Settings: ``params.figures``
 (number -> path), ``params.models`` (those with token probabilities, in order), ``params.skipped``
 (those without, named under the titles), ``params.backends``, ``params.notes``, ``params.variant``,
 ``params.condition``.

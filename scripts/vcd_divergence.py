@@ -2,8 +2,8 @@
 
 Inputs: the question tables and the prediction tables of ``params.runs`` (one dict per VCD run: model, variant,
 condition, qset, plain_variant, plain_note, questions, predictions, plain: the counterpart's table or None).
-Outputs: ``table`` (``io.VCD_DIVERGENCE``) and its HTML page, ``hist`` (``io.VCD_KL_HIST``) and ``figure``,
-drawn from the two tables as written. Settings: ``params.bins`` (``analysis.vcd_divergence.bins``),
+Outputs: ``table`` (``io.VCD_DIVERGENCE``) and its HTML page, ``hist`` (``io.VCD_KL_HIST``) and ``figure`` (a PDF
+and an SVG beside it), drawn from the two tables as written. Settings: ``params.bins`` (``analysis.vcd_divergence.bins``),
 ``params.paper_names`` (slug -> the paper's model name), ``params.notes`` (slug -> a note under the title).
 """
 
