@@ -19,6 +19,7 @@ from verbmirage.analysis.paper_figures import (
     fig5_ego_exo,
     fig6_ambiguity,
     figure_note,
+    variant_decoding,
 )
 from verbmirage.paper_numbers import (
     load_paper_numbers,
@@ -151,7 +152,7 @@ def test_fig5_ego_exo_from_charadesego_with_table4_marks():
     assert yn_marks == {"paper|llava|egocentric": 50.0, "paper|llava|exocentric": 60.0}
 
 
-def test_fig6_one_column_per_rule_ambiguous_vs_unambiguous():
+def test_fig6_one_row_per_rule_ambiguous_vs_unambiguous():
     figure = fig6_ambiguity(_metrics(), PAPER, models=["llava"], paper_names=NAMES)
     assert len(figure.axes) == 10  # (YN, MC) x (any rule + 4 rules)
     yn_any, _ = _panel(figure, "YN accuracy: any rule")
@@ -194,6 +195,29 @@ def test_paper_variant_picks_the_marks_and_the_legend_names_it():
     assert values["paper|llava|YN w/ object (yn_obj)"] == 42.46  # Table 5's OPERA row, not beam search
     assert "paper|llava|YN verb only (yn_verb)" not in values
     assert "paper (OPERA)" in [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
+
+
+def test_the_legend_names_both_decodings_and_says_when_they_differ():
+    def legend(decoding):
+        figure = fig1_object_vs_verb(_metrics(), PAPER, models=["llava"], paper_names=NAMES, decoding=decoding)
+        found = figure.axes[0].get_legend()
+        return found.get_title().get_text(), [t.get_text() for t in found.get_texts()]
+
+    title, entries = legend("greedy")  # the demo's default variant beside the paper's beam search
+    assert title == "ours: default (greedy)"
+    assert "paper (beam5); bars: greedy, not like for like" in entries
+    title, entries = legend("beam5")
+    assert title == "ours: default (beam5)" and "paper (beam5, as the bars)" in entries
+    note = figure_note({}, NAMES, "default", "beam5", "greedy")
+    assert "bars: variant default (greedy); diamonds: the paper's number (beam5, not the bars' greedy)" in note
+
+
+def test_variant_decoding_is_the_paper_name_else_the_decoding():
+    assert variant_decoding({}) == "greedy"
+    assert variant_decoding({"decoding": "beam", "num_beams": 5}) == "beam5"
+    assert variant_decoding({"decoding": "beam", "num_beams": 5, "paper_name": "beam5"}) == "beam5"
+    assert variant_decoding({"decoding": "beam", "vcd": {}, "paper_name": "VCD"}) == "VCD"
+    assert variant_decoding({"decoding": "sample", "vcd": {}}) == "sample+vcd"
 
 
 def test_paper_names_from_config_as_the_tables_take_them():
