@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from PIL import Image
 from workflow_run import ARTIFACTS, REPO
 
+from verbmirage.analysis.figure_layout import MAX_WIDTH_PX, companion_paths
 from verbmirage.analysis.paper_figures import bar_values, fig1_object_vs_verb
 from verbmirage.io import METRICS, read_table
 
@@ -43,6 +45,17 @@ def test_fig1_bars_are_the_demo_metric_rows(demo_run):
     assert bars["tiny_llava|YN w/ object (yn_obj)"] == pytest.approx(100 * expected["tiny_llava", "yn_obj"])
     assert bars["blind_vote|YN verb only (yn_verb)"] == pytest.approx(100 * expected["blind_vote", "yn_verb"])
     assert bars["prior|object existence (obj_exist, not POPE)"] == pytest.approx(100 * expected["prior", "obj_exist"])
+
+
+def test_every_figure_of_the_demo_fits_a_page_beside_its_pdf_and_svg(demo_run):
+    figures = sorted((demo_run / "results" / "figures").glob("*.png"))
+    assert len(figures) >= 15  # Figs. 1, 3, 4(b), 5-15 and the VCD divergence figure
+    for png in figures:
+        with Image.open(png) as image:
+            assert image.size[0] <= MAX_WIDTH_PX, (png.name, image.size)
+        pdf, svg = companion_paths(png)
+        assert pdf.read_bytes()[:5] == b"%PDF-", pdf.name
+        assert b"<svg" in svg.read_bytes()[:1000], svg.name
 
 
 @pytest.fixture(scope="module")
