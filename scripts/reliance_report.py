@@ -55,4 +55,4 @@ with job_log(snakemake.log[0]):
         write_text(paths[1], markdown)
         write_text(paths[2], html)
     draw_fig15(objects, p.figure_model, out.figure, overall=overall_accuracy(metrics, p.figure_model, keys),
-               note=p.notes.get(p.figure_model, ""), min_questions=p.min_questions)
+               note=p.notes.get(p.figure_model, ""), min_questions=p.min_questions, variant=p.variant)

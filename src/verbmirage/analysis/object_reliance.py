@@ -34,7 +34,7 @@ from verbmirage.analysis.figure_layout import FONT, PAGE_WIDTH, n_label, page_fi
 from verbmirage.config import model_question_sets, model_variant_list
 from verbmirage.hico import HicoAnnotations
 from verbmirage.io import MISSING_VALUE
-from verbmirage.paper_numbers import load_paper_numbers, packaged_paper_numbers
+from verbmirage.paper_numbers import PAPER_VARIANT, load_paper_numbers, packaged_paper_numbers
 from verbmirage.metrics import join_predictions, mc_group_correctness
 from verbmirage.questions import Vocabulary, image_labels
 
@@ -430,10 +430,11 @@ def overall_accuracy(metrics: pd.DataFrame, model: str, keys: Mapping) -> dict[s
 
 @page_style()  # the whole drawing in the page's fonts
 def draw_fig15(objects: pd.DataFrame, model: str, path: str | Path, overall: Mapping[str, float] | None = None,
-               note: str = "", min_questions: int | None = None):
+               note: str = "", min_questions: int | None = None, variant: str | None = None):
     """Fig. 15: Δ_YN per object for ``model``, bars sorted from largest to smallest; returns the Figure.
 
-    ``overall``: our yn_obj / yn_verb accuracy (percent), printed beside the paper's (mPLUG-Owl2). The bars run
+    ``overall``: our yn_obj / yn_verb accuracy (percent; ``variant``: the variant it is of), printed beside the
+    paper's (mPLUG-Owl2, Table 1: beam search). The bars run
     on over as many page-wide panels as the object names need (:data:`OBJECTS_PER_PANEL` each, one y scale);
     an object with fewer than 30 questions in a set says how many (``n=yn_obj/yn_verb``). Saved as PNG, PDF
     and SVG (:mod:`verbmirage.analysis.figure_layout`).
@@ -444,8 +445,9 @@ def draw_fig15(objects: pd.DataFrame, model: str, path: str | Path, overall: Map
     overall = overall or {}
     lines = [f"Fig. 15: {model}'s difference of YN accuracy with and without the object, per object "
              f"({len(rows)} objects, {int((deltas > 0).sum())} with Δ > 0)",
-             f"overall accuracy yn_obj / yn_verb: ours {overall.get('yn_obj', float('nan')):.2f} / "
-             f"{overall.get('yn_verb', float('nan')):.2f}; paper ({PAPER_FIG15['model']}) "
+             f"overall accuracy yn_obj / yn_verb: ours{f' ({variant})' if variant else ''} "
+             f"{overall.get('yn_obj', float('nan')):.2f} / {overall.get('yn_verb', float('nan')):.2f}; "
+             f"paper ({PAPER_FIG15['model']}, Table 1: {PAPER_VARIANT}) "
              f"{PAPER_FIG15['yn_obj_accuracy']:.2f} / {PAPER_FIG15['yn_verb_accuracy']:.2f}"]
     lines += [part for part in note.split("; ") if part]
     chunks = [slice(start, start + OBJECTS_PER_PANEL) for start in range(0, len(rows), OBJECTS_PER_PANEL)]
