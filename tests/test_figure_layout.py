@@ -233,3 +233,10 @@ def test_layout_problems_name_a_wide_figure_a_full_row_and_a_small_font():
     with layout.page_style():
         page, _ = layout.page_figure(4, heading="a heading")
     assert layout.panels_per_row(page) == [3, 1] and not layout.layout_problems(page)
+
+
+def test_saving_keeps_the_job_log_free_of_font_subsetting_chatter(tmp_path, caplog):
+    with caplog.at_level("INFO"):
+        layout.save_figure(DRAW["fig1"](_paper_metrics(), None, models=MODELS[:1]), tmp_path / "fig1.png")
+    assert not [record for record in caplog.records if record.name.startswith("fontTools")]
+    assert (tmp_path / "fig1.pdf").is_file()

@@ -23,6 +23,7 @@ matplotlib is imported inside the functions, on purpose: importing an analysis m
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import textwrap
 from collections.abc import Iterator
@@ -182,9 +183,15 @@ def save_figure(figure, path: str | Path) -> list[Path]:
     paths = [path, *companion_paths(path)]
     path.parent.mkdir(parents=True, exist_ok=True)
     metadata = {".png": None, ".pdf": {"CreationDate": None}, ".svg": {"Date": None}}
-    with matplotlib.rc_context(STYLE):
-        for target in paths:
-            figure.savefig(target, dpi=DPI, metadata=metadata[target.suffix])
+    subsetter = logging.getLogger("fontTools")  # reports every table it prunes when the PDF embeds the fonts
+    level = subsetter.level
+    subsetter.setLevel(max(level, logging.WARNING))
+    try:
+        with matplotlib.rc_context(STYLE):
+            for target in paths:
+                figure.savefig(target, dpi=DPI, metadata=metadata[target.suffix])
+    finally:
+        subsetter.setLevel(level)
     return paths
 
 
