@@ -167,6 +167,63 @@ def test_table5_pairs_a_method_row_only_on_the_papers_model_and_mix():
     assert paper_method_pairs(config, methods, derived) == {"tiny_nullu": "LLaVA-1.5-7B"}
 
 
+def test_a_method_model_pairs_by_its_base_through_the_tables_one_rule():
+    """An adapter entry (no derive) is its own base: its paper_name decides, as a derived model's base's does; a
+    method on another paper model is not paired either (the paper's method rows are LLaVA-1.5-7B's). The rule
+    is the tables' one (paper_names_from_config): with the derive block inside the entry as well."""
+    metrics = _long({("nullu", "beam5"): 0.40, ("adapter", "beam5"): 0.45})
+
+    def shown(base_name: str | None) -> pd.DataFrame:
+        named = {"paper_name": base_name} if base_name else {}
+        config = {"models": {"base": {"backend": "llava", **named},
+                             "nullu": {"derive": {"method": "nullu", "base": "base"}, "paper_method": "Nullu"},
+                             "adapter": {"backend": "llava", "adapter": "a/lora", "paper_method": "REVERIE",
+                                         **named}}}
+        methods = paper_methods_from_config(config)
+        return table5(metrics, PAPER, ["base", "nullu", "adapter"], VARIANT_NAMES, paper_methods=methods,
+                      method_pairs=paper_method_pairs(config, methods)).display(VARIANT_NAMES)
+
+    for base_name in (None, "Qwen2-VL-7B"):
+        assert DELTA not in set(shown(base_name).source)
+    paired = shown("LLaVA-1.5-7B")
+    assert _block(paired, method="Nullu").yn_obj_acc.tolist()[1:] == ["51.99", "-11.99"]
+    assert _block(paired, method="REVERIE", source=DELTA).yn_obj_acc.item() == "+4.33"  # 45 - 40.67
+
+
+def test_every_departure_from_the_papers_fine_tune_names_a_variant():
+    """Appendix D's recipe: 60K MC + 60K YN questions with four options, its YN prompt and MC stem, Yes:No
+    about 1:19, Kinetics-700 and HAKE left out, lr 2e-5, batch 64. Each departure is named; the paper's recipe
+    keeps the paper's name; a fine-tune the user brings (an adapter) is taken at its label."""
+    paper = {"method": "lora_finetune", "base": "llava",
+             "pangea": {"negatives_per_positive": 19, "mc_stem": PAPER_MC_STEM}}
+    config = {"models": {"llava": {"backend": "llava", "paper_name": "LLaVA-1.5-7B"},
+                         "ft": {"paper_method": "Pangea-LoRA (paper's method)"}}}
+
+    def named(derive: dict) -> str:
+        return paper_methods_from_config(config, {"ft": derive})["ft"]
+
+    assert named(paper) == "Pangea-LoRA (paper's method)"
+    for change, phrase in (
+        ({"learning_rate": 1e-3}, "lr 0.001, the paper's 2e-5"),
+        ({"batch_size": 8}, "batch 8, the paper's 64"),
+        ({"pangea": {**paper["pangea"], "mc_options": 3}}, "3 MC options, the paper's 4"),
+        ({"pangea": {**paper["pangea"], "yn_prompt": "Is the person {action}?"}}, "another YN prompt"),
+        ({"pangea": {**paper["pangea"], "exclude_sources": ["hico*"]}}, "Kinetics-700 and HAKE not left out"),
+        ({"method": "nullu"}, "built by nullu, not a LoRA fine-tune"),
+    ):
+        name = named({**paper, **change})
+        assert name == f"Pangea-LoRA (variant of the paper's method: {phrase})", change
+        assert paper_method_pairs({"models": {**config["models"], "ft": {**config["models"]["ft"],
+                                                                          "derive": {**paper, **change}}}},
+                                  {"ft": name}) == {}
+    # the derive block inside the entry (the config as written) is read as well
+    inside = {"models": {**config["models"], "ft": {**config["models"]["ft"], "derive": {**paper, "batch_size": 32,
+                                                                                        "micro_batch_size": 8}}}}
+    assert paper_methods_from_config(inside)["ft"].endswith("(variant of the paper's method: batch 32, the paper's 64)")
+    brought = {"models": {"m": {"backend": "llava", "adapter": "x", "paper_method": "Pangea-LoRA (paper's method)"}}}
+    assert paper_methods_from_config(brought)["m"] == "Pangea-LoRA (paper's method)"
+
+
 def test_table5_scope_without_paper_names():
     """A model that ran a mitigation is in Table 5 with its baseline (no paper name: no difference); a model
     that ran only the paper's decoding (a Table 1 row) is not."""

@@ -9,6 +9,7 @@ import matplotlib
 import pandas as pd
 import pytest
 
+from verbmirage.analysis.known_object import map_label
 from verbmirage.analysis.paper_figures import (
     DRAW,
     bar_values,
@@ -227,6 +228,26 @@ def test_paper_names_from_config_as_the_tables_take_them():
     names = paper_names_from_config(config)
     assert names == {"minicpm": "MiniCPM-Llama3-V2.5", "qwen": "Qwen-VL-Chat", "blip": "InstructBLIP-7B",
                      "vote3": "Ensemble(MiniCPM,Qwen-VL-Chat,InstructBLIP)"}  # no name by backend
+
+
+def test_a_paper_method_model_is_not_the_papers_model_in_any_figure_or_table():
+    """One rule pairs our rows with the paper's everywhere: an entry with paper_method (a fine-tuned adapter
+    that names its base's paper_name so that Table 5 compares it) gets no mark in the figures, no Table 1-4/8
+    row and no Fig. 11 mAP of the plain model; Table 5's method rows pair it by its base."""
+    config = {"models": {
+        "llava": {"backend": "llava", "paper_name": "LLaVA-1.5-7B"},
+        "reverie": {"backend": "llava", "adapter": "a/lora", "paper_name": "LLaVA-1.5-7B", "paper_method": "REVERIE"},
+        "nullu": {"derive": {"method": "nullu", "base": "llava"}, "paper_method": "Nullu"},
+        "own": {"derive": {"method": "nullu", "base": "llava"}}}}  # derived, no paper_method, no paper_name
+    names = paper_names_from_config(config)
+    assert names == {"llava": "LLaVA-1.5-7B"}
+    assert paper_names_from_config(config, method_rows=True) == {"llava": "LLaVA-1.5-7B", "reverie": "LLaVA-1.5-7B",
+                                                                  "nullu": "LLaVA-1.5-7B"}
+    metrics = pd.concat([_metrics(), _metrics().assign(model=lambda f: f.model.replace({"llava": "reverie"}))])
+    values = _values(fig1_object_vs_verb(metrics, PAPER, models=["llava", "reverie"], paper_names=names))
+    assert "paper|llava|YN w/ object (yn_obj)" in values
+    assert not any(key.startswith("paper|reverie|") for key in values)
+    assert map_label("reverie", 0.5, names.get("reverie", "")) == "reverie 50.00"
 
 
 def test_paper_value_takes_the_default_decoding():

@@ -35,8 +35,9 @@ from dataclasses import dataclass, replace
 
 import pandas as pd
 
-from verbmirage.derived.pangea import TrainingQuestionSettings
-from verbmirage.paper_numbers import PAPER_VARIANT
+from verbmirage.derived import method_settings
+from verbmirage.derived.finetune import paper_departures
+from verbmirage.paper_numbers import PAPER_VARIANT, paper_names_from_config
 from verbmirage.tables import Column, PaperTable, measured_rows, paper_rows, table1_columns, table_columns, with_paper
 
 #: the paper's one Table 5 model
@@ -82,9 +83,11 @@ PANGEA_METHOD = "Pangea-LoRA (paper's method)"
 def paper_methods_from_config(config: dict, derived: Mapping[str, dict] | None = None) -> dict[str, str]:
     """Model slug -> its Table 5 row (``models.<slug>.paper_method``); an unknown name is an error naming the key.
 
-    A Pangea fine-tune built here (``derived``: slug -> ``derive`` block) whose questions depart from the paper's
-    (Appendix D: Yes:No about 1:19, "present at the image", 60K + 60K) is named a variant of the paper's method,
-    with the departures, and is never paired with the paper's row.
+    A Pangea fine-tune built here (``derived``: slug -> ``derive`` block; else the entry's own ``derive``) whose
+    recipe departs from the paper's (Appendix D: Yes:No about 1:19, "present at the image", 60K + 60K questions
+    with four options, its YN prompt, Kinetics-700 and HAKE left out, lr 2e-5, batch 64;
+    ``derived/finetune.py`` ``paper_departures``) is named a variant of the paper's method, with the
+    departures, and is never paired with the paper's row. An adapter you bring is taken at its label.
     """
     methods = {}
     for slug, entry in config["models"].items():
@@ -96,10 +99,11 @@ def paper_methods_from_config(config: dict, derived: Mapping[str, dict] | None =
                                                                             *TABLE5_VARIANT_METHODS) else "")
             raise ValueError(f"models.{slug}.paper_method: '{method}' is not a model row of the paper's Table 5"
                              f"{hint}; known: {list(TABLE5_MODEL_METHODS)}")
-        derive = (derived or {}).get(slug) or {}
-        if method == PANGEA_METHOD and derive.get("method") == "lora_finetune":
-            departures = (["trained on another question table"] if derive.get("questions") else
-                          TrainingQuestionSettings.from_config(derive.get("pangea")).departures_from_paper())
+        derive = (derived or {}).get(slug) or entry.get("derive") or {}
+        if method == PANGEA_METHOD and derive:
+            departures = ([f"built by {derive.get('method')}, not a LoRA fine-tune"]
+                          if derive.get("method") != "lora_finetune"
+                          else paper_departures(method_settings(derive), f"models.{slug}.derive"))
             if departures:
                 method = f"Pangea-LoRA (variant of the paper's method: {'; '.join(departures)})"
         methods[slug] = method
@@ -110,15 +114,11 @@ def paper_method_pairs(config: dict, methods: Mapping[str, str], derived: Mappin
                        ) -> dict[str, str]:
     """Model slug -> the paper model its Table 5 row is compared with: LLaVA-1.5-7B where the row is one of the
     paper's methods (not a variant of it) and the model is built on the paper's LLaVA-1.5-7B (a derived model's
-    base, or an adapter entry itself, says so with ``paper_name``); other models get the paper's row unpaired."""
-    pairs = {}
-    for slug, method in methods.items():
-        if method not in TABLE5_MODEL_METHODS:
-            continue
-        base = ((derived or {}).get(slug) or {}).get("base", slug)
-        if config["models"].get(base, {}).get("paper_name") == TABLE5_MODEL:
-            pairs[slug] = TABLE5_MODEL
-    return pairs
+    base, or an adapter entry itself, says so with ``paper_name``); other models get the paper's row unpaired.
+    The base's paper model comes from the tables' one pairing rule (``paper_names_from_config``)."""
+    bases = paper_names_from_config(config, method_rows=True, derived=derived)
+    return {slug: TABLE5_MODEL for slug, method in methods.items()
+            if method in TABLE5_MODEL_METHODS and bases.get(slug) == TABLE5_MODEL}
 
 
 def _runs(metrics: pd.DataFrame, dataset: str = "hico", subset: str = "all") -> set[tuple[str, str]]:

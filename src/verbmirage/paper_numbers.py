@@ -71,12 +71,32 @@ def packaged_paper_numbers() -> Path:
     return Path(__file__).with_name("data") / "paper_tables.csv"
 
 
-def paper_names_from_config(config: dict) -> dict[str, str]:
-    """Our slug -> the paper's model name, only where a model entry says so (``paper_name``); an ensemble
-    whose members are the paper's three ensemble members stands for the paper's ensemble."""
-    names = {slug: entry["paper_name"] for slug, entry in config["models"].items() if entry.get("paper_name")}
+def paper_names_from_config(config: dict, method_rows: bool = False, derived: dict | None = None) -> dict[str, str]:
+    """Our slug -> the paper's model whose published rows its rows are paired with: the one pairing rule of
+    every table and figure (Tables 1-5 and 8, the paper figures' marks, Fig. 11, the VCD divergence).
+
+    A model entry stands for the paper's model its ``paper_name`` names. An entry with ``paper_method`` (a
+    derived or fine-tuned model: Table 5's Nullu, REVERIE, HaloQuest, Octopus and Pangea-LoRA rows) is that
+    method applied to a base model, not the base model itself, so without ``method_rows`` it pairs with
+    nothing (a Nullu model's Table 1 row or figure bar gets no paper number). With ``method_rows`` (Table 5's
+    method rows) it pairs with the paper's model its *base* is: the ``paper_name`` of ``derive.base``'s entry
+    for a derived model, of the entry itself for any other (an adapter on its own ``path``). A derived entry's
+    ``derive`` block is its own, or ``derived[slug]`` (the workflow's entries, once replaced by the entries
+    their jobs load). An ensemble whose members are the paper's three ensemble members stands for the
+    paper's ensemble.
+    """
+    models = config["models"]
+    names = {slug: entry["paper_name"] for slug, entry in models.items()
+             if entry.get("paper_name") and not entry.get("paper_method")}
     for slug, members in (config.get("ensembles") or {}).items():
         member_names = frozenset(names.get(member, "") for member in members)
         if member_names in PAPER_ENSEMBLES:
             names[slug] = PAPER_ENSEMBLES[member_names]
+    if method_rows:
+        for slug, entry in models.items():
+            if entry.get("paper_method"):
+                derive = (derived or {}).get(slug) or entry.get("derive")
+                base = models.get(derive.get("base"), {}) if derive else entry
+                if base.get("paper_name"):
+                    names[slug] = base["paper_name"]
     return names

@@ -51,7 +51,8 @@ log = logging.getLogger(__name__)
 #: Question sets whose rows are (image, HOI) pairs with a yes/no answer: a ranking per HOI.
 KO_QSETS = ("yn_ko", "yn_obj")
 #: The paper's Known-Object mAP (percent; the packaged paper_tables.csv rows ``hoi_known_object``), by the
-#: paper's model name: a model's ``paper_name`` finds its row, as in the tables.
+#: paper's model name: a model's ``paper_name`` finds its row, by the tables' one pairing rule
+#: (``paper_numbers.paper_names_from_config``: a ``paper_method`` model, e.g. a Nullu LLaVA, is not the paper's).
 _PAPER = load_paper_numbers(packaged_paper_numbers())
 PAPER_MAP = {model: float(value) for model, value in
              _PAPER[_PAPER.qset.eq("hoi_known_object")][["model", "value"]].itertuples(index=False)}

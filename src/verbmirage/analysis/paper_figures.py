@@ -3,8 +3,9 @@
 Every figure is grouped bars, one group per model, one bar per quantity, in percent (kappa x100),
 with the metric's bootstrap interval over images as an error bar. Where the paper's numbers
 (:mod:`verbmirage.paper_numbers`, the packaged ``paper_tables.csv``) have the quantity for the model a
-group stands for (``models.<slug>.paper_name``), a black diamond marks it: the paper's decoding
-(``paper_variant``: the drawn variant's ``paper_name``, else the paper's default ``beam5``). The legend names
+group stands for (``models.<slug>.paper_name``; never a ``paper_method`` model, which is a method applied to a
+model: the tables' one rule, ``paper_numbers.paper_names_from_config``), a black diamond marks it: the paper's
+decoding (``paper_variant``: the drawn variant's ``paper_name``, else the paper's default ``beam5``). The legend names
 the decoding on both sides: its title the bars' (``variant`` and ``decoding``, :func:`variant_decoding`), the
 mark's entry the paper's, and says so where they differ (a beam-5 mark beside greedy bars). A bar over fewer
 than 30 questions says how many ("n=12"). A combination the run did not ask (e.g. a set not run under noise)

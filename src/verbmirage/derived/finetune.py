@@ -127,6 +127,28 @@ class FinetuneSettings:
         return self.batch_size // self.micro_batch_size
 
 
+#: What the paper states of its Pangea fine-tune's training (Appendix D): "The learning rate is 2e-5", "a
+#: total batch size of 64" (the rest of the recipe is LLaVA's task-LoRA script: "common practice").
+PAPER_TRAINING = {"learning_rate": 2e-5, "batch_size": 64}
+
+
+def paper_departures(settings: dict, where: str = "derive") -> list[str]:
+    """How a ``lora_finetune`` block (without method and base) departs from the paper's Pangea fine-tune
+    (Appendix D: its question set, ``TrainingQuestionSettings.departures_from_paper``, its lr and batch), one
+    short phrase each; empty for the paper's recipe. Table 5 names a departing model a variant of the paper's
+    method."""
+    from verbmirage.derived.pangea import TrainingQuestionSettings
+
+    made = FinetuneSettings.from_config(settings, where)
+    found = (["trained on another question table"] if made.questions
+             else TrainingQuestionSettings.from_config(made.pangea).departures_from_paper())
+    if made.learning_rate != PAPER_TRAINING["learning_rate"]:
+        found.append(f"lr {made.learning_rate:g}, the paper's 2e-5")
+    if made.batch_size != PAPER_TRAINING["batch_size"]:
+        found.append(f"batch {made.batch_size}, the paper's 64")
+    return found
+
+
 SCHEDULERS = {"cosine": "get_cosine_schedule_with_warmup", "linear": "get_linear_schedule_with_warmup",
               "constant": "get_constant_schedule_with_warmup"}
 

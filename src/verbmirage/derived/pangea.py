@@ -223,6 +223,8 @@ def load_pangea(root: str | Path, files: PangeaFiles = PangeaFiles()) -> Pangea:
 #: The paper's training mix (Appendix D): YN questions about 1:19 Yes:No, and its MC stem ("present at").
 PAPER_NEGATIVES_PER_POSITIVE = 19
 PAPER_MC_STEM = "Which of the following actions is present at the image?"
+#: The sources Appendix D leaves out (Kinetics-700: too large a share; HAKE: HICO's domain).
+PAPER_EXCLUDED_SOURCES = ("Kinetics-700", "HAKE")
 
 
 @dataclass(frozen=True)
@@ -258,6 +260,13 @@ class TrainingQuestionSettings:
             departures.append("another MC stem")
         if (self.mc_questions, self.yn_questions) != (60_000, 60_000):
             departures.append(f"{self.mc_questions} MC + {self.yn_questions} YN questions, the paper's 60K + 60K")
+        if self.mc_options != 4:
+            departures.append(f"{self.mc_options} MC options, the paper's 4")
+        if self.yn_prompt != PAPER_YN_PROMPT:
+            departures.append("another YN prompt")
+        kept = [source for source in PAPER_EXCLUDED_SOURCES if excluded_by(source, self.exclude_sources) is None]
+        if kept:  # (HICO-derived sources left out or not: ours, the paper is silent)
+            departures.append(f"{' and '.join(kept)} not left out")
         return departures
 
     @classmethod
