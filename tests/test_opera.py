@@ -258,3 +258,20 @@ def test_full_length_normalisation_counts_the_image_as_one_placeholder(tiny_dirs
     model.decode_answers(questions, False)
     expected = [len(model.tokenizer(model.render(q, False)).input_ids) for q in questions]
     assert seen == expected and model._image_token_id() in model.tokenizer(model.render(questions[0], False)).input_ids
+
+
+def test_full_length_normalisation_counts_the_image_once_in_a_batch(tiny_dirs, picture, monkeypatch):
+    """The same offset when questions decode together (opera_batch): 2 beams hold 2 questions per batch of a
+    4-question call."""
+    model = create_model("tiny", {"backend": "llava", "path": str(tiny_dirs["llava"]), "local_files_only": True})
+    model.use_variant(Variant.from_config({"decoding": "opera", "num_beams": 2, "max_new_tokens": 2,
+                                           "opera": {"num_attn_candidates": 2}}))
+    prompts = ["Is the person riding the horse?", "Is someone washing it near the table?"]
+    questions = [Question(f"q{i}", prompts[i % 2], picture) for i in range(4)]
+    seen = []
+    batched = decoding.opera_batch
+    monkeypatch.setattr(decoding, "opera_batch", lambda *args, **kwargs: (
+        seen.append(list(args[8])), batched(*args, **kwargs))[1])
+    model.decode_answers(questions, False)
+    expected = [len(model.tokenizer(model.render(q, False)).input_ids) for q in questions]
+    assert len(seen) == 2 and sorted(sum(seen, [])) == sorted(expected)
