@@ -226,3 +226,17 @@ def test_a_model_sets_its_own_vcd_alpha_for_one_variant():
         config["models"]["m"]["variant_settings"] = own
         with pytest.raises(ValueError, match=message):
             check_model_variant_settings(config, "m", ["v"])
+
+
+def test_a_derived_model_does_not_inherit_its_bases_variant_settings(config):
+    """A derived entry runs its own variant list, so its base's variant_settings (for variants it may not run)
+    are not inherited: the demo's Nullu runs default and beam5 only, its base sets sample_vcd's alpha."""
+    from verbmirage.derived import effective_models
+
+    config["models"]["tiny_llava"]["variant_settings"] = {"sample_vcd": {"vcd": {"alpha": 0.5}}}
+    validate(config, SCHEMA)
+    check_config(config, REPO)  # the derived tiny_llava_nullu is checked as the entry its jobs load
+    assert "variant_settings" not in effective_models(config)["tiny_llava_nullu"]
+    config["models"]["tiny_llava_nullu"]["variant_settings"] = {"beam5": {"num_beams": 3}}
+    check_config(config, REPO)
+    assert effective_models(config)["tiny_llava_nullu"]["variant_settings"] == {"beam5": {"num_beams": 3}}

@@ -142,3 +142,18 @@ def test_a_vcd_variant_plans_the_vcd_divergence_job(tmp_path):
         config["models"]["tiny_llava"]["variants"] = ["default", "vcd_check"]
 
     assert _planned_vcd_jobs(tmp_path, with_vcd) == [{}]
+
+
+def test_a_models_own_vcd_settings_rerun_only_its_runs_of_that_variant(demo_run):
+    """models.<slug>.variant_settings go with that model's runs of that variant only (their params and resume
+    fingerprint): tiny_llava's sample_vcd at alpha 0.5 (InstructBLIP's official value) asks that run again and
+    no other model's or variant's."""
+    from workflow_run import planned_jobs, write_config
+
+    write_config(demo_run, lambda config: config["models"]["tiny_llava"].update(
+        variant_settings={"sample_vcd": {"vcd": {"alpha": 0.5}}}))
+    try:
+        jobs = planned_jobs(demo_run)
+    finally:
+        write_config(demo_run)
+    assert {(w["model"], w["variant"]) for rule, w in jobs if rule == "predict_suite"} == {("tiny_llava", "sample_vcd")}

@@ -38,8 +38,9 @@ OUTPUT_KEYS = {"nullu": "path", "lora_finetune": "adapter"}
 DERIVED_FOLDER = "results/models/{model}"
 #: Backends a method can derive from: the transformers ones (their weights load with from_pretrained).
 TRANSFORMERS_BACKENDS = frozenset(name for name, target in BACKENDS.items() if target.startswith("verbmirage.models.hf:"))
-#: Keys of the base entry a derived entry does not inherit: labels and planning of the base's own runs.
-NOT_INHERITED = frozenset({"paper_name", "paper_method", "qsets", "variants"})
+#: Keys of the base entry a derived entry does not inherit: labels and planning of the base's own runs (its
+#: own settings of the variants it runs, too: a derived entry runs its own list and sets its own).
+NOT_INHERITED = frozenset({"paper_name", "paper_method", "qsets", "variants", "variant_settings"})
 #: Keys a derived entry may not set itself: they come from its base (backend) or its build (path, adapter).
 FROM_BASE_OR_BUILD = ("backend", "path", "adapter")
 
