@@ -140,30 +140,33 @@ def test_contrast_cut_and_divergence():
     # a constant added to either logit vector changes no probability
     shifted = decoding.contrast(clean + 3.0, noised - 1.5, settings)
     assert torch.allclose(torch.softmax(shifted, -1), torch.softmax(contrasted, -1))
-    kl, size = decoding.divergence(clean, contrasted, settings.beta)
+    kl, kl_reverse, size = decoding.divergence(clean, contrasted, settings.beta)
     q = torch.softmax(contrasted, -1)[0, :2].double()
     p = torch.tensor([0.6, 0.25], dtype=torch.float64) / 0.85
     assert int(size[0]) == 2 and float(kl[0]) == pytest.approx(float((q * (q / p).log()).sum()), rel=1e-6)
-    # a one-token plausibility set: KL exactly 0; alpha = 0 and beta = 0: the plain logits, KL 0
-    kl, size = decoding.divergence(clean, decoding.contrast(clean, noised, VCDSettings(1.0, 0.9)), 0.9)
-    assert (float(kl[0]), int(size[0])) == (0.0, 1)
+    assert float(kl_reverse[0]) == pytest.approx(float((p * (p / q).log()).sum()), rel=1e-6)
+    # a one-token plausibility set: KL exactly 0 both ways; alpha = 0 and beta = 0: the plain logits, KL 0
+    kl, kl_reverse, size = decoding.divergence(clean, decoding.contrast(clean, noised, VCDSettings(1.0, 0.9)), 0.9)
+    assert (float(kl[0]), float(kl_reverse[0]), int(size[0])) == (0.0, 0.0, 1)
     plain = decoding.contrast(clean, noised, VCDSettings(alpha=0.0, beta=0.0))
-    assert torch.equal(plain, clean) and float(decoding.divergence(clean, plain, 0.0)[0][0]) == 0.0
+    assert torch.equal(plain, clean) and [float(v[0]) for v in decoding.divergence(clean, plain, 0.0)[:2]] == [0, 0]
 
 
 def test_the_stored_kl_direction_and_its_zeros():
     """The documented example (docs/analysis.md, "VCD divergence"): z = [2, 1, -3], z' = [1, 1, -3], alpha 1,
-    beta 0.1. We store KL(q || p~) = 0.0671; the paper's wording reads as KL(p~ || q) = 0.0826. Whichever the
-    direction, a KL is 0 exactly when q = p~, so the share of exact zeros does not depend on it."""
+    beta 0.1. We store KL(q || p~) = 0.0671 as vcd_kl and the direction the paper's wording reads,
+    KL(p~ || q) = 0.0826, as vcd_kl_reverse. Whichever the direction, a KL is 0 exactly when q = p~, so the
+    share of exact zeros does not depend on it."""
     clean, noised = torch.tensor([[2.0, 1.0, -3.0]]), torch.tensor([[1.0, 1.0, -3.0]])
     contrasted = decoding.contrast(clean, noised, VCDSettings(alpha=1.0, beta=0.1))
-    kl, size = decoding.divergence(clean, contrasted, 0.1)
+    kl, kl_reverse, size = decoding.divergence(clean, contrasted, 0.1)
     q = torch.softmax(contrasted.double(), -1)[0, :2]
     p = torch.softmax(clean.double()[0, :2], -1)
     assert int(size[0]) == 2 and float(kl[0]) == pytest.approx(0.0671, abs=5e-5)
-    assert float((p * (p / q).log()).sum()) == pytest.approx(0.0826, abs=5e-5)
+    assert float(kl_reverse[0]) == pytest.approx(0.0826, abs=5e-5)
+    assert float(kl_reverse[0]) == pytest.approx(float((p * (p / q).log()).sum()), rel=1e-12)
     same = decoding.contrast(clean, clean, VCDSettings(alpha=1.0, beta=0.1))  # no contrast: q = p~
-    assert float(decoding.divergence(clean, same, 0.1)[0][0]) == 0.0
+    assert [float(value[0]) for value in decoding.divergence(clean, same, 0.1)[:2]] == [0.0, 0.0]
 
 
 @pytest.mark.parametrize("family", ["llava", "qwen2_vl", "instructblip"])
@@ -178,10 +181,12 @@ def test_vcd_oracles_on_the_tiny_models(tiny_dirs, scene, family, monkeypatch):
     for a, b in zip(plain, neutral):
         assert a.p_yes == pytest.approx(b.p_yes, abs=1e-6) and a.prediction == b.prediction
         assert b.vcd_kl == pytest.approx(0.0, abs=1e-9) and b.parse_rule.startswith("greedy+vcd:")
-    # the default contrast moves the scores and stores the divergence per question
+        assert b.vcd_kl_reverse == pytest.approx(0.0, abs=1e-9)
+    # the default contrast moves the scores and stores the divergence per question, both directions
     model.use_variant(Variant.from_config({"vcd": {}}))
     contrasted = model.score_yes_no(questions)
-    assert all(r.vcd_plausible >= 1 and r.vcd_kl >= 0 for r in contrasted)
+    assert all(r.vcd_plausible >= 1 and r.vcd_kl >= 0 and r.vcd_kl_reverse >= 0 for r in contrasted)
+    assert any(r.vcd_kl != r.vcd_kl_reverse for r in contrasted if r.vcd_kl > 0) or family == "instructblip"
     encoded = model.encode_shared_image([model.render(questions[0], False)] * 2, model.open_image(scene[0]))
     noised = model._noised_inputs(encoded, scene[0])["pixel_values"]
     assert not torch.allclose(noised, encoded["pixel_values"])  # the noise reaches the pixel tensor ...

@@ -151,6 +151,34 @@ def test_kl_shares_quantiles_and_dropped_rows():
     assert stats["plausible_mean"] == pytest.approx((6 + 2 + 2 + 3) / 9)
 
 
+def test_both_kl_directions_are_reported(tmp_path):
+    """The paper's "KL divergence between the original p_theta and the contrasted p_vcd" names no direction:
+    vcd_kl (KL(q || p~)) and vcd_kl_reverse (KL(p~ || q)) each get their quantiles, in the table and its page;
+    a table written before the reverse one was stored reads with it null."""
+    ids = ["a", "b", "c", "d"]
+    table = predictions(ids, ["yes"] * 4, [0.0, 0.0671, 0.2, 0.0], [1, 2, 3, 2]).assign(
+        vcd_kl_reverse=[0.0, 0.0826, 0.3, 0.0])
+    rows = kl_rows(table, "vcd.parquet")
+    assert rows.kl_reverse.tolist() == [0.0, 0.0826, 0.3, 0.0]
+    stats = kl_statistics(rows, len(table))
+    assert (stats["kl_max"], stats["kl_reverse_max"]) == (0.2, 0.3)
+    assert stats["kl_median"] == pytest.approx(0.0671 / 2) and stats["kl_reverse_median"] == pytest.approx(0.0413)
+    assert stats["kl_reverse_mean"] == pytest.approx(0.3826 / 4)
+    assert stats["kl_reverse_q90"] == pytest.approx(np.quantile([0.0, 0.0826, 0.3, 0.0], 0.9))
+    old = kl_statistics(kl_rows(predictions(ids, ["yes"] * 4, [0.0, 0.0671, 0.2, 0.0], [1, 2, 3, 2]), "old"), 4)
+    assert math.isnan(old["kl_reverse_median"]) and old["kl_median"] == stats["kl_median"]
+    with pytest.raises(ValueError, match=r"question 'b': a negative vcd_kl_reverse"):
+        kl_rows(table.assign(vcd_kl_reverse=[0.0, -0.1, 0.3, 0.0]), "vcd.parquet")
+    with pytest.raises(ValueError, match=r"question 'a': vcd_kl_reverse > 0 with a one-token plausibility set"):
+        kl_rows(table.assign(vcd_kl_reverse=[0.1, 0.0826, 0.3, 0.0]), "vcd.parquet")
+    run = {"model": "m", "variant": "vcd", "condition": "clean", "qset": "yn_obj", "plain_variant": None,
+           "plain_note": "none", "predictions": table, "plain": None, "questions": None, "where": "vcd.parquet"}
+    summary, _ = vcd_divergence_tables([run])
+    write_table(summary, tmp_path / "summary.parquet", VCD_DIVERGENCE)
+    page = divergence_report_table(read_table(tmp_path / "summary.parquet", VCD_DIVERGENCE)).iloc[0]
+    assert (page["KL(q‖p~) max"], page["KL(p~‖q) max"]) == ("0.2", "0.3")
+
+
 def test_kl_rows_refuse_impossible_values_naming_the_file_and_question():
     ids = ["a", "b"]
     with pytest.raises(ValueError, match=r"vcd.parquet: question 'b': a negative vcd_kl"):

@@ -104,6 +104,22 @@ def test_engine_margin_is_finite_where_float32_p_yes_saturates():
     assert _sigmoid(results[2].yes_margin) == pytest.approx(results[2].p_yes, abs=1e-6)
 
 
+def test_engine_yes_mass_is_the_yes_share_of_the_whole_vocabulary_in_float64():
+    """``yes_mass``: the paper's "probability of Yes tokens" read literally. Mass on other tokens can reverse
+    its ranking against the renormalised P(yes); and it is float64 from the logits, since a confident model's
+    float32 softmax gives 1.0 to every row (ties that change AP, the reason for ``yes_margin``)."""
+    model = _FixedLogits([[2.0, 0.0, 5.0, 5.0, 5.0], [1.0, 1.0, -10.0, -10.0, -10.0],
+                          [20.0, 0.0, 0, 0, 0], [21.0, 0.0, 0, 0, 0]])
+    a, b, confident, more = model.score_yes_no([Question(f"q{i}", "?") for i in range(4)])
+    e = math.exp
+    assert a.yes_mass == pytest.approx(e(2) / (e(2) + 1 + 3 * e(5)), rel=1e-9)
+    assert b.yes_mass == pytest.approx(e(1) / (2 * e(1) + 3 * e(-10)), rel=1e-9)
+    assert a.p_yes > b.p_yes and a.yes_mass < b.yes_mass  # the two scores rank these two the other way round
+    assert float(torch.softmax(torch.tensor([20.0, 0, 0, 0, 0]), -1)[0]) == 1.0  # float32 saturates ...
+    assert confident.yes_mass == pytest.approx(1 - 4 * e(-20), rel=1e-12)  # ... float64 does not
+    assert confident.yes_mass < more.yes_mass < 1.0
+
+
 def test_remote_adapter_margin_from_the_driver_logits(tmp_path):
     images = {}
     for name in ("yes_horse", "bench"):
@@ -150,12 +166,13 @@ def test_old_prediction_tables_without_the_column_still_read(tmp_path):
                         "parse_rule": ["logits"] * 2, "p_yes": [0.9, 0.2], "option_probs": [None, None],
                         "confidence": [0.9, 0.8], "error": [None, None]})
     schema = pa.schema([field for field in PREDICTIONS
-                        if field.name not in ("yes_margin", "yes_mass", "vcd_kl", "vcd_plausible")])
+                        if field.name not in ("yes_margin", "yes_mass", "vcd_kl", "vcd_plausible", "vcd_kl_reverse")])
     pq.write_table(pa.Table.from_pandas(old, schema=schema, preserve_index=False), tmp_path / "old.parquet")
     frame = read_table(tmp_path / "old.parquet", PREDICTIONS)
     assert frame.yes_margin.isna().all() and frame.yes_margin.dtype == "float64"
     assert frame.vcd_kl.isna().all() and frame.vcd_plausible.isna().all()  # added later too (VCD variants)
     assert frame.yes_mass.isna().all()  # and the raw P(Yes) (Known-Object ranking)
+    assert frame.vcd_kl_reverse.isna().all()  # and VCD's KL in the other direction
     assert frame.p_yes.tolist() == [0.9, 0.2]
     # a column that is there must still have the declared type
     bad = old.assign(yes_margin=["1.5", "2"])

@@ -347,6 +347,7 @@ def _error_row(question_id: str, error: str) -> dict:
         "error": error,
         "vcd_kl": None,
         "vcd_plausible": None,
+        "vcd_kl_reverse": None,
     }
 
 

@@ -68,6 +68,10 @@ PREDICTIONS = pa.schema(
         # of that set (tokens with p >= beta * p_max); null without VCD
         ("vcd_kl", pa.float64()),
         ("vcd_plausible", pa.int64()),
+        # the other direction, KL(p~ || q): the paper's "KL divergence between the original p_theta and the
+        # contrasted p_vcd" names no direction (its wording reads as this one), so both are kept
+        # (docs/analysis.md, "VCD divergence")
+        ("vcd_kl_reverse", pa.float64()),
     ]
 )
 
@@ -339,6 +343,12 @@ VCD_DIVERGENCE = pa.schema(
         ("kl_q99", pa.float64()),
         ("kl_max", pa.float64()),
         ("kl_median_positive", pa.float64()),
+        # the same of the other direction, KL(p~ || q) (vcd_kl_reverse); null for tables written without it
+        ("kl_reverse_mean", pa.float64()),
+        ("kl_reverse_median", pa.float64()),
+        ("kl_reverse_q90", pa.float64()),
+        ("kl_reverse_q99", pa.float64()),
+        ("kl_reverse_max", pa.float64()),
         ("n_paired", pa.int64()),
         ("n_flips", pa.int64()),
         ("flip_share", pa.float64()),
@@ -600,7 +610,7 @@ def check_questions(frame: pd.DataFrame, where: str) -> None:
 _VALUE_CHECKS = [(QUESTIONS, check_questions)]  # (schema, check of its values) for read_table
 # (schema, nullable columns added after tables were written with it): an older table reads with them null,
 # and a writer that does not know them yet writes them null.
-_ADDED_COLUMNS = [(PREDICTIONS, ("yes_margin", "yes_mass", "vcd_kl", "vcd_plausible")),
+_ADDED_COLUMNS = [(PREDICTIONS, ("yes_margin", "yes_mass", "vcd_kl", "vcd_plausible", "vcd_kl_reverse")),
                   (MITIGATION_TABLE5, ("note",)), (DECODING_TABLE8, ("note",))]
 
 

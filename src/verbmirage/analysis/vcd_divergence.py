@@ -10,6 +10,10 @@ Ours (read from a VCD variant's prediction table, never recomputed; ``io.PREDICT
 - ``vcd_kl``: KL(q || p~) at the first answer position, q = the contrasted distribution after the
   plausibility cut, p~ = the plain distribution restricted to the plausibility set and renormalised
   (the one common support on which a finite, possibly exactly 0, KL exists; notes/mitigations.md section 2).
+  ``vcd_kl_reverse``: KL(p~ || q), the direction the paper's wording reads ("between the original p_theta
+  and the contrasted p_vcd"). Both are 0 exactly when q = p~, so the zero shares are one number; the
+  quantiles are reported for each (``kl_*`` and ``kl_reverse_*``). A table written before the engine
+  stored the reverse direction gives null ``kl_reverse_*``.
 - ``vcd_plausible``: the size of the plausibility set (tokens with p >= beta * p_max). With one token the
   KL is exactly 0 by construction, so "KL = 0" mostly measures confidence: both shares are reported.
 - Flips: the VCD variant's predictions against the same model's *plain counterpart*, the configured
@@ -155,7 +159,8 @@ def divergence_runs(
 
 
 def kl_rows(predictions: pd.DataFrame, where: str = "predictions") -> pd.DataFrame:
-    """The rows that enter the KL statistics (no error, a stored KL): ``question_id, kl, plausible``.
+    """The rows that enter the KL statistics (no error, a stored KL): ``question_id, kl, kl_reverse,
+    plausible`` (``kl_reverse`` NaN in a table written before the engine stored it).
 
     A negative KL, a plausibility set below one token or a one-token set with KL other than 0 is an error
     naming ``where`` and the question. A table without any KL where rows were answered is one too (a
@@ -163,16 +168,22 @@ def kl_rows(predictions: pd.DataFrame, where: str = "predictions") -> pd.DataFra
     """
     answered = predictions[predictions.error.isna()]
     kl = pd.to_numeric(answered.vcd_kl, errors="coerce").astype(float)
+    reverse = pd.to_numeric(answered.get("vcd_kl_reverse", pd.Series(np.nan, index=answered.index)),
+                            errors="coerce").astype(float)
     plausible = pd.to_numeric(answered.vcd_plausible, errors="coerce")
     if len(answered) and kl.isna().all():
         raise ValueError(f"{where}: no vcd_kl on any answered row: not a VCD run, or written before VCD stored it")
     usable = kl.notna().to_numpy() & np.isfinite(kl.to_numpy(na_value=np.nan)) & plausible.notna().to_numpy()
     rows = pd.DataFrame({"question_id": answered.question_id.to_numpy()[usable], "kl": kl.to_numpy()[usable],
+                         "kl_reverse": reverse.to_numpy(na_value=np.nan)[usable],
                          "plausible": plausible.to_numpy()[usable].astype(np.int64)})
     for bad, what in (
         (rows.kl < 0, "a negative vcd_kl"),
+        (rows.kl_reverse < 0, "a negative vcd_kl_reverse"),
         (rows.plausible < 1, "vcd_plausible below 1"),
         ((rows.plausible == 1) & (rows.kl > SINGLETON_TOLERANCE), "vcd_kl > 0 with a one-token plausibility set"),
+        ((rows.plausible == 1) & (rows.kl_reverse > SINGLETON_TOLERANCE),
+         "vcd_kl_reverse > 0 with a one-token plausibility set"),
     ):
         if bad.any():
             row = rows[bad].iloc[0]
@@ -191,6 +202,8 @@ def kl_statistics(rows: pd.DataFrame, n_rows: int) -> dict:
     def quantile(values, q):
         return float(np.quantile(values, q)) if len(values) else math.nan
 
+    reverse = rows.kl_reverse.to_numpy(dtype=float) if "kl_reverse" in rows else np.full(n, np.nan)
+    reverse = reverse[~np.isnan(reverse)]  # a table written before the engine stored it: none
     return {
         "n": n,
         "n_dropped": n_rows - n,
@@ -206,6 +219,11 @@ def kl_statistics(rows: pd.DataFrame, n_rows: int) -> dict:
         "kl_q99": quantile(kl, 0.99),
         "kl_max": float(kl.max()) if n else math.nan,
         "kl_median_positive": quantile(positive, 0.5),
+        "kl_reverse_mean": float(reverse.mean()) if len(reverse) else math.nan,
+        "kl_reverse_median": quantile(reverse, 0.5),
+        "kl_reverse_q90": quantile(reverse, 0.9),
+        "kl_reverse_q99": quantile(reverse, 0.99),
+        "kl_reverse_max": float(reverse.max()) if len(reverse) else math.nan,
     }
 
 
@@ -378,8 +396,10 @@ def divergence_report_table(summary: pd.DataFrame) -> pd.DataFrame:
         "paper KL = 0 (%)": percent(summary.paper_share_kl_zero),
         "paper model": summary.paper_model,
         "1-token set (%)": percent(summary.share_plausible_one),
-        "KL median": digits(summary.kl_median), "KL q90": digits(summary.kl_q90), "KL q99": digits(summary.kl_q99),
-        "KL max": digits(summary.kl_max),
+        "KL(q‖p~) median": digits(summary.kl_median), "KL(q‖p~) q90": digits(summary.kl_q90),
+        "KL(q‖p~) q99": digits(summary.kl_q99), "KL(q‖p~) max": digits(summary.kl_max),
+        "KL(p~‖q) median": digits(summary.kl_reverse_median), "KL(p~‖q) q90": digits(summary.kl_reverse_q90),
+        "KL(p~‖q) q99": digits(summary.kl_reverse_q99), "KL(p~‖q) max": digits(summary.kl_reverse_max),
         "vs plain": summary.plain_variant, "paired": count(summary.n_paired),
         "flipped (%)": percent(summary.flip_share),
         "yes→no": count(summary.yes_to_no), "no→yes": count(summary.no_to_yes),

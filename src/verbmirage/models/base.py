@@ -101,6 +101,8 @@ class YesNoResult:
     #: size of the plausibility set (``io.PREDICTIONS``).
     vcd_kl: float | None = None
     vcd_plausible: int | None = None
+    #: VCD only: the other direction, KL of the truncated plain distribution against the contrasted one.
+    vcd_kl_reverse: float | None = None
     #: The yes tokens' probability mass over the whole vocabulary at the first answer position (P(yes) not
     #: renormalised by yes + no); None without logits.
     yes_mass: float | None = None
@@ -130,6 +132,7 @@ class MultipleChoiceResult:
     retry: bool = False
     vcd_kl: float | None = None
     vcd_plausible: int | None = None
+    vcd_kl_reverse: float | None = None
 
     @classmethod
     def failed(cls, n_options: int, error: str, retry: bool = False) -> "MultipleChoiceResult":

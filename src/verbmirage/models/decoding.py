@@ -79,18 +79,22 @@ def plausible_tokens(clean: torch.Tensor, beta: float) -> torch.Tensor:
     return clean >= cutoff
 
 
-def divergence(clean: torch.Tensor, contrasted: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row: KL(q || p~) and the plausibility-set size.
+def divergence(clean: torch.Tensor, contrasted: torch.Tensor, beta: float
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row: KL(q || p~), KL(p~ || q) and the plausibility-set size.
 
     q = softmax(contrasted); p~ = the clean distribution restricted to the plausibility set and renormalised
     (the definition under which "KL exactly 0" can happen: a one-token set, or a contrast that moves nothing;
-    notes/mitigations.md, "KL column"). float64.
+    notes/mitigations.md, "KL column"). Both directions, since the paper's "KL divergence between the original
+    p_theta and the contrasted p_vcd" does not say which; they are 0 together (q = p~). float64.
     """
     keep = plausible_tokens(clean.float(), beta)
     log_q = torch.log_softmax(contrasted.double(), dim=-1)
     log_p = torch.log_softmax(clean.double().masked_fill(~keep, -math.inf), dim=-1)
-    terms = torch.where(keep, log_q.exp() * (log_q - log_p), torch.zeros_like(log_q))
-    return terms.sum(dim=-1).clamp_min(0.0), keep.sum(dim=-1)
+    zero = torch.zeros_like(log_q)
+    forward = torch.where(keep, log_q.exp() * (log_q - log_p), zero).sum(dim=-1).clamp_min(0.0)
+    reverse = torch.where(keep, log_p.exp() * (log_p - log_q), zero).sum(dim=-1).clamp_min(0.0)
+    return forward, reverse, keep.sum(dim=-1)
 
 
 # ---- the loops ------------------------------------------------------------------------------------------------------

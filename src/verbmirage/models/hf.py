@@ -299,12 +299,14 @@ class LogitsVLM(VisionLanguageModel):
         yes, no = probs[:, self._yes_ids].sum(-1), probs[:, self._no_ids].sum(-1)
         # float64, from the logits themselves: finite where the float32 P(yes) above is exactly 1.0
         real = self._real_tokens(logits).double()
-        margins = torch.logsumexp(real[:, self._yes_ids], -1) - torch.logsumexp(real[:, self._no_ids], -1)
+        yes_log_mass = torch.logsumexp(real[:, self._yes_ids], -1)
+        margins = yes_log_mass - torch.logsumexp(real[:, self._no_ids], -1)
+        # the yes mass over the vocabulary, float64 too: in float32 a confident model's rows all tie at 1.0
+        masses = (yes_log_mass - torch.logsumexp(real, -1)).exp().tolist()
         first_ids, continued = self._decisions(questions, errors, probs.argmax(dim=-1), False,
                                                lambda i, text: yes_no_token(text) is not None)
         texts = self._answer_texts(first_ids, continued)
         p_yes, margins, confidences = (yes / (yes + no)).tolist(), margins.tolist(), self._confidences(probs, first_ids)
-        masses = yes.tolist()
         results = []
         for i, error in enumerate(errors):
             if error is not None:
@@ -657,7 +659,8 @@ class TransformersVLM(LogitsVLM):
     @torch.inference_mode()
     def answer_logits(self, questions: list[Question], multiple_choice) -> tuple[torch.Tensor, list, list[dict]]:
         """``multiple_choice``: one flag for all questions, or one per question (YN and MC of an image together).
-        The third element holds each question's VCD statistics (``vcd_kl``, ``vcd_plausible``; VCD only)."""
+        The third element holds each question's VCD statistics (``vcd_kl``, ``vcd_kl_reverse``, ``vcd_plausible``;
+        VCD only)."""
         flags = multiple_choice if isinstance(multiple_choice, (list, tuple)) else [multiple_choice] * len(questions)
         texts = [self.render(q, flag) for q, flag in zip(questions, flags)]
         logits = torch.full((len(questions), self.model.config.get_text_config().vocab_size), math.nan)
@@ -670,6 +673,7 @@ class TransformersVLM(LogitsVLM):
             else None
         self._multiple_choice_of = {(item[0], item[2]): flag for item, flag in zip(items, flags) if item is not None}
         kl = torch.full((len(questions),), math.nan, dtype=torch.float64)
+        kl_reverse = kl.clone()
         plausible = torch.zeros(len(questions), dtype=torch.long)
         valid = [i for i, error in enumerate(errors) if error is None]
         if valid:
@@ -678,10 +682,11 @@ class TransformersVLM(LogitsVLM):
             if self.variant.vcd is not None:  # the same questions on the noised images, then VCD's contrast
                 noised = self._with_shrinking_batches(functools.partial(method, noised=True), [items[i] for i in valid])
                 contrasted = decoding.contrast(values, noised, self.variant.vcd)
-                kl[valid], plausible[valid] = decoding.divergence(values, contrasted, self.variant.vcd.beta)
+                kl[valid], kl_reverse[valid], plausible[valid] = decoding.divergence(values, contrasted,
+                                                                                     self.variant.vcd.beta)
                 values = contrasted
             logits[valid] = values
-        columns = [{"vcd_kl": float(kl[i]), "vcd_plausible": int(plausible[i])}
+        columns = [{"vcd_kl": float(kl[i]), "vcd_kl_reverse": float(kl_reverse[i]), "vcd_plausible": int(plausible[i])}
                    if self.variant.vcd is not None and math.isfinite(float(kl[i])) else {}
                    for i in range(len(questions))]
         return logits, errors, columns
