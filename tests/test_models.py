@@ -147,6 +147,7 @@ def _choice(probs=(0.2, 0.8), confidence=0.6, parse_rule="greedy:first-token"):
     (_yes_no(yes_margin=float("nan")), "yes_margin = nan"),  # undefined is None
     (_yes_no(yes_margin=float("inf")), "yes_margin = inf"),
     (_yes_no(vcd_kl=float("nan")), "vcd_kl = nan"),
+    (_yes_no(vcd_kl=0.1, vcd_kl_reverse=float("inf")), "vcd_kl_reverse = inf"),
     (_yes_no(yes_mass=float("nan")), "yes_mass = nan"),
     (_yes_no(p_yes=None), "p_yes = None, not a number"),
     (_choice(probs=(float("nan"), 0.5)), r"option_probs = \(nan, 0.5\) \(some NaN, some not\)"),

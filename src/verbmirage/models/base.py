@@ -81,8 +81,8 @@ class YesNoResult:
       neither yes nor no, or a distribution with no mass on any yes or no spelling (VCD's plausibility cut
       removed them all). Never infinite.
     - ``confidence``: NaN only for a text-scored answer (no token probabilities).
-    - ``yes_margin``, ``yes_mass``, ``vcd_kl``, ``vcd_plausible``: None where undefined or not computed; never
-      NaN or infinite.
+    - ``yes_margin``, ``yes_mass``, ``vcd_kl``, ``vcd_kl_reverse``, ``vcd_plausible``: None where undefined or not
+      computed; never NaN or infinite.
 
     A result with ``error`` set is a question without an answer: its numbers are NaN and not checked.
     """
@@ -152,7 +152,7 @@ def score_problem(result) -> str | None:
     if isinstance(result, YesNoResult):
         scores["p_yes"] = result.p_yes
     probs = {f"option_probs[{i}]": p for i, p in enumerate(getattr(result, "option_probs", ()))}
-    optional = {name: getattr(result, name, None) for name in ("yes_margin", "yes_mass", "vcd_kl")}
+    optional = {name: getattr(result, name, None) for name in ("yes_margin", "yes_mass", "vcd_kl", "vcd_kl_reverse")}
     optional = {name: value for name, value in optional.items() if value is not None}  # None: undefined
     for name, value in {**scores, **probs, **optional}.items():
         if not isinstance(value, numbers.Real) or isinstance(value, bool):
