@@ -45,14 +45,17 @@ include: "rules/figures.smk"
 # Local runs: one warm process imports torch, transformers and pandas once and forks every job, so jobs skip
 # seconds of Python start-up each (config `job_server`; src/verbmirage/jobserver.py). Off under a cluster
 # executor: there each job runs in its own process as always, and so does any job the server cannot take.
+# Local jobs also stop (their answered rows saved) when this Snakemake process dies, SIGKILL included, instead of
+# running on unseen (jobserver.mark_run; docs/faults.md).
 _job_server = []
 
 
 onstart:
-    if config.get("job_server", True) and workflow.local_exec:
-        from verbmirage import jobserver
+    from verbmirage import jobserver
 
-        _job_server.append(jobserver.start(in_logs("job_server.log")))
+    _job_server.append(
+        jobserver.start_run(workflow.local_exec, config.get("job_server", True), in_logs("job_server.log"))
+    )
 
 
 def _stop_job_server():

@@ -26,7 +26,6 @@ resumes from its parts. The guarantees:
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import itertools
@@ -49,6 +48,7 @@ from tqdm import tqdm
 from verbmirage import __version__
 from verbmirage.conditions import MANIFEST, ImageResolver, condition_questions
 from verbmirage.io import PREDICTIONS, QUESTIONS, atomic_path, fsync_directory, read_table, to_arrow, write_table
+from verbmirage.locks import BusyError, WriterLock
 from verbmirage.models.base import (
     FatalBackendError,
     MultipleChoiceResult,
@@ -67,8 +67,8 @@ LOCK = ".lock"
 MAX_ERROR_SHARE = 0.05
 
 
-class ShardBusyError(RuntimeError):
-    """Another job holds the lock of this shard's parts folder."""
+class ShardBusyError(BusyError):
+    """Another job holds the lock of this shard's parts folder (the message names its pid and host)."""
 
 
 class IncompleteShardError(RuntimeError):
@@ -209,17 +209,8 @@ class PartStore:
             with atomic_path(stamp) as tmp:
                 tmp.write_text(json.dumps({"fingerprint": fingerprint}))
 
-    def _acquire_lock(self):
-        handle = open(self.directory / LOCK, "a")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            raise ShardBusyError(
-                f"{self.directory}: another job is writing this shard right now (it holds {LOCK}); "
-                "wait for it to finish, or stop it, before rerunning"
-            ) from None
-        return handle
+    def _acquire_lock(self) -> WriterLock:
+        return WriterLock(self.directory / LOCK, str(self.directory), ShardBusyError, this="this shard")
 
     @staticmethod
     def _read_stamp(stamp: Path) -> str | None:
@@ -292,8 +283,8 @@ class PartStore:
 
     def close(self) -> None:
         """Release the lock (the parts stay for a resume)."""
-        if self._lock is not None and not self._lock.closed:
-            self._lock.close()
+        if self._lock is not None:
+            self._lock.release()
 
     def clear(self) -> None:
         """Remove the folder once its rows are safely in the shard output; releases the lock."""

@@ -1,13 +1,25 @@
-"""Send a workflow job's logging and progress bars to its Snakemake log file."""
+"""Send a workflow job's logging and progress bars to its Snakemake log file; one job writes a log at a time."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import glob
 import logging
+import os
 import resource
+import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+#: ``.<log name>.<pid>@<host>.writer``: a second name (a hard link) of a running job's log, beside it.
+_WRITER = ".{name}.{pid}@{host}.writer"
+
+
+class LogBusyError(RuntimeError):
+    """The job that writes this log is still running elsewhere (the message names its pid and host)."""
 
 
 @contextlib.contextmanager
@@ -18,10 +30,17 @@ def job_log(path: str | Path) -> Iterator[logging.Logger]:
     says why the job failed. The last line gives the job's wall time, CPU time and peak memory, measured in
     its own process (right also when the local job server ran it, where ``benchmarks/`` measures the script
     that waited).
+
+    One writer per log: Snakemake removes a job's log before it runs the job again, also while an earlier run
+    of the same job still writes it (an orphan of a killed Snakemake, a cluster job that outlived its run).
+    The running job keeps a second name for its log beside it and a lock on it; a job that finds that lock
+    held puts the running job's log back at ``path`` and stops with :class:`LogBusyError` on stderr, touching
+    neither the log nor the job's outputs.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", buffering=1) as stream, contextlib.redirect_stderr(stream):
+    stream, writer = _claim(path)
+    with stream, contextlib.redirect_stderr(stream):
         handler = logging.StreamHandler(stream)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root = logging.getLogger()
@@ -40,3 +59,68 @@ def job_log(path: str | Path) -> Iterator[logging.Logger]:
                 usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024,
             )
             root.removeHandler(handler)
+            _let_go(path, writer)
+
+
+def _claim(path: Path):
+    """Open ``path`` to append, locked, with a second name beside it; :class:`LogBusyError` if a live job holds
+    an earlier log of this path (whose log is put back at ``path`` first)."""
+    for other in path.parent.glob(_WRITER.format(name=glob.escape(path.name), pid="*", host="*")):
+        try:
+            handle = other.open("rb")
+        except FileNotFoundError:  # its job just ended
+            continue
+        with handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                _put_back(other, path)
+                raise LogBusyError(
+                    f"{path}: the job that writes this log is still running ({_holder(other, path)}), from an "
+                    "earlier run; this one stops without touching its log or outputs. Wait for that job to finish, "
+                    "or stop it, then rerun") from None
+            other.unlink(missing_ok=True)  # left by a killed job
+    stream = path.open("a", buffering=1)
+    try:
+        fcntl.flock(stream, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # another job opened this very file a moment ago
+        stream.close()
+        raise LogBusyError(f"{path}: another job started writing this log a moment ago; wait for it to finish, "
+                           "or stop it, then rerun") from None
+    writer = path.with_name(_WRITER.format(name=path.name, pid=os.getpid(), host=socket.gethostname()))
+    try:
+        writer.unlink(missing_ok=True)
+        os.link(path, writer)
+    except OSError:  # a file system without hard links: the log is written, only unprotected
+        writer = None
+    return stream, writer
+
+
+def _let_go(path: Path, writer: Path | None) -> None:
+    """The job is done with its log: put it back if it was removed meanwhile, drop the second name."""
+    if writer is None:
+        return
+    with contextlib.suppress(OSError):
+        if not path.exists():
+            _put_back(writer, path)
+        writer.unlink()
+
+
+def _put_back(writer: Path, path: Path) -> None:
+    """Make ``path`` name the same file as ``writer`` again (a link under a temporary name, then a rename)."""
+    handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(handle)
+    try:
+        os.unlink(name)
+        os.link(writer, name)
+        os.replace(name, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+
+
+def _holder(writer: Path, path: Path) -> str:
+    """"pid N on host H" from a second name (:data:`_WRITER`)."""
+    middle = writer.name[len(f".{path.name}."): -len(".writer")]
+    pid, _, host = middle.partition("@")
+    return f"pid {pid} on host {host}"

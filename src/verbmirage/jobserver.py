@@ -38,6 +38,11 @@ from pathlib import Path
 
 #: The environment variable naming the server of this run: ``<host>:<socket path>`` (jobs inherit it).
 ENV_VAR = "VERBMIRAGE_JOB_SERVER"
+#: The environment variable naming the Snakemake process of a local run, ``<host>:<pid>:<start time>``: its jobs
+#: stop when it is gone (:func:`mark_run`).
+RUN_VAR = "VERBMIRAGE_RUN"
+#: Seconds a job whose run is gone has between SIGTERM (save what it answered) and SIGKILL.
+STOP_GRACE_SECONDS = 10.0
 
 #: Modules the server imports before it serves (what the job scripts import; the transformers classes the model
 #: backends and tiny models load by name). A module that fails to import is logged and left to the jobs.
@@ -91,6 +96,7 @@ def delegate(wait: bool = False) -> None:
     """
     if _serving:
         return
+    watch_run()  # here and in the waiting script alike: a job whose Snakemake died stops (a served one with it)
     address = os.environ.get(ENV_VAR, "")
     host, _, path = address.partition(":")
     if not path or host != socket.gethostname():
@@ -108,6 +114,65 @@ def delegate(wait: bool = False) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)  # the job ran elsewhere: nothing of this process's own should run at exit
+
+
+def mark_run() -> None:
+    """Name this process (the Snakemake of a local run) in the environment the jobs it starts inherit.
+
+    Killed with SIGKILL or crashed, Snakemake stops nothing: its jobs would run on unseen (they are children
+    of the shell it starts, so a parent-death signal would watch the shell, not Snakemake) and a rerun would
+    meet them on the locks they hold. A job named a run (:func:`watch_run`, from :func:`delegate`) stops
+    when that process is gone. Not under a cluster executor, whose jobs are the cluster's to stop.
+    """
+    pid = os.getpid()
+    os.environ[RUN_VAR] = f"{socket.gethostname()}:{pid}:{_start_time(pid) or ''}"
+
+
+def watch_run(poll_seconds: float = 1.0, grace_seconds: float = STOP_GRACE_SECONDS) -> bool:
+    """Stop this process when the run named in the environment (:func:`mark_run`) is gone: SIGTERM first (an
+    inference job saves its answered rows, and a script waiting for a served job passes it on), SIGKILL after
+    ``grace_seconds``. Returns whether a watch started (a run on this host is named)."""
+    host, _, rest = os.environ.get(RUN_VAR, "").partition(":")
+    pid_text, _, start = rest.partition(":")
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    pid = int(pid_text)
+
+    def watch():
+        while _running(pid, start):
+            time.sleep(poll_seconds)
+        with contextlib.suppress(Exception):  # the run's terminal may be gone with it
+            log.warning("the Snakemake run (pid %d) is gone; stopping this job (pid %d)", pid, os.getpid())
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_seconds)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="verbmirage-run-watch", daemon=True).start()
+    return True
+
+
+def _start_time(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, from /proc), to tell it from a later one that
+    reuses its pid; None without /proc or when it is gone (a zombie counts as gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def _running(pid: int, start: str) -> bool:
+    """Whether process ``pid`` still runs and is the one that started at ``start`` (when known)."""
+    if os.path.isdir("/proc"):
+        now = _start_time(pid)
+        return now is not None and (not start or now == start)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _hand_over(connection: socket.socket) -> int:
@@ -412,6 +477,16 @@ def start(log_path: str | Path, preload: tuple[str, ...] = PRELOAD) -> subproces
     process.socket_path, process.log_path, process.ready_marker = path, log_path, _ready_marker(path)
     os.environ[ENV_VAR] = f"{socket.gethostname()}:{path}"
     return process
+
+
+def start_run(local: bool, job_server: bool, log_path: str | Path,
+              preload: tuple[str, ...] = PRELOAD) -> subprocess.Popen | None:
+    """What the Snakefile does as a run starts: for a local run (``local``: no cluster executor), name it for its
+    jobs (:func:`mark_run`) and, with ``job_server``, start a server (:func:`start`; else None)."""
+    if not local:
+        return None
+    mark_run()
+    return start(log_path, preload) if job_server else None
 
 
 def stop(process: subprocess.Popen | None, timeout: float = 10.0) -> None:

@@ -24,6 +24,7 @@ import importlib
 import importlib.util
 from pathlib import Path
 
+from verbmirage.locks import BusyError, WriterLock
 from verbmirage.models.registry import BACKENDS
 
 #: method -> "module:function" of its build (imported lazily).
@@ -47,6 +48,19 @@ FROM_BASE_OR_BUILD = ("backend", "path", "adapter")
 
 class DerivedModelError(ValueError):
     """A derived entry is invalid; the message names the key."""
+
+
+class DerivedBusyError(BusyError):
+    """Another job is building the same derived model (the message names its pid and host)."""
+
+
+def build_lock(output: str | Path) -> WriterLock:
+    """One writer per derived model: a lock on ``.<name>.lock`` beside its output folder (Snakemake removes the
+    output folder before it reruns a build; a fine-tune's checkpoints live beside it too). A second build of the
+    same output, in another process, fails at once naming the job that holds it."""
+    output = Path(output)
+    return WriterLock(output.parent / f".{output.name}.lock", f"derived model {output}", DerivedBusyError,
+                      advice="wait for that build to finish, or stop it, before rerunning", reentrant=True)
 
 
 def derived_entries(config: dict) -> dict[str, dict]:
@@ -146,4 +160,5 @@ def build_derived(slug: str, derive: dict, base_entry: dict, output: str | Path,
         raise DerivedModelError(f"{where}.method: unknown method {method!r}; known: {sorted(DERIVE_METHODS)}")
     module = _method_module(method, where)
     build = getattr(module, DERIVE_METHODS[method].partition(":")[2])
-    build(slug, method_settings(derive), base_entry, Path(output), dict(inputs))
+    with build_lock(output):  # before anything is read or removed: a second build stops here
+        build(slug, method_settings(derive), base_entry, Path(output), dict(inputs))

@@ -31,6 +31,8 @@ import hashlib
 import json
 import logging
 import math
+import os
+import pickle
 import random
 import shutil
 from collections.abc import Callable
@@ -47,6 +49,8 @@ log = logging.getLogger(__name__)
 LANGUAGE_MODEL_LINEARS = r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
 TRAIN_LOG_FILE = "train_log.parquet"
 STATE_FILE = "state.pt"
+#: The checkpoint before the latest, kept until a newer one is written: a damaged latest resumes from it.
+PREVIOUS_STATE_FILE = "state.previous.pt"
 #: What the engine scores as the answer (``models/parsing.py`` reads either case).
 YES_NO_TARGETS = {"yes": "Yes", "no": "No"}
 
@@ -316,26 +320,58 @@ def _set_rng_state(state: dict) -> None:
 
 
 def _save_checkpoint(folder: Path, state: dict) -> None:
-    """One file, written atomically: a checkpoint is complete or absent."""
+    """One file, written atomically: a checkpoint is complete or absent. The one it replaces stays (a hard link,
+    no copy) as :data:`PREVIOUS_STATE_FILE` until the next, so a latest damaged afterwards leaves a good one."""
     import torch
 
     from verbmirage.io import atomic_path
 
-    with atomic_path(folder / STATE_FILE) as tmp:
+    latest = folder / STATE_FILE
+    if latest.is_file():
+        with atomic_path(folder / PREVIOUS_STATE_FILE) as tmp:
+            tmp.unlink()
+            os.link(latest, tmp)
+    with atomic_path(latest) as tmp:
         torch.save(state, tmp)
 
 
 def _load_checkpoint(folder: Path, expected: str) -> dict | None:
+    """The latest readable checkpoint made with ``expected`` (the fingerprint), or None: start afresh.
+
+    A checkpoint that cannot be read (empty, cut short, not a checkpoint, objects other than tensors and plain
+    data) is named in the log and removed, and the one before it is tried, as inference.PartStore does with
+    a damaged part; the writes are atomic, so only outside damage makes one.
+    """
     import torch
 
-    path = folder / STATE_FILE
-    if not path.is_file():
-        return None
-    state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain data only
-    if state.get("fingerprint") != expected:
-        log.warning("checkpoint %s is of other settings, base or questions: starting afresh", path)
-        return None
-    return state
+    for path in (folder / STATE_FILE, folder / PREVIOUS_STATE_FILE):
+        if not path.is_file():
+            continue
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and plain data only
+            if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+                raise ValueError("not a checkpoint of a fine-tune (no step)")
+        except Exception as error:  # noqa: BLE001 - any damage: empty, truncated, not torch's format, a payload
+            fallback = "the checkpoint before it" if path.name == STATE_FILE else "the start"
+            log.warning("%s: unreadable checkpoint (%s); removing it, training resumes from %s", path,
+                        _unreadable(error), fallback)
+            path.unlink(missing_ok=True)
+            continue
+        if state.get("fingerprint") != expected:
+            log.warning("checkpoint %s is of other settings, base or questions: starting afresh", path)
+            return None
+        return state
+    return None
+
+
+def _unreadable(error: Exception) -> str:
+    """Why torch could not load a checkpoint, in a line (torch's own advice to load it unsafely left out)."""
+    if isinstance(error, pickle.UnpicklingError):
+        return "it holds objects other than tensors and plain data; refused unread"
+    text = str(error).strip()
+    if not text:
+        return f"{type(error).__name__}: the file is empty or cut short"
+    return f"{type(error).__name__}: {text.splitlines()[0].split('. ')[0][:200]}"
 
 
 def load_base(slug: str, base_entry: dict, settings: FinetuneSettings):
@@ -353,8 +389,17 @@ def train(slug: str, settings: FinetuneSettings, base_entry: dict, questions: Pa
           output: Path, on_step: Callable[[int, float], None] | None = None) -> pd.DataFrame:
     """Fine-tune the base on ``questions`` into ``output`` (adapter + train log); resumes from a checkpoint.
 
-    ``on_step(step, loss)`` is called after each optimizer step (1-based), after its checkpoint.
+    ``on_step(step, loss)`` is called after each optimizer step (1-based), after its checkpoint. One writer per
+    output (derived.build_lock): a second fine-tune of the same output fails at once naming the first.
     """
+    from verbmirage.derived import build_lock
+
+    with build_lock(output):  # before the checkpoints are read or removed
+        return _train(slug, settings, base_entry, questions, images, output, on_step)
+
+
+def _train(slug: str, settings: FinetuneSettings, base_entry: dict, questions: Path, images: Path,
+           output: Path, on_step: Callable[[int, float], None] | None = None) -> pd.DataFrame:
     import torch
     import transformers
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict

@@ -410,6 +410,13 @@ def nullu_edit(vlm, pairs, image_root: str | Path, settings: NulluSettings, wher
 def build(slug: str, settings: dict, base_entry: dict, output: Path, inputs: dict) -> None:
     """Rule derive_model's Nullu build: pairs, hidden states, edit, then the whole model, its processor files,
     ``pairs.parquet`` and ``nullu.json`` saved into ``output``."""
+    from verbmirage.derived import build_lock
+
+    with build_lock(output):  # one writer per output (build_derived takes it too; it is the same lock)
+        _build(slug, settings, base_entry, output, inputs)
+
+
+def _build(slug: str, settings: dict, base_entry: dict, output: Path, inputs: dict) -> None:
     from verbmirage.hico import load_hico
     from verbmirage.io import NULLU_PAIRS, write_table
     from verbmirage.models import create_model

@@ -125,8 +125,13 @@ def load_plain_pickle(path: str | Path):
             return PlainUnpickler(io.BufferedReader(stream), str(path)).load()
     except UnsafePickleError:
         raise
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as error:
-        raise UnsafePickleError(f"{path}: not a readable pickle of plain data ({type(error).__name__}: {error})")
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
+            OverflowError) as error:
+        raise UnsafePickleError(f"{path}: not a readable pickle of plain data ({type(error).__name__}: "
+                                f"{error or 'the file is empty or cut short'})") from None
+    except MemoryError as error:  # an array whose declared shape does not fit in memory: damaged or hostile
+        raise UnsafePickleError(f"{path}: the pickle asks for more memory than there is ({error or 'MemoryError'}); "
+                                "is this the right file?") from None
 
 
 # ---- the Pangea files ----------------------------------------------------------------------------------------
@@ -213,7 +218,10 @@ def load_pangea(root: str | Path, files: PangeaFiles = PangeaFiles()) -> Pangea:
     selected = _selected_nodes(load_plain_pickle(paths["node_index"]), objects, str(paths["node_index"]))
     label2node = {}
     if paths["label2node"].is_file():
-        label2node = json.loads(paths["label2node"].read_text())
+        try:
+            label2node = json.loads(paths["label2node"].read_text())
+        except (OSError, ValueError) as error:  # ValueError: not JSON, or not UTF-8
+            raise PangeaFormatError(f"{paths['label2node']}: not a readable JSON file ({error})") from None
         if not isinstance(label2node, dict):
             raise PangeaFormatError(f"{paths['label2node']}: expected an object '<dataset>//<label>' -> [nodes]")
     return Pangea(samples, objects, father2son, selected, label2node, paths["images"])
