@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import verbmirage.derived as derived
 from verbmirage.config import ConfigError, check_config
 from verbmirage.derived import (
     DERIVED_FOLDER,
+    DerivedBusyError,
     DerivedModelError,
     build_derived,
     derived_entries,
@@ -127,6 +130,30 @@ def test_build_dispatches_to_the_method_with_its_settings(monkeypatch, tmp_path)
     build_derived("edited", {"method": "nullu", "base": "b", "top_k": 2}, {"backend": "llava"}, tmp_path / "o",
                   {"hico_root": "r"})
     assert calls == [("edited", {"top_k": 2}, {"backend": "llava"}, tmp_path / "o", {"hico_root": "r"})]
+
+
+def test_a_second_build_of_one_derived_model_fails_at_once_naming_the_first(monkeypatch, tmp_path):
+    calls = []
+    module = type("Module", (), {"build": staticmethod(lambda *args: calls.append(args))})
+    monkeypatch.setattr(derived, "_method_module", lambda method, where: module)
+    output = tmp_path / "results" / "models" / "edited"
+    holder = subprocess.Popen(  # another job building the same model (its lock, as build_derived takes it)
+        [sys.executable, "-c", "import sys, time\nfrom verbmirage.derived import build_lock\n"
+         f"lock = build_lock({str(output)!r})\nprint('held', flush=True)\ntime.sleep(60)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        for method in ("nullu", "lora_finetune"):
+            with pytest.raises(DerivedBusyError, match=rf"derived model {output}: another job is writing it right "
+                                                       rf"now \(pid {holder.pid} on host .*; it holds .*\.edited\.lock"):
+                build_derived("edited", {"method": method, "base": "b"}, {"backend": "llava"}, output, {})
+        assert calls == []  # stopped before the method read or removed anything
+    finally:
+        holder.kill()
+        holder.wait()
+    build_derived("edited", {"method": "nullu", "base": "b"}, {"backend": "llava"}, output, {})
+    assert len(calls) == 1
+    assert (output.parent / ".edited.lock").read_text() == ""  # released: no holder named any more
 
 
 def test_schema_types_the_derive_block_and_fills_nullu_defaults(config):

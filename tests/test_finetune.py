@@ -4,6 +4,7 @@ the engine's own prompts, checkpoints and a resume after a real SIGKILL."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -17,8 +18,10 @@ import pytest
 import torch
 import yaml
 
+from verbmirage.derived import DerivedBusyError
 from verbmirage.derived.finetune import (
     LANGUAGE_MODEL_LINEARS,
+    PREVIOUS_STATE_FILE,
     STATE_FILE,
     TRAIN_LOG_FILE,
     FinetuneSettings,
@@ -163,6 +166,86 @@ def test_a_checkpoint_of_other_settings_is_not_resumed(tmp_path):
     assert _load_checkpoint(tmp_path, "a")["step"] == 3
     assert _load_checkpoint(tmp_path, "b") is None
     assert _load_checkpoint(tmp_path / "none", "a") is None
+
+
+class _RunsCode:
+    """Unpickling this would call os.system: a checkpoint carrying a payload."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "payload"])
+def test_a_damaged_checkpoint_is_named_removed_and_the_one_before_resumed(tmp_path, caplog, damage):
+    _save_checkpoint(tmp_path, {"fingerprint": "a", "step": 3, "weights": torch.ones(300)})
+    _save_checkpoint(tmp_path, {"fingerprint": "a", "step": 6, "weights": torch.ones(300)})
+    latest, previous = tmp_path / STATE_FILE, tmp_path / PREVIOUS_STATE_FILE
+    assert torch.load(previous, weights_only=True)["step"] == 3  # kept until a newer one is written
+    if damage == "empty":
+        latest.write_bytes(b"")
+    elif damage == "truncated":
+        latest.write_bytes(latest.read_bytes()[:400])
+    else:
+        torch.save({"fingerprint": "a", "step": 6, "x": _RunsCode(tmp_path / "ran")}, latest)
+    with caplog.at_level(logging.WARNING):
+        state = _load_checkpoint(tmp_path, "a")
+    assert state["step"] == 3
+    assert f"{latest}: unreadable checkpoint" in caplog.text and "the checkpoint before it" in caplog.text
+    assert "weights_only" not in caplog.text  # never the advice to load it unsafely
+    assert not latest.exists() and not (tmp_path / "ran").exists()
+    previous.write_bytes(b"")  # both damaged: from the start
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert _load_checkpoint(tmp_path, "a") is None
+    assert f"{previous}: unreadable checkpoint" in caplog.text
+
+
+def test_a_zero_byte_checkpoint_resumes_from_the_one_before_and_trains_the_same(tmp_path, caplog, tiny_llava,
+                                                                              training_set):
+    """A fine-tune stopped after step 7 (checkpoints at 4 and 6), its latest checkpoint then zeroed: the rerun
+    resumes at step 4 and ends with the uninterrupted run's train log."""
+    torch.set_num_threads(1)
+    questions, images = training_set
+    settings = FinetuneSettings.from_config({**MEMORISE, "batch_size": 2, "micro_batch_size": 2, "max_steps": 8,
+                                             "checkpoint_every": 2, "dropout": 0.1, "seed": 3})
+    reference = train("ft", settings, entry(tiny_llava), questions, images, tmp_path / "reference")
+
+    def stop_at_7(step: int, loss: float) -> None:
+        if step == 7:
+            raise KeyboardInterrupt("stopped after step 7")
+
+    output = tmp_path / "killed"
+    with pytest.raises(KeyboardInterrupt):
+        train("ft", settings, entry(tiny_llava), questions, images, output, on_step=stop_at_7)
+    (checkpoint_folder(output) / STATE_FILE).write_bytes(b"")
+    with caplog.at_level(logging.INFO, logger="verbmirage.derived.finetune"):
+        resumed = train("ft", settings, entry(tiny_llava), questions, images, output)
+    assert "unreadable checkpoint (EOFError: the file is empty or cut short)" in caplog.text
+    assert "resumed at step 4 of 8" in caplog.text
+    pd.testing.assert_frame_equal(resumed, reference, rtol=1e-4)
+
+
+def test_a_second_finetune_of_one_output_fails_at_once_naming_the_first(tmp_path, tiny_llava, training_set):
+    questions, images = training_set
+    settings = {"rank": 4, "alpha": 8, "batch_size": 2, "micro_batch_size": 2, "max_steps": 6, "checkpoint_every": 1}
+    output = tmp_path / "results" / "models" / "ft"
+    first = _driver(tmp_path, "first", {"model": str(tiny_llava), "questions": str(questions), "images": str(images),
+                                        "settings": settings, "output": str(output), "seconds_per_step": 0.5,
+                                        "steps_file": str(tmp_path / "first.steps")})
+    deadline = time.monotonic() + 300
+    while not (checkpoint_folder(output) / STATE_FILE).exists():
+        assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+        assert time.monotonic() < deadline, "no checkpoint within 300 s"
+        time.sleep(0.05)
+    with pytest.raises(DerivedBusyError, match=rf"derived model {output}: another job is writing it right now "
+                                               rf"\(pid {first.pid} on host "):
+        train("ft", FinetuneSettings.from_config(settings), entry(tiny_llava), questions, images, output)
+    assert (checkpoint_folder(output) / STATE_FILE).exists()  # nothing of the first was touched
+    assert first.wait(timeout=600) == 0, (tmp_path / "first.log").read_text()[-3000:]
+    assert read_table(output / TRAIN_LOG_FILE, TRAIN_LOG).step.tolist() == list(range(1, 7))
 
 
 def test_build_names_missing_inputs(tmp_path):

@@ -4,6 +4,8 @@ the job's own time and peak memory (the benchmark files measure the waiting scri
 from __future__ import annotations
 
 import re
+import signal
+import subprocess
 import sys
 
 import numpy as np
@@ -33,3 +35,59 @@ def test_a_failure_is_logged_with_its_traceback_and_still_raises(tmp_path):
     text = path.read_text()
     assert "job failed" in text and "Traceback" in text and "ValueError: bad row 7" in text
     assert "job resources:" in text.splitlines()[-1]
+
+
+HOLDER = """\
+import sys, time
+from pathlib import Path
+from verbmirage.joblog import job_log
+
+path, go = Path(sys.argv[1]), Path(sys.argv[2])
+with job_log(path) as log:
+    log.info("holder: first line")
+    print("started", flush=True)
+    while not go.exists():
+        time.sleep(0.05)
+    log.info("holder: last line")
+"""
+
+
+def _holder(tmp_path, path):
+    script = tmp_path / "holder.py"
+    script.write_text(HOLDER)
+    process = subprocess.Popen([sys.executable, str(script), str(path), str(tmp_path / "go")], stdout=subprocess.PIPE,
+                               text=True)
+    assert process.stdout.readline().strip() == "started"
+    return process
+
+
+def test_a_rerun_of_a_job_still_running_puts_its_log_back_and_stops(tmp_path):
+    """As after a killed Snakemake whose job runs on: the rerun removes the job's log (Snakemake does so before it
+    runs a job), then runs the job again while the first one still writes it."""
+    path = tmp_path / "logs" / "0.log"
+    holder = _holder(tmp_path, path)
+    path.unlink()  # Snakemake, preparing the rerun
+    second = subprocess.run(
+        [sys.executable, "-c", "import sys\nfrom verbmirage.joblog import job_log\n"
+         f"with job_log({str(path)!r}) as log:\n    log.info('second: never written')"],
+        capture_output=True, text=True, timeout=120)
+    assert second.returncode == 1
+    assert "LogBusyError" in second.stderr and f"pid {holder.pid} on host" in second.stderr
+    assert "holder: first line" in path.read_text()  # the running job's log is back where it was
+    (tmp_path / "go").touch()
+    assert holder.wait(timeout=60) == 0
+    text = path.read_text()
+    assert "holder: first line" in text and "holder: last line" in text and "second" not in text
+    assert not list(path.parent.glob(".*.writer"))  # its second name gone with it
+
+
+def test_a_log_left_by_a_killed_job_is_taken_over(tmp_path):
+    path = tmp_path / "0.log"
+    holder = _holder(tmp_path, path)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert list(tmp_path.glob(".0.log.*.writer"))  # left behind, its lock gone with the process
+    with job_log(path) as log:
+        log.info("the rerun")
+    assert "holder: first line" in path.read_text() and "the rerun" in path.read_text()
+    assert not list(tmp_path.glob(".0.log.*.writer"))

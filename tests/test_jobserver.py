@@ -173,6 +173,37 @@ def test_killing_the_waiting_script_stops_the_job(server, tmp_path):
     assert int((tmp_path / "terminated").read_text()) == job_pid
 
 
+RUN = """\
+import subprocess, sys, time
+from verbmirage import jobserver
+
+jobserver.mark_run()  # as the Snakefile's onstart does (jobserver.start_run)
+subprocess.Popen(["bash", "-c", f"set -eu; {sys.executable} {sys.argv[1]} {sys.argv[2]}"])  # a job, as Snakemake
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("served", [True, False], ids=["served", "own_process"])
+def test_a_job_stops_when_the_run_that_started_it_is_gone(server, tmp_path, served):
+    """SIGKILL of Snakemake stops nothing by itself; its job, a grandchild, must notice and stop."""
+    (tmp_path / "slow.py").write_text(SLOW_JOB)
+    (tmp_path / "run.py").write_text(RUN)
+    environment = _environment()
+    if not served:
+        environment.pop(jobserver.ENV_VAR)
+    run = subprocess.Popen([sys.executable, str(tmp_path / "run.py"), str(tmp_path / "slow.py"), str(tmp_path)],
+                           env=environment)
+    _wait_until((tmp_path / "started").exists, 60, "the job to start")
+    job_pid = int((tmp_path / "started").read_text())
+    parent = int(Path(f"/proc/{job_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    assert (parent == server.pid) == served
+    run.kill()
+    run.wait()
+    _wait_until((tmp_path / "terminated").exists, 15, "the job of the killed run to get SIGTERM")
+    assert int((tmp_path / "terminated").read_text()) == job_pid
+    _wait_until(lambda: not _alive(job_pid), 15, "the job to end")
+
+
 def test_a_signal_to_the_script_reaches_the_job(server, tmp_path):
     script = tmp_path / "slow.py"
     script.write_text(SLOW_JOB)

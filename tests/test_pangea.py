@@ -76,6 +76,29 @@ def test_a_pickle_that_runs_code_is_refused_naming_the_file(tmp_path):
         load_plain_pickle(tmp_path / "broken.pkl")
 
 
+class _HugeArray:
+    """Unpickles as numpy's own array constructor asked for 2**62 bytes: only allowed globals, no code run."""
+
+    def __reduce__(self):
+        return np.ndarray.__reduce__(np.zeros(1, "b"))[0], (np.ndarray, (2**62,), b"b")
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_a_pickle_asking_for_a_huge_array_is_named(tmp_path, protocol):
+    path = tmp_path / "B123_train_KIN-FULL_with_node.pkl"
+    path.write_bytes(pickle.dumps([("HAA", "a.png", ["x"], _HugeArray())], protocol=protocol))
+    with pytest.raises(UnsafePickleError, match=r"B123_train_KIN-FULL_with_node\.pkl: the pickle asks for more memory"):
+        load_plain_pickle(path)
+
+
+def test_a_malformed_label2node_file_is_named(tmp_path, pangea_root):
+    root = tmp_path / "Data"
+    shutil.copytree(pangea_root, root)
+    (root / PangeaFiles().label2node).write_text('{"HAA//x": ["n1"')  # cut short
+    with pytest.raises(PangeaFormatError, match=r"Label2Node_batch1\+2\+3\.json: not a readable JSON file"):
+        load_pangea(root)
+
+
 def test_plain_data_loads_in_every_protocol(tmp_path):
     data = [("HAA", "a.png", ("kayaking",), {"n1", "n2"}), {"k": [1, 2.5, None, True]}, np.array(["x", "y"])]
     for protocol in (0, 2, 4, 5):

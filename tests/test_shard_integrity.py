@@ -147,6 +147,7 @@ def test_a_second_writer_fails_at_once_naming_the_folder(prepared, tmp_path):
     assert result.returncode != 0
     assert "another job is writing this shard" in result.stderr
     assert str(parts_directory(output)) in result.stderr
+    assert f"pid {os.getpid()} on host " in result.stderr  # the job to wait for or stop
     assert time.monotonic() - started < 60 and not output.exists()
     with pytest.raises(ShardBusyError):
         PartStore(parts_directory(output), "whatever")
