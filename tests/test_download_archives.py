@@ -287,3 +287,18 @@ def test_truncated_zip_is_named(tmp_path):
     with pytest.raises(CorruptArchiveError, match=r"cut.zip: neither a tar nor a zip archive"):
         extract(archive, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_damaged_completion_marker_is_named_and_the_archive_unpacked_again(tmp_path, caplog):
+    archive = tmp_path / "hico.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        zipped.writestr("hico/VERSION", "v1")
+    target = tmp_path / "data" / "hico"
+    extract(archive, target)
+    marker = target / download.COMPLETE_MARKER
+    marker.write_text('{"source": ')  # cut short
+    (target / "hico" / "VERSION").write_text("changed")  # so the second unpacking shows
+    with caplog.at_level("WARNING", logger="verbmirage.download"):
+        extract(archive, target)
+    assert f"{marker}: unreadable record (JSONDecodeError" in caplog.text
+    assert (target / "hico" / "VERSION").read_text() == "v1" and read_marker(target)["archive"] == "hico.zip"

@@ -12,7 +12,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from verbmirage.io import PREDICTIONS, QUESTIONS, SchemaError, read_table, write_table
+from verbmirage.conditions import MANIFEST, ImageResolver, condition_questions
+from verbmirage.io import (
+    PREDICTIONS,
+    QUESTIONS,
+    DamagedTableError,
+    SchemaError,
+    read_provenance,
+    read_table,
+    write_table,
+)
 
 
 def _questions() -> pd.DataFrame:
@@ -104,3 +113,29 @@ def test_prediction_tables_are_type_checked_too(tmp_path):
     frame.to_parquet(path, index=False)
     with _raises(path, "p_yes", 0, "declared double"):
         read_table(path, PREDICTIONS)
+
+
+@pytest.fixture(params=["empty", "cut"])
+def damaged(request, tmp_path):
+    """A table the workflow wrote, then damaged from outside (a full disk elsewhere, a bad copy)."""
+    path = tmp_path / "q.parquet"
+    write_table(_questions(), path, QUESTIONS, provenance={"model": "m"})
+    path.write_bytes(b"" if request.param == "empty" else path.read_bytes()[:-30])
+    return path
+
+
+def test_a_damaged_table_is_named_with_how_to_rebuild_it(damaged):
+    for read in (lambda path: read_table(path, QUESTIONS), read_provenance):
+        with pytest.raises(DamagedTableError, match=re.escape(f"{damaged}: not a readable Parquet table") +
+                           ".*delete it and rerun"):
+            read(damaged)
+
+
+def test_a_damaged_image_manifest_is_named(damaged):
+    folder = damaged.parent / "clean"
+    folder.mkdir()
+    damaged.rename(folder / MANIFEST)
+    with pytest.raises(DamagedTableError, match=re.escape(f"{folder / MANIFEST}: not a readable Parquet table")):
+        condition_questions(_questions(), folder)
+    with pytest.raises(DamagedTableError, match=re.escape(f"{folder / MANIFEST}: not a readable Parquet table")):
+        ImageResolver(folder)

@@ -33,6 +33,28 @@ def test_registry_is_lazy_and_checks_names():
         create_model("r", {"backend": "random", "temperature": 1.0})
 
 
+@pytest.mark.parametrize("damaged", ["model.safetensors", "config.json"])
+def test_a_damaged_file_of_a_built_model_folder_is_named(tmp_path, damaged):
+    """What a derived model's or a tiny model's folder damaged after its build gives (the libraries name no file)."""
+    from verbmirage.models.registry import DamagedModelError
+    from verbmirage.tiny import build_tiny_llava
+
+    folder = build_tiny_llava(tmp_path / "tiny_llava")
+    file = folder / damaged
+    file.write_bytes(file.read_bytes()[:7])
+    with pytest.raises(DamagedModelError, match=rf"models.m: a file in path {folder} cannot be read .*delete it and "
+                                                 "rerun"):
+        create_model("m", {"backend": "llava", "path": str(folder), "local_files_only": True})
+
+
+def test_damaged_training_statistics_are_named(tmp_path):
+    from verbmirage.io import DamagedTableError
+
+    (tmp_path / "train_stats.parquet").write_bytes(b"PAR1")
+    with pytest.raises(DamagedTableError, match="train_stats.parquet: not a readable Parquet table"):
+        create_model("prior", {"backend": "prior"}, ModelContext(train_stats=tmp_path / "train_stats.parquet"))
+
+
 def test_settings_read_from_the_source_equal_the_imported_signatures():
     """backend_settings (read while planning, nothing imported) names what create_model would accept."""
     import inspect

@@ -35,7 +35,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from verbmirage.imaging import open_rgb
-from verbmirage.io import atomic_path
+from verbmirage.io import atomic_path, read_schema, read_table
 from verbmirage.paths import UnsafePathError, inside, replace_entry, safe_relative_name
 
 MANIFEST = "manifest.parquet"
@@ -215,7 +215,7 @@ def require_images(source_root: str | Path, images: Iterable[str], condition: st
 def condition_questions(questions: pd.DataFrame, condition_dir: str | Path) -> pd.DataFrame:
     """The questions asked under a condition: all, or for a partial one (``crop``) those on its images."""
     path = Path(condition_dir) / MANIFEST
-    if (pq.read_schema(path).metadata or {}).get(PARTIAL_KEY) != b"true":
+    if (read_schema(path).metadata or {}).get(PARTIAL_KEY) != b"true":
         return questions
     covered = set(pd.read_parquet(path, columns=["image"]).image)
     return questions[questions.image.isin(covered)].reset_index(drop=True)
@@ -253,8 +253,8 @@ class ImageResolver:
     def __init__(self, condition_dir: str | Path):
         self.root = Path(condition_dir)
         manifest_path = self.root / MANIFEST
-        manifest = pd.read_parquet(manifest_path)
-        source_root = (pq.read_schema(manifest_path).metadata or {}).get(SOURCE_ROOT_KEY)
+        manifest = read_table(manifest_path)
+        source_root = (read_schema(manifest_path).metadata or {}).get(SOURCE_ROOT_KEY)
         if source_root is None:
             raise ValueError(f"{manifest_path}: no recorded source root (written by an older version); "
                              "delete the condition folder to rebuild it")

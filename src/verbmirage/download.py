@@ -158,11 +158,20 @@ def _partial(archive: Path) -> Path:
 
 
 def _read_json(path: Path) -> dict:
+    """A record (sidecar, completion marker); an unreadable one counts as none, so its download or unpacking
+    is done again."""
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except FileNotFoundError:
         return {}
-    return data if isinstance(data, dict) else {}
+    except (OSError, ValueError) as error:
+        log.warning("%s: unreadable record (%s: %s); treated as absent, so it is fetched or unpacked again", path,
+                    type(error).__name__, error)
+        return {}
+    if not isinstance(data, dict):
+        log.warning("%s: not a record (a JSON object); treated as absent, so it is fetched or unpacked again", path)
+        return {}
+    return data
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -413,6 +413,25 @@ class SchemaError(ValueError):
     """A table does not have the columns its schema declares."""
 
 
+class DamagedTableError(ValueError):
+    """A file that should be a Parquet table cannot be read (empty, cut short, not Parquet); names the file."""
+
+
+#: What a damaged table's error adds: how to get it back.
+REBUILD_ADVICE = ("if the workflow wrote it, delete it and rerun: Snakemake builds it again (and what was made "
+                  "from it); otherwise replace it")
+
+
+def read_schema(path: str | Path) -> pa.Schema:
+    """A Parquet file's schema (and metadata); :class:`DamagedTableError` naming the file when it is damaged."""
+    try:
+        return pq.read_schema(path)
+    except FileNotFoundError:
+        raise
+    except (OSError, pa.ArrowInvalid) as error:
+        raise DamagedTableError(f"{path}: not a readable Parquet table ({error}); {REBUILD_ADVICE}") from None
+
+
 def to_arrow(frame: pd.DataFrame, schema: pa.Schema, where: str = "table") -> pa.Table:
     """Cast a DataFrame to ``schema`` (column order and types), naming what is wrong.
 
@@ -500,14 +519,19 @@ def read_table(path: str | Path, schema: pa.Schema | None = None) -> pd.DataFram
     row rare, a capitalised answer is never correct. Each error names the
     file, the column and the first bad row.
     """
-    frame = pd.read_parquet(path)
+    try:
+        frame = pd.read_parquet(path)
+    except FileNotFoundError:
+        raise
+    except (OSError, pa.ArrowInvalid) as error:  # pyarrow names no file for some damage (a cut footer)
+        raise DamagedTableError(f"{path}: not a readable Parquet table ({error}); {REBUILD_ADVICE}") from None
     if schema is not None:
         added = _added_columns(schema)
         frame = _with_added_columns(frame, schema)  # a table written before such a column existed: null
         missing = [name for name in schema.names if name not in frame.columns]
         if missing:
             raise SchemaError(f"{path}: missing columns {missing}")
-        stored = pq.read_schema(path)
+        stored = read_schema(path)
         check_types(stored, frame, pa.schema([f for f in schema if f.name in stored.names or f.name not in added]),
                     str(path))
         for declared, check in _VALUE_CHECKS:
@@ -631,7 +655,7 @@ def _with_added_columns(frame: pd.DataFrame, schema: pa.Schema) -> pd.DataFrame:
 
 def read_provenance(path: str | Path) -> dict:
     """The settings stamped into a table by :func:`write_table`."""
-    metadata = pq.read_schema(path).metadata or {}
+    metadata = read_schema(path).metadata or {}
     return json.loads(metadata.get(b"verbmirage.provenance", b"{}"))
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from verbmirage.hico import NO_INTERACTION, HicoAnnotations
+from verbmirage.io import read_table
 from verbmirage.models.base import (
     NO,
     YES,
@@ -114,7 +115,7 @@ class LanguagePrior(VisionLanguageModel):
         path = Path(stats) if stats else context.train_stats
         if path is None:
             raise ValueError(f"models.{name}: the prior backend needs training-split statistics")
-        table = pd.read_parquet(path)
+        table = read_table(path)  # a damaged file is named
         self._by_key, self._by_phrase = {}, {}
         for verb, obj, phrase, p in zip(table.verb, table.object, table.phrase, table.p_yes):
             verb, obj = (None if pd.isna(verb) else verb), (None if pd.isna(obj) else obj)

@@ -141,4 +141,41 @@ def create_model(slug: str, settings: dict, context: ModelContext | None = None)
         raise TypeError(f"models.{slug}: backend '{settings['backend']}' takes no setting(s) {unknown}")
     if "context" in accepted:
         arguments["context"] = context or ModelContext()
-    return cls(slug, **arguments)
+    try:
+        return cls(slug, **arguments)
+    except Exception as error:  # noqa: BLE001 - re-raised unless it is a damaged file of a local folder
+        damaged = _damaged_folder_error(slug, settings, error)
+        if damaged is None:
+            raise
+        raise damaged from error
+
+
+class DamagedModelError(ValueError):
+    """A file of a model entry's local folder (``path`` or ``adapter``) cannot be read; the message names it."""
+
+
+def _damaged_folder_error(slug: str, settings: dict, error: Exception) -> DamagedModelError | None:
+    """A :class:`DamagedModelError` naming the entry's local folders when ``error`` is what a damaged weight or
+    JSON file raises (a cut safetensors header, JSON cut short, an empty torch file); else None. transformers and
+    safetensors name no file in these messages."""
+    import json
+    import pickle
+    from pathlib import Path
+
+    kinds: tuple = (json.JSONDecodeError, EOFError, pickle.UnpicklingError)
+    try:
+        from safetensors import SafetensorError
+
+        kinds += (SafetensorError,)
+    except ImportError:
+        pass
+    folders = [f"{key} {settings[key]}" for key in ("path", "adapter")
+               if isinstance(settings.get(key), str) and Path(settings[key]).is_dir()]
+    if not isinstance(error, kinds) or not folders:
+        return None
+    return DamagedModelError(
+        f"models.{slug}: a file in {' or '.join(folders)} cannot be read ({type(error).__name__}: "
+        f"{str(error).splitlines()[0] if str(error) else 'empty or cut short'}). A folder the workflow built (a "
+        "derived model under results/models/, a tiny model under resources/) is built again once it is deleted: "
+        "delete it and rerun; otherwise replace the damaged file"
+    )
