@@ -204,6 +204,50 @@ def test_a_job_stops_when_the_run_that_started_it_is_gone(server, tmp_path, serv
     _wait_until(lambda: not _alive(job_pid), 15, "the job to end")
 
 
+COUNTING_JOB = """\
+import os, signal, sys, time
+from pathlib import Path
+from verbmirage.jobserver import delegate
+
+delegate(wait=True)
+here, count = Path(sys.argv[1]), []
+signal.signal(signal.SIGINT, lambda signum, frame: count.append(signum))
+(here / "started").write_text(str(os.getpid()))
+while not count:
+    time.sleep(0.01)
+time.sleep(1)  # a second SIGINT, if any, arrives meanwhile
+(here / "count").write_text(str(len(count)))
+"""
+
+GROUP_RUN = """\
+import os, signal, subprocess, sys, time
+from verbmirage import jobserver
+
+signal.signal(signal.SIGINT, lambda signum, frame: None)  # as Snakemake, it lets its jobs end by themselves
+server = jobserver.start(sys.argv[2] + "/server.log", preload=("verbmirage.jobserver",))
+while not os.path.exists(server.ready_marker):
+    time.sleep(0.05)
+subprocess.run([sys.executable, sys.argv[1], sys.argv[2]])  # the job, in this process group, as under Snakemake
+jobserver.stop(server)
+"""
+
+
+def test_ctrl_c_reaches_a_served_job_once(tmp_path):
+    """Ctrl-C signals the terminal's whole process group: Snakemake, the job server, the waiting script; the job
+    must get it once, from the script (a second SIGINT would interrupt it while it saves its answered rows)."""
+    (tmp_path / "job.py").write_text(COUNTING_JOB)
+    (tmp_path / "run.py").write_text(GROUP_RUN)
+    environment = {key: value for key, value in _environment().items() if key != jobserver.ENV_VAR}
+    run = subprocess.Popen([sys.executable, str(tmp_path / "run.py"), str(tmp_path / "job.py"), str(tmp_path)],
+                           env=environment, start_new_session=True)
+    _wait_until((tmp_path / "started").exists, 60, "the job to start")
+    assert int((tmp_path / "started").read_text()) != run.pid
+    os.killpg(run.pid, signal.SIGINT)
+    _wait_until((tmp_path / "count").exists, 30, "the job to count its signals")
+    assert (tmp_path / "count").read_text() == "1"
+    run.wait(timeout=60)
+
+
 def test_a_signal_to_the_script_reaches_the_job(server, tmp_path):
     script = tmp_path / "slow.py"
     script.write_text(SLOW_JOB)

@@ -12,7 +12,8 @@ Nothing depends on the server: without one (cluster jobs, ``job_server: false``,
 environment) ``delegate()`` returns at once and the job runs in its own process as before. Jobs that start while
 the server still imports run themselves too, except those that load models, which wait for it. The Snakefile starts
 the server in ``onstart`` for local runs only and stops it when the run ends; it also exits when the Snakemake
-process that started it goes away. Nothing exists that fits (nailgun-style servers are for the JVM;
+process that started it goes away, and every job of a local run, served or not, stops then too (:func:`mark_run`,
+:func:`watch_run`). Nothing exists that fits (nailgun-style servers are for the JVM;
 ``multiprocessing``'s forkserver cannot take over another process's terminal and exit status), hence this
 module.
 """
@@ -322,6 +323,10 @@ def _child(connection: socket.socket) -> int:
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # A process group of its own: a signal to the run's group (Ctrl-C at the terminal) reaches the job once, passed
+    # on by the script that waits for it; from the server's group it came twice, and the second interrupted the
+    # job while it saved its answered rows.
+    os.setpgid(0, 0)
     try:
         header, fds, _flags, _address = socket.recv_fds(connection, 8, 3)
         (size,) = struct.unpack("!Q", header)

@@ -18,7 +18,8 @@ bfloat16 base weights on a GPU with float32 LoRA weights (peft's adapter autocas
 - Seeded: the order of the questions (a permutation per epoch), LoRA's initialisation and dropout.
 - Checkpoints every ``checkpoint_every`` steps (LoRA weights, optimizer, scheduler, RNG states, step, the
   log so far) beside the output folder, so a job killed by SLURM's time limit resumes where it stopped;
-  a checkpoint of other settings, base or data is ignored (fingerprint). A tqdm bar shows the loss.
+  a checkpoint of other settings, base or data is ignored (fingerprint), a damaged one is named and the one
+  before it resumed. One build per output at a time (``derived.build_lock``). A tqdm bar shows the loss.
 
 The output folder holds the adapter (``PeftModel.save_pretrained``: ``adapter_config.json`` +
 ``adapter_model.safetensors``) and ``train_log.parquet`` (``io.TRAIN_LOG``: step, loss, lr, tokens); Pangea
