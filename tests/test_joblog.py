@@ -66,15 +66,17 @@ def test_a_rerun_of_a_job_still_running_puts_its_log_back_and_stops(tmp_path):
     runs a job), then runs the job again while the first one still writes it."""
     path = tmp_path / "logs" / "0.log"
     holder = _holder(tmp_path, path)
-    path.unlink()  # Snakemake, preparing the rerun
-    second = subprocess.run(
-        [sys.executable, "-c", "import sys\nfrom verbmirage.joblog import job_log\n"
-         f"with job_log({str(path)!r}) as log:\n    log.info('second: never written')"],
-        capture_output=True, text=True, timeout=120)
-    assert second.returncode == 1
-    assert "LogBusyError" in second.stderr and f"pid {holder.pid} on host" in second.stderr
-    assert "holder: first line" in path.read_text()  # the running job's log is back where it was
-    (tmp_path / "go").touch()
+    try:
+        path.unlink()  # Snakemake, preparing the rerun
+        second = subprocess.run(
+            [sys.executable, "-c", "import sys\nfrom verbmirage.joblog import job_log\n"
+             f"with job_log({str(path)!r}) as log:\n    log.info('second: never written')"],
+            capture_output=True, text=True, timeout=120)
+        assert second.returncode == 1
+        assert "LogBusyError" in second.stderr and f"pid {holder.pid} on host" in second.stderr
+        assert "holder: first line" in path.read_text()  # the running job's log is back where it was
+    finally:
+        (tmp_path / "go").touch()
     assert holder.wait(timeout=60) == 0
     text = path.read_text()
     assert "holder: first line" in text and "holder: last line" in text and "second" not in text
