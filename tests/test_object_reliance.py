@@ -426,7 +426,9 @@ def test_models_must_answer_all_four_sets_and_run_the_variant():
     default = reliance_plan({**config, "analysis": {"object_reliance": {}}})
     assert default["models"] == ["always_yes", "prior", "tiny_llava", "owl"]  # clip skips the MC sets
     beam = reliance_plan({**config, "analysis": {"object_reliance": {"variant": "beam5"}}})
-    assert beam["models"] == ["tiny_llava"]  # the blind baselines and mPLUG-Owl2's backend do not beam-search
+    assert beam["models"] == ["tiny_llava", "owl"]  # the blind baselines do not beam-search; mPLUG-Owl2's code does
+    config["models"]["owl"] = {"backend": "molmo"}  # Molmo's cannot
+    assert reliance_plan({**config, "analysis": {"object_reliance": {"variant": "beam5"}}})["models"] == ["tiny_llava"]
     for block, message in (
         ({"models": ["tiny_llava", "clip"]}, r"models\[1\]: 'clip' does not answer \['mc_obj', 'mc_verb'\]"),
         ({"models": ["prior"], "variant": "beam5"},

@@ -256,5 +256,6 @@ def test_snakefile_hooks_print_the_end_of_run_summary(demo_run, tmp_path):
     failed = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert failed.returncode != 0
     text = failed.stderr[failed.stderr.index("Verb Mirage: the run stopped; 1 job failed:"):]
-    assert "\n  tables\n    log logs/tables.log: pyarrow.lib.ArrowInvalid: " in text, text
+    assert "\n  tables\n    log logs/tables.log: verbmirage.io.DamagedTableError: results/metrics/metrics.parquet" \
+        in text, text
     assert "Snakemake's log of this run: .snakemake/log/" in text
