@@ -4,7 +4,7 @@
 
 The code, tokenizer and processor files are copied from the checkpoint folder
 (``../shared/remote_code/<model>``, never from this repository); the config is
-shrunk (sizes from ``../shared/notes/remote-adapters-review.md``), the model is
+shrunk (small sizes that keep every code path), the model is
 built with ``from_config`` under a fixed seed and saved with ``save_pretrained``.
 Imports only the standard library, torch and transformers: it runs on the
 model's old stack, not the project's.
@@ -156,7 +156,7 @@ def build_minicpm_v(source: Path, target: Path) -> None:
     copy_checkpoint_files(source, target)
     write_stand_in_llama3_tokenizer(target)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src" / "verbmirage" / "models"))
-    from remote_worker import supply_list_to_torch_functional  # stdlib-only; the driver applies it too (C3)
+    from remote_worker import supply_list_to_torch_functional  # stdlib-only; the driver applies it too
 
     supply_list_to_torch_functional()
     shrink_config(target, {

@@ -1,8 +1,8 @@
 """LoRA adapters on a transformers model entry (models.<slug>.adapter), on the tiny LLaVA (real classes, real peft).
 
-Oracles (notes/mitigations.md section 6): a fresh LoRA (B = 0) gives exactly the base logits; a trained
+Oracles (docs/variants.md): a fresh LoRA (B = 0) gives exactly the base logits; a trained
 adapter changes them, merged == unmerged within float32 tolerance, and only the targeted modules change;
-an adapter whose saved keys match no module (renamed modules, transformers issue 38927) is refused; the
+an adapter whose saved keys match no module (renamed modules, transformers#38927) is refused; the
 adapter's files join the resume fingerprint.
 """
 

@@ -18,7 +18,7 @@ from verbmirage.models.api import check_endpoint
 from verbmirage.models.base import FatalBackendError
 
 KEY = "sk-test-very-secret-0123456789"
-#: An error body whose key starts just before the 200-character cut (probe 6a).
+#: An error body whose key starts just before the 200-character cut.
 STRADDLING = "x" * 195 + KEY + " tail"
 
 
@@ -209,7 +209,7 @@ def test_key_not_in_written_predictions(model, tmp_path, demo_anno, demo_roots):
     assert KEY.encode() not in (tmp_path / "p.parquet").read_bytes()
 
 
-# ---- issue 14: fail loudly, never leak the key --------------------------------------------------------------
+# ---- fail loudly, never leak the key --------------------------------------------------------------
 
 
 @pytest.mark.parametrize("bad_key", [KEY + "\n", " " + KEY, KEY[:10] + "\x7f" + KEY[10:], KEY + "é"])

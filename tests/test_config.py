@@ -127,7 +127,7 @@ def test_paper_config_is_valid():
         assert entry.get("trust_remote_code", False) == remote, slug
 
 
-# ---- typed and safe config (reliability review probes 5, 7, 16, 17, 18) -----------------------------------------
+# ---- typed and safe config -----------------------------------------
 @pytest.mark.parametrize("value", ["false", "no", "0", 0, 1])
 def test_trust_remote_code_must_be_a_yaml_boolean(config, value):
     config["models"]["tiny_llava"]["trust_remote_code"] = value

@@ -1,6 +1,6 @@
-"""Calibrated decisions (issue 9 item 6): the threshold fit, contextual calibration, the calibration set.
+"""Calibrated decisions: the threshold fit, contextual calibration, the calibration set.
 
-Oracles from notes/mitigations.md section 8: a cut of 0 is the plain score-based decision, a uniform
+Oracles (hand-computed): a cut of 0 is the plain score-based decision, a uniform
 content-free answer changes nothing; the fitted cut equals a brute-force search and sklearn's metrics over
 every candidate cut; calibration sets ask about training images only.
 """

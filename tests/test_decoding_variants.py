@@ -1,4 +1,4 @@
-"""Decoding variants in the engine (issue 9 items 2-3): greedy, beam, sampling and VCD on the tiny models.
+"""Decoding variants in the engine: greedy, beam, sampling and VCD on the tiny models.
 
 Oracles: our loops produce HF ``generate``'s token sequences (greedy, beam); one beam is greedy; a question's
 sample does not depend on its batch; VCD with alpha = 0 and beta = 0, or with the clean image as the noised
@@ -120,7 +120,7 @@ def test_sampling_warpers_and_per_row_generators():
 
 
 def test_diffusion_noise_matches_the_official_schedule():
-    # notes/mitigations.md: t=500 -> 0.8630 / 0.5052; t=0 -> 1.0000 / 0.0047; t=999 -> 0.2850 / 0.9585
+    # the official schedule: t=500 -> 0.8630 / 0.5052; t=0 -> 1.0000 / 0.0047; t=999 -> 0.2850 / 0.9585
     for step, (keep, noise) in {500: (0.8630, 0.5052), 0: (1.0000, 0.0047), 999: (0.2850, 0.9585)}.items():
         assert decoding.diffusion_coefficients(step) == pytest.approx((keep, noise), abs=1e-4)
     pixels = torch.randn(2, 3, 8, 8)

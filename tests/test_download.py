@@ -155,7 +155,7 @@ def test_cut_transfer_resumes_with_range(server, tmp_path):
 
 
 def test_file_changed_between_attempts_restarts_through_if_range(server, tmp_path):
-    """A part of the old file is never completed with bytes of the new one (probe 11, stale part)."""
+    """A part of the old file is never completed with bytes of the new one (a stale part)."""
     server.files["/moving.zip"], server.etags["/moving.zip"] = V1, '"v1"'
     server.cut_once.add("/moving.zip")
     with pytest.raises(DownloadError, match="moving.zip: gave up after 1 attempts"):

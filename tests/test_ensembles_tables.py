@@ -208,7 +208,7 @@ def test_undefined_values_print_as_a_dash(tmp_path):
 
 
 def test_a_configured_model_without_values_keeps_its_row_with_the_reason(tmp_path):
-    """Probe 37 of the third reliability review: a model whose every metric is NaN vanished from Table 1, like a
+    """a model whose every metric is NaN vanished from Table 1, like a
     model that never ran. Both keep their rows, "–" in every cell and the reason in ``note``; a pair the config
     never plans (a baseline under beam search) stays out."""
     from verbmirage.io import MISSING_VALUE, write_markdown

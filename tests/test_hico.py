@@ -156,7 +156,7 @@ def test_bad_label_value_is_located(tmp_path, demo_roots):
         load_hico(tmp_path)
 
 
-# ---- input checks (issue 14, items 4 and 8): a tampered anno.mat is refused, naming the file ----
+# ---- input checks a tampered anno.mat is refused, naming the file ----
 def _demo_mat(demo_roots) -> dict:
     mat = scipy.io.loadmat(demo_roots[0] / "anno.mat")
     return {k: v for k, v in mat.items() if not k.startswith("__")}

@@ -1,4 +1,4 @@
-"""An oversized image is one error row, not a crashed condition job (issue 14, item 8; review probe 8)."""
+"""An oversized image is one error row, not a crashed condition job."""
 
 import struct
 import zlib

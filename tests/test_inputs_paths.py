@@ -1,4 +1,4 @@
-"""Names from data files cannot lead outside their folders (issue 14, item 4; review probe 3).
+"""Names from data files cannot lead outside their folders.
 
 The victim files live next to the work folder, as a user's own files would:
 every test checks they are neither deleted, replaced nor written through a link.

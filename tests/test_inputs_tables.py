@@ -1,4 +1,4 @@
-"""Question tables are checked against the declared types and values (issue 14, item 8; review probe 14).
+"""Question tables are checked against the declared types and values.
 
 Each broken table is a real Parquet file written the way a hand edit or
 another tool would write it (pandas or pyarrow, without our schema), and the

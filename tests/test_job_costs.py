@@ -1,4 +1,4 @@
-"""Work a job does once that it used to repeat (issue 8 item 4: a fast demo), with the results unchanged."""
+"""Work a job does once that it used to repeat (a fast demo), with the results unchanged."""
 
 import pytest
 

@@ -287,7 +287,7 @@ def test_paper_method_must_be_a_table5_model_row():
 
 
 def test_tables_5_and_8_keep_planned_runs_without_values_with_the_reason(tmp_path):
-    """As Table 1 (probe 37 of the third reliability review): an all-NaN run and a planned run without metrics
+    """As Table 1: an all-NaN run and a planned run without metrics
     keep their rows, "–" and the reason; the Parquet schemas hold the reason."""
     from verbmirage.tables import NO_VALUES, NOT_RUN
 

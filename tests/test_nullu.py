@@ -1,6 +1,6 @@
 """Nullu weight editing (verbmirage.derived.nullu) on a tiny LLaVA with 4 decoder layers (real classes).
 
-Oracles from notes/mitigations.md section 4: k = 0 changes nothing; only the chosen layers' down_proj weights
+Oracles (hand-computed): k = 0 changes nothing; only the chosen layers' down_proj weights
 change; the edited matrices have no output along the removed directions; editing twice == once; sign flips of
 the singular vectors do not change P; hidden_states[l + 1] is layer l's output; save -> reload -> same logits;
 HICO pairs come from training images with labels 1 and -1 only; a zero difference is refused.

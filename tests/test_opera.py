@@ -1,6 +1,6 @@
-"""OPERA (issue 9 item 4): over-trust penalty, image reward and retrospection in our own beam loop.
+"""OPERA: over-trust penalty, image reward and retrospection in our own beam loop.
 
-Oracles (notes/mitigations.md section 3): every token a candidate with penalty weight 0 is plain beam search;
+Oracles (docs/variants.md): every token a candidate with penalty weight 0 is plain beam search;
 a constructed attention pattern that keeps peaking on one generated column triggers a rollback (first possible
 once that column has recurred more than ``threshold`` times), never with a peak before column 10.
 """

@@ -108,7 +108,7 @@ SCAN_TOKENS = ["Yes", " yes", "yes.", "No", " no", "no,", "ności", "ność", "Y
 
 
 def test_scan_matches_whole_tokens_only():
-    """S4: "ności"/"ność" (Qwen vocabularies) and "Yesterday"/"nod" are not answers; old code counted "ności"."""
+    """Tokens like "ności"/"ność" (Qwen vocabularies) and "Yesterday"/"nod" are not answers ("ności" once counted)."""
     model = FixedLogits(ListTokenizer(SCAN_TOKENS, undecodable={11}), torch.zeros(1, len(SCAN_TOKENS)))
     assert model._yes_ids.tolist() == [0, 1, 2]
     assert model._no_ids.tolist() == [3, 4, 5, 10]
@@ -116,7 +116,7 @@ def test_scan_matches_whole_tokens_only():
 
 
 def test_scan_tolerates_undecodable_tokens():
-    """S5/Q1: Qwen's tokenizer raises on a lone <img>; the scan skips that id instead of failing the constructor."""
+    """Qwen's tokenizer raises on a lone <img>; the scan skips that id instead of failing the constructor."""
     yes, no, _ = answer_token_ids(["Yes", None, "No", "<x>", None], "models.q")
     assert (yes, no) == ([0], [2])
     with pytest.raises(ValueError, match="models.q: the tokenizer has no token for 'yes' or 'no'"):
@@ -124,7 +124,7 @@ def test_scan_tolerates_undecodable_tokens():
 
 
 def test_logits_wider_than_the_tokenizer(tmp_path):
-    """S5: output-layer padding past the tokenizer takes no mass and never becomes the argmax."""
+    """output-layer padding past the tokenizer takes no mass and never becomes the argmax."""
     tokens = ["Yes", "No", "A", "B"]
     logits = torch.tensor([[2.0, 1.0, 0.0, 0.0, 30.0, 30.0]])  # two padding columns, largest of all
     model = FixedLogits(ListTokenizer(tokens), logits)
@@ -180,7 +180,7 @@ def test_an_answer_that_ends_at_once_is_unknown(tmp_path, images, continue_token
 
 
 def test_text_scoring_names_its_decoding(tmp_path, images):
-    """S6/C1: a text answer says how it was decoded; greedy unless the entry asks for beams or a penalty."""
+    """a text answer says how it was decoded; greedy unless the entry asks for beams or a penalty."""
     greedy = _model(tmp_path, scoring="text")
     result = greedy.score_yes_no([Question("1", "Is someone riding a horse?", image=images["yes_horse"])])[0]
     assert (result.prediction, result.p_yes, result.parse_rule) == ("yes", 1.0, "text:greedy:first-word")
@@ -252,7 +252,7 @@ def test_fingerprint_extra_names_code_environment_and_revision(tmp_path):
 
 # ---- checkpoint-specific helpers and the transformers 5.x patches -----------------------------------
 def test_qwen_image_path_is_absolute_and_length_checked(tmp_path, monkeypatch):
-    """Q7: the tokenizer carries the path in 256 byte tokens; relative paths depend on the job's cwd."""
+    """the tokenizer carries the path in 256 byte tokens; relative paths depend on the job's cwd."""
     monkeypatch.chdir(tmp_path)
     assert qwen_image_path("i.png") == str(tmp_path / "i.png")
     long_name = "é" * 140 + ".png"  # 284 UTF-8 bytes
@@ -268,7 +268,7 @@ def test_stand_in_module_only_for_missing_imports(monkeypatch):
 
 
 def test_molmo_patch_lets_the_class_load():
-    """M3: no post_init (all_tied_weights_keys), and tie_weights(**kw) from the 5.x loader."""
+    """no post_init (all_tied_weights_keys), and tie_weights(**kw) from the 5.x loader."""
 
     class Molmo:
         def tie_weights(self):
@@ -279,7 +279,7 @@ def test_molmo_patch_lets_the_class_load():
 
 
 def test_qwen_patch_restores_meta_tensors_and_head_mask():
-    """Q4: tensors stored as plain attributes stay on meta under 5.x; get_head_mask is gone."""
+    """tensors stored as plain attributes stay on meta under 5.x; get_head_mask is gone."""
 
     class Rotary(torch.nn.Module):
         def __init__(self):
@@ -317,7 +317,7 @@ def test_qwen_patch_restores_meta_tensors_and_head_mask():
 
 
 def test_minicpm_resampler_gets_list_back():
-    """C3: resampler.py takes `List` from `from torch.nn.functional import *`; torch >= 2.2 no longer has it."""
+    """resampler.py takes `List` from `from torch.nn.functional import *`; torch >= 2.2 no longer has it."""
     import torch.nn.functional as functional
 
     had = hasattr(functional, "List")
@@ -333,7 +333,7 @@ def test_minicpm_resampler_gets_list_back():
 
 
 def test_minicpm_chat_gets_the_processor_and_explicit_decoding(tmp_path):
-    """C1/C2: chat() is handed the processor loaded once, and greedy settings (its sampling=False is beam3-rp1.2)."""
+    """chat() is handed the processor loaded once, and greedy settings (its sampling=False is beam3-rp1.2)."""
 
     class Recorder:
         def chat(self, **kwargs):
@@ -351,7 +351,7 @@ def test_minicpm_chat_gets_the_processor_and_explicit_decoding(tmp_path):
 
 
 def test_paper_config_pins_every_remote_model():
-    """S3: a revision and a worker env per remote entry; the placeholder is refused until replaced."""
+    """a revision and a worker env per remote entry; the placeholder is refused until replaced."""
     paper = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "paper.yaml").read_text())["models"]
     remote = {slug: e for slug, e in paper.items() if e.get("backend") in ("qwen_vl_chat", "molmo", "minicpm_v", "mplug_owl2")}
     assert len(remote) == 4

@@ -4,7 +4,7 @@ Code, processor and tokenizer config come from
 ``../shared/remote_code/minicpm_llama3_v2_5``; the checkpoint ships no
 ``tokenizer.json``, so the tiny model gets a small byte-level BPE with Llama
 3's special tokens at their real ids. Logits come from the model's own vision
-embedding followed by the language model on ``inputs_embeds`` (C6).
+embedding followed by the language model on ``inputs_embeds``.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def test_prompt_equals_the_official_chat(minicpm, images):
 
 
 def test_yes_no_and_multiple_choice_scores(minicpm, images):
-    """C6: p_yes and confidence come from logits, not from a parsed reply."""
+    """p_yes and confidence come from logits, not from a parsed reply."""
     questions = [Question(str(i), "Is someone riding a horse?", image=p) for i, p in enumerate(images)]
     results = minicpm.score_yes_no(questions)
     for result in results:
@@ -73,7 +73,7 @@ def test_yes_no_and_multiple_choice_scores(minicpm, images):
 
 
 def test_logits_argmax_is_the_first_greedy_token_and_chat_agrees(minicpm, images):
-    """C1/C2: greedy unless asked; the checkpoint's own chat() (processor passed once) gives the same text."""
+    """greedy unless asked; the checkpoint's own chat() (processor passed once) gives the same text."""
     prompt = "Is someone riding a horse?\nAnswer yes or no."
     for image in images:
         first = first_greedy_answer(minicpm, image, prompt)

@@ -64,11 +64,11 @@ def test_prompt_equals_the_official_processor(molmo, images):
 
 
 def test_scores_in_bfloat16_weights(molmo, images, tmp_path_factory):
-    """M1: float32 pixels meet bfloat16 weights; the driver casts them as the model card does."""
+    """float32 pixels meet bfloat16 weights; the driver casts them as the model card does."""
     env = worker_env("molmo")
     bf16 = create_model("molmo_bf16", tiny_entry("molmo", env, molmo.path, dtype="bfloat16"))
     try:
-        assert bf16.loaded_dtype == "bfloat16"  # S2: the dtype reaches from_pretrained on 4.x (torch_dtype=)
+        assert bf16.loaded_dtype == "bfloat16"  # the dtype reaches from_pretrained on 4.x (torch_dtype=)
         results = bf16.score_yes_no([Question("1", "Is someone riding a horse?", image=images[0])])
         assert results[0].error is None and 0.0 < results[0].p_yes < 1.0
     finally:
@@ -90,7 +90,7 @@ def test_yes_no_and_multiple_choice_scores(molmo, images):
 
 
 def test_logits_argmax_is_the_first_greedy_token(molmo, images):
-    """M4/M6: generate_from_batch runs, greedy and reproducible, starting from the scored position."""
+    """generate_from_batch runs, greedy and reproducible, starting from the scored position."""
     for image in images:
         first_greedy_answer(molmo, image)
     text = molmo.generate([Question("g", "Describe it.", image=images[0])], max_new_tokens=3)

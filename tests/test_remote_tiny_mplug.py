@@ -91,7 +91,7 @@ def images(tmp_path_factory) -> list[Path]:
 
 
 def test_constructor_runs_the_package_in_its_env(mplug):
-    """O1: the package imports and the model loads (transformers 4.31 in the worker, not the job's 5.x)."""
+    """the package imports and the model loads (transformers 4.31 in the worker, not the job's 5.x)."""
     assert mplug.environment["transformers"] == "4.31.0"
     assert "modeling_mplug_owl2.py" in mplug.code and "visual_encoder.py" in mplug.code
     assert mplug.vocab_size == mplug.tokenizer_size == len(mplug.vocabulary)
@@ -139,7 +139,7 @@ def test_logits_equal_the_model_as_built(mplug, checkpoint):
 
 
 def test_logits_argmax_is_the_first_greedy_token(mplug, images):
-    """The scored position is where generation starts; decoding is greedy, tagged and equals the README's (O6)."""
+    """The scored position is where generation starts; decoding is greedy, tagged and equals the README's."""
     for image in images:
         first = first_greedy_answer(mplug, image, YN)
         official = mplug.client.request("reference", image=str(image), prompt=YN, max_new_tokens=3)
@@ -150,9 +150,9 @@ def test_logits_argmax_is_the_first_greedy_token(mplug, images):
 def test_bfloat16_text_scoring(env, checkpoint, images, mplug):
     """One more worker, in bfloat16 and scoring from text with 2 beams.
 
-    O5: the pixels follow the weights' dtype (the package's builder forced
+    the pixels follow the weights' dtype (the package's builder forced
     float16 whatever was asked), so bf16 logits come out close to float32's.
-    S6: ``scoring: text`` parses a decoded answer and names its decoding.
+    ``scoring: text`` parses a decoded answer and names its decoding.
     """
     model = make_model(env, checkpoint, dtype="bfloat16", scoring="text", num_beams=2)
     try:
@@ -168,7 +168,7 @@ def test_bfloat16_text_scoring(env, checkpoint, images, mplug):
 
 
 def test_a_hub_id_loads_at_its_pinned_revision(env, checkpoint, images, tmp_path, monkeypatch):
-    """O5: ``revision`` chooses the snapshot a hub id loads (here from an offline hub cache), not ``main``."""
+    """``revision`` chooses the snapshot a hub id loads (here from an offline hub cache), not ``main``."""
     pinned, main = "0123456789abcdef0123456789abcdef01234567", "fedcba9876543210fedcba9876543210fedcba98"
     repo = tmp_path / "hub" / "models--example--tiny-mplug-owl2"
     shutil.copytree(checkpoint, repo / "snapshots" / pinned)
@@ -197,7 +197,7 @@ def load_error(tmp_path: Path, options: dict) -> str:
 
 
 def test_an_import_error_inside_the_package_is_shown_as_itself(tmp_path, monkeypatch):
-    """O2: a module the package needs is missing: the message names it, not "install mplug_owl2".
+    """a module the package needs is missing: the message names it, not "install mplug_owl2".
 
     ``code_dir`` is relative here: it means the job's directory, not the worker's.
     """

@@ -53,7 +53,7 @@ def images(tmp_path_factory):
 
 
 def test_constructor_scans_the_real_vocabulary(qwen):
-    """Q1/S5: the lone <img> and the padding rows 151860-151935 do not decode; the scan still finds the answers."""
+    """the lone <img> and the padding rows 151860-151935 do not decode; the scan still finds the answers."""
     assert len(qwen.vocabulary) == 151936 and qwen.tokenizer_size == 151860
     assert qwen.vocabulary[IMG] is None and all(t is None for t in qwen.vocabulary[151860:])
     assert qwen.vocabulary[IM_START] == "<|im_start|>"
@@ -65,7 +65,7 @@ def test_constructor_scans_the_real_vocabulary(qwen):
 
 
 def test_prompt_equals_the_official_chat_code(qwen, images, tmp_path, monkeypatch):
-    """Q2/Q7: make_context's text and ids; a relative image path reaches the tokenizer absolute."""
+    """make_context's text and ids; a relative image path reaches the tokenizer absolute."""
     monkeypatch.chdir(images[0].parent)
     question = Question("q", "Is someone riding a horse?", image=images[0].name)
     text = qwen.prompt_text(question, multiple_choice=False)
@@ -95,7 +95,7 @@ def test_yes_no_and_multiple_choice_scores(qwen, images):
 
 
 def test_logits_argmax_is_the_first_greedy_token(qwen, images):
-    """The scored position is the one generation starts from, and decoding is greedy and reproducible (Q6)."""
+    """The scored position is the one generation starts from, and decoding is greedy and reproducible."""
     prompt = "Is someone riding a horse?\nAnswer yes or no."
     for image in images:
         first = first_greedy_answer(qwen, image, prompt)

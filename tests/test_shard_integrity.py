@@ -1,4 +1,4 @@
-"""A shard's output is complete or the job fails loudly (reliability review probes 1, 2, 9, 12, 19, 20, 22, 24).
+"""A shard's output is complete or the job fails loudly.
 
 Each test replays a probe that lost rows or exited 0 on incomplete output before these fixes.
 """

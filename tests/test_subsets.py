@@ -1,6 +1,6 @@
 """HICO-DET loaders (anno_bbox.mat and instances JSON), per-image tags and the image subsets of the metrics.
 
-Hand-checkable cases come from ``shared/notes/analyses.md`` section 1; the real
+Hand-checkable cases follow docs/questions.md; the real
 counts are checked when the real test instances (and anno.mat) are present.
 """
 

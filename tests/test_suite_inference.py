@@ -1,4 +1,4 @@
-"""One inference job per image shard across all question sets (issue 8 item 1).
+"""One inference job per image shard across all question sets.
 
 The suite job must give the rows the per-set jobs gave (tiny LLaVA and a baseline), compute each image's
 prefix once for YN and MC, keep per-set answers for reuse, and keep the shard guarantees.
@@ -175,7 +175,7 @@ def test_a_second_writer_fails_before_loading_a_model(suite, tmp_path):
 
 
 def test_a_job_holds_at_most_a_part_and_a_call_of_rows_per_set(suite, tmp_path, monkeypatch):
-    """Issue 8 item 5: memory does not grow with the questions. Answered rows go to parts as they come (at most
+    """Memory does not grow with the questions. Answered rows go to parts as they come (at most
     a part plus one call's rows wait per set), and each set's table is written from its parts one at a time
     (row groups of ``part_size`` rows), never gathered into one frame."""
     import pyarrow.parquet as pq
@@ -285,7 +285,7 @@ def test_a_job_resumed_after_any_call_answers_bit_identically(suite, tmp_path):
 
 
 def test_non_finite_scores_of_the_engine_are_error_rows_and_fail_the_job(suite, tiny_llava_entry, tmp_path):
-    """Probe 28 of the third reliability review: VCD with alpha = inf made a job exit 0 with every answer "unknown",
+    """VCD with alpha = inf made a job exit 0 with every answer "unknown",
     no error row and P(yes) NaN. Planning and ``Variant.from_config`` now refuse the setting; set here directly
     (as NaN logits from an fp16 overflow would arrive), every YN and MC answer is an error row that names the
     model, the question and the image, and the error budget fails the job."""

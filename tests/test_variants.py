@@ -1,4 +1,4 @@
-"""Typed variants (issue 9 item 1), what each backend runs, the planning of (model, variant) pairs, the prompt suffix."""
+"""Typed variants, what each backend runs, the planning of (model, variant) pairs, the prompt suffix."""
 
 import copy
 import shutil
@@ -112,7 +112,7 @@ def test_schema_and_semantic_checks_of_variant_entries(config):
 
 
 def test_non_finite_numbers_stop_the_plan_naming_the_key(config):
-    """Probe 28 of the third reliability review: `.nan` / `.inf` passed the schema's bounds and the plan; `alpha:
+    """`.nan` / `.inf` passed the schema's bounds and the plan; `alpha:
     .inf` then answered every question "unknown" without an error row."""
     loaded = copy.deepcopy(config)
     loaded["variants"]["vcd_beam"]["vcd"]["alpha"] = yaml.safe_load(".inf")

@@ -1,4 +1,4 @@
-"""VCD divergence (issue 12 item 4): pairing of VCD and plain variants, KL shares, flips, tables, figure."""
+"""VCD divergence: pairing of VCD and plain variants, KL shares, flips, tables, figure."""
 
 from __future__ import annotations
 

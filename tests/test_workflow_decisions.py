@@ -1,4 +1,4 @@
-"""Calibrated decisions in the demo run (issue 9 item 6): the threshold variant's cuts file, its calibration
+"""Calibrated decisions in the demo run: the threshold variant's cuts file, its calibration
 sets on training images, the calibrated and content-free prediction rows and their metric rows."""
 
 from __future__ import annotations

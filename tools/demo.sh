@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 report=${report:-$PWD/report.html}
 tools/setup.sh
 # greedy: Snakemake's default ILP scheduler runs a solver at every scheduling round; with the demo's ~180 short
-# jobs on 2 cores that took 30-50 s of the run (docs/models.md, "Demo and CI time").
+# jobs on 2 cores that took 30-50 s of the run (bench/README.md, "Demo and CI time").
 .venv/bin/snakemake --cores "${CORES:-2}" --scheduler greedy "$@"
 for argument in "$@"; do
     case "$argument" in  # a dry run made nothing; a report asked for is written already

@@ -7,9 +7,9 @@ call into it. Stages map one to one onto modules:
 - ``verbmirage.hico``: read HICO / HICO-DET annotations (real ``.mat`` files).
 - ``verbmirage.demo``: write a mini HICO in the exact on-disk format.
 - ``verbmirage.charades``: CharadesEgo annotations, frames, ego/exo questions, demo copy.
-- ``verbmirage.questions``: build the HICO question sets (SPEC section 2).
+- ``verbmirage.questions``: build the HICO question sets (paper Appendix A; docs/questions.md).
 - ``verbmirage.image_tags``: per-image HICO-DET tags (ambiguity rules, single instance).
-- ``verbmirage.conditions``: image conditions (SPEC section 3), crops included.
+- ``verbmirage.conditions``: image conditions (paper "High-Quality and Low-Quality Images"), crops included.
 - ``verbmirage.models``: the model interface, registry and backends; remote-code
   checkpoints run through ``models.remote_worker`` in their own environments.
 - ``verbmirage.tiny``: tiny random-weight models of the real classes, built offline.

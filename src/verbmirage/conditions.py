@@ -1,4 +1,4 @@
-"""Image conditions (SPEC section 3): a registry of named image transforms.
+"""Image conditions (paper "High-Quality and Low-Quality Images", FOV): a registry of named image transforms.
 
 A condition turns a source image into the image a model sees. Each one is a
 registry entry ``name -> ImageCondition``; the config names a condition slug

@@ -1,4 +1,4 @@
-"""Calibrated decisions on a model's scores: beyond the paper, training-free (issue 9 item 6; docs/variants.md).
+"""Calibrated decisions on a model's scores: beyond the paper, training-free (docs/variants.md, "Calibrated decisions").
 
 A variant with ``decision: {method: ...}`` (:class:`~verbmirage.variants.DecisionSettings`) keeps the model's
 scores and replaces its yes/no (or letter) decision:

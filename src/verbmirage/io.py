@@ -63,7 +63,7 @@ PREDICTIONS = pa.schema(
         ("option_probs", pa.list_(pa.float64())),
         ("confidence", pa.float64()),
         ("error", pa.string()),
-        # VCD variants (notes/mitigations.md section 2), first answer position: KL(q || p~) of the contrasted
+        # VCD variants (docs/variants.md), first answer position: KL(q || p~) of the contrasted
         # distribution q against the plain one restricted to the plausibility set and renormalised, and the size
         # of that set (tokens with p >= beta * p_max); null without VCD
         ("vcd_kl", pa.float64()),

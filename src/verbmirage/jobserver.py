@@ -275,7 +275,7 @@ def serve(path: str | Path, parent_pid: int | None = None, names=PRELOAD, poll_s
              f" (not importable: {', '.join(failed)})" if failed else "")
     # Thread pools limited here, before any fork, to most jobs' count (a rule's default: 1). Limited inside a
     # forked job instead, numpy's OpenBLAS re-created its worker threads there and they spun: a job burned up to
-    # 2.5x its CPU time (docs/models.md, "Demo and CI time").
+    # 2.5x its CPU time (bench/README.md, "Demo and CI time").
     _set_threads({"OMP_NUM_THREADS": "1"})
     Path(_ready_marker(path)).touch()
     stopping = False

@@ -1,4 +1,4 @@
-"""Metrics (SPEC section 6), each with n and a bootstrap interval over images.
+"""Metrics (docs/analysis.md), each with n and a bootstrap interval over images.
 
 Every metric here is a function of a few counts summed over images (e.g. true
 positives, false positives, ...). So the bootstrap resamples *images* (the
@@ -130,7 +130,7 @@ def resampled_sums(per_image: np.ndarray, resamples: int, seed: int) -> np.ndarr
 
     The draws are scipy.stats.bootstrap's for paired data (same generator calls, same batches), so the
     intervals equal scipy's; but a resample's sums are its row counts times ``per_image``, where scipy
-    gathers every resampled column first (4/5 of a metric job's time, issue 8). Hand-written for that
+    gathers every resampled column first (4/5 of a metric job's time, bench/README.md). Hand-written for that
     reason: no library sums a resample through counts.
     """
     rows = len(per_image)
@@ -344,7 +344,7 @@ def evaluate_run(
 
     ``tables``: (qset, question table, prediction table) per set. ``images_dir``: the folder of a partial
     condition (crop): only the questions on its images count. One job per run instead of one per set
-    keeps the paper-scale plan small (issue 8).
+    keeps the paper-scale plan small (docs/models.md, "Sharding and resume").
     """
     from verbmirage.conditions import condition_questions
     from verbmirage.io import PREDICTIONS, QUESTIONS, read_table

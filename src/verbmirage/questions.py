@@ -1,4 +1,4 @@
-"""HICO question sets (SPEC section 2; paper Appendix A).
+"""HICO question sets (paper "Probing on Query Conditions", Appendix A; docs/questions.md).
 
 Sampling protocol (also in ``docs/questions.md``), per test image I with
 positive HOIs H_I (label 1), ambiguous HOIs A_I (label 0) and present objects

@@ -1,4 +1,4 @@
-"""Analyses that look inside the models or across runs (SPEC section 6 add-ons).
+"""Analyses that look inside the models or across runs (docs/analysis.md).
 
 Public face:
 

@@ -1,4 +1,4 @@
-"""VCD divergence (paper, "Hallucination Mitigation Methods"; notes/analyses.md section 5): why VCD barely
+"""VCD divergence (paper, "Hallucination Mitigation Methods"; docs/analysis.md, "VCD divergence"): why VCD barely
 moves the answers.
 
 The paper: "we compute Qwen-VL's KL divergence between the original token distribution p_theta and the
@@ -9,7 +9,7 @@ Ours (read from a VCD variant's prediction table, never recomputed; ``io.PREDICT
 
 - ``vcd_kl``: KL(q || p~) at the first answer position, q = the contrasted distribution after the
   plausibility cut, p~ = the plain distribution restricted to the plausibility set and renormalised
-  (the one common support on which a finite, possibly exactly 0, KL exists; notes/mitigations.md section 2).
+  (the one common support on which a finite, possibly exactly 0, KL exists; docs/analysis.md).
   ``vcd_kl_reverse``: KL(p~ || q), the direction the paper's wording reads ("between the original p_theta
   and the contrasted p_vcd"). Both are 0 exactly when q = p~, so the zero shares are one number; the
   quantiles are reported for each (``kl_*`` and ``kl_reverse_*``). A table written before the engine

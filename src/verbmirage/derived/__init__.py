@@ -1,4 +1,4 @@
-"""Models the workflow makes from another model entry (``models.<slug>.derive``; SPEC section 5, issue 10).
+"""Models the workflow makes from another model entry (``models.<slug>.derive``; paper Table 5; docs/models.md, "Derived models").
 
 A derived entry names a method and a base model::
 

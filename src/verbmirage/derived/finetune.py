@@ -1,6 +1,6 @@
 """LoRA fine-tuning of a transformers model entry on a question table (``derive: {method: lora_finetune}``).
 
-The paper's own mitigation (Appendix D; notes/mitigations.md section 7) is LLaVA-1.5 fine-tuned with LoRA
+The paper's own mitigation (Appendix D; docs/models.md, "Fine-tuned models (Pangea LoRA)") is LLaVA-1.5 fine-tuned with LoRA
 on 60K MC + 60K YN questions built from Pangea (derived/pangea.py); the same build fine-tunes on any table in
 our question schema (``questions:``, e.g. HaloQuest's training questions converted), so REVERIE- or
 HaloQuest-style baselines are one entry.

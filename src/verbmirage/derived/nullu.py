@@ -1,6 +1,6 @@
 """Nullu (Ziwei-Zheng/Nullu): project the MLP weights of the upper layers off the "HalluSpace".
 
-The official algorithm (notes/mitigations.md section 4; ``utils/halluedit.py``, ``model/LLaVA.py``):
+The official algorithm (docs/models.md, "Nullu"; the official code's ``utils/halluedit.py``, ``model/LLaVA.py``):
 
 1. Pairs of a truthful and a hallucinated answer to the same image and prompt (LURE's captions there; here by
    default HICO *training* labels: a positive HOI against a label -1 verb of the same object in the same

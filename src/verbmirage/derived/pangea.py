@@ -1,4 +1,4 @@
-"""Pangea as training data for the paper's LoRA fine-tune (paper Appendix D; notes/mitigations.md section 7).
+"""Pangea as training data for the paper's LoRA fine-tune (paper Appendix D; docs/models.md, "Fine-tuned models (Pangea LoRA)").
 
 Pangea (li2024isolated) pools many action datasets and maps their labels to VerbNet nodes. Its files, as
 shipped in the authors' Drive folder (``Data/``), are read here in that exact format:
@@ -10,7 +10,7 @@ shipped in the authors' Drive folder (``Data/``), are read here in that exact fo
 - ``Label2Node_batch1+2+3.json``: ``{"<dataset>//<label>": [node ids, repeated per annotator]}``;
 - ``Images/<image_name>``: the images.
 
-A pickle runs code while it loads, so every pickle is read with :class:`PlainUnpickler` (SPEC section 1):
+A pickle runs code while it loads, so every pickle is read with :class:`PlainUnpickler`:
 plain containers and scalars only, anything else is refused with an error naming the file.
 
 :func:`build_training_questions` turns the samples into questions in our question schema

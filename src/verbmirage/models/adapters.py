@@ -1,10 +1,10 @@
-"""LoRA adapters on a transformers model entry (``models.<slug>.adapter``; notes/mitigations.md section 6).
+"""LoRA adapters on a transformers model entry (``models.<slug>.adapter``; docs/models.md).
 
 A fine-tuned checkpoint often ships as a peft LoRA folder (``PeftModel.save_pretrained``:
 ``adapter_config.json`` + ``adapter_model.safetensors``) on top of a base model. peft matches the
 saved weights to the model's modules by name and only *warns* when they do not match: a saved
 weight whose module is not found is dropped, and a LoRA module injected from the config keeps its
-initialisation (B = 0), so the run silently measures the untrained base (transformers issue 38927:
+initialisation (B = 0), so the run silently measures the untrained base (transformers#38927:
 adapters saved before the llava/gemma3 module renames). peft 0.21 maps that particular rename
 itself; any other mismatch :func:`attach_adapter` refuses, naming the config key and a few keys.
 
@@ -94,7 +94,7 @@ def attach_adapter(model, folder: str | Path, merge: bool = True, where: str = "
             problems.append(f"the file holds {len(saved_lora)} LoRA tensors, the model received {len(injected)}")
         raise ValueError(
             f"{where}: adapter '{folder}' does not match the model's modules ({'; '.join(problems)}). peft would "
-            "load it with a warning only and run the untrained base (transformers issue 38927: modules renamed "
+            "load it with a warning only and run the untrained base (transformers#38927: modules renamed "
             "since the adapter was saved). Re-save the adapter for this transformers version, or pass peft a "
             "key_mapping."
         )

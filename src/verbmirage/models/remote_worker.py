@@ -127,7 +127,7 @@ def _torch_dtype(name: str):
 
 
 def _dtype_kwarg() -> str:
-    """``torch_dtype`` works from 4.x to 5.x; ``dtype`` only from 4.56 (S2: the old name is silently ignored)."""
+    """``torch_dtype`` works from 4.x to 5.x; ``dtype`` only from 4.56 (the old name is silently ignored)."""
     return "dtype" if _transformers_major() >= 5 else "torch_dtype"
 
 
@@ -213,7 +213,7 @@ QWEN_IMAGE_SPAN = 256
 
 
 def qwen_image_path(image_path: str) -> str:
-    """The absolute path Qwen's tokenizer can carry (Q7): shorter than 256 UTF-8 bytes."""
+    """The absolute path Qwen's tokenizer can carry: shorter than 256 UTF-8 bytes."""
     resolved = str(Path(image_path).resolve())
     if len(resolved.encode("utf-8")) >= QWEN_IMAGE_SPAN:
         raise ValueError(
@@ -224,7 +224,7 @@ def qwen_image_path(image_path: str) -> str:
 
 
 def install_stand_in_module(name: str) -> bool:
-    """Put an empty module ``name`` in ``sys.modules`` if it cannot be imported (Q3).
+    """Put an empty module ``name`` in ``sys.modules`` if it cannot be imported.
 
     transformers 5.x refuses checkpoint code whose imports are missing, even
     imports inside methods we never call (Qwen's ``chat_stream`` imports
@@ -258,7 +258,7 @@ def patch_qwen_for_transformers5(model) -> None:
     non-persistent ``masked_bias`` never get values; they are recomputed here.
     ``PreTrainedModel.get_head_mask`` is gone. The checkpoint's tuple caches do
     not fit 5.x's cache objects, so :class:`QwenVLChatDriver` generates without
-    a cache there (Q5: right tokens, quadratic time).
+    a cache there (right tokens, quadratic time).
     """
     import torch
 
@@ -365,10 +365,10 @@ class QwenVLChatDriver(Driver):
 
 # ---- Molmo-7B-D -------------------------------------------------------------------------------------
 def patch_molmo_for_transformers5(model_class) -> None:
-    """Let MolmoForCausalLM load on transformers 5.x (M3): its ``__init__`` never calls ``post_init()`` (no
+    """Let MolmoForCausalLM load on transformers 5.x: its ``__init__`` never calls ``post_init()`` (no
     ``all_tied_weights_keys``) and its ``tie_weights`` takes no keyword arguments (its weights are not tied).
 
-    Its generation hooks (M4) are not patched: on 5.24 its tuple cache and
+    Its generation hooks are not patched: on 5.24 its tuple cache and
     causal-bias cache do not survive the new generation loop, so text decoding
     of Molmo needs its worker env (:meth:`MolmoDriver.generate` says so).
     """
@@ -405,7 +405,7 @@ class MolmoDriver(Driver):
     def _inputs(self, image_path, question) -> dict:
         inputs = self.processor.process(images=[_open_rgb(image_path)], text=question)
         batch = {key: value.to(self.device).unsqueeze(0) for key, value in inputs.items()}
-        batch["images"] = batch["images"].to(self.model.dtype)  # M1: float32 pixels meet bf16 weights
+        batch["images"] = batch["images"].to(self.model.dtype)  # float32 pixels meet bf16 weights
         return batch
 
     def prompt_ids(self, image_path, question) -> list[int]:
@@ -449,7 +449,7 @@ def patch_minicpm_after_load(model) -> None:
 
 
 def supply_list_to_torch_functional() -> bool:
-    """MiniCPM's ``resampler.py`` gets ``List`` from ``from torch.nn.functional import *`` (C3).
+    """MiniCPM's ``resampler.py`` gets ``List`` from ``from torch.nn.functional import *``.
 
     torch 2.1 imported ``List`` there; later releases do not, and the import of
     the checkpoint code fails with NameError. ``torch.nn.functional`` has no
@@ -480,9 +480,9 @@ class MiniCPMVDriver(Driver):
 
             model_class = get_class_from_dynamic_module("modeling_minicpmv.MiniCPMV", self.path, revision=self.revision)
             if not hasattr(model_class, "all_tied_weights_keys"):
-                model_class.all_tied_weights_keys = {}  # C4: no post_init(); embeddings are not tied
+                model_class.all_tied_weights_keys = {}  # no post_init(); embeddings are not tied
         self.tokenizer = AutoTokenizer.from_pretrained(self.path, **load)
-        self.processor = AutoProcessor.from_pretrained(self.path, **load)  # C2: once, pinned, passed to chat()
+        self.processor = AutoProcessor.from_pretrained(self.path, **load)  # once, pinned, passed to chat()
         self.model = AutoModel.from_pretrained(self.path, **{_dtype_kwarg(): self.dtype}, **load)
         self.model = self.model.to(self.device).eval()
         if _transformers_major() >= 5:
@@ -513,7 +513,7 @@ class MiniCPMVDriver(Driver):
         return self._inputs(image_path, question)["input_ids"][0].tolist()
 
     def logits(self, image_path, question):
-        """The model's own vision embedding, then the language model on ``inputs_embeds`` (C6)."""
+        """The model's own vision embedding, then the language model on ``inputs_embeds``."""
         import torch
 
         with torch.inference_mode():
@@ -534,7 +534,7 @@ class MiniCPMVDriver(Driver):
         return self.model._decode_text(output, self.tokenizer)[0], tag
 
     def reference_text(self, image_path, question, max_new_tokens, num_beams=1):
-        """The checkpoint's own ``chat()`` (sampling off), with the processor loaded once (C2)."""
+        """The checkpoint's own ``chat()`` (sampling off), with the processor loaded once."""
         return self.model.chat(image=_open_rgb(image_path), msgs=[{"role": "user", "content": question}],
                                tokenizer=self.tokenizer, processor=self.processor, sampling=False,
                                max_new_tokens=int(max_new_tokens), num_beams=int(num_beams), repetition_penalty=1.0)
@@ -546,7 +546,7 @@ def import_mplug_owl2(code_dir: str | None = None):
 
     An ImportError raised inside the package (a missing ``icecream``, or
     transformers >= 4.3x without the 4.31 internals it patches) propagates as
-    itself (O2): it says what is wrong, which "install the package" would not.
+    itself: it says what is wrong, which "install the package" would not.
     """
     if code_dir:
         folder = Path(code_dir).resolve()
@@ -596,7 +596,7 @@ class MplugOwl2Driver(Driver):
         self.image_processor = CLIPImageProcessor.from_pretrained(folder)
 
     def _local_folder(self) -> str:
-        """The checkpoint folder: ``path`` itself, or the hub snapshot at ``revision`` (O5: the revision is used)."""
+        """The checkpoint folder: ``path`` itself, or the hub snapshot at ``revision`` (the revision is used)."""
         if Path(self.path).is_dir():
             return self.path
         from huggingface_hub import snapshot_download
@@ -625,7 +625,7 @@ class MplugOwl2Driver(Driver):
 
         ids = torch.tensor([self.prompt_ids(image_path, question)], device=self.device)
         pixels = process_images([_open_rgb(image_path)], self.image_processor)
-        return ids, pixels.to(self.device, dtype=self.model.dtype)  # O5: the weights' dtype, whatever was asked
+        return ids, pixels.to(self.device, dtype=self.model.dtype)  # the weights' dtype, whatever was asked
 
     def logits(self, image_path, question):
         import torch
@@ -743,7 +743,7 @@ class Worker:
 
 
 def score_row(row, token_ids: list[int], tokenizer_size: int) -> dict:
-    """What the adapter needs of one logits row: chosen entries, and logsumexp/argmax over real tokens (S5).
+    """What the adapter needs of one logits row: chosen entries, and logsumexp/argmax over real tokens.
 
     Columns past the tokenizer (padding rows of the output layer) are left out,
     so they can neither win the argmax nor take probability mass.
