@@ -43,7 +43,7 @@ include: "rules/figures.smk"
 # and image conditions 20, model builds 10-15), inference (5) before the light jobs that follow it (0).
 
 # Local runs: one warm process imports torch, transformers and pandas once and forks every job, so jobs skip
-# seconds of Python start-up each (config `job_server`; src/verbmirage/jobserver.py). Off under a cluster
+# seconds of Python start-up each (config `job_server`; src/verbmirage/workflow/jobserver.py). Off under a cluster
 # executor: there each job runs in its own process as always, and so does any job the server cannot take.
 # Local jobs also stop (their answered rows saved) when this Snakemake process dies, SIGKILL included, instead of
 # running on unseen (jobserver.mark_run; docs/faults.md).
@@ -51,7 +51,7 @@ _job_server = []
 
 
 onstart:
-    from verbmirage import jobserver
+    from verbmirage.workflow import jobserver
 
     _job_server.append(
         jobserver.start_run(workflow.local_exec, config.get("job_server", True), in_logs("job_server.log"))
@@ -59,15 +59,15 @@ onstart:
 
 
 def _stop_job_server():
-    from verbmirage import jobserver
+    from verbmirage.workflow import jobserver
 
     jobserver.stop(_job_server.pop() if _job_server else None)
 
 
-# The end of a run (src/verbmirage/run_summary.py): on success where the results are, Table 1's headline numbers
+# The end of a run (src/verbmirage/workflow/run_summary.py): on success where the results are, Table 1's headline numbers
 # and how to open the report; on failure which jobs failed and their logs. It never fails the run.
 def _end_of_run(outcome, log):
-    from verbmirage import run_summary
+    from verbmirage.workflow import run_summary
 
     if outcome == "success":
         run_summary.print_summary(outcome, outputs=rules.all.input, metrics=METRICS, variants=config.get("variants"),

@@ -25,11 +25,11 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from verbmirage.demo import DemoSizes, write_demo_hico  # noqa: E402
-from verbmirage.hico import load_hico  # noqa: E402
+from verbmirage.data.demo import DemoSizes, write_demo_hico  # noqa: E402
+from verbmirage.data.hico import load_hico  # noqa: E402
 from verbmirage.models import Question, create_model  # noqa: E402
-from verbmirage.questions import QuestionSettings, build_question_set  # noqa: E402
-from verbmirage.tiny import build_tiny_llava  # noqa: E402
+from verbmirage.benchmark.questions import QuestionSettings, build_question_set  # noqa: E402
+from verbmirage.models.tiny import build_tiny_llava  # noqa: E402
 
 
 def hico_like_questions(n_images: int, work: Path) -> list[Question]:

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_scoring import hico_like_questions  # noqa: E402
 from suite_scoring import hico_suite, report, time_both  # noqa: E402
 from verbmirage.models.hf import LlavaVLM  # noqa: E402
-from verbmirage.tiny import build_tiny_llava  # noqa: E402
+from verbmirage.models.tiny import build_tiny_llava  # noqa: E402
 
 
 # LLaVA-1.5-7B: CLIP ViT-L/14-336 + Llama-2-7B (Vicuna). `--smoke` shrinks the widths to check the script on a CPU.

@@ -25,8 +25,8 @@ sys.path.insert(0, str(REPO / "tests"))
 
 import pandas as pd  # noqa: E402
 
-from verbmirage.hico import load_hico  # noqa: E402
-from verbmirage.questions import (  # noqa: E402
+from verbmirage.data.hico import load_hico  # noqa: E402
+from verbmirage.benchmark.questions import (  # noqa: E402
     QuestionSettings,
     build_question_set,
     build_question_sets,

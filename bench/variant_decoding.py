@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from suite_scoring import all_sets_per_call, hico_suite  # noqa: E402
 
 from verbmirage.models import create_model  # noqa: E402
-from verbmirage.tiny import build_tiny_llava  # noqa: E402
-from verbmirage.variants import PAPER_PROMPT_SUFFIX, Variant  # noqa: E402
+from verbmirage.models.tiny import build_tiny_llava  # noqa: E402
+from verbmirage.variants.settings import PAPER_PROMPT_SUFFIX, Variant  # noqa: E402
 
 
 def variants(max_new_tokens: int) -> dict[str, Variant]:

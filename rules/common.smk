@@ -12,11 +12,11 @@ from snakemake.utils import validate
 # puts a script's folder on its sys.path), so conda and cluster jobs work too.
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from verbmirage.charades import CHARADES_QUESTION_SETS
-from verbmirage.conditions import CONDITIONS as CONDITION_TYPES
-from verbmirage.hico import hico_det_file
-from verbmirage.conditions import image_settings
-from verbmirage.config import (
+from verbmirage.data.charades import CHARADES_QUESTION_SETS
+from verbmirage.benchmark.conditions import CONDITIONS as CONDITION_TYPES
+from verbmirage.data.hico import hico_det_file
+from verbmirage.benchmark.conditions import image_settings
+from verbmirage.workflow.config import (
     DEMO_CHARADES_ROOT,
     DEMO_HICO_DET_ROOT,
     DEMO_HICO_ROOT,
@@ -30,10 +30,10 @@ from verbmirage.config import (
     model_variant_list,
 )
 from verbmirage.models.registry import PLANNING_KEYS as MODEL_PLANNING_KEYS
-from verbmirage.paper_numbers import paper_names_from_config
-from verbmirage.questions import question_kind
-from verbmirage.tiny import BUILDERS as TINY_BUILDERS
-from verbmirage.variants import Variant, model_variant_entry
+from verbmirage.evaluation.paper_numbers import paper_names_from_config
+from verbmirage.benchmark.questions import question_kind
+from verbmirage.models.tiny import BUILDERS as TINY_BUILDERS
+from verbmirage.variants.settings import Variant, model_variant_entry
 
 for _configfile in workflow.configfiles:  # Snakemake's YAML reader keeps the last of two equal keys silently
     check_yaml_file(_configfile)
@@ -41,10 +41,10 @@ check_schema(config, workflow.source_path("../schemas/config.schema.yaml"))  # o
 validate(config, workflow.source_path("../schemas/config.schema.yaml"))  # fills the defaults
 check_config(config, workdir=os.getcwd())
 
-# Each config its own tree (verbmirage.run_folders): results/, logs/, benchmarks/ for the demo's config.yaml,
+# Each config its own tree (verbmirage.workflow.run_folders): results/, logs/, benchmarks/ for the demo's config.yaml,
 # results/<name>/, logs/<name>/, benchmarks/<name>/ for configs/<name>.yaml or any other --configfile, or the
 # folder of the `results_dir` key. Every artifact, log and benchmark path below is built with these three.
-from verbmirage.run_folders import run_folders
+from verbmirage.workflow.run_folders import run_folders
 
 RUN_FOLDERS = run_folders(config["results_dir"], workflow.overwrite_configfiles, os.getcwd(),
                           Path(workflow.main_snakefile).parent)
@@ -67,7 +67,7 @@ def in_benchmarks(path):
 
 # Derived models (models.<slug>.derive, rules/derived.smk): from here on each is the entry its jobs load (its
 # base's backend and settings, path or adapter = its built folder); DERIVED keeps their derive blocks.
-from verbmirage.derived import derived_entries, effective_models
+from verbmirage.models.derived import derived_entries, effective_models
 
 DERIVED_MODEL = in_results("models/{model}")  # Nullu's edited weights, a fine-tune's peft adapter
 DERIVED = derived_entries(config)  # slug -> {method, base, ...settings}
@@ -83,7 +83,7 @@ BOX_CONDITIONS = [c for c, s in config["conditions"].items() if CONDITION_TYPES[
 MODELS = list(config["models"])
 VARIANTS = list(config["variants"])
 ENSEMBLES = config["ensembles"]
-# model -> the variants it runs: its `variants:` list, else those its backend can run (verbmirage.variants);
+# model -> the variants it runs: its `variants:` list, else those its backend can run (verbmirage.variants.settings);
 # an ensemble runs the variants all its members run.
 MODEL_VARIANTS = {m: model_variant_list(config, m) for m in [*config["models"], *ENSEMBLES]}
 VARIANT_SETTINGS = {v: Variant.from_config(entry, f"variants.{v}") for v, entry in config["variants"].items()}
@@ -177,7 +177,7 @@ VARIANT_PAPER_NAMES = {v: s.get("paper_name", "") for v, s in config["variants"]
 
 
 # ---- paper Tables 5 and 8: mitigation methods, decoding strategies (rules/tables.smk) ----------------------
-from verbmirage.mitigation_tables import paper_method_pairs, paper_methods_from_config
+from verbmirage.evaluation.mitigation_tables import paper_method_pairs, paper_methods_from_config
 
 # slug -> its Table 5 row (models.<slug>.paper_method: Nullu, REVERIE, ...); an unknown name stops the run here
 TABLE5_PAPER_METHODS = paper_methods_from_config(config, DERIVED)
@@ -226,7 +226,7 @@ FINETUNE_OUTPUTS = [path.format(model=slug) for slug in PANGEA_FINETUNES
 
 
 def _lora_finetune_data(derive):
-    """The fine-tune's training data (verbmirage.derived.finetune): its `questions` table and `images`
+    """The fine-tune's training data (verbmirage.models.derived.finetune): its `questions` table and `images`
     folder, else the Pangea questions built for it and Pangea's images. A Pangea table depends on the derive
     block only, so entries with equal blocks share the first one's."""
     if derive.get("questions"):
@@ -260,13 +260,13 @@ def derive_data(wildcards):
     return DERIVE_DATA[derive["method"]](derive)[1]
 
 
-# ---- dataset identity (verbmirage.data_identity) ------------------------------------------------------------
+# ---- dataset identity (verbmirage.data.identity) ------------------------------------------------------------
 # Each job that reads a dataset takes its identity as the param `identity` (root, content digests of the
 # annotation files, listings with sizes of the image and video folders); a changed identity reruns the job, also
 # for data replaced under the same path with old modification times. Snakemake records a param function of
 # `wildcards` only (not one of `input`) and calls it again just before its job runs, so data the run itself
 # brings (the demo, a download) is recorded as built.
-from verbmirage import data_identity
+from verbmirage.data import identity as data_identity
 
 DATA_PARTS = {
     "hico_annotations": lambda: data_identity.hico_annotations(HICO_ROOT),
@@ -489,7 +489,7 @@ def all_consistency():
 def planned_cells():
     """(dataset, condition, model or ensemble, variant, qset) of each set a run of :func:`all_scored` asks, and
     (condition ``<reference>_vs_<other>``) of each pair of :func:`all_consistency`: the paper tables keep the
-    row of a planned run whose metrics are missing or all undefined (``verbmirage.tables.measured_rows``)."""
+    row of a planned run whose metrics are missing or all undefined (``verbmirage.evaluation.tables.measured_rows``)."""
     runs = [*MODELS, *ENSEMBLES]
     scored = [(d, c, m, v, q) for d in DATASETS for c in dataset_conditions(d) for m in runs
               for v in variants_under(m, c, d) for q in condition_qsets(d, c) if asks(d, c, q, m, v)]
@@ -778,7 +778,7 @@ def reliance_figure_notes():
 
 
 # ---- calibrated decisions (rules/decisions.smk; variants.<slug>.decision, docs/variants.md) -----------------
-from verbmirage.decisions import calibration_qsets, decision_plan
+from verbmirage.variants.decisions import calibration_qsets, decision_plan
 
 DECISIONS = decision_plan(config)  # threshold / content_free variant slugs; the calibration images they share
 CALIBRATION_QUESTIONS = in_results("benchmark/{dataset}/calibration/{qset}.parquet")  # YN protocol, training images

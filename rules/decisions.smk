@@ -1,4 +1,4 @@
-# Calibrated decisions (variants.<slug>.decision; src/verbmirage/decisions.py, docs/variants.md): the
+# Calibrated decisions (variants.<slug>.decision; src/verbmirage/variants/decisions.py, docs/variants.md): the
 # calibration sets and images (training split only), the threshold fit (a GPU job per run) and the
 # content-free images. The prediction jobs of decision variants take these as `decision` input.
 

@@ -6,12 +6,12 @@ Output: the job's ``io.ATTENTION`` table. Settings: ``params.model`` (the model 
 ``params.settings`` (``analysis.attention``); wildcards name the model and the condition.
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate(wait=True)  # a local run's warm job server runs this job (verbmirage.jobserver); it loads a model
+delegate(wait=True)  # a local run's warm job server runs this job (verbmirage.workflow.jobserver); it loads a model
 
 from verbmirage.analysis.attention import attention_job
-from verbmirage.joblog import job_log
+from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]):
     attention_job(snakemake.input.questions, snakemake.input.images, snakemake.params.det_root or None, snakemake.wildcards.model,

@@ -7,16 +7,16 @@ Settings: ``params.qsets`` (the table's set order), ``params.models`` (slug -> e
 (figure -> path), ``params.condition``, ``params.bootstrap`` (the ``metrics:`` block: resamples, level, seed).
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from verbmirage.analysis.attention import collect_attention
 from verbmirage.analysis.attention_figures import draw_attention_figures
 from verbmirage.analysis.attention_summary import summarize_attention
-from verbmirage.io import ATTENTION, ATTENTION_SUMMARY, read_table, write_html, write_table
-from verbmirage.joblog import job_log
-from verbmirage.metrics import BootstrapSettings
+from verbmirage.core.io import ATTENTION, ATTENTION_SUMMARY, read_table, write_html, write_table
+from verbmirage.core.joblog import job_log
+from verbmirage.evaluation.metrics import BootstrapSettings
 
 with job_log(snakemake.log[0]):
     p = snakemake.params

@@ -1,18 +1,18 @@
 """Build one HICO question set from ``anno.mat``.
 
-Input: ``anno``. Output: the question table (schema ``verbmirage.io.QUESTIONS``).
+Input: ``anno``. Output: the question table (schema ``verbmirage.core.io.QUESTIONS``).
 Settings: ``params.settings`` (config key ``questions``); wildcard ``qset``. The job's ``threads`` (1 unless a
 profile sets more, e.g. ``set-threads: question_set=4``) split the images over forked workers.
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.hico import load_hico
-from verbmirage.io import QUESTIONS, write_table
-from verbmirage.joblog import job_log
-from verbmirage.questions import QuestionSettings, build_question_set
+from verbmirage.data.hico import load_hico
+from verbmirage.core.io import QUESTIONS, write_table
+from verbmirage.core.joblog import job_log
+from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 
 with job_log(snakemake.log[0]) as log:
     settings = QuestionSettings.from_config(snakemake.params.settings)

@@ -8,12 +8,12 @@ Settings: as for predict_suite (``params.model``, ``params.variant``, ``params.b
 decoded past the first answer token (only the scores count).
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate(wait=True)  # a local run's warm job server runs this job (verbmirage.jobserver); it loads a model
+delegate(wait=True)  # a local run's warm job server runs this job (verbmirage.workflow.jobserver); it loads a model
 
-from verbmirage.decisions import calibrate
-from verbmirage.joblog import job_log
+from verbmirage.variants.decisions import calibrate
+from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:
     w, p = snakemake.wildcards, snakemake.params

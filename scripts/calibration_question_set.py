@@ -1,19 +1,19 @@
 """Build the calibration questions of one HICO YN set: the benchmark's protocol on seeded training images.
 
-Input: ``anno``. Output: the question table (schema ``verbmirage.io.QUESTIONS``), training images only.
+Input: ``anno``. Output: the question table (schema ``verbmirage.core.io.QUESTIONS``), training images only.
 Settings: ``params.settings`` (config key ``questions``: protocol and seed), ``params.images`` (how many
 training images: ``variants.<slug>.decision.calibration_images``); wildcard ``qset``.
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.decisions import build_calibration_set
-from verbmirage.hico import load_hico
-from verbmirage.io import QUESTIONS, write_table
-from verbmirage.joblog import job_log
-from verbmirage.questions import QuestionSettings
+from verbmirage.variants.decisions import build_calibration_set
+from verbmirage.data.hico import load_hico
+from verbmirage.core.io import QUESTIONS, write_table
+from verbmirage.core.joblog import job_log
+from verbmirage.benchmark.questions import QuestionSettings
 
 with job_log(snakemake.log[0]) as log:
     settings = QuestionSettings.from_config(snakemake.params.settings)

@@ -6,14 +6,14 @@ Settings: ``params.root`` (annotations in ``CharadesEgo/``), ``params.videos`` (
 ``params.split``.
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from pathlib import Path
 
-from verbmirage.charades import extract_frames, frame_table, load_split, video_pairs
-from verbmirage.joblog import job_log
+from verbmirage.data.charades import extract_frames, frame_table, load_split, video_pairs
+from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:
     root = Path(snakemake.params.root)

@@ -4,17 +4,17 @@ Input: the frame table. Output: the question table. Settings: ``params.root``
 (class files), ``params.seed``, ``params.mc_options``.
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from pathlib import Path
 
 import pandas as pd
 
-from verbmirage.charades import build_charades_questions, load_vocabulary
-from verbmirage.io import QUESTIONS, write_table
-from verbmirage.joblog import job_log
+from verbmirage.data.charades import build_charades_questions, load_vocabulary
+from verbmirage.core.io import QUESTIONS, write_table
+from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:
     frames = pd.read_parquet(snakemake.input.frames)

@@ -3,14 +3,14 @@
 Input: the annotations (class files and ``CharadesEgo_v1_train.csv``). Output: the statistics table.
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from pathlib import Path
 
-from verbmirage.charades import load_split, load_vocabulary, training_frequencies
-from verbmirage.joblog import job_log
+from verbmirage.data.charades import load_split, load_vocabulary, training_frequencies
+from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]):
     annotations = Path(snakemake.params.root) / "CharadesEgo"

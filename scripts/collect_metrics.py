@@ -1,13 +1,13 @@
 """Concatenate the metric parts into the long table ``results/metrics/metrics.parquet``."""
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 import pandas as pd
 
-from verbmirage.io import METRICS, read_table, write_table
-from verbmirage.joblog import job_log
+from verbmirage.core.io import METRICS, read_table, write_table
+from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]):
     parts = [read_table(path, METRICS) for path in snakemake.input]

@@ -5,14 +5,14 @@ order), optional ``images`` (the folders of partial conditions such as ``crop``:
 images are compared). Output: metric rows under condition ``<reference>_vs_<other>``.
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.io import METRICS, write_table
-from verbmirage.joblog import job_log
-from verbmirage.metrics import BootstrapSettings, consistency_run
-from verbmirage.tables import consistency_condition
+from verbmirage.core.io import METRICS, write_table
+from verbmirage.core.joblog import job_log
+from verbmirage.evaluation.metrics import BootstrapSettings, consistency_run
+from verbmirage.evaluation.tables import consistency_condition
 
 with job_log(snakemake.log[0]):
     w, p = snakemake.wildcards, snakemake.params

@@ -6,13 +6,13 @@ Settings: ``params.root`` (the HICO folder), ``params.images`` (how many: ``deci
 ``params.seed`` (``questions.seed``).
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.decisions import write_content_free_images
-from verbmirage.hico import load_hico
-from verbmirage.joblog import job_log
+from verbmirage.variants.decisions import write_content_free_images
+from verbmirage.data.hico import load_hico
+from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:
     p = snakemake.params

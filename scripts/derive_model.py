@@ -5,12 +5,12 @@ LURE-format pairs file for Nullu). Output: the model folder (``results/models/<s
 ``params.derive`` (method, base, method settings), ``params.base`` (the base entry as its jobs load it).
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate(wait=True)  # a local run's warm job server runs this job (verbmirage.jobserver); it loads a model
+delegate(wait=True)  # a local run's warm job server runs this job (verbmirage.workflow.jobserver); it loads a model
 
-from verbmirage.derived import build_derived
-from verbmirage.joblog import job_log
+from verbmirage.models.derived import build_derived
+from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]):
     build_derived(snakemake.wildcards.model, dict(snakemake.params.derive), dict(snakemake.params.base),

@@ -4,14 +4,14 @@ Inputs: the members' prediction tables, set by set (``params.qsets``), members i
 Outputs: the ensemble's prediction tables, in ``params.qsets`` order.
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.ensembles import majority_vote
-from verbmirage.io import PREDICTIONS, read_table, write_table
-from verbmirage.joblog import job_log
-from verbmirage.questions import question_kind
+from verbmirage.evaluation.ensembles import majority_vote
+from verbmirage.core.io import PREDICTIONS, read_table, write_table
+from verbmirage.core.joblog import job_log
+from verbmirage.benchmark.questions import question_kind
 
 with job_log(snakemake.log[0]):
     names, paths = snakemake.params.members, list(snakemake.input)

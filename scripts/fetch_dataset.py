@@ -6,16 +6,16 @@ sha256 that were unpacked (or the folder that is used in place). Settings: ``par
 max_members), ``params.archive`` (where a downloaded archive is kept), ``params.target``.
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 import json
 import sys
 from pathlib import Path
 
-from verbmirage.download import MAX_BYTES, MAX_MEMBERS, Source, completion_record, prepare
-from verbmirage.joblog import job_log
+from verbmirage.data.download import MAX_BYTES, MAX_MEMBERS, Source, completion_record, prepare
+from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:
     name, entry = snakemake.wildcards.download, snakemake.params.entry

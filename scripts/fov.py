@@ -7,15 +7,15 @@ first is the reference), ``params.token_models`` (models with token probabilitie
 (config ``metrics``).
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from verbmirage.analysis.fov import fov_tables
-from verbmirage.image_tags import IMAGE_TAGS
-from verbmirage.io import FOV, FOV_ROWS, PREDICTIONS, QUESTIONS, read_table, write_table
-from verbmirage.joblog import job_log
-from verbmirage.metrics import BootstrapSettings
+from verbmirage.benchmark.image_tags import IMAGE_TAGS
+from verbmirage.core.io import FOV, FOV_ROWS, PREDICTIONS, QUESTIONS, read_table, write_table
+from verbmirage.core.joblog import job_log
+from verbmirage.evaluation.metrics import BootstrapSettings
 
 with job_log(snakemake.log[0]):
     p = snakemake.params

@@ -5,14 +5,14 @@ as Parquet, Markdown and HTML, and ``fig10_fov.png`` (a PDF and an SVG beside it
 ``params.skipped`` (without), ``params.notes`` (per-model figure notes), ``params.variant`` (the one Fig. 10 shows).
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from verbmirage.analysis.fov import PAPER_NOTE, fov_report_table
 from verbmirage.analysis.uncertainty_figures import draw_fov_figure
-from verbmirage.io import FOV, FOV_ROWS, read_table, write_html, write_markdown
-from verbmirage.joblog import job_log
+from verbmirage.core.io import FOV, FOV_ROWS, read_table, write_html, write_markdown
+from verbmirage.core.joblog import job_log
 
 TITLE = "Field of view: full image vs crop on the same single-instance questions (percent)"
 

@@ -4,14 +4,14 @@ Inputs: ``anno`` (HICO), ``boxes`` (anno_bbox.mat or instances_test2015.json). O
 Settings: ``params.root``, ``params.det_root``, ``params.settings`` (config ``subsets``).
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.hico import load_hico, read_hico_det
-from verbmirage.image_tags import IMAGE_TAGS, TagSettings, image_tags
-from verbmirage.io import write_table
-from verbmirage.joblog import job_log
+from verbmirage.data.hico import load_hico, read_hico_det
+from verbmirage.benchmark.image_tags import IMAGE_TAGS, TagSettings, image_tags
+from verbmirage.core.io import write_table
+from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]):
     settings = TagSettings.from_config(snakemake.params.settings)

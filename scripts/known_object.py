@@ -8,12 +8,12 @@ map_voc11 for all / rare / non_rare). Settings: ``params.runs`` ("condition/mode
 ``params.settings`` (analysis.known_object, checked), ``params.det_root``, ``params.images``.
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from verbmirage.analysis.known_object import known_object_job
-from verbmirage.joblog import job_log
+from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]):
     p = snakemake.params

@@ -5,13 +5,13 @@ Output: one PNG (a PDF and an SVG beside it), drawn from those tables only. Sett
 ``params.models`` (slug -> entry: backends for the paper's marks, tiny models noted as random).
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from verbmirage.analysis.known_object import draw_known_object_figure
-from verbmirage.io import KNOWN_OBJECT_AP, METRICS, read_table
-from verbmirage.joblog import job_log
+from verbmirage.core.io import KNOWN_OBJECT_AP, METRICS, read_table
+from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]):
     p = snakemake.params

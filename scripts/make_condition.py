@@ -9,14 +9,14 @@ Settings: ``params.root`` (where ``image`` paths are relative to),
 ``params.settings`` (config ``conditions.<slug>``), ``params.seed``.
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.conditions import apply_condition, require_images
-from verbmirage.image_tags import IMAGE_TAGS, single_instance_boxes
-from verbmirage.io import QUESTIONS, read_table
-from verbmirage.joblog import job_log
+from verbmirage.benchmark.conditions import apply_condition, require_images
+from verbmirage.benchmark.image_tags import IMAGE_TAGS, single_instance_boxes
+from verbmirage.core.io import QUESTIONS, read_table
+from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:
     questions = [read_table(path, QUESTIONS) for path in snakemake.input.questions]  # types and domains checked

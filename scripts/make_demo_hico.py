@@ -4,14 +4,14 @@ Outputs: ``anno`` (anno.mat), ``images`` (folder), ``bbox`` (anno_bbox.mat).
 Settings: ``params.demo`` (train_images, test_images, seed).
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from pathlib import Path
 
-from verbmirage.demo import DemoSizes, write_demo_hico
-from verbmirage.joblog import job_log
+from verbmirage.data.demo import DemoSizes, write_demo_hico
+from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:
     demo = snakemake.params.demo

@@ -4,14 +4,14 @@ Outputs: the samples pickle, topology, node index, Label2Node JSON and the Image
 Settings: ``params.seed``.
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from pathlib import Path
 
-from verbmirage.derived.pangea import write_demo_pangea
-from verbmirage.joblog import job_log
+from verbmirage.benchmark.pangea_training import write_demo_pangea
+from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:
     root = write_demo_pangea(Path(snakemake.output.samples).parent, seed=snakemake.params.seed)

@@ -8,16 +8,16 @@ Settings: ``params.models`` (row order), ``params.ensembles``, ``params.consiste
 ``params.planned`` (the cells of every planned run: a run without values keeps its row, with the reason).
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from pathlib import Path
 
-from verbmirage.io import read_table, write_html, write_markdown
-from verbmirage.joblog import job_log
-from verbmirage.paper_numbers import load_paper_numbers, packaged_paper_numbers
-from verbmirage.tables import paper_tables
+from verbmirage.core.io import read_table, write_html, write_markdown
+from verbmirage.core.joblog import job_log
+from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_paper_numbers
+from verbmirage.evaluation.tables import paper_tables
 
 TITLES = {
     1: "Table 1: YN and MC with and without object reference (clean images)",

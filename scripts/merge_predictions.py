@@ -5,14 +5,14 @@ run's inference jobs), optional ``images`` (the condition folder of a partial co
 the questions on its images are expected). Outputs: the prediction tables, in ``params.qsets`` order.
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.conditions import condition_questions
-from verbmirage.inference import asked_questions, merge_suite_shards, suite_table
-from verbmirage.io import PREDICTIONS, QUESTIONS, read_provenance, read_table, write_table
-from verbmirage.joblog import job_log
+from verbmirage.benchmark.conditions import condition_questions
+from verbmirage.inference.runs import asked_questions, merge_suite_shards, suite_table
+from verbmirage.core.io import PREDICTIONS, QUESTIONS, read_provenance, read_table, write_table
+from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]):
     shards = snakemake.input.shards

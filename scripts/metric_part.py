@@ -6,14 +6,14 @@ as ``crop``: only the questions on its images count). Output: long-format metric
 Settings: ``params.qsets``, ``params.settings`` (config ``metrics``).
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.image_tags import IMAGE_TAGS
-from verbmirage.io import METRICS, read_table, write_table
-from verbmirage.joblog import job_log
-from verbmirage.metrics import BootstrapSettings, evaluate_run
+from verbmirage.benchmark.image_tags import IMAGE_TAGS
+from verbmirage.core.io import METRICS, read_table, write_table
+from verbmirage.core.joblog import job_log
+from verbmirage.evaluation.metrics import BootstrapSettings, evaluate_run
 
 with job_log(snakemake.log[0]):
     w, p = snakemake.wildcards, snakemake.params

@@ -3,18 +3,18 @@
 Input: the metrics table. Outputs: ``table5`` and ``table8`` (Parquet, Markdown, HTML): the Parquet holds our
 rows (``source`` measured, with 95% intervals) and every row the paper published for the table (``source``
 paper; Table 5 also Appendix F's prompt-suffix rows); Markdown and HTML lay them side by side with the
-difference where names match (verbmirage.mitigation_tables says which runs land in which row).
+difference where names match (verbmirage.evaluation.mitigation_tables says which runs land in which row).
 Settings: ``params.models`` (row order), ``params.paper_names`` (slug -> the paper's model name),
 ``params.paper_methods`` (slug -> its Table 5 row), ``params.method_pairs`` (slug -> the paper model its
 Table 5 row is compared with), ``params.variant_paper_names``, ``params.planned`` (the cells of every planned
 run: a run without values keeps its row, with the reason).
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.io import (
+from verbmirage.core.io import (
     DECODING_TABLE8,
     METRICS,
     MITIGATION_TABLE5,
@@ -23,9 +23,9 @@ from verbmirage.io import (
     write_markdown,
     write_table,
 )
-from verbmirage.joblog import job_log
-from verbmirage.mitigation_tables import table5, table8
-from verbmirage.paper_numbers import load_paper_numbers, packaged_paper_numbers
+from verbmirage.core.joblog import job_log
+from verbmirage.evaluation.mitigation_tables import table5, table8
+from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_paper_numbers
 
 TITLES = {
     5: "Table 5: mitigation methods on LLaVA-1.5-7B (the paper's baseline 'none' = beam search), and Appendix F's "

@@ -9,15 +9,15 @@ Settings: ``params.settings`` (config ``analysis.object_reliance``), ``params.mo
 ``params.variant``.
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from verbmirage.analysis.object_reliance import RelianceSettings, object_reliance
-from verbmirage.conditions import condition_questions
-from verbmirage.hico import load_hico
-from verbmirage.io import METRICS, OBJECT_RELIANCE, PREDICTIONS, QUESTIONS, VERB_INFLUENCE, read_table, write_table
-from verbmirage.joblog import job_log
+from verbmirage.benchmark.conditions import condition_questions
+from verbmirage.data.hico import load_hico
+from verbmirage.core.io import METRICS, OBJECT_RELIANCE, PREDICTIONS, QUESTIONS, VERB_INFLUENCE, read_table, write_table
+from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:
     p = snakemake.params

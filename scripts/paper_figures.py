@@ -8,14 +8,14 @@ paper model), ``params.model_entries`` (to note tiny random-weight models), ``pa
 conditions).
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from verbmirage.analysis.paper_figures import draw_paper_figures, figure_note
-from verbmirage.io import METRICS, read_table
-from verbmirage.joblog import job_log
-from verbmirage.paper_numbers import load_paper_numbers, packaged_paper_numbers
+from verbmirage.core.io import METRICS, read_table
+from verbmirage.core.joblog import job_log
+from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_paper_numbers
 
 with job_log(snakemake.log[0]) as log:
     p = snakemake.params

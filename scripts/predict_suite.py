@@ -8,12 +8,12 @@ Output: a folder with ``<qset>.parquet`` per set. Settings: ``params.qsets``,
 condition's settings, part of the resume fingerprint); wildcards name the model and the shard.
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate(wait=True)  # a local run's warm job server runs this job (verbmirage.jobserver); it loads a model
+delegate(wait=True)  # a local run's warm job server runs this job (verbmirage.workflow.jobserver); it loads a model
 
-from verbmirage.inference import run_suite
-from verbmirage.joblog import job_log
+from verbmirage.inference.runs import run_suite
+from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:
     w, p = snakemake.wildcards, snakemake.params

@@ -3,13 +3,13 @@
 Inputs: every question table. Outputs: ``parquet`` and ``markdown``.
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.io import QUESTION_COUNTS, read_table, write_markdown, write_table
-from verbmirage.joblog import job_log
-from verbmirage.questions import question_counts
+from verbmirage.core.io import QUESTION_COUNTS, read_table, write_markdown, write_table
+from verbmirage.core.joblog import job_log
+from verbmirage.benchmark.questions import question_counts
 
 with job_log(snakemake.log[0]):
     frames = {}

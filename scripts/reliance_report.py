@@ -7,9 +7,9 @@ Settings: ``params.models``, ``params.figure_model``, ``params.condition``, ``pa
 ``params.min_questions``, ``params.notes`` (model -> a line printed under the figure title).
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from verbmirage.analysis.object_reliance import (
     draw_fig15,
@@ -19,7 +19,7 @@ from verbmirage.analysis.object_reliance import (
     table7,
     table_pages,
 )
-from verbmirage.io import (
+from verbmirage.core.io import (
     METRICS,
     OBJECT_RELIANCE,
     RELIANCE_TABLE6,
@@ -29,7 +29,7 @@ from verbmirage.io import (
     write_table,
     write_text,
 )
-from verbmirage.joblog import job_log
+from verbmirage.core.joblog import job_log
 
 TITLES = {
     6: "Table 6: influential object set overlap, |S1 ∩ S2| / min(|S1|, |S2|) (percent)",

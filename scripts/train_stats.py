@@ -3,12 +3,12 @@
 Input: ``anno``. Output: a table (kind, verb, object, positives, total, p_yes).
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.hico import load_hico
-from verbmirage.joblog import job_log
+from verbmirage.data.hico import load_hico
+from verbmirage.core.joblog import job_log
 from verbmirage.models.baselines import training_frequencies
 
 with job_log(snakemake.log[0]):

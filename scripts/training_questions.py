@@ -5,12 +5,13 @@ Outputs: ``questions`` (io.QUESTIONS), ``sources`` (io.PANGEA_SOURCES), ``summar
 paper's numbers). Settings: ``params.settings`` (the entry's ``derive.pangea`` block).
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.derived.pangea import PangeaFiles, TrainingQuestionSettings, write_training_questions
-from verbmirage.joblog import job_log
+from verbmirage.benchmark.pangea_training import TrainingQuestionSettings, write_training_questions
+from verbmirage.data.pangea import PangeaFiles
+from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:
     pangea = dict(snakemake.params.pangea)

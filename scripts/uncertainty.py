@@ -6,14 +6,14 @@ model, variant, condition, qset, questions, predictions). Outputs: ``hist`` (``i
 Settings: ``params.settings`` (``analysis.uncertainty``), ``params.bootstrap`` (config ``metrics``).
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from verbmirage.analysis.uncertainty import uncertainty_tables
-from verbmirage.io import METRICS, PREDICTIONS, QUESTIONS, UNCERTAINTY_HIST, read_table, write_table
-from verbmirage.joblog import job_log
-from verbmirage.metrics import BootstrapSettings
+from verbmirage.core.io import METRICS, PREDICTIONS, QUESTIONS, UNCERTAINTY_HIST, read_table, write_table
+from verbmirage.core.joblog import job_log
+from verbmirage.evaluation.metrics import BootstrapSettings
 
 with job_log(snakemake.log[0]):
     p = snakemake.params

@@ -6,13 +6,13 @@ Input: ``uncertainty_hist.parquet``. Outputs: one PNG per figure, a PDF and an S
 ``params.condition``.
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from verbmirage.analysis.uncertainty_figures import draw_uncertainty_figures
-from verbmirage.io import UNCERTAINTY_HIST, read_table
-from verbmirage.joblog import job_log
+from verbmirage.core.io import UNCERTAINTY_HIST, read_table
+from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:
     p = snakemake.params

@@ -7,17 +7,17 @@ and an SVG beside it), drawn from the two tables as written. Settings: ``params.
 ``params.paper_names`` (slug -> the paper's model name), ``params.notes`` (slug -> a note under the title).
 """
 
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
-delegate()  # a local run's warm job server runs this job when there is one (verbmirage.jobserver)
+delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from verbmirage.analysis.vcd_divergence import (
     divergence_report_table,
     draw_vcd_divergence_figure,
     vcd_divergence_tables,
 )
-from verbmirage.io import PREDICTIONS, QUESTIONS, VCD_DIVERGENCE, VCD_KL_HIST, read_table, write_html, write_table
-from verbmirage.joblog import job_log
+from verbmirage.core.io import PREDICTIONS, QUESTIONS, VCD_DIVERGENCE, VCD_KL_HIST, read_table, write_html, write_table
+from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]):
     p = snakemake.params

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from verbmirage.demo import DemoSizes, write_demo_hico
-from verbmirage.hico import load_hico
+from verbmirage.data.demo import DemoSizes, write_demo_hico
+from verbmirage.data.hico import load_hico
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -34,7 +34,7 @@ def demo_anno(demo_roots):
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     """Every tiny random-weight model (real transformers classes), built once per session."""
-    from verbmirage.tiny import BUILDERS
+    from verbmirage.models.tiny import BUILDERS
 
     base = tmp_path_factory.mktemp("models")
     return {family: build(base / f"tiny_{family}") for family, build in BUILDERS.items()}

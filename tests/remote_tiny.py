@@ -120,7 +120,7 @@ def check_beam_and_sampling(model, image: Path, prompt: str = YES_NO_PROMPT, bea
     The scores stay those of the first answer position."""
     from verbmirage.models import Question
     from verbmirage.models.parsing import decide_yes_no
-    from verbmirage.variants import Variant
+    from verbmirage.variants.settings import Variant
 
     question = Question("beam", prompt.split("\n")[0], image=image)
     plain = model.score_yes_no([question])[0]

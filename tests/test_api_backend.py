@@ -196,10 +196,10 @@ def test_missing_key_variable_is_named(monkeypatch):
 
 
 def test_key_not_in_written_predictions(model, tmp_path, demo_anno, demo_roots):
-    from verbmirage.conditions import ImageResolver, apply_condition
-    from verbmirage.inference import predict
-    from verbmirage.io import PREDICTIONS, write_table
-    from verbmirage.questions import QuestionSettings, build_question_set
+    from verbmirage.benchmark.conditions import ImageResolver, apply_condition
+    from verbmirage.inference.runs import predict
+    from verbmirage.core.io import PREDICTIONS, write_table
+    from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 
     questions = build_question_set(demo_anno, "yn_obj", QuestionSettings()).head(6)
     apply_condition(demo_roots[0], sorted(set(questions.image)), tmp_path / "clean", "clean", {"type": "clean"})

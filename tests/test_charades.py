@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from verbmirage.charades import (
+from verbmirage.data.charades import (
     CSV_COLUMNS,
     DEMO_REPEATED_ACTION,
     action_option,
@@ -92,7 +92,7 @@ def test_frames_come_from_the_requested_time(demo):
 
 
 def test_question_sets_ask_both_views_the_same(demo):
-    from verbmirage.charades import build_charades_questions, extract_frames, frame_table
+    from verbmirage.data.charades import build_charades_questions, extract_frames, frame_table
 
     annotations = demo / "CharadesEgo"
     vocabulary = load_vocabulary(annotations)
@@ -123,7 +123,7 @@ def test_question_sets_ask_both_views_the_same(demo):
         correct = {options[ord(a) - 65] for options, a in zip(group.options, group.answer)}
         assert len(correct) == 1
     # counts.md: ours beside the paper's (Appendix A: 76K / 36K unique, 28K / 10K used, Yes:No about 1:1)
-    from verbmirage.questions import question_counts
+    from verbmirage.benchmark.questions import question_counts
 
     counts = question_counts({**{f"yn_{v}": t for v, t in yn.items()}, "mc_ego": mc}, "charadesego").set_index("qset")
     assert counts.loc["yn_exo", ["paper_unique_questions", "paper_used_questions", "paper_yes_to_no"]].tolist() == [

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from verbmirage import __version__
-from verbmirage.cli import SNAKEFILE, main, snakemake_command
+from verbmirage.workflow.cli import SNAKEFILE, main, snakemake_command
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

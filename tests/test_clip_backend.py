@@ -72,7 +72,7 @@ def test_the_tiny_clip_is_the_same_in_every_build(tiny_dirs, tmp_path):
     import subprocess
     import sys
 
-    script = "import sys; from verbmirage.tiny import build_tiny_clip; build_tiny_clip(sys.argv[1])"
+    script = "import sys; from verbmirage.models.tiny import build_tiny_clip; build_tiny_clip(sys.argv[1])"
     subprocess.run([sys.executable, "-c", script, str(tmp_path / "again")], check=True, capture_output=True,
                    env={**os.environ, "PYTHONHASHSEED": "123"})
 

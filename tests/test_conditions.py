@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from verbmirage.conditions import (
+from verbmirage.benchmark.conditions import (
     CONDITIONS,
     ImageResolver,
     MissingImagesError,

@@ -8,7 +8,7 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from verbmirage.config import ConfigError, check_config, check_schema
+from verbmirage.workflow.config import ConfigError, check_config, check_schema
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = str(REPO / "schemas" / "config.schema.yaml")
@@ -157,7 +157,7 @@ def test_the_string_false_never_runs_checkpoint_code(tmp_path):
 
 
 def test_duplicate_yaml_keys_are_refused_with_file_and_line(tmp_path):
-    from verbmirage.config import check_yaml_file
+    from verbmirage.workflow.config import check_yaml_file
 
     path = tmp_path / "c.yaml"
     path.write_text("models:\n  prior: {backend: prior}\n  prior: {backend: always_yes}\n")
@@ -229,7 +229,7 @@ def test_custom_remote_drivers_are_allow_listed(config):
 
 
 def test_condition_question_sets_default_to_all_and_crop_asks_hico_only(config):
-    from verbmirage.config import condition_question_sets
+    from verbmirage.workflow.config import condition_question_sets
 
     hico, charades = ["yn_obj", "mc_obj"], ["yn_ego", "mc_ego"]
     config = copy.deepcopy(config)
@@ -243,7 +243,7 @@ def test_condition_question_sets_default_to_all_and_crop_asks_hico_only(config):
 
 
 def test_qsets_never_reach_the_image_transform():
-    from verbmirage.conditions import image_settings
+    from verbmirage.benchmark.conditions import image_settings
 
     assert image_settings({"type": "crop", "margin": 0.2, "qsets": ["mc_obj"]}) == {"type": "crop", "margin": 0.2}
 

@@ -11,7 +11,7 @@ import torch
 
 from verbmirage.models import Question, create_model
 from verbmirage.models.prompts import CONVERSATIONS
-from verbmirage.tiny import build_tiny_llava
+from verbmirage.models.tiny import build_tiny_llava
 
 LLAVA_V1_SYSTEM = ("A chat between a curious human and an artificial intelligence assistant. "
                    "The assistant gives helpful, detailed, and polite answers to the human's questions.")

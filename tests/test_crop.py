@@ -12,7 +12,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from verbmirage.conditions import (
+from verbmirage.benchmark.conditions import (
     MANIFEST,
     ImageResolver,
     apply_condition,
@@ -20,12 +20,12 @@ from verbmirage.conditions import (
     crop_box,
     crop_to_box,
 )
-from verbmirage.config import ConfigError, check_config
-from verbmirage.hico import read_hico_det
-from verbmirage.image_tags import image_tags, single_instance_boxes
-from verbmirage.inference import run_shard
-from verbmirage.io import PREDICTIONS, QUESTIONS, read_table, write_table
-from verbmirage.questions import QuestionSettings, build_question_set
+from verbmirage.workflow.config import ConfigError, check_config
+from verbmirage.data.hico import read_hico_det
+from verbmirage.benchmark.image_tags import image_tags, single_instance_boxes
+from verbmirage.inference.runs import run_shard
+from verbmirage.core.io import PREDICTIONS, QUESTIONS, read_table, write_table
+from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -118,9 +118,9 @@ def test_config_checks_crop_conditions():
 
 def test_a_crop_without_any_question_gives_empty_typed_tables():
     """A demo or subset with no single-instance image: predictions, votes and metrics are empty, not errors."""
-    from verbmirage.ensembles import majority_vote
-    from verbmirage.io import METRICS, to_arrow
-    from verbmirage.metrics import BootstrapSettings, evaluate
+    from verbmirage.evaluation.ensembles import majority_vote
+    from verbmirage.core.io import METRICS, to_arrow
+    from verbmirage.evaluation.metrics import BootstrapSettings, evaluate
 
     empty_predictions = pd.DataFrame(columns=PREDICTIONS.names)
     votes = majority_vote({"a": empty_predictions, "b": empty_predictions}, "yn")

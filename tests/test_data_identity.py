@@ -1,10 +1,10 @@
-"""A dataset's identity (README, "Changed data rebuilds what was built from it"; src/verbmirage/data_identity.py)."""
+"""A dataset's identity (README, "Changed data rebuilds what was built from it"; src/verbmirage/data/identity.py)."""
 
 import os
 import shutil
 import time
 
-from verbmirage import data_identity
+from verbmirage.data import identity as data_identity
 
 OLD = (1442700000, 1442700000)  # 2015-09-19, the date an archive's files keep after tar x / cp -a / rsync -a
 

@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 from sklearn.metrics import accuracy_score, f1_score
 
-from verbmirage.decisions import (
+from verbmirage.variants.decisions import (
     BLANK_GREY,
     CONTENT_FREE_RULE,
     THRESHOLD_RULE,
@@ -43,8 +43,8 @@ from verbmirage.decisions import (
 )
 from verbmirage.models import Question, create_model
 from verbmirage.models.base import MultipleChoiceResult, YesNoResult
-from verbmirage.questions import QuestionSettings, build_question_set
-from verbmirage.variants import Variant
+from verbmirage.benchmark.questions import QuestionSettings, build_question_set
+from verbmirage.variants.settings import Variant
 
 
 def _yes_no(margin: float, prediction: str = "yes", rule: str = "greedy:first-token") -> YesNoResult:

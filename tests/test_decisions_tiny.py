@@ -12,8 +12,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from verbmirage.conditions import apply_condition
-from verbmirage.decisions import (
+from verbmirage.benchmark.conditions import apply_condition
+from verbmirage.variants.decisions import (
     CONTENT_FREE_RULE,
     THRESHOLD_RULE,
     build_calibration_set,
@@ -24,11 +24,11 @@ from verbmirage.decisions import (
     write_content_free_images,
     write_cuts,
 )
-from verbmirage.inference import run_suite, suite_table
-from verbmirage.io import PREDICTIONS, QUESTIONS, read_table, write_table
+from verbmirage.inference.runs import run_suite, suite_table
+from verbmirage.core.io import PREDICTIONS, QUESTIONS, read_table, write_table
 from verbmirage.models import Question, create_model
-from verbmirage.questions import QuestionSettings, build_question_set
-from verbmirage.tiny import build_tiny_llava
+from verbmirage.benchmark.questions import QuestionSettings, build_question_set
+from verbmirage.models.tiny import build_tiny_llava
 
 CALIBRATION_IMAGES = 4
 YN_SETS = ("yn_obj", "yn_verb")

@@ -13,8 +13,8 @@ from verbmirage.models import create_model
 from verbmirage.models.base import Question
 from verbmirage.models.hf import LogitsVLM
 from verbmirage.models.parsing import decide_choice, decide_yes_no
-from verbmirage.variants import Variant
-from verbmirage.tiny import build_tokenizer
+from verbmirage.variants.settings import Variant
+from verbmirage.models.tiny import build_tokenizer
 
 
 # ---- the decision rule -------------------------------------------------------------------------------

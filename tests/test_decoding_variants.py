@@ -16,9 +16,9 @@ import torch
 from PIL import Image
 
 from verbmirage.models import create_model
-from verbmirage.models import decoding
+from verbmirage.variants import search as decoding
 from verbmirage.models.base import Question
-from verbmirage.variants import Variant, VCDSettings
+from verbmirage.variants.settings import Variant, VCDSettings
 
 
 @pytest.fixture(scope="module")

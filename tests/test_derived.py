@@ -14,9 +14,9 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-import verbmirage.derived as derived
-from verbmirage.config import ConfigError, check_config
-from verbmirage.derived import (
+import verbmirage.models.derived as derived
+from verbmirage.workflow.config import ConfigError, check_config
+from verbmirage.models.derived import (
     DERIVED_FOLDER,
     DerivedBusyError,
     DerivedModelError,
@@ -114,7 +114,7 @@ def test_a_chain_is_refused_from_either_end(config):
 
 
 def test_a_method_whose_module_is_missing_says_so(config, monkeypatch):
-    monkeypatch.setitem(derived.DERIVE_METHODS, "lora_finetune", "verbmirage.derived.no_such_module:build")
+    monkeypatch.setitem(derived.DERIVE_METHODS, "lora_finetune", "verbmirage.models.derived.no_such_module:build")
     config["models"]["tuned"] = {"derive": {"method": "lora_finetune", "base": "tiny_llava"}}
     message = r"models.tuned.derive.method: 'lora_finetune' is not available in this installation"
     with pytest.raises(ConfigError, match=message):
@@ -138,7 +138,7 @@ def test_a_second_build_of_one_derived_model_fails_at_once_naming_the_first(monk
     monkeypatch.setattr(derived, "_method_module", lambda method, where: module)
     output = tmp_path / "results" / "models" / "edited"
     holder = subprocess.Popen(  # another job building the same model (its lock, as build_derived takes it)
-        [sys.executable, "-c", "import sys, time\nfrom verbmirage.derived import build_lock\n"
+        [sys.executable, "-c", "import sys, time\nfrom verbmirage.models.derived import build_lock\n"
          f"lock = build_lock({str(output)!r})\nprint('held', flush=True)\ntime.sleep(60)"],
         stdout=subprocess.PIPE, text=True)
     try:

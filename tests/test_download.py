@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from verbmirage import download
-from verbmirage.download import (
+from verbmirage.data import download
+from verbmirage.data.download import (
     COMPLETE_MARKER,
     ChecksumError,
     CorruptArchiveError,
@@ -208,7 +208,7 @@ def test_unknown_length_is_unverified_and_a_failed_unpack_deletes_it(server, tmp
     server.no_length.add("/nolength.zip")
     server.cut_once.add("/nolength.zip")
     archive, target = tmp_path / "archives" / "hico.zip", tmp_path / "data" / "hico"
-    with caplog.at_level(logging.WARNING, logger="verbmirage.download"):
+    with caplog.at_level(logging.WARNING, logger="verbmirage.data.download"):
         with pytest.raises(CorruptArchiveError, match=r"hico.zip: neither a tar nor a zip"):
             prepare(f"{server.url}/nolength.zip", archive, target)
     assert "sent no length" in caplog.text and "deleting it" in caplog.text
@@ -247,12 +247,12 @@ def test_checksum_mismatch_keeps_nothing(server, tmp_path):
 
 
 def test_unverified_source_warns_with_the_sha256_to_pin(server, tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="verbmirage.download"):
+    with caplog.at_level(logging.WARNING, logger="verbmirage.data.download"):
         prepare(f"{server.url}/hico.zip", tmp_path / "hico.zip", tmp_path / "data" / "hico")
     assert "is unverified" in caplog.text
     assert f"add sha256: {hashlib.sha256(ARCHIVE).hexdigest()} to downloads.hico" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="verbmirage.download"):
+    with caplog.at_level(logging.WARNING, logger="verbmirage.data.download"):
         prepare(f"{server.url}/hico.zip", tmp_path / "hico.zip", tmp_path / "data" / "again",
                 {"sha256": hashlib.sha256(ARCHIVE).hexdigest()})
     assert "unverified" not in caplog.text

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from verbmirage import download
-from verbmirage.download import (
+from verbmirage.data import download
+from verbmirage.data.download import (
     CorruptArchiveError,
     TarRefusedError,
     UnsafeArchiveError,
@@ -298,7 +298,7 @@ def test_a_damaged_completion_marker_is_named_and_the_archive_unpacked_again(tmp
     marker = target / download.COMPLETE_MARKER
     marker.write_text('{"source": ')  # cut short
     (target / "hico" / "VERSION").write_text("changed")  # so the second unpacking shows
-    with caplog.at_level("WARNING", logger="verbmirage.download"):
+    with caplog.at_level("WARNING", logger="verbmirage.data.download"):
         extract(archive, target)
     assert f"{marker}: unreadable record (JSONDecodeError" in caplog.text
     assert (target / "hico" / "VERSION").read_text() == "v1" and read_marker(target)["archive"] == "hico.zip"

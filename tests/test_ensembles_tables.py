@@ -4,9 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from verbmirage.ensembles import majority_vote
-from verbmirage.paper_numbers import load_paper_numbers, packaged_paper_numbers
-from verbmirage.tables import measured_rows, paper_tables, table1_columns
+from verbmirage.evaluation.ensembles import majority_vote
+from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_paper_numbers
+from verbmirage.evaluation.tables import measured_rows, paper_tables, table1_columns
 
 
 def _predictions(answers, p_yes):
@@ -195,7 +195,7 @@ def test_the_difference_is_shown_where_model_and_variant_names_match():
 
 
 def test_undefined_values_print_as_a_dash(tmp_path):
-    from verbmirage.io import MISSING_VALUE, write_html, write_markdown
+    from verbmirage.core.io import MISSING_VALUE, write_html, write_markdown
 
     metrics = _long([("m1", "yn_obj", "clean", "accuracy", 0.5), ("m1", "yn_obj", "clean", "precision", np.nan)])
     table = paper_tables(metrics, PAPER.iloc[:0], ["m1"], {}, [])[1]
@@ -211,8 +211,8 @@ def test_a_configured_model_without_values_keeps_its_row_with_the_reason(tmp_pat
     """a model whose every metric is NaN vanished from Table 1, like a
     model that never ran. Both keep their rows, "–" in every cell and the reason in ``note``; a pair the config
     never plans (a baseline under beam search) stays out."""
-    from verbmirage.io import MISSING_VALUE, write_markdown
-    from verbmirage.tables import NO_VALUES, NOT_RUN
+    from verbmirage.core.io import MISSING_VALUE, write_markdown
+    from verbmirage.evaluation.tables import NO_VALUES, NOT_RUN
 
     metrics = _long([("m1", "yn_obj", "clean", "accuracy", 0.5), ("m1", "yn_verb", "clean", "accuracy", 0.6),
                      ("all_nan", "yn_obj", "clean", "accuracy", np.nan), ("all_nan", "yn_obj", "clean", "recall", np.nan),

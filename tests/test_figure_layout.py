@@ -27,7 +27,7 @@ from verbmirage.analysis.paper_figures import AMBIGUITY_RULES, DRAW, draw_paper_
 from verbmirage.analysis.uncertainty import UncertaintySettings, uncertainty_tables
 from verbmirage.analysis.uncertainty_figures import draw_fov_figure, draw_uncertainty_figures
 from verbmirage.analysis.vcd_divergence import draw_vcd_divergence_figure, vcd_divergence_tables
-from verbmirage.paper_numbers import load_paper_numbers, packaged_paper_numbers
+from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_paper_numbers
 
 # long names, as a real config has them: the tick labels must still fit
 MODELS = ["llava15_7b_hico_pangea", "instructblip_7b", "qwen_vl_chat", "blind_vote_ensemble"]

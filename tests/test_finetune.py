@@ -18,8 +18,8 @@ import pytest
 import torch
 import yaml
 
-from verbmirage.derived import DerivedBusyError
-from verbmirage.derived.finetune import (
+from verbmirage.models.derived import DerivedBusyError
+from verbmirage.models.derived.finetune import (
     LANGUAGE_MODEL_LINEARS,
     PREVIOUS_STATE_FILE,
     STATE_FILE,
@@ -37,11 +37,12 @@ from verbmirage.derived.finetune import (
     train,
     training_batch,
 )
-from verbmirage.derived.pangea import TrainingQuestionSettings, build_training_questions, load_pangea, write_demo_pangea
-from verbmirage.io import QUESTIONS, TRAIN_LOG, read_table, write_table
+from verbmirage.benchmark.pangea_training import TrainingQuestionSettings, build_training_questions, write_demo_pangea
+from verbmirage.data.pangea import load_pangea
+from verbmirage.core.io import QUESTIONS, TRAIN_LOG, read_table, write_table
 from verbmirage.models.base import Question
 from verbmirage.models.registry import create_model
-from verbmirage.tiny import build_tiny_llava
+from verbmirage.models.tiny import build_tiny_llava
 
 REPO = Path(__file__).resolve().parents[1]
 # The tiny model's lm_head has tiny random rows: without LoRA on it the answers cannot become confident.
@@ -221,7 +222,7 @@ def test_a_zero_byte_checkpoint_resumes_from_the_one_before_and_trains_the_same(
     with pytest.raises(KeyboardInterrupt):
         train("ft", settings, entry(tiny_llava), questions, images, output, on_step=stop_at_7)
     (checkpoint_folder(output) / STATE_FILE).write_bytes(b"")
-    with caplog.at_level(logging.INFO, logger="verbmirage.derived.finetune"):
+    with caplog.at_level(logging.INFO, logger="verbmirage.models.derived.finetune"):
         resumed = train("ft", settings, entry(tiny_llava), questions, images, output)
     assert "unreadable checkpoint (EOFError: the file is empty or cut short)" in caplog.text
     assert "resumed at step 4 of 8" in caplog.text
@@ -332,7 +333,7 @@ def test_a_bfloat16_base_trains_float32_lora_weights(tmp_path, tiny_llava, train
 def test_any_question_table_of_ours_trains(tmp_path, tiny_llava, demo_roots, demo_anno):
     """The generic form (derive.questions + images): here benchmark questions of the demo HICO's training
     split, YN and MC together, images relative to the HICO root."""
-    from verbmirage.questions import QuestionSettings, build_question_sets
+    from verbmirage.benchmark.questions import QuestionSettings, build_question_sets
 
     sets = build_question_sets(demo_anno, ["yn_obj", "mc_verb"], QuestionSettings(split="train"))
     table = pd.concat([sets["yn_obj"].head(6), sets["mc_verb"].head(6)], ignore_index=True)

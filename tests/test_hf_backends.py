@@ -17,8 +17,8 @@ import torch
 
 from verbmirage.models import Question, create_model
 from verbmirage.models.parsing import decide_choice, decide_yes_no
-from verbmirage.questions import QuestionSettings, build_question_set
-from verbmirage.tiny import BUILDERS
+from verbmirage.benchmark.questions import QuestionSettings, build_question_set
+from verbmirage.models.tiny import BUILDERS
 
 TOLERANCE = 1e-4
 FAMILIES = sorted(f for f in BUILDERS if f != "clip")  # instructblip, llava, qwen2_5_vl, qwen2_vl

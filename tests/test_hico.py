@@ -7,14 +7,14 @@ import pytest
 import scipy.io
 
 from conftest import REAL_HICO, REAL_HICO_DET_JSON
-from verbmirage.hico import (
+from verbmirage.data.hico import (
     LIST_ACTION_FIELDS,
     AnnotationFormatError,
     hoi_vocabulary,
     load_hico,
     load_hico_det,
 )
-from verbmirage.text import gerund, hoi_phrase, object_with_article, verb_phrase
+from verbmirage.core.text import gerund, hoi_phrase, object_with_article, verb_phrase
 
 
 def test_real_anno_counts(real_anno):
@@ -82,7 +82,7 @@ def test_demo_plants_the_hard_cases(demo_anno):
 
 
 def test_demo_is_deterministic(tmp_path, demo_roots):
-    from verbmirage.demo import DemoSizes, write_demo_hico
+    from verbmirage.data.demo import DemoSizes, write_demo_hico
 
     write_demo_hico(tmp_path / "a", tmp_path / "b", DemoSizes())
     # every byte, the MATLAB header too (scipy writes the time of writing there): artifacts built from the demo
@@ -109,7 +109,7 @@ def test_hico_det_demo_boxes(demo_roots, demo_anno):
 
 def test_hico_det_struct_field_order(tmp_path):
     """Boxes are stored x1, x2, y1, y2 (1-based); the loader returns (x1, y1, x2, y2)."""
-    from verbmirage.demo import _box_struct, _struct_array
+    from verbmirage.data.demo import _box_struct, _struct_array
 
     hoi = _struct_array([{"id": 3.0, "bboxhuman": _box_struct([(10, 20, 30, 40)]),
                           "bboxobject": _box_struct([(1, 2, 3, 4)]), "connection": np.array([[1.0, 1.0]]),
@@ -222,7 +222,7 @@ def test_string_labels_name_the_file(tmp_path, demo_roots):
 
 
 def test_hico_det_unsafe_file_name_is_refused(tmp_path):
-    from verbmirage.demo import _box_struct, _struct_array
+    from verbmirage.data.demo import _box_struct, _struct_array
 
     hoi = _struct_array([{"id": 3.0, "bboxhuman": _box_struct([(10, 20, 30, 40)]),
                           "bboxobject": _box_struct([(1, 2, 3, 4)]), "connection": np.array([[1.0, 1.0]]),

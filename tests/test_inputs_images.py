@@ -6,7 +6,7 @@ import zlib
 import pytest
 from PIL import Image
 
-from verbmirage.conditions import ImageResolver, apply_condition
+from verbmirage.benchmark.conditions import ImageResolver, apply_condition
 
 
 def _png_chunk(kind: bytes, data: bytes) -> bytes:

@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from verbmirage.charades import CSV_COLUMNS, extract_frames, load_split, parse_actions
-from verbmirage.conditions import MANIFEST, ImageResolver, apply_condition
+from verbmirage.data.charades import CSV_COLUMNS, extract_frames, load_split, parse_actions
+from verbmirage.benchmark.conditions import MANIFEST, ImageResolver, apply_condition
 
 VICTIM_BYTES = b"the user's own file, not an image"
 
@@ -139,7 +139,7 @@ def test_charades_action_class_that_escapes_is_refused():
 
 def test_frames_never_write_through_a_planted_link(tmp_path):
     """The frame target is replaced as an entry, and a video name from a table is checked too."""
-    from verbmirage.charades import _write_video
+    from verbmirage.data.charades import _write_video
 
     videos, out_root = tmp_path / "videos", tmp_path / "work" / "frames"
     _write_video(videos / "AB123.mp4", 1.0, 10, (90, 120, 30), np.random.default_rng(0))

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from verbmirage.conditions import MANIFEST, ImageResolver, condition_questions
-from verbmirage.io import (
+from verbmirage.benchmark.conditions import MANIFEST, ImageResolver, condition_questions
+from verbmirage.core.io import (
     PREDICTIONS,
     QUESTIONS,
     DamagedTableError,

@@ -2,8 +2,8 @@
 
 import pytest
 
-import verbmirage.conditions as conditions
-from verbmirage.conditions import ImageResolver, apply_condition
+import verbmirage.benchmark.conditions as conditions
+from verbmirage.benchmark.conditions import ImageResolver, apply_condition
 
 
 def test_image_paths_are_checked_once_per_image(demo_roots, tmp_path, monkeypatch):
@@ -34,8 +34,8 @@ def test_one_attention_job_over_all_sets_equals_one_job_per_set(demo_roots, demo
 
     import verbmirage.models
     from verbmirage.analysis.attention import attention_job, collect_attention
-    from verbmirage.io import ATTENTION, QUESTIONS, write_table
-    from verbmirage.questions import QuestionSettings, build_question_sets
+    from verbmirage.core.io import ATTENTION, QUESTIONS, write_table
+    from verbmirage.benchmark.questions import QuestionSettings, build_question_sets
 
     root, det_root = demo_roots
     qsets = ["yn_obj", "mc_verb"]

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from verbmirage.joblog import job_log
+from verbmirage.core.joblog import job_log
 
 
 def test_the_log_keeps_messages_progress_and_the_job_resources(tmp_path):
@@ -40,7 +40,7 @@ def test_a_failure_is_logged_with_its_traceback_and_still_raises(tmp_path):
 HOLDER = """\
 import sys, time
 from pathlib import Path
-from verbmirage.joblog import job_log
+from verbmirage.core.joblog import job_log
 
 path, go = Path(sys.argv[1]), Path(sys.argv[2])
 with job_log(path) as log:
@@ -69,7 +69,7 @@ def test_a_rerun_of_a_job_still_running_puts_its_log_back_and_stops(tmp_path):
     try:
         path.unlink()  # Snakemake, preparing the rerun
         second = subprocess.run(
-            [sys.executable, "-c", "import sys\nfrom verbmirage.joblog import job_log\n"
+            [sys.executable, "-c", "import sys\nfrom verbmirage.core.joblog import job_log\n"
              f"with job_log({str(path)!r}) as log:\n    log.info('second: never written')"],
             capture_output=True, text=True, timeout=120)
         assert second.returncode == 1

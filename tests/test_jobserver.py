@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from verbmirage import jobserver
+from verbmirage.workflow import jobserver
 
 SRC = str(Path(jobserver.__file__).resolve().parents[1])
 
 JOB = """\
 import json, os, sys
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
 preloaded = "torch" in sys.modules
 delegate()
@@ -49,7 +49,7 @@ if mode.isdigit():
 SLOW_JOB = """\
 import os, signal, sys, time
 from pathlib import Path
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
 delegate()
 here = Path(sys.argv[1])
@@ -73,7 +73,7 @@ time.sleep(60)
 def server(tmp_path_factory):
     """A server that preloads numpy and torch; named in this process's environment while the module runs."""
     log = tmp_path_factory.mktemp("server") / "job_server.log"
-    process = jobserver.start(log, preload=("numpy", "torch", "verbmirage.jobserver"))
+    process = jobserver.start(log, preload=("numpy", "torch", "verbmirage.workflow.jobserver"))
     _wait_until(lambda: os.path.exists(process.ready_marker), 120, "the server's imports")
     yield process
     jobserver.stop(process)
@@ -151,7 +151,7 @@ def test_without_a_usable_server_the_script_runs_itself(server, tmp_path):
     base = Path(sys.base_prefix) / "bin" / "python3"
     if base.resolve() != Path(sys.executable).resolve() or sys.prefix != sys.base_prefix:
         probe = tmp_path / "probe.py"
-        probe.write_text("import os, sys\nfrom verbmirage.jobserver import delegate\ndelegate()\n"
+        probe.write_text("import os, sys\nfrom verbmirage.workflow.jobserver import delegate\ndelegate()\n"
                          "print(os.getppid(), sys.prefix)\n")
         result = subprocess.run([str(base), str(probe)], env=_environment(), capture_output=True, text=True,
                                 timeout=60)
@@ -175,7 +175,7 @@ def test_killing_the_waiting_script_stops_the_job(server, tmp_path):
 
 RUN = """\
 import subprocess, sys, time
-from verbmirage import jobserver
+from verbmirage.workflow import jobserver
 
 jobserver.mark_run()  # as the Snakefile's onstart does (jobserver.start_run)
 subprocess.Popen(["bash", "-c", f"set -eu; {sys.executable} {sys.argv[1]} {sys.argv[2]}"])  # a job, as Snakemake
@@ -207,7 +207,7 @@ def test_a_job_stops_when_the_run_that_started_it_is_gone(server, tmp_path, serv
 COUNTING_JOB = """\
 import os, signal, sys, time
 from pathlib import Path
-from verbmirage.jobserver import delegate
+from verbmirage.workflow.jobserver import delegate
 
 delegate(wait=True)
 here, count = Path(sys.argv[1]), []
@@ -221,10 +221,10 @@ time.sleep(1)  # a second SIGINT, if any, arrives meanwhile
 
 GROUP_RUN = """\
 import os, signal, subprocess, sys, time
-from verbmirage import jobserver
+from verbmirage.workflow import jobserver
 
 signal.signal(signal.SIGINT, lambda signum, frame: None)  # as Snakemake, it lets its jobs end by themselves
-server = jobserver.start(sys.argv[2] + "/server.log", preload=("verbmirage.jobserver",))
+server = jobserver.start(sys.argv[2] + "/server.log", preload=("verbmirage.workflow.jobserver",))
 while not os.path.exists(server.ready_marker):
     time.sleep(0.05)
 subprocess.run([sys.executable, sys.argv[1], sys.argv[2]])  # the job, in this process group, as under Snakemake
@@ -261,7 +261,7 @@ def test_a_signal_to_the_script_reaches_the_job(server, tmp_path):
 def test_the_server_exits_when_the_run_that_started_it_is_gone(tmp_path):
     parent = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from verbmirage import jobserver\n"
+         "import sys, time; from verbmirage.workflow import jobserver\n"
          f"p = jobserver.start({str(tmp_path / 'log')!r}, preload=())\n"
          "print(p.pid, p.socket_path, flush=True); time.sleep(120)"],
         env=_environment(), stdout=subprocess.PIPE, text=True,
@@ -285,7 +285,7 @@ def _alive(pid: int) -> bool:
 def test_while_the_server_imports_model_jobs_wait_and_light_jobs_run_themselves(tmp_path, monkeypatch):
     (tmp_path / "slow_to_import.py").write_text("import time\ntime.sleep(4)\n")
     script = tmp_path / "job.py"
-    script.write_text("import os, sys\nfrom verbmirage.jobserver import delegate\n"
+    script.write_text("import os, sys\nfrom verbmirage.workflow.jobserver import delegate\n"
                       "delegate(wait=sys.argv[1] == 'wait')\nprint(os.getppid(), 'slow_to_import' in sys.modules)\n")
     monkeypatch.setenv("PYTHONPATH", f"{SRC}{os.pathsep}{tmp_path}")
     monkeypatch.delenv(jobserver.ENV_VAR, raising=False)  # restored afterwards for the module's server
@@ -311,7 +311,7 @@ def test_the_server_imports_the_package_copy_that_started_it(tmp_path):
     environment = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", jobserver.ENV_VAR)}
     starter = subprocess.run(
         [str(base), "-c",
-         f"import os, sys, time; sys.path.insert(0, {SRC!r}); from verbmirage import jobserver\n"
+         f"import os, sys, time; sys.path.insert(0, {SRC!r}); from verbmirage.workflow import jobserver\n"
          f"p = jobserver.start({str(tmp_path / 'log')!r}, preload=('json',))\n"
          "deadline = time.monotonic() + 60\n"
          "while not os.path.exists(p.ready_marker) and p.poll() is None and time.monotonic() < deadline:\n"

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from verbmirage.conditions import apply_condition
-from verbmirage.io import PREDICTIONS, QUESTIONS, read_table, write_table
-from verbmirage.questions import QuestionSettings, build_question_set
+from verbmirage.benchmark.conditions import apply_condition
+from verbmirage.core.io import PREDICTIONS, QUESTIONS, read_table, write_table
+from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = REPO / "tests"
@@ -33,14 +33,14 @@ SHARD = "out/hico/slow/0"
 LOG = "logs/predict/hico/slow/0.log"
 
 SNAKEFILE = """\
-from verbmirage import jobserver
+from verbmirage.workflow import jobserver
 
 _server = []
 
 
 onstart:
     _server.append(jobserver.start_run(config["local"], config["job_server"], "logs/job_server.log",
-                                       preload=("numpy", "pandas", "pyarrow.parquet", "verbmirage.inference")))
+                                       preload=("numpy", "pandas", "pyarrow.parquet", "verbmirage.inference.runs")))
 
 
 onsuccess:

@@ -25,9 +25,9 @@ from verbmirage.analysis.known_object import (
     map_label,
     ranking_scores,
 )
-from verbmirage.hico import NO_INTERACTION
-from verbmirage.io import KNOWN_OBJECT_AP, METRICS, PREDICTIONS, QUESTIONS, read_provenance, read_table, write_table
-from verbmirage.questions import QuestionSettings, build_question_set
+from verbmirage.data.hico import NO_INTERACTION
+from verbmirage.core.io import KNOWN_OBJECT_AP, METRICS, PREDICTIONS, QUESTIONS, read_provenance, read_table, write_table
+from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import REAL_HICO_DET_JSON  # noqa: E402
@@ -296,7 +296,7 @@ def test_real_hico_det_rare_list(real_yn_ko):
 
 
 def test_demo_hico_det_rare_counts_training_pairs(demo_roots):
-    from verbmirage.hico import load_hico_det_mat
+    from verbmirage.data.hico import load_hico_det_mat
 
     rare, definition = hico_det_rare(demo_roots[1])
     pairs = load_hico_det_mat(demo_roots[1]).pairs
@@ -362,7 +362,7 @@ def test_paper_config_runs_fig11():
     import yaml
     from snakemake.utils import validate
 
-    from verbmirage.config import check_config, model_question_sets
+    from verbmirage.workflow.config import check_config, model_question_sets
 
     repo = Path(__file__).resolve().parents[1]
     schema = str(repo / "schemas" / "config.schema.yaml")

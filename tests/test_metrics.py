@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 from sklearn.metrics import accuracy_score, precision_recall_fscore_support
 
-from verbmirage.metrics import (
+from verbmirage.evaluation.metrics import (
     YES_NO_METRICS,
     BootstrapSettings,
     consistency_scores,
@@ -95,7 +95,7 @@ def test_recall_on_rare_no_is_nan_and_intervals_skip_undefined_resamples():
 def test_interval_equals_scipy_where_every_resample_is_defined():
     import scipy.stats
 
-    from verbmirage.metrics import mc_scores, score_with_interval
+    from verbmirage.evaluation.metrics import mc_scores, score_with_interval
 
     rng = np.random.default_rng(0)
     # groups, circular correct, plain correct, rows (4 rotations per group), unknown rows
@@ -117,7 +117,7 @@ def test_resampled_sums_are_scipys_paired_resamples_batch_for_batch():
     """The sums come from scipy.stats.bootstrap's own draws, also where the resamples run in several batches."""
     import scipy.stats
 
-    from verbmirage.metrics import resampled_sums
+    from verbmirage.evaluation.metrics import resampled_sums
 
     per_image = np.random.default_rng(1).integers(0, 5, (2000, 6)).astype(float)
     batch = 2_000_000 // per_image.size
@@ -242,7 +242,7 @@ def test_consistency_between_runs():
 
 
 def test_unknown_mc_answers_are_wrong_and_counted():
-    from verbmirage.metrics import mc_group_correctness
+    from verbmirage.evaluation.metrics import mc_group_correctness
 
     joined = pd.DataFrame({"group_id": ["g1"] * 2 + ["g2"] * 2, "image_id": ["i1"] * 4, "rare": False,
                            "common": False, "rotation": [0, 1, 0, 1], "answer": ["A", "B", "C", "D"],
@@ -250,15 +250,15 @@ def test_unknown_mc_answers_are_wrong_and_counted():
     groups = mc_group_correctness(joined).set_index("group_id")
     assert groups.circular_correct.tolist() == [False, True] and groups.plain_correct.tolist() == [True, True]
     assert groups.unknown_rows.tolist() == [1, 0] and groups.rows.tolist() == [2, 2]
-    from verbmirage.metrics import mc_scores
+    from verbmirage.evaluation.metrics import mc_scores
 
     assert mc_scores(np.array([2, 1, 2, 4, 1])).tolist() == [0.5, 1.0, 0.25]
 
 
 def test_one_job_per_run_equals_one_job_per_set(tmp_path):
     """evaluate_run / consistency_run (one job per run or pair) give the rows of the per-set calls."""
-    from verbmirage.io import PREDICTIONS, QUESTIONS, write_table
-    from verbmirage.metrics import consistency_run, correctness, evaluate_consistency, evaluate_run
+    from verbmirage.core.io import PREDICTIONS, QUESTIONS, write_table
+    from verbmirage.evaluation.metrics import consistency_run, correctness, evaluate_consistency, evaluate_run
 
     settings = BootstrapSettings(resamples=50, seed=2)
     tables, expected, pairs, expected_pairs = [], [], [], []

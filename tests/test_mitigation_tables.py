@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from verbmirage.io import DECODING_TABLE8, MISSING_VALUE, MITIGATION_TABLE5, read_table, write_table
-from verbmirage.mitigation_tables import (
+from verbmirage.core.io import DECODING_TABLE8, MISSING_VALUE, MITIGATION_TABLE5, read_table, write_table
+from verbmirage.evaluation.mitigation_tables import (
     PROMPT_GROUP,
     PROMPT_SUFFIX_METHOD,
     TABLE5_GROUP,
@@ -17,8 +17,8 @@ from verbmirage.mitigation_tables import (
     table5,
     table8,
 )
-from verbmirage.derived.pangea import PAPER_MC_STEM
-from verbmirage.paper_numbers import load_paper_numbers, packaged_paper_numbers
+from verbmirage.benchmark.pangea_training import PAPER_MC_STEM
+from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_paper_numbers
 
 PAPER = load_paper_numbers(packaged_paper_numbers())
 DELTA = "Δ (ours − paper)"
@@ -289,7 +289,7 @@ def test_paper_method_must_be_a_table5_model_row():
 def test_tables_5_and_8_keep_planned_runs_without_values_with_the_reason(tmp_path):
     """As Table 1: an all-NaN run and a planned run without metrics
     keep their rows, "–" and the reason; the Parquet schemas hold the reason."""
-    from verbmirage.tables import NO_VALUES, NOT_RUN
+    from verbmirage.evaluation.tables import NO_VALUES, NOT_RUN
 
     metrics = _long({("llava", "beam5"): 0.6, ("llava", "vcd_beam"): float("nan")})
     planned = [("hico", "clean", "llava", variant, qset) for variant in ("beam5", "vcd_beam", "opera", "sample")

@@ -7,11 +7,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from verbmirage.conditions import ImageResolver, apply_condition
-from verbmirage.inference import predict
+from verbmirage.benchmark.conditions import ImageResolver, apply_condition
+from verbmirage.inference.runs import predict
 from verbmirage.models import BACKENDS, ModelContext, Question, create_model
 from verbmirage.models.baselines import training_frequencies
-from verbmirage.questions import QuestionSettings, build_question_set
+from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def test_registry_is_lazy_and_checks_names():
 def test_a_damaged_file_of_a_built_model_folder_is_named(tmp_path, damaged):
     """What a derived model's or a tiny model's folder damaged after its build gives (the libraries name no file)."""
     from verbmirage.models.registry import DamagedModelError
-    from verbmirage.tiny import build_tiny_llava
+    from verbmirage.models.tiny import build_tiny_llava
 
     folder = build_tiny_llava(tmp_path / "tiny_llava")
     file = folder / damaged
@@ -48,7 +48,7 @@ def test_a_damaged_file_of_a_built_model_folder_is_named(tmp_path, damaged):
 
 
 def test_damaged_training_statistics_are_named(tmp_path):
-    from verbmirage.io import DamagedTableError
+    from verbmirage.core.io import DamagedTableError
 
     (tmp_path / "train_stats.parquet").write_bytes(b"PAR1")
     with pytest.raises(DamagedTableError, match="train_stats.parquet: not a readable Parquet table"):
@@ -105,7 +105,7 @@ def test_language_prior_uses_training_frequencies(demo_anno, train_stats):
     )
     assert results[0].p_yes < results[1].p_yes
     assert results[1].p_yes == pytest.approx((frequent.positives + 1) / (frequent.total + 2))
-    from verbmirage.text import hoi_phrase
+    from verbmirage.core.text import hoi_phrase
 
     options = (hoi_phrase(rare.verb, rare.object), hoi_phrase(frequent.verb, frequent.object))
     choice = prior.score_multiple_choice([Question("c", "", options=options)])[0]
@@ -186,8 +186,8 @@ def test_which_scores_may_be_undefined(result, problem):
 def test_a_non_finite_score_becomes_an_error_row_the_budget_counts(tmp_path):
     """Every backend's answers pass the base class's result check: a NaN score from any backend (here a custom
     one) is an error row naming model, question and image, and more of them than max_error_share fail the job."""
-    from verbmirage.decisions import CalibratedModel, ThresholdRule
-    from verbmirage.inference import IncompleteShardError
+    from verbmirage.variants.decisions import CalibratedModel, ThresholdRule
+    from verbmirage.inference.runs import IncompleteShardError
     from verbmirage.models.base import VisionLanguageModel
 
     class Overflowing(VisionLanguageModel):

@@ -1,4 +1,4 @@
-"""Nullu weight editing (verbmirage.derived.nullu) on a tiny LLaVA with 4 decoder layers (real classes).
+"""Nullu weight editing (verbmirage.models.derived.nullu) on a tiny LLaVA with 4 decoder layers (real classes).
 
 Oracles (hand-computed): k = 0 changes nothing; only the chosen layers' down_proj weights
 change; the edited matrices have no output along the removed directions; editing twice == once; sign flips of
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from verbmirage.derived import build_derived
-from verbmirage.derived.nullu import (
+from verbmirage.models.derived import build_derived
+from verbmirage.models.derived.nullu import (
     NulluSettings,
     chosen_layers,
     decoder_layers,
@@ -31,9 +31,9 @@ from verbmirage.derived.nullu import (
     project_out,
     sample_embeddings,
 )
-from verbmirage.hico import NO_INTERACTION
-from verbmirage.imaging import open_rgb
-from verbmirage.io import NULLU_PAIRS, read_table
+from verbmirage.data.hico import NO_INTERACTION
+from verbmirage.core.imaging import open_rgb
+from verbmirage.core.io import NULLU_PAIRS, read_table
 from verbmirage.models import create_model
 
 PAIRS = 12
@@ -41,7 +41,7 @@ PAIRS = 12
 
 @pytest.fixture(scope="module")
 def tiny4(tmp_path_factory) -> Path:
-    from verbmirage.tiny import build_tiny_llava
+    from verbmirage.models.tiny import build_tiny_llava
 
     return build_tiny_llava(tmp_path_factory.mktemp("nullu") / "tiny_llava4", layers=4)
 

@@ -34,8 +34,8 @@ from verbmirage.analysis.object_reliance import (
     verb_influence,
     yes_no_units,
 )
-from verbmirage.hico import HicoAnnotations, hoi_vocabulary
-from verbmirage.io import (
+from verbmirage.data.hico import HicoAnnotations, hoi_vocabulary
+from verbmirage.core.io import (
     OBJECT_RELIANCE,
     RELIANCE_TABLE6,
     RELIANCE_TABLE7,
@@ -310,7 +310,7 @@ def test_metric_rows_tables_and_schemas(tmp_path):
     objects, verbs, rows = object_reliance(questions, predictions, anno, ["m1", "m2"], settings, KEYS)
     write_table(objects, tmp_path / "o.parquet", OBJECT_RELIANCE)
     write_table(verbs, tmp_path / "v.parquet", VERB_INFLUENCE)
-    from verbmirage.io import METRICS
+    from verbmirage.core.io import METRICS
     write_table(rows, tmp_path / "m.parquet", METRICS)
     assert set(rows.metric) == {OVERLAP_METRIC, IOU_METRIC}
     assert set(rows[rows.metric == OVERLAP_METRIC].qset) == {"yn+mc"}
@@ -445,7 +445,7 @@ def test_models_must_answer_all_four_sets_and_run_the_variant():
 # ---- real HICO --------------------------------------------------------------------------------------------------
 def test_every_real_verb_question_has_an_attribution(real_anno):
     """On the real anno.mat (a sample of the built sets): every yn_verb / mc_verb question names ≥ 1 object."""
-    from verbmirage.questions import QuestionSettings, build_question_set
+    from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 
     anno = HicoAnnotations(root=real_anno.root, hois=real_anno.hois,
                            labels={"test": real_anno.labels["test"][:600], "train": real_anno.labels["train"]},

@@ -14,9 +14,10 @@ import pytest
 import torch
 from PIL import Image
 
-from verbmirage.models import create_model, decoding
+from verbmirage.models import create_model
+from verbmirage.variants import search as decoding
 from verbmirage.models.base import Question
-from verbmirage.variants import OperaSettings, Variant
+from verbmirage.variants.settings import OperaSettings, Variant
 
 VOCAB, PROMPT, STOP = 7, 6, {6}
 

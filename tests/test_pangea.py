@@ -11,29 +11,25 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from verbmirage.derived.pangea import (
+from verbmirage.benchmark.pangea_training import (
     DEMO_NODE_INDEX,
     DEMO_NODES,
     DEMO_SOURCES,
     QSET_MC,
     QSET_YN,
     LeakageError,
-    PangeaFiles,
-    PangeaFormatError,
     TrainingQuestionSettings,
-    UnsafePickleError,
     allocate,
     build_training_questions,
     check_no_test_images,
     hico_test_images,
     image_files,
-    load_pangea,
-    load_plain_pickle,
     normalise_label,
     write_demo_pangea,
     write_training_questions,
 )
-from verbmirage.io import PANGEA_SOURCES, QUESTIONS, read_table
+from verbmirage.data.pangea import PangeaFiles, PangeaFormatError, UnsafePickleError, load_pangea, load_plain_pickle
+from verbmirage.core.io import PANGEA_SOURCES, QUESTIONS, read_table
 
 
 class _RunsCode:
@@ -268,7 +264,7 @@ def test_a_planted_hico_test_image_fails_the_build(tmp_path, pangea_root, demo_r
 
 
 def test_config_check_names_a_missing_pangea(tmp_path):
-    from verbmirage.config import DEMO_HICO_ROOT, ConfigError, check_config
+    from verbmirage.workflow.config import DEMO_HICO_ROOT, ConfigError, check_config
 
     models = {"base": {"backend": "llava", "path": "m"}, "tuned": {"derive": {"method": "lora_finetune", "base": "base"}}}
     config = {"datasets": {"hico": {"root": DEMO_HICO_ROOT}}, "models": models}

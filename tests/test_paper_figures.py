@@ -22,7 +22,7 @@ from verbmirage.analysis.paper_figures import (
     figure_note,
     variant_decoding,
 )
-from verbmirage.paper_numbers import (
+from verbmirage.evaluation.paper_numbers import (
     load_paper_numbers,
     packaged_paper_numbers,
     paper_names_from_config,

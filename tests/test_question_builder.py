@@ -12,8 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from question_reference import reference_question_set  # noqa: E402
 
-from verbmirage import questions  # noqa: E402
-from verbmirage.questions import (  # noqa: E402
+from verbmirage.benchmark import questions  # noqa: E402
+from verbmirage.benchmark.questions import (  # noqa: E402
     QUESTION_SETS,
     QuestionSettings,
     _compact_json,
@@ -138,7 +138,7 @@ def test_label_check_names_the_bad_cell(demo_roots, tmp_path):
     """The fast label check of load_hico still names a value that is not 1, 0, -1 or NaN (and passes -0.0)."""
     import scipy.io
 
-    from verbmirage.hico import AnnotationFormatError, load_hico
+    from verbmirage.data.hico import AnnotationFormatError, load_hico
 
     mat = scipy.io.loadmat(demo_roots[0] / "anno.mat")
     root = tmp_path / "hico"

@@ -4,9 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from verbmirage.hico import hoi_vocabulary
-from verbmirage.io import QUESTIONS, write_table
-from verbmirage.questions import (
+from verbmirage.data.hico import hoi_vocabulary
+from verbmirage.core.io import QUESTIONS, write_table
+from verbmirage.benchmark.questions import (
     QUESTION_SETS,
     ImageLabels,
     QuestionSettings,
@@ -130,7 +130,7 @@ def test_mc_obj_negative_options_are_absent_hois(built):
     _, anno, frames = built
     labels_of = _image_labels(anno)
     hoi_of = {(v, o): h for h, v, o in zip(anno.hois.hoi_id, anno.hois.verb, anno.hois.object)}
-    from verbmirage.text import hoi_phrase
+    from verbmirage.core.text import hoi_phrase
 
     phrase_to_hoi = {hoi_phrase(v, o): h for (v, o), h in hoi_of.items()}
     first = frames["mc_obj"][frames["mc_obj"].rotation == 0]

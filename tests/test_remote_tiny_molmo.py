@@ -116,7 +116,7 @@ def test_in_process_path_on_transformers5_scores_like_the_official_stack(molmo, 
 def test_sampling_runs_and_beam_search_is_refused(molmo, images):
     """Molmo's generate_from_batch cannot run beam search (its caches have no reordering): a beam variant is
     refused, naming what the backend lacks; sampling is its own generate's."""
-    from verbmirage.variants import Variant
+    from verbmirage.variants.settings import Variant
 
     with pytest.raises(ValueError, match=r"backend 'molmo' .* lacks \['decoding:beam'\]"):
         molmo.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 5}))

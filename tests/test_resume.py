@@ -13,10 +13,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from verbmirage.conditions import apply_condition
-from verbmirage.inference import IncompleteShardError, PartStore, merge_shards, parts_directory, select_shard
-from verbmirage.io import PREDICTIONS, QUESTIONS, read_table, write_table
-from verbmirage.questions import QuestionSettings, build_question_set
+from verbmirage.benchmark.conditions import apply_condition
+from verbmirage.inference.runs import IncompleteShardError, PartStore, merge_shards, parts_directory, select_shard
+from verbmirage.core.io import PREDICTIONS, QUESTIONS, read_table, write_table
+from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 
 TESTS = Path(__file__).resolve().parent
 

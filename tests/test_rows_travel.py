@@ -17,7 +17,7 @@ from PIL import Image
 
 from verbmirage.models import create_model
 from verbmirage.models.base import Question
-from verbmirage.variants import Variant
+from verbmirage.variants.settings import Variant
 
 VARIANTS = {
     "greedy": {},

@@ -1,8 +1,8 @@
-"""Each config its own results tree (README, "Several configs in one checkout"; src/verbmirage/run_folders.py)."""
+"""Each config its own results tree (README, "Several configs in one checkout"; src/verbmirage/workflow/run_folders.py)."""
 
 import pytest
 
-from verbmirage.run_folders import RunFolderError, RunFolders, run_folders
+from verbmirage.workflow.run_folders import RunFolderError, RunFolders, run_folders
 
 
 def test_the_demo_config_writes_to_results_and_any_other_file_to_its_own_tree(tmp_path):

@@ -1,4 +1,4 @@
-"""The end-of-run block (verbmirage.run_summary): Table 1's headline beside the paper's, the failed jobs of a
+"""The end-of-run block (verbmirage.workflow.run_summary): Table 1's headline beside the paper's, the failed jobs of a
 real Snakemake log, and a summary that never fails the run."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from verbmirage.paper_numbers import load_paper_numbers, packaged_paper_numbers
-from verbmirage.run_summary import failed_jobs, failure_summary, headline_lines, print_summary, success_summary
-from verbmirage.tables import paper_tables
+from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_paper_numbers
+from verbmirage.workflow.run_summary import failed_jobs, failure_summary, headline_lines, print_summary, success_summary
+from verbmirage.evaluation.tables import paper_tables
 
 VARIANTS = {"default": {}, "beam5": {"decoding": "beam", "num_beams": 5, "paper_name": "beam5"}}
 
@@ -130,7 +130,7 @@ def test_print_summary_never_raises(tmp_path):
 
 
 SNAKEFILE = r"""
-from verbmirage import run_summary
+from verbmirage.workflow import run_summary
 
 rule all:
     input: expand("out/{x}.txt", x=["a", "b", "c"])
@@ -180,7 +180,7 @@ def test_failure_summary_without_failed_jobs_or_logs(tmp_path):
 
 
 @pytest.mark.parametrize("tail, expected", [
-    # job_log's record of a failed job: the traceback, then the resources line (verbmirage.joblog)
+    # job_log's record of a failed job: the traceback, then the resources line (verbmirage.core.joblog)
     ("12:00 ERROR verbmirage.job: job failed\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
      "    read()\npyarrow.lib.ArrowInvalid: Could not open 'm.parquet'\n12:00 INFO verbmirage.job: job resources\n",
      "pyarrow.lib.ArrowInvalid: Could not open 'm.parquet'"),
@@ -192,7 +192,7 @@ def test_failure_summary_without_failed_jobs_or_logs(tmp_path):
     ("progress 10%\rprogress 100%\r\nall done\n", "all done"),
 ])
 def test_error_line_of_a_job_log(tmp_path, tail, expected):
-    from verbmirage.run_summary import error_line
+    from verbmirage.workflow.run_summary import error_line
 
     log = tmp_path / "job.log"
     log.write_text(tail)

@@ -21,8 +21,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from verbmirage.conditions import apply_condition
-from verbmirage.inference import (
+from verbmirage.benchmark.conditions import apply_condition
+from verbmirage.inference.runs import (
     IncompleteShardError,
     PartStore,
     ShardBusyError,
@@ -32,9 +32,9 @@ from verbmirage.inference import (
     run_settings,
     run_shard,
 )
-from verbmirage.io import PREDICTIONS, QUESTIONS, read_table, write_table
+from verbmirage.core.io import PREDICTIONS, QUESTIONS, read_table, write_table
 from verbmirage.models.base import NO, YES, FatalBackendError, VisionLanguageModel, YesNoResult
-from verbmirage.questions import QuestionSettings, build_question_set
+from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 
 TESTS = Path(__file__).resolve().parent
 
@@ -81,7 +81,7 @@ def prepared(demo_anno, demo_roots, tmp_path_factory):
 
 
 def _resolver(base):
-    from verbmirage.conditions import ImageResolver
+    from verbmirage.benchmark.conditions import ImageResolver
 
     return ImageResolver(base / "clean")
 
@@ -179,7 +179,7 @@ def test_too_many_error_rows_fail_the_job_and_keep_the_parts(prepared, tmp_path,
     assert not output.exists()
     assert list(parts_directory(output).glob("part-*.parquet"))
     # a higher limit accepts them; the stored error rows are asked again and answered the same way
-    with caplog.at_level(logging.WARNING, logger="verbmirage.inference"):
+    with caplog.at_level(logging.WARNING, logger="verbmirage.inference.runs"):
         frame = _run(base, output, failing, max_error_share=0.2)
     assert frame.error.notna().sum() == 10 and len(frame) == len(questions)
     assert not parts_directory(output).exists()
@@ -281,7 +281,7 @@ def test_an_oversized_image_is_a_value_error_naming_the_file(tmp_path, monkeypat
     """Probe 8: a decompression bomb must become one error row (ValueError), not a crashed job."""
     from PIL import Image
 
-    from verbmirage.imaging import open_rgb
+    from verbmirage.core.imaging import open_rgb
 
     path = tmp_path / "huge.png"
     Image.new("RGB", (100, 100)).save(path)

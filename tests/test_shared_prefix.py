@@ -156,7 +156,7 @@ def test_scores_do_not_depend_on_where_suffix_batches_are_cut(llava, monkeypatch
 def test_a_greedy_call_holds_several_batches_and_each_forward_at_most_one(llava, monkeypatch):
     """use_batch_size: a greedy LLaVA call takes CALL_BATCHES batches' worth of questions, its suffix batches
     and decodings stay within batch_rows, and the answers are those of an uncapped call."""
-    from verbmirage.variants import Variant
+    from verbmirage.variants.settings import Variant
 
     model, questions = llava
     sizes, chunks = [], []

@@ -18,8 +18,8 @@ import yaml
 from snakemake.utils import validate
 
 from conftest import REAL_HICO_DET_JSON
-from verbmirage.config import ConfigError, check_config
-from verbmirage.hico import (
+from verbmirage.workflow.config import ConfigError, check_config
+from verbmirage.data.hico import (
     AnnotationFormatError,
     HicoAnnotations,
     hoi_vocabulary,
@@ -27,7 +27,7 @@ from verbmirage.hico import (
     load_hico_det_json,
     read_hico_det,
 )
-from verbmirage.image_tags import (
+from verbmirage.benchmark.image_tags import (
     IMAGE_TAGS,
     TAG_COLUMNS,
     TagSettings,
@@ -36,8 +36,8 @@ from verbmirage.image_tags import (
     image_tags,
     measure_image,
 )
-from verbmirage.io import read_table, write_table
-from verbmirage.metrics import BootstrapSettings, attach_tags, evaluate, mc_group_correctness
+from verbmirage.core.io import read_table, write_table
+from verbmirage.evaluation.metrics import BootstrapSettings, attach_tags, evaluate, mc_group_correctness
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = hoi_vocabulary()
@@ -267,7 +267,7 @@ def test_tag_table_round_trips_its_schema(demo_roots, demo_anno, tmp_path):
 @pytest.fixture(scope="module")
 def real_tags():
     from conftest import REAL_HICO
-    from verbmirage.hico import load_hico
+    from verbmirage.data.hico import load_hico
 
     if not REAL_HICO_DET_JSON.is_file() or not (REAL_HICO / "anno.mat").is_file():
         pytest.skip("real HICO-DET test instances or HICO anno.mat not present")

@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from verbmirage.conditions import ImageResolver, apply_condition
-from verbmirage.inference import (
+from verbmirage.benchmark.conditions import ImageResolver, apply_condition
+from verbmirage.inference.runs import (
     IncompleteShardError,
     ShardBusyError,
     PartStore,
@@ -34,12 +34,12 @@ from verbmirage.inference import (
     suite_order,
     suite_table,
 )
-from verbmirage.io import PREDICTIONS, QUESTIONS, read_provenance, read_table, write_table
+from verbmirage.core.io import PREDICTIONS, QUESTIONS, read_provenance, read_table, write_table
 from verbmirage.models import Question, create_model
 from verbmirage.models.base import MultipleChoiceResult, VisionLanguageModel, YesNoResult
-from verbmirage.questions import QuestionSettings, build_question_set
-from verbmirage.tiny import build_tiny_llava
-from verbmirage.variants import Variant, VCDSettings
+from verbmirage.benchmark.questions import QuestionSettings, build_question_set
+from verbmirage.models.tiny import build_tiny_llava
+from verbmirage.variants.settings import Variant, VCDSettings
 
 SETS = ("yn_obj", "yn_verb", "mc_obj", "mc_verb", "obj_exist")
 FLOATS = ("p_yes", "yes_margin", "confidence")
@@ -147,7 +147,7 @@ def test_adding_a_set_asks_only_its_questions(suite, tmp_path, caplog):
     assert (parts / "yn_obj/part-000000.parquet").stat().st_ino == suite_table(output, "yn_obj").stat().st_ino
     first = read_table(suite_table(output, "yn_obj"), PREDICTIONS)
     suite_table(output, "yn_obj").unlink()  # Snakemake removes a job's output before it reruns
-    with caplog.at_level(logging.INFO, logger="verbmirage.inference"):
+    with caplog.at_level(logging.INFO, logger="verbmirage.inference.runs"):
         counts = run_suite({"yn_obj": paths["yn_obj"], "mc_obj": paths["mc_obj"]}, base / "clean", "random",
                            entry, {}, 0, 1, output)
     n = len(read_table(paths["yn_obj"]))
@@ -157,7 +157,7 @@ def test_adding_a_set_asks_only_its_questions(suite, tmp_path, caplog):
     pd.testing.assert_frame_equal(read_table(suite_table(output, "yn_obj"), PREDICTIONS), first)
     # other settings: nothing is reused
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="verbmirage.inference"):
+    with caplog.at_level(logging.INFO, logger="verbmirage.inference.runs"):
         run_suite({"yn_obj": paths["yn_obj"]}, base / "clean", "random", {**entry, "seed": 1}, {}, 0, 1, output)
     assert "resuming" not in caplog.text
 
@@ -321,8 +321,8 @@ def test_non_finite_scores_of_the_engine_are_error_rows_and_fail_the_job(suite, 
 def test_a_sampled_model_answers_the_same_fixed_sample_in_any_shard_and_is_scored_on_it(suite, tmp_path):
     """models.<slug>.sample_questions: N groups per set (MC rotations together), the same whatever the shards,
     recorded in the provenance; the merge expects them and the metrics count only them."""
-    from verbmirage.metrics import BootstrapSettings, evaluate_run
-    from verbmirage.questions import question_sample
+    from verbmirage.evaluation.metrics import BootstrapSettings, evaluate_run
+    from verbmirage.benchmark.questions import question_sample
 
     base, paths = suite
     entry = {"backend": "random", "seed": 0, "sample_questions": 3, "sample_seed": 1}

@@ -28,9 +28,9 @@ from verbmirage.analysis.uncertainty import (
     uncertainty_tables,
 )
 from verbmirage.analysis.uncertainty_figures import draw_fov_figure, draw_uncertainty_figures, uncertainty_roles
-from verbmirage.config import ConfigError
-from verbmirage.io import FOV, FOV_ROWS, METRICS, UNCERTAINTY_HIST, read_table, write_table
-from verbmirage.metrics import BootstrapSettings
+from verbmirage.workflow.config import ConfigError
+from verbmirage.core.io import FOV, FOV_ROWS, METRICS, UNCERTAINTY_HIST, read_table, write_table
+from verbmirage.evaluation.metrics import BootstrapSettings
 
 NO_BOOTSTRAP = BootstrapSettings(resamples=0)
 

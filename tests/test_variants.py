@@ -8,11 +8,11 @@ import pytest
 import yaml
 from snakemake.utils import validate
 
-from verbmirage.config import ConfigError, check_config
+from verbmirage.workflow.config import ConfigError, check_config
 from verbmirage.models import create_model
 from verbmirage.models.prompts import PromptTemplate
 from verbmirage.models.registry import BACKENDS, VARIANT_FEATURES
-from verbmirage.variants import (
+from verbmirage.variants.settings import (
     FEATURES,
     PAPER_PROMPT_SUFFIX,
     Variant,
@@ -209,7 +209,7 @@ def test_a_model_sets_its_own_vcd_alpha_for_one_variant():
     import yaml
     from pathlib import Path
 
-    from verbmirage.variants import check_model_variant_settings, model_variant_entry
+    from verbmirage.variants.settings import check_model_variant_settings, model_variant_entry
 
     paper = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs/paper.yaml").read_text())
     alpha = lambda model, variant: Variant.from_config(model_variant_entry(paper, model, variant)).vcd.alpha  # noqa
@@ -231,7 +231,7 @@ def test_a_model_sets_its_own_vcd_alpha_for_one_variant():
 def test_a_derived_model_does_not_inherit_its_bases_variant_settings(config):
     """A derived entry runs its own variant list, so its base's variant_settings (for variants it may not run)
     are not inherited: the demo's Nullu runs default and beam5 only, its base sets sample_vcd's alpha."""
-    from verbmirage.derived import effective_models
+    from verbmirage.models.derived import effective_models
 
     config["models"]["tiny_llava"]["variant_settings"] = {"sample_vcd": {"vcd": {"alpha": 0.5}}}
     validate(config, SCHEMA)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from workflow_run import REPO, planned_jobs, write_config
 
-from verbmirage.io import METRICS, read_provenance, read_table
+from verbmirage.core.io import METRICS, read_provenance, read_table
 
 pytestmark = pytest.mark.slow
 
@@ -198,7 +198,7 @@ def test_a_config_file_named_on_the_command_line_replaces_the_demo_config(tmp_pa
 
 def test_charadesego_videos_from_their_own_folder(tmp_path):
     """datasets.charadesego.videos: the videos outside <root>/CharadesEgo_v1_480, as its own download leaves them."""
-    from verbmirage.charades import write_demo_charadesego
+    from verbmirage.data.charades import write_demo_charadesego
 
     root = write_demo_charadesego(tmp_path / "mine" / "charadesego", pairs=3)
     (root / "CharadesEgo_v1_480").rename(tmp_path / "mine" / "videos")
@@ -225,7 +225,7 @@ def test_dataset_from_a_local_archive(tmp_path):
     import json
     import zipfile
 
-    from verbmirage.demo import DemoSizes, write_demo_hico
+    from verbmirage.data.demo import DemoSizes, write_demo_hico
 
     write_demo_hico(tmp_path / "mine" / "hico_20150920", tmp_path / "mine" / "det", DemoSizes(train=60, test=20))
     archive = tmp_path / "hico_20150920.zip"

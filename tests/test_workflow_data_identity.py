@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from verbmirage.demo import DemoSizes, write_demo_hico
+from verbmirage.data.demo import DemoSizes, write_demo_hico
 from workflow_run import REPO, planned_jobs, write_config
 
 pytestmark = pytest.mark.slow

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from verbmirage.decisions import CONTENT_FREE_RULE, THRESHOLD_RULE, check_training_only, read_cuts
-from verbmirage.hico import load_hico
-from verbmirage.io import PREDICTIONS, QUESTIONS, read_table
+from verbmirage.variants.decisions import CONTENT_FREE_RULE, THRESHOLD_RULE, check_training_only, read_cuts
+from verbmirage.data.hico import load_hico
+from verbmirage.core.io import PREDICTIONS, QUESTIONS, read_table
 
 pytestmark = pytest.mark.slow
 

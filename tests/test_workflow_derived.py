@@ -10,9 +10,9 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from verbmirage.derived import DERIVED_FOLDER
-from verbmirage.hico import load_hico
-from verbmirage.io import NULLU_PAIRS, read_table
+from verbmirage.models.derived import DERIVED_FOLDER
+from verbmirage.data.hico import load_hico
+from verbmirage.core.io import NULLU_PAIRS, read_table
 
 pytestmark = pytest.mark.slow
 

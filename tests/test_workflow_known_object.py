@@ -10,9 +10,9 @@ import yaml
 from known_object_reference import reference_ap_table
 
 from verbmirage.analysis.known_object import hico_det_rare
-from verbmirage.io import KNOWN_OBJECT_AP, METRICS, PREDICTIONS, QUESTIONS, read_provenance, read_table
+from verbmirage.core.io import KNOWN_OBJECT_AP, METRICS, PREDICTIONS, QUESTIONS, read_provenance, read_table
 from verbmirage.models.registry import variant_features
-from verbmirage.variants import Variant, model_variants
+from verbmirage.variants.settings import Variant, model_variants
 
 pytestmark = pytest.mark.slow
 

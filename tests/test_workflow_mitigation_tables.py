@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from verbmirage.derived import derived_entries
-from verbmirage.io import DECODING_TABLE8, METRICS, MITIGATION_TABLE5, read_table
-from verbmirage.mitigation_tables import (
+from verbmirage.models.derived import derived_entries
+from verbmirage.core.io import DECODING_TABLE8, METRICS, MITIGATION_TABLE5, read_table
+from verbmirage.evaluation.mitigation_tables import (
     PROMPT_SUFFIX_METHOD,
     TABLE5_VARIANT_METHODS,
     TABLE8_DECODINGS,
@@ -18,7 +18,7 @@ from verbmirage.mitigation_tables import (
     table5,
     table8,
 )
-from verbmirage.paper_numbers import load_paper_numbers, packaged_paper_numbers, paper_names_from_config
+from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_paper_numbers, paper_names_from_config
 
 pytestmark = pytest.mark.slow
 

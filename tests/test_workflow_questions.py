@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from verbmirage.charades import DEMO_REPEATED_ACTION
-from verbmirage.io import QUESTION_COUNTS, read_table
+from verbmirage.data.charades import DEMO_REPEATED_ACTION
+from verbmirage.core.io import QUESTION_COUNTS, read_table
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ from verbmirage.analysis.object_reliance import (
     object_reliance,
     reliance_plan,
 )
-from verbmirage.hico import load_hico
-from verbmirage.io import (
+from verbmirage.data.hico import load_hico
+from verbmirage.core.io import (
     METRICS,
     OBJECT_RELIANCE,
     PREDICTIONS,

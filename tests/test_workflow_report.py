@@ -15,7 +15,7 @@ from workflow_run import ARTIFACTS, REPO
 
 from verbmirage.analysis.figure_layout import MAX_WIDTH_PX, companion_paths
 from verbmirage.analysis.paper_figures import bar_values, fig1_object_vs_verb
-from verbmirage.io import METRICS, read_table
+from verbmirage.core.io import METRICS, read_table
 
 pytestmark = pytest.mark.slow
 
@@ -256,6 +256,6 @@ def test_snakefile_hooks_print_the_end_of_run_summary(demo_run, tmp_path):
     failed = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert failed.returncode != 0
     text = failed.stderr[failed.stderr.index("Verb Mirage: the run stopped; 1 job failed:"):]
-    assert "\n  tables\n    log logs/tables.log: verbmirage.io.DamagedTableError: results/metrics/metrics.parquet" \
+    assert "\n  tables\n    log logs/tables.log: verbmirage.core.io.DamagedTableError: results/metrics/metrics.parquet" \
         in text, text
     assert "Snakemake's log of this run: .snakemake/log/" in text

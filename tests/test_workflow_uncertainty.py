@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from verbmirage.io import FOV, FOV_ROWS, METRICS, PREDICTIONS, UNCERTAINTY_HIST, read_table
+from verbmirage.core.io import FOV, FOV_ROWS, METRICS, PREDICTIONS, UNCERTAINTY_HIST, read_table
 
 pytestmark = pytest.mark.slow
 

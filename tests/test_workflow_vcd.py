@@ -7,10 +7,10 @@ import pytest
 import yaml
 
 from verbmirage.analysis.vcd_divergence import plain_counterparts, vcd_divergence_settings, vcd_variants
-from verbmirage.derived import effective_models
-from verbmirage.io import PREDICTIONS, QUESTIONS, VCD_DIVERGENCE, VCD_KL_HIST, read_table
+from verbmirage.models.derived import effective_models
+from verbmirage.core.io import PREDICTIONS, QUESTIONS, VCD_DIVERGENCE, VCD_KL_HIST, read_table
 from verbmirage.models.registry import variant_features
-from verbmirage.variants import model_variants
+from verbmirage.variants.settings import model_variants
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from verbmirage.io import PREDICTIONS, read_table, write_table
+from verbmirage.core.io import PREDICTIONS, read_table, write_table
 from verbmirage.models import Question, create_model
 from verbmirage.models.base import yes_no_margin
 from verbmirage.models.hf import LogitsVLM
@@ -149,8 +149,8 @@ def test_api_margin_from_logprobs_only_when_both_words_are_listed(model, tmp_pat
 
 
 def test_baselines_and_multiple_choice_rows_have_no_margin(demo_anno, tmp_path):
-    from verbmirage.inference import predict
-    from verbmirage.questions import QuestionSettings, build_question_set
+    from verbmirage.inference.runs import predict
+    from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 
     model = create_model("always_yes", {"backend": "always_yes"})
     for qset in ("yn_obj", "mc_obj"):

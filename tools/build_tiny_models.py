@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from verbmirage.tiny import BUILDERS  # noqa: E402
+from verbmirage.models.tiny import BUILDERS  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

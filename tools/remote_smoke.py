@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from verbmirage.config import check_yaml_file  # noqa: E402
+from verbmirage.workflow.config import check_yaml_file  # noqa: E402
 from verbmirage.models.smoke import DEFAULT_MAX_NEW_TOKENS, DEFAULT_TOLERANCE, run_smoke  # noqa: E402
 
 

@@ -13,7 +13,7 @@ Public face:
   (:func:`~verbmirage.analysis.fov.fov_tables`; Fig. 10); their figures in
   :mod:`verbmirage.analysis.uncertainty_figures`.
 - :mod:`verbmirage.analysis.paper_figures`: the paper's Figs. 1, 3, 4(b), 5 and 6 from the metrics
-  table, the paper's numbers (:mod:`verbmirage.paper_numbers`) marked where it prints one.
+  table, the paper's numbers (:mod:`verbmirage.evaluation.paper_numbers`) marked where it prints one.
 - :mod:`verbmirage.analysis.object_reliance`: answers with vs without the object named, per object
   and per verb (:func:`~verbmirage.analysis.object_reliance.object_reliance`; Fig. 15, Tables 6 and 7).
 

@@ -40,8 +40,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from verbmirage.imaging import size_field, square_input_side
-from verbmirage.text import object_name, verb_phrase
+from verbmirage.core.imaging import size_field, square_input_side
+from verbmirage.core.text import object_name, verb_phrase
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ def annotated_size(pairs: pd.DataFrame | None, image: str) -> tuple[int, int] | 
 
 def box_table(det_pairs: pd.DataFrame) -> pd.DataFrame:
     """``hico.read_hico_det(...).pairs`` rows with the question tables' image path and the HOI's object."""
-    from verbmirage.hico import hoi_vocabulary
+    from verbmirage.data.hico import hoi_vocabulary
 
     objects = hoi_vocabulary().set_index("hoi_id").object
     frame = det_pairs.copy()
@@ -442,10 +442,10 @@ def run_attention(questions: pd.DataFrame, model, images, pairs: pd.DataFrame | 
     """The attention table of one (question set, condition, model): one row per sampled question and layer.
 
     ``images`` resolves a question's ``image`` to the file the model sees
-    (a :class:`~verbmirage.conditions.ImageResolver`); ``pairs`` is
+    (a :class:`~verbmirage.benchmark.conditions.ImageResolver`); ``pairs`` is
     :func:`box_table` of the HICO-DET annotation (None: no key area).
     """
-    from verbmirage.questions import question_kind
+    from verbmirage.benchmark.questions import question_kind
 
     chosen = sample_questions(questions, sample, seed)
     probe = AttentionProbe(model, layers, batch_size)
@@ -508,9 +508,9 @@ def attention_job(questions_paths, images_dir, det_root, model_slug: str, model_
     ``det_root`` is set) HICO-DET's test boxes (``anno_bbox.mat`` or the instances JSON); never the
     prediction files.
     """
-    from verbmirage.conditions import ImageResolver
-    from verbmirage.hico import read_hico_det
-    from verbmirage.io import ATTENTION, QUESTIONS, read_table, write_table
+    from verbmirage.benchmark.conditions import ImageResolver
+    from verbmirage.data.hico import read_hico_det
+    from verbmirage.core.io import ATTENTION, QUESTIONS, read_table, write_table
     from verbmirage.models import create_model
 
     paths = [questions_paths] if isinstance(questions_paths, (str, Path)) else list(questions_paths)
@@ -541,7 +541,7 @@ def collect_attention(paths: Iterable[str | Path], output, qsets: list[str] | No
     ``qsets`` orders the rows set by set (then in the order of ``paths``, then as in each job's table), the
     order the summary's bootstrap draws its resamples in; None keeps the parts' order.
     """
-    from verbmirage.io import ATTENTION, read_table, write_table
+    from verbmirage.core.io import ATTENTION, read_table, write_table
 
     parts = [read_table(path, ATTENTION) for path in paths]
     parts = [part for part in parts if len(part)]

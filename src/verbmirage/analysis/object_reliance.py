@@ -31,12 +31,12 @@ import numpy as np
 import pandas as pd
 
 from verbmirage.analysis.figure_layout import FONT, PAGE_WIDTH, n_label, page_figure, page_style, save_figure
-from verbmirage.config import model_question_sets, model_variant_list
-from verbmirage.hico import HicoAnnotations
-from verbmirage.io import MISSING_VALUE
-from verbmirage.paper_numbers import PAPER_VARIANT, load_paper_numbers, packaged_paper_numbers
-from verbmirage.metrics import join_predictions, mc_group_correctness
-from verbmirage.questions import Vocabulary, image_labels
+from verbmirage.workflow.config import model_question_sets, model_variant_list
+from verbmirage.data.hico import HicoAnnotations
+from verbmirage.core.io import MISSING_VALUE
+from verbmirage.evaluation.paper_numbers import PAPER_VARIANT, load_paper_numbers, packaged_paper_numbers
+from verbmirage.evaluation.metrics import join_predictions, mc_group_correctness
+from verbmirage.benchmark.questions import Vocabulary, image_labels
 
 RELIANCE_QSETS = ("yn_obj", "yn_verb", "mc_obj", "mc_verb")
 OVERLAP_METRIC = "influential_object_overlap_index"  # the keys paper_tables.csv uses (Table 6)

@@ -2,7 +2,7 @@
 
 Every figure is grouped bars, one group per model, one bar per quantity, in percent (kappa x100),
 with the metric's bootstrap interval over images as an error bar. Where the paper's numbers
-(:mod:`verbmirage.paper_numbers`, the packaged ``paper_tables.csv``) have the quantity for the model a
+(:mod:`verbmirage.evaluation.paper_numbers`, the packaged ``paper_tables.csv``) have the quantity for the model a
 group stands for (``models.<slug>.paper_name``; never a ``paper_method`` model, which is a method applied to a
 model: the tables' one rule, ``paper_numbers.paper_names_from_config``), a black diamond marks it: the paper's
 decoding (``paper_variant``: the drawn variant's ``paper_name``, else the paper's default ``beam5``). The legend names
@@ -47,8 +47,8 @@ from verbmirage.analysis.figure_layout import (
     save_figure,
     tick_rotation,
 )
-from verbmirage.paper_numbers import PAPER_VARIANT, empty_paper_numbers, paper_value
-from verbmirage.variants import Variant
+from verbmirage.evaluation.paper_numbers import PAPER_VARIANT, empty_paper_numbers, paper_value
+from verbmirage.variants.settings import Variant
 
 FIGURES = {
     "fig1": "Fig. 1: object vs verb hallucination",

@@ -31,9 +31,9 @@ import numpy as np
 import pandas as pd
 import scipy.stats
 
-from verbmirage.config import ConfigError
-from verbmirage.metrics import BootstrapSettings, score_with_interval
-from verbmirage.questions import question_kind
+from verbmirage.workflow.config import ConfigError
+from verbmirage.evaluation.metrics import BootstrapSettings, score_with_interval
+from verbmirage.benchmark.questions import question_kind
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from verbmirage.analysis.figure_layout import (
     save_figure,
     tick_rotation,
 )
-from verbmirage.questions import question_kind
+from verbmirage.benchmark.questions import question_kind
 
 COLOURS = {True: "tab:blue", False: "tab:red"}
 LABELS = {True: "correct", False: "hallucinated"}

@@ -38,9 +38,9 @@ import numpy as np
 import pandas as pd
 
 from verbmirage.analysis.figure_layout import legend_below, page_figure, page_style, save_figure
-from verbmirage.config import ConfigError
-from verbmirage.questions import question_kind
-from verbmirage.variants import Variant
+from verbmirage.workflow.config import ConfigError
+from verbmirage.benchmark.questions import question_kind
+from verbmirage.variants.settings import Variant
 
 DEFAULT_QSETS = ("yn_obj", "yn_verb", "mc_obj", "mc_verb")
 

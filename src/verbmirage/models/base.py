@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import ascii_uppercase
 
-from verbmirage.imaging import open_rgb  # noqa: F401  (re-exported for the backends)
-from verbmirage.variants import PLAIN_ONLY, Variant
+from verbmirage.core.imaging import open_rgb  # noqa: F401  (re-exported for the backends)
+from verbmirage.variants.settings import PLAIN_ONLY, Variant
 
 YES, NO, UNKNOWN = "yes", "no", "unknown"
 

@@ -17,7 +17,7 @@ import torch
 
 from verbmirage.models.base import NO, YES, MultipleChoiceResult, Question, VisionLanguageModel, YesNoResult, open_rgb
 from verbmirage.models.hf import DTYPES
-from verbmirage.text import hoi_phrase, object_with_article, verb_phrase
+from verbmirage.core.text import hoi_phrase, object_with_article, verb_phrase
 
 
 class ClipModel(VisionLanguageModel):

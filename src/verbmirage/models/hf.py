@@ -50,12 +50,13 @@ from verbmirage.models.base import (
     allow_remote_code,
     open_rgb,
 )
-from verbmirage.imaging import expand_to_square, square_input_side
-from verbmirage.models import decoding, shared_prefix
+from verbmirage.core.imaging import expand_to_square, square_input_side
+from verbmirage.models import shared_prefix
+from verbmirage.variants import search as decoding
 from verbmirage.models.parsing import decide_choice, decide_yes_no, letter_token, yes_no_token
 from verbmirage.models.prompts import CHAT_TEMPLATE, CONVERSATIONS, PromptTemplate
 from verbmirage.models.registry import IMAGE_MODES
-from verbmirage.variants import question_seed
+from verbmirage.variants.settings import question_seed
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

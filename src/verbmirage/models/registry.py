@@ -13,7 +13,7 @@ import importlib.util
 import inspect
 
 from verbmirage.models.base import ModelContext, VisionLanguageModel
-from verbmirage.variants import ALL_FEATURES, API, PLAIN_ONLY, REMOTE, REMOTE_NO_BEAM
+from verbmirage.variants.settings import ALL_FEATURES, API, PLAIN_ONLY, REMOTE, REMOTE_NO_BEAM
 
 BACKENDS: dict[str, str] = {
     "always_yes": "verbmirage.models.baselines:AlwaysYes",
@@ -33,7 +33,7 @@ BACKENDS: dict[str, str] = {
     "mplug_owl2": "verbmirage.models.remote:MplugOwl2",
 }
 
-# What each backend can run (verbmirage.variants): read while planning, so no backend module is imported.
+# What each backend can run (verbmirage.variants.settings): read while planning, so no backend module is imported.
 VARIANT_FEATURES: dict[str, frozenset[str]] = {
     "always_yes": PLAIN_ONLY,
     "random": PLAIN_ONLY,

@@ -55,7 +55,7 @@ from verbmirage.models.base import (
 from verbmirage.models.hf import answer_token_ids
 from verbmirage.models.parsing import decide_choice, decide_yes_no, parse_choice, parse_yes_no, yes_no_token
 from verbmirage.models.prompts import PromptTemplate
-from verbmirage.variants import question_seed
+from verbmirage.variants.settings import question_seed
 
 WORKER_SCRIPT = Path(remote_worker.__file__).resolve()
 #: Where ``env: <name>`` entries are looked up (``tools/make_envs.sh`` builds them there).

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verbmirage.models.base import Question
-from verbmirage.paths import file_digest
-from verbmirage.questions import MC_STEM
+from verbmirage.core.paths import file_digest
+from verbmirage.benchmark.questions import MC_STEM
 
 GOLDENS_VERSION = 1
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")

@@ -1,0 +1,290 @@
+"""Image conditions (paper "High-Quality and Low-Quality Images", FOV): a registry of named image transforms.
+
+A condition turns a source image into the image a model sees. Each one is a
+registry entry ``name -> ImageCondition``; the config names a condition slug
+and its ``type`` plus parameters, so ``saltpepper_50`` with probability 0.5 is
+config only, and a new kind (blur, JPEG, ...) is one entry here.
+
+A condition folder holds the images and ``manifest.parquet``
+(``image`` -> ``file`` relative to the folder, ``error``); inference resolves
+images through the manifest, never by rebuilding paths. ``clean`` links to the
+source files instead of copying them. Noisy images are stored as PNG: a JPEG
+would smear the exact noise the condition defines.
+
+A condition that needs boxes (``crop``: the field-of-view study) covers only
+the images it is given a box for (HICO-DET ``single_instance`` images); its
+manifest lists only those and is marked partial, and inference and metrics
+under it use only the questions on those images (:func:`condition_questions`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from PIL import Image
+from tqdm import tqdm
+
+from verbmirage.core.imaging import open_rgb
+from verbmirage.core.io import atomic_path, read_schema, read_table
+from verbmirage.core.paths import UnsafePathError, inside, replace_entry, safe_relative_name
+
+MANIFEST = "manifest.parquet"
+SOURCE_ROOT_KEY = b"verbmirage.source_root"
+PARTIAL_KEY = b"verbmirage.partial"  # the manifest covers only some images: ask only their questions
+
+
+@dataclass(frozen=True)
+class ImageCondition:
+    """``transform(image, rng, **params)`` or ``None`` for an untouched (linked) image."""
+
+    transform: Callable[..., Image.Image] | None
+    description: str
+    needs_boxes: bool = False  # transform(image, rng, box=(x1, y1, x2, y2), **params); images without a box skipped
+
+    def parameters(self) -> list[str]:
+        """The settings a config entry of this type may give (the transform's own keywords): what is checked
+        when the run is planned, so a misspelled one stops it there and not in the image job."""
+        if self.transform is None:
+            return []
+        given_by_the_job = {"image", "rng", "box"}
+        return [name for name in inspect.signature(self.transform).parameters if name not in given_by_the_job]
+
+
+def salt_and_pepper(image: Image.Image, rng: np.random.Generator, probability: float = 0.75) -> Image.Image:
+    """Replace each pixel (all channels together) with probability p, half black, half white."""
+    pixels = np.array(image.convert("RGB"))
+    height, width = pixels.shape[:2]
+    hit = rng.random((height, width)) < probability
+    white = rng.random((height, width)) < 0.5
+    pixels[hit & white] = 255
+    pixels[hit & ~white] = 0
+    return Image.fromarray(pixels)
+
+
+def crop_box(box, width: int, height: int, margin: float = 0.1) -> tuple[int, int, int, int]:
+    """PIL crop box (left, upper, right, lower) of a 1-based inclusive box grown by ``margin`` x its size.
+
+    The box (x1, y1, x2, y2) covers the continuous area [x1-1, x2] x [y1-1, y2];
+    it grows by ``margin`` times its width/height on every side, outwards to
+    whole pixels, and is clipped to the image.
+    """
+    x1, y1, x2, y2 = (float(v) for v in box)
+    if not (math.isfinite(x1 + y1 + x2 + y2) and x1 <= x2 and y1 <= y2) or margin < 0:
+        raise ValueError(f"crop: bad box {box!r} or margin {margin!r}")
+    w, h = x2 - x1 + 1, y2 - y1 + 1
+    left, upper = max(0, math.floor(x1 - 1 - margin * w)), max(0, math.floor(y1 - 1 - margin * h))
+    right, lower = min(width, math.ceil(x2 + margin * w)), min(height, math.ceil(y2 + margin * h))
+    if right <= left or lower <= upper:
+        raise ValueError(f"crop: box {box!r} lies outside the {width}x{height} image")
+    return left, upper, right, lower
+
+
+def crop_to_box(image: Image.Image, rng: np.random.Generator, box, margin: float = 0.1) -> Image.Image:
+    """The interaction's union box plus a margin (paper: field of view); ``rng`` unused."""
+    return image.convert("RGB").crop(crop_box(box, *image.size, margin=margin))
+
+
+CONDITIONS: dict[str, ImageCondition] = {
+    "clean": ImageCondition(None, "the original image"),
+    "saltpepper": ImageCondition(salt_and_pepper, "salt-and-pepper noise, paper: 75% of pixels"),
+    "crop": ImageCondition(crop_to_box, "the union box of the human-object pair plus a margin (single-instance "
+                                        "images only)", needs_boxes=True),
+}
+
+
+# Keys of a condition entry that choose what is asked under it, not how its images look: they never reach a
+# transform or an inference fingerprint, so changing them does not remake images or answers already given.
+PLANNING_KEYS = frozenset({"qsets"})
+
+
+def image_settings(settings: dict) -> dict:
+    """A condition entry as its images are made from it (``type`` and parameters; no planning keys)."""
+    return {key: value for key, value in settings.items() if key not in PLANNING_KEYS}
+
+
+def condition_rng(seed: int, condition: str, image: str) -> np.random.Generator:
+    """Per-image random stream: reruns and any image order give identical images."""
+    return np.random.default_rng([seed, zlib.crc32(condition.encode()), zlib.crc32(image.encode())])
+
+
+def apply_condition(
+    source_root: str | Path,
+    images: Iterable[str],
+    out_dir: str | Path,
+    condition: str,
+    settings: dict,
+    seed: int = 0,
+    boxes: dict | None = None,
+) -> pd.DataFrame:
+    """Write ``images`` (paths relative to ``source_root``) under ``out_dir``; return the manifest.
+
+    A condition that needs boxes gets ``boxes`` (image -> (x1, y1, x2, y2))
+    and covers only the images that have one; its manifest also stores
+    ``crop_area_frac`` (output area / source area).
+
+    A missing, unreadable or oversized (decompression bomb) source image, or
+    one that resolves outside ``source_root``, is recorded with an ``error``
+    and the others go on (the workflow's job first stops on missing images:
+    :func:`require_images`). An unsafe name (absolute, ``..``, odd characters)
+    or a folder under ``out_dir`` that leads outside it stops the job before
+    anything is written there.
+    """
+    kind = settings.get("type", condition)
+    if kind not in CONDITIONS:
+        raise KeyError(f"conditions.{condition}.type: unknown image condition '{kind}'; known: {sorted(CONDITIONS)}")
+    spec = CONDITIONS[kind]
+    params = {k: v for k, v in image_settings(settings).items() if k != "type"}
+    if spec.needs_boxes:
+        if boxes is None:
+            raise ValueError(f"conditions.{condition}: type '{kind}' needs boxes (datasets.hico.det_root)")
+        images = [image for image in images if image in boxes]
+    # the root as given is what the manifest records and errors name: a relative root (inside the project) keeps
+    # the condition folder free of this checkout's location, so two checkouts build the same bytes
+    given_root, source_root, out_dir = Path(source_root), Path(source_root).resolve(), Path(out_dir)
+    targets = {}
+    for image in sorted(set(images)):  # a bad name stops the job before anything is written
+        where = f"condition {condition}: image {image!r}"
+        target = Path(safe_relative_name(image, where))
+        targets[image] = target if spec.transform is None else target.with_suffix(".png")
+        inside(out_dir, out_dir / targets[image].parent, where)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for image, target in tqdm(targets.items(), desc=f"condition {condition}", unit="img"):
+        source = source_root / image
+        destination = out_dir / target
+        inside(out_dir, destination.parent, f"condition {condition}: image {image!r}")  # again, before mkdir
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        error, area_frac = None, math.nan
+        try:
+            inside(source_root, source, f"condition {condition}: image {image!r}")
+            if spec.transform is None:
+                if not source.is_file():
+                    raise FileNotFoundError(f"no such image: {given_root / image}")
+                replace_entry(destination, _symlink_at(source, relative=not given_root.is_absolute()))
+            else:
+                original = open_rgb(source)
+                extra = {"box": boxes[image]} if spec.needs_boxes else {}
+                result = spec.transform(original, condition_rng(seed, condition, image), **extra, **params)
+                area_frac = result.width * result.height / (original.width * original.height)
+                replace_entry(destination, lambda tmp: result.save(tmp, format="PNG"))
+        except (OSError, ValueError) as failure:
+            error = f"{type(failure).__name__}: {failure}"
+        rows.append({"image": image, "file": None if error else str(target), "error": error,
+                     "crop_area_frac": area_frac})
+    if rows and all(row["error"] for row in rows):  # a wrong or empty images folder, not a few bad files
+        raise FileNotFoundError(f"condition {condition}: none of the {len(rows)} images could be read under "
+                                f"{given_root} (check the dataset's images folder); first error: {rows[0]['error']}")
+    columns = ["image", "file", "error"] + (["crop_area_frac"] if spec.needs_boxes else [])
+    manifest = pd.DataFrame(rows, columns=columns)
+    _write_manifest(manifest, out_dir / MANIFEST, given_root, partial=spec.needs_boxes)
+    return manifest
+
+
+class MissingImagesError(FileNotFoundError):
+    """Images the question sets ask about are not under the dataset's root."""
+
+
+#: How many missing images a :class:`MissingImagesError` names.
+MISSING_SHOWN = 5
+
+
+def require_images(source_root: str | Path, images: Iterable[str], condition: str) -> None:
+    """Stop when any of ``images`` (paths relative to ``source_root``) is not a file there, naming how many
+    and the first :data:`MISSING_SHOWN`, before any image is written and so before any model job starts: an
+    incomplete images folder would otherwise surface only as error rows of every inference job."""
+    images = sorted(set(images))
+    missing = [image for image in images if not (Path(source_root) / image).is_file()]
+    if missing:
+        shown = ", ".join(missing[:MISSING_SHOWN]) + (", ..." if len(missing) > MISSING_SHOWN else "")
+        raise MissingImagesError(
+            f"condition {condition}: {len(missing)} of the {len(images)} images the question sets ask about are "
+            f"missing under {source_root} (first: {shown}); complete the images folder, or point the dataset's "
+            "root at the complete one")
+
+
+def condition_questions(questions: pd.DataFrame, condition_dir: str | Path) -> pd.DataFrame:
+    """The questions asked under a condition: all, or for a partial one (``crop``) those on its images."""
+    path = Path(condition_dir) / MANIFEST
+    if (read_schema(path).metadata or {}).get(PARTIAL_KEY) != b"true":
+        return questions
+    covered = set(pd.read_parquet(path, columns=["image"]).image)
+    return questions[questions.image.isin(covered)].reset_index(drop=True)
+
+
+def _symlink_at(source: Path, relative: bool) -> Callable[[Path], None]:
+    """For :func:`~verbmirage.core.paths.replace_entry`: swap the fresh empty file for a link to ``source`` (a real
+    path), ``relative`` to the link's real folder (the project can move with its data) or absolute."""
+
+    def create(tmp: Path) -> None:
+        tmp.unlink()
+        os.symlink(os.path.relpath(source, tmp.parent.resolve()) if relative else source, tmp)
+
+    return create
+
+
+def _write_manifest(manifest: pd.DataFrame, path: Path, source_root: Path, partial: bool = False) -> None:
+    """The manifest, with the source root its links may point into (read back by :class:`ImageResolver`)."""
+    table = pa.Table.from_pandas(manifest, preserve_index=False)
+    metadata = {**(table.schema.metadata or {}), SOURCE_ROOT_KEY: str(source_root).encode(),
+                PARTIAL_KEY: b"true" if partial else b"false"}
+    table = table.replace_schema_metadata(metadata)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+class ImageResolver:
+    """Finds the file a model sees for a question's ``image`` under one condition.
+
+    Every path it returns stays inside the condition folder or, for the links
+    of ``clean``, inside the source root recorded in the manifest: a tampered
+    manifest or a planted link cannot hand a model (or an API) another file.
+    """
+
+    def __init__(self, condition_dir: str | Path):
+        self.root = Path(condition_dir)
+        manifest_path = self.root / MANIFEST
+        manifest = read_table(manifest_path)
+        source_root = (read_schema(manifest_path).metadata or {}).get(SOURCE_ROOT_KEY)
+        if source_root is None:
+            raise ValueError(f"{manifest_path}: no recorded source root (written by an older version); "
+                             "delete the condition folder to rebuild it")
+        self.source_root = Path(source_root.decode())
+        self._files = {}
+        for row, (image, file) in enumerate(zip(manifest.image, manifest.file)):
+            if not pd.isna(file):
+                safe_relative_name(file, f"{manifest_path} row {row}, column 'file'")
+            self._files[image] = None if pd.isna(file) else file
+        self._errors = dict(zip(manifest.image, manifest.error))
+        self._checked: dict[str, Path] = {}  # image -> its checked path: an image has many questions
+
+    def path(self, image: str) -> Path:
+        """The file for ``image``; raises ``FileNotFoundError`` naming why it is missing.
+
+        The containment check (two ``resolve`` calls, symlinks followed) runs once per image, not once
+        per question asked about it.
+        """
+        checked = self._checked.get(image)
+        if checked is not None:
+            return checked
+        if image not in self._files:
+            raise FileNotFoundError(f"{image} is not in {self.root / MANIFEST}")
+        if self._files[image] is None:
+            raise FileNotFoundError(f"{image}: {self._errors[image]}")
+        path = self.root / self._files[image]
+        where = f"{self.root / MANIFEST}: image {image!r}"
+        try:
+            inside(self.root, path, where)
+        except UnsafePathError:  # a clean link: it must point into the source root
+            inside(self.source_root, path, where)
+        self._checked[image] = path
+        return path

@@ -1,0 +1,247 @@
+"""The paper's Tables 5 (mitigation methods) and 8 (decoding strategies), ours beside the paper's rows.
+
+Both come from the long metrics table like Tables 1-4 (:mod:`verbmirage.evaluation.tables`): our rows are
+``source`` measured (value and 95% interval), the paper's ``source`` paper, and where names match the
+paper's row and ``Δ (ours − paper)`` follow ours.
+
+Table 8: every (model, variant) run whose variant's ``paper_name`` is one of the paper's decodings
+(``sampling``, ``sampling+VCD``, ``beam5``), with Table 1's columns; matched by the model's and the
+variant's ``paper_name``.
+
+Table 5 (all the paper's rows are LLaVA-1.5-7B) names a row by its *method*:
+
+- a variant's ``paper_name`` ``beam5`` is the row ``none``: the paper's Table 5 baseline is its default
+  decoding, beam search (its Table 5 "LLaVA V1.5" row equals Table 1's and Table 8's beam column);
+  ``VCD`` (VCD + beam search) and ``OPERA`` are rows of their own;
+- a model entry with ``paper_method`` (a derived or fine-tuned LLaVA: Nullu, REVERIE, HaloQuest, Octopus,
+  the paper's Pangea LoRA) is that row, under its ``beam5`` variant (the paper's decoding), and is compared
+  with the paper's LLaVA-1.5-7B row of that method only when it is built on the paper's LLaVA-1.5-7B (its
+  base's ``paper_name``, :func:`paper_method_pairs`); a Pangea fine-tune that departs from the paper's
+  training mix is named a variant of the paper's method and never paired;
+- Appendix F's prompt suffix (variant ``paper_name`` ``prompt:pay-attention-to-verb``; the paper prints
+  only the two YN F1) is a second row group, ``Appendix F (prompt suffix)``, read against ``none``; Appendix
+  F's other numbers, Qwen2.5-VL-7B's YN F1 without a mitigation, are a third, ``Appendix F (Qwen2.5-VL-7B)``:
+  the runs of a model whose ``paper_name`` is Qwen2.5-VL-7B under the paper's decoding (beam5).
+
+Rows of models with a ``paper_method`` appear only as that method. The other models appear when they are
+the paper's LLaVA-1.5-7B (``paper_name``) or ran a mitigation (a VCD, OPERA or prompt-suffix variant),
+with every Table-5 variant they ran, so a mitigation always sits next to its own baseline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import pandas as pd
+
+from verbmirage.models.derived import method_settings
+from verbmirage.models.derived.finetune import paper_departures
+from verbmirage.evaluation.paper_numbers import PAPER_VARIANT, paper_names_from_config
+from verbmirage.evaluation.tables import Column, PaperTable, measured_rows, paper_rows, table1_columns, table_columns, with_paper
+
+#: the paper's one Table 5 model
+TABLE5_MODEL = "LLaVA-1.5-7B"
+#: a variant's paper_name -> its Table 5 row; the paper's baseline "none" is beam search (its default decoding)
+TABLE5_VARIANT_METHODS = {PAPER_VARIANT: "none", "VCD": "VCD", "OPERA": "OPERA"}
+#: Table 5 rows that are models of their own (``models.<slug>.paper_method``), in the paper's order
+TABLE5_MODEL_METHODS = ("REVERIE", "HaloQuest", "Nullu", "Octopus", "Pangea-LoRA (paper's method)")
+#: Appendix F's ad-hoc prompt (the ``text`` rows of paper_tables.csv)
+PROMPT_SUFFIX_METHOD = "prompt:pay-attention-to-verb"
+TABLE5_GROUP, PROMPT_GROUP = "Table 5", "Appendix F (prompt suffix)"
+#: Appendix F also prints Qwen2.5-VL-7B's YN F1 without any mitigation (its decoding: the paper's default)
+APPENDIX_F_MODEL, APPENDIX_F_MODEL_GROUP = "Qwen2.5-VL-7B", "Appendix F (Qwen2.5-VL-7B)"
+#: the row groups in the order they are shown
+GROUP_ORDER = {TABLE5_GROUP: 0, PROMPT_GROUP: 1, APPENDIX_F_MODEL_GROUP: 2}
+#: the paper's row order within Table 5
+TABLE5_ORDER = ("none", "OPERA", "VCD", *TABLE5_MODEL_METHODS, PROMPT_SUFFIX_METHOD)
+#: Table 8's decodings (variant paper_name), in the paper's row order
+TABLE8_DECODINGS = ("sampling", "sampling+VCD", PAPER_VARIANT)
+
+
+def table5_columns(condition: str = "clean") -> list[Column]:
+    """Paper Table 5: YN accuracy and F1 with and without the object, MC circular accuracy."""
+    return [
+        Column("yn_obj_acc", "yn_obj", condition, "accuracy"),
+        Column("yn_obj_f1", "yn_obj", condition, "f1"),
+        Column("yn_verb_acc", "yn_verb", condition, "accuracy"),
+        Column("yn_verb_f1", "yn_verb", condition, "f1"),
+        Column("mc_obj_acc", "mc_obj", condition, "circular_accuracy"),
+        Column("mc_verb_acc", "mc_verb", condition, "circular_accuracy"),
+    ]
+
+
+def table8_columns(condition: str = "clean") -> list[Column]:
+    """Paper Table 8: Table 1's columns (YN accuracy, precision, recall; MC circular accuracy)."""
+    return table1_columns(condition)
+
+
+#: The one Table 5 row the pipeline builds itself; its label when the build departs from the paper's settings.
+PANGEA_METHOD = "Pangea-LoRA (paper's method)"
+
+
+def paper_methods_from_config(config: dict, derived: Mapping[str, dict] | None = None) -> dict[str, str]:
+    """Model slug -> its Table 5 row (``models.<slug>.paper_method``); an unknown name is an error naming the key.
+
+    A Pangea fine-tune built here (``derived``: slug -> ``derive`` block; else the entry's own ``derive``) whose
+    recipe departs from the paper's (Appendix D: Yes:No about 1:19, "present at the image", 60K + 60K questions
+    with four options, its YN prompt, Kinetics-700 and HAKE left out, lr 2e-5, batch 64;
+    ``derived/finetune.py`` ``paper_departures``) is named a variant of the paper's method, with the
+    departures, and is never paired with the paper's row. An adapter you bring is taken at its label.
+    """
+    methods = {}
+    for slug, entry in config["models"].items():
+        method = entry.get("paper_method")
+        if method is None:
+            continue
+        if method not in TABLE5_MODEL_METHODS:
+            hint = (" (a variant's paper_name, not a model's)" if method in (*TABLE5_VARIANT_METHODS.values(),
+                                                                            *TABLE5_VARIANT_METHODS) else "")
+            raise ValueError(f"models.{slug}.paper_method: '{method}' is not a model row of the paper's Table 5"
+                             f"{hint}; known: {list(TABLE5_MODEL_METHODS)}")
+        derive = (derived or {}).get(slug) or entry.get("derive") or {}
+        if method == PANGEA_METHOD and derive:
+            departures = ([f"built by {derive.get('method')}, not a LoRA fine-tune"]
+                          if derive.get("method") != "lora_finetune"
+                          else paper_departures(method_settings(derive), f"models.{slug}.derive"))
+            if departures:
+                method = f"Pangea-LoRA (variant of the paper's method: {'; '.join(departures)})"
+        methods[slug] = method
+    return methods
+
+
+def paper_method_pairs(config: dict, methods: Mapping[str, str], derived: Mapping[str, dict] | None = None
+                       ) -> dict[str, str]:
+    """Model slug -> the paper model its Table 5 row is compared with: LLaVA-1.5-7B where the row is one of the
+    paper's methods (not a variant of it) and the model is built on the paper's LLaVA-1.5-7B (a derived model's
+    base, or an adapter entry itself, says so with ``paper_name``); other models get the paper's row unpaired.
+    The base's paper model comes from the tables' one pairing rule (``paper_names_from_config``)."""
+    bases = paper_names_from_config(config, method_rows=True, derived=derived)
+    return {slug: TABLE5_MODEL for slug, method in methods.items()
+            if method in TABLE5_MODEL_METHODS and bases.get(slug) == TABLE5_MODEL}
+
+
+def _runs(metrics: pd.DataFrame, dataset: str = "hico", subset: str = "all") -> set[tuple[str, str]]:
+    """(model, variant) pairs with at least one value in the metrics table."""
+    chosen = metrics[(metrics.dataset == dataset) & (metrics.subset == subset)]
+    return set(zip(chosen.model, chosen.variant))
+
+
+def table5_runs(
+    runs: set[tuple[str, str]],
+    models: Sequence[str],
+    variant_paper_names: Mapping[str, str],
+    paper_names: Mapping[str, str],
+    paper_methods: Mapping[str, str],
+    method_pairs: Mapping[str, str] | None = None,
+) -> list[dict]:
+    """Our Table 5 rows: group, method, model, variant and the paper model compared with (``method_pairs`` for
+    the ``paper_method`` models: :func:`paper_method_pairs`), in the paper's order."""
+    beam_variants = [v for v, name in variant_paper_names.items() if name == PAPER_VARIANT]
+    mitigations = {v for v, name in variant_paper_names.items()
+                   if name in ("VCD", "OPERA", PROMPT_SUFFIX_METHOD)}
+    rows = []
+    for model in models:
+        if model in paper_methods:
+            rows += [{"group": TABLE5_GROUP, "method": paper_methods[model], "model": model, "variant": v,
+                      "paper_name": (method_pairs or {}).get(model, "")} for v in beam_variants if (model, v) in runs]
+            continue
+        if paper_names.get(model) == APPENDIX_F_MODEL:  # Appendix F's plain F1 of Qwen2.5-VL-7B
+            rows += [{"group": APPENDIX_F_MODEL_GROUP, "method": "none", "model": model, "variant": v,
+                      "paper_name": APPENDIX_F_MODEL} for v in beam_variants if (model, v) in runs]
+        in_scope = paper_names.get(model) == TABLE5_MODEL or any((model, v) in runs for v in mitigations)
+        if not in_scope:
+            continue
+        for variant, name in variant_paper_names.items():
+            if (model, variant) not in runs:
+                continue
+            if name in TABLE5_VARIANT_METHODS:
+                group, method = TABLE5_GROUP, TABLE5_VARIANT_METHODS[name]
+            elif name == PROMPT_SUFFIX_METHOD:
+                group, method = PROMPT_GROUP, PROMPT_SUFFIX_METHOD
+            else:
+                continue
+            rows.append({"group": group, "method": method, "model": model, "variant": variant,
+                         "paper_name": paper_names.get(model, "")})
+    order = {method: i for i, method in enumerate(TABLE5_ORDER)}
+    place = lambda method: order.get(method, order[PANGEA_METHOD])  # noqa: E731 - a variant of the paper's method
+    return sorted(rows, key=lambda row: (GROUP_ORDER[row["group"]], place(row["method"])))
+
+
+def _with_keys(frame: pd.DataFrame, keys: dict) -> pd.DataFrame:
+    """``frame`` with identifying columns (scalars or one value per row) right after ``source``."""
+    for position, (name, value) in enumerate(keys.items()):
+        frame.insert(1 + position, name, value)
+    return frame
+
+
+@dataclass(frozen=True)
+class GroupedPaperTable(PaperTable):
+    """Table 5 read group by group (its methods, then Appendix F's): each group's rows, then its paper-only rows."""
+
+    def display(self, variant_paper_names: Mapping[str, str] | None = None) -> pd.DataFrame:
+        groups = sorted(set(self.frame.group), key=GROUP_ORDER.get)
+        parts = [replace(self, frame=self.frame[self.frame.group == group]) for group in groups]
+        shown = [PaperTable.display(part, variant_paper_names) for part in parts]
+        if not shown:
+            return PaperTable.display(self, variant_paper_names)
+        joined = pd.concat(shown, ignore_index=True)
+        return joined.fillna({"note": ""}) if "note" in joined else joined  # a group without notes has none
+
+
+def table5(
+    metrics: pd.DataFrame,
+    paper: pd.DataFrame,
+    models: Sequence[str],
+    variant_paper_names: Mapping[str, str],
+    paper_names: Mapping[str, str] | None = None,
+    paper_methods: Mapping[str, str] | None = None,
+    condition: str = "clean",
+    method_pairs: Mapping[str, str] | None = None,
+    planned: Collection[Sequence[str]] = (),
+) -> PaperTable:
+    """Paper Table 5 and Appendix F's prompt suffix, ours (:func:`table5_runs`) then the paper's rows; a planned
+    run (``planned``, as in :func:`~verbmirage.evaluation.tables.measured_rows`) without metrics keeps its row, "not run"."""
+    columns = table5_columns(condition)
+    blocks = []
+    runs = _runs(metrics) | {(m, v) for d, c, m, v, _ in planned if (d, c) == ("hico", condition)}
+    for run in table5_runs(runs, models, variant_paper_names, paper_names or {}, paper_methods or {},
+                           method_pairs):
+        row = measured_rows(metrics, columns, [run["model"]], [run["variant"]],
+                            paper_names={run["model"]: run["paper_name"]}, planned=planned)
+        if len(row):
+            blocks.append(_with_keys(row, {"group": run["group"], "method": run["method"]}))
+    published = paper_rows(paper, 5, columns)
+    blocks.append(_with_keys(published, {"group": TABLE5_GROUP, "method": published.variant.tolist()}))
+    text = paper_rows(paper, "text", columns)
+    appendix = text[text.variant == PROMPT_SUFFIX_METHOD].reset_index(drop=True)
+    blocks.append(_with_keys(appendix, {"group": PROMPT_GROUP, "method": appendix.variant.tolist()}))
+    qwen = text[(text.model == APPENDIX_F_MODEL) & (text.variant == PAPER_VARIANT)].reset_index(drop=True)
+    qwen = qwen.assign(variant="none")  # its plain decoding: the row "none", as in Table 5
+    blocks.append(_with_keys(qwen, {"group": APPENDIX_F_MODEL_GROUP, "method": ["none"] * len(qwen)}))
+    frame = pd.concat([b for b in blocks if len(b)], ignore_index=True) if any(len(b) for b in blocks) else (
+        pd.DataFrame(columns=["source", "group", "method", *table_columns(columns)[1:]]))
+    return GroupedPaperTable(5, frame, columns, keys=("group", "method"), match_keys=("group",),
+                             paper_variant_key="method")
+
+
+def table8(
+    metrics: pd.DataFrame,
+    paper: pd.DataFrame,
+    models: Sequence[str],
+    variant_paper_names: Mapping[str, str],
+    paper_names: Mapping[str, str] | None = None,
+    condition: str = "clean",
+    planned: Collection[Sequence[str]] = (),
+) -> PaperTable:
+    """Paper Table 8: every run of a variant named like one of the paper's decodings, then the paper's rows
+    (``planned``: as in :func:`~verbmirage.evaluation.tables.measured_rows`)."""
+    columns = table8_columns(condition)
+    order = {name: i for i, name in enumerate(TABLE8_DECODINGS)}
+    variants = sorted((v for v, name in variant_paper_names.items() if name in order),
+                      key=lambda v: order[variant_paper_names[v]])
+    measured = measured_rows(metrics, columns, models, variants, paper_names=paper_names, planned=planned)
+    measured = _with_keys(measured, {"decoding": [variant_paper_names[v] for v in measured.variant]})
+    published = paper_rows(paper, 8, columns)
+    published = _with_keys(published, {"decoding": published.variant.tolist()})
+    return PaperTable(8, with_paper(measured, published), columns, keys=("decoding",))

@@ -1,0 +1,901 @@
+"""Run one model over one question set under one image condition, sharded and resumable.
+
+A (model, variant, condition, question set) is split into ``n`` shards by
+image (:func:`select_shard`), one job each, merged afterwards
+(:func:`merge_shards`). Inside a shard, answered rows are appended to
+numbered Parquet parts (:class:`PartStore`); a job killed at any moment
+resumes from its parts. The guarantees:
+
+- Complete or loud: a shard's output is written only when it holds every
+  question of the shard exactly once (:func:`check_complete`).
+- Nothing overwritten: a part is published under a new number (one past the
+  highest) with a hard link, so an existing part is never replaced; each part
+  is fsynced before it appears.
+- Damage is repaired, not fatal: an unreadable part or fingerprint is named in
+  the log and removed, and its questions are asked again.
+- One writer: the job holds an OS lock on its parts folder; a second job on
+  the same shard fails at once (:class:`ShardBusyError`).
+- Stale answers never reused: parts carry a fingerprint of the model settings
+  and weights, the variant, the condition settings, the image manifest and the
+  question ids (:func:`fingerprint`).
+- Errors that matter stop the job: more than ``max_error_share`` error rows,
+  or a :class:`~verbmirage.models.base.FatalBackendError` (a rejected API key),
+  fail it with the reason; transient failures are not stored, so a rerun asks
+  them again. SIGTERM flushes the answered rows before the job ends.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import json
+import logging
+import os
+import signal
+import threading
+import zlib
+from collections import namedtuple
+from contextlib import contextmanager
+from dataclasses import fields
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from verbmirage import __version__
+from verbmirage.benchmark.conditions import MANIFEST, ImageResolver, condition_questions
+from verbmirage.core.io import PREDICTIONS, QUESTIONS, atomic_path, fsync_directory, read_table, to_arrow, write_table
+from verbmirage.core.locks import BusyError, WriterLock
+from verbmirage.models.base import (
+    FatalBackendError,
+    MultipleChoiceResult,
+    Question,
+    VisionLanguageModel,
+    YesNoResult,
+)
+from verbmirage.core.paths import file_digest
+from verbmirage.benchmark.questions import question_kind, question_sample, sample_settings
+from verbmirage.variants.settings import Variant
+
+log = logging.getLogger(__name__)
+FINGERPRINT = "fingerprint.json"
+LOCK = ".lock"
+#: Default largest share of a shard's questions that may end as error rows.
+MAX_ERROR_SHARE = 0.05
+
+
+class ShardBusyError(BusyError):
+    """Another job holds the lock of this shard's parts folder (the message names its pid and host)."""
+
+
+class IncompleteShardError(RuntimeError):
+    """The shard cannot be written complete (too many errors, or questions still to ask)."""
+
+
+class JobTerminated(Exception):
+    """SIGTERM arrived (SLURM preemption, scancel, Snakemake shutting down)."""
+
+
+def select_shard(questions: pd.DataFrame, shard: int, n_shards: int) -> pd.DataFrame:
+    """Questions of shard ``shard`` (0-based) of ``n_shards``: contiguous runs of sorted images.
+
+    All questions of an image land in one shard, so an image is read (and its
+    prefix computed) by one job only.
+    """
+    if not 0 <= shard < n_shards:
+        raise ValueError(f"shard {shard} is not in 0..{n_shards - 1}")
+    images = sorted(questions.image.unique())
+    chosen = {image for i, image in enumerate(images) if i * n_shards // len(images) == shard}
+    return questions[questions.image.isin(chosen)]
+
+
+def fingerprint(questions: pd.DataFrame, settings: dict) -> str:
+    """What the answers of a shard depend on: its question ids and ``settings``.
+
+    ``settings`` holds everything else that changes an answer: the model entry,
+    the identity of its weights (:func:`model_identity`), the variant, the
+    condition settings and the image manifest's digest (:func:`run_settings`).
+    """
+    digest = hashlib.sha256()
+    digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
+    for question_id in questions.question_id:
+        digest.update(question_id.encode())
+    return digest.hexdigest()
+
+
+# Files of a checkpoint folder whose content is hashed; weights are identified by size and mtime
+# (hashing gigabytes per job would cost minutes; a rebuilt or replaced weight file changes both).
+_HASHED_SUFFIXES = {".json", ".py", ".txt", ".model", ".tiktoken", ".jinja"}
+
+
+def model_identity(settings: dict) -> dict:
+    """The weights and code a model entry loads: its ``revision``, and for a local folder its files
+    (and those of its LoRA ``adapter`` folder, when it sets one).
+
+    Rebuilding weights at the same ``path`` (or ``adapter``) or moving ``revision`` changes the
+    identity, so answers computed from the old weights are not resumed.
+    """
+    identity = {"revision": settings.get("revision")}
+    path = settings.get("path")
+    if path and Path(path).is_dir():
+        identity["files"] = _folder_files(path)
+    adapter = settings.get("adapter")
+    if adapter and Path(adapter).is_dir():  # only then: entries without an adapter keep their fingerprint
+        identity["adapter_files"] = _folder_files(adapter)
+    return identity
+
+
+def _folder_files(path: str | Path) -> dict[str, str]:
+    """File name -> content digest (small text files) or size:mtime (weights) of a checkpoint folder."""
+    files = {}
+    for file in sorted(Path(path).rglob("*")):
+        if not file.is_file() or any(part.startswith(".") for part in file.relative_to(path).parts):
+            continue
+        name = file.relative_to(path).as_posix()
+        stat = file.stat()
+        if file.suffix in _HASHED_SUFFIXES and stat.st_size < 1 << 24:
+            files[name] = file_digest(file)
+        else:
+            files[name] = f"{stat.st_size}:{stat.st_mtime_ns}"
+    return files
+
+
+#: Tokens decoded past a first answer token that decides nothing (``inference.continue_tokens``).
+CONTINUE_TOKENS = 8
+
+
+def run_settings(model_settings: dict, variant_settings: dict, condition_settings: dict | None,
+                 images_dir: str | Path | None, continue_tokens: int = CONTINUE_TOKENS) -> dict:
+    """Every setting a shard's answers depend on, besides the questions (see :func:`fingerprint`)."""
+    manifest = Path(images_dir) / MANIFEST if images_dir is not None else None
+    return {
+        "model": model_settings,
+        "weights": model_identity(model_settings),
+        "variant": variant_settings,
+        "condition": condition_settings,
+        "manifest": file_digest(manifest) if manifest is not None and manifest.is_file() else None,
+        "continue_tokens": continue_tokens,
+        "code": scoring_code_digest(),
+    }
+
+
+def scoring_code_digest() -> str:
+    """Digest of the code that turns a question into an answer (``models/``, ``variants/``, ``inference/``,
+    image reading).
+
+    Finished suite jobs keep their answers for reuse (:meth:`PartStore.keep_only`); a change of this
+    code must not reuse them, and Snakemake does not see package edits.
+    """
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    code = [path for folder in ("models", "variants", "inference") for path in (package / folder).rglob("*.py")]
+    for path in sorted([*code, package / "core" / "imaging.py"]):
+        digest.update(str(path.relative_to(package)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+class PartStore:
+    """Prediction rows of one shard, appended as numbered Parquet parts, with one writer at a time.
+
+    Creating a store takes an exclusive, non-blocking ``flock`` on the folder's
+    lock file and keeps it until :meth:`close` or :meth:`clear`; the lock dies
+    with the process, so a killed job never leaves it behind.
+    """
+
+    def __init__(self, directory: str | Path, fingerprint: str | None = None):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock = self._acquire_lock()
+        for leftover in self.directory.glob(".*.tmp"):  # a write cut off by a kill
+            leftover.unlink()
+        if fingerprint is not None:
+            self.use_fingerprint(fingerprint)
+
+    def use_fingerprint(self, fingerprint: str) -> None:
+        """Keep the parts only if they were made with ``fingerprint``; otherwise start afresh under it.
+
+        Separate from the constructor so a job can take the lock at once and
+        fingerprint what it learns while loading the model (code, environment).
+        """
+        stamp = self.directory / FINGERPRINT
+        previous = self._read_stamp(stamp)
+        if previous != fingerprint:
+            parts = self._parts()
+            if parts:
+                log.warning("%s: discarding %d parts made with other settings", self.directory, len(parts))
+            self._remove_parts()
+            with atomic_path(stamp) as tmp:
+                tmp.write_text(json.dumps({"fingerprint": fingerprint}))
+
+    def _acquire_lock(self) -> WriterLock:
+        return WriterLock(self.directory / LOCK, str(self.directory), ShardBusyError, this="this shard")
+
+    @staticmethod
+    def _read_stamp(stamp: Path) -> str | None:
+        if not stamp.exists():
+            return None
+        try:
+            return json.loads(stamp.read_text())["fingerprint"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            log.warning("%s: unreadable fingerprint (%s: %s); removing it and the parts it covered",
+                        stamp, type(error).__name__, error)
+            return None
+
+    def _parts(self) -> list[Path]:
+        """The parts in the order they were written (by number, not by name: numbers may outgrow the padding)."""
+        parts = [p for p in self.directory.glob("part-*.parquet") if p.stem.split("-", 1)[1].isdigit()]
+        return sorted(parts, key=self._number)
+
+    @staticmethod
+    def _number(part: Path) -> int:
+        return int(part.stem.split("-", 1)[1])
+
+    def rows(self, columns: list[str] | None = None) -> pd.DataFrame:
+        """Every stored row, the latest answer of a question winning; unreadable parts are removed.
+
+        ``columns`` (``question_id`` among them) reads only those: a resume needs ids and errors, not
+        every row's probabilities.
+        """
+        frames = []
+        for part in self._parts():
+            try:
+                frame = read_table(part, PREDICTIONS) if columns is None else self._read_columns(part, columns)
+                frames.append(frame)
+            except Exception as error:  # noqa: BLE001  (any damage: truncated, empty, not Parquet, wrong schema)
+                log.warning("%s: unreadable part (%s: %s); removing it, its questions will be asked again",
+                            part, type(error).__name__, str(error)[:200])
+                part.unlink()
+        if not frames:
+            return pd.DataFrame(columns=PREDICTIONS.names if columns is None else columns)
+        frame = pd.concat(frames, ignore_index=True)
+        return frame.drop_duplicates("question_id", keep="last").reset_index(drop=True)
+
+    @staticmethod
+    def _read_columns(part: Path, columns: list[str]) -> pd.DataFrame:
+        """Some columns of a part, checked like the whole part (a damaged part raises here); one part at a time."""
+        return read_table(part, PREDICTIONS)[columns]
+
+    def keep_only(self, table: Path) -> None:
+        """Replace the parts by ``table`` (the complete answers, hard-linked: no copy) and release the lock.
+
+        The folder and its fingerprint stay, so a later run with the same settings and questions asks
+        nothing again (adding a question set to a job re-asks only the new set).
+        """
+        self._remove_parts()
+        os.link(table, self.directory / "part-000000.parquet")
+        fsync_directory(self.directory)
+        self.close()
+
+    def append(self, rows: list[dict]) -> None:
+        """Publish ``rows`` as a new part numbered one past the highest; never overwrites a part."""
+        if not rows:
+            return
+        parts = self._parts()
+        number = self._number(parts[-1]) + 1 if parts else 0
+        path = self.directory / f"part-{number:06d}.parquet"
+        write_table(pd.DataFrame(rows), path, PREDICTIONS, exclusive=True)
+
+    def _remove_parts(self) -> None:
+        for path in self._parts():
+            path.unlink()
+
+    def close(self) -> None:
+        """Release the lock (the parts stay for a resume)."""
+        if self._lock is not None:
+            self._lock.release()
+
+    def clear(self) -> None:
+        """Remove the folder once its rows are safely in the shard output; releases the lock."""
+        self._remove_parts()
+        for name in (FINGERPRINT, LOCK):
+            (self.directory / name).unlink(missing_ok=True)
+        self.close()
+        try:
+            self.directory.rmdir()
+        except OSError as error:  # something we did not create is inside: leave it
+            log.warning("%s: not removed (%s)", self.directory, error)
+
+
+def _question_rows(frame: pd.DataFrame) -> list:
+    """The rows of a question table as named tuples, read column by column: iterating Arrow-backed columns
+    value by value (``itertuples``) costs several times more."""
+    row = namedtuple("QuestionRow", frame.columns, rename=True)
+    return [row._make(values) for values in zip(*(frame[column].tolist() for column in frame.columns))]
+
+
+def _to_question(row, resolver: ImageResolver | None) -> tuple[Question, str | None]:
+    """A table row -> a backend Question; an unresolvable image becomes an error string."""
+    image, error = None, None
+    if resolver is not None:
+        try:
+            image = resolver.path(row.image)
+        except FileNotFoundError as missing:
+            error = str(missing)
+    question = Question(
+        question_id=row.question_id,
+        prompt=row.prompt,
+        image=image,
+        options=tuple(row.options) if row.options is not None else (),
+        verb=None if pd.isna(row.verb) else row.verb,
+        object=None if pd.isna(row.object) else row.object,
+    )
+    return question, error
+
+
+def _error_row(question_id: str, error: str) -> dict:
+    return {
+        "question_id": question_id,
+        "raw_answer": None,
+        "prediction": "unknown",
+        "parse_rule": "error",
+        "p_yes": None,
+        "yes_margin": None,
+        "yes_mass": None,
+        "option_probs": None,
+        "confidence": None,
+        "error": error,
+        "vcd_kl": None,
+        "vcd_plausible": None,
+        "vcd_kl_reverse": None,
+    }
+
+
+def _result_row(question_id: str, result: YesNoResult | MultipleChoiceResult) -> dict:
+    # a shallow copy of the fields: dataclasses.asdict deep-copies every value (a third of a blind baseline's job)
+    row = {name: getattr(result, name) for name in _stored_fields(type(result))}
+    if isinstance(result, YesNoResult):
+        row["option_probs"] = None
+    else:
+        row["option_probs"] = list(row["option_probs"])
+        row["p_yes"] = row["yes_margin"] = row["yes_mass"] = None
+    return {"question_id": question_id, **row}
+
+
+@functools.cache
+def _stored_fields(result_type: type) -> tuple[str, ...]:
+    """The fields of a result class that a prediction row stores (all but ``retry``)."""
+    return tuple(field.name for field in fields(result_type) if field.name != "retry")
+
+
+def _in_question_order(frame: pd.DataFrame, questions: pd.DataFrame) -> pd.DataFrame:
+    order = {qid: i for i, qid in enumerate(questions.question_id)}
+    return frame.sort_values("question_id", key=lambda s: s.map(order), kind="stable").reset_index(drop=True)
+
+
+@contextmanager
+def _sigterm_raises():
+    """Turn SIGTERM into :class:`JobTerminated` (main thread only), so ``finally`` blocks flush rows."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise JobTerminated("terminated by SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _ErrorBudget:
+    """Counts error rows of a shard and fails it once more than ``max_share`` of its questions are errors.
+
+    The count only grows, so failing as soon as it passes the limit gives the
+    same verdict as waiting for the end, without spending GPU hours first.
+    """
+
+    def __init__(self, total: int, max_share: float):
+        if not 0 <= max_share <= 1:  # NaN included: no count is ever more than a NaN share, so no job would fail
+            raise ValueError(f"max_error_share: {max_share!r} is not a share between 0 and 1")
+        self.total, self.max_share, self.count = total, max_share, 0
+        self.example: str | None = None
+
+    def warn_if_any(self, name: str) -> None:
+        """Error rows within the budget are kept (they count as unknown answers): say so in the job log."""
+        if self.count:
+            log.warning("%s: %d of %d questions are stored as errors (within max_error_share=%g; they count as "
+                        "unknown); first error: %s. After fixing the cause, rerun the shard (snakemake -R <shard>) "
+                        "to ask them again", name, self.count, self.total, self.max_share, self.example)
+
+    def add(self, error: str) -> None:
+        self.count += 1
+        self.example = self.example or error
+        if self.count > self.max_share * self.total:
+            raise IncompleteShardError(
+                f"{self.count} of {self.total} questions failed, more than max_error_share={self.max_share:g}; "
+                f"first error: {self.example}"
+            )
+
+
+def predict(
+    questions: pd.DataFrame,
+    model: VisionLanguageModel,
+    resolver: ImageResolver | None,
+    batch_size: int = 16,
+    store: PartStore | None = None,
+    part_size: int = 512,
+    max_error_share: float = 1.0,
+) -> pd.DataFrame:
+    """One prediction row per question (schema ``verbmirage.core.io.PREDICTIONS``), in question order.
+
+    Questions whose image cannot be found get an ``error`` and the run goes
+    on, until more than ``max_error_share`` of the questions have failed
+    (:class:`IncompleteShardError`). With a ``store``, rows already in it are
+    not asked again (stored error rows are: the cause may be fixed), new rows
+    are appended every ``part_size`` questions, and whatever was answered is
+    flushed before any exception (SIGTERM included) ends the call.
+    Transient failures (``retry``) are never stored; if any remain at the end
+    the call raises :class:`IncompleteShardError` so a rerun asks them again.
+    """
+    if questions.empty:
+        raise ValueError("no questions to score")
+    kinds = {question_kind(q) for q in questions.qset.unique()}
+    if len(kinds) != 1:
+        raise ValueError(f"one question kind per call, got {sorted(kinds)} (predict_suite takes several sets)")
+    multiple_choice = kinds.pop() == "mc"
+    score = lambda batch: score_questions(model, batch, [multiple_choice] * len(batch))  # noqa: E731
+    done = store.rows() if store is not None else pd.DataFrame(columns=PREDICTIONS.names)
+    done = done[done.question_id.isin(set(questions.question_id))]
+    answered = done[done.error.isna()]
+    if len(answered):
+        log.info("resuming: %d of %d questions already answered", len(answered), len(questions))
+    if len(done) > len(answered):
+        log.info("asking %d questions again whose stored answer was an error", len(done) - len(answered))
+    todo = questions[~questions.question_id.isin(set(answered.question_id))]
+    question_rows = _question_rows(todo)
+    per_call = model.use_batch_size(batch_size)  # questions per model call (a batch, or more: the model's)
+    budget = _ErrorBudget(len(questions), max_error_share)
+    pending: list[dict] = []  # rows not yet in the store
+    retry: list[str] = []  # transient failures: not stored
+    description = f"{model.name} {questions.qset.iloc[0]}"
+
+    def keep(row: dict) -> None:
+        pending.append(row)
+        if row["error"] is not None:
+            budget.add(row["error"])
+
+    try:
+        with _sigterm_raises(), tqdm(total=len(questions), initial=len(answered), desc=description, unit="q") as bar:
+            for start in range(0, len(todo), per_call):
+                batch = []
+                for row in question_rows[start : start + per_call]:
+                    question, error = _to_question(row, resolver if model.uses_images else None)
+                    if error is not None:
+                        keep(_error_row(row.question_id, error))
+                    else:
+                        batch.append(question)
+                for question, result in zip(batch, score(batch) if batch else []):
+                    if result.retry:
+                        retry.append(result.error)
+                        budget.add(result.error)
+                    else:
+                        keep(_result_row(question.question_id, result))
+                bar.update(min(per_call, len(todo) - start))
+                if store is not None and len(pending) >= part_size:
+                    store.append(pending)
+                    pending = []
+    except (FatalBackendError, IncompleteShardError, JobTerminated, KeyboardInterrupt) as stop:
+        if store is not None:
+            store.append(pending)
+            log.error("%s: stopped (%s: %s); %d answered rows are saved for a resume",
+                      model.name, type(stop).__name__, stop, len(store.rows()))
+        raise
+    except BaseException:
+        if store is not None:  # keep what was answered, whatever went wrong
+            store.append(pending)
+        raise
+    if store is not None:
+        store.append(pending)
+        frame = store.rows()
+    else:
+        frame = pd.DataFrame(pending, columns=PREDICTIONS.names)
+    budget.warn_if_any(model.name)
+    if retry:
+        raise IncompleteShardError(
+            f"{len(retry)} questions failed transiently and were not stored (first: {retry[0]}); "
+            "rerun to ask them again"
+        )
+    return _in_question_order(frame[frame.question_id.isin(set(questions.question_id))], questions)
+
+
+def check_complete(questions: pd.DataFrame, frame: pd.DataFrame, where: str = "predictions") -> None:
+    """Raise unless ``frame`` answers every question of ``questions`` exactly once, and nothing else."""
+    duplicated = frame.question_id[frame.question_id.duplicated()]
+    if len(duplicated):
+        raise IncompleteShardError(f"{where}: {len(duplicated)} questions answered twice, e.g. {duplicated.iloc[0]}")
+    asked, answered = set(questions.question_id.tolist()), set(frame.question_id.tolist())  # tolist: in bulk
+    missing = asked - answered
+    if missing:
+        raise IncompleteShardError(f"{where}: {len(missing)} questions have no answer, e.g. {sorted(missing)[0]}")
+    extra = answered - asked
+    if extra:
+        raise IncompleteShardError(f"{where}: {len(extra)} answers to unknown questions, e.g. {sorted(extra)[0]}")
+
+
+def merge_shards(questions: pd.DataFrame, shards: list[pd.DataFrame], where: str = "predictions") -> pd.DataFrame:
+    """The shards of one run as one table in question order; every question exactly once."""
+    frame = pd.concat(shards, ignore_index=True)
+    check_complete(questions, frame, where)
+    to_arrow(frame, PREDICTIONS, where)  # schema check
+    return _in_question_order(frame, questions)
+
+
+def parts_directory(output: str | Path) -> Path:
+    """Where the parts of a shard output live while it is being computed."""
+    output = Path(output)
+    return output.with_name(output.name + ".parts")
+
+
+def run_shard(
+    questions_path: str | Path,
+    images_dir: str | Path,
+    model_slug: str,
+    model_settings: dict,
+    variant_settings: dict,
+    shard: int,
+    n_shards: int,
+    output: str | Path,
+    train_stats: str | Path | None = None,
+    dataset: str = "hico",
+    batch_size: int = 16,
+    part_size: int = 512,
+    condition_settings: dict | None = None,
+    max_error_share: float = MAX_ERROR_SHARE,
+    continue_tokens: int = CONTINUE_TOKENS,
+) -> pd.DataFrame:
+    """Answer one shard and write it to ``output``; resumes from ``<output>.parts/`` if present.
+
+    The output is written only when it answers each question of the shard
+    exactly once; otherwise the job fails and its parts stay for a resume.
+    ``continue_tokens``: how far a decoding backend decodes an answer whose
+    first token decides nothing (0: such answers are unknown).
+    """
+    from verbmirage.models import ModelContext, create_model
+
+    # a partial condition (crop: single-instance images only) asks only the questions on its images
+    questions = select_shard(condition_questions(asked_questions(read_table(questions_path, QUESTIONS),
+                                                                 model_settings), images_dir), shard, n_shards)
+    variant = Variant.from_config(variant_settings, where=f"variants (run of {model_slug})")
+    settings = run_settings(model_settings, variant.settings(), condition_settings, images_dir, continue_tokens)
+    provenance = {"model": model_settings, "variant": variant_settings, "condition": condition_settings,
+                  "model_slug": model_slug, "shard": shard, "n_shards": n_shards}
+    if questions.empty:
+        write_table(pd.DataFrame(columns=PREDICTIONS.names), output, PREDICTIONS, provenance=provenance)
+        return pd.DataFrame(columns=PREDICTIONS.names)
+    store = PartStore(parts_directory(output))  # the lock first: a second writer fails before loading a model
+    model = None
+    try:
+        model = create_model(model_slug, model_settings, ModelContext(dataset=dataset, train_stats=train_stats))
+        if hasattr(model, "continue_tokens"):  # backends that decode answers token by token
+            model.continue_tokens = continue_tokens
+        model.use_variant(variant, where=f"models.{model_slug} with this variant")
+        store.use_fingerprint(fingerprint(questions, {**settings, "loaded": model.fingerprint_extra()}))
+        frame = predict(questions, model, ImageResolver(images_dir), batch_size, store, part_size, max_error_share)
+        check_complete(questions, frame, where=str(output))
+        write_table(frame, output, PREDICTIONS, provenance=provenance)
+    except BaseException:
+        store.close()
+        raise
+    finally:
+        if model is not None:
+            model.close()
+    store.clear()
+    return frame
+
+
+# ---- one job per image shard across all question sets -------------------------------------------
+# A suite job answers every question set a (dataset, condition, model, variant) asks, for the images of
+# one shard, image by image: an image's prefix (its image tokens) is computed once for all its questions,
+# YN and MC alike. Each set has its own PartStore (``<output>.parts/<qset>/``) and its own table in the
+# output folder (``<output>/<qset>.parquet``); rule merge_predictions joins a set's shards.
+
+
+def score_questions(model: VisionLanguageModel, questions: list[Question], multiple_choice: list[bool]) -> list:
+    """One result per question, YN and MC mixed: one pass where the backend can (:meth:`score_mixed`: each
+    image's prefix once), else one call per kind (baselines, CLIP, APIs, remote adapters)."""
+    if getattr(model, "mixed_kinds", False) and len(set(multiple_choice)) > 1:
+        return model.score_mixed(questions, list(multiple_choice))
+    results: list = [None] * len(questions)
+    for flag in (False, True):
+        indices = [i for i, mc in enumerate(multiple_choice) if bool(mc) == flag]
+        if indices:
+            score = model.score_multiple_choice if flag else model.score_yes_no
+            for i, result in zip(indices, score([questions[i] for i in indices])):
+                results[i] = result
+    return results
+
+
+def asked_questions(questions: pd.DataFrame, model_settings: dict | None) -> pd.DataFrame:
+    """The questions a model is asked of a set: all, or its entry's fixed sample (``sample_questions``; the
+    merge and the metrics read the same sample back from the predictions' provenance)."""
+    sample = sample_settings(model_settings)
+    return questions if sample is None else question_sample(questions, *sample).reset_index(drop=True)
+
+
+def image_shard(image: str, n_shards: int) -> int:
+    """The shard of an image: a hash of its name, so adding a question set (new images) moves no image."""
+    return zlib.crc32(image.encode()) % n_shards
+
+
+def select_suite_shard(questions: pd.DataFrame, shard: int, n_shards: int) -> pd.DataFrame:
+    """The questions (of any sets) on the images of shard ``shard`` of ``n_shards`` (:func:`image_shard`)."""
+    if not 0 <= shard < n_shards:
+        raise ValueError(f"shard {shard} is not in 0..{n_shards - 1}")
+    return questions[questions.image.map(lambda image: image_shard(image, n_shards)) == shard]
+
+
+def suite_order(questions: pd.DataFrame) -> pd.DataFrame:
+    """Image-major order (every set's questions of an image together), otherwise the given order."""
+    return questions.sort_values("image", kind="stable").reset_index(drop=True)
+
+
+def _image_runs(images: list[str]) -> list[tuple[int, int]]:
+    """(start, stop) of each run of equal values in ``images``."""
+    runs, start = [], 0
+    for _, run in itertools.groupby(images):
+        length = sum(1 for _ in run)
+        runs.append((start, start + length))
+        start += length
+    return runs
+
+
+def suite_calls(images: list[str], per_call: int) -> list[range]:
+    """Cut rows in image-major order (``images``: each row's image) into model calls of at most ``per_call``.
+
+    A call holds whole images; an image with more rows than ``per_call`` has calls of its own. The cut is made
+    over every question of the shard, answered or not, so a resumed job (whose stored parts end at call
+    boundaries: rows are stored only after their call) asks its remaining questions in exactly the calls of an
+    uninterrupted run. A call's answers can depend on its other rows (padding, images whose prefixes run as one
+    batch), so this is what makes a resumed table bit-identical to an uninterrupted one. No image spans two
+    calls with other images, so no image prefix is carried from one call into the next.
+    """
+    calls: list[range] = []
+    first = 0  # the first row of the open call
+    for image_start, image_stop in _image_runs(images):
+        if image_stop - image_start > per_call:  # an image too large for one call: calls of its own
+            if first < image_start:
+                calls.append(range(first, image_start))
+            calls += [range(row, min(row + per_call, image_stop)) for row in range(image_start, image_stop, per_call)]
+            first = image_stop
+        elif image_stop - first > per_call:  # the image starts the next call
+            calls.append(range(first, image_start))
+            first = image_start
+    if first < len(images):
+        calls.append(range(first, len(images)))
+    return calls
+
+
+def predict_suite(
+    questions: pd.DataFrame,
+    model: VisionLanguageModel,
+    resolver: ImageResolver | None,
+    stores: dict[str, PartStore],
+    batch_size: int = 16,
+    part_size: int = 512,
+    max_error_share: float = 1.0,
+) -> dict[str, int]:
+    """Answer the questions of several sets (column ``qset``) into each set's store; how many rows each got now.
+
+    The guarantees of :func:`predict`, over the whole job: stored answers are not asked again (stored
+    error rows are), rows reach a set's store every ``part_size`` rows of that set and before any
+    exception (SIGTERM included) ends the call, more than ``max_error_share`` error rows of all the
+    questions stop it, and transient failures are never stored (:class:`IncompleteShardError` at the end).
+    Only a part's worth of rows per set is held in memory.
+    """
+    if questions.empty:
+        raise ValueError("no questions to score")
+    unknown = sorted(set(questions.qset) - set(stores))
+    if unknown:
+        raise ValueError(f"no part store for question sets {unknown}")
+    answered: set[str] = set()
+    for qset, store in stores.items():
+        wanted = set(questions.question_id[questions.qset.eq(qset)])
+        done = store.rows(columns=["question_id", "error"])
+        done = done[done.question_id.isin(wanted)]
+        kept = set(done.question_id[done.error.isna()])
+        if kept:
+            log.info("%s: resuming: %d of %d questions already answered", qset, len(kept), len(wanted))
+        if len(done) > len(kept):
+            log.info("%s: asking %d questions again whose stored answer was an error", qset, len(done) - len(kept))
+        answered |= kept
+    ordered = suite_order(questions)
+    per_call = model.use_batch_size(batch_size)  # questions per model call (a batch, or more: the model's)
+    calls = suite_calls(ordered.image.tolist(), per_call)  # cut over every question: see suite_calls
+    unanswered = ~ordered.question_id.isin(answered).to_numpy()
+    calls = [[i for i in call if unanswered[i]] for call in calls]
+    calls = [call for call in calls if call]
+    question_rows = _question_rows(ordered)
+    multiple_choice = [question_kind(row.qset) == "mc" for row in question_rows]
+    budget = _ErrorBudget(len(questions), max_error_share)
+    pending: dict[str, list[dict]] = {qset: [] for qset in stores}
+    asked = dict.fromkeys(stores, 0)
+    retry: list[str] = []
+
+    def keep(qset: str, row: dict) -> None:
+        pending[qset].append(row)
+        asked[qset] += 1
+        if row["error"] is not None:
+            budget.add(row["error"])
+
+    def flush(everything: bool) -> None:
+        for qset, rows in pending.items():
+            if rows and (everything or len(rows) >= part_size):
+                stores[qset].append(rows)
+                pending[qset] = []
+
+    description = f"{model.name} {len(stores)} sets"
+    try:
+        with _sigterm_raises(), tqdm(total=len(questions), initial=len(answered), desc=description, unit="q") as bar:
+            for call in calls:
+                batch, flags, sets = [], [], []
+                for row, flag in ((question_rows[i], multiple_choice[i]) for i in call):
+                    question, error = _to_question(row, resolver if model.uses_images else None)
+                    if error is not None:
+                        keep(row.qset, _error_row(row.question_id, error))
+                    else:
+                        batch.append(question), flags.append(flag), sets.append(row.qset)
+                for question, qset, result in zip(batch, sets, score_questions(model, batch, flags) if batch else []):
+                    if result.retry:
+                        retry.append(result.error)
+                        budget.add(result.error)
+                    else:
+                        keep(qset, _result_row(question.question_id, result))
+                bar.update(len(call))
+                flush(everything=False)
+    except (FatalBackendError, IncompleteShardError, JobTerminated, KeyboardInterrupt) as stop:
+        flush(everything=True)
+        log.error("%s: stopped (%s: %s); the answered rows are saved for a resume", model.name,
+                  type(stop).__name__, stop)
+        raise
+    except BaseException:
+        flush(everything=True)  # keep what was answered, whatever went wrong
+        raise
+    flush(everything=True)
+    budget.warn_if_any(model.name)
+    if retry:
+        raise IncompleteShardError(
+            f"{len(retry)} questions failed transiently and were not stored (first: {retry[0]}); "
+            "rerun to ask them again"
+        )
+    return asked
+
+
+def _latest_part_of(store: PartStore, questions: pd.DataFrame) -> tuple[list[Path], dict[str, int]]:
+    """The store's parts and, per question of ``questions``, the index of the part with its latest answer."""
+    parts = store._parts()
+    wanted, owner = set(questions.question_id), {}
+    for index, part in enumerate(parts):
+        for question_id in pq.read_table(part, columns=["question_id"]).column(0).to_pylist():
+            if question_id in wanted:
+                owner[question_id] = index
+    return parts, owner
+
+
+def _stream_table(parts: list[Path], owner: dict[str, int], path: Path, provenance: dict, rows_per_group: int) -> None:
+    """Write the rows ``owner`` picks from ``parts`` to ``path`` part by part (never all rows in memory).
+
+    Written like :func:`verbmirage.core.io.write_table` (atomic, schema checked, provenance metadata),
+    which takes a whole frame; hence this streaming twin. Row groups hold ``rows_per_group`` rows whatever
+    the parts were, so the file's bytes depend on its rows only: a table resumed from more parts (a job
+    killed and run again) is the same file as an uninterrupted job's.
+    """
+    metadata = {b"verbmirage.version": __version__.encode(),
+                b"verbmirage.provenance": json.dumps(provenance, sort_keys=True, default=str).encode()}
+    schema = PREDICTIONS.with_metadata(metadata)
+    waiting: list = []  # Arrow tables not yet written, fewer than rows_per_group rows in all
+    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, schema) as writer:
+        for index, part in enumerate(parts):
+            frame = read_table(part, PREDICTIONS)
+            frame = frame[frame.question_id.map(owner).eq(index)].drop_duplicates("question_id", keep="last")
+            if len(frame):
+                waiting.append(to_arrow(frame, PREDICTIONS, str(part)).replace_schema_metadata(metadata))
+            pending = pa.concat_tables(waiting) if waiting else None
+            while pending is not None and pending.num_rows >= rows_per_group:
+                writer.write_table(pending.slice(0, rows_per_group))
+                pending = pending.slice(rows_per_group)
+            waiting = [pending] if pending is not None and pending.num_rows else []
+        if waiting:
+            writer.write_table(pa.concat_tables(waiting))
+        if not owner:
+            writer.write_table(schema.empty_table())
+
+
+def suite_table(output: str | Path, qset: str) -> Path:
+    """Where a suite job's output folder holds the rows of one question set."""
+    return Path(output) / f"{qset}.parquet"
+
+
+def run_suite(
+    questions_paths: dict[str, str | Path],
+    images_dir: str | Path,
+    model_slug: str,
+    model_settings: dict,
+    variant_settings: dict,
+    shard: int,
+    n_shards: int,
+    output: str | Path,
+    train_stats: str | Path | None = None,
+    dataset: str = "hico",
+    batch_size: int = 16,
+    part_size: int = 512,
+    condition_settings: dict | None = None,
+    max_error_share: float = MAX_ERROR_SHARE,
+    continue_tokens: int = CONTINUE_TOKENS,
+    decision_input: str | Path | None = None,
+) -> dict[str, int]:
+    """Answer every set of ``questions_paths`` (qset -> question table) on one image shard; the output folder
+    gets ``<qset>.parquet`` per set (:func:`suite_table`). Returns the rows per set.
+
+    ``decision_input``: what a calibrated-decision variant decides by (:func:`verbmirage.variants.decisions.decision_model`).
+
+    One model load and one prefix per image for all sets. Resumable per set from ``<output>.parts/<qset>/``;
+    a set's table is written only when it answers each of its questions exactly once, and nothing is
+    written unless every set is complete. The finished answers stay in the parts folder (hard links),
+    fingerprinted per set: a rerun with another list of sets asks only the sets it has no answers for.
+    """
+    from verbmirage.variants.decisions import decision_model
+    from verbmirage.models import ModelContext, create_model
+
+    frames = []
+    for qset, path in questions_paths.items():
+        table = asked_questions(read_table(path, QUESTIONS), model_settings)
+        if not table.qset.eq(qset).all():
+            raise ValueError(f"{path}: holds question set(s) {sorted(set(table.qset))}, expected '{qset}'")
+        # a partial condition (crop: single-instance images only) asks only the questions on its images
+        frames.append(condition_questions(table, images_dir))
+    questions = select_suite_shard(pd.concat(frames, ignore_index=True), shard, n_shards)
+    variant = Variant.from_config(variant_settings, where=f"variants (run of {model_slug})")
+    settings = run_settings(model_settings, variant.settings(), condition_settings, images_dir, continue_tokens)
+    provenance = {"model": model_settings, "variant": variant_settings, "condition": condition_settings,
+                  "model_slug": model_slug, "shard": shard, "n_shards": n_shards}
+    output = Path(output)
+    # the locks first: a second writer fails before loading a model
+    stores = {qset: PartStore(parts_directory(output) / qset) for qset in questions_paths}
+    model = None
+    try:
+        if not questions.empty:
+            model = create_model(model_slug, model_settings, ModelContext(dataset=dataset, train_stats=train_stats))
+            if hasattr(model, "continue_tokens"):  # backends that decode answers token by token
+                model.continue_tokens = continue_tokens
+            model.use_variant(variant, where=f"models.{model_slug} with this variant")
+            # calibrated decisions (verbmirage.variants.decisions): the model as is unless the variant sets `decision`
+            model = decision_model(model, variant, dict(zip(questions.question_id, questions.qset)), dataset,
+                                   decision_input)
+            loaded = model.fingerprint_extra()
+            for qset, store in stores.items():
+                store.use_fingerprint(fingerprint(questions[questions.qset.eq(qset)],
+                                                  {**settings, "loaded": loaded, "qset": qset}))
+            predict_suite(questions, model, ImageResolver(images_dir), stores, batch_size, part_size,
+                          max_error_share)
+        answers = {}  # every set checked complete before any table is written
+        for qset, store in stores.items():
+            wanted = questions[questions.qset.eq(qset)]
+            parts, owner = _latest_part_of(store, wanted)
+            check_complete(wanted, pd.DataFrame({"question_id": list(owner)}), where=f"{output} ({qset})")
+            answers[qset] = (parts, owner)
+        output.mkdir(parents=True, exist_ok=True)
+        for qset, (parts, owner) in answers.items():
+            _stream_table(parts, owner, suite_table(output, qset), {**provenance, "qset": qset}, part_size)
+    except BaseException:
+        for store in stores.values():
+            store.close()
+        raise
+    finally:
+        if model is not None:
+            model.close()
+    for qset, store in stores.items():
+        store.keep_only(suite_table(output, qset))
+    return {qset: len(owner) for qset, (_, owner) in answers.items()}
+
+
+def merge_suite_shards(questions: pd.DataFrame, shard_outputs: list[str | Path], qset: str,
+                       where: str = "predictions") -> pd.DataFrame:
+    """One set's table from the output folders of its suite shards: every question exactly once, in question order."""
+    return merge_shards(questions, [read_table(suite_table(output, qset), PREDICTIONS) for output in shard_outputs],
+                        where)

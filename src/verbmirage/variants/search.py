@@ -1,0 +1,448 @@
+"""Decoding past the first answer token: greedy, beam search, sampling, and VCD's contrast (issue 9).
+
+The loops run on a :class:`Stepper`: an object holding one key/value cache
+per row (a question, or one beam of it) that returns the next-token logits
+for the tokens it is fed and reorders its rows when beams move. The engine
+(``models/hf.py``) builds steppers on its cached image prefix, so beam search
+expands the prefix per beam instead of recomputing it; VCD is a stepper that
+runs two streams (clean and noised image) and returns the contrasted logits,
+so it combines with every loop unchanged.
+
+Why our own loops and not ``generate``: ``generate`` cannot start from a
+prefix cache shared by many prompts, has no hook for a second (noised) stream
+that must follow beam reordering, and draws samples from one global generator,
+so a question's sample would depend on its batch. The loops keep the semantics
+of transformers 5.x (tested token for token against ``generate``): greedy =
+argmax; beam search = its vectorised beam search (``length_penalty`` on the
+generated length, ``early_stopping=False`` heuristic, ``2 * num_beams``
+candidates per step); sampling = temperature, top-k, top-p warpers, then a
+draw from each question's own generator.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from verbmirage.variants.settings import VCDSettings
+
+# ---- VCD (notes/mitigations.md section 2; SPEC section 3) ---------------------------------------------------------
+DIFFUSION_STEPS = 1000
+
+
+def diffusion_coefficients(step: int) -> tuple[float, float]:
+    """(sqrt(abar_t), sqrt(1 - abar_t)) of VCD's forward diffusion at ``step`` (0-based, of 1000).
+
+    betas = sigmoid(linspace(-6, 6, 1000)) * (5e-3 - 1e-5) + 1e-5; abar_t = prod_{s<=t} (1 - beta_s).
+    """
+    if not 0 <= step < DIFFUSION_STEPS:
+        raise ValueError(f"vcd.noise_step: {step} is not in 0..{DIFFUSION_STEPS - 1}")
+    betas = 1 / (1 + np.exp(-np.linspace(-6, 6, DIFFUSION_STEPS))) * (5e-3 - 1e-5) + 1e-5
+    alpha_bar = float(np.cumprod(1 - betas)[step])
+    return math.sqrt(alpha_bar), math.sqrt(1 - alpha_bar)
+
+
+def diffuse(pixels: torch.Tensor, step: int, seed: int) -> torch.Tensor:
+    """VCD's distorted image: x_t = sqrt(abar) x + sqrt(1 - abar) eps on the normalised pixel tensor, no clipping.
+
+    ``eps`` is drawn from a generator seeded with ``seed`` (one per image), on the CPU, so the same
+    image gets the same noise in any batch, shard or device. (The official code draws fresh noise per
+    question from one global generator; seeding per image lets every question of an image share one
+    noised prefix: a documented deviation, docs/variants.md.)
+    """
+    keep, noise = diffusion_coefficients(step)
+    generator = torch.Generator().manual_seed(seed)
+    eps = torch.randn(pixels.shape, generator=generator, dtype=torch.float32)
+    noised = keep * pixels.float().cpu() + noise * eps
+    return noised.to(device=pixels.device, dtype=pixels.dtype)
+
+
+def contrast(clean: torch.Tensor, noised: torch.Tensor, settings: VCDSettings) -> torch.Tensor:
+    """VCD's next-token logits: (1 + alpha) l - alpha l', -inf where p_clean < beta * p_clean_max.
+
+    The plausibility cut is log(beta) + max(l) on the raw clean logits (beta = 0: no cut). float32.
+    """
+    clean, noised = clean.float(), noised.float()
+    contrasted = (1 + settings.alpha) * clean - settings.alpha * noised
+    return contrasted.masked_fill(~plausible_tokens(clean, settings.beta), -math.inf)
+
+
+def plausible_tokens(clean: torch.Tensor, beta: float) -> torch.Tensor:
+    """Tokens VCD keeps: clean probability at least ``beta`` times the top one."""
+    if beta <= 0:
+        return torch.ones_like(clean, dtype=torch.bool)
+    cutoff = math.log(beta) + clean.max(dim=-1, keepdim=True).values
+    return clean >= cutoff
+
+
+def divergence(clean: torch.Tensor, contrasted: torch.Tensor, beta: float
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row: KL(q || p~), KL(p~ || q) and the plausibility-set size.
+
+    q = softmax(contrasted); p~ = the clean distribution restricted to the plausibility set and renormalised
+    (the definition under which "KL exactly 0" can happen: a one-token set, or a contrast that moves nothing;
+    notes/mitigations.md, "KL column"). Both directions, since the paper's "KL divergence between the original
+    p_theta and the contrasted p_vcd" does not say which; they are 0 together (q = p~). float64.
+    """
+    keep = plausible_tokens(clean.float(), beta)
+    log_q = torch.log_softmax(contrasted.double(), dim=-1)
+    log_p = torch.log_softmax(clean.double().masked_fill(~keep, -math.inf), dim=-1)
+    zero = torch.zeros_like(log_q)
+    forward = torch.where(keep, log_q.exp() * (log_q - log_p), zero).sum(dim=-1).clamp_min(0.0)
+    reverse = torch.where(keep, log_p.exp() * (log_p - log_q), zero).sum(dim=-1).clamp_min(0.0)
+    return forward, reverse, keep.sum(dim=-1)
+
+
+# ---- the loops ------------------------------------------------------------------------------------------------------
+class Stepper(Protocol):
+    """Rows of cached decoding state (a question, or a beam of it)."""
+
+    def advance(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row; the float32 logits [rows, vocab] of the next position."""
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Row i continues from row ``rows[i]`` (beam search)."""
+
+
+class ContrastedStepper:
+    """VCD: a clean and a noised stream fed the same tokens; returns :func:`contrast` of their logits."""
+
+    def __init__(self, clean: Stepper, noised: Stepper, settings: VCDSettings):
+        self.clean, self.noised, self.settings = clean, noised, settings
+
+    def advance(self, tokens: torch.Tensor) -> torch.Tensor:
+        return contrast(self.clean.advance(tokens), self.noised.advance(tokens), self.settings)
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        self.clean.reorder(rows)
+        self.noised.reorder(rows)
+
+
+def _cut_at_stop(tokens: list[int], stop: set[int]) -> list[int]:
+    for position, token in enumerate(tokens):
+        if token in stop:
+            return tokens[:position]
+    return tokens
+
+
+def _one_token_per_row(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int],
+                       choose) -> list[list[int]]:
+    """Rows decoded one token per step by ``choose(tokens so far, logits) -> next tokens`` until every row
+    has stopped or ``max_new_tokens``; tokens up to (not including) a stop token."""
+    rows = first.shape[0]
+    stop_ids = torch.tensor(sorted(stop), dtype=torch.long)
+    tokens = torch.empty((rows, 0), dtype=torch.long)
+    done = torch.zeros(rows, dtype=torch.bool)
+    logits = first
+    for step in range(max_new_tokens):
+        chosen = choose(tokens, logits)
+        tokens = torch.cat([tokens, chosen[:, None]], dim=1)
+        done |= torch.isin(chosen, stop_ids)
+        if bool(done.all()) or step + 1 == max_new_tokens:
+            break
+        logits = stepper.advance(chosen)
+    return [_cut_at_stop(row, stop) for row in tokens.tolist()]
+
+
+def greedy_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int]) -> list[list[int]]:
+    """Argmax decoding of every row from its first-position logits."""
+    return _one_token_per_row(first, stepper, max_new_tokens, stop, lambda tokens, logits: logits.argmax(-1).cpu())
+
+
+def sample_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int],
+                  seeds: list[int], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> list[list[int]]:
+    """Multinomial sampling, one generator per row seeded with ``seeds[row]``: a row's tokens do not depend on
+    which rows share its batch. Warpers (transformers' own) are applied to the logits in the order of
+    ``generate``: temperature, top-k, top-p."""
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    warpers = LogitsProcessorList()
+    if temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(temperature))
+    if top_k:
+        warpers.append(TopKLogitsWarper(top_k))
+    if top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p))
+    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+
+    def draw(tokens, logits):
+        probabilities = torch.softmax(warpers(tokens, logits.float().cpu()), dim=-1)
+        return torch.stack([torch.multinomial(row, 1, generator=generator)[0]
+                            for row, generator in zip(probabilities, generators)])
+
+    return _one_token_per_row(first, stepper, max_new_tokens, stop, draw)
+
+
+class BeamBook:
+    """The bookkeeping of transformers 5.x vectorised beam search, one step at a time (shared by
+    :func:`beam_search` and :func:`opera_search`).
+
+    Per step: add the running beam scores to the step's log-probabilities, keep the best
+    ``max(2, 1 + #stop) * K`` continuations over all beams; those ending in a stop token (or reaching
+    ``max_new_tokens``) among the best K join the finished hypotheses with score / length **
+    ``length_penalty`` (length = generated tokens + ``length_offset``: 0 as in transformers 5.x, the prompt
+    length for the official OPERA code's full-length normalisation); the best K unfinished continue.
+    """
+
+    def __init__(self, batch: int, k: int, max_new_tokens: int, stop: set[int], length_penalty: float = 1.0,
+                 length_offset: int = 0):
+        self.batch, self.k, self.max_new_tokens = batch, k, max_new_tokens
+        self.length_penalty, self.length_offset = length_penalty, length_offset
+        self.keep = max(2, 1 + len(stop)) * k
+        self.stop_ids = torch.tensor(sorted(stop), dtype=torch.long)
+        self.running = torch.full((batch, k, max_new_tokens), -1, dtype=torch.long)
+        self.running_scores = torch.zeros((batch, k))
+        self.running_scores[:, 1:] = -1e9
+        self.finished = self.running.clone()
+        self.finished_scores = torch.full((batch, k), -1e9)
+        self.is_finished = torch.zeros((batch, k), dtype=torch.bool)
+        self.improvable = torch.ones((batch, 1), dtype=torch.bool)
+        self.among_best = torch.arange(self.keep) < k
+        self.offsets = torch.arange(batch)[:, None] * k
+        #: after :meth:`step`: the row each running beam continues from, and the token it feeds next
+        self.rows = torch.arange(batch * k)
+        self.tokens = torch.zeros(batch * k, dtype=torch.long)
+
+    def _length(self, generated: int) -> float | torch.Tensor:
+        length = (generated + self.length_offset) ** self.length_penalty
+        # per-question offsets (opera_batch, float64): the float32 of the same double as a scalar offset gives
+        return length.float() if isinstance(length, torch.Tensor) else length
+
+    def step(self, log_probs: torch.Tensor, step: int) -> bool:
+        """Take step ``step`` (0-based) from the rows' log-probabilities [batch * K, vocab]; False when done."""
+        batch, k = self.batch, self.k
+        vocab = log_probs.shape[-1]
+        totals = (log_probs.view(batch, k, vocab) + self.running_scores[:, :, None]).view(batch, k * vocab)
+        top_scores, top_index = torch.topk(totals, self.keep)
+        origin, token = top_index // vocab, top_index % vocab
+        candidates = torch.take_along_dim(self.running, origin[:, :, None], dim=1)
+        candidates[:, :, step] = token
+        ends = torch.isin(token, self.stop_ids) | (step + 1 >= self.max_new_tokens)
+        self.ends = ends  # per question: which of the step's candidates ended (opera_batch's stopping rule)
+        open_scores = top_scores + ends.float() * -1e9  # the best K unfinished continue
+        chosen = torch.topk(open_scores, k).indices
+        self.running = torch.take_along_dim(candidates, chosen[:, :, None], dim=1)
+        self.running_scores = torch.take_along_dim(open_scores, chosen, dim=1)
+        self.rows = (torch.take_along_dim(origin, chosen, dim=1) + self.offsets).flatten()
+        self.tokens = self.running[:, :, step].flatten()
+        scores = top_scores / self._length(step + 1)  # finished among the best K: length-normalised hypotheses
+        new = ends & self.among_best[None]
+        scores = scores + (~self.improvable).float() * -1e9 + (~new).float() * -1e9
+        merged_scores = torch.cat([self.finished_scores, scores], dim=1)
+        best = torch.topk(merged_scores, k).indices
+        self.finished = torch.take_along_dim(torch.cat([self.finished, candidates], dim=1), best[:, :, None], dim=1)
+        self.is_finished = torch.take_along_dim(torch.cat([self.is_finished, new], dim=1), best, dim=1)
+        self.finished_scores = torch.take_along_dim(merged_scores, best, dim=1)
+        best_possible = self.running_scores[:, :1] / self._length(step + 1)  # can a running beam still win?
+        worst = torch.where(self.is_finished, self.finished_scores.min(dim=1, keepdim=True).values,
+                            torch.tensor(-1e9))
+        self.improvable = self.improvable & (best_possible > worst).any(dim=-1, keepdim=True)
+        return bool(self.improvable.any()) and not bool(ends.all()) and step + 1 < self.max_new_tokens
+
+    def best(self, stop: set[int]) -> list[list[int]]:
+        """The best finished hypothesis of each question (tokens before a stop token)."""
+        return [_cut_at_stop([t for t in row if t >= 0], stop) for row in self.finished[:, 0].tolist()]
+
+
+def beam_search(first: torch.Tensor, stepper: Stepper, num_beams: int, max_new_tokens: int, stop: set[int],
+                length_penalty: float = 1.0) -> list[list[int]]:
+    """Beam search with the semantics of transformers 5.x ``generate(num_beams=K, do_sample=False)``.
+
+    ``first``: [questions * K, vocab] (each question's rows repeated K times, question-major; the stepper
+    holds the same rows); bookkeeping in :class:`BeamBook`. Stops when no running beam can beat the worst
+    finished one (``early_stopping=False`` heuristic) or every continuation has stopped. Returns the best
+    finished hypothesis of each question.
+    """
+    book = BeamBook(first.shape[0] // num_beams, num_beams, max_new_tokens, stop, length_penalty)
+    logits = first
+    for step in range(max_new_tokens):
+        if not book.step(torch.log_softmax(logits.float().cpu(), dim=-1), step):
+            break
+        stepper.reorder(book.rows)
+        logits = stepper.advance(book.tokens)
+    return book.best(stop)
+
+
+# ---- OPERA (Huang et al. 2024; notes/mitigations.md section 3) ----------------------------------------------------
+class AttentionStepper(Stepper, Protocol):
+    """A stepper that also reports last-layer attention (max over heads, unnormalised) of the fed token:
+    ``attention`` after :meth:`advance` ([rows, keys]); :meth:`probe` feeds each candidate alone and undoes it."""
+
+    attention: torch.Tensor
+
+    def probe(self, candidates: torch.Tensor) -> torch.Tensor:
+        """[rows, C] candidate tokens -> [rows, C, keys + 1] their attention rows; the cache is left as it was."""
+
+
+def column_scores(window: torch.Tensor, scale_factor: float, float16: bool) -> torch.Tensor:
+    """OPERA's over-trust score of each column j of a lower-triangular local window [..., n, n]:
+    1e-7 * prod over rows i >= j (diagonal included) of scale_factor * a[i, j].
+
+    ``float16``: stored in half precision as the official code does (long products overflow to inf).
+    """
+    n = window.shape[-1]
+    lower = torch.tril(torch.ones(n, n, dtype=torch.bool))
+    scaled = torch.where(lower, window.double() * scale_factor, torch.ones_like(window, dtype=torch.float64))
+    scores = 1e-7 * scaled.prod(dim=-2)
+    return scores.half() if float16 else scores.float()
+
+
+def _opera_candidates(raw: torch.Tensor, stepper: AttentionStepper, settings, history: torch.Tensor, step: int,
+                      image_span: tuple[int, int], prompt_columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One OPERA step over the vocabulary's top candidates: the step's logits (-999 outside the candidates) and
+    each row's over-trust column. ``prompt_columns``: where the generated tokens' keys start."""
+    count = min(settings.num_attn_candidates, raw.shape[-1])
+    candidate_logits, candidates = raw.topk(count, dim=-1)
+    rows = stepper.probe(candidates).float().cpu()
+    rows = rows / rows.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+    image_reward = rows[..., image_span[0] : image_span[1] + 1].sum(dim=-1)
+    window = torch.zeros(raw.shape[0], count, step + 1, step + 1)
+    window[:, :, :step, :step] = history[:, None]
+    window[:, :, step, :] = rows[..., prompt_columns : prompt_columns + step + 1]
+    over_trust, columns = column_scores(window, settings.scale_factor, settings.float16_scores).float().max(-1)
+    penalty = -image_reward if step + 1 <= settings.reward_tokens else over_trust
+    scored = candidate_logits - settings.penalty_weights * penalty
+    return torch.full_like(raw, -999.0).scatter(-1, candidates, scored), columns.mode(dim=-1).values
+
+
+def _opera_advance(stepper: AttentionStepper, book: BeamBook, history: torch.Tensor, step: int,
+                   prompt_columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Feed the beams' chosen tokens: the next logits and the history grown by their attention rows."""
+    stepper.reorder(book.rows)
+    history = history[book.rows]
+    logits = stepper.advance(book.tokens)
+    row = stepper.attention.float().cpu()
+    row = row / row.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+    grown = torch.zeros(history.shape[0], step + 1, step + 1)
+    grown[:, :step, :step] = history
+    grown[:, step, :] = row[:, prompt_columns : prompt_columns + step + 1]
+    return logits, grown
+
+
+def opera_search(first: torch.Tensor, stepper: AttentionStepper, settings, num_beams: int, max_new_tokens: int,
+                 stop: set[int], image_span: tuple[int, int], prompt_length: int, reopen,
+                 length_penalty: float = 1.0, normalised_length: int | None = None
+                 ) -> tuple[list[int], list[tuple[int, int]]]:
+    """OPERA's beam search for ONE question (``first``: its K rows): (best tokens, rollbacks as (step, position)).
+
+    Per step, per beam: the top ``num_attn_candidates`` tokens of the raw logits; each is fed alone to read
+    its last-layer attention row (max over heads, renormalised over all keys). Within the first
+    ``reward_tokens`` tokens a candidate gains its attention on the image tokens (``image_span``, inclusive);
+    later it loses the over-trust score of the local window (the generated tokens and the candidate):
+    max over columns of 1e-7 * prod (scale_factor * a), times ``penalty_weights``. The step's distribution
+    is log-softmax over the candidates only (-999 elsewhere), and :class:`BeamBook` ranks the beams (length
+    normalised by prompt + generated length when ``full_length_normalisation``, as the official code; the prompt
+    counts ``normalised_length`` tokens when given: the official LLaVA wrapper's prompt holds the image as one
+    placeholder, not its expanded image tokens).
+
+    Retrospection: each beam's over-trust column (the mode over its candidates) is recorded per step; when
+    the columns' mode (over beams), at column >= 10, has recurred more than ``threshold`` times for every
+    beam, decoding returns to the state before the token after that column (one earlier if that position
+    was already revisited ``num_attn_candidates`` times; none if both were) and retakes that step over the
+    whole vocabulary, without the (beam, token) choices made there before. ``reopen()`` gives a fresh
+    stepper at the prompt (its rows are then fed the restored beams' tokens).
+    """
+    k = num_beams
+    offset = (prompt_length if normalised_length is None else normalised_length) \
+        if settings.full_length_normalisation else 0
+    book = BeamBook(1, k, max_new_tokens, stop, length_penalty, length_offset=offset)
+    history = torch.zeros(k, 0, 0)  # renormalised attention of generated rows on generated columns
+    locs: list[torch.Tensor] = []  # per step: each beam's over-trust column
+    revisits: dict[int, int] = {}
+    chosen: dict[int, list[tuple[int, int]]] = {}
+    banned: dict[int, list[tuple[int, int]]] = {}
+    snapshots: dict[int, tuple] = {}
+    rollbacks: list[tuple[int, int]] = []
+    logits, step, retake = first, 0, False
+    while True:
+        snapshots[step] = (copy.deepcopy(book), history.clone(), logits.clone(), list(locs))
+        raw = logits.float().cpu()
+        if retake:  # the revisited step: the whole vocabulary, earlier choices there banned
+            step_logits = raw - raw.min(dim=-1, keepdim=True).values - 999.0
+            for row, token in banned[step]:
+                step_logits[row, token] = -999.0
+        else:
+            step_logits, beam_columns = _opera_candidates(raw, stepper, settings, history, step, image_span,
+                                                          prompt_length)
+            locs.append(beam_columns)
+            target = _rollback_target(beam_columns, locs, settings, revisits, step)
+            if target is not None:
+                rollbacks.append((step, target))
+                revisits[target] = revisits.get(target, 0) + 1
+                banned.setdefault(target, []).extend(chosen.get(target, []))
+                saved_book, history, logits, locs = snapshots[target]
+                book, locs = copy.deepcopy(saved_book), list(locs)
+                stepper = reopen()
+                for position in range(target):
+                    stepper.advance(book.running[0, :, position])
+                step, retake = target, True
+                continue
+        more = book.step(torch.log_softmax(step_logits, dim=-1), step)
+        chosen[step] = list(zip(book.rows.tolist(), book.tokens.tolist()))
+        retake = False
+        if not more:
+            break
+        logits, history = _opera_advance(stepper, book, history, step, prompt_length)
+        step += 1
+    return book.best(stop)[0], rollbacks
+
+
+def opera_batch(first: torch.Tensor, stepper: AttentionStepper, settings, num_beams: int, max_new_tokens: int,
+                stop: set[int], image_span: tuple[int, int], prompt_columns: int, prompt_lengths: list[int],
+                length_penalty: float = 1.0) -> list[list[int] | None]:
+    """OPERA for several questions at once (``first``: K rows per question, question-major), each decoded as
+    :func:`opera_search` decodes it alone, up to its retrospection: a question whose retrospection would roll
+    back gets None (decode it alone; rollbacks need 10+ generated tokens, so they are rare).
+
+    The rows may be left-padded prompts: ``prompt_columns`` is where the generated tokens' keys start in every
+    row, ``prompt_lengths`` each question's prompt length for the length normalisation (as
+    :func:`opera_search`'s ``normalised_length``). A question stops
+    when its :func:`opera_search` loop would (no beam can improve, or every continuation ended); its best
+    hypothesis is taken then.
+    """
+    k, questions = num_beams, first.shape[0] // num_beams
+    offsets = torch.tensor(prompt_lengths if settings.full_length_normalisation else [0] * questions,
+                           dtype=torch.float64)[:, None]
+    book = BeamBook(questions, k, max_new_tokens, stop, length_penalty, length_offset=offsets)
+    history = torch.zeros(questions * k, 0, 0)
+    locs: list[torch.Tensor] = []
+    results: list[list[int] | None] = [None] * questions
+    active = torch.ones(questions, dtype=torch.bool)
+    logits, step = first, 0
+    while True:
+        step_logits, beam_columns = _opera_candidates(logits.float().cpu(), stepper, settings, history, step,
+                                                      image_span, prompt_columns)
+        locs.append(beam_columns)
+        for q in torch.nonzero(active).flatten().tolist():  # retrospection: leave that question to opera_search
+            own = [columns[q * k : (q + 1) * k] for columns in locs]
+            if _rollback_target(own[-1], own, settings, {}, step) is not None:
+                active[q] = False
+        book.step(torch.log_softmax(step_logits, dim=-1), step)
+        done = active & ~(book.improvable[:, 0] & ~book.ends.all(dim=-1) & (step + 1 < max_new_tokens))
+        best = book.best(stop) if bool(done.any()) else []
+        for q in torch.nonzero(done).flatten().tolist():
+            results[q] = best[q]
+        active &= ~done
+        if not bool(active.any()):
+            return results
+        logits, history = _opera_advance(stepper, book, history, step, prompt_columns)
+        step += 1
+
+
+def _rollback_target(beam_columns: torch.Tensor, locs: list[torch.Tensor], settings, revisits: dict[int, int],
+                     step: int) -> int | None:
+    """The position OPERA's retrospection returns to, or None (see :func:`opera_search`)."""
+    column = int(beam_columns.mode().values)
+    if column < 10:
+        return None
+    seen = torch.stack(locs).eq(column).sum(dim=0)  # per beam: steps whose over-trust column was this one
+    if not bool((seen > settings.threshold).all()):
+        return None
+    for target in (column + 1, column):
+        if revisits.get(target, 0) < settings.num_attn_candidates and 0 < target <= step:
+            return target
+    return None

@@ -1,0 +1,164 @@
+"""The ``verbmirage`` command (also ``python -m verbmirage``).
+
+    verbmirage --version
+    verbmirage check  [--configfile F]             every planning check, no job runs; prints the plan's size
+    verbmirage run    [--configfile F] [TARGET...] [--cores N] [--profile P] [-n] [-- SNAKEMAKE-ARGS...]
+    verbmirage report [--configfile F] [--output report.html]   the tables, figures and the HTML report
+    verbmirage predict / predict-suite ...         answer questions by hand, as a workflow job does
+
+``check``, ``run`` and ``report`` call Snakemake on this checkout's Snakefile in the current folder (the
+workflow's working directory); a ``--configfile`` replaces the demo's ``config.yaml`` (README, "Using the real
+data"). ``run`` puts the targets before the config file (after it, Snakemake would read them as more config
+files) and passes everything after ``--`` to Snakemake unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from verbmirage import __version__
+from verbmirage.inference.runs import MAX_ERROR_SHARE, run_shard, run_suite
+
+#: The workflow this package belongs to (an editable install from the repository).
+SNAKEFILE = Path(__file__).resolve().parents[3] / "Snakefile"
+
+
+def snakemake_command(configfile: str | None = None, targets: list[str] | None = None, cores: int | None = None,
+                      profile: str | None = None, dry_run: bool = False, extra: list[str] | None = None) -> list[str]:
+    """The Snakemake command line of a ``run``: the targets first, then the options, the config file last."""
+    if not SNAKEFILE.is_file():
+        raise SystemExit(f"verbmirage: no Snakefile at {SNAKEFILE}; run the workflow from a checkout of the "
+                         "repository (pip install -e .)")
+    command = [sys.executable, "-m", "snakemake", *(targets or []), "--snakefile", str(SNAKEFILE)]
+    if profile:
+        command += ["--profile", profile]
+    elif cores is not None or not dry_run:
+        command += ["--cores", str(cores or 2), "--scheduler", "greedy"]  # tools/demo.sh's choice, see there
+    if dry_run:
+        command.append("--dry-run")
+    command += list(extra or [])
+    if configfile:
+        command += ["--configfile", str(configfile)]
+    return command
+
+
+#: The summary line of ``snakemake --dry-run --quiet rules`` ("total   179").
+_TOTAL = re.compile(r"^total\s+(\d+)\s*$", re.M)
+
+
+def check(configfile: str | None) -> int:
+    """Plan the workflow without running a job: every check made when a run is planned (config keys and
+    values, backend and condition settings, data roots, analyses' inputs) reports here, naming the key."""
+    command = snakemake_command(configfile, dry_run=True, extra=["--quiet", "rules"])
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.stderr.write(result.stdout + result.stderr)
+        print(f"verbmirage check: the plan failed ({configfile or 'config.yaml'}); the message above names "
+              "the key or file", file=sys.stderr)
+        return result.returncode
+    total = _TOTAL.search(result.stdout)
+    jobs = f"{total.group(1)} jobs to run" if total else "nothing to do"
+    print(f"verbmirage check: {configfile or 'config.yaml'} plans; {jobs}")
+    return 0
+
+
+def _add_workflow_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--configfile", help="the config (default: the demo's config.yaml); it replaces "
+                        "config.yaml, keys it leaves out take the schema's defaults")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verbmirage", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--version", action="version", version=f"verbmirage {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    checking = commands.add_parser("check", help="plan a config: every planning check, no job runs")
+    _add_workflow_options(checking)
+
+    running = commands.add_parser("run", help="run the workflow (Snakemake) on a config",
+                                  description="Run the workflow. Arguments after `--` go to Snakemake unchanged.")
+    _add_workflow_options(running)
+    running.add_argument("targets", nargs="*", help="files or rules to make (default: everything)")
+    running.add_argument("--cores", type=int, help="CPU cores for local jobs (default 2)")
+    running.add_argument("--profile", help="a Snakemake profile, e.g. profiles/slurm")
+    running.add_argument("-n", "--dry-run", action="store_true", help="only show what would run")
+
+    reporting = commands.add_parser("report", help="make the tables and figures (what is missing) and the HTML "
+                                    "report")
+    _add_workflow_options(reporting)
+    reporting.add_argument("--output", default="report.html", help="the report file (default report.html)")
+    reporting.add_argument("--cores", type=int, help="CPU cores for local jobs (default 2)")
+
+    predict = commands.add_parser("predict", help="answer one shard of a question set")
+    predict.add_argument("--questions", required=True, help="question set Parquet")
+    predict.add_argument("--images", required=True, help="image-condition folder (with manifest.parquet)")
+    predict.add_argument("--model-name", required=True, help="the model's slug")
+    predict.add_argument("--model", required=True, help="the model's config entry as JSON")
+    predict.add_argument("--variant", default="{}", help="the variant's settings as JSON")
+    predict.add_argument("--output", required=True, help="shard output Parquet")
+    predict.add_argument("--shard", type=int, default=0)
+    predict.add_argument("--shards", type=int, default=1)
+    predict.add_argument("--train-stats", default=None)
+    predict.add_argument("--batch-size", type=int, default=16)
+    predict.add_argument("--part-size", type=int, default=512)
+    predict.add_argument("--condition", default="null", help="the image condition's settings as JSON")
+    predict.add_argument("--max-error-share", type=float, default=MAX_ERROR_SHARE,
+                         help="fail when more than this share of questions end as errors")
+    suite = commands.add_parser("predict-suite", help="answer every question set on one image shard")
+    suite.add_argument("--questions", required=True, nargs="+", help="question set Parquet files (<qset>.parquet)")
+    for argument in ("--images", "--model-name", "--model", "--output"):
+        suite.add_argument(argument, required=True)
+    suite.add_argument("--variant", default="{}")
+    suite.add_argument("--shard", type=int, default=0)
+    suite.add_argument("--shards", type=int, default=1)
+    suite.add_argument("--train-stats", default=None)
+    suite.add_argument("--batch-size", type=int, default=16)
+    suite.add_argument("--part-size", type=int, default=512)
+    suite.add_argument("--condition", default="null")
+    suite.add_argument("--max-error-share", type=float, default=MAX_ERROR_SHARE)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    args = _parser().parse_args(argv)
+    if args.command == "check":
+        return check(args.configfile)
+    if args.command == "run":
+        command = snakemake_command(args.configfile, args.targets, args.cores, args.profile, args.dry_run, extra)
+        return subprocess.run(command).returncode
+    if args.command == "report":
+        status = subprocess.run(snakemake_command(args.configfile, cores=args.cores)).returncode
+        if status == 0:
+            status = subprocess.run(snakemake_command(args.configfile, cores=args.cores,
+                                                      extra=["--report", args.output])).returncode
+        if status == 0:
+            print(f"verbmirage report: open {Path(args.output).resolve()} in a browser")
+        return status
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "predict-suite":
+        counts = run_suite(
+            {Path(path).stem: path for path in args.questions}, args.images, args.model_name,
+            json.loads(args.model), json.loads(args.variant), args.shard, args.shards, args.output,
+            train_stats=args.train_stats, batch_size=args.batch_size, part_size=args.part_size,
+            condition_settings=json.loads(args.condition), max_error_share=args.max_error_share,
+        )
+        print(f"{sum(counts.values())} predictions of {len(counts)} sets written to {args.output}")
+        return 0
+    frame = run_shard(
+        args.questions, args.images, args.model_name, json.loads(args.model), json.loads(args.variant),
+        args.shard, args.shards, args.output, train_stats=args.train_stats,
+        batch_size=args.batch_size, part_size=args.part_size,
+        condition_settings=json.loads(args.condition), max_error_share=args.max_error_share,
+    )
+    print(f"{len(frame)} predictions written to {args.output}")
+    return 0
