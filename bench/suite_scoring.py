@@ -39,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from verbmirage.data.demo import DemoSizes, write_demo_hico  # noqa: E402
 from verbmirage.data.hico import load_hico  # noqa: E402
-from verbmirage.inference.runs import score_questions, suite_order  # noqa: E402
+from verbmirage.inference.runs import suite_order  # noqa: E402
+from verbmirage.models.base import score_questions
 from verbmirage.models import Question, create_model  # noqa: E402
 from verbmirage.benchmark.questions import QuestionSettings, build_question_set, question_kind  # noqa: E402
 from verbmirage.models.tiny import build_tiny_llava  # noqa: E402

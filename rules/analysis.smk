@@ -63,7 +63,7 @@ rule attention_figures:
 
 
 rule vcd_divergence:
-    """VCD divergence (issue 12, item 4): the share of questions with KL exactly 0, the KL distribution and the
+    """VCD divergence (docs/analysis.md, "VCD divergence"): the share of questions with KL exactly 0, the KL distribution and the
     decisions VCD flips against the plain counterpart, from the VCD runs' stored vcd_kl and vcd_plausible.
     Reads prediction tables only (no inference); planned only when a model runs a VCD variant."""
     input:

@@ -26,9 +26,8 @@ from verbmirage.workflow.config import (
     check_schema,
     check_yaml_file,
     condition_question_sets,
-    model_question_sets,
-    model_variant_list,
 )
+from verbmirage.models.entries import model_question_sets, model_variant_list
 from verbmirage.models.registry import PLANNING_KEYS as MODEL_PLANNING_KEYS
 from verbmirage.evaluation.paper_numbers import paper_names_from_config
 from verbmirage.benchmark.questions import question_kind
@@ -778,7 +777,8 @@ def reliance_figure_notes():
 
 
 # ---- calibrated decisions (rules/decisions.smk; variants.<slug>.decision, docs/variants.md) -----------------
-from verbmirage.variants.decisions import calibration_qsets, decision_plan
+from verbmirage.inference.calibration import decision_plan
+from verbmirage.models.calibrated import calibration_qsets
 
 DECISIONS = decision_plan(config)  # threshold / content_free variant slugs; the calibration images they share
 CALIBRATION_QUESTIONS = in_results("benchmark/{dataset}/calibration/{qset}.parquet")  # YN protocol, training images

@@ -14,7 +14,8 @@ delegate()  # a local run's warm job server runs this job when there is one (ver
 from verbmirage.analysis.attention import collect_attention
 from verbmirage.analysis.attention_figures import draw_attention_figures
 from verbmirage.analysis.attention_summary import summarize_attention
-from verbmirage.core.io import ATTENTION, ATTENTION_SUMMARY, read_table, write_html, write_table
+from verbmirage.core.io import read_table, write_html, write_table
+from verbmirage.core.schemas import ATTENTION, ATTENTION_SUMMARY
 from verbmirage.core.joblog import job_log
 from verbmirage.evaluation.metrics import BootstrapSettings
 

@@ -1,6 +1,6 @@
 """Build one HICO question set from ``anno.mat``.
 
-Input: ``anno``. Output: the question table (schema ``verbmirage.core.io.QUESTIONS``).
+Input: ``anno``. Output: the question table (schema ``verbmirage.benchmark.question_table.QUESTIONS``).
 Settings: ``params.settings`` (config key ``questions``); wildcard ``qset``. The job's ``threads`` (1 unless a
 profile sets more, e.g. ``set-threads: question_set=4``) split the images over forked workers.
 """
@@ -10,7 +10,8 @@ from verbmirage.workflow.jobserver import delegate
 delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from verbmirage.data.hico import load_hico
-from verbmirage.core.io import QUESTIONS, write_table
+from verbmirage.core.io import write_table
+from verbmirage.benchmark.question_table import QUESTIONS
 from verbmirage.core.joblog import job_log
 from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 

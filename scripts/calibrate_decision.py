@@ -12,7 +12,7 @@ from verbmirage.workflow.jobserver import delegate
 
 delegate(wait=True)  # a local run's warm job server runs this job (verbmirage.workflow.jobserver); it loads a model
 
-from verbmirage.variants.decisions import calibrate
+from verbmirage.inference.calibration import calibrate
 from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:

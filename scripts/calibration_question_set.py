@@ -1,6 +1,6 @@
 """Build the calibration questions of one HICO YN set: the benchmark's protocol on seeded training images.
 
-Input: ``anno``. Output: the question table (schema ``verbmirage.core.io.QUESTIONS``), training images only.
+Input: ``anno``. Output: the question table (schema ``verbmirage.benchmark.question_table.QUESTIONS``), training images only.
 Settings: ``params.settings`` (config key ``questions``: protocol and seed), ``params.images`` (how many
 training images: ``variants.<slug>.decision.calibration_images``); wildcard ``qset``.
 """
@@ -9,9 +9,10 @@ from verbmirage.workflow.jobserver import delegate
 
 delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.variants.decisions import build_calibration_set
+from verbmirage.benchmark.calibration import build_calibration_set
 from verbmirage.data.hico import load_hico
-from verbmirage.core.io import QUESTIONS, write_table
+from verbmirage.core.io import write_table
+from verbmirage.benchmark.question_table import QUESTIONS
 from verbmirage.core.joblog import job_log
 from verbmirage.benchmark.questions import QuestionSettings
 

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from verbmirage.data.charades import build_charades_questions, load_vocabulary
-from verbmirage.core.io import QUESTIONS, write_table
+from verbmirage.data.charades import load_vocabulary
+from verbmirage.benchmark.charades_questions import build_charades_questions
+from verbmirage.core.io import write_table
+from verbmirage.benchmark.question_table import QUESTIONS
 from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:

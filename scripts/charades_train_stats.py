@@ -9,7 +9,8 @@ delegate()  # a local run's warm job server runs this job when there is one (ver
 
 from pathlib import Path
 
-from verbmirage.data.charades import load_split, load_vocabulary, training_frequencies
+from verbmirage.data.charades import load_split, load_vocabulary
+from verbmirage.benchmark.charades_questions import training_frequencies
 from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]):

@@ -6,7 +6,8 @@ delegate()  # a local run's warm job server runs this job when there is one (ver
 
 import pandas as pd
 
-from verbmirage.core.io import METRICS, read_table, write_table
+from verbmirage.core.io import read_table, write_table
+from verbmirage.core.schemas import METRICS
 from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]):

@@ -9,7 +9,8 @@ from verbmirage.workflow.jobserver import delegate
 
 delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.core.io import METRICS, write_table
+from verbmirage.core.io import write_table
+from verbmirage.core.schemas import METRICS
 from verbmirage.core.joblog import job_log
 from verbmirage.evaluation.metrics import BootstrapSettings, consistency_run
 from verbmirage.evaluation.tables import consistency_condition

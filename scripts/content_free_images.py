@@ -10,7 +10,7 @@ from verbmirage.workflow.jobserver import delegate
 
 delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.variants.decisions import write_content_free_images
+from verbmirage.benchmark.calibration import write_content_free_images
 from verbmirage.data.hico import load_hico
 from verbmirage.core.joblog import job_log
 

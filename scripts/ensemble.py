@@ -9,7 +9,8 @@ from verbmirage.workflow.jobserver import delegate
 delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from verbmirage.evaluation.ensembles import majority_vote
-from verbmirage.core.io import PREDICTIONS, read_table, write_table
+from verbmirage.core.io import read_table, write_table
+from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.core.joblog import job_log
 from verbmirage.benchmark.questions import question_kind
 

@@ -13,7 +13,9 @@ delegate()  # a local run's warm job server runs this job when there is one (ver
 
 from verbmirage.analysis.fov import fov_tables
 from verbmirage.benchmark.image_tags import IMAGE_TAGS
-from verbmirage.core.io import FOV, FOV_ROWS, PREDICTIONS, QUESTIONS, read_table, write_table
+from verbmirage.core.io import read_table, write_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import FOV, FOV_ROWS, PREDICTIONS
 from verbmirage.core.joblog import job_log
 from verbmirage.evaluation.metrics import BootstrapSettings
 

@@ -11,7 +11,8 @@ delegate()  # a local run's warm job server runs this job when there is one (ver
 
 from verbmirage.analysis.fov import PAPER_NOTE, fov_report_table
 from verbmirage.analysis.uncertainty_figures import draw_fov_figure
-from verbmirage.core.io import FOV, FOV_ROWS, read_table, write_html, write_markdown
+from verbmirage.core.io import read_table, write_html, write_markdown
+from verbmirage.core.schemas import FOV, FOV_ROWS
 from verbmirage.core.joblog import job_log
 
 TITLE = "Field of view: full image vs crop on the same single-instance questions (percent)"

@@ -10,7 +10,8 @@ from verbmirage.workflow.jobserver import delegate
 delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from verbmirage.analysis.known_object import draw_known_object_figure
-from verbmirage.core.io import KNOWN_OBJECT_AP, METRICS, read_table
+from verbmirage.core.io import read_table
+from verbmirage.core.schemas import KNOWN_OBJECT_AP, METRICS
 from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]):

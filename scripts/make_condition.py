@@ -15,7 +15,8 @@ delegate()  # a local run's warm job server runs this job when there is one (ver
 
 from verbmirage.benchmark.conditions import apply_condition, require_images
 from verbmirage.benchmark.image_tags import IMAGE_TAGS, single_instance_boxes
-from verbmirage.core.io import QUESTIONS, read_table
+from verbmirage.core.io import read_table
+from verbmirage.benchmark.question_table import QUESTIONS
 from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:

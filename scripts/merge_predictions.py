@@ -11,7 +11,9 @@ delegate()  # a local run's warm job server runs this job when there is one (ver
 
 from verbmirage.benchmark.conditions import condition_questions
 from verbmirage.inference.runs import asked_questions, merge_suite_shards, suite_table
-from verbmirage.core.io import PREDICTIONS, QUESTIONS, read_provenance, read_table, write_table
+from verbmirage.core.io import read_provenance, read_table, write_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]):

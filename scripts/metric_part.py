@@ -11,7 +11,8 @@ from verbmirage.workflow.jobserver import delegate
 delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from verbmirage.benchmark.image_tags import IMAGE_TAGS
-from verbmirage.core.io import METRICS, read_table, write_table
+from verbmirage.core.io import read_table, write_table
+from verbmirage.core.schemas import METRICS
 from verbmirage.core.joblog import job_log
 from verbmirage.evaluation.metrics import BootstrapSettings, evaluate_run
 

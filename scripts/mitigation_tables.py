@@ -14,15 +14,8 @@ from verbmirage.workflow.jobserver import delegate
 
 delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.core.io import (
-    DECODING_TABLE8,
-    METRICS,
-    MITIGATION_TABLE5,
-    read_table,
-    write_html,
-    write_markdown,
-    write_table,
-)
+from verbmirage.core.io import read_table, write_html, write_markdown, write_table
+from verbmirage.core.schemas import DECODING_TABLE8, METRICS, MITIGATION_TABLE5
 from verbmirage.core.joblog import job_log
 from verbmirage.evaluation.mitigation_tables import table5, table8
 from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_paper_numbers

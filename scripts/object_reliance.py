@@ -16,7 +16,9 @@ delegate()  # a local run's warm job server runs this job when there is one (ver
 from verbmirage.analysis.object_reliance import RelianceSettings, object_reliance
 from verbmirage.benchmark.conditions import condition_questions
 from verbmirage.data.hico import load_hico
-from verbmirage.core.io import METRICS, OBJECT_RELIANCE, PREDICTIONS, QUESTIONS, VERB_INFLUENCE, read_table, write_table
+from verbmirage.core.io import read_table, write_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import METRICS, OBJECT_RELIANCE, PREDICTIONS, VERB_INFLUENCE
 from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:

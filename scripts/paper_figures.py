@@ -13,7 +13,8 @@ from verbmirage.workflow.jobserver import delegate
 delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from verbmirage.analysis.paper_figures import draw_paper_figures, figure_note
-from verbmirage.core.io import METRICS, read_table
+from verbmirage.core.io import read_table
+from verbmirage.core.schemas import METRICS
 from verbmirage.core.joblog import job_log
 from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_paper_numbers
 

@@ -7,9 +7,10 @@ from verbmirage.workflow.jobserver import delegate
 
 delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.core.io import QUESTION_COUNTS, read_table, write_markdown, write_table
+from verbmirage.core.io import read_table, write_markdown, write_table
+from verbmirage.core.schemas import QUESTION_COUNTS
 from verbmirage.core.joblog import job_log
-from verbmirage.benchmark.questions import question_counts
+from verbmirage.benchmark.question_table import question_counts
 
 with job_log(snakemake.log[0]):
     frames = {}

@@ -11,7 +11,9 @@ from verbmirage.workflow.jobserver import delegate
 delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from verbmirage.analysis.uncertainty import uncertainty_tables
-from verbmirage.core.io import METRICS, PREDICTIONS, QUESTIONS, UNCERTAINTY_HIST, read_table, write_table
+from verbmirage.core.io import read_table, write_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import METRICS, PREDICTIONS, UNCERTAINTY_HIST
 from verbmirage.core.joblog import job_log
 from verbmirage.evaluation.metrics import BootstrapSettings
 

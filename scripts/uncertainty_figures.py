@@ -11,7 +11,8 @@ from verbmirage.workflow.jobserver import delegate
 delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from verbmirage.analysis.uncertainty_figures import draw_uncertainty_figures
-from verbmirage.core.io import UNCERTAINTY_HIST, read_table
+from verbmirage.core.io import read_table
+from verbmirage.core.schemas import UNCERTAINTY_HIST
 from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:

@@ -16,7 +16,9 @@ from verbmirage.analysis.vcd_divergence import (
     draw_vcd_divergence_figure,
     vcd_divergence_tables,
 )
-from verbmirage.core.io import PREDICTIONS, QUESTIONS, VCD_DIVERGENCE, VCD_KL_HIST, read_table, write_html, write_table
+from verbmirage.core.io import read_table, write_html, write_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import PREDICTIONS, VCD_DIVERGENCE, VCD_KL_HIST
 from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]):

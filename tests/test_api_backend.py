@@ -198,7 +198,8 @@ def test_missing_key_variable_is_named(monkeypatch):
 def test_key_not_in_written_predictions(model, tmp_path, demo_anno, demo_roots):
     from verbmirage.benchmark.conditions import ImageResolver, apply_condition
     from verbmirage.inference.runs import predict
-    from verbmirage.core.io import PREDICTIONS, write_table
+    from verbmirage.core.io import write_table
+    from verbmirage.core.schemas import PREDICTIONS
     from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 
     questions = build_question_set(demo_anno, "yn_obj", QuestionSettings()).head(6)

@@ -24,7 +24,8 @@ from sklearn.metrics import roc_auc_score
 
 from verbmirage.analysis.attention_figures import draw_attention_figures, figure_models
 from verbmirage.analysis.attention_summary import bootstrap_difference, summarize_attention
-from verbmirage.core.io import ATTENTION, ATTENTION_SUMMARY, read_table, write_table
+from verbmirage.core.io import read_table, write_table
+from verbmirage.core.schemas import ATTENTION, ATTENTION_SUMMARY
 from verbmirage.models import create_model
 
 FAMILIES = ["llava", "qwen2_vl", "instructblip"]

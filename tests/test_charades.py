@@ -6,9 +6,6 @@ import pytest
 from verbmirage.data.charades import (
     CSV_COLUMNS,
     DEMO_REPEATED_ACTION,
-    action_option,
-    action_phrase,
-    build_charades_questions,
     ego_time,
     frame_at,
     load_split,
@@ -19,6 +16,7 @@ from verbmirage.data.charades import (
     video_pairs,
     write_demo_charadesego,
 )
+from verbmirage.benchmark.charades_questions import action_option, action_phrase, build_charades_questions
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +90,8 @@ def test_frames_come_from_the_requested_time(demo):
 
 
 def test_question_sets_ask_both_views_the_same(demo):
-    from verbmirage.data.charades import build_charades_questions, extract_frames, frame_table
+    from verbmirage.data.charades import extract_frames, frame_table
+    from verbmirage.benchmark.charades_questions import build_charades_questions
 
     annotations = demo / "CharadesEgo"
     vocabulary = load_vocabulary(annotations)
@@ -123,7 +122,7 @@ def test_question_sets_ask_both_views_the_same(demo):
         correct = {options[ord(a) - 65] for options, a in zip(group.options, group.answer)}
         assert len(correct) == 1
     # counts.md: ours beside the paper's (Appendix A: 76K / 36K unique, 28K / 10K used, Yes:No about 1:1)
-    from verbmirage.benchmark.questions import question_counts
+    from verbmirage.benchmark.question_table import question_counts
 
     counts = question_counts({**{f"yn_{v}": t for v, t in yn.items()}, "mc_ego": mc}, "charadesego").set_index("qset")
     assert counts.loc["yn_exo", ["paper_unique_questions", "paper_used_questions", "paper_yes_to_no"]].tolist() == [

@@ -8,7 +8,8 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from verbmirage.workflow.config import ConfigError, check_config, check_schema
+from verbmirage.workflow.config import check_config, check_schema
+from verbmirage.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = str(REPO / "schemas" / "config.schema.yaml")

@@ -20,11 +20,14 @@ from verbmirage.benchmark.conditions import (
     crop_box,
     crop_to_box,
 )
-from verbmirage.workflow.config import ConfigError, check_config
+from verbmirage.workflow.config import check_config
+from verbmirage.core.errors import ConfigError
 from verbmirage.data.hico import read_hico_det
 from verbmirage.benchmark.image_tags import image_tags, single_instance_boxes
 from verbmirage.inference.runs import run_shard
-from verbmirage.core.io import PREDICTIONS, QUESTIONS, read_table, write_table
+from verbmirage.core.io import read_table, write_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,7 +122,8 @@ def test_config_checks_crop_conditions():
 def test_a_crop_without_any_question_gives_empty_typed_tables():
     """A demo or subset with no single-instance image: predictions, votes and metrics are empty, not errors."""
     from verbmirage.evaluation.ensembles import majority_vote
-    from verbmirage.core.io import METRICS, to_arrow
+    from verbmirage.core.io import to_arrow
+    from verbmirage.core.schemas import METRICS
     from verbmirage.evaluation.metrics import BootstrapSettings, evaluate
 
     empty_predictions = pd.DataFrame(columns=PREDICTIONS.names)

@@ -18,28 +18,32 @@ from PIL import Image
 from sklearn.metrics import accuracy_score, f1_score
 
 from verbmirage.variants.decisions import (
-    BLANK_GREY,
     CONTENT_FREE_RULE,
     THRESHOLD_RULE,
-    CalibratedModel,
-    ContentFreeRule,
-    ThresholdRule,
-    apply_threshold,
-    build_calibration_set,
-    calibration_images,
-    calibration_qsets,
     candidate_cuts,
-    check_training_only,
-    content_free_choice,
-    content_free_yes_no,
-    decision_model,
-    decision_plan,
     fit_threshold,
     mean_probability_margin,
     read_cuts,
     sigmoid,
-    write_content_free_images,
     write_cuts,
+)
+from verbmirage.inference.calibration import decision_plan
+from verbmirage.models.calibrated import (
+    CalibratedModel,
+    ContentFreeRule,
+    ThresholdRule,
+    apply_threshold,
+    calibration_qsets,
+    content_free_choice,
+    content_free_yes_no,
+    decision_model,
+)
+from verbmirage.benchmark.calibration import (
+    BLANK_GREY,
+    build_calibration_set,
+    calibration_images,
+    check_training_only,
+    write_content_free_images,
 )
 from verbmirage.models import Question, create_model
 from verbmirage.models.base import MultipleChoiceResult, YesNoResult

@@ -16,16 +16,17 @@ from verbmirage.benchmark.conditions import apply_condition
 from verbmirage.variants.decisions import (
     CONTENT_FREE_RULE,
     THRESHOLD_RULE,
-    build_calibration_set,
-    calibrate,
     fit_threshold,
-    margin_of,
     mean_probability_margin,
-    write_content_free_images,
     write_cuts,
 )
+from verbmirage.inference.calibration import calibrate
+from verbmirage.models.calibrated import margin_of
+from verbmirage.benchmark.calibration import build_calibration_set, write_content_free_images
 from verbmirage.inference.runs import run_suite, suite_table
-from verbmirage.core.io import PREDICTIONS, QUESTIONS, read_table, write_table
+from verbmirage.core.io import read_table, write_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.models import Question, create_model
 from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 from verbmirage.models.tiny import build_tiny_llava

@@ -15,7 +15,8 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 import verbmirage.models.derived as derived
-from verbmirage.workflow.config import ConfigError, check_config
+from verbmirage.workflow.config import check_config
+from verbmirage.core.errors import ConfigError
 from verbmirage.models.derived import (
     DERIVED_FOLDER,
     DerivedBusyError,

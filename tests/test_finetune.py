@@ -39,7 +39,9 @@ from verbmirage.models.derived.finetune import (
 )
 from verbmirage.benchmark.pangea_training import TrainingQuestionSettings, build_training_questions, write_demo_pangea
 from verbmirage.data.pangea import load_pangea
-from verbmirage.core.io import QUESTIONS, TRAIN_LOG, read_table, write_table
+from verbmirage.core.io import read_table, write_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import TRAIN_LOG
 from verbmirage.models.base import Question
 from verbmirage.models.registry import create_model
 from verbmirage.models.tiny import build_tiny_llava

@@ -17,7 +17,8 @@ from PIL import Image
 from snakemake.utils import validate
 
 from verbmirage.analysis.attention import clip_style_grid
-from verbmirage.workflow.config import ConfigError, check_config
+from verbmirage.workflow.config import check_config
+from verbmirage.core.errors import ConfigError
 from verbmirage.models.derived import effective_models
 from verbmirage.models import create_model
 from verbmirage.models.registry import IMAGE_MODES

@@ -13,15 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from verbmirage.benchmark.conditions import MANIFEST, ImageResolver, condition_questions
-from verbmirage.core.io import (
-    PREDICTIONS,
-    QUESTIONS,
-    DamagedTableError,
-    SchemaError,
-    read_provenance,
-    read_table,
-    write_table,
-)
+from verbmirage.core.io import DamagedTableError, SchemaError, read_provenance, read_table, write_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import PREDICTIONS
 
 
 def _questions() -> pd.DataFrame:

@@ -34,7 +34,9 @@ def test_one_attention_job_over_all_sets_equals_one_job_per_set(demo_roots, demo
 
     import verbmirage.models
     from verbmirage.analysis.attention import attention_job, collect_attention
-    from verbmirage.core.io import ATTENTION, QUESTIONS, write_table
+    from verbmirage.core.io import write_table
+    from verbmirage.benchmark.question_table import QUESTIONS
+    from verbmirage.core.schemas import ATTENTION
     from verbmirage.benchmark.questions import QuestionSettings, build_question_sets
 
     root, det_root = demo_roots

@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 
 from verbmirage.benchmark.conditions import apply_condition
-from verbmirage.core.io import PREDICTIONS, QUESTIONS, read_table, write_table
+from verbmirage.core.io import read_table, write_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 
 REPO = Path(__file__).resolve().parents[1]

@@ -26,7 +26,9 @@ from verbmirage.analysis.known_object import (
     ranking_scores,
 )
 from verbmirage.data.hico import NO_INTERACTION
-from verbmirage.core.io import KNOWN_OBJECT_AP, METRICS, PREDICTIONS, QUESTIONS, read_provenance, read_table, write_table
+from verbmirage.core.io import read_provenance, read_table, write_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import KNOWN_OBJECT_AP, METRICS, PREDICTIONS
 from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -362,7 +364,8 @@ def test_paper_config_runs_fig11():
     import yaml
     from snakemake.utils import validate
 
-    from verbmirage.workflow.config import check_config, model_question_sets
+    from verbmirage.workflow.config import check_config
+    from verbmirage.models.entries import model_question_sets
 
     repo = Path(__file__).resolve().parents[1]
     schema = str(repo / "schemas" / "config.schema.yaml")

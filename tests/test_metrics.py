@@ -257,7 +257,9 @@ def test_unknown_mc_answers_are_wrong_and_counted():
 
 def test_one_job_per_run_equals_one_job_per_set(tmp_path):
     """evaluate_run / consistency_run (one job per run or pair) give the rows of the per-set calls."""
-    from verbmirage.core.io import PREDICTIONS, QUESTIONS, write_table
+    from verbmirage.core.io import write_table
+    from verbmirage.benchmark.question_table import QUESTIONS
+    from verbmirage.core.schemas import PREDICTIONS
     from verbmirage.evaluation.metrics import consistency_run, correctness, evaluate_consistency, evaluate_run
 
     settings = BootstrapSettings(resamples=50, seed=2)

@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from verbmirage.core.io import DECODING_TABLE8, MISSING_VALUE, MITIGATION_TABLE5, read_table, write_table
+from verbmirage.core.io import MISSING_VALUE, read_table, write_table
+from verbmirage.core.schemas import DECODING_TABLE8, MITIGATION_TABLE5
 from verbmirage.evaluation.mitigation_tables import (
     PROMPT_GROUP,
     PROMPT_SUFFIX_METHOD,

@@ -55,6 +55,15 @@ def test_damaged_training_statistics_are_named(tmp_path):
         create_model("prior", {"backend": "prior"}, ModelContext(train_stats=tmp_path / "train_stats.parquet"))
 
 
+def test_planned_variant_features_equal_each_backend_class_capabilities():
+    """The planning table (read without importing a backend) says what each backend class declares it runs."""
+    from verbmirage.models.registry import VARIANT_FEATURES, backend_class
+
+    assert set(VARIANT_FEATURES) == set(BACKENDS)
+    for backend, planned in VARIANT_FEATURES.items():
+        assert backend_class(backend).variant_features == planned, backend
+
+
 def test_settings_read_from_the_source_equal_the_imported_signatures():
     """backend_settings (read while planning, nothing imported) names what create_model would accept."""
     import inspect
@@ -186,7 +195,7 @@ def test_which_scores_may_be_undefined(result, problem):
 def test_a_non_finite_score_becomes_an_error_row_the_budget_counts(tmp_path):
     """Every backend's answers pass the base class's result check: a NaN score from any backend (here a custom
     one) is an error row naming model, question and image, and more of them than max_error_share fail the job."""
-    from verbmirage.variants.decisions import CalibratedModel, ThresholdRule
+    from verbmirage.models.calibrated import CalibratedModel, ThresholdRule
     from verbmirage.inference.runs import IncompleteShardError
     from verbmirage.models.base import VisionLanguageModel
 

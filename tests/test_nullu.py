@@ -33,7 +33,8 @@ from verbmirage.models.derived.nullu import (
 )
 from verbmirage.data.hico import NO_INTERACTION
 from verbmirage.core.imaging import open_rgb
-from verbmirage.core.io import NULLU_PAIRS, read_table
+from verbmirage.core.io import read_table
+from verbmirage.core.schemas import NULLU_PAIRS
 from verbmirage.models import create_model
 
 PAIRS = 12

@@ -35,14 +35,8 @@ from verbmirage.analysis.object_reliance import (
     yes_no_units,
 )
 from verbmirage.data.hico import HicoAnnotations, hoi_vocabulary
-from verbmirage.core.io import (
-    OBJECT_RELIANCE,
-    RELIANCE_TABLE6,
-    RELIANCE_TABLE7,
-    VERB_INFLUENCE,
-    read_table,
-    write_table,
-)
+from verbmirage.core.io import read_table, write_table
+from verbmirage.core.schemas import OBJECT_RELIANCE, RELIANCE_TABLE6, RELIANCE_TABLE7, VERB_INFLUENCE
 
 PAPER_TABLES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "paper_tables.csv"
 HOIS = hoi_vocabulary()
@@ -310,7 +304,7 @@ def test_metric_rows_tables_and_schemas(tmp_path):
     objects, verbs, rows = object_reliance(questions, predictions, anno, ["m1", "m2"], settings, KEYS)
     write_table(objects, tmp_path / "o.parquet", OBJECT_RELIANCE)
     write_table(verbs, tmp_path / "v.parquet", VERB_INFLUENCE)
-    from verbmirage.core.io import METRICS
+    from verbmirage.core.schemas import METRICS
     write_table(rows, tmp_path / "m.parquet", METRICS)
     assert set(rows.metric) == {OVERLAP_METRIC, IOU_METRIC}
     assert set(rows[rows.metric == OVERLAP_METRIC].qset) == {"yn+mc"}

@@ -29,7 +29,9 @@ from verbmirage.benchmark.pangea_training import (
     write_training_questions,
 )
 from verbmirage.data.pangea import PangeaFiles, PangeaFormatError, UnsafePickleError, load_pangea, load_plain_pickle
-from verbmirage.core.io import PANGEA_SOURCES, QUESTIONS, read_table
+from verbmirage.core.io import read_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import PANGEA_SOURCES
 
 
 class _RunsCode:
@@ -264,7 +266,8 @@ def test_a_planted_hico_test_image_fails_the_build(tmp_path, pangea_root, demo_r
 
 
 def test_config_check_names_a_missing_pangea(tmp_path):
-    from verbmirage.workflow.config import DEMO_HICO_ROOT, ConfigError, check_config
+    from verbmirage.workflow.config import DEMO_HICO_ROOT, check_config
+    from verbmirage.core.errors import ConfigError
 
     models = {"base": {"backend": "llava", "path": "m"}, "tuned": {"derive": {"method": "lora_finetune", "base": "base"}}}
     config = {"datasets": {"hico": {"root": DEMO_HICO_ROOT}}, "models": models}

@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 
 from verbmirage.data.hico import hoi_vocabulary
-from verbmirage.core.io import QUESTIONS, write_table
+from verbmirage.core.io import write_table
+from verbmirage.benchmark.question_table import QUESTIONS
 from verbmirage.benchmark.questions import (
     QUESTION_SETS,
     ImageLabels,
@@ -14,9 +15,9 @@ from verbmirage.benchmark.questions import (
     build_question_set,
     build_question_sets,
     build_yn_obj,
-    question_counts,
     rare_hois,
 )
+from verbmirage.benchmark.question_table import question_counts
 
 SETTINGS = QuestionSettings()
 

@@ -15,7 +15,9 @@ import pytest
 
 from verbmirage.benchmark.conditions import apply_condition
 from verbmirage.inference.runs import IncompleteShardError, PartStore, merge_shards, parts_directory, select_shard
-from verbmirage.core.io import PREDICTIONS, QUESTIONS, read_table, write_table
+from verbmirage.core.io import read_table, write_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 
 TESTS = Path(__file__).resolve().parent

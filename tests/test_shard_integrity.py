@@ -32,7 +32,9 @@ from verbmirage.inference.runs import (
     run_settings,
     run_shard,
 )
-from verbmirage.core.io import PREDICTIONS, QUESTIONS, read_table, write_table
+from verbmirage.core.io import read_table, write_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.models.base import NO, YES, FatalBackendError, VisionLanguageModel, YesNoResult
 from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 

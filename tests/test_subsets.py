@@ -18,7 +18,8 @@ import yaml
 from snakemake.utils import validate
 
 from conftest import REAL_HICO_DET_JSON
-from verbmirage.workflow.config import ConfigError, check_config
+from verbmirage.workflow.config import check_config
+from verbmirage.core.errors import ConfigError
 from verbmirage.data.hico import (
     AnnotationFormatError,
     HicoAnnotations,

@@ -25,16 +25,15 @@ from verbmirage.inference.runs import (
     predict_suite,
     run_shard,
     run_suite,
-    score_questions,
     select_suite_shard,
-
-
-
     suite_calls,
     suite_order,
     suite_table,
 )
-from verbmirage.core.io import PREDICTIONS, QUESTIONS, read_provenance, read_table, write_table
+from verbmirage.models.base import score_questions
+from verbmirage.core.io import read_provenance, read_table, write_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.models import Question, create_model
 from verbmirage.models.base import MultipleChoiceResult, VisionLanguageModel, YesNoResult
 from verbmirage.benchmark.questions import QuestionSettings, build_question_set
@@ -322,7 +321,7 @@ def test_a_sampled_model_answers_the_same_fixed_sample_in_any_shard_and_is_score
     """models.<slug>.sample_questions: N groups per set (MC rotations together), the same whatever the shards,
     recorded in the provenance; the merge expects them and the metrics count only them."""
     from verbmirage.evaluation.metrics import BootstrapSettings, evaluate_run
-    from verbmirage.benchmark.questions import question_sample
+    from verbmirage.benchmark.question_table import question_sample
 
     base, paths = suite
     entry = {"backend": "random", "seed": 0, "sample_questions": 3, "sample_seed": 1}

@@ -28,8 +28,9 @@ from verbmirage.analysis.uncertainty import (
     uncertainty_tables,
 )
 from verbmirage.analysis.uncertainty_figures import draw_fov_figure, draw_uncertainty_figures, uncertainty_roles
-from verbmirage.workflow.config import ConfigError
-from verbmirage.core.io import FOV, FOV_ROWS, METRICS, UNCERTAINTY_HIST, read_table, write_table
+from verbmirage.core.errors import ConfigError
+from verbmirage.core.io import read_table, write_table
+from verbmirage.core.schemas import FOV, FOV_ROWS, METRICS, UNCERTAINTY_HIST
 from verbmirage.evaluation.metrics import BootstrapSettings
 
 NO_BOOTSTRAP = BootstrapSettings(resamples=0)

@@ -8,7 +8,8 @@ import pytest
 import yaml
 from snakemake.utils import validate
 
-from verbmirage.workflow.config import ConfigError, check_config
+from verbmirage.workflow.config import check_config
+from verbmirage.core.errors import ConfigError
 from verbmirage.models import create_model
 from verbmirage.models.prompts import PromptTemplate
 from verbmirage.models.registry import BACKENDS, VARIANT_FEATURES

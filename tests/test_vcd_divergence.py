@@ -27,8 +27,9 @@ from verbmirage.analysis.vcd_divergence import (
     vcd_divergence_tables,
     vcd_variants,
 )
-from verbmirage.workflow.config import ConfigError
-from verbmirage.core.io import VCD_DIVERGENCE, VCD_KL_HIST, read_table, write_table
+from verbmirage.core.errors import ConfigError
+from verbmirage.core.io import read_table, write_table
+from verbmirage.core.schemas import VCD_DIVERGENCE, VCD_KL_HIST
 
 PAPER_TEXT = Path(__file__).resolve().parents[2] / "shared" / "paper" / "verb_mirage.txt"
 

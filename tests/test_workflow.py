@@ -12,7 +12,8 @@ import pytest
 import yaml
 from workflow_run import REPO, planned_jobs, write_config
 
-from verbmirage.core.io import METRICS, read_provenance, read_table
+from verbmirage.core.io import read_provenance, read_table
+from verbmirage.core.schemas import METRICS
 
 pytestmark = pytest.mark.slow
 

@@ -9,9 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from verbmirage.variants.decisions import CONTENT_FREE_RULE, THRESHOLD_RULE, check_training_only, read_cuts
+from verbmirage.variants.decisions import CONTENT_FREE_RULE, THRESHOLD_RULE, read_cuts
+from verbmirage.benchmark.calibration import check_training_only
 from verbmirage.data.hico import load_hico
-from verbmirage.core.io import PREDICTIONS, QUESTIONS, read_table
+from verbmirage.core.io import read_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import PREDICTIONS
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 
 from verbmirage.models.derived import DERIVED_FOLDER
 from verbmirage.data.hico import load_hico
-from verbmirage.core.io import NULLU_PAIRS, read_table
+from verbmirage.core.io import read_table
+from verbmirage.core.schemas import NULLU_PAIRS
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,9 @@ import yaml
 from verbmirage.models.derived import DERIVED_FOLDER
 from verbmirage.models.derived.finetune import LANGUAGE_MODEL_LINEARS, TRAIN_LOG_FILE, checkpoint_folder
 from verbmirage.data.hico import load_hico
-from verbmirage.core.io import MITIGATION_TABLE5, PANGEA_SOURCES, QUESTIONS, TRAIN_LOG, read_table
+from verbmirage.core.io import read_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import MITIGATION_TABLE5, PANGEA_SOURCES, TRAIN_LOG
 from verbmirage.models.adapters import saved_adapter_keys
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,9 @@ import yaml
 from known_object_reference import reference_ap_table
 
 from verbmirage.analysis.known_object import hico_det_rare
-from verbmirage.core.io import KNOWN_OBJECT_AP, METRICS, PREDICTIONS, QUESTIONS, read_provenance, read_table
+from verbmirage.core.io import read_provenance, read_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import KNOWN_OBJECT_AP, METRICS, PREDICTIONS
 from verbmirage.models.registry import variant_features
 from verbmirage.variants.settings import Variant, model_variants
 

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from verbmirage.models.derived import derived_entries
-from verbmirage.core.io import DECODING_TABLE8, METRICS, MITIGATION_TABLE5, read_table
+from verbmirage.core.io import read_table
+from verbmirage.core.schemas import DECODING_TABLE8, METRICS, MITIGATION_TABLE5
 from verbmirage.evaluation.mitigation_tables import (
     PROMPT_SUFFIX_METHOD,
     TABLE5_VARIANT_METHODS,

@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from verbmirage.data.charades import DEMO_REPEATED_ACTION
-from verbmirage.core.io import QUESTION_COUNTS, read_table
+from verbmirage.core.io import read_table
+from verbmirage.core.schemas import QUESTION_COUNTS
 
 pytestmark = pytest.mark.slow
 

@@ -16,15 +16,15 @@ from verbmirage.analysis.object_reliance import (
     reliance_plan,
 )
 from verbmirage.data.hico import load_hico
-from verbmirage.core.io import (
+from verbmirage.core.io import read_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import (
     METRICS,
     OBJECT_RELIANCE,
     PREDICTIONS,
-    QUESTIONS,
     RELIANCE_TABLE6,
     RELIANCE_TABLE7,
     VERB_INFLUENCE,
-    read_table,
 )
 
 pytestmark = pytest.mark.slow

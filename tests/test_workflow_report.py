@@ -15,7 +15,8 @@ from workflow_run import ARTIFACTS, REPO
 
 from verbmirage.analysis.figure_layout import MAX_WIDTH_PX, companion_paths
 from verbmirage.analysis.paper_figures import bar_values, fig1_object_vs_verb
-from verbmirage.core.io import METRICS, read_table
+from verbmirage.core.io import read_table
+from verbmirage.core.schemas import METRICS
 
 pytestmark = pytest.mark.slow
 

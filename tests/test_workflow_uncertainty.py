@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from verbmirage.core.io import FOV, FOV_ROWS, METRICS, PREDICTIONS, UNCERTAINTY_HIST, read_table
+from verbmirage.core.io import read_table
+from verbmirage.core.schemas import FOV, FOV_ROWS, METRICS, PREDICTIONS, UNCERTAINTY_HIST
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,9 @@ import yaml
 
 from verbmirage.analysis.vcd_divergence import plain_counterparts, vcd_divergence_settings, vcd_variants
 from verbmirage.models.derived import effective_models
-from verbmirage.core.io import PREDICTIONS, QUESTIONS, VCD_DIVERGENCE, VCD_KL_HIST, read_table
+from verbmirage.core.io import read_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import PREDICTIONS, VCD_DIVERGENCE, VCD_KL_HIST
 from verbmirage.models.registry import variant_features
 from verbmirage.variants.settings import model_variants
 

@@ -17,7 +17,8 @@ import pytest
 import torch
 from PIL import Image
 
-from verbmirage.core.io import PREDICTIONS, read_table, write_table
+from verbmirage.core.io import read_table, write_table
+from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.models import Question, create_model
 from verbmirage.models.base import yes_no_margin
 from verbmirage.models.hf import LogitsVLM

@@ -74,7 +74,8 @@ def planned_jobs(workdir: Path, configfile: Path | None = None, *extra: str, tar
 def derived_model_runs(workdir: Path, slug: str, qsets, method: str) -> list[dict]:
     """A derived model's demo runs (default and beam5 on HICO clean): each set's predictions exist without
     errors, and Table 5 has its beam5 row as ``method``. Returns the model entry each job loaded."""
-    from verbmirage.core.io import MITIGATION_TABLE5, PREDICTIONS, read_provenance, read_table
+    from verbmirage.core.io import read_provenance, read_table
+    from verbmirage.core.schemas import MITIGATION_TABLE5, PREDICTIONS
 
     loaded = []
     for qset in qsets:

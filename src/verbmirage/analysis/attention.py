@@ -510,7 +510,9 @@ def attention_job(questions_paths, images_dir, det_root, model_slug: str, model_
     """
     from verbmirage.benchmark.conditions import ImageResolver
     from verbmirage.data.hico import read_hico_det
-    from verbmirage.core.io import ATTENTION, QUESTIONS, read_table, write_table
+    from verbmirage.core.io import read_table, write_table
+    from verbmirage.benchmark.question_table import QUESTIONS
+    from verbmirage.core.schemas import ATTENTION
     from verbmirage.models import create_model
 
     paths = [questions_paths] if isinstance(questions_paths, (str, Path)) else list(questions_paths)
@@ -541,7 +543,8 @@ def collect_attention(paths: Iterable[str | Path], output, qsets: list[str] | No
     ``qsets`` orders the rows set by set (then in the order of ``paths``, then as in each job's table), the
     order the summary's bootstrap draws its resamples in; None keeps the parts' order.
     """
-    from verbmirage.core.io import ATTENTION, read_table, write_table
+    from verbmirage.core.io import read_table, write_table
+    from verbmirage.core.schemas import ATTENTION
 
     parts = [read_table(path, ATTENTION) for path in paths]
     parts = [part for part in parts if len(part)]

@@ -73,7 +73,7 @@ def _comparison_rows(part: pd.DataFrame, measure: str, resamples: int, confidenc
 def summarize_attention(table: pd.DataFrame, resamples: int = 1000, confidence: float = 0.95,
                         seed: int = 0) -> pd.DataFrame:
     """The ``io.ATTENTION_SUMMARY`` rows of an ``io.ATTENTION`` table (measures all NaN in a group: left out)."""
-    from verbmirage.core.io import ATTENTION_SUMMARY
+    from verbmirage.core.schemas import ATTENTION_SUMMARY
 
     if table.empty:
         return pd.DataFrame(columns=ATTENTION_SUMMARY.names)

@@ -29,7 +29,7 @@ import pandas as pd
 
 from verbmirage.analysis.uncertainty import confidence_rows, mean_from_sums
 from verbmirage.benchmark.conditions import CONDITIONS, crop_box, image_settings
-from verbmirage.workflow.config import ConfigError
+from verbmirage.core.errors import ConfigError
 from verbmirage.evaluation.metrics import BootstrapSettings, mc_group_correctness, score_with_interval
 from verbmirage.benchmark.questions import question_kind
 

@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from verbmirage.analysis.figure_layout import fit_title, page_figure, page_style, save_figure
-from verbmirage.workflow.config import model_question_sets
+from verbmirage.models.entries import model_question_sets
 from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_paper_numbers
 
 log = logging.getLogger(__name__)
@@ -410,7 +410,9 @@ def known_object_job(
     its image folder where the condition covers only some images (crop), so only their questions count.
     """
     from verbmirage.benchmark.conditions import condition_questions
-    from verbmirage.core.io import KNOWN_OBJECT_AP, METRICS, PREDICTIONS, QUESTIONS, read_table, write_table
+    from verbmirage.core.io import read_table, write_table
+    from verbmirage.benchmark.question_table import QUESTIONS
+    from verbmirage.core.schemas import KNOWN_OBJECT_AP, METRICS, PREDICTIONS
 
     questions = read_table(questions_path, QUESTIONS)
     if det_root:

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from verbmirage.analysis.figure_layout import FONT, PAGE_WIDTH, n_label, page_figure, page_style, save_figure
-from verbmirage.workflow.config import model_question_sets, model_variant_list
+from verbmirage.models.entries import model_question_sets, model_variant_list
 from verbmirage.data.hico import HicoAnnotations
 from verbmirage.core.io import MISSING_VALUE
 from verbmirage.evaluation.paper_numbers import PAPER_VARIANT, load_paper_numbers, packaged_paper_numbers
@@ -47,7 +47,6 @@ PAIR_SEPARATOR = "~"  # metric rows of Table 7 name the model pair "a~b"
 BASELINE_BACKENDS = frozenset({"always_yes", "random", "prior"})
 
 # The paper's numbers (x100; its default decoding was beam search), from the packaged paper_tables.csv.
-PAPER_VARIANT = "beam5"
 _PAPER = load_paper_numbers(packaged_paper_numbers())
 PAPER_TABLE6 = {row.model: row.value for row in _PAPER[_PAPER.table.eq("6")].itertuples()}
 PAPER_TABLE7 = {tuple(row.model.split(PAIR_SEPARATOR)): row.value for row in _PAPER[_PAPER.table.eq("7")].itertuples()}

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import scipy.stats
 
-from verbmirage.workflow.config import ConfigError
+from verbmirage.core.errors import ConfigError
 from verbmirage.evaluation.metrics import BootstrapSettings, score_with_interval
 from verbmirage.benchmark.questions import question_kind
 

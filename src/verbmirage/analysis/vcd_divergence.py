@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from verbmirage.analysis.figure_layout import legend_below, page_figure, page_style, save_figure
-from verbmirage.workflow.config import ConfigError
+from verbmirage.core.errors import ConfigError
 from verbmirage.benchmark.questions import question_kind
 from verbmirage.variants.settings import Variant
 

@@ -426,7 +426,9 @@ def write_training_questions(pangea_root: str | Path, files: PangeaFiles, settin
                              summary: str | Path) -> TrainingQuestions:
     """Build the training questions of a Pangea root, check them against HICO's test images (LeakageError
     stops the build), and write the question table, the per-source table and the Markdown summary."""
-    from verbmirage.core.io import PANGEA_SOURCES, QUESTIONS, write_table, write_text
+    from verbmirage.core.io import write_table, write_text
+    from verbmirage.benchmark.question_table import QUESTIONS
+    from verbmirage.core.schemas import PANGEA_SOURCES
 
     data = load_pangea(pangea_root, files)
     built = build_training_questions(data, settings)

@@ -48,6 +48,7 @@ from string import ascii_uppercase
 import numpy as np
 import pandas as pd
 
+from verbmirage.data.charades import CHARADES_QUESTION_SETS
 from verbmirage.data.hico import NO_INTERACTION, HicoAnnotations
 from verbmirage.core.text import hoi_phrase, object_name, object_with_article, verb_phrase
 
@@ -362,8 +363,6 @@ TRAINING_QUESTION_SETS = {"train_yn": "yn", "train_mc": "mc"}
 
 def question_kind(qset: str) -> str:
     """"yn" or "mc" for a registered question set (HICO's or CharadesEgo's)."""
-    from verbmirage.data.charades import CHARADES_QUESTION_SETS
-
     if qset in QUESTION_SETS:
         return QUESTION_SETS[qset].kind
     if qset in CHARADES_QUESTION_SETS:
@@ -571,65 +570,6 @@ def _joined_shares(parts: list[pd.DataFrame], qset: str, settings: QuestionSetti
     return frame
 
 
-def question_counts(frames: dict[str, pd.DataFrame], dataset: str = "hico") -> pd.DataFrame:
-    """Our counts per question set beside the paper's (Appendix A); ``yes_share`` = yes / (yes + no)."""
-    rows = []
-    for qset, frame in frames.items():
-        yn = question_kind(qset) == "yn"
-        unique = frame.group_id.nunique()
-        paper_unique, paper_used, paper_ratio = PAPER_COUNTS.get(dataset, {}).get(qset, (None, None, ""))
-        yes, no = (int((frame.answer == "yes").sum()), int((frame.answer == "no").sum())) if yn else (None, None)
-        rows.append(
-            {
-                "dataset": dataset,
-                "qset": qset,
-                "rows": len(frame),
-                "unique_questions": unique,
-                "images": frame.image_id.nunique(),
-                "yes": yes,
-                "no": no,
-                "yes_share": yes / (yes + no) if yn and yes + no else None,
-                "paper_unique_questions": paper_unique,
-                "paper_used_questions": paper_used,
-                "paper_yes_to_no": paper_ratio,
-                "paper_yes_share": _yes_share_of_ratio(paper_ratio),
-            }
-        )
-    table = pd.DataFrame(rows)
-    for column in ("yes", "no", "paper_unique_questions", "paper_used_questions"):
-        table[column] = table[column].astype("Int64")
-    for column in ("yes_share", "paper_yes_share"):
-        table[column] = table[column].astype("Float64")
-    return table
-
-
-def _yes_share_of_ratio(ratio: str) -> float | None:
-    """"1:2" -> 1/3 (the yes share a Yes:No ratio means); "" -> None."""
-    if not ratio:
-        return None
-    yes, no = (float(part) for part in ratio.split(":"))
-    return yes / (yes + no)
-
-
 # ---- a fixed sample of a set's questions (an API model asked N questions per set: paper Fig. 1) ----------
-def sample_settings(model_settings: dict | None) -> tuple[int, int] | None:
-    """(N, seed) of a model entry's ``sample_questions`` / ``sample_seed``, or None: it asks every question."""
-    settings = model_settings or {}
-    count = settings.get("sample_questions")
-    return (int(count), int(settings.get("sample_seed", 0))) if count else None
 
 
-def question_sample(questions: pd.DataFrame, count: int, seed: int = 0) -> pd.DataFrame:
-    """The questions of ``count`` groups of each set (an MC question's rotations stay together), in table order.
-
-    A group is chosen by a hash of (seed, set, group id), not by position: the same questions whatever the
-    table's order, the shard, the image condition or the variant (a condition that covers fewer images asks
-    the sample's questions on them), so every run of the model answers the same questions.
-    """
-    if questions.empty:
-        return questions
-    keys = questions.qset.astype(str) + "\0" + questions.group_id.astype(str)
-    ranks = keys.drop_duplicates().map(lambda key: hashlib.sha256(f"{seed}\0{key}".encode()).hexdigest())
-    chosen = set(keys[ranks.index].to_frame("key").assign(rank=ranks.to_numpy(), qset=questions.qset[ranks.index])
-                 .sort_values("rank").groupby("qset", sort=False).head(count).key)
-    return questions[keys.isin(chosen).to_numpy()]

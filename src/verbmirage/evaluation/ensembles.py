@@ -11,7 +11,7 @@ from collections import Counter
 import numpy as np
 import pandas as pd
 
-from verbmirage.core.io import PREDICTIONS
+from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.models.base import UNKNOWN
 
 

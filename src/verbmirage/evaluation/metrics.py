@@ -347,7 +347,9 @@ def evaluate_run(
     keeps the paper-scale plan small (docs/models.md, "Sharding and resume").
     """
     from verbmirage.benchmark.conditions import condition_questions
-    from verbmirage.core.io import PREDICTIONS, QUESTIONS, read_table
+    from verbmirage.core.io import read_table
+    from verbmirage.benchmark.question_table import QUESTIONS
+    from verbmirage.core.schemas import PREDICTIONS
     from verbmirage.benchmark.questions import question_kind
 
     parts = []
@@ -368,7 +370,7 @@ def questions_answered_by(questions: pd.DataFrame, predictions_path: str | Path)
     """The questions a prediction table answers: all of them, or the fixed sample its model was asked
     (``sample_questions``, recorded in the table's provenance), so that no unasked question counts as wrong."""
     from verbmirage.core.io import read_provenance
-    from verbmirage.benchmark.questions import question_sample, sample_settings
+    from verbmirage.benchmark.question_table import question_sample, sample_settings
 
     sample = sample_settings(read_provenance(predictions_path).get("model"))
     return questions if sample is None else question_sample(questions, *sample).reset_index(drop=True)
@@ -386,7 +388,9 @@ def consistency_run(
     folders of the partial conditions of the pair: only the questions on their images are compared.
     """
     from verbmirage.benchmark.conditions import condition_questions
-    from verbmirage.core.io import PREDICTIONS, QUESTIONS, read_table
+    from verbmirage.core.io import read_table
+    from verbmirage.benchmark.question_table import QUESTIONS
+    from verbmirage.core.schemas import PREDICTIONS
     from verbmirage.benchmark.questions import question_kind
 
     parts = []

@@ -47,7 +47,9 @@ from tqdm import tqdm
 
 from verbmirage import __version__
 from verbmirage.benchmark.conditions import MANIFEST, ImageResolver, condition_questions
-from verbmirage.core.io import PREDICTIONS, QUESTIONS, atomic_path, fsync_directory, read_table, to_arrow, write_table
+from verbmirage.core.io import atomic_path, fsync_directory, read_table, to_arrow, write_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.core.locks import BusyError, WriterLock
 from verbmirage.models.base import (
     FatalBackendError,
@@ -55,9 +57,11 @@ from verbmirage.models.base import (
     Question,
     VisionLanguageModel,
     YesNoResult,
+    score_questions,
 )
 from verbmirage.core.paths import file_digest
-from verbmirage.benchmark.questions import question_kind, question_sample, sample_settings
+from verbmirage.benchmark.questions import question_kind
+from verbmirage.benchmark.question_table import question_sample, sample_settings
 from verbmirage.variants.settings import Variant
 
 log = logging.getLogger(__name__)
@@ -422,7 +426,7 @@ def predict(
     part_size: int = 512,
     max_error_share: float = 1.0,
 ) -> pd.DataFrame:
-    """One prediction row per question (schema ``verbmirage.core.io.PREDICTIONS``), in question order.
+    """One prediction row per question (schema ``verbmirage.core.schemas.PREDICTIONS``), in question order.
 
     Questions whose image cannot be found get an ``error`` and the run goes
     on, until more than ``max_error_share`` of the questions have failed
@@ -594,21 +598,6 @@ def run_shard(
 # one shard, image by image: an image's prefix (its image tokens) is computed once for all its questions,
 # YN and MC alike. Each set has its own PartStore (``<output>.parts/<qset>/``) and its own table in the
 # output folder (``<output>/<qset>.parquet``); rule merge_predictions joins a set's shards.
-
-
-def score_questions(model: VisionLanguageModel, questions: list[Question], multiple_choice: list[bool]) -> list:
-    """One result per question, YN and MC mixed: one pass where the backend can (:meth:`score_mixed`: each
-    image's prefix once), else one call per kind (baselines, CLIP, APIs, remote adapters)."""
-    if getattr(model, "mixed_kinds", False) and len(set(multiple_choice)) > 1:
-        return model.score_mixed(questions, list(multiple_choice))
-    results: list = [None] * len(questions)
-    for flag in (False, True):
-        indices = [i for i, mc in enumerate(multiple_choice) if bool(mc) == flag]
-        if indices:
-            score = model.score_multiple_choice if flag else model.score_yes_no
-            for i, result in zip(indices, score([questions[i] for i in indices])):
-                results[i] = result
-    return results
 
 
 def asked_questions(questions: pd.DataFrame, model_settings: dict | None) -> pd.DataFrame:
@@ -832,14 +821,14 @@ def run_suite(
     """Answer every set of ``questions_paths`` (qset -> question table) on one image shard; the output folder
     gets ``<qset>.parquet`` per set (:func:`suite_table`). Returns the rows per set.
 
-    ``decision_input``: what a calibrated-decision variant decides by (:func:`verbmirage.variants.decisions.decision_model`).
+    ``decision_input``: what a calibrated-decision variant decides by (:func:`verbmirage.models.calibrated.decision_model`).
 
     One model load and one prefix per image for all sets. Resumable per set from ``<output>.parts/<qset>/``;
     a set's table is written only when it answers each of its questions exactly once, and nothing is
     written unless every set is complete. The finished answers stay in the parts folder (hard links),
     fingerprinted per set: a rerun with another list of sets asks only the sets it has no answers for.
     """
-    from verbmirage.variants.decisions import decision_model
+    from verbmirage.models.calibrated import decision_model
     from verbmirage.models import ModelContext, create_model
 
     frames = []

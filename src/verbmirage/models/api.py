@@ -63,6 +63,7 @@ from verbmirage.models.base import (
 )
 from verbmirage.models.parsing import letter_token, parse_choice, parse_yes_no, yes_no_token
 from verbmirage.models.prompts import PromptTemplate
+from verbmirage.variants.settings import API
 
 log = logging.getLogger(__name__)
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -202,6 +203,7 @@ def read_completion(body) -> tuple[str, list[tuple[str, float]], float | None]:
 
 class OpenAIChatModel(VisionLanguageModel):
     backend = "openai"
+    variant_features = API
 
     def __init__(
         self,

@@ -275,7 +275,8 @@ class VisionLanguageModel(ABC):
     #: a wrapper whose results are another model's, already checked there, passed through a decision rule
     #: (``decisions.CalibratedModel``: a text-scored answer keeps its NaN confidence under a new ``parse_rule``).
     checks_scores: bool = True
-    #: Variant features a custom backend offers (built-in backends: ``registry.VARIANT_FEATURES``).
+    #: Variant features this backend offers (its capabilities; the registry's ``VARIANT_FEATURES`` repeats them for
+    #: planning without importing a backend, and a test keeps the two equal).
     variant_features: frozenset[str] = PLAIN_ONLY
     #: The variant this model answers with (:meth:`use_variant`); plain greedy until told otherwise.
     variant: Variant = Variant()
@@ -286,9 +287,7 @@ class VisionLanguageModel(ABC):
         The prompt suffix is applied here for every backend that renders through a ``PromptTemplate``;
         decoding methods are the backends' own (:class:`~verbmirage.models.hf.TransformersVLM`).
         """
-        from verbmirage.models.registry import VARIANT_FEATURES
-
-        offered = VARIANT_FEATURES.get(self.backend, self.variant_features)
+        offered = self.variant_features
         missing = sorted(variant.features() - offered)
         if missing:
             raise ValueError(f"{where}: backend '{self.backend}' ({self.name}) cannot run {sorted(variant.features())}"
@@ -345,3 +344,18 @@ class VisionLanguageModel(ABC):
                      f"non-finite score, {problem}; check the model's dtype and the variant's settings")
             results[index] = (YesNoResult.failed(error) if isinstance(result, YesNoResult)
                               else MultipleChoiceResult.failed(len(result.option_probs), error))
+
+
+def score_questions(model: VisionLanguageModel, questions: list[Question], multiple_choice: list[bool]) -> list:
+    """One result per question, YN and MC mixed: one pass where the backend can (:meth:`score_mixed`: each
+    image's prefix once), else one call per kind (baselines, CLIP, APIs, remote adapters)."""
+    if getattr(model, "mixed_kinds", False) and len(set(multiple_choice)) > 1:
+        return model.score_mixed(questions, list(multiple_choice))
+    results: list = [None] * len(questions)
+    for flag in (False, True):
+        indices = [i for i, mc in enumerate(multiple_choice) if bool(mc) == flag]
+        if indices:
+            score = model.score_multiple_choice if flag else model.score_yes_no
+            for i, result in zip(indices, score([questions[i] for i in indices])):
+                results[i] = result
+    return results

@@ -56,7 +56,7 @@ from verbmirage.variants import search as decoding
 from verbmirage.models.parsing import decide_choice, decide_yes_no, letter_token, yes_no_token
 from verbmirage.models.prompts import CHAT_TEMPLATE, CONVERSATIONS, PromptTemplate
 from verbmirage.models.registry import IMAGE_MODES
-from verbmirage.variants.settings import question_seed
+from verbmirage.variants.settings import ALL_FEATURES, question_seed
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -426,6 +426,7 @@ class TransformersVLM(LogitsVLM):
     """Any model that loads with ``AutoModelForImageTextToText`` + ``AutoProcessor`` and has a chat template."""
 
     backend = "hf"
+    variant_features = ALL_FEATURES
     #: The transformers class that loads the checkpoint.
     model_class = "AutoModelForImageTextToText"
     #: Whether the image enters only through tokens before the question (so a shared prefix can be cached).

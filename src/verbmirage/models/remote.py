@@ -55,7 +55,7 @@ from verbmirage.models.base import (
 from verbmirage.models.hf import answer_token_ids
 from verbmirage.models.parsing import decide_choice, decide_yes_no, parse_choice, parse_yes_no, yes_no_token
 from verbmirage.models.prompts import PromptTemplate
-from verbmirage.variants.settings import question_seed
+from verbmirage.variants.settings import REMOTE, REMOTE_NO_BEAM, question_seed
 
 WORKER_SCRIPT = Path(remote_worker.__file__).resolve()
 #: Where ``env: <name>`` entries are looked up (``tools/make_envs.sh`` builds them there).
@@ -208,6 +208,7 @@ class RemoteCodeVLM(VisionLanguageModel):
     """A remote-code checkpoint driven through :mod:`~verbmirage.models.remote_worker` (see the module doc)."""
 
     backend = ""
+    variant_features = REMOTE
     #: Key of the checkpoint's driver in ``remote_worker.DRIVERS`` (an entry's ``driver:`` may replace it).
     driver = ""
     #: New tokens decoded greedily when the first answer token decides nothing (``inference.continue_tokens``).
@@ -495,6 +496,7 @@ class MolmoVLM(RemoteCodeVLM):
     """allenai/Molmo-7B-D-0924: ``processor.process`` inputs (`` User: ... Assistant:``), images in the weights' dtype."""
 
     backend = driver = "molmo"
+    variant_features = REMOTE_NO_BEAM  # its code cannot reorder a cache: no beam search (docs/models.md)
 
 
 class MiniCPMV(RemoteCodeVLM):

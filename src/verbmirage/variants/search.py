@@ -1,4 +1,4 @@
-"""Decoding past the first answer token: greedy, beam search, sampling, and VCD's contrast (issue 9).
+"""Decoding past the first answer token: greedy, beam search, sampling, and VCD's contrast.
 
 The loops run on a :class:`Stepper`: an object holding one key/value cache
 per row (a question, or one beam of it) that returns the next-token logits
@@ -30,7 +30,7 @@ import torch
 
 from verbmirage.variants.settings import VCDSettings
 
-# ---- VCD (notes/mitigations.md section 2; SPEC section 3) ---------------------------------------------------------
+# ---- VCD (Leng et al. 2024; docs/variants.md, "How the engine decodes") --------------------------------------------
 DIFFUSION_STEPS = 1000
 
 
@@ -85,7 +85,7 @@ def divergence(clean: torch.Tensor, contrasted: torch.Tensor, beta: float
 
     q = softmax(contrasted); p~ = the clean distribution restricted to the plausibility set and renormalised
     (the definition under which "KL exactly 0" can happen: a one-token set, or a contrast that moves nothing;
-    notes/mitigations.md, "KL column"). Both directions, since the paper's "KL divergence between the original
+    docs/analysis.md, "VCD divergence"). Both directions, since the paper's "KL divergence between the original
     p_theta and the contrasted p_vcd" does not say which; they are 0 together (q = p~). float64.
     """
     keep = plausible_tokens(clean.float(), beta)
@@ -97,7 +97,7 @@ def divergence(clean: torch.Tensor, contrasted: torch.Tensor, beta: float
     return forward, reverse, keep.sum(dim=-1)
 
 
-# ---- the loops ------------------------------------------------------------------------------------------------------
+# ---- the loops -----------------------------------------------------------------------------------------------------
 class Stepper(Protocol):
     """Rows of cached decoding state (a question, or a beam of it)."""
 
@@ -267,7 +267,7 @@ def beam_search(first: torch.Tensor, stepper: Stepper, num_beams: int, max_new_t
     return book.best(stop)
 
 
-# ---- OPERA (Huang et al. 2024; notes/mitigations.md section 3) ----------------------------------------------------
+# ---- OPERA (Huang et al. 2024; docs/variants.md, "How the engine decodes") -----------------------------------------
 class AttentionStepper(Stepper, Protocol):
     """A stepper that also reports last-layer attention (max over heads, unnormalised) of the fed token:
     ``attention`` after :meth:`advance` ([rows, keys]); :meth:`probe` feeds each candidate alone and undoes it."""

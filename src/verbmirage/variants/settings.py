@@ -1,4 +1,4 @@
-"""Mitigation variants: how a model decodes and decides (paper Tables 5 and 8; SPEC section 5).
+"""Mitigation variants: how a model decodes and decides (paper Tables 5 and 8; docs/variants.md).
 
 A config entry ``variants: {slug: {...}}`` becomes a :class:`Variant`. The
 schema (schemas/config.schema.yaml) checks types; :meth:`Variant.from_config`
@@ -50,7 +50,7 @@ PAPER_PROMPT_SUFFIX = " Pay attention to the verb in question."
 
 @dataclass(frozen=True)
 class VCDSettings:
-    """Visual contrastive decoding (Leng et al. 2024; notes/mitigations.md section 2)."""
+    """Visual contrastive decoding (Leng et al. 2024; docs/variants.md, "How the engine decodes")."""
 
     alpha: float = 1.0
     beta: float = 0.1

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import yaml
 
+from verbmirage.core.errors import ConfigError
 from verbmirage.benchmark.conditions import CONDITIONS, PLANNING_KEYS
-from verbmirage.models.derived import effective_entry, effective_models
+from verbmirage.models.derived import effective_models
 from verbmirage.data.hico import hico_det_file
 from verbmirage.models.base import allow_remote_code
 from verbmirage.models.registry import BACKENDS, IMAGE_MODES, WORKFLOW_KEYS, backend_settings, variant_features
@@ -34,10 +35,6 @@ DEMO_CHARADES_ROOT = "resources/demo/charadesego"
 DEMO_PANGEA_ROOT = "resources/demo/pangea/Data"  # rule demo_pangea (derived/pangea.py)
 # Where rule `fetch_dataset` unpacks `downloads.<name>`.
 DOWNLOADS_FOLDER = "resources/data"
-
-
-class ConfigError(ValueError):
-    """The config is invalid; the message names the key."""
 
 
 def check_schema(config: dict, schema_path: str | Path) -> None:
@@ -175,28 +172,6 @@ def condition_question_sets(config: dict, condition: str, dataset: str, dataset_
         return []
     chosen = entry.get("qsets")
     return [q for q in dataset_sets if chosen is None or q in chosen]
-
-
-def model_question_sets(config: dict, model: str) -> set[str] | None:
-    """The question sets ``model`` answers (``models.<slug>.qsets``; None: every set asked); for an ensemble,
-    those every member answers."""
-    ensembles = config.get("ensembles") or {}
-    if model in ensembles:
-        chosen = [sets for sets in (model_question_sets(config, m) for m in ensembles[model]) if sets is not None]
-        return set.intersection(*chosen) if chosen else None
-    sets = config["models"][model].get("qsets")
-    return None if sets is None else set(sets)
-
-
-def model_variant_list(config: dict, model: str) -> list[str]:
-    """The variants ``model`` runs (:func:`verbmirage.variants.settings.model_variants`: its ``variants:`` list, else
-    those its backend can run); for an ensemble, those every member runs."""
-    ensembles = config.get("ensembles") or {}
-    if model in ensembles:
-        runs = [model_variant_list(config, member) for member in ensembles[model]]
-        return [v for v in config["variants"] if all(v in run for run in runs)]
-    backend = effective_entry(config, model)["backend"]  # a derived entry runs on its base's backend
-    return model_variants(config, model, variant_features(backend))
 
 
 def _check_pangea(config: dict, workdir: Path) -> None:

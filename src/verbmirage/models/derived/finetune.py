@@ -181,7 +181,8 @@ class Example:
 
 def read_examples(questions: str | Path, images: str | Path) -> list[Example]:
     """The rows of a question table (``io.QUESTIONS``; values checked) as examples, images under ``images``."""
-    from verbmirage.core.io import QUESTIONS, read_table
+    from verbmirage.core.io import read_table
+    from verbmirage.benchmark.question_table import QUESTIONS
     from verbmirage.core.paths import inside
     from verbmirage.benchmark.questions import question_kind
 
@@ -406,7 +407,8 @@ def _train(slug: str, settings: FinetuneSettings, base_entry: dict, questions: P
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
     from tqdm import tqdm
 
-    from verbmirage.core.io import TRAIN_LOG, write_table
+    from verbmirage.core.io import write_table
+    from verbmirage.core.schemas import TRAIN_LOG
 
     output, questions, images = Path(output), Path(questions), Path(images)
     examples = read_examples(questions, images)

@@ -418,7 +418,8 @@ def build(slug: str, settings: dict, base_entry: dict, output: Path, inputs: dic
 
 def _build(slug: str, settings: dict, base_entry: dict, output: Path, inputs: dict) -> None:
     from verbmirage.data.hico import load_hico
-    from verbmirage.core.io import NULLU_PAIRS, write_table
+    from verbmirage.core.io import write_table
+    from verbmirage.core.schemas import NULLU_PAIRS
     from verbmirage.models import create_model
 
     where = f"models.{slug}.derive"
