@@ -14,7 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from verbmirage.data.download import MAX_BYTES, MAX_MEMBERS, Source, completion_record, prepare
+from verbmirage.data.download import Source, completion_record, prepare
+from verbmirage.data.archives import MAX_BYTES, MAX_MEMBERS
 from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:

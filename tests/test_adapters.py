@@ -20,7 +20,7 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
-from verbmirage.inference.runs import model_identity
+from verbmirage.inference.store import model_identity
 from verbmirage.models import Question, create_model
 from verbmirage.models.adapters import attach_adapter, saved_adapter_keys
 

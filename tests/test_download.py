@@ -17,17 +17,19 @@ import pytest
 
 from verbmirage.data import download
 from verbmirage.data.download import (
-    COMPLETE_MARKER,
     ChecksumError,
-    CorruptArchiveError,
     DownloadError,
     Source,
-    TarRefusedError,
-    UnsafeArchiveError,
     completion_record,
     download_http,
     fetch,
     prepare,
+)
+from verbmirage.data.archives import (
+    COMPLETE_MARKER,
+    CorruptArchiveError,
+    TarRefusedError,
+    UnsafeArchiveError,
     read_marker,
 )
 

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from verbmirage.data import download
-from verbmirage.data.download import (
+from verbmirage.data import archives, download
+from verbmirage.data.download import prepare
+from verbmirage.data.archives import (
     CorruptArchiveError,
     TarRefusedError,
     UnsafeArchiveError,
     extract,
-    prepare,
     read_marker,
     tar_filter_is_fixed,
 )
@@ -33,7 +33,8 @@ tar_gate_open = pytest.mark.usefixtures("open_tar_gate")
 
 @pytest.fixture
 def open_tar_gate(monkeypatch):
-    monkeypatch.setattr(download, "TAR_EXTRACTION_ALLOWED", True)
+    monkeypatch.setattr(download, "TAR_EXTRACTION_ALLOWED", True)  # the gate of prepare()
+    monkeypatch.setattr(archives, "TAR_EXTRACTION_ALLOWED", True)  # the gate of extract()
 
 
 refused_here = pytest.mark.skipif(download.TAR_EXTRACTION_ALLOWED, reason=f"Python {THIS_PYTHON} unpacks tar")
@@ -140,7 +141,8 @@ def test_path_max_symlink_tar_writes_nothing_outside(tmp_path):
 
 def test_links_are_refused_before_anything_is_written(tmp_path, monkeypatch):
     """Even a Python that passes the tar gate never reaches extractall with a link member (the attack is real here)."""
-    monkeypatch.setattr(download, "TAR_EXTRACTION_ALLOWED", True)
+    monkeypatch.setattr(download, "TAR_EXTRACTION_ALLOWED", True)  # the gate of prepare()
+    monkeypatch.setattr(archives, "TAR_EXTRACTION_ALLOWED", True)  # the gate of extract()
     archive, target, victim = _attack(tmp_path)
     with pytest.raises(UnsafeArchiveError, match=r"attack.tar: member '.*' is a link"):
         extract(archive, target)

@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 
 from verbmirage.benchmark.conditions import apply_condition
-from verbmirage.inference.runs import IncompleteShardError, PartStore, merge_shards, parts_directory, select_shard
+from verbmirage.inference.runs import IncompleteShardError, merge_shards, select_shard
+from verbmirage.inference.store import PartStore, parts_directory
 from verbmirage.core.io import read_table, write_table
 from verbmirage.benchmark.question_table import QUESTIONS
 from verbmirage.core.schemas import PREDICTIONS

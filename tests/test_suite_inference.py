@@ -17,11 +17,8 @@ import pytest
 from verbmirage.benchmark.conditions import ImageResolver, apply_condition
 from verbmirage.inference.runs import (
     IncompleteShardError,
-    ShardBusyError,
-    PartStore,
     image_shard,
     merge_suite_shards,
-    parts_directory,
     predict_suite,
     run_shard,
     run_suite,
@@ -30,6 +27,7 @@ from verbmirage.inference.runs import (
     suite_order,
     suite_table,
 )
+from verbmirage.inference.store import ShardBusyError, PartStore, parts_directory
 from verbmirage.models.base import score_questions
 from verbmirage.core.io import read_provenance, read_table, write_table
 from verbmirage.benchmark.question_table import QUESTIONS

@@ -42,6 +42,16 @@ import pandas as pd
 
 from verbmirage.core.imaging import size_field, square_input_side
 from verbmirage.core.text import object_name, verb_phrase
+from verbmirage.data.hico import hoi_vocabulary
+from verbmirage.models.parsing import decide_choice, decide_yes_no
+from verbmirage.models.base import Question
+from verbmirage.benchmark.questions import question_kind
+from verbmirage.benchmark.conditions import ImageResolver
+from verbmirage.data.hico import read_hico_det
+from verbmirage.core.io import read_table, write_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import ATTENTION
+from verbmirage.models import create_model
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +255,6 @@ def annotated_size(pairs: pd.DataFrame | None, image: str) -> tuple[int, int] | 
 
 def box_table(det_pairs: pd.DataFrame) -> pd.DataFrame:
     """``hico.read_hico_det(...).pairs`` rows with the question tables' image path and the HOI's object."""
-    from verbmirage.data.hico import hoi_vocabulary
 
     objects = hoi_vocabulary().set_index("hoi_id").object
     frame = det_pairs.copy()
@@ -321,7 +330,7 @@ class AttentionProbe:
     """
 
     def __init__(self, model, layers="all", batch_size: int = 8):
-        from verbmirage.models.hf import decoder_layers, use_eager_language_model
+        from verbmirage.models.hf import decoder_layers, use_eager_language_model  # deferred: imports torch
 
         self.model = model
         use_eager_language_model(model.model)
@@ -361,7 +370,6 @@ class AttentionProbe:
     def _predict(self, logits, asked: list, multiple_choice: bool) -> list[str]:
         """The answers as the prediction run decides them: the first (argmax) token when it is an answer,
         else the parse of the greedy continuation (the same rule and code as the scoring engine)."""
-        from verbmirage.models.parsing import decide_choice, decide_yes_no
 
         first = [self.model._token_text(int(token)) for token in self.model._real_tokens(logits).argmax(dim=-1)]
         if multiple_choice:
@@ -375,7 +383,6 @@ class AttentionProbe:
     def measure(self, questions: pd.DataFrame, image_path: Path, pairs: pd.DataFrame | None,
                 multiple_choice: bool) -> list[dict]:
         """All questions of one image (rows of a question table) -> one dict per (question, layer)."""
-        from verbmirage.models.base import Question
 
         image = self.model.open_image(image_path)
         width, height = image.size
@@ -445,7 +452,6 @@ def run_attention(questions: pd.DataFrame, model, images, pairs: pd.DataFrame | 
     (a :class:`~verbmirage.benchmark.conditions.ImageResolver`); ``pairs`` is
     :func:`box_table` of the HICO-DET annotation (None: no key area).
     """
-    from verbmirage.benchmark.questions import question_kind
 
     chosen = sample_questions(questions, sample, seed)
     probe = AttentionProbe(model, layers, batch_size)
@@ -508,12 +514,6 @@ def attention_job(questions_paths, images_dir, det_root, model_slug: str, model_
     ``det_root`` is set) HICO-DET's test boxes (``anno_bbox.mat`` or the instances JSON); never the
     prediction files.
     """
-    from verbmirage.benchmark.conditions import ImageResolver
-    from verbmirage.data.hico import read_hico_det
-    from verbmirage.core.io import read_table, write_table
-    from verbmirage.benchmark.question_table import QUESTIONS
-    from verbmirage.core.schemas import ATTENTION
-    from verbmirage.models import create_model
 
     paths = [questions_paths] if isinstance(questions_paths, (str, Path)) else list(questions_paths)
     pairs = box_table(read_hico_det(det_root, "test").pairs) if det_root else None
@@ -543,8 +543,6 @@ def collect_attention(paths: Iterable[str | Path], output, qsets: list[str] | No
     ``qsets`` orders the rows set by set (then in the order of ``paths``, then as in each job's table), the
     order the summary's bootstrap draws its resamples in; None keeps the parts' order.
     """
-    from verbmirage.core.io import read_table, write_table
-    from verbmirage.core.schemas import ATTENTION
 
     parts = [read_table(path, ATTENTION) for path in paths]
     parts = [part for part in parts if len(part)]

@@ -18,6 +18,8 @@ import pandas as pd
 from sklearn.metrics import roc_auc_score
 
 from verbmirage.benchmark.questions import question_kind
+from verbmirage.evaluation.metrics import BootstrapSettings, score_with_interval
+from verbmirage.core.schemas import ATTENTION_SUMMARY
 
 MEASURES = ("visual_share", "verb_share", "key_area_share", "key_area_raw", "key_area_lift")
 KEYS = ("dataset", "qset", "condition", "model", "layer")
@@ -38,7 +40,6 @@ def _difference(counts: np.ndarray) -> np.ndarray:
 def bootstrap_difference(values, hallucinated, images, resamples: int, confidence: float, seed: int):
     """Mean of the hallucinated minus mean of the correct rows, with a percentile interval over resampled
     images (the metrics' image bootstrap: both means come from the same draw of images)."""
-    from verbmirage.evaluation.metrics import BootstrapSettings, score_with_interval
 
     values, hallucinated = np.asarray(values, float), np.asarray(hallucinated, bool)
     frame = pd.DataFrame({"image_id": list(images), "sum_h": values * hallucinated, "n_h": hallucinated,
@@ -73,7 +74,6 @@ def _comparison_rows(part: pd.DataFrame, measure: str, resamples: int, confidenc
 def summarize_attention(table: pd.DataFrame, resamples: int = 1000, confidence: float = 0.95,
                         seed: int = 0) -> pd.DataFrame:
     """The ``io.ATTENTION_SUMMARY`` rows of an ``io.ATTENTION`` table (measures all NaN in a group: left out)."""
-    from verbmirage.core.schemas import ATTENTION_SUMMARY
 
     if table.empty:
         return pd.DataFrame(columns=ATTENTION_SUMMARY.names)

@@ -45,6 +45,11 @@ import pandas as pd
 from verbmirage.analysis.figure_layout import fit_title, page_figure, page_style, save_figure
 from verbmirage.models.entries import model_question_sets
 from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_paper_numbers
+from verbmirage.data.hico import HICO_DET_MAT, hoi_vocabulary, load_hico_det_mat
+from verbmirage.benchmark.conditions import condition_questions
+from verbmirage.core.io import read_table, write_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import KNOWN_OBJECT_AP, METRICS, PREDICTIONS
 
 log = logging.getLogger(__name__)
 
@@ -276,7 +281,6 @@ def hico_det_rare(det_root: str | Path) -> tuple[frozenset[int], str]:
     The instances JSON (fredzzhang/hicodet) lists them (``rare``); from
     ``anno_bbox.mat`` they are counted: fewer than 10 visible training pairs.
     """
-    from verbmirage.data.hico import HICO_DET_MAT, hoi_vocabulary, load_hico_det_mat
 
     det_root = Path(det_root)
     if (det_root / HICO_DET_MAT).is_file():
@@ -409,10 +413,6 @@ def known_object_job(
     ``prediction_paths``: "condition/model/variant" -> prediction table; ``images_dirs``: condition ->
     its image folder where the condition covers only some images (crop), so only their questions count.
     """
-    from verbmirage.benchmark.conditions import condition_questions
-    from verbmirage.core.io import read_table, write_table
-    from verbmirage.benchmark.question_table import QUESTIONS
-    from verbmirage.core.schemas import KNOWN_OBJECT_AP, METRICS, PREDICTIONS
 
     questions = read_table(questions_path, QUESTIONS)
     if det_root:

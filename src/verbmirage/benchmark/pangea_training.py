@@ -32,6 +32,10 @@ import pandas as pd
 from verbmirage.core.paths import UnsafePathError, safe_relative_name
 from verbmirage.data.pangea import Pangea, PangeaFiles, load_pangea
 from verbmirage.benchmark.questions import MC_STEM, content_hash
+from verbmirage.data.hico import load_hico
+from verbmirage.core.io import write_table, write_text
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import PANGEA_SOURCES
 
 log = logging.getLogger(__name__)
 
@@ -340,7 +344,6 @@ def check_no_test_images(images: dict[str, Path], test_images: Iterable[Path]) -
 
 def hico_test_images(hico_root: str | Path) -> list[Path]:
     """The files of HICO's test images (``anno.mat``'s test list under ``images/test2015``)."""
-    from verbmirage.data.hico import load_hico
 
     anno = load_hico(hico_root)
     files = [Path(hico_root) / anno.image_relpath("test", name) for name in anno.images["test"]]
@@ -426,9 +429,6 @@ def write_training_questions(pangea_root: str | Path, files: PangeaFiles, settin
                              summary: str | Path) -> TrainingQuestions:
     """Build the training questions of a Pangea root, check them against HICO's test images (LeakageError
     stops the build), and write the question table, the per-source table and the Markdown summary."""
-    from verbmirage.core.io import write_table, write_text
-    from verbmirage.benchmark.question_table import QUESTIONS
-    from verbmirage.core.schemas import PANGEA_SOURCES
 
     data = load_pangea(pangea_root, files)
     built = build_training_questions(data, settings)

@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from verbmirage.benchmark.questions import PAPER_COUNTS, question_kind
 from verbmirage.core.io import SchemaError, add_value_check
+from verbmirage.core.paths import UnsafePathError, safe_relative_name
 
 
 QUESTIONS = pa.schema(
@@ -42,8 +43,6 @@ def check_questions(frame: pd.DataFrame, where: str) -> None:
     multiple-choice set; ``image`` a safe relative path; ``rotation``, ``rare``
     and ``common`` set.
     """
-    from verbmirage.core.paths import UnsafePathError, safe_relative_name
-    from verbmirage.benchmark.questions import question_kind
 
     def bad(column: str, row: int, problem: str) -> SchemaError:
         return SchemaError(f"{where}: column '{column}', row {row}: {problem}")

@@ -26,6 +26,13 @@ import pandas as pd
 
 from verbmirage.benchmark.image_tags import TAG_COLUMNS
 from verbmirage.models.base import UNKNOWN
+from verbmirage.benchmark.conditions import condition_questions
+from verbmirage.core.io import read_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.schemas import PREDICTIONS
+from verbmirage.benchmark.questions import question_kind
+from verbmirage.core.io import read_provenance
+from verbmirage.benchmark.question_table import question_sample, sample_settings
 
 YES_NO_COUNTS = ("tp", "fp", "fn", "tn", "unknown_yes", "unknown_no")
 YES_NO_METRICS = (
@@ -346,11 +353,6 @@ def evaluate_run(
     condition (crop): only the questions on its images count. One job per run instead of one per set
     keeps the paper-scale plan small (docs/models.md, "Sharding and resume").
     """
-    from verbmirage.benchmark.conditions import condition_questions
-    from verbmirage.core.io import read_table
-    from verbmirage.benchmark.question_table import QUESTIONS
-    from verbmirage.core.schemas import PREDICTIONS
-    from verbmirage.benchmark.questions import question_kind
 
     parts = []
     for qset, questions_path, predictions_path in tables:
@@ -369,8 +371,6 @@ def evaluate_run(
 def questions_answered_by(questions: pd.DataFrame, predictions_path: str | Path) -> pd.DataFrame:
     """The questions a prediction table answers: all of them, or the fixed sample its model was asked
     (``sample_questions``, recorded in the table's provenance), so that no unasked question counts as wrong."""
-    from verbmirage.core.io import read_provenance
-    from verbmirage.benchmark.question_table import question_sample, sample_settings
 
     sample = sample_settings(read_provenance(predictions_path).get("model"))
     return questions if sample is None else question_sample(questions, *sample).reset_index(drop=True)
@@ -387,11 +387,6 @@ def consistency_run(
     ``tables``: (qset, question table, reference predictions, other predictions). ``images_dirs``: the
     folders of the partial conditions of the pair: only the questions on their images are compared.
     """
-    from verbmirage.benchmark.conditions import condition_questions
-    from verbmirage.core.io import read_table
-    from verbmirage.benchmark.question_table import QUESTIONS
-    from verbmirage.core.schemas import PREDICTIONS
-    from verbmirage.benchmark.questions import question_kind
 
     parts = []
     for qset, questions_path, reference_path, other_path in tables:

@@ -20,6 +20,7 @@ from verbmirage.models.base import YesNoResult
 from verbmirage.models.calibrated import margin_of
 from verbmirage.variants.decisions import ThresholdFit, fit_threshold, sigmoid, write_cuts
 from verbmirage.variants.settings import DecisionSettings, Variant
+from verbmirage.inference.runs import run_suite, suite_table
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,6 @@ def calibrate(questions_paths: Mapping[str, str | Path], images_dir: str | Path,
     Only the scores of the answers are used, so nothing is decoded past the first answer token
     (``continue_tokens`` 0: the answers' ``prediction`` is "unknown" where that token is neither yes nor no).
     """
-    from verbmirage.inference.runs import run_suite, suite_table
 
     variant = Variant.from_config(variant_settings, where=f"variants (calibration of {model_slug})")
     settings: DecisionSettings | None = variant.decision

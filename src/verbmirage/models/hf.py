@@ -57,6 +57,7 @@ from verbmirage.models.parsing import decide_choice, decide_yes_no, letter_token
 from verbmirage.models.prompts import CHAT_TEMPLATE, CONVERSATIONS, PromptTemplate
 from verbmirage.models.registry import IMAGE_MODES
 from verbmirage.variants.settings import ALL_FEATURES, question_seed
+from verbmirage.models.adapters import attach_adapter
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -472,7 +473,6 @@ class TransformersVLM(LogitsVLM):
         self.processor = self._load_processor(path, load)
         self.model = self._load_model(path, load, attn_implementation)
         if adapter:  # a peft LoRA folder on top; refused unless every saved weight loads (models/adapters.py)
-            from verbmirage.models.adapters import attach_adapter
 
             self.model = attach_adapter(self.model, adapter, merge_adapter, where=f"models.{name}.adapter")
         self.model = self.model.to(self.device).eval()

@@ -22,6 +22,8 @@ from pathlib import Path
 from verbmirage.models.base import Question
 from verbmirage.core.paths import file_digest
 from verbmirage.benchmark.questions import MC_STEM
+from verbmirage.models.registry import backend_class
+from verbmirage.models.registry import create_model
 
 GOLDENS_VERSION = 1
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
@@ -45,8 +47,7 @@ def smoke_images(folder: str | Path, count: int = 4) -> list[Path]:
 
 def remote_entries(config: dict, only: list[str] | None = None) -> dict[str, dict]:
     """The config's model entries whose backend runs checkpoint code (a subclass of RemoteCodeVLM)."""
-    from verbmirage.models.registry import backend_class
-    from verbmirage.models.remote import RemoteCodeVLM
+    from verbmirage.models.remote import RemoteCodeVLM  # deferred: imports torch
 
     models = config.get("models") or {}
     if only:
@@ -220,7 +221,6 @@ def run_smoke(config: dict, images_dir: str | Path, goldens_path: str | Path, up
     A model that fails to load is reported and the others still run. The goldens
     file is written once at the end, with the models that were stored.
     """
-    from verbmirage.models.registry import create_model
 
     images = smoke_images(images_dir, count)
     digests = {image.name: file_digest(image) for image in images}

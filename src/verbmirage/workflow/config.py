@@ -27,6 +27,10 @@ from verbmirage.data.hico import hico_det_file
 from verbmirage.models.base import allow_remote_code
 from verbmirage.models.registry import BACKENDS, IMAGE_MODES, WORKFLOW_KEYS, backend_settings, variant_features
 from verbmirage.variants.settings import Variant, check_model_variant_settings, model_variants, non_finite_numbers
+from verbmirage.models.remote_worker import DRIVERS
+from verbmirage.data.charades import CHARADES_QUESTION_SETS
+from verbmirage.benchmark.questions import QUESTION_SETS
+from verbmirage.models.api import DEFAULT_API_KEY_ENV, DEFAULT_BASE_URL, check_endpoint
 
 # Where rule `demo_hico` writes the demo; a root pointing here need not exist yet.
 DEMO_HICO_ROOT = "resources/demo/hico_20150920"
@@ -138,7 +142,6 @@ def _check_box_condition(slug: str, entry: dict, config: dict) -> None:
 
 def _check_custom_driver(slug: str, driver: str, allowed: list[str]) -> None:
     """A remote model's ``driver:`` other than a registered one runs its code in the worker: allow-list it too."""
-    from verbmirage.models.remote_worker import DRIVERS  # stdlib only at import
 
     if driver in DRIVERS:
         return
@@ -156,8 +159,6 @@ def known_question_sets() -> list[str]:
     A set that this run does not ask is allowed there (narrowing ``questions.sets`` keeps a config valid);
     a name that is no set at all is a typo and refused.
     """
-    from verbmirage.data.charades import CHARADES_QUESTION_SETS
-    from verbmirage.benchmark.questions import QUESTION_SETS
 
     return list(QUESTION_SETS) + list(CHARADES_QUESTION_SETS)
 
@@ -268,7 +269,6 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
                 raise ConfigError(f"models.{slug}.{key}: no folder '{value}' (a local checkpoint must exist where "
                                   "the run is planned; a hub id looks like 'org/name')")
         if entry["backend"] == "openai":
-            from verbmirage.models.api import DEFAULT_API_KEY_ENV, DEFAULT_BASE_URL, check_endpoint
 
             try:
                 check_endpoint(f"models.{slug}", entry.get("base_url", DEFAULT_BASE_URL),

@@ -42,6 +42,17 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from verbmirage.benchmark.pangea_training import TrainingQuestionSettings
+from verbmirage.core.io import read_table
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.paths import inside
+from verbmirage.benchmark.questions import question_kind
+from verbmirage.models.base import Question
+from verbmirage.core.io import atomic_path
+from verbmirage.models.registry import create_model
+from verbmirage.models.derived import build_lock
+from verbmirage.core.io import write_table
+from verbmirage.core.schemas import TRAIN_LOG
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +131,6 @@ class FinetuneSettings:
         try:
             made = cls(**settings)
             if made.pangea:
-                from verbmirage.benchmark.pangea_training import TrainingQuestionSettings
 
                 TrainingQuestionSettings.from_config(made.pangea)
         except (TypeError, ValueError) as error:
@@ -142,7 +152,6 @@ def paper_departures(settings: dict, where: str = "derive") -> list[str]:
     (Appendix D: its question set, ``TrainingQuestionSettings.departures_from_paper``, its lr and batch), one
     short phrase each; empty for the paper's recipe. Table 5 names a departing model a variant of the paper's
     method."""
-    from verbmirage.benchmark.pangea_training import TrainingQuestionSettings
 
     made = FinetuneSettings.from_config(settings, where)
     found = (["trained on another question table"] if made.questions
@@ -181,10 +190,6 @@ class Example:
 
 def read_examples(questions: str | Path, images: str | Path) -> list[Example]:
     """The rows of a question table (``io.QUESTIONS``; values checked) as examples, images under ``images``."""
-    from verbmirage.core.io import read_table
-    from verbmirage.benchmark.question_table import QUESTIONS
-    from verbmirage.core.paths import inside
-    from verbmirage.benchmark.questions import question_kind
 
     frame = read_table(questions, QUESTIONS)
     if frame.empty:
@@ -236,7 +241,6 @@ def training_batch(vlm, examples: list[Example]) -> dict:
 
 
 def _question(example: Example):
-    from verbmirage.models.base import Question
 
     return Question("train", example.prompt, example.image)
 
@@ -326,7 +330,6 @@ def _save_checkpoint(folder: Path, state: dict) -> None:
     no copy) as :data:`PREVIOUS_STATE_FILE` until the next, so a latest damaged afterwards leaves a good one."""
     import torch
 
-    from verbmirage.core.io import atomic_path
 
     latest = folder / STATE_FILE
     if latest.is_file():
@@ -378,7 +381,6 @@ def _unreadable(error: Exception) -> str:
 
 def load_base(slug: str, base_entry: dict, settings: FinetuneSettings):
     """The base model as the engine loads it (same processor, prompts and chat format), in training dtype."""
-    from verbmirage.models.registry import create_model
 
     device, dtype = _device_and_dtype(settings)
     entry = {**base_entry, "dtype": dtype, "device": device}
@@ -394,7 +396,6 @@ def train(slug: str, settings: FinetuneSettings, base_entry: dict, questions: Pa
     ``on_step(step, loss)`` is called after each optimizer step (1-based), after its checkpoint. One writer per
     output (derived.build_lock): a second fine-tune of the same output fails at once naming the first.
     """
-    from verbmirage.models.derived import build_lock
 
     with build_lock(output):  # before the checkpoints are read or removed
         return _train(slug, settings, base_entry, questions, images, output, on_step)
@@ -407,8 +408,6 @@ def _train(slug: str, settings: FinetuneSettings, base_entry: dict, questions: P
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
     from tqdm import tqdm
 
-    from verbmirage.core.io import write_table
-    from verbmirage.core.schemas import TRAIN_LOG
 
     output, questions, images = Path(output), Path(questions), Path(images)
     examples = read_examples(questions, images)

@@ -27,6 +27,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from verbmirage.core.text import hoi_phrase
+from verbmirage.data.hico import NO_INTERACTION
+from verbmirage.core.paths import safe_relative_name
+from verbmirage.core.imaging import open_rgb
+from verbmirage.models.derived import build_lock
+from verbmirage.data.hico import load_hico
+from verbmirage.core.io import write_table
+from verbmirage.core.schemas import NULLU_PAIRS
+from verbmirage.models import create_model
 
 log = logging.getLogger(__name__)
 
@@ -100,14 +109,12 @@ PAIR_COLUMNS = ("image", "truthful_prompt", "hallucinated_prompt", "truthful", "
 
 def caption(verb: str, obj: str) -> str:
     """A one-sentence caption of an HOI: "A person is riding a horse." (only the verb differs within a pair)."""
-    from verbmirage.core.text import hoi_phrase
 
     return f"A person is {hoi_phrase(verb, obj)}."
 
 
 def yes_no_question(verb: str, obj: str) -> str:
     """The benchmark's YN question about an HOI (yn_obj's wording)."""
-    from verbmirage.core.text import hoi_phrase
 
     return f"Is someone {hoi_phrase(verb, obj)}?"
 
@@ -123,7 +130,6 @@ def hico_pairs(anno, pairs: int, seed: int = 0, style: str = "caption", prompt: 
     """
     import pandas as pd
 
-    from verbmirage.data.hico import NO_INTERACTION
 
     if style not in PAIR_STYLES:
         raise ValueError(f"pair_style: {style!r} is not one of {list(PAIR_STYLES)}")
@@ -187,7 +193,6 @@ def lure_pairs(path: str | Path, pairs: int, seed: int = 0, prompt: str = CAPTIO
     with ``prompt`` for both; a seeded sample of ``pairs`` lines when the file holds more (file order kept)."""
     import pandas as pd
 
-    from verbmirage.core.paths import safe_relative_name
 
     rows = []
     with open(path) as stream:
@@ -319,7 +324,6 @@ def difference_matrices(vlm, pairs, image_root: str | Path, layers: list[int], e
     truthful embeddings (the scale a zero D is judged against)."""
     import torch
 
-    from verbmirage.core.imaging import open_rgb
 
     blocks, norms = [], []
     image_root = Path(image_root)
@@ -410,17 +414,12 @@ def nullu_edit(vlm, pairs, image_root: str | Path, settings: NulluSettings, wher
 def build(slug: str, settings: dict, base_entry: dict, output: Path, inputs: dict) -> None:
     """Rule derive_model's Nullu build: pairs, hidden states, edit, then the whole model, its processor files,
     ``pairs.parquet`` and ``nullu.json`` saved into ``output``."""
-    from verbmirage.models.derived import build_lock
 
     with build_lock(output):  # one writer per output (build_derived takes it too; it is the same lock)
         _build(slug, settings, base_entry, output, inputs)
 
 
 def _build(slug: str, settings: dict, base_entry: dict, output: Path, inputs: dict) -> None:
-    from verbmirage.data.hico import load_hico
-    from verbmirage.core.io import write_table
-    from verbmirage.core.schemas import NULLU_PAIRS
-    from verbmirage.models import create_model
 
     where = f"models.{slug}.derive"
     chosen = NulluSettings.from_config(settings, where)
