@@ -18,7 +18,7 @@ import pytest
 
 from verbmirage.workflow import jobserver
 
-SRC = str(Path(jobserver.__file__).resolve().parents[1])
+SRC = str(Path(jobserver.__file__).resolve().parents[2])  # src/, above the verbmirage package
 
 JOB = """\
 import json, os, sys
