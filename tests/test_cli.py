@@ -62,3 +62,24 @@ def test_check_plans_a_config_and_names_a_bad_key(tmp_path):
     assert bad.returncode != 0
     assert "models.tiny_llava" in bad.stderr and "batch_sise" in bad.stderr
     assert not (tmp_path / "results").exists()  # planned, nothing run
+
+
+def test_compare_runs_names_each_differing_file(tmp_path):
+    """tools/compare_runs.py: identical trees pass; a changed, a missing and an extra file are each named."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    for root in (first, second):
+        (root / "results" / "tables").mkdir(parents=True)
+        (root / "results" / "tables" / "table1.md").write_text("| a |\n")
+        (root / "resources" / "x.parquet").parent.mkdir(parents=True)
+        (root / "resources" / "x.parquet").write_bytes(b"PAR1")
+        (root / "results" / "fingerprint.json").write_text(str(root))  # never compared
+    tool = [sys.executable, str(REPO / "tools" / "compare_runs.py"), str(first), str(second)]
+    same = subprocess.run(tool, capture_output=True, text=True, timeout=60)
+    assert same.returncode == 0 and "identical" in same.stdout, same.stdout + same.stderr
+    (second / "results" / "tables" / "table1.md").write_text("| b |\n")
+    (second / "resources" / "x.parquet").unlink()
+    (second / "results" / "extra.txt").write_text("")
+    different = subprocess.run(tool, capture_output=True, text=True, timeout=60)
+    assert different.returncode == 1
+    assert {"differs: results/tables/table1.md", "missing: resources/x.parquet", "extra: results/extra.txt"} <= set(
+        different.stdout.splitlines())
