@@ -13,15 +13,15 @@ from verbmirage.workflow.jobserver import delegate
 delegate(wait=True)  # a local run's warm job server runs this job (verbmirage.workflow.jobserver); it loads a model
 
 from verbmirage.inference.calibration import calibrate
+from verbmirage.inference.runs import RunSpec
 from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:
     w, p = snakemake.wildcards, snakemake.params
-    fits = calibrate(
-        dict(zip(p.qsets, snakemake.input.questions)), snakemake.input.images, w.model, p.model, p.variant,
-        snakemake.output.answers, snakemake.output.cuts,
-        about={"dataset": w.dataset, "condition": w.condition, "variant": w.variant},
-        train_stats=snakemake.input.train_stats, dataset=w.dataset, batch_size=p.batch_size,
-        part_size=p.part_size, condition_settings=p.condition, max_error_share=p.max_error_share,
-    )
+    spec = RunSpec(model_slug=w.model, model_settings=p.model, images_dir=snakemake.input.images,
+                   variant_settings=p.variant, dataset=w.dataset, train_stats=snakemake.input.train_stats,
+                   condition_settings=p.condition, batch_size=p.batch_size, part_size=p.part_size,
+                   max_error_share=p.max_error_share)
+    fits = calibrate(dict(zip(p.qsets, snakemake.input.questions)), snakemake.output.answers, snakemake.output.cuts,
+                     spec, about={"dataset": w.dataset, "condition": w.condition, "variant": w.variant})
     log.info("cuts: %s", {qset: fit.cut for qset, fit in fits.items()})

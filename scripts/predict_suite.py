@@ -12,16 +12,15 @@ from verbmirage.workflow.jobserver import delegate
 
 delegate(wait=True)  # a local run's warm job server runs this job (verbmirage.workflow.jobserver); it loads a model
 
-from verbmirage.inference.runs import run_suite
+from verbmirage.inference.runs import RunSpec, run_suite
 from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:
     w, p = snakemake.wildcards, snakemake.params
-    counts = run_suite(
-        dict(zip(p.qsets, snakemake.input.questions)), snakemake.input.images, w.model, p.model, p.variant,
-        int(w.shard), p.n_shards, snakemake.output[0], train_stats=snakemake.input.train_stats,
-        dataset=w.dataset, batch_size=p.batch_size, part_size=p.part_size,
-        condition_settings=p.condition, max_error_share=p.max_error_share, continue_tokens=p.continue_tokens,
-        decision_input=snakemake.input.get("decision") or None,
-    )
+    spec = RunSpec(model_slug=w.model, model_settings=p.model, images_dir=snakemake.input.images,
+                   variant_settings=p.variant, shard=int(w.shard), n_shards=p.n_shards, dataset=w.dataset,
+                   train_stats=snakemake.input.train_stats, condition_settings=p.condition,
+                   decision_input=snakemake.input.get("decision") or None, batch_size=p.batch_size,
+                   part_size=p.part_size, max_error_share=p.max_error_share, continue_tokens=p.continue_tokens)
+    counts = run_suite(dict(zip(p.qsets, snakemake.input.questions)), snakemake.output[0], spec)
     log.info("predictions per set: %s", counts)

@@ -24,7 +24,7 @@ from verbmirage.workflow.config import check_config
 from verbmirage.core.errors import ConfigError
 from verbmirage.data.hico import read_hico_det
 from verbmirage.benchmark.image_tags import image_tags, single_instance_boxes
-from verbmirage.inference.runs import run_shard
+from verbmirage.inference.runs import RunSpec, run_shard
 from verbmirage.core.io import read_table, write_table
 from verbmirage.benchmark.question_table import QUESTIONS
 from verbmirage.core.schemas import PREDICTIONS
@@ -95,8 +95,7 @@ def test_crop_without_boxes_is_refused(demo_roots, tmp_path):
 def test_inference_under_crop_asks_only_single_instance_questions(crop_setup):
     base, questions, _, boxes, _ = crop_setup
     output = base / "pred_crop.parquet"
-    frame = run_shard(base / "yn_obj.parquet", base / "crop", "always_yes", {"backend": "always_yes"}, {}, 0, 1,
-                      output, condition_settings={"type": "crop", "margin": 0.1})
+    frame = run_shard(base / "yn_obj.parquet", output, RunSpec("always_yes", {"backend": "always_yes"}, base / "crop", condition_settings={"type": "crop", "margin": 0.1}))
     asked = questions[questions.image.isin(set(boxes))]
     assert set(frame.question_id) == set(asked.question_id) and len(frame) < len(questions)
     assert frame.error.isna().all() and frame.prediction.eq("yes").all()

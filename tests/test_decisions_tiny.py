@@ -23,7 +23,7 @@ from verbmirage.variants.decisions import (
 from verbmirage.inference.calibration import calibrate
 from verbmirage.models.calibrated import margin_of
 from verbmirage.benchmark.calibration import build_calibration_set, write_content_free_images
-from verbmirage.inference.runs import run_suite, suite_table
+from verbmirage.inference.runs import RunSpec, run_suite, suite_table
 from verbmirage.core.io import read_table, write_table
 from verbmirage.benchmark.question_table import QUESTIONS
 from verbmirage.core.schemas import PREDICTIONS
@@ -55,7 +55,7 @@ def setup(demo_anno, demo_roots, tmp_path_factory):
     apply_condition(demo_roots[0], images, base / "clean", "clean", {"type": "clean"})
     entry = {"backend": "llava", "path": str(build_tiny_llava(base / "tiny_llava")), "local_files_only": True}
     plain = base / "plain"
-    run_suite(paths, base / "clean", "tiny_llava", entry, {}, 0, 1, plain, batch_size=8)
+    run_suite(paths, plain, RunSpec("tiny_llava", entry, base / "clean", batch_size=8))
     return base, calibration, paths, entry, plain
 
 
@@ -63,8 +63,7 @@ def test_threshold_variant_cuts_the_plain_margins(setup, tmp_path):
     base, calibration, paths, entry, plain = setup
     variant = {"decision": {"method": "threshold", "calibration_images": CALIBRATION_IMAGES}}
     cuts_file = tmp_path / "cuts.json"
-    fits = calibrate(calibration, base / "calibration_clean", "tiny_llava", entry, variant, tmp_path / "answers",
-                     cuts_file, about={"condition": "clean"}, batch_size=8)
+    fits = calibrate(calibration, tmp_path / "answers", cuts_file, RunSpec("tiny_llava", entry, base / "calibration_clean", variant, batch_size=8), about={"condition": "clean"})
     document = json.loads(cuts_file.read_text())
     assert set(document["cuts"]) == set(YN_SETS) and document["condition"] == "clean"
     for qset, fit in fits.items():
@@ -76,8 +75,7 @@ def test_threshold_variant_cuts_the_plain_margins(setup, tmp_path):
         assert again == fit
         assert document["cuts"][qset]["metric_at_zero"] == pytest.approx(fit.metric_at_zero)
     calibrated = tmp_path / "calibrated"
-    run_suite(paths, base / "clean", "tiny_llava", entry, variant, 0, 1, calibrated, batch_size=8,
-              decision_input=cuts_file)
+    run_suite(paths, calibrated, RunSpec("tiny_llava", entry, base / "clean", variant, batch_size=8, decision_input=cuts_file))
     _assert_cut(calibrated, plain, paths, fits)
     # a cut at the median plain margin of each set: both answers occur, so the rows really follow the cut
     medians = {}
@@ -85,8 +83,7 @@ def test_threshold_variant_cuts_the_plain_margins(setup, tmp_path):
         margins = read_table(suite_table(plain, qset), PREDICTIONS).yes_margin.to_numpy(float)
         medians[qset] = replace(fits[qset], cut=float(np.median(margins)))
     write_cuts(tmp_path / "median.json", medians, {})
-    run_suite(paths, base / "clean", "tiny_llava", entry, variant, 0, 1, tmp_path / "median", batch_size=8,
-              decision_input=tmp_path / "median.json")
+    run_suite(paths, tmp_path / "median", RunSpec("tiny_llava", entry, base / "clean", variant, batch_size=8, decision_input=tmp_path / "median.json"))
     for qset in YN_SETS:
         assert set(read_table(suite_table(tmp_path / "median", qset), PREDICTIONS).prediction) == {"yes", "no"}
     _assert_cut(tmp_path / "median", plain, paths, medians)
@@ -118,7 +115,7 @@ def test_content_free_variant_shifts_by_the_models_content_free_answers(setup, d
     write_content_free_images(demo_roots[0], demo_anno, CALIBRATION_IMAGES, 0, folder)
     variant = {"decision": {"method": "content_free", "calibration_images": CALIBRATION_IMAGES}}
     output = tmp_path / "cf"
-    run_suite(paths, base / "clean", "tiny_llava", entry, variant, 0, 1, output, batch_size=8, decision_input=folder)
+    run_suite(paths, output, RunSpec("tiny_llava", entry, base / "clean", variant, batch_size=8, decision_input=folder))
     model = create_model("tiny_llava", entry)  # the model asked directly on the content-free images
     model.continue_tokens = 0
     reference = [folder / "blank.png", folder / "mean.png"]

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from verbmirage.benchmark.conditions import apply_condition
-from verbmirage.inference.runs import IncompleteShardError, merge_shards, select_shard
+from verbmirage.inference.runs import IncompleteShardError, image_shard, merge_shards, select_suite_shard
 from verbmirage.inference.store import PartStore, parts_directory
 from verbmirage.core.io import read_table, write_table
 from verbmirage.benchmark.question_table import QUESTIONS
@@ -35,14 +35,15 @@ def prepared(demo_anno, demo_roots, tmp_path_factory):
 
 def test_shards_partition_by_image(prepared):
     _, questions = prepared
-    shards = [select_shard(questions, i, 3) for i in range(3)]
+    shards = [select_suite_shard(questions, i, 3) for i in range(3)]
     assert sum(len(s) for s in shards) == len(questions)
     assert set().union(*(set(s.question_id) for s in shards)) == set(questions.question_id)
     images = [set(s.image) for s in shards]
     assert not (images[0] & images[1] or images[1] & images[2] or images[0] & images[2])
-    assert max(len(i) for i in images) - min(len(i) for i in images) <= 1
+    assert all(image_shard(image, 3) == i for i, shard_images in enumerate(images) for image in shard_images)
+    assert all(images)  # 240 questions: no shard is empty
     with pytest.raises(ValueError, match="shard 3"):
-        select_shard(questions, 3, 3)
+        select_suite_shard(questions, 3, 3)
 
 
 def test_part_store_discards_parts_of_other_settings(tmp_path):
@@ -102,7 +103,8 @@ def test_sigkill_then_resume_equals_uninterrupted_run(prepared, tmp_path):
     first, second = read_table(reference, PREDICTIONS), read_table(killed, PREDICTIONS)
     assert second.question_id.is_unique and len(second) == len(questions)
     pd.testing.assert_frame_equal(first, second)
-    assert not parts.exists()  # cleaned up once the shard is complete
+    assert killed.read_bytes() == reference.read_bytes()  # the same file, byte for byte
+    assert [p.name for p in parts.glob("part-*.parquet")] == ["part-000000.parquet"]  # only the finished table
 
 
 def test_sigkill_then_resume_of_the_suite_job_equals_uninterrupted_run(prepared, demo_anno, tmp_path):

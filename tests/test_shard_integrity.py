@@ -23,7 +23,7 @@ import pytest
 
 from verbmirage.benchmark.conditions import apply_condition
 from verbmirage.inference.runs import (
-    CONTINUE_TOKENS,
+    RunSpec,
     IncompleteShardError,
     predict,
     run_shard,
@@ -169,8 +169,7 @@ def _stored_rows(output) -> pd.DataFrame:
 
 
 def _run(base, output, model_settings, **kwargs):
-    return run_shard(base / "yn_obj.parquet", base / "clean", "m", model_settings, {}, 0, 1, output,
-                     batch_size=8, part_size=8, **kwargs)
+    return run_shard(base / "yn_obj.parquet", output, RunSpec("m", model_settings, base / "clean", batch_size=8, part_size=8, **kwargs))
 
 
 def test_too_many_error_rows_fail_the_job_and_keep_the_parts(prepared, tmp_path, caplog):
@@ -185,7 +184,9 @@ def test_too_many_error_rows_fail_the_job_and_keep_the_parts(prepared, tmp_path,
     with caplog.at_level(logging.WARNING, logger="verbmirage.inference.runs"):
         frame = _run(base, output, failing, max_error_share=0.2)
     assert frame.error.notna().sum() == 10 and len(frame) == len(questions)
-    assert not parts_directory(output).exists()
+    # the parts folder now holds only the finished table (a hard link), for a rerun to reuse
+    assert [p.name for p in parts_directory(output).glob("part-*.parquet")] == ["part-000000.parquet"]
+    assert (parts_directory(output) / "part-000000.parquet").samefile(output)
     # kept within the budget, but not silently: the job log says how many and why
     assert any(f"m: 10 of {len(questions)} questions are stored as errors (within max_error_share=0.2" in r.message
                and "first error: HTTP 400" in r.message for r in caplog.records)
@@ -223,7 +224,7 @@ def test_fingerprint_covers_condition_manifest_and_weights(prepared, tmp_path):
     model = {"backend": "llava", "path": str(weights)}
 
     def current(condition=None, images=base / "clean"):
-        return fingerprint(questions, run_settings(model, {}, condition, images, CONTINUE_TOKENS))
+        return fingerprint(questions, run_settings(model, {}, condition, images, 8))
 
     reference = current({"type": "saltpepper", "probability": 0.75})
     assert current({"type": "saltpepper", "probability": 0.5}) != reference
@@ -231,8 +232,8 @@ def test_fingerprint_covers_condition_manifest_and_weights(prepared, tmp_path):
     (weights / "model.safetensors").write_bytes(b"b" * 11)  # weights rebuilt at the same path
     assert current({"type": "saltpepper", "probability": 0.75}) != reference
     model["revision"] = "abc123"
-    assert fingerprint(questions, run_settings(model, {}, None, None, CONTINUE_TOKENS)) != fingerprint(
-        questions, run_settings({**model, "revision": "def456"}, {}, None, None, CONTINUE_TOKENS))
+    assert fingerprint(questions, run_settings(model, {}, None, None, 8)) != fingerprint(
+        questions, run_settings({**model, "revision": "def456"}, {}, None, None, 8))
 
 
 def test_sigterm_flushes_answered_rows_and_says_so(prepared, tmp_path):

@@ -16,6 +16,7 @@ import pytest
 
 from verbmirage.benchmark.conditions import ImageResolver, apply_condition
 from verbmirage.inference.runs import (
+    RunSpec,
     IncompleteShardError,
     image_shard,
     merge_suite_shards,
@@ -79,16 +80,16 @@ def _assert_same_rows(ours: pd.DataFrame, theirs: pd.DataFrame) -> None:
 def test_suite_rows_equal_the_per_set_jobs(suite, tiny_llava_entry, tmp_path, model):
     base, paths = suite
     entry = tiny_llava_entry if model == "tiny_llava" else {"backend": "random", "seed": 0}
-    counts = run_suite(paths, base / "clean", model, entry, {}, 0, 1, tmp_path / "suite", batch_size=8)
+    counts = run_suite(paths, tmp_path / "suite", RunSpec(model, entry, base / "clean", batch_size=8))
     assert counts == {qset: len(read_table(path)) for qset, path in paths.items()}
     for qset, path in paths.items():
-        per_set = run_shard(path, base / "clean", model, entry, {}, 0, 1, tmp_path / f"{qset}.parquet", batch_size=8)
+        per_set = run_shard(path, tmp_path / f"{qset}.parquet", RunSpec(model, entry, base / "clean", batch_size=8))
         ours = read_table(suite_table(tmp_path / "suite", qset), PREDICTIONS)
         _assert_same_rows(ours, per_set)
         assert read_provenance(suite_table(tmp_path / "suite", qset))["qset"] == qset
     # two shards, merged per set, give the same rows again
     for shard in (0, 1):
-        run_suite(paths, base / "clean", model, entry, {}, shard, 2, tmp_path / f"two/{shard}", batch_size=8)
+        run_suite(paths, tmp_path / f"two/{shard}", RunSpec(model, entry, base / "clean", {}, shard, 2, batch_size=8))
     for qset, path in paths.items():
         merged = merge_suite_shards(read_table(path, QUESTIONS), [tmp_path / "two/0", tmp_path / "two/1"], qset)
         assert merged.question_id.tolist() == read_table(path).question_id.tolist()  # question order
@@ -138,15 +139,14 @@ def test_adding_a_set_asks_only_its_questions(suite, tmp_path, caplog):
     base, paths = suite
     entry = {"backend": "random", "seed": 0}
     output = tmp_path / "0"
-    run_suite({"yn_obj": paths["yn_obj"]}, base / "clean", "random", entry, {}, 0, 1, output)
+    run_suite({"yn_obj": paths["yn_obj"]}, output, RunSpec("random", entry, base / "clean"))
     parts = parts_directory(output)
     assert [p.name for p in (parts / "yn_obj").glob("part-*")] == ["part-000000.parquet"]  # kept, one hard link
     assert (parts / "yn_obj/part-000000.parquet").stat().st_ino == suite_table(output, "yn_obj").stat().st_ino
     first = read_table(suite_table(output, "yn_obj"), PREDICTIONS)
     suite_table(output, "yn_obj").unlink()  # Snakemake removes a job's output before it reruns
     with caplog.at_level(logging.INFO, logger="verbmirage.inference.runs"):
-        counts = run_suite({"yn_obj": paths["yn_obj"], "mc_obj": paths["mc_obj"]}, base / "clean", "random",
-                           entry, {}, 0, 1, output)
+        counts = run_suite({"yn_obj": paths["yn_obj"], "mc_obj": paths["mc_obj"]}, output, RunSpec("random", entry, base / "clean"))
     n = len(read_table(paths["yn_obj"]))
     assert f"yn_obj: resuming: {n} of {n} questions already answered" in caplog.text
     assert "mc_obj: resuming" not in caplog.text
@@ -155,7 +155,7 @@ def test_adding_a_set_asks_only_its_questions(suite, tmp_path, caplog):
     # other settings: nothing is reused
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="verbmirage.inference.runs"):
-        run_suite({"yn_obj": paths["yn_obj"]}, base / "clean", "random", {**entry, "seed": 1}, {}, 0, 1, output)
+        run_suite({"yn_obj": paths["yn_obj"]}, output, RunSpec("random", {**entry, "seed": 1}, base / "clean"))
     assert "resuming" not in caplog.text
 
 
@@ -164,10 +164,10 @@ def test_a_second_writer_fails_before_loading_a_model(suite, tmp_path):
     output = tmp_path / "0"
     holder = PartStore(parts_directory(output) / "mc_obj")
     with pytest.raises(ShardBusyError, match="mc_obj"):
-        run_suite(paths, base / "clean", "random", {"backend": "random", "seed": 0}, {}, 0, 1, output)
+        run_suite(paths, output, RunSpec("random", {"backend": "random", "seed": 0}, base / "clean"))
     holder.close()
     assert not output.exists()
-    run_suite(paths, base / "clean", "random", {"backend": "random", "seed": 0}, {}, 0, 1, output)
+    run_suite(paths, output, RunSpec("random", {"backend": "random", "seed": 0}, base / "clean"))
     assert sorted(p.name for p in output.iterdir()) == sorted(f"{qset}.parquet" for qset in SETS)
 
 
@@ -183,8 +183,7 @@ def test_a_job_holds_at_most_a_part_and_a_call_of_rows_per_set(suite, tmp_path, 
     monkeypatch.setattr(PartStore, "append",
                         lambda store, rows: (held.append((store.directory.name, len(rows))), append(store, rows))[1])
     part_size, batch_size = 16, 8
-    counts = run_suite(paths, base / "clean", "random", {"backend": "random", "seed": 0}, {}, 0, 1,
-                       tmp_path / "0", batch_size=batch_size, part_size=part_size)
+    counts = run_suite(paths, tmp_path / "0", RunSpec("random", {"backend": "random", "seed": 0}, base / "clean", batch_size=batch_size, part_size=part_size))
     assert sum(n for _, n in held) == sum(counts.values()) and max(n for _, n in held) < part_size + batch_size
     for qset, n in counts.items():
         parts = [rows for name, rows in held if name == qset]
@@ -325,7 +324,7 @@ def test_a_sampled_model_answers_the_same_fixed_sample_in_any_shard_and_is_score
     entry = {"backend": "random", "seed": 0, "sample_questions": 3, "sample_seed": 1}
     for n_shards in (1, 2):
         for shard in range(n_shards):
-            run_suite(paths, base / "clean", "random", entry, {}, shard, n_shards, tmp_path / f"{n_shards}/{shard}")
+            run_suite(paths, tmp_path / f"{n_shards}/{shard}", RunSpec("random", entry, base / "clean", {}, shard, n_shards))
     for qset in SETS:
         questions = read_table(paths[qset], QUESTIONS)
         one = read_table(suite_table(tmp_path / "1/0", qset), PREDICTIONS)

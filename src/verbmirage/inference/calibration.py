@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +17,11 @@ import pandas as pd
 from verbmirage.core.io import read_table
 from verbmirage.benchmark.question_table import QUESTIONS
 from verbmirage.core.schemas import PREDICTIONS
+from verbmirage.inference.runs import RunSpec, run_suite, suite_table
 from verbmirage.models.base import YesNoResult
 from verbmirage.models.calibrated import margin_of
 from verbmirage.variants.decisions import ThresholdFit, fit_threshold, sigmoid, write_cuts
 from verbmirage.variants.settings import DecisionSettings, Variant
-from verbmirage.inference.runs import run_suite, suite_table
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +46,8 @@ def plain_variant_settings(variant_settings: dict) -> dict:
     return {key: value for key, value in variant_settings.items() if key != "decision"}
 
 
-def calibrate(questions_paths: Mapping[str, str | Path], images_dir: str | Path, model_slug: str,
-              model_settings: dict, variant_settings: dict, answers_dir: str | Path, cuts_path: str | Path,
-              about: dict | None = None, **suite_options) -> dict[str, ThresholdFit]:
+def calibrate(questions_paths: Mapping[str, str | Path], answers_dir: str | Path, cuts_path: str | Path,
+              spec: RunSpec, about: dict | None = None) -> dict[str, ThresholdFit]:
     """Ask the model the calibration sets (:func:`~verbmirage.inference.runs.run_suite`, resumable, one job) with the
     variant's decoding but no decision, fit one cut per set and write the cuts file.
 
@@ -55,13 +55,15 @@ def calibrate(questions_paths: Mapping[str, str | Path], images_dir: str | Path,
     (``continue_tokens`` 0: the answers' ``prediction`` is "unknown" where that token is neither yes nor no).
     """
 
+    model_slug, variant_settings = spec.model_slug, spec.variant_settings
     variant = Variant.from_config(variant_settings, where=f"variants (calibration of {model_slug})")
     settings: DecisionSettings | None = variant.decision
     if settings is None or settings.method != "threshold":
         raise ValueError(f"calibration of {model_slug}: the variant has no threshold decision ({variant_settings})")
     questions = {qset: read_table(path, QUESTIONS) for qset, path in questions_paths.items()}
-    run_suite(dict(questions_paths), images_dir, model_slug, model_settings, plain_variant_settings(variant_settings),
-              0, 1, answers_dir, **{**suite_options, "continue_tokens": 0})
+    plain = replace(spec, variant_settings=plain_variant_settings(variant_settings), shard=0, n_shards=1,
+                    continue_tokens=0, decision_input=None)
+    run_suite(dict(questions_paths), answers_dir, plain)
     answers = {qset: read_table(suite_table(answers_dir, qset), PREDICTIONS) for qset in questions}
     fits = fit_cuts(questions, answers, settings.metric)
     for qset, fit in fits.items():

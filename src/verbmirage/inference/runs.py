@@ -1,7 +1,7 @@
 """Run one model over one question set under one image condition, sharded and resumable.
 
 A (model, variant, condition, question set) is split into ``n`` shards by
-image (:func:`select_shard`), one job each, merged afterwards
+image (:func:`select_suite_shard`), one job each, merged afterwards
 (:func:`merge_shards`). Inside a shard, answered rows are appended to
 numbered Parquet parts (:class:`PartStore`); a job killed at any moment
 resumes from its parts. The guarantees:
@@ -36,14 +36,15 @@ import threading
 import zlib
 from collections import namedtuple
 from contextlib import contextmanager
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import pandas as pd
+import yaml
 from tqdm import tqdm
 
 from verbmirage.benchmark.conditions import ImageResolver, condition_questions
-from verbmirage.core.io import read_table, to_arrow, write_table
+from verbmirage.core.io import read_table, to_arrow
 from verbmirage.benchmark.question_table import QUESTIONS
 from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.models.base import (
@@ -69,8 +70,6 @@ from verbmirage.models import ModelContext, create_model
 from verbmirage.models.calibrated import decision_model
 
 log = logging.getLogger(__name__)
-#: Default largest share of a shard's questions that may end as error rows.
-MAX_ERROR_SHARE = 0.05
 
 
 class IncompleteShardError(RuntimeError):
@@ -79,23 +78,6 @@ class IncompleteShardError(RuntimeError):
 
 class JobTerminated(Exception):
     """SIGTERM arrived (SLURM preemption, scancel, Snakemake shutting down)."""
-
-
-def select_shard(questions: pd.DataFrame, shard: int, n_shards: int) -> pd.DataFrame:
-    """Questions of shard ``shard`` (0-based) of ``n_shards``: contiguous runs of sorted images.
-
-    All questions of an image land in one shard, so an image is read (and its
-    prefix computed) by one job only.
-    """
-    if not 0 <= shard < n_shards:
-        raise ValueError(f"shard {shard} is not in 0..{n_shards - 1}")
-    images = sorted(questions.image.unique())
-    chosen = {image for i, image in enumerate(images) if i * n_shards // len(images) == shard}
-    return questions[questions.image.isin(chosen)]
-
-
-#: Tokens decoded past a first answer token that decides nothing (``inference.continue_tokens``).
-CONTINUE_TOKENS = 8
 
 
 def _question_rows(frame: pd.DataFrame) -> list:
@@ -265,62 +247,6 @@ def merge_shards(questions: pd.DataFrame, shards: list[pd.DataFrame], where: str
     return _in_question_order(frame, questions)
 
 
-def run_shard(
-    questions_path: str | Path,
-    images_dir: str | Path,
-    model_slug: str,
-    model_settings: dict,
-    variant_settings: dict,
-    shard: int,
-    n_shards: int,
-    output: str | Path,
-    train_stats: str | Path | None = None,
-    dataset: str = "hico",
-    batch_size: int = 16,
-    part_size: int = 512,
-    condition_settings: dict | None = None,
-    max_error_share: float = MAX_ERROR_SHARE,
-    continue_tokens: int = CONTINUE_TOKENS,
-) -> pd.DataFrame:
-    """Answer one shard and write it to ``output``; resumes from ``<output>.parts/`` if present.
-
-    The output is written only when it answers each question of the shard
-    exactly once; otherwise the job fails and its parts stay for a resume.
-    ``continue_tokens``: how far a decoding backend decodes an answer whose
-    first token decides nothing (0: such answers are unknown).
-    """
-
-    # a partial condition (crop: single-instance images only) asks only the questions on its images
-    questions = select_shard(condition_questions(asked_questions(read_table(questions_path, QUESTIONS),
-                                                                 model_settings), images_dir), shard, n_shards)
-    variant = Variant.from_config(variant_settings, where=f"variants (run of {model_slug})")
-    settings = run_settings(model_settings, variant.settings(), condition_settings, images_dir, continue_tokens)
-    provenance = {"model": model_settings, "variant": variant_settings, "condition": condition_settings,
-                  "model_slug": model_slug, "shard": shard, "n_shards": n_shards}
-    if questions.empty:
-        write_table(pd.DataFrame(columns=PREDICTIONS.names), output, PREDICTIONS, provenance=provenance)
-        return pd.DataFrame(columns=PREDICTIONS.names)
-    store = PartStore(parts_directory(output))  # the lock first: a second writer fails before loading a model
-    model = None
-    try:
-        model = create_model(model_slug, model_settings, ModelContext(dataset=dataset, train_stats=train_stats))
-        if hasattr(model, "continue_tokens"):  # backends that decode answers token by token
-            model.continue_tokens = continue_tokens
-        model.use_variant(variant, where=f"models.{model_slug} with this variant")
-        store.use_fingerprint(fingerprint(questions, {**settings, "loaded": model.fingerprint_extra()}))
-        frame = predict(questions, model, ImageResolver(images_dir), batch_size, store, part_size, max_error_share)
-        check_complete(questions, frame, where=str(output))
-        write_table(frame, output, PREDICTIONS, provenance=provenance)
-    except BaseException:
-        store.close()
-        raise
-    finally:
-        if model is not None:
-            model.close()
-    store.clear()
-    return frame
-
-
 # ---- one job per image shard across all question sets -------------------------------------------
 # A suite job answers every question set a (dataset, condition, model, variant) asks, for the images of
 # one shard, image by image: an image's prefix (its image tokens) is computed once for all its questions,
@@ -488,75 +414,104 @@ def suite_table(output: str | Path, qset: str) -> Path:
     return Path(output) / f"{qset}.parquet"
 
 
-def run_suite(
-    questions_paths: dict[str, str | Path],
-    images_dir: str | Path,
-    model_slug: str,
-    model_settings: dict,
-    variant_settings: dict,
-    shard: int,
-    n_shards: int,
-    output: str | Path,
-    train_stats: str | Path | None = None,
-    dataset: str = "hico",
-    batch_size: int = 16,
-    part_size: int = 512,
-    condition_settings: dict | None = None,
-    max_error_share: float = MAX_ERROR_SHARE,
-    continue_tokens: int = CONTINUE_TOKENS,
-    decision_input: str | Path | None = None,
-) -> dict[str, int]:
-    """Answer every set of ``questions_paths`` (qset -> question table) on one image shard; the output folder
-    gets ``<qset>.parquet`` per set (:func:`suite_table`). Returns the rows per set.
+SCHEMA = Path(__file__).resolve().parents[3] / "schemas" / "config.schema.yaml"
 
-    ``decision_input``: what a calibrated-decision variant decides by (:func:`verbmirage.models.calibrated.decision_model`).
 
-    One model load and one prefix per image for all sets. Resumable per set from ``<output>.parts/<qset>/``;
-    a set's table is written only when it answers each of its questions exactly once, and nothing is
-    written unless every set is complete. The finished answers stay in the parts folder (hard links),
-    fingerprinted per set: a rerun with another list of sets asks only the sets it has no answers for.
-    """
+@functools.cache
+def inference_defaults() -> dict:
+    """The config's ``inference`` defaults (batch_size, part_size, max_error_share, continue_tokens, shards), read
+    from the schema: the one place they are written down."""
+    try:
+        schema = yaml.safe_load(SCHEMA.read_text())
+    except OSError as error:
+        raise RuntimeError(f"{SCHEMA}: the config schema is missing ({error}); run from a checkout") from None
+    return {key: value["default"] for key, value in schema["properties"]["inference"]["properties"].items()}
 
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one inference job needs besides its questions: the model, the variant, the images, the shard,
+    and how to run (batch, part size, error budget, continuation). Fields left at None take the config
+    schema's ``inference`` defaults (:func:`inference_defaults`)."""
+
+    model_slug: str
+    model_settings: dict
+    images_dir: str | Path
+    variant_settings: dict = field(default_factory=dict)
+    shard: int = 0
+    n_shards: int = 1
+    dataset: str = "hico"
+    train_stats: str | Path | None = None
+    condition_settings: dict | None = None
+    decision_input: str | Path | None = None  # a decision variant's cuts file or content-free images folder
+    batch_size: int | None = None
+    part_size: int | None = None
+    max_error_share: float | None = None
+    continue_tokens: int | None = None
+
+    def __post_init__(self):
+        defaults = inference_defaults()
+        for name in ("batch_size", "part_size", "max_error_share", "continue_tokens"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, defaults[name])
+
+    @property
+    def provenance(self) -> dict:
+        return {"model": self.model_settings, "variant": self.variant_settings, "condition": self.condition_settings,
+                "model_slug": self.model_slug, "shard": self.shard, "n_shards": self.n_shards}
+
+
+def read_questions(questions_paths: dict[str, str | Path], spec: RunSpec) -> pd.DataFrame:
+    """The questions of every set (qset -> table) that the model asks, on the spec's image shard."""
     frames = []
     for qset, path in questions_paths.items():
-        table = asked_questions(read_table(path, QUESTIONS), model_settings)
+        table = asked_questions(read_table(path, QUESTIONS), spec.model_settings)
         if not table.qset.eq(qset).all():
             raise ValueError(f"{path}: holds question set(s) {sorted(set(table.qset))}, expected '{qset}'")
         # a partial condition (crop: single-instance images only) asks only the questions on its images
-        frames.append(condition_questions(table, images_dir))
-    questions = select_suite_shard(pd.concat(frames, ignore_index=True), shard, n_shards)
-    variant = Variant.from_config(variant_settings, where=f"variants (run of {model_slug})")
-    settings = run_settings(model_settings, variant.settings(), condition_settings, images_dir, continue_tokens)
-    provenance = {"model": model_settings, "variant": variant_settings, "condition": condition_settings,
-                  "model_slug": model_slug, "shard": shard, "n_shards": n_shards}
-    output = Path(output)
-    # the locks first: a second writer fails before loading a model
-    stores = {qset: PartStore(parts_directory(output) / qset) for qset in questions_paths}
+        frames.append(condition_questions(table, spec.images_dir))
+    return select_suite_shard(pd.concat(frames, ignore_index=True), spec.shard, spec.n_shards)
+
+
+def answer_job(questions: pd.DataFrame, stores: dict[str, PartStore], tables: dict[str, Path], spec: RunSpec
+               ) -> dict[str, int]:
+    """The one inference path: load the model once, answer ``questions`` (any sets) into each set's store,
+    and write each set's table (``tables``: qset -> path) once every set answers each of its questions exactly
+    once; nothing is written otherwise. Returns the rows per set.
+
+    A calibrated-decision variant decides by ``spec.decision_input``
+    (:func:`verbmirage.models.calibrated.decision_model`). The finished answers stay in the stores (hard
+    links), fingerprinted per set: a rerun with another list of sets asks only the sets it has no answers for.
+    """
+    variant = Variant.from_config(spec.variant_settings, where=f"variants (run of {spec.model_slug})")
+    settings = run_settings(spec.model_settings, variant.settings(), spec.condition_settings, spec.images_dir,
+                            spec.continue_tokens)
     model = None
     try:
         if not questions.empty:
-            model = create_model(model_slug, model_settings, ModelContext(dataset=dataset, train_stats=train_stats))
+            model = create_model(spec.model_slug, spec.model_settings,
+                                 ModelContext(dataset=spec.dataset, train_stats=spec.train_stats))
             if hasattr(model, "continue_tokens"):  # backends that decode answers token by token
-                model.continue_tokens = continue_tokens
-            model.use_variant(variant, where=f"models.{model_slug} with this variant")
-            # calibrated decisions (verbmirage.variants.decisions): the model as is unless the variant sets `decision`
-            model = decision_model(model, variant, dict(zip(questions.question_id, questions.qset)), dataset,
-                                   decision_input)
+                model.continue_tokens = spec.continue_tokens
+            model.use_variant(variant, where=f"models.{spec.model_slug} with this variant")
+            # calibrated decisions: the model as is unless the variant sets `decision`
+            model = decision_model(model, variant, dict(zip(questions.question_id, questions.qset)), spec.dataset,
+                                   spec.decision_input)
             loaded = model.fingerprint_extra()
             for qset, store in stores.items():
                 store.use_fingerprint(fingerprint(questions[questions.qset.eq(qset)],
                                                   {**settings, "loaded": loaded, "qset": qset}))
-            predict_suite(questions, model, ImageResolver(images_dir), stores, batch_size, part_size,
-                          max_error_share)
+            predict_suite(questions, model, ImageResolver(spec.images_dir), stores, spec.batch_size,
+                          spec.part_size, spec.max_error_share)
         answers = {}  # every set checked complete before any table is written
         for qset, store in stores.items():
             wanted = questions[questions.qset.eq(qset)]
             parts, owner = _latest_part_of(store, wanted)
-            check_complete(wanted, pd.DataFrame({"question_id": list(owner)}), where=f"{output} ({qset})")
+            check_complete(wanted, pd.DataFrame({"question_id": list(owner)}), where=f"{tables[qset]} ({qset})")
             answers[qset] = (parts, owner)
-        output.mkdir(parents=True, exist_ok=True)
         for qset, (parts, owner) in answers.items():
-            _stream_table(parts, owner, suite_table(output, qset), {**provenance, "qset": qset}, part_size)
+            tables[qset].parent.mkdir(parents=True, exist_ok=True)
+            _stream_table(parts, owner, tables[qset], {**spec.provenance, "qset": qset}, spec.part_size)
     except BaseException:
         for store in stores.values():
             store.close()
@@ -565,8 +520,32 @@ def run_suite(
         if model is not None:
             model.close()
     for qset, store in stores.items():
-        store.keep_only(suite_table(output, qset))
+        store.keep_only(tables[qset])
     return {qset: len(owner) for qset, (_, owner) in answers.items()}
+
+
+def run_suite(questions_paths: dict[str, str | Path], output: str | Path, spec: RunSpec) -> dict[str, int]:
+    """Answer every set of ``questions_paths`` (qset -> question table) on the spec's image shard; the output
+    folder gets ``<qset>.parquet`` per set (:func:`suite_table`), resumable per set from
+    ``<output>.parts/<qset>/``. One model load and one prefix per image for all sets (:func:`answer_job`)."""
+    output = Path(output)
+    questions = read_questions(questions_paths, spec)
+    # the locks first: a second writer fails before loading a model
+    stores = {qset: PartStore(parts_directory(output) / qset) for qset in questions_paths}
+    return answer_job(questions, stores, {qset: suite_table(output, qset) for qset in questions_paths}, spec)
+
+
+def run_shard(questions_path: str | Path, output: str | Path, spec: RunSpec) -> pd.DataFrame:
+    """One question set into one table ``output`` (resumable from ``<output>.parts/``): a suite of one
+    (:func:`answer_job`). Returns the rows, in question order."""
+    output = Path(output)
+    qsets = read_table(questions_path, QUESTIONS).qset.unique()
+    if len(qsets) != 1:
+        raise ValueError(f"{questions_path}: one question set expected, found {sorted(qsets)}")
+    questions = read_questions({qsets[0]: questions_path}, spec)
+    store = PartStore(parts_directory(output))  # the lock first: a second writer fails before loading a model
+    answer_job(questions, {qsets[0]: store}, {qsets[0]: output}, spec)
+    return _in_question_order(read_table(output, PREDICTIONS), questions)
 
 
 def merge_suite_shards(questions: pd.DataFrame, shard_outputs: list[str | Path], qset: str,

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from verbmirage import __version__
-from verbmirage.inference.runs import MAX_ERROR_SHARE, run_shard, run_suite
+from verbmirage.inference.runs import RunSpec, inference_defaults, run_shard, run_suite
 
 #: The workflow this package belongs to (an editable install from the repository).
 SNAKEFILE = Path(__file__).resolve().parents[3] / "Snakefile"
@@ -96,33 +96,25 @@ def _parser() -> argparse.ArgumentParser:
     reporting.add_argument("--output", default="report.html", help="the report file (default report.html)")
     reporting.add_argument("--cores", type=int, help="CPU cores for local jobs (default 2)")
 
-    predict = commands.add_parser("predict", help="answer one shard of a question set")
+    defaults = inference_defaults()  # the config schema's `inference` defaults
+    predict = commands.add_parser("predict", help="answer one question set on one image shard")
     predict.add_argument("--questions", required=True, help="question set Parquet")
-    predict.add_argument("--images", required=True, help="image-condition folder (with manifest.parquet)")
-    predict.add_argument("--model-name", required=True, help="the model's slug")
-    predict.add_argument("--model", required=True, help="the model's config entry as JSON")
-    predict.add_argument("--variant", default="{}", help="the variant's settings as JSON")
-    predict.add_argument("--output", required=True, help="shard output Parquet")
-    predict.add_argument("--shard", type=int, default=0)
-    predict.add_argument("--shards", type=int, default=1)
-    predict.add_argument("--train-stats", default=None)
-    predict.add_argument("--batch-size", type=int, default=16)
-    predict.add_argument("--part-size", type=int, default=512)
-    predict.add_argument("--condition", default="null", help="the image condition's settings as JSON")
-    predict.add_argument("--max-error-share", type=float, default=MAX_ERROR_SHARE,
-                         help="fail when more than this share of questions end as errors")
+    predict.add_argument("--output", required=True, help="the answers' Parquet table")
     suite = commands.add_parser("predict-suite", help="answer every question set on one image shard")
     suite.add_argument("--questions", required=True, nargs="+", help="question set Parquet files (<qset>.parquet)")
-    for argument in ("--images", "--model-name", "--model", "--output"):
-        suite.add_argument(argument, required=True)
-    suite.add_argument("--variant", default="{}")
-    suite.add_argument("--shard", type=int, default=0)
-    suite.add_argument("--shards", type=int, default=1)
-    suite.add_argument("--train-stats", default=None)
-    suite.add_argument("--batch-size", type=int, default=16)
-    suite.add_argument("--part-size", type=int, default=512)
-    suite.add_argument("--condition", default="null")
-    suite.add_argument("--max-error-share", type=float, default=MAX_ERROR_SHARE)
+    suite.add_argument("--output", required=True, help="a folder: <qset>.parquet per set")
+    for command in (predict, suite):
+        command.add_argument("--images", required=True, help="image-condition folder (with manifest.parquet)")
+        command.add_argument("--model-name", required=True, help="the model's slug")
+        command.add_argument("--model", required=True, help="the model's config entry as JSON")
+        command.add_argument("--variant", default="{}", help="the variant's settings as JSON")
+        command.add_argument("--shard", type=int, default=0)
+        command.add_argument("--shards", type=int, default=1)
+        command.add_argument("--train-stats", default=None)
+        command.add_argument("--condition", default="null", help="the image condition's settings as JSON")
+        for name in ("batch_size", "part_size", "max_error_share", "continue_tokens"):
+            command.add_argument(f"--{name.replace('_', '-')}", type=type(defaults[name]), default=defaults[name],
+                                 help=f"inference.{name} (default {defaults[name]})")
     return parser
 
 
@@ -145,20 +137,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"verbmirage report: open {Path(args.output).resolve()} in a browser")
         return status
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    spec = RunSpec(model_slug=args.model_name, model_settings=json.loads(args.model), images_dir=args.images,
+                   variant_settings=json.loads(args.variant), shard=args.shard, n_shards=args.shards,
+                   train_stats=args.train_stats, condition_settings=json.loads(args.condition),
+                   batch_size=args.batch_size, part_size=args.part_size, max_error_share=args.max_error_share,
+                   continue_tokens=args.continue_tokens)
     if args.command == "predict-suite":
-        counts = run_suite(
-            {Path(path).stem: path for path in args.questions}, args.images, args.model_name,
-            json.loads(args.model), json.loads(args.variant), args.shard, args.shards, args.output,
-            train_stats=args.train_stats, batch_size=args.batch_size, part_size=args.part_size,
-            condition_settings=json.loads(args.condition), max_error_share=args.max_error_share,
-        )
+        counts = run_suite({Path(path).stem: path for path in args.questions}, args.output, spec)
         print(f"{sum(counts.values())} predictions of {len(counts)} sets written to {args.output}")
         return 0
-    frame = run_shard(
-        args.questions, args.images, args.model_name, json.loads(args.model), json.loads(args.variant),
-        args.shard, args.shards, args.output, train_stats=args.train_stats,
-        batch_size=args.batch_size, part_size=args.part_size,
-        condition_settings=json.loads(args.condition), max_error_share=args.max_error_share,
-    )
+    frame = run_shard(args.questions, args.output, spec)
     print(f"{len(frame)} predictions written to {args.output}")
     return 0
