@@ -53,37 +53,24 @@ _job_server = []
 onstart:
     from verbmirage.workflow import jobserver
 
-    _job_server.append(
-        jobserver.start_run(workflow.local_exec, config.get("job_server", True), in_logs("job_server.log"))
-    )
+    _job_server.append(jobserver.start_run(workflow.local_exec, config.get("job_server", True), PATHS.log("job_server")))
 
 
-def _stop_job_server():
-    from verbmirage.workflow import jobserver
+# The end of a run (src/verbmirage/workflow/run_summary.py): on success where the results are, Table 1's headline
+# numbers and how to open the report; on failure which jobs failed and their logs. It never fails the run.
+onsuccess:
+    from verbmirage.workflow import jobserver, run_summary
 
     jobserver.stop(_job_server.pop() if _job_server else None)
-
-
-# The end of a run (src/verbmirage/workflow/run_summary.py): on success where the results are, Table 1's headline numbers
-# and how to open the report; on failure which jobs failed and their logs. It never fails the run.
-def _end_of_run(outcome, log):
-    from verbmirage.workflow import run_summary
-
-    if outcome == "success":
-        run_summary.print_summary(outcome, outputs=rules.all.input, metrics=METRICS, variants=config.get("variants"),
-                                  configfiles=workflow.overwrite_configfiles)
-    else:
-        run_summary.print_summary(outcome, snakemake_logs=log)
-
-
-onsuccess:
-    _stop_job_server()
-    _end_of_run("success", log)
+    run_summary.print_summary("success", outputs=rules.all.input, metrics=PATHS.metrics,
+                              variants=config.get("variants"), configfiles=workflow.overwrite_configfiles)
 
 
 onerror:
-    _stop_job_server()
-    _end_of_run("error", log)
+    from verbmirage.workflow import jobserver, run_summary
+
+    jobserver.stop(_job_server.pop() if _job_server else None)
+    run_summary.print_summary("error", snakemake_logs=log)
 
 
 # Everything but the inference shards runs on the submitting node under a cluster profile.
@@ -126,17 +113,4 @@ localrules:
 
 rule all:
     input:
-        METRICS,
-        TABLES,
-        TABLES_HTML,
-        MITIGATION_TABLE_OUTPUTS,
-        QUESTION_COUNTS,
-        ATTENTION_OUTPUTS,
-        VCD_DIVERGENCE_OUTPUTS,
-        KNOWN_OBJECT_OUTPUTS,
-        UNCERTAINTY_OUTPUTS,
-        RELIANCE_OUTPUTS,
-        PAPER_FIGURE_OUTPUTS,
-        DECISION_OUTPUTS,
-        DERIVED_OUTPUTS,
-        FINETUNE_OUTPUTS,
+        PLAN.targets,  # every table, figure and analysis of this config (src/verbmirage/workflow/plan.py)

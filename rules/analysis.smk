@@ -5,19 +5,19 @@ rule attention:
     never predictions: it can be added to a finished run.
     """
     input:
-        questions=attention_questions,
-        images=CONDITION_DIR,
-        boxes=HICO_DET_BOXES,
-        model_files=attention_model_files,
+        questions=lambda wildcards: PLAN.questions(wildcards.dataset, PLAN.attention_qsets),
+        images=PATHS.condition_images,
+        boxes=PLAN.hico_det_boxes,
+        model_files=get_attention_model_files,
     output:
-        ATTENTION_PART,
+        PATHS.attention_part,
     wildcard_constraints:
         dataset="hico",
-        model=_alternatives(ATTENTION_MODELS),
+        model=alternatives(PLAN.attention_models),
     params:
-        model=lambda wildcards: ATTENTION_MODELS[wildcards.model],
-        settings=ATTENTION_SETTINGS,
-        det_root=lambda wildcards: HICO_DET_ROOT,  # the folder (its file may come from a download)
+        model=lambda wildcards: PLAN.attention_models[wildcards.model],
+        settings=PLAN.attention_settings,
+        det_root=lambda wildcards: PLAN.hico_det_root,  # the folder (its file may come from a download)
         identity=identity("hico_boxes"),
     resources:
         gpu=attention_resource("gpu", 0),
@@ -25,9 +25,9 @@ rule attention:
         runtime=attention_resource("runtime", 60),
         cpus_per_gpu=attention_resource("cpus_per_gpu", 4),
     log:
-        in_logs("attention/{dataset}/{condition}/{model}.log"),
+        PATHS.log("attention"),
     benchmark:
-        in_benchmarks("attention/{dataset}/{condition}/{model}.tsv")
+        PATHS.benchmark("attention")
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -37,25 +37,25 @@ rule attention:
 rule attention_figures:
     """The attention table, its correct-vs-hallucinated summary and the paper's Figs. 7, 8, 13, 14 drawn from it."""
     input:
-        parts=attention_parts(),
+        parts=PLAN.attention_parts,
     output:
-        table=ATTENTION_TABLE,
-        summary=ATTENTION_SUMMARY[0],
-        summary_html=report(ATTENTION_SUMMARY[1], category="Attention", caption="../report/attention_summary.rst"),
+        table=PATHS.analysis("attention.parquet"),
+        summary=PLAN.attention_summary[0],
+        summary_html=report(PLAN.attention_summary[1], category="Attention", caption="../report/attention_summary.rst"),
         figures=[
             report(path, category="Attention", caption=f"../report/attention_fig{n}.rst")
-            for n, path in ATTENTION_FIGURES.items()
+            for n, path in PLAN.attention_figures.items()
         ],
-        figure_prints=figure_prints(*ATTENTION_FIGURES.values()),  # the same figures as PDF and SVG
+        figure_prints=figure_prints(*PLAN.attention_figures.values()),  # the same figures as PDF and SVG
     params:
-        qsets=ATTENTION_QSETS,  # the table's rows set by set, in this order
-        models=ATTENTION_MODELS,
-        roles=attention_figure_roles(),
-        figures=ATTENTION_FIGURES,
-        condition=lambda wildcards: ATTENTION_CONDITIONS[0] if ATTENTION_CONDITIONS else "clean",
+        qsets=PLAN.attention_qsets,  # the table's rows set by set, in this order
+        models=PLAN.attention_models,
+        roles=PLAN.attention_figure_roles,
+        figures=PLAN.attention_figures,
+        condition=lambda wildcards: (PLAN.attention_conditions or ["clean"])[0],
         bootstrap=config["metrics"],
     log:
-        in_logs("attention_figures.log"),
+        PATHS.log("attention_figures"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -67,21 +67,21 @@ rule vcd_divergence:
     decisions VCD flips against the plain counterpart, from the VCD runs' stored vcd_kl and vcd_plausible.
     Reads prediction tables only (no inference); planned only when a model runs a VCD variant."""
     input:
-        questions=sorted({run["questions"] for run in VCD_DIVERGENCE_RUNS}),
-        predictions=vcd_divergence_predictions(),
+        questions=sorted({run["questions"] for run in PLAN.vcd_divergence_runs}),
+        predictions=PLAN.vcd_divergence_predictions,
     output:
-        table=VCD_DIVERGENCE_TABLE,
-        html=report(VCD_DIVERGENCE_HTML, category="VCD divergence", caption="../report/vcd_divergence_table.rst"),
-        hist=VCD_KL_HIST,
-        figure=report(VCD_DIVERGENCE_FIGURE, category="VCD divergence", caption="../report/vcd_divergence.rst"),
-        figure_prints=figure_prints(VCD_DIVERGENCE_FIGURE),  # the same figure as PDF and SVG
+        table=PLAN.vcd_divergence_files["table"],
+        html=report(PLAN.vcd_divergence_files["html"], category="VCD divergence", caption="../report/vcd_divergence_table.rst"),
+        hist=PLAN.vcd_divergence_files["hist"],
+        figure=report(PLAN.vcd_divergence_files["figure"], category="VCD divergence", caption="../report/vcd_divergence.rst"),
+        figure_prints=figure_prints(PLAN.vcd_divergence_files["figure"]),  # the same figure as PDF and SVG
     params:
-        runs=VCD_DIVERGENCE_RUNS,
-        bins=VCD_DIVERGENCE_SETTINGS.bins,
-        paper_names=TABLE_PAPER_NAMES,
-        notes=vcd_divergence_notes(),
+        runs=PLAN.vcd_divergence_runs,
+        bins=PLAN.vcd_divergence_settings.bins,
+        paper_names=PLAN.paper_names,
+        notes=PLAN.vcd_divergence_notes,
     log:
-        in_logs("vcd_divergence.log"),
+        PATHS.log("vcd_divergence"),
     conda:
         "../envs/verbmirage.yaml"
     script:

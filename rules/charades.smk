@@ -1,18 +1,18 @@
 rule charades_frames:
     """Middle frame of every action of the ego/exo pairs, in both views (PyAV)."""
     input:
-        annotations=CHARADES_CSV,
-        videos=CHARADES_VIDEOS,
+        annotations=PLAN.charades_csv,
+        videos=PLAN.charades_videos,
     output:
-        frames=directory(CHARADES_FRAMES),
-        table=CHARADES_FRAME_TABLE,
+        frames=directory(PATHS.charades_frames),
+        table=PATHS.charades_frame_table,
     params:
-        root=lambda wildcards: CHARADES_ROOT,
-        videos=lambda wildcards: CHARADES_VIDEO_FOLDER,
+        root=lambda wildcards: PLAN.charades_root,
+        videos=lambda wildcards: PLAN.charades_video_folder,
         identity=identity("charadesego"),  # root, CharadesEgo/'s files' digests, the videos' listing
-        split=CHARADES_SPLIT,
+        split=PLAN.charades_split,
     log:
-        in_logs("charades_frames.log"),
+        PATHS.log("charades_frames"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -22,18 +22,18 @@ rule charades_frames:
 rule charades_question_set:
     """yn_/mc_ x exo/ego: the same questions on both views of each action."""
     input:
-        frames=CHARADES_FRAME_TABLE,
+        frames=PATHS.charades_frame_table,
     output:
-        CHARADES_QUESTIONS,
+        fill(PATHS.questions, dataset="charadesego"),
     wildcard_constraints:
-        qset=_alternatives(CHARADES_QUESTION_SETS),
+        qset=alternatives(PLAN.dataset_qsets["charadesego"]),
     params:
-        root=lambda wildcards: CHARADES_ROOT,
+        root=lambda wildcards: PLAN.charades_root,
         identity=identity("charadesego"),
         seed=config["questions"]["seed"],
         mc_options=config["questions"]["mc_options"],
     log:
-        in_logs("charades_question_set/{qset}.log"),
+        PATHS.log("charades_question_set"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -43,14 +43,14 @@ rule charades_question_set:
 rule charades_train_stats:
     """Class frequencies of the CharadesEgo training split (the language prior's knowledge)."""
     input:
-        annotations=CHARADES_CSV,
+        annotations=PLAN.charades_csv,
     output:
-        CHARADES_TRAIN_STATS,
+        fill(PATHS.train_stats, dataset="charadesego"),
     params:
-        root=lambda wildcards: CHARADES_ROOT,
+        root=lambda wildcards: PLAN.charades_root,
         identity=identity("charadesego"),
     log:
-        in_logs("charades_train_stats.log"),
+        PATHS.log("charades_train_stats"),
     conda:
         "../envs/verbmirage.yaml"
     script:

@@ -2,13 +2,13 @@ rule demo_hico:
     """A mini HICO + HICO-DET in the real on-disk format (only used when a root is the demo folder)."""
     priority: 30  # most of the DAG waits for it: first
     output:
-        anno=f"{DEMO_HICO_ROOT}/anno.mat",
-        images=directory(f"{DEMO_HICO_ROOT}/images"),
-        bbox=f"{DEMO_HICO_DET_ROOT}/anno_bbox.mat",
+        anno=DEMO_HICO_FILES["anno"],
+        images=directory(DEMO_HICO_FILES["images"]),
+        bbox=DEMO_HICO_FILES["bbox"],
     params:
         demo=config["demo"],
     log:
-        in_logs("demo_hico.log"),
+        PATHS.log("demo_hico"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -19,13 +19,13 @@ rule demo_charadesego:
     """A mini CharadesEgo in the real format: CSVs, class files, paired ego/exo mp4 videos (PyAV)."""
     priority: 20
     output:
-        csv=f"{DEMO_CHARADES_ROOT}/CharadesEgo/CharadesEgo_v1_test.csv",
-        videos=directory(f"{DEMO_CHARADES_ROOT}/CharadesEgo_v1_480"),
+        csv=DEMO_CHARADES_FILES["csv"],
+        videos=directory(DEMO_CHARADES_FILES["videos"]),
     params:
         pairs=config["demo"]["charades_pairs"],
         seed=config["demo"]["seed"],
     log:
-        in_logs("demo_charadesego.log"),
+        PATHS.log("demo_charadesego"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -36,11 +36,11 @@ rule tiny_model:
     """A tiny random-weight model of a real transformers class, built offline (tests and demo)."""
     priority: 10
     output:
-        directory("resources/models/tiny_{family}"),
+        directory(TINY_MODEL),
     wildcard_constraints:
-        family=_alternatives(TINY_FAMILIES),
+        family=alternatives(PLAN.tiny_families),
     log:
-        in_logs("tiny_model/{family}.log"),
+        PATHS.log("tiny_model"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -55,11 +55,11 @@ rule fetch_dataset:
     output:
         DOWNLOAD_DONE,
     params:
-        entry=lambda wildcards: DOWNLOADS[wildcards.download],
-        archive=lambda wildcards: f"resources/archives/{DOWNLOADS[wildcards.download]['archive']}",
+        entry=lambda wildcards: PLAN.downloads[wildcards.download],
+        archive=lambda wildcards: ARCHIVE.format(archive=PLAN.downloads[wildcards.download]["archive"]),
         target=DOWNLOADED,
     log:
-        in_logs("fetch_dataset/{download}.log"),
+        PATHS.log("fetch_dataset"),
     conda:
         "../envs/verbmirage.yaml"
     script:

@@ -6,18 +6,18 @@
 rule calibration_question_set:
     """One YN set's calibration questions: the benchmark's protocol on seeded training images (never test)."""
     input:
-        anno=HICO_ANNO,
+        anno=PLAN.hico_anno,
     output:
-        CALIBRATION_QUESTIONS,
+        PATHS.calibration_questions,
     wildcard_constraints:
         dataset="hico",
     params:
-        root=lambda wildcards: HICO_ROOT,
+        root=lambda wildcards: PLAN.hico_root,
         identity=identity("hico_annotations"),
         settings=config["questions"],
-        images=DECISIONS["calibration_images"],
+        images=PLAN.decisions["calibration_images"],
     log:
-        in_logs("calibration_question_set/{dataset}/{qset}.log"),
+        PATHS.log("calibration_question_set"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -27,19 +27,19 @@ rule calibration_question_set:
 rule calibration_images:
     """The calibration training images as a model sees them under one condition (+ manifest.parquet)."""
     input:
-        source=HICO_IMAGES,
-        questions=calibration_condition_tables,
+        source=PLAN.hico_images,
+        questions=get_calibration_condition_tables,
     output:
-        directory(CALIBRATION_IMAGES),
+        directory(PATHS.calibration_images),
     wildcard_constraints:
         dataset="hico",
     params:
-        root=lambda wildcards: HICO_ROOT,
+        root=lambda wildcards: PLAN.hico_root,
         identity=identity("hico_images"),
-        settings=lambda wildcards: condition_settings(wildcards.condition),
+        settings=lambda wildcards: PLAN.condition_settings(wildcards.condition),
         seed=config["condition_seed"],
     log:
-        in_logs("calibration_images/{dataset}/{condition}.log"),
+        PATHS.log("calibration_images"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -50,37 +50,34 @@ rule calibrate_decision:
     """A threshold variant's cuts for one run: the model answers its calibration sets (one job, resumable)."""
     priority: 5
     input:
-        questions=calibration_run_tables,
-        images=CALIBRATION_IMAGES,
-        train_stats=TRAIN_STATS,
-        model_files=model_files,
+        questions=get_calibration_tables,
+        images=PATHS.calibration_images,
+        train_stats=PATHS.train_stats,
+        model_files=get_model_files,
     output:
-        cuts=CALIBRATION_CUTS,
-        answers=directory(CALIBRATION_ANSWERS),
+        cuts=PATHS.calibration_cuts,
+        answers=directory(PATHS.calibration_answers),
     wildcard_constraints:
         dataset="hico",
-        model=_alternatives(MODELS),
-        variant=_alternatives(DECISIONS["threshold"]),
+        model=alternatives(PLAN.models),
+        variant=alternatives(PLAN.decisions["threshold"]),
     params:
-        qsets=lambda wildcards: run_calibration_qsets(wildcards.dataset, wildcards.condition, wildcards.model,
-                                                      wildcards.variant),
-        model=lambda wildcards: model_settings(wildcards.model),
-        variant=lambda wildcards: variant_settings(wildcards.variant, wildcards.model),
-        batch_size=lambda wildcards: config["models"][wildcards.model].get(
-            "batch_size", config["inference"]["batch_size"]
-        ),
+        qsets=get_calibration_qsets,
+        model=lambda wildcards: PLAN.model_settings(wildcards.model),
+        variant=lambda wildcards: PLAN.run_variant_settings(wildcards.variant, wildcards.model),
+        batch_size=lambda wildcards: PLAN.batch_size(wildcards.model),
         part_size=config["inference"]["part_size"],
         max_error_share=config["inference"]["max_error_share"],
-        condition=lambda wildcards: condition_settings(wildcards.condition),
+        condition=lambda wildcards: PLAN.condition_settings(wildcards.condition),
     resources:
         gpu=model_resource("gpu", 0),
         mem_mb=model_resource("mem_mb", 4000),
         runtime=model_resource("runtime", 60),
         cpus_per_gpu=model_resource("cpus_per_gpu", 4),
     log:
-        in_logs("calibrate_decision/{dataset}/{condition}/{model}/{variant}.log"),
+        PATHS.log("calibrate_decision"),
     benchmark:
-        in_benchmarks("calibrate_decision/{dataset}/{condition}/{model}/{variant}.tsv")
+        PATHS.benchmark("calibrate_decision")
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -90,19 +87,19 @@ rule calibrate_decision:
 rule content_free_images:
     """The content-free images of contextual calibration: grey blank and the mean of the calibration images."""
     input:
-        anno=HICO_ANNO,
-        images=HICO_IMAGES,
+        anno=PLAN.hico_anno,
+        images=PLAN.hico_images,
     output:
-        directory(CONTENT_FREE_IMAGES),
+        directory(PATHS.content_free_images),
     wildcard_constraints:
         dataset="hico",
     params:
-        root=lambda wildcards: HICO_ROOT,
+        root=lambda wildcards: PLAN.hico_root,
         identity=identity("hico_annotations", "hico_images"),
-        images=DECISIONS["calibration_images"],
+        images=PLAN.decisions["calibration_images"],
         seed=config["questions"]["seed"],
     log:
-        in_logs("content_free_images/{dataset}.log"),
+        PATHS.log("content_free_images"),
     conda:
         "../envs/verbmirage.yaml"
     script:

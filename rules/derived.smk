@@ -7,25 +7,25 @@ rule derive_model:
     the entry's resources. The base's settings are params, so changing the base rebuilds it."""
     priority: 10
     input:
-        unpack(derive_inputs),
+        unpack(get_derive_inputs),
     output:
-        directory(DERIVED_MODEL),
+        directory(PATHS.derived_model),
     wildcard_constraints:
-        model=_alternatives(DERIVED),
+        model=alternatives(PLAN.derived),
     params:
-        derive=lambda wildcards: DERIVED[wildcards.model],  # method, base and the method's settings
-        base=lambda wildcards: derive_base_settings(DERIVED[wildcards.model]["base"]),
-        data=derive_data,
-        identity=derive_identity,  # the training data's (HICO or Pangea)
+        derive=lambda wildcards: PLAN.derived[wildcards.model],  # method, base and the method's settings
+        base=lambda wildcards: PLAN.derive_base_settings(PLAN.derived[wildcards.model]["base"]),
+        data=get_derive_data,
+        identity=get_derive_identity,  # the training data's (HICO or Pangea)
     resources:
         gpu=model_resource("gpu", 0),
         mem_mb=model_resource("mem_mb", 4000),
         runtime=model_resource("runtime", 60),
         cpus_per_gpu=model_resource("cpus_per_gpu", 4),
     log:
-        in_logs("derive_model/{model}.log"),
+        PATHS.log("derive_model"),
     benchmark:
-        in_benchmarks("derive_model/{model}.tsv")
+        PATHS.benchmark("derive_model")
     conda:
         "../envs/verbmirage.yaml"
     script:

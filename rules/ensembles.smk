@@ -1,28 +1,28 @@
 # One vote job per ensemble run (dataset, condition, ensemble, variant) writes the tables of all its sets; as for
-# the merges, one rule per (dataset, condition, sets asked, variant), generated from the config (rules/common.smk).
-for _index, (_dataset, _condition, _qsets, _ensembles, _variant) in enumerate(ENSEMBLE_GROUPS):
+# the merges, one rule per (dataset, condition, sets asked, variant): the plan's ensemble groups.
+for _index, _group in enumerate(PLAN.ensemble_groups):
 
     rule:
         name:
             f"ensemble_{_index}"
         localrule: True
         input:
-            lambda wildcards, d=_dataset, c=_condition, sets=_qsets: [
-                PREDICTIONS.format(dataset=d, qset=q, condition=c, model=member, variant=wildcards.variant)
-                for q in sets
-                for member in ENSEMBLES[wildcards.model]
+            lambda wildcards, g=_group: [
+                PATHS.predictions.format(dataset=g.dataset, qset=q, condition=g.condition, model=member,
+                                         variant=wildcards.variant)
+                for q in g.qsets
+                for member in PLAN.ensembles[wildcards.model]
             ],
         output:
-            [PREDICTIONS.format(dataset=_dataset, qset=q, condition=_condition, model="{model}", variant="{variant}")
-             for q in _qsets],
+            PLAN.predictions(_group.dataset, _group.qsets, _group.condition, "{model}", "{variant}"),
         wildcard_constraints:
-            model=_alternatives(_ensembles),
-            variant=_alternatives([_variant]),
+            model=alternatives(_group.models),
+            variant=alternatives([_group.variant]),
         params:
-            qsets=_qsets,
-            members=lambda wildcards: ENSEMBLES[wildcards.model],
+            qsets=_group.qsets,
+            members=lambda wildcards: PLAN.ensembles[wildcards.model],
         log:
-            in_logs(f"ensemble/{_dataset}/{_condition}/{{model}}/{{variant}}.log"),
+            PATHS.log("ensemble", dataset=_group.dataset, condition=_group.condition),
         conda:
             "../envs/verbmirage.yaml"
         script:

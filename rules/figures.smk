@@ -5,24 +5,24 @@ rule paper_figures:
     The paper's numbers are the package's copy of paper_tables.csv, as for the tables.
     """
     input:
-        metrics=METRICS,
+        metrics=PATHS.metrics,
     output:
         [
             report(path, category="Paper figures", caption=f"../report/{Path(path).stem}.rst")
-            for path in PAPER_FIGURE_OUTPUTS
+            for path in PLAN.paper_figures.values()
         ],
-        prints=figure_prints(*PAPER_FIGURE_OUTPUTS),  # the same figures as PDF and SVG
+        prints=figure_prints(*PLAN.paper_figures.values()),  # the same figures as PDF and SVG
     params:
-        figures=PAPER_FIGURES,
-        paper_names=TABLE_PAPER_NAMES,  # slug -> the paper's model (models.<slug>.paper_name), as in the tables
-        models=MODELS + list(ENSEMBLES),
+        figures=PLAN.paper_figures,
+        paper_names=PLAN.paper_names,  # slug -> the paper's model (models.<slug>.paper_name), as in the tables
+        models=PLAN.models + list(PLAN.ensembles),
         model_entries=config["models"],
-        variant=VARIANTS[0],
-        paper_variant=config["variants"][VARIANTS[0]].get("paper_name") or "beam5",  # the paper's default decoding
-        decoding=PAPER_FIGURE_DECODING,  # the bars' decoding, named in the legend beside the marks'
-        pair=PAPER_FIGURE_PAIR,
+        variant=PLAN.variants[0],
+        paper_variant=config["variants"][PLAN.variants[0]].get("paper_name") or "beam5",  # the paper's default decoding
+        decoding=PLAN.paper_figure_decoding,  # the bars' decoding, named in the legend beside the marks'
+        pair=PLAN.paper_figure_pair,
     log:
-        in_logs("paper_figures.log"),
+        PATHS.log("paper_figures"),
     conda:
         "../envs/verbmirage.yaml"
     script:

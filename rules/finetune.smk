@@ -6,15 +6,15 @@ rule demo_pangea:
     """A mini Pangea in the real format (pickled samples, VerbNet topology, node index, Label2Node, images)."""
     priority: 20
     output:
-        samples=f"{DEMO_PANGEA_ROOT}/B123_train_KIN-FULL_with_node.pkl",
-        topology=f"{DEMO_PANGEA_ROOT}/verbnet_topology_898.pkl",
-        node_index=f"{DEMO_PANGEA_ROOT}/mapping_node_index.pkl",
-        label2node=f"{DEMO_PANGEA_ROOT}/Label2Node_batch1+2+3.json",
-        images=directory(f"{DEMO_PANGEA_ROOT}/Images"),
+        samples=DEMO_PANGEA_FILES["samples"],
+        topology=DEMO_PANGEA_FILES["topology"],
+        node_index=DEMO_PANGEA_FILES["node_index"],
+        label2node=DEMO_PANGEA_FILES["label2node"],
+        images=directory(DEMO_PANGEA_FILES["images"]),
     params:
         seed=config["demo"]["seed"],
     log:
-        in_logs("demo_pangea.log"),
+        PATHS.log("demo_pangea"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -26,23 +26,23 @@ rule training_questions:
     per-source counts and node coverage beside the paper's; fails if a HICO test image is among them."""
     priority: 15
     input:
-        **PANGEA_FILES,
-        images=PANGEA_IMAGES or [],
-        hico_anno=HICO_ANNO,
-        hico_images=HICO_IMAGES,
+        **PLAN.pangea_files,
+        images=PLAN.pangea_images or [],
+        hico_anno=PLAN.hico_anno,
+        hico_images=PLAN.hico_images,
     output:
-        questions=TRAINING_QUESTIONS,
-        sources=TRAINING_SOURCES,
-        summary=TRAINING_SUMMARY,
+        questions=PATHS.training_questions,
+        sources=PATHS.training_sources,
+        summary=PATHS.training_summary,
     wildcard_constraints:
-        model=_alternatives(PANGEA_FINETUNES),
+        model=alternatives(PLAN.pangea_finetunes),
     params:
-        pangea=PANGEA,
-        settings=lambda wildcards: DERIVED[wildcards.model].get("pangea", {}),
-        hico_root=HICO_ROOT,
+        pangea=PLAN.pangea,
+        settings=lambda wildcards: PLAN.derived[wildcards.model].get("pangea", {}),
+        hico_root=lambda wildcards: PLAN.hico_root,  # the folder (its files may come from a download)
         identity=identity("pangea", "hico_annotations", "hico_images"),
     log:
-        in_logs("training_questions/{model}.log"),
+        PATHS.log("training_questions"),
     conda:
         "../envs/verbmirage.yaml"
     script:

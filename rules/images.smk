@@ -2,18 +2,18 @@ rule image_condition:
     """The images a dataset's questions ask about, as a model sees them under one condition (+ manifest.parquet)."""
     priority: 20
     input:
-        source=image_source,
-        questions=dataset_questions,
-        tags=condition_tags_input,  # crop: the union boxes of the single-instance images
+        source=lambda wildcards: PLAN.image_source(wildcards.dataset),
+        questions=get_dataset_questions,
+        tags=lambda wildcards: PLAN.condition_tags(wildcards.condition),  # crop: the union boxes of the single-instance images
     output:
-        directory(CONDITION_DIR),
+        directory(PATHS.condition_images),
     params:
-        root=image_root,
-        identity=image_identity,  # root and the images folder's listing (names, sizes)
-        settings=lambda wildcards: condition_settings(wildcards.condition),
+        root=lambda wildcards: PLAN.image_root(wildcards.dataset),
+        identity=get_image_identity,  # root and the images folder's listing (names, sizes)
+        settings=lambda wildcards: PLAN.condition_settings(wildcards.condition),
         seed=config["condition_seed"],
     log:
-        in_logs("image_condition/{dataset}/{condition}.log"),
+        PATHS.log("image_condition"),
     conda:
         "../envs/verbmirage.yaml"
     script:

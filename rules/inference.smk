@@ -7,36 +7,34 @@ rule predict_suite:
     """
     priority: 5  # model jobs before the light metric jobs that follow them
     input:
-        questions=suite_questions,
-        images=CONDITION_DIR,
-        train_stats=TRAIN_STATS,
-        model_files=model_files,
-        decision=decision_input,  # calibrated decisions: the run's fitted cuts or the content-free images
+        questions=get_run_questions,
+        images=PATHS.condition_images,
+        train_stats=PATHS.train_stats,
+        model_files=get_model_files,
+        decision=get_decision_input,  # calibrated decisions: the run's fitted cuts or the content-free images
     output:
-        directory(SUITE_SHARD),
+        directory(PATHS.suite_shard),
     wildcard_constraints:
-        model=_alternatives(MODELS),
+        model=alternatives(PLAN.models),
     params:
-        qsets=suite_qsets,
-        model=lambda wildcards: model_settings(wildcards.model),
-        variant=lambda wildcards: variant_settings(wildcards.variant, wildcards.model),
-        n_shards=lambda wildcards: n_shards(wildcards.model),
-        batch_size=lambda wildcards: config["models"][wildcards.model].get(
-            "batch_size", config["inference"]["batch_size"]
-        ),
+        qsets=get_run_qsets,
+        model=lambda wildcards: PLAN.model_settings(wildcards.model),
+        variant=lambda wildcards: PLAN.run_variant_settings(wildcards.variant, wildcards.model),
+        n_shards=lambda wildcards: PLAN.n_shards(wildcards.model),
+        batch_size=lambda wildcards: PLAN.batch_size(wildcards.model),
         part_size=config["inference"]["part_size"],
         max_error_share=config["inference"]["max_error_share"],
         continue_tokens=config["inference"]["continue_tokens"],
-        condition=lambda wildcards: condition_settings(wildcards.condition),
+        condition=lambda wildcards: PLAN.condition_settings(wildcards.condition),
     resources:
         gpu=model_resource("gpu", 0),
         mem_mb=model_resource("mem_mb", 4000),
         runtime=model_resource("runtime", 60),
         cpus_per_gpu=model_resource("cpus_per_gpu", 4),
     log:
-        in_logs("predict/{dataset}/{condition}/{model}/{variant}/{shard}.log"),
+        PATHS.log("predict_suite"),
     benchmark:
-        in_benchmarks("predict/{dataset}/{condition}/{model}/{variant}/{shard}.tsv")
+        PATHS.benchmark("predict_suite")
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -45,27 +43,27 @@ rule predict_suite:
 
 # One merge job per run (dataset, condition, model, variant) writes the prediction tables of all its sets. A
 # rule's outputs cannot depend on its wildcards, so there is one merge rule per (dataset, condition, sets asked,
-# variant), generated here from the config (rules/common.smk:MERGE_GROUPS).
-for _index, (_dataset, _condition, _qsets, _models, _variant) in enumerate(MERGE_GROUPS):
+# variant): the plan's merge groups (src/verbmirage/workflow/plan.py).
+for _index, _group in enumerate(PLAN.merge_groups):
 
     rule:
         name:
             f"merge_predictions_{_index}"
         localrule: True
         input:
-            questions=[QUESTIONS.format(dataset=_dataset, qset=q) for q in _qsets],
-            shards=lambda wildcards, d=_dataset, c=_condition: run_shards(d, c, wildcards),
-            images=partial_images(_dataset, _condition),  # crop: only the questions on its images are expected
+            questions=PLAN.questions(_group.dataset, _group.qsets),
+            shards=lambda wildcards, g=_group: PLAN.run_shards(g.dataset, g.condition, wildcards.model,
+                                                               wildcards.variant),
+            images=PLAN.partial_images(_group.dataset, _group.condition),  # crop: only its images' questions
         output:
-            [PREDICTIONS.format(dataset=_dataset, qset=q, condition=_condition, model="{model}", variant="{variant}")
-             for q in _qsets],
+            PLAN.predictions(_group.dataset, _group.qsets, _group.condition, "{model}", "{variant}"),
         wildcard_constraints:
-            model=_alternatives(_models),
-            variant=_alternatives([_variant]),
+            model=alternatives(_group.models),
+            variant=alternatives([_group.variant]),
         params:
-            qsets=_qsets,
+            qsets=_group.qsets,
         log:
-            in_logs(f"merge_predictions/{_dataset}/{_condition}/{{model}}/{{variant}}.log"),
+            PATHS.log("merge_predictions", dataset=_group.dataset, condition=_group.condition),
         conda:
             "../envs/verbmirage.yaml"
         script:

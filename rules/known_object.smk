@@ -5,21 +5,21 @@ rule known_object:
     starts only this rule, the figure and the metrics collection.
     """
     input:
-        questions=KNOWN_OBJECT_QUESTIONS,
-        predictions=list(KNOWN_OBJECT_RUNS.values()),
-        boxes=HICO_DET_BOXES,  # HICO-DET's rare HOIs (without boxes: the question table's rare flag)
-        images=list(KNOWN_OBJECT_PARTIAL_IMAGES.values()),  # crop: only the questions on its images
+        questions=PLAN.known_object_questions,
+        predictions=list(PLAN.known_object_runs.values()),
+        boxes=PLAN.hico_det_boxes,  # HICO-DET's rare HOIs (without boxes: the question table's rare flag)
+        images=list(PLAN.known_object_partial_images.values()),  # crop: only the questions on its images
     output:
-        ap=KNOWN_OBJECT_AP,
-        metrics=KNOWN_OBJECT_METRIC_PART,
+        ap=PATHS.known_object_ap,
+        metrics=PATHS.analysis_metric_part("known_object"),
     params:
-        runs=KNOWN_OBJECT_RUNS,
-        settings=KNOWN_OBJECT_PARAMS,
-        det_root=HICO_DET_ROOT,  # the folder (its file may come from a download)
+        runs=PLAN.known_object_runs,
+        settings=PLAN.known_object_params,
+        det_root=lambda wildcards: PLAN.hico_det_root,  # the folder (its file may come from a download)
         identity=identity("hico_boxes"),
-        images=KNOWN_OBJECT_PARTIAL_IMAGES,
+        images=PLAN.known_object_partial_images,
     log:
-        in_logs("known_object.log"),
+        PATHS.log("known_object"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -29,18 +29,18 @@ rule known_object:
 rule known_object_figure:
     """Fig. 11: ΔAP per HOI class, each model minus the reference (CLIP), from the AP table only."""
     input:
-        ap=KNOWN_OBJECT_AP,
-        metrics=KNOWN_OBJECT_METRIC_PART,
+        ap=PATHS.known_object_ap,
+        metrics=PATHS.analysis_metric_part("known_object"),
     output:
-        report(KNOWN_OBJECT_FIGURE, category="Known-Object mAP", caption="../report/known_object_fig11.rst"),
-        prints=figure_prints(KNOWN_OBJECT_FIGURE),  # the same figure as PDF and SVG
+        report(PLAN.known_object_figure, category="Known-Object mAP", caption="../report/known_object_fig11.rst"),
+        prints=figure_prints(PLAN.known_object_figure),  # the same figure as PDF and SVG
     params:
-        reference=KNOWN_OBJECT_PARAMS.get("reference_model"),
-        metric=KNOWN_OBJECT_PARAMS.get("figure_metric"),
-        models=KNOWN_OBJECT_MODEL_ENTRIES,
-        paper_names=TABLE_PAPER_NAMES,  # the paper's mAP beside a model whose paper_name it published
+        reference=PLAN.known_object_params.get("reference_model"),
+        metric=PLAN.known_object_params.get("figure_metric"),
+        models=PLAN.known_object_model_entries,
+        paper_names=PLAN.paper_names,  # the paper's mAP beside a model whose paper_name it published
     log:
-        in_logs("known_object_figure.log"),
+        PATHS.log("known_object_figure"),
     conda:
         "../envs/verbmirage.yaml"
     script:

@@ -1,19 +1,19 @@
 rule metric_part:
     """Metrics of one run (dataset, condition, model, variant) on every set it answered, with bootstrap intervals."""
     input:
-        questions=lambda wildcards: run_tables(wildcards, QUESTIONS),
-        predictions=lambda wildcards: run_tables(wildcards, PREDICTIONS),
-        tags=image_tags_input,  # HICO-DET image subsets (only when datasets.hico.det_root is set)
-        images=partial_condition_images,  # crop: only the questions on its images count
+        questions=get_run_questions,
+        predictions=get_run_predictions,
+        tags=lambda wildcards: PLAN.metric_tags(wildcards.dataset),  # HICO-DET image subsets (with det_root)
+        images=get_partial_images,  # crop: only the questions on its images count
     output:
-        METRIC_PART,
+        PATHS.metric_part,
     wildcard_constraints:
-        model=_alternatives(MODELS + list(ENSEMBLES)),
+        model=alternatives(PLAN.models + list(PLAN.ensembles)),
     params:
-        qsets=run_qsets,
+        qsets=get_run_qsets,
         settings=config["metrics"],
     log:
-        in_logs("metric_part/{dataset}/{condition}/{model}/{variant}.log"),
+        PATHS.log("metric_part"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -23,19 +23,19 @@ rule metric_part:
 rule consistency_part:
     """Error consistency (Geirhos et al. 2020) of one model between two conditions, on every set both ask."""
     input:
-        questions=lambda wildcards: pair_tables(wildcards, QUESTIONS),
-        reference=lambda wildcards: pair_tables(wildcards, PREDICTIONS, "reference"),
-        other=lambda wildcards: pair_tables(wildcards, PREDICTIONS, "other"),
-        images=partial_pair_images,  # crop: compare on the questions of its images only
+        questions=get_pair_questions,
+        reference=get_pair_predictions("reference"),
+        other=get_pair_predictions("other"),
+        images=get_pair_partial_images,  # crop: compare on the questions of its images only
     output:
-        CONSISTENCY_PART,
+        PATHS.consistency_part,
     wildcard_constraints:
-        model=_alternatives(MODELS + list(ENSEMBLES)),
+        model=alternatives(PLAN.models + list(PLAN.ensembles)),
     params:
-        qsets=pair_qsets,
+        qsets=get_pair_qsets,
         settings=config["metrics"],
     log:
-        in_logs("consistency_part/{dataset}/{reference}_vs_{other}/{model}/{variant}.log"),
+        PATHS.log("consistency_part"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -45,13 +45,13 @@ rule consistency_part:
 rule metrics:
     """The long metrics table: dataset, qset, condition, model, variant, subset, metric, value, CI, n."""
     input:
-        all_scored() + all_consistency() + RELIANCE_METRIC_PARTS,  # + object reliance (Tables 6, 7)
-        UNCERTAINTY_METRIC_PARTS,  # + conf_mean, conf_median, conf_auroc (rule uncertainty)
-        KNOWN_OBJECT_METRIC_PARTS,  # + map, map_voc11 of the Known-Object ranking (rule known_object)
+        # every run's and pair's part, then object reliance (Tables 6, 7), uncertainty (conf_mean, conf_median,
+        # conf_auroc) and the Known-Object ranking (map, map_voc11)
+        PLAN.metric_parts,
     output:
-        METRICS,
+        PATHS.metrics,
     log:
-        in_logs("metrics.log"),
+        PATHS.log("metrics"),
     conda:
         "../envs/verbmirage.yaml"
     script:

@@ -2,17 +2,17 @@ rule question_set:
     """One HICO question set; reads annotations only, never images."""
     priority: 20
     input:
-        anno=HICO_ANNO,
+        anno=PLAN.hico_anno,
     output:
-        QUESTIONS,
+        PATHS.questions,
     wildcard_constraints:
         dataset="hico",
     params:
-        root=lambda wildcards: HICO_ROOT,  # the dataset folder (its files may come from a download)
+        root=lambda wildcards: PLAN.hico_root,  # the dataset folder (its files may come from a download)
         identity=identity("hico_annotations"),  # root and anno.mat's digest: replaced data reruns the job
         settings=config["questions"],
     log:
-        in_logs("question_set/{dataset}/{qset}.log"),
+        PATHS.log("question_set"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -22,16 +22,16 @@ rule question_set:
 rule train_stats:
     """Training-split label frequencies (the language-prior baseline's knowledge)."""
     input:
-        anno=HICO_ANNO,
+        anno=PLAN.hico_anno,
     output:
-        TRAIN_STATS,
+        PATHS.train_stats,
     wildcard_constraints:
         dataset="hico",
     params:
-        root=lambda wildcards: HICO_ROOT,  # the dataset folder (its files may come from a download)
+        root=lambda wildcards: PLAN.hico_root,  # the dataset folder (its files may come from a download)
         identity=identity("hico_annotations"),
     log:
-        in_logs("train_stats/{dataset}.log"),
+        PATHS.log("train_stats"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -41,12 +41,12 @@ rule train_stats:
 rule question_counts:
     """Our question counts beside the paper's (HICO, and CharadesEgo when configured)."""
     input:
-        lambda wildcards: expand(QUESTIONS, dataset=wildcards.dataset, qset=DATASET_QSETS[wildcards.dataset]),
+        get_dataset_questions,
     output:
-        parquet=QUESTION_COUNT_FILES["parquet"],
-        markdown=QUESTION_COUNT_FILES["md"],
+        parquet=PATHS.question_counts("parquet"),
+        markdown=PATHS.question_counts("md"),
     log:
-        in_logs("question_counts/{dataset}.log"),
+        PATHS.log("question_counts"),
     conda:
         "../envs/verbmirage.yaml"
     script:

@@ -5,25 +5,25 @@ rule object_reliance:
     test labels (which objects each question is about); no model runs.
     """
     input:
-        anno=HICO_ANNO,
-        questions=reliance_questions(),
-        predictions=reliance_predictions(),
-        images=reliance_condition_images(),  # a box condition (crop): only the questions on its images
+        anno=PLAN.hico_anno,
+        questions=PLAN.reliance_questions,
+        predictions=PLAN.reliance_predictions,
+        images=PLAN.reliance_condition_images,  # a box condition (crop): only the questions on its images
     output:
-        objects=RELIANCE_OBJECTS,
-        verbs=RELIANCE_VERBS,
-        metrics=RELIANCE_METRIC_PART,
+        objects=PLAN.reliance_files["objects"],
+        verbs=PLAN.reliance_files["verbs"],
+        metrics=PLAN.reliance_files["metrics"],
     params:
-        qsets=RELIANCE_QSETS,
-        prediction_keys=reliance_prediction_keys(),
-        models=RELIANCE_MODELS,
-        settings=RELIANCE_SETTINGS,
-        condition=RELIANCE_SETTINGS.get("condition"),
-        variant=RELIANCE_SETTINGS.get("variant"),
-        hico_root=HICO_ROOT,
+        qsets=PLAN.reliance_qsets,
+        prediction_keys=PLAN.reliance_prediction_keys,
+        models=PLAN.reliance_models,
+        settings=PLAN.reliance_settings,
+        condition=PLAN.reliance_settings.get("condition"),
+        variant=PLAN.reliance_settings.get("variant"),
+        hico_root=lambda wildcards: PLAN.hico_root,  # the folder (its files may come from a download)
         identity=identity("hico_annotations"),
     log:
-        in_logs("object_reliance.log"),
+        PATHS.log("object_reliance"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -33,23 +33,26 @@ rule object_reliance:
 rule reliance_report:
     """Paper Tables 6 and 7 (our rows beside the paper's) and Fig. 15, from the Parquet tables only."""
     input:
-        metrics=METRICS,
-        objects=RELIANCE_OBJECTS,
-        verbs=RELIANCE_VERBS,
-    output:
-        table6=reliance_table_outputs(6),
-        table7=reliance_table_outputs(7),
-        figure=report(RELIANCE_FIGURE, category="Paper figures", caption="../report/fig15_object_reliance.rst"),
-        figure_prints=figure_prints(RELIANCE_FIGURE),  # the same figure as PDF and SVG
+        metrics=PATHS.metrics,
+        objects=PLAN.reliance_files["objects"],
+        verbs=PLAN.reliance_files["verbs"],
+    output:  # Tables 6 and 7 as Parquet, Markdown and HTML; the HTML in the report beside Tables 1-4
+        table6=[*PATHS.tables(6)[:2], report(PATHS.table(6, "html"), category="Paper tables",
+                                             caption=f"../report/{TABLE_CAPTIONS[6]}")],
+        table7=[*PATHS.tables(7)[:2], report(PATHS.table(7, "html"), category="Paper tables",
+                                             caption=f"../report/{TABLE_CAPTIONS[7]}")],
+        figure=report(PLAN.reliance_files["figure"], category="Paper figures",
+                      caption="../report/fig15_object_reliance.rst"),
+        figure_prints=figure_prints(PLAN.reliance_files["figure"]),  # the same figure as PDF and SVG
     params:
-        models=RELIANCE_MODELS,
-        figure_model=RELIANCE_SETTINGS.get("figure_model"),
-        condition=RELIANCE_SETTINGS.get("condition"),
-        variant=RELIANCE_SETTINGS.get("variant"),
-        min_questions=RELIANCE_SETTINGS.get("min_questions"),
-        notes=reliance_figure_notes(),
+        models=PLAN.reliance_models,
+        figure_model=PLAN.reliance_settings.get("figure_model"),
+        condition=PLAN.reliance_settings.get("condition"),
+        variant=PLAN.reliance_settings.get("variant"),
+        min_questions=PLAN.reliance_settings.get("min_questions"),
+        notes=PLAN.reliance_figure_notes,
     log:
-        in_logs("reliance_report.log"),
+        PATHS.log("reliance_report"),
     conda:
         "../envs/verbmirage.yaml"
     script:

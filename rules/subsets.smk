@@ -1,17 +1,17 @@
 rule image_tags:
     """Ambiguity and single-instance tags of every HICO test image, from HICO-DET boxes (config `subsets`)."""
     input:
-        anno=HICO_ANNO,
-        boxes=HICO_DET_BOXES,
+        anno=PLAN.hico_anno,
+        boxes=PLAN.hico_det_boxes,
     output:
-        IMAGE_TAGS,
+        PATHS.image_tags,
     params:
-        root=lambda wildcards: HICO_ROOT,  # the dataset folders (their files may come from a download)
-        det_root=lambda wildcards: HICO_DET_ROOT,
+        root=lambda wildcards: PLAN.hico_root,  # the dataset folders (their files may come from a download)
+        det_root=lambda wildcards: PLAN.hico_det_root,
         identity=identity("hico_annotations", "hico_boxes"),
         settings=config["subsets"],
     log:
-        in_logs("image_tags.log"),
+        PATHS.log("image_tags"),
     conda:
         "../envs/verbmirage.yaml"
     script:

@@ -1,21 +1,21 @@
 rule tables:
     """Paper Tables 1-4 as Parquet, Markdown and HTML, from the long metrics table, beside the paper's rows."""
     input:
-        METRICS,
+        PATHS.metrics,
     output:
-        TABLES,
-        [report(path, category="Paper tables", caption="../report/table.rst") for path in TABLES_HTML],
+        PLAN.tables,
+        [report(path, category="Paper tables", caption="../report/table.rst") for path in PLAN.tables_html],
     params:
-        models=MODELS,
-        ensembles=ENSEMBLES,
-        consistency_pairs=CONSISTENCY_PAIRS,
-        partial_conditions=BOX_CONDITIONS,  # asked on single-instance images only: Table 2 narrows their pair
-        variants=VARIANTS,
-        paper_names=TABLE_PAPER_NAMES,  # slug -> the paper's model name (models.<slug>.paper_name)
-        variant_paper_names={v: s.get("paper_name", "") for v, s in config["variants"].items()},
-        planned=PLANNED_CELLS,  # a planned run without values keeps its row, with the reason
+        models=PLAN.models,
+        ensembles=PLAN.ensembles,
+        consistency_pairs=PLAN.consistency_pairs,
+        partial_conditions=PLAN.box_conditions,  # asked on single-instance images only: Table 2 narrows their pair
+        variants=PLAN.variants,
+        paper_names=PLAN.paper_names,  # slug -> the paper's model name (models.<slug>.paper_name)
+        variant_paper_names=PLAN.variant_paper_names,
+        planned=PLAN.planned_cells,  # a planned run without values keeps its row, with the reason
     log:
-        in_logs("tables.log"),
+        PATHS.log("tables"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -26,19 +26,21 @@ rule mitigation_tables:
     """Paper Tables 5 (mitigation methods, with Appendix F's prompt suffix) and 8 (decoding strategies) as
     Parquet, Markdown and HTML, from the long metrics table, beside the paper's rows."""
     input:
-        METRICS,
-    output:
-        table5=mitigation_table_outputs(5),
-        table8=mitigation_table_outputs(8),
+        PATHS.metrics,
+    output:  # Parquet, Markdown and HTML; the HTML in the report with its own caption
+        table5=[*PATHS.tables(5)[:2], report(PATHS.table(5, "html"), category="Paper tables",
+                                             caption=f"../report/{TABLE_CAPTIONS[5]}")],
+        table8=[*PATHS.tables(8)[:2], report(PATHS.table(8, "html"), category="Paper tables",
+                                             caption=f"../report/{TABLE_CAPTIONS[8]}")],
     params:
-        models=MODELS + list(ENSEMBLES),
-        paper_names=TABLE_PAPER_NAMES,  # slug -> the paper's model name (models.<slug>.paper_name)
-        paper_methods=TABLE5_PAPER_METHODS,  # slug -> its Table 5 row (models.<slug>.paper_method)
-        method_pairs=TABLE5_METHOD_PAIRS,  # slug -> the paper model its row is compared with (its base's)
-        variant_paper_names=VARIANT_PAPER_NAMES,  # variant -> variants.<slug>.paper_name
-        planned=PLANNED_CELLS,  # a planned run without values keeps its row, with the reason
+        models=PLAN.models + list(PLAN.ensembles),
+        paper_names=PLAN.paper_names,  # slug -> the paper's model name (models.<slug>.paper_name)
+        paper_methods=PLAN.paper_methods,  # slug -> its Table 5 row (models.<slug>.paper_method)
+        method_pairs=PLAN.method_pairs,  # slug -> the paper model its row is compared with (its base's)
+        variant_paper_names=PLAN.variant_paper_names,  # variant -> variants.<slug>.paper_name
+        planned=PLAN.planned_cells,  # a planned run without values keeps its row, with the reason
     log:
-        in_logs("mitigation_tables.log"),
+        PATHS.log("mitigation_tables"),
     conda:
         "../envs/verbmirage.yaml"
     script:

@@ -2,17 +2,17 @@ rule uncertainty:
     """Token uncertainty (Figs. 9, 12): histograms of the answer token's probability, correct vs hallucinated,
     and their metric rows (a part of the metrics table). Reads prediction tables only: no inference."""
     input:
-        questions=sorted({run["questions"] for run in uncertainty_runs()}),
-        predictions=[run["predictions"] for run in uncertainty_runs()],
+        questions=sorted({run["questions"] for run in PLAN.uncertainty_runs}),
+        predictions=[run["predictions"] for run in PLAN.uncertainty_runs],
     output:
-        hist=UNCERTAINTY_HIST,
-        metrics=UNCERTAINTY_METRIC_PART,
+        hist=PATHS.analysis("uncertainty_hist.parquet"),
+        metrics=PATHS.analysis_metric_part("uncertainty"),
     params:
-        runs=uncertainty_runs(),
-        settings=UNCERTAINTY,
+        runs=PLAN.uncertainty_runs,
+        settings=PLAN.uncertainty,
         bootstrap=config["metrics"],
     log:
-        in_logs("uncertainty.log"),
+        PATHS.log("uncertainty"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -22,23 +22,23 @@ rule uncertainty:
 rule uncertainty_figures:
     """Figs. 9 (llava role) and 12 (instructblip role), drawn from the histogram table."""
     input:
-        UNCERTAINTY_HIST,
+        PATHS.analysis("uncertainty_hist.parquet"),
     output:
         [
             report(path, category="Uncertainty", caption=f"../report/uncertainty_fig{n}.rst")
-            for n, path in UNCERTAINTY_FIGURES.items()
+            for n, path in PLAN.uncertainty_figures.items()
         ],
-        prints=figure_prints(*UNCERTAINTY_FIGURES.values()),  # the same figures as PDF and SVG
+        prints=figure_prints(*PLAN.uncertainty_figures.values()),  # the same figures as PDF and SVG
     params:
-        figures=UNCERTAINTY_FIGURES,
-        models=UNCERTAINTY_MODELS,
-        skipped=[m for m in (UNCERTAINTY.models or MODELS) if m in NO_TOKEN_MODELS] if UNCERTAINTY else [],
-        backends=model_backends(),
-        notes=random_weight_notes(),
-        variant=VARIANTS[0],
-        condition=UNCERTAINTY.conditions[0] if UNCERTAINTY else "clean",
+        figures=PLAN.uncertainty_figures,
+        models=PLAN.uncertainty_models,
+        skipped=PLAN.uncertainty_skipped,
+        backends=PLAN.model_backends,
+        notes=PLAN.random_weight_notes,
+        variant=PLAN.variants[0],
+        condition=PLAN.uncertainty.conditions[0] if PLAN.uncertainty else "clean",
     log:
-        in_logs("uncertainty_figures.log"),
+        PATHS.log("uncertainty_figures"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -49,19 +49,19 @@ rule fov:
     """Field of view (Fig. 10): accuracy and token uncertainty on the same single-instance questions,
     full image vs each crop, with paired image-bootstrap intervals. Reads prediction tables only."""
     input:
-        tags=IMAGE_TAGS,
-        questions=sorted({run["questions"] for run in fov_runs()}),
-        predictions=[path for run in fov_runs() for path in run["predictions"].values()],
+        tags=PATHS.image_tags,
+        questions=sorted({run["questions"] for run in PLAN.fov_runs}),
+        predictions=[path for run in PLAN.fov_runs for path in run["predictions"].values()],
     output:
-        summary=FOV_SUMMARY,
-        rows=FOV_ROWS,
+        summary=PLAN.fov_files["summary"],
+        rows=PLAN.fov_files["rows"],
     params:
-        runs=fov_runs(),
-        conditions={c: config["conditions"][c] for c in FOV.conditions} if FOV else {},
-        token_models=TOKEN_MODELS,  # the others get accuracies only
+        runs=PLAN.fov_runs,
+        conditions={c: config["conditions"][c] for c in PLAN.fov.conditions} if PLAN.fov else {},
+        token_models=PLAN.token_models,  # the others get accuracies only
         bootstrap=config["metrics"],
     log:
-        in_logs("fov.log"),
+        PATHS.log("fov"),
     conda:
         "../envs/verbmirage.yaml"
     script:
@@ -71,21 +71,21 @@ rule fov:
 rule fov_report:
     """The FOV table (full image beside each crop) and Fig. 10, drawn from the FOV tables."""
     input:
-        summary=FOV_SUMMARY,
-        rows=FOV_ROWS,
+        summary=PLAN.fov_files["summary"],
+        rows=PLAN.fov_files["rows"],
     output:
-        table=FOV_TABLE["parquet"],
-        markdown=FOV_TABLE["md"],
-        html=report(FOV_TABLE["html"], category="Field of view", caption="../report/fov_table.rst"),
-        figure=report(FOV_FIGURE, category="Field of view", caption="../report/fov_fig10.rst"),
-        figure_prints=figure_prints(FOV_FIGURE),  # the same figure as PDF and SVG
+        table=PLAN.fov_files["parquet"],
+        markdown=PLAN.fov_files["md"],
+        html=report(PLAN.fov_files["html"], category="Field of view", caption="../report/fov_table.rst"),
+        figure=report(PLAN.fov_files["figure"], category="Field of view", caption="../report/fov_fig10.rst"),
+        figure_prints=figure_prints(PLAN.fov_files["figure"]),  # the same figure as PDF and SVG
     params:
-        models=TOKEN_MODELS,
-        skipped=NO_TOKEN_MODELS,
-        notes=random_weight_notes(),
-        variant=VARIANTS[0],
+        models=PLAN.token_models,
+        skipped=PLAN.no_token_models,
+        notes=PLAN.random_weight_notes,
+        variant=PLAN.variants[0],
     log:
-        in_logs("fov_report.log"),
+        PATHS.log("fov_report"),
     conda:
         "../envs/verbmirage.yaml"
     script:
