@@ -53,7 +53,9 @@ _job_server = []
 onstart:
     from verbmirage.workflow import jobserver
 
-    _job_server.append(jobserver.start_run(workflow.local_exec, config.get("job_server", True), PATHS.log("job_server")))
+    _job_server.append(
+        jobserver.start_run(workflow.local_exec, config.get("job_server", True), PATHS.log("job_server"))
+    )
 
 
 # The end of a run (src/verbmirage/workflow/run_summary.py): on success where the results are, Table 1's headline

@@ -71,9 +71,11 @@ rule vcd_divergence:
         predictions=PLAN.vcd_divergence_predictions,
     output:
         table=PLAN.vcd_divergence_files["table"],
-        html=report(PLAN.vcd_divergence_files["html"], category="VCD divergence", caption="../report/vcd_divergence_table.rst"),
+        html=report(PLAN.vcd_divergence_files["html"], category="VCD divergence",
+                    caption="../report/vcd_divergence_table.rst"),
         hist=PLAN.vcd_divergence_files["hist"],
-        figure=report(PLAN.vcd_divergence_files["figure"], category="VCD divergence", caption="../report/vcd_divergence.rst"),
+        figure=report(PLAN.vcd_divergence_files["figure"], category="VCD divergence",
+                      caption="../report/vcd_divergence.rst"),
         figure_prints=figure_prints(PLAN.vcd_divergence_files["figure"]),  # the same figure as PDF and SVG
     params:
         runs=PLAN.vcd_divergence_runs,

@@ -36,10 +36,9 @@ check_config(config, workdir=os.getcwd())
 # Each config its own tree (verbmirage.workflow.run_folders): results/, logs/, benchmarks/ for the demo's
 # config.yaml, results/<name>/, logs/<name>/, benchmarks/<name>/ for configs/<name>.yaml or any other
 # --configfile, or the folder of the `results_dir` key.
-PLAN = Plan.from_config(
-    config,
-    run_folders(config["results_dir"], workflow.overwrite_configfiles, os.getcwd(), Path(workflow.main_snakefile).parent),
-)
+RUN_FOLDERS = run_folders(config["results_dir"], workflow.overwrite_configfiles, os.getcwd(),
+                          Path(workflow.main_snakefile).parent)
+PLAN = Plan.from_config(config, RUN_FOLDERS)
 PATHS = PLAN.paths
 # Derived models (models.<slug>.derive): from here on each is the entry its jobs load (its base's backend and
 # settings, path or adapter = its built folder).

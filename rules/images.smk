@@ -4,7 +4,8 @@ rule image_condition:
     input:
         source=lambda wildcards: PLAN.image_source(wildcards.dataset),
         questions=get_dataset_questions,
-        tags=lambda wildcards: PLAN.condition_tags(wildcards.condition),  # crop: the union boxes of the single-instance images
+        # crop: the union boxes of the single-instance images
+        tags=lambda wildcards: PLAN.condition_tags(wildcards.condition),
     output:
         directory(PATHS.condition_images),
     params:

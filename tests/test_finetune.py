@@ -346,26 +346,3 @@ def test_any_question_table_of_ours_trains(tmp_path, tiny_llava, demo_roots, dem
           entry(tiny_llava), output, {"questions": str(tmp_path / "questions.parquet"), "images": str(demo_roots[0])})
     log = read_table(output / TRAIN_LOG_FILE, TRAIN_LOG)
     assert log.step.tolist() == [1, 2, 3] and (log.tokens == 8).all()
-
-
-def test_a_question_table_entry_is_planned_without_pangea(tmp_path):
-    """derive.questions: the build reads that table (and its images folder); no Pangea questions are built."""
-    from workflow_run import planned_jobs, write_config
-
-    row = {"question_id": "q1", "dataset": "haloquest", "qset": "train_yn", "image_id": "a", "image": "a.png",
-           "verb": None, "object": None, "hoi_id": None, "prompt": "Is it raining?", "options": [[]], "answer": "no",
-           "group_id": "q1", "rotation": 0, "rare": False, "common": False}
-    write_table(pd.DataFrame(row).astype({"hoi_id": "Int64"}), tmp_path / "hq.parquet", QUESTIONS)
-    (tmp_path / "hq_images").mkdir()
-
-    def add(config):
-        config["models"]["tiny_llava_hq"] = {
-            "derive": {"method": "lora_finetune", "base": "tiny_llava", "questions": "hq.parquet",
-                       "images": "hq_images", "max_steps": 2},
-            "paper_method": "HaloQuest", "variants": ["beam5"], "qsets": ["yn_obj"]}
-
-    write_config(tmp_path, add)
-    jobs = planned_jobs(tmp_path)
-    built = [w["model"] for rule, w in jobs if rule == "derive_model"]
-    assert sorted(built) == ["tiny_llava_hq", "tiny_llava_nullu", "tiny_llava_pangea"]
-    assert [w["model"] for rule, w in jobs if rule == "training_questions"] == ["tiny_llava_pangea"]

@@ -1,7 +1,6 @@
 """Typed variants, what each backend runs, the planning of (model, variant) pairs, the prompt suffix."""
 
 import copy
-import shutil
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ from verbmirage.variants.settings import (
     model_variants,
     question_seed,
 )
-from workflow_run import planned_jobs, write_config
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = str(REPO / "schemas" / "config.schema.yaml")
@@ -181,27 +179,6 @@ def test_question_seeds_do_not_depend_on_order_or_batch():
     seeds = [question_seed(q, 0) for q in ("a", "b", "c")]
     assert seeds == [question_seed(q, 0) for q in ("a", "b", "c")]
     assert len(set(seeds)) == 3 and question_seed("a", 1) != seeds[0]
-
-
-def test_only_runs_a_backend_can_do_are_planned(tmp_path):
-    """A beam variant: planned for the transformers model, not for the blind baselines nor their ensemble."""
-
-    def edit(config):
-        config["variants"] = {"default": {}, "beam5": {"decoding": "beam", "paper_name": "beam5",
-                                                      "conditions": ["clean"], "datasets": ["hico"]}}
-
-    shutil.rmtree(tmp_path, ignore_errors=True)
-    tmp_path.mkdir()
-    write_config(tmp_path, edit)
-    jobs = planned_jobs(tmp_path)
-    beam_models = {w["model"] for rule, w in jobs if w.get("variant") == "beam5"}
-    # the variant's conditions and datasets: planned under clean on HICO only
-    beam_runs = {(w.get("dataset"), w.get("condition")) for rule, w in jobs
-                 if w.get("variant") == "beam5" and rule in ("predict_suite", "metric_part")}
-    assert beam_runs == {("hico", "clean")}
-    assert beam_models and not beam_models & {"always_yes", "random", "prior", "blind_vote"}
-    default_models = {w["model"] for rule, w in jobs if w.get("variant") == "default"}
-    assert {"random", "blind_vote"} <= default_models
 
 
 def test_a_model_sets_its_own_vcd_alpha_for_one_variant():

@@ -115,35 +115,7 @@ def test_vcd_kl_histogram_adds_up(vcd_demo):
         assert part.share.sum() == pytest.approx(1.0)
 
 
-# ---- planning (dry runs; no demo needed) ------------------------------------------------------------------
-
-
-def _planned_vcd_jobs(tmp_path, edit=None):
-    from workflow_run import planned_jobs, write_config
-
-    write_config(tmp_path, edit)
-    return [wildcards for rule, wildcards in planned_jobs(tmp_path) if rule == "vcd_divergence"]
-
-
-def test_a_run_without_a_vcd_variant_plans_no_vcd_divergence(tmp_path):
-    def no_vcd(config):
-        config["variants"] = {slug: entry for slug, entry in config["variants"].items() if (entry or {}).get("vcd") is None}
-        for entry in config["models"].values():
-            if "variants" in entry:
-                entry["variants"] = [v for v in entry["variants"] if v in config["variants"]]
-
-    assert _planned_vcd_jobs(tmp_path, no_vcd) == []
-
-
-def test_a_vcd_variant_plans_the_vcd_divergence_job(tmp_path):
-    def with_vcd(config):
-        config["variants"]["vcd_check"] = {"vcd": {}}
-        for slug, entry in config["models"].items():  # only tiny_llava runs it (and its plain default)
-            if slug != "tiny_llava" and "variants" not in entry:
-                entry["variants"] = ["default"]  # an explicit variant its backend cannot run would stop the plan
-        config["models"]["tiny_llava"]["variants"] = ["default", "vcd_check"]
-
-    assert _planned_vcd_jobs(tmp_path, with_vcd) == [{}]
+# ---- re-planning the finished demo (a dry run; what a config with or without VCD plans: tests/test_plan.py) ---
 
 
 def test_a_models_own_vcd_settings_rerun_only_its_runs_of_that_variant(demo_run):

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import scipy.stats
 
 from verbmirage.core.errors import ConfigError
 from verbmirage.evaluation.metrics import BootstrapSettings, score_with_interval
@@ -159,6 +158,8 @@ def auroc(scores_correct, scores_hallucinated) -> float:
     correct, wrong = np.asarray(scores_correct, float), np.asarray(scores_hallucinated, float)
     if not len(correct) or not len(wrong):
         return float("nan")
+    import scipy.stats  # deferred on purpose: planning a run imports this module, scipy.stats costs a second
+
     return float(scipy.stats.mannwhitneyu(correct, wrong).statistic / (len(correct) * len(wrong)))
 
 

@@ -134,7 +134,7 @@ def measured_rows(
     A missing cell stays NaN. A (model, variant) with no value in any column keeps its row, ``note`` saying
     why, when the metrics table holds its cells, all NaN (:data:`NO_VALUES`), or when ``planned`` holds one
     of its cells (:data:`NOT_RUN`); ``planned``: (dataset, condition, model, variant, qset) of every run the
-    config plans (``rules/common.smk``, ``PLANNED_CELLS``). Any other pair without values (one the config
+    config plans (:attr:`verbmirage.workflow.plan.Plan.planned_cells`). Any other pair without values (one the config
     does not run, e.g. a baseline under beam search) is left out.
     """
     planned = {tuple(cell) for cell in planned}

@@ -489,8 +489,9 @@ class Plan:
         return [path.format(model=slug) for slug in self.pangea_finetunes
                 for path in (self.paths.training_questions, self.paths.training_sources, self.paths.training_summary)]
 
-    def _derive_data(self, derive: dict) -> tuple[dict, dict]:
-        """(input files of rule derive_model, the paths its build reads as ``inputs``) of a derive block."""
+    def derive_files(self, derive: dict) -> tuple[dict, dict]:
+        """(input files of rule derive_model, the paths its build reads as ``inputs``) of a derive block: one
+        branch per method (``models.<slug>.derive.method``)."""
         if derive["method"] == "nullu":
             # Nullu's pairs: a LURE-format file (images under ``image_root``), else HICO's training labels, images
             if derive.get("pairs_file"):
@@ -511,11 +512,11 @@ class Plan:
         """A derived model's inputs: its base's built folders (tiny model, adapter) and its method's data."""
         derive = self.derived[model]
         base_files = self.model_files(self.config["models"][derive["base"]])
-        return {"base_files": base_files, **self._derive_data(derive)[0]}
+        return {"base_files": base_files, **self.derive_files(derive)[0]}
 
     def derive_data(self, model: str) -> dict:
         """The paths a derived model's build reads (its ``inputs`` argument)."""
-        return self._derive_data(self.derived[model])[1]
+        return self.derive_files(self.derived[model])[1]
 
     def derive_identity(self, model: str) -> dict:
         """The data a derived model trains on: HICO (Nullu without a pairs file), Pangea (a fine-tune without its

@@ -35,7 +35,7 @@ DERIVE_METHODS = {
 #: method -> the key of the effective entry the built folder fills: full weights or a peft adapter on the base.
 OUTPUT_KEYS = {"nullu": "path", "lora_finetune": "adapter"}
 #: Where rule ``derive_model`` builds a derived model (``{model}`` = its slug) in the demo's results tree; a
-#: config with its own tree passes its folder (rules/common.smk, ``DERIVED_MODEL``).
+#: config with its own tree passes its folder (``verbmirage.workflow.paths.Paths.derived_model``).
 DERIVED_FOLDER = "results/models/{model}"
 #: Backends a method can derive from: the transformers ones (their weights load with from_pretrained).
 TRANSFORMERS_BACKENDS = frozenset(name for name, target in BACKENDS.items() if target.startswith("verbmirage.models.hf:"))
