@@ -32,13 +32,14 @@ from verbmirage.data.charades import CHARADES_QUESTION_SETS
 from verbmirage.benchmark.questions import QUESTION_SETS
 from verbmirage.models.api import DEFAULT_API_KEY_ENV, DEFAULT_BASE_URL, check_endpoint
 
-# Where rule `demo_hico` writes the demo; a root pointing here need not exist yet.
-DEMO_HICO_ROOT = "resources/demo/hico_20150920"
-DEMO_HICO_DET_ROOT = "resources/demo/hico_20160224_det"
-DEMO_CHARADES_ROOT = "resources/demo/charadesego"
-DEMO_PANGEA_ROOT = "resources/demo/pangea/Data"  # rule demo_pangea (derived/pangea.py)
-# Where rule `fetch_dataset` unpacks `downloads.<name>`.
-DOWNLOADS_FOLDER = "resources/data"
+# The demo's roots (a root pointing there need not exist yet) and the downloads folder: verbmirage.workflow.paths
+from verbmirage.workflow.paths import (
+    DEMO_CHARADES_ROOT,
+    DEMO_HICO_DET_ROOT,
+    DEMO_HICO_ROOT,
+    DEMO_PANGEA_ROOT,
+    DOWNLOADS_FOLDER,
+)
 
 
 def check_schema(config: dict, schema_path: str | Path) -> None:
