@@ -120,7 +120,7 @@ class CalibrationRun:
     variant: str
 
 
-@dataclass
+@dataclass(repr=False)  # a config's whole plan: too long to print
 class Plan:
     """Everything the workflow runs for one checked config, and every path it reads or writes."""
 
