@@ -39,13 +39,15 @@ from verbmirage.data.charades import CHARADES_QUESTION_SETS
 from verbmirage.data.hico import hico_det_file
 from verbmirage.evaluation.mitigation_tables import paper_method_pairs, paper_methods_from_config
 from verbmirage.evaluation.paper_numbers import paper_names_from_config
+from verbmirage.inference.calibration import decision_plan
+from verbmirage.models.calibrated import calibration_qsets
 from verbmirage.models.derived import derived_entries, effective_models
+from verbmirage.models.entries import model_question_sets, model_variant_list
 from verbmirage.models.registry import PLANNING_KEYS as MODEL_PLANNING_KEYS
 from verbmirage.models.tiny import BUILDERS as TINY_BUILDERS
-from verbmirage.variants.decisions import calibration_qsets, decision_plan
 from verbmirage.variants.settings import Variant, model_variant_entry
 from verbmirage.workflow import paths as P
-from verbmirage.workflow.config import condition_question_sets, model_question_sets, model_variant_list
+from verbmirage.workflow.config import condition_question_sets
 from verbmirage.workflow.paths import Paths
 from verbmirage.workflow.run_folders import RunFolders
 
