@@ -172,9 +172,9 @@ class Plan:
     def check(self) -> None:
         """Plan every analysis now, so that a config error stops the run before any job, naming its key
         (an unknown ``paper_method``, an analysis's settings, a threshold run that cannot be calibrated)."""
-        for name in ("paper_names", "method_pairs", "merge_groups", "ensemble_groups", "attention_models",
-                     "vcd_divergence_runs", "known_object", "uncertainty", "fov", "paper_figure_decoding",
-                     "reliance", "calibration_runs"):
+        for name in ("hico_det_boxes", "paper_names", "method_pairs", "planned_cells", "merge_groups",
+                     "ensemble_groups", "attention_models", "vcd_divergence_runs", "known_object", "uncertainty",
+                     "fov", "paper_figure_decoding", "reliance", "calibration_runs"):
             getattr(self, name)
 
     # ---- what runs -------------------------------------------------------------------------------------------
