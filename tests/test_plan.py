@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import copy
+import re
+import string
 from collections import Counter
 from pathlib import Path
 
@@ -153,7 +155,7 @@ def test_every_log_of_a_rule_with_wildcards_names_them():
                  "consistency_part": {"dataset", "reference", "other", "model", "variant"},
                  "attention": {"dataset", "condition", "model"}, "tiny_model": {"family"}}
     for rule, fields in wildcards.items():
-        assert {name for _, name, _, _ in __import__("string").Formatter().parse(LOGS[rule]) if name} == fields
+        assert {name for _, name, _, _ in string.Formatter().parse(LOGS[rule]) if name} == fields
 
 
 def test_the_demo_targets_of_rule_all(demo):
@@ -253,8 +255,6 @@ def test_nine_models_eight_variants_two_conditions():
 
 
 def test_wildcard_constraints_match_each_slug_whole():
-    import re
-
     plan = plan_of(_grid_config())
     constraints = plan.wildcard_constraints()
     assert re.fullmatch(constraints["variant"], "sample_vcd") and re.fullmatch(constraints["variant"], "sample")
