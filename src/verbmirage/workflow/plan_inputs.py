@@ -1,0 +1,297 @@
+"""What the run plan's jobs read: data roots and files, dataset identities, derived models' inputs, the
+calibration runs of decision variants (a part of :class:`verbmirage.workflow.plan.Plan`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from verbmirage.data import identity as data_identity
+from verbmirage.data.hico import hico_det_file
+from verbmirage.inference.calibration import decision_plan
+from verbmirage.models.calibrated import calibration_qsets
+from verbmirage.models.tiny import BUILDERS as TINY_BUILDERS
+from verbmirage.workflow import paths as P
+from verbmirage.workflow.plan_base import PANGEA_FILE_KEYS, CalibrationRun
+
+
+class InputsPlan:
+    """The data, derived-model and calibration inputs of :class:`~verbmirage.workflow.plan.Plan` (it supplies
+    ``config``, ``paths`` and the runs)."""
+
+    # ---- the data a run reads ------------------------------------------------------------------------------
+    @property
+    def hico_root(self) -> str:
+        return self.config["datasets"]["hico"]["root"]
+
+    @property
+    def hico_det_root(self) -> str:
+        """"" -> no boxes, no image subsets."""
+        return self.config["datasets"]["hico"].get("det_root", "")
+
+    @property
+    def downloads(self) -> dict:
+        return self.config["downloads"]
+
+    def produced_by_download(self, root: str) -> str | None:
+        """The flag of the download whose folder holds ``root``, or None."""
+        for name in self.downloads:
+            folder = Path(P.DOWNLOADED.format(download=name))
+            if Path(root) == folder or folder in Path(root).parents:
+                return P.DOWNLOAD_DONE.format(download=name)
+        return None
+
+    @property
+    def hico_anno(self) -> str:
+        """What HICO jobs wait for: the labels, or the download that brings them."""
+        return self.produced_by_download(self.hico_root) or P.hico_annotations(self.hico_root)
+
+    @property
+    def hico_images(self) -> str:
+        return self.produced_by_download(self.hico_root) or P.hico_images(self.hico_root)
+
+    @property
+    def hico_det_boxes(self) -> str | list:
+        """The HICO-DET file the tags are computed from (anno_bbox.mat or instances_test2015.json), or what
+        makes it; none without ``det_root``."""
+        root = self.hico_det_root
+        if not root:
+            return []
+        if Path(root) == Path(P.DEMO_HICO_DET_ROOT):
+            return P.DEMO_HICO_FILES["bbox"]
+        return self.produced_by_download(root) or str(hico_det_file(root) or P.hico_det_boxes(root))
+
+    @property
+    def charades_root(self) -> str:
+        return self.charades["root"] if self.charades else ""
+
+    @property
+    def charades_split(self) -> str:
+        return self.charades["split"] if self.charades else "test"
+
+    @property
+    def charades_csv(self) -> str:
+        return (self.produced_by_download(self.charades_root)
+                or P.charades_annotations(self.charades_root, self.charades_split))
+
+    @property
+    def charades_video_folder(self) -> str:
+        if not self.charades:
+            return ""
+        return self.charades.get("videos") or P.charades_videos(self.charades_root)
+
+    @property
+    def charades_videos(self) -> str:
+        return self.produced_by_download(self.charades_video_folder) or self.charades_video_folder
+
+    @property
+    def pangea(self) -> dict | None:
+        """``datasets.pangea``: the training questions of a fine-tune that names no ``questions`` table."""
+        return self.config["datasets"].get("pangea")
+
+    @property
+    def pangea_root(self) -> str:
+        return self.pangea["root"] if self.pangea else ""
+
+    @property
+    def pangea_files(self) -> dict[str, str]:
+        if not self.pangea:
+            return {}
+        made = self.produced_by_download(self.pangea_root)
+        return {key: made or f"{self.pangea_root}/{self.pangea[key]}" for key in PANGEA_FILE_KEYS}
+
+    @property
+    def pangea_images(self) -> str:
+        """Pangea's image folder, or the download that brings it."""
+        if not self.pangea:
+            return ""
+        return self.produced_by_download(self.pangea_root) or self.pangea_image_root
+
+    @property
+    def pangea_image_root(self) -> str:
+        """Pangea's image folder (what a build reads)."""
+        return f"{self.pangea_root}/{self.pangea['images']}" if self.pangea else ""
+
+    def identity(self, *parts: str) -> dict:
+        """The ``identity`` param of a job that reads the named parts of a dataset (``verbmirage.data.identity``):
+        root, content digests of the annotation files, listings of the image and video folders."""
+        compute = {
+            "hico_annotations": lambda: data_identity.hico_annotations(self.hico_root),
+            "hico_images": lambda: data_identity.hico_images(self.hico_root),
+            "hico_boxes": lambda: data_identity.hico_boxes(self.hico_det_root),
+            "charadesego": lambda: data_identity.charades(self.charades_root, self.charades_video_folder),
+            "pangea": lambda: data_identity.pangea(self.pangea, PANGEA_FILE_KEYS),
+        }
+        return {part: compute[part]() for part in parts}
+
+    def image_identity(self, dataset: str) -> dict:
+        """An image condition's source: HICO's image folder (CharadesEgo's frames are built by the workflow)."""
+        return self.identity("hico_images") if dataset == "hico" else {}
+
+    def image_source(self, dataset: str) -> str:
+        """The folder a dataset's question images live in (or what produces it)."""
+        return self.hico_images if dataset == "hico" else self.paths.charades_frames
+
+    def image_root(self, dataset: str) -> str:
+        return self.hico_root if dataset == "hico" else self.paths.charades_frames
+
+    # ---- per-job inputs ----------------------------------------------------------------------------------------
+    def questions(self, dataset: str, qsets) -> list[str]:
+        """The question tables of ``qsets``, in that order."""
+        return [self.paths.questions.format(dataset=dataset, qset=q) for q in qsets]
+
+    def dataset_questions(self, dataset: str) -> list[str]:
+        return self.questions(dataset, self.dataset_qsets[dataset])
+
+    def predictions(self, dataset: str, qsets, condition: str, model: str, variant: str) -> list[str]:
+        """The prediction tables of one run's ``qsets``, in that order."""
+        return [self.paths.predictions.format(dataset=dataset, qset=q, condition=condition, model=model,
+                                              variant=variant) for q in qsets]
+
+    def run_shards(self, dataset: str, condition: str, model: str, variant: str) -> list[str]:
+        """The output folders of a run's inference jobs (one per image shard)."""
+        return [self.paths.suite_shard.format(dataset=dataset, condition=condition, model=model, variant=variant,
+                                              shard=shard) for shard in range(self.n_shards(model))]
+
+    def partial_images(self, dataset: str, condition: str) -> str | list:
+        """A box condition's folder (crop): its manifest names the images, so the questions, it covers; none
+        for the other conditions."""
+        if condition not in self.box_conditions:
+            return []
+        return self.paths.condition_images.format(dataset=dataset, condition=condition)
+
+    def pair_partial_images(self, dataset: str, reference: str, other: str) -> list[str]:
+        """The folders of the box conditions of an error-consistency pair (their questions are the shared ones)."""
+        return [self.paths.condition_images.format(dataset=dataset, condition=c)
+                for c in (reference, other) if c in self.box_conditions]
+
+    def condition_tags(self, condition: str) -> str | list:
+        """The image tags a box condition takes its single-instance union boxes from."""
+        return self.paths.image_tags if condition in self.box_conditions else []
+
+    def metric_tags(self, dataset: str) -> str | list:
+        """The tags a HICO metric job turns into image subsets; none without boxes or for other datasets."""
+        return self.paths.image_tags if dataset == "hico" and self.hico_det_root else []
+
+    def model_files(self, entry: dict) -> list[str]:
+        """The folders of a model entry that the workflow builds (tiny models, derived models) or that hold its
+        LoRA ``adapter``: inputs of every job that loads it."""
+        path = entry.get("path", "")
+        built = [P.TINY_MODEL.format(family=family) for family in TINY_BUILDERS] + self.derived_models
+        return ([path] if path in built else []) + ([entry["adapter"]] if entry.get("adapter") else [])
+
+    # ---- derived models (rules/derived.smk, rules/finetune.smk) --------------------------------------------
+    @property
+    def derived_models(self) -> list[str]:
+        """The folder each derived model is built into: built even when no run asks the model (rule all)."""
+        return [self.paths.derived_model.format(model=slug) for slug in self.derived]
+
+    @property
+    def pangea_finetunes(self) -> list[str]:
+        """The fine-tunes that train on Pangea questions built for them (no ``questions`` table of their own)."""
+        return [slug for slug, derive in self.derived.items()
+                if derive["method"] == "lora_finetune" and not derive.get("questions")]
+
+    @property
+    def finetune_outputs(self) -> list[str]:
+        return [path.format(model=slug) for slug in self.pangea_finetunes
+                for path in (self.paths.training_questions, self.paths.training_sources, self.paths.training_summary)]
+
+    def derive_files(self, derive: dict) -> tuple[dict, dict]:
+        """(input files of rule derive_model, the paths its build reads as ``inputs``) of a derive block: one
+        branch per method (``models.<slug>.derive.method``)."""
+        if derive["method"] == "nullu":
+            # Nullu's pairs: a LURE-format file (images under ``image_root``), else HICO's training labels, images
+            if derive.get("pairs_file"):
+                files = {"pairs_file": derive["pairs_file"]}
+                return files, {**files, "image_root": derive.get("image_root", "")}
+            return {"anno": self.hico_anno, "images": self.hico_images}, {"hico_root": self.hico_root}
+        # lora_finetune: its `questions` table and `images` folder, else the Pangea questions built for it and
+        # Pangea's images. A Pangea table depends on the derive block only, so equal blocks share the first's.
+        if derive.get("questions"):
+            return ({"questions": derive["questions"], "train_images": derive["images"]},
+                    {"questions": derive["questions"], "images": derive["images"]})
+        slug = next(slug for slug, other in self.derived.items() if other == derive)
+        table = self.paths.training_questions.format(model=slug)
+        return ({"questions": table, "train_images": self.pangea_images},
+                {"questions": table, "images": self.pangea_image_root})
+
+    def derive_inputs(self, model: str) -> dict:
+        """A derived model's inputs: its base's built folders (tiny model, adapter) and its method's data."""
+        derive = self.derived[model]
+        base_files = self.model_files(self.config["models"][derive["base"]])
+        return {"base_files": base_files, **self.derive_files(derive)[0]}
+
+    def derive_data(self, model: str) -> dict:
+        """The paths a derived model's build reads (its ``inputs`` argument)."""
+        return self.derive_files(self.derived[model])[1]
+
+    def derive_identity(self, model: str) -> dict:
+        """The data a derived model trains on: HICO (Nullu without a pairs file), Pangea (a fine-tune without its
+        own questions); a user's pairs file or question table is tracked by its modification time only."""
+        derive = self.derived[model]
+        if derive["method"] == "nullu" and not derive.get("pairs_file"):
+            return self.identity("hico_annotations", "hico_images")
+        if derive["method"] == "lora_finetune" and not derive.get("questions"):
+            return self.identity("pangea")
+        return {}
+
+    # ---- calibrated decisions (rules/decisions.smk) --------------------------------------------------------
+    @property
+    def decisions(self) -> dict:
+        """Threshold / content_free variant slugs; the number of calibration images they share."""
+        return self._once("decisions", lambda: decision_plan(self.config))
+
+    def calibration_qsets(self, dataset: str, condition: str, model: str, variant: str | None = None) -> list[str]:
+        """The sets a threshold run fits a cut for: the HICO YN sets it asks (MC and CharadesEgo keep plain
+        decisions)."""
+        return calibration_qsets(dataset, [q for q in self.dataset_qsets[dataset]
+                                           if self.asks(dataset, condition, q, model, variant)])
+
+    @property
+    def calibration_runs(self) -> list[CalibrationRun]:
+        """Every threshold run with a calibration set (one cuts file each)."""
+        return self._once("calibration_runs", self._calibration_runs)
+
+    def _calibration_runs(self) -> list[CalibrationRun]:
+        runs = []
+        for m in self.models:
+            for d in self.datasets:
+                for c in self.dataset_conditions(d):
+                    for v in [v for v in self.variants_under(m, c, d) if v in self.decisions["threshold"]]:
+                        if not self.calibration_qsets(d, c, m, v):
+                            continue
+                        if c in self.box_conditions:
+                            raise ValueError(
+                                f"conditions.{c}.qsets: model '{m}' with threshold variant '{v}' asks YN sets "
+                                f"under '{c}', but its training images have no HICO-DET boxes to calibrate on; "
+                                f"ask only MC sets under '{c}', or list models.{m}.variants without '{v}'"
+                            )
+                        runs.append(CalibrationRun(d, c, m, v))
+        return runs
+
+    def calibration_tables(self, dataset: str, condition: str, model: str, variant: str) -> list[str]:
+        """The calibration tables one threshold run asks, in :meth:`calibration_qsets` order."""
+        return [self.paths.calibration_questions.format(dataset=dataset, qset=q)
+                for q in self.calibration_qsets(dataset, condition, model, variant)]
+
+    def calibration_condition_tables(self, dataset: str, condition: str) -> list[str]:
+        """Every calibration table asked under a condition (its images folder covers them all)."""
+        qsets = {q for run in self.calibration_runs if (run.dataset, run.condition) == (dataset, condition)
+                 for q in self.calibration_qsets(run.dataset, run.condition, run.model, run.variant)}
+        return [self.paths.calibration_questions.format(dataset=dataset, qset=q) for q in sorted(qsets)]
+
+    def decision_input(self, dataset: str, condition: str, model: str, variant: str) -> str | list:
+        """What a prediction job decides by: its run's cuts (threshold; none for a run without a calibration
+        set) or the content-free images (content_free); nothing for the other variants."""
+        if variant in self.decisions["threshold"]:
+            run = CalibrationRun(dataset, condition, model, variant)
+            return self.paths.calibration_cuts.format(**asdict(run)) if run in self.calibration_runs else []
+        if variant in self.decisions["content_free"]:
+            return self.paths.content_free_images.format(dataset="hico")  # HICO's, for every dataset
+        return []
+
+    @property
+    def decision_outputs(self) -> list[str]:
+        return [self.paths.calibration_cuts.format(**asdict(run)) for run in self.calibration_runs]
