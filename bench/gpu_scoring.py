@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_scoring import hico_like_questions  # noqa: E402
 from suite_scoring import hico_suite, report, time_both  # noqa: E402
-from verbmirage.models.hf import LlavaVLM  # noqa: E402
+from verbmirage.models.hf.families import LlavaVLM  # noqa: E402
 from verbmirage.models.tiny import build_tiny_llava  # noqa: E402
 
 

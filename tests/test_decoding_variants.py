@@ -259,7 +259,8 @@ def test_decoding_from_the_scoring_pass_equals_opening_the_prompts_again(tiny_di
     """Greedy continuations, beam search, sampling (with VCD) and OPERA start from the scoring pass's rows (kept
     openings) instead of running the prompts again: the same results as without them, YN and MC of both images
     in one call. Suffix batches cut at every length here, so a decoding joins rows of several (not OPERA)."""
-    from verbmirage.models.hf import TransformersVLM, _PrefixStepper
+    from verbmirage.models.hf.engine import TransformersVLM
+    from verbmirage.models.hf.steppers import PrefixStepper as _PrefixStepper
 
     model = tiny(tiny_dirs, "llava")
     model.use_variant(Variant.from_config(entry))

@@ -1,5 +1,5 @@
 """Suffix batches that read their cached prefixes in place (models/shared_prefix.py), shared text headers
-(TransformersVLM._text_headers) and where suffix batches are cut (_cheapest_cuts): the same scores as giving
+(TransformersVLM._text_headers) and where suffix batches are cut (cheapest_cuts): the same scores as giving
 every row its own copy of its whole prompt."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 from PIL import Image
 
 from verbmirage.models import Question, create_model
-from verbmirage.models.hf import _cheapest_cuts
-from verbmirage.models.shared_prefix import _attend, _attention, shared_prefix_attention
+from verbmirage.models.hf.prefix_cache import cheapest_cuts
+from verbmirage.models.hf.shared_prefix import _attend, _attention, shared_prefix_attention
 
 
 class _Layer(torch.nn.Module):
@@ -23,7 +23,7 @@ class _Layer(torch.nn.Module):
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_attention_on_shared_prefixes_equals_attention_on_each_rows_whole_sequence(fused, monkeypatch):
-    import verbmirage.models.shared_prefix as module
+    import verbmirage.models.hf.shared_prefix as module
 
     if not fused:  # the plain-product path other devices take
         monkeypatch.setattr(module, "_attend", lambda *args: _attend(*args, fused=False))
@@ -124,7 +124,7 @@ def test_suffix_batches_are_cut_where_a_search_of_every_cut_finds_the_least_work
         lengths = sorted(generator.randint(1, 40) for _ in range(generator.randint(1, 8)))
         batch_cost = generator.choice([0, 3, 32, 1000])
         max_rows = generator.choice([None, 1, 2, 3, 5])
-        cuts = _cheapest_cuts(lengths, batch_cost, max_rows)
+        cuts = cheapest_cuts(lengths, batch_cost, max_rows)
         assert cuts == sorted(set(cuts)) and all(0 < cut < len(lengths) for cut in cuts)
         assert max_rows is None or max(_batch_rows(len(lengths), cuts)) <= max_rows
         every = [list(chosen) for k in range(len(lengths))
@@ -132,9 +132,9 @@ def test_suffix_batches_are_cut_where_a_search_of_every_cut_finds_the_least_work
                  if max_rows is None or max(_batch_rows(len(lengths), list(chosen))) <= max_rows]
         least = min(_padded_cost(lengths, other, batch_cost) for other in every)
         assert _padded_cost(lengths, cuts, batch_cost) == least
-    assert _cheapest_cuts([10, 10, 10, 30, 30, 30], 5) == [3]  # short and long prompts apart
-    assert _cheapest_cuts([10, 10, 10, 30, 30, 30], 1000) == []  # one forward is worth the padding
-    assert _cheapest_cuts([10, 10, 10, 30, 30, 30], 1000, max_rows=2) == [2, 4]  # ... unless rows are capped
+    assert cheapest_cuts([10, 10, 10, 30, 30, 30], 5) == [3]  # short and long prompts apart
+    assert cheapest_cuts([10, 10, 10, 30, 30, 30], 1000) == []  # one forward is worth the padding
+    assert cheapest_cuts([10, 10, 10, 30, 30, 30], 1000, max_rows=2) == [2, 4]  # ... unless rows are capped
 
 
 def test_scores_do_not_depend_on_where_suffix_batches_are_cut(llava, monkeypatch):

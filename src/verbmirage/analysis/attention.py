@@ -323,14 +323,14 @@ def resolve_layers(layers, count: int, where: str = "analysis.attention.layers")
 
 
 class AttentionProbe:
-    """Runs questions through a loaded :class:`~verbmirage.models.hf.TransformersVLM` and keeps row q per layer.
+    """Runs questions through a loaded :class:`~verbmirage.models.hf.engine.TransformersVLM` and keeps row q per layer.
 
     ``measure`` returns one dict per (question, layer) with the shares, the
     model's own prediction at q and whether it is correct.
     """
 
     def __init__(self, model, layers="all", batch_size: int = 8):
-        from verbmirage.models.hf import decoder_layers, use_eager_language_model  # deferred: imports torch
+        from verbmirage.models.hf.tokens import decoder_layers, use_eager_language_model  # deferred: imports torch
 
         self.model = model
         use_eager_language_model(model.model)

@@ -285,7 +285,7 @@ class VisionLanguageModel(ABC):
         """Answer with ``variant`` from now on; refuse one this backend cannot run (naming what it lacks).
 
         The prompt suffix is applied here for every backend that renders through a ``PromptTemplate``;
-        decoding methods are the backends' own (:class:`~verbmirage.models.hf.TransformersVLM`).
+        decoding methods are the backends' own (:class:`~verbmirage.models.hf.engine.TransformersVLM`).
         """
         offered = self.variant_features
         missing = sorted(variant.features() - offered)

@@ -16,7 +16,7 @@ import math
 import torch
 
 from verbmirage.models.base import NO, YES, MultipleChoiceResult, Question, VisionLanguageModel, YesNoResult, open_rgb
-from verbmirage.models.hf import DTYPES
+from verbmirage.models.hf.tokens import DTYPES
 from verbmirage.core.text import hoi_phrase, object_with_article, verb_phrase
 
 

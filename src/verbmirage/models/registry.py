@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib
+import importlib.machinery
 import importlib.util
 import inspect
 
@@ -20,11 +21,11 @@ BACKENDS: dict[str, str] = {
     "random": "verbmirage.models.baselines:RandomGuess",
     "prior": "verbmirage.models.baselines:LanguagePrior",
     "openai": "verbmirage.models.api:OpenAIChatModel",
-    "hf": "verbmirage.models.hf:TransformersVLM",
-    "llava": "verbmirage.models.hf:LlavaVLM",
-    "instructblip": "verbmirage.models.hf:InstructBlipVLM",
-    "qwen2_vl": "verbmirage.models.hf:QwenVLM",
-    "qwen2_5_vl": "verbmirage.models.hf:QwenVLM",
+    "hf": "verbmirage.models.hf.engine:TransformersVLM",
+    "llava": "verbmirage.models.hf.families:LlavaVLM",
+    "instructblip": "verbmirage.models.hf.families:InstructBlipVLM",
+    "qwen2_vl": "verbmirage.models.hf.families:QwenVLM",
+    "qwen2_5_vl": "verbmirage.models.hf.families:QwenVLM",
     "clip": "verbmirage.models.clip:ClipModel",
     # trust_remote_code checkpoints (docs/models.md)
     "qwen_vl_chat": "verbmirage.models.remote:QwenVLChat",
@@ -93,12 +94,25 @@ def backend_settings(backend: str) -> frozenset[str] | None:
     return _constructor_settings(module, name)
 
 
+def _source_file(module: str) -> str | None:
+    """The source file of ``module``, found without importing it or the packages above it (a package's
+    ``__init__`` may import what planning should not); None where it cannot be found."""
+    locations, spec = None, None
+    for part in module.split("."):
+        spec = importlib.machinery.PathFinder.find_spec(part, locations)
+        if spec is None:
+            spec = importlib.util.find_spec(module)  # not on a plain path (a custom import hook): ask the hook
+            break
+        locations = spec.submodule_search_locations
+    return spec.origin if spec is not None else None
+
+
 @functools.cache
 def _constructor_settings(module: str, name: str) -> frozenset[str] | None:
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.origin:
+    origin = _source_file(module)
+    if not origin:
         return None
-    tree = ast.parse(open(spec.origin, encoding="utf-8").read(), spec.origin)
+    tree = ast.parse(open(origin, encoding="utf-8").read(), origin)
     classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
     imported = {alias.asname or alias.name: node.module for node in tree.body
                 if isinstance(node, ast.ImportFrom) and node.level == 0 for alias in node.names}

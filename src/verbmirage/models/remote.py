@@ -52,7 +52,7 @@ from verbmirage.models.base import (
     option_letter,
     yes_no_margin,
 )
-from verbmirage.models.hf import answer_token_ids
+from verbmirage.models.hf.tokens import answer_token_ids
 from verbmirage.models.parsing import decide_choice, decide_yes_no, parse_choice, parse_yes_no, yes_no_token
 from verbmirage.models.prompts import PromptTemplate
 from verbmirage.variants.settings import REMOTE, REMOTE_NO_BEAM, question_seed

@@ -117,7 +117,7 @@ def lean_to_answers(model, tokenizer, scale: float = 6.0, options: int = 4) -> N
     """
     import torch
 
-    from verbmirage.models.hf import answer_token_ids  # deferred: imports torch
+    from verbmirage.models.hf.tokens import answer_token_ids  # deferred: imports torch
 
     vocabulary = [tokenizer.decode([i]) for i in range(len(tokenizer))]
     yes, no, letters = answer_token_ids(vocabulary, "tiny model")
@@ -231,7 +231,7 @@ def build_tiny_qwen2_vl(out_dir: str | Path, seed: int = 0, version: str = "2") 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
     prefix = "Qwen2VL" if version == "2" else "Qwen2_5_VL"
     image_processor = transformers.Qwen2VLImageProcessor(min_pixels=28 * 28 * 4, max_pixels=56 * 56)
-    from verbmirage.models.hf import images_only_processor  # deferred: imports torch
+    from verbmirage.models.hf.tokens import images_only_processor  # deferred: imports torch
 
     processor = images_only_processor(getattr(transformers, f"{prefix}Processor"))(
         image_processor=image_processor, tokenizer=tokenizer, chat_template=QWEN_CHAT_TEMPLATE

@@ -3,7 +3,7 @@
 The loops run on a :class:`Stepper`: an object holding one key/value cache
 per row (a question, or one beam of it) that returns the next-token logits
 for the tokens it is fed and reorders its rows when beams move. The engine
-(``models/hf.py``) builds steppers on its cached image prefix, so beam search
+(``models/hf/``) builds steppers on its cached image prefix, so beam search
 expands the prefix per beam instead of recomputing it; VCD is a stepper that
 runs two streams (clean and noised image) and returns the contrasted logits,
 so it combines with every loop unchanged.

@@ -21,7 +21,11 @@ import hashlib
 import math
 from dataclasses import asdict, dataclass, fields
 
-DECODINGS = ("greedy", "beam", "sample", "opera")
+from verbmirage.variants.registry import DECODINGS as _STRATEGIES
+from verbmirage.variants.registry import decoding_strategy
+
+#: The decodings a variant may name: one per strategy in the registry (variants/registry.py).
+DECODINGS = tuple(_STRATEGIES)
 DECISION_METHODS = ("threshold", "content_free")
 
 #: Every feature a variant may need. ``decoding:<name>`` per decoding; the rest are switches.
@@ -198,6 +202,10 @@ class Variant:
         for planning in ("paper_name", "conditions", "datasets", "qsets"):
             values.pop(planning)
         return values
+
+    def strategy(self):
+        """The decoding strategy this variant answers with (:mod:`verbmirage.variants.registry`; imports torch)."""
+        return decoding_strategy(self)
 
     @property
     def label(self) -> str:

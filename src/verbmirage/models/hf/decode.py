@@ -1,0 +1,225 @@
+"""The engine's side of decoding: it opens the rows a decoding strategy asks for (on the cached image prefixes,
+from the scoring pass's kept rows, or from whole prompts), hands them to the strategy
+(:mod:`verbmirage.variants.strategies`) as :class:`DecodeRows`, and records the answers.
+
+:class:`Decoder` is a mixin of :class:`~verbmirage.models.hf.engine.TransformersVLM`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verbmirage.models.base import Question
+from verbmirage.models.hf.prefix_cache import Rows
+from verbmirage.models.hf.steppers import AttendingStepper, FullStepper, PrefixStepper
+from verbmirage.variants.registry import strategy_class
+
+
+def _concatenated(parts: list[list]) -> list:
+    return [row for part in parts for row in part]
+
+
+class DecodeRows:
+    """The questions of one decoding batch as a strategy sees them
+    (:class:`~verbmirage.variants.strategies.AttendingRows`): ``items`` are (image path, image, prompt text);
+    ``opened`` (``opened_noised``): the call's tokenization of the clean (noised) images and these rows' indices
+    in it."""
+
+    def __init__(self, vlm, strategy, items: list[tuple], question_ids: list[str],
+                 opened: tuple[Rows, list[int]] | None = None, opened_noised: tuple[Rows, list[int]] | None = None):
+        self.vlm, self.strategy, self.items, self.question_ids = vlm, strategy, items, question_ids
+        self.opened, self.opened_noised, self.name = opened, opened_noised, vlm.name
+
+    def open(self, repeats: int, fresh: bool = False):
+        if fresh:
+            return self.vlm._open_stepper(self.items, repeats, None, None, self.strategy)
+        return self.vlm._open_stepper(self.items, repeats, self.opened, self.opened_noised, self.strategy)
+
+    def attending(self, first: torch.Tensor, stepper) -> AttendingStepper:
+        return AttendingStepper(self.vlm, stepper, first)
+
+    def image_spans(self) -> list[tuple[int, int]]:
+        return [self.vlm._image_span(image, text) for _, image, text in self.items]
+
+    def prompt_lengths(self) -> list[int]:
+        return [int(self.vlm.encode_shared_image([text], image)["attention_mask"].sum()) for _, image, text in self.items]
+
+    def alone(self, row: int) -> "DecodeRows":
+        return DecodeRows(self.vlm, self.strategy, [self.items[row]], [self.question_ids[row]])
+
+
+class Decoder:
+    """Decoding past the first answer token (a mixin of ``TransformersVLM``)."""
+
+    #: (scoring before a decoding) noised -> {(image path, prompt): (stepper, row)}: the decoding takes its rows
+    #: from these steppers instead of running the prompts again; None when no decoding follows
+    _openings: dict | None = None
+
+    def _kept_opening(self, opened: Rows, batch: list[int], items: list[tuple], noised: bool) -> torch.Tensor:
+        """Scores a suffix batch as :meth:`_suffix_batch` does, as the opening of a decoding, and keeps it."""
+        prefixes, image_of_row = opened.prefixes_of(batch)
+        stepper = PrefixStepper(self, self._rows_cache(prefixes, image_of_row), opened.prefix_length[batch[0]],
+                                 [opened.suffix[i] for i in batch], prefixes[0].extra)
+        values = stepper.first.cpu()
+        rows = list(range(len(batch)))
+        if self.strategy.decides_by_first_token:  # continued: only rows whose first token cannot decide their kind
+            tokens = self._real_tokens(values).argmax(dim=-1).tolist()
+            kinds = [self._multiple_choice_of.get((items[i][0], items[i][2]), False) for i in batch]
+            rows = [row for row, (token, kind) in enumerate(zip(tokens, kinds))
+                    if token not in self._answer_tokens(kind)]
+            stepper = stepper.subset(rows) if rows else None
+        kept = self._openings[noised]
+        for position, row in enumerate(rows):
+            kept[items[batch[row]][0], items[batch[row]][2]] = (stepper, position)
+        return values
+
+    def _answer_tokens(self, multiple_choice: bool) -> frozenset[int]:
+        """Token ids a first token can decide an answer with: the option letters (MC), yes and no (YN)."""
+        if getattr(self, "_answer_token_sets", None) is None:
+            ids = lambda groups: frozenset(int(i) for group in groups for i in group.tolist())  # noqa: E731
+            self._answer_token_sets = {True: ids(self._letter_ids), False: ids((self._yes_ids, self._no_ids))}
+        return self._answer_token_sets[multiple_choice]
+
+    def _take_opening(self, items: list[tuple], noised: bool):
+        """A stepper on ``items`` from the call's kept openings, or None: the rows of one scoring batch, or of
+        several joined (:meth:`PrefixStepper.joined`; not for OPERA, which needs one prompt width, nor where
+        a prefix carries more than its keys and values, such as Qwen's rope delta)."""
+        kept = (self._openings or {}).get(noised)
+        found = [kept.get((path, text)) for path, _, text in items] if kept else [None]
+        if any(entry is None for entry in found):
+            return None
+        steppers = {id(stepper): stepper for stepper, _ in found}
+        if len(steppers) == 1:
+            return found[0][0].subset([row for _, row in found])
+        return PrefixStepper.joined(found) if all(map(self._joins, steppers.values())) else None
+
+    def _joins(self, stepper) -> bool:
+        """Whether the rows of this kept opening may decode joined with those of others."""
+        return self.strategy.joins_rows and stepper.extra is None
+
+
+    def decode_answers(self, questions: list[Question], multiple_choice: bool) -> list[tuple[int | None, str]]:
+        """Each question decoded with the variant's strategy (greedy, beam, sampling, OPERA; VCD on top): (first
+        token, text)."""
+        return self._decode(questions, multiple_choice, self.strategy)
+
+    def continue_answers(self, questions: list[Question], multiple_choice: bool) -> list[str]:
+        """Greedy decoding of ``continue_tokens`` more tokens after the first (the scoring argmax), on the
+        cached image prefix like every other decoding."""
+        return [text for _, text in self._decode(questions, multiple_choice, "greedy")]
+
+    @torch.inference_mode()
+    def _decode(self, questions: list[Question], multiple_choice: bool, strategy) -> list[tuple[int | None, str]]:
+        """Questions decode in one batch per image on its cached prefix (all images of the call together with
+        :attr:`cross_image_batches`), expanded per row and beam: the prompts' own tokens run once more to open
+        the rows. Without a shared prefix (InstructBLIP), one batch per image and prompt length.
+
+        ``strategy``: a :class:`~verbmirage.variants.strategies.Decoding`, or a decoding's name (its strategy on
+        the current variant, without VCD)."""
+        if isinstance(strategy, str):
+            strategy = strategy_class(strategy)(self.variant)
+        new_tokens = strategy.new_tokens(self.continue_tokens)
+        answers: list[tuple[int | None, str]] = [(None, "")] * len(questions)
+        texts = [self.render(q, multiple_choice) for q in questions]
+        errors, items = self._open_items(questions, texts)
+        for i, error in enumerate(errors):
+            if error is not None:
+                raise ValueError(error)
+        stop = self._stop_tokens()
+        kept = (self._openings or {}).get(False) or {}
+        opened = None if all((path, text) in kept for path, _, text in items) else self._open_rows(items, False)
+        kept_noised = (self._openings or {}).get(True) or {}
+        opened_noised = self._open_rows(items, True) if strategy.streams > 1 and opened is not None \
+            and not all((path, text) in kept_noised for path, _, text in items) else None
+        batches: dict[tuple, list[int]] = {}
+        for i, item in enumerate(items):
+            if (item[0], item[2]) in kept:  # rows of the scoring batches: the decoding starts from them
+                stepper = kept[item[0], item[2]][0]
+                key = ("kept",) if self._joins(stepper) else ("kept", id(stepper))
+            elif opened.suffix[i] is None:  # whole prompts: one batch per image and token length
+                key = ("full", item[0], opened.length[i])
+            else:
+                key = ("prefix", opened.prefix_length[i] if self.cross_image_batches else opened.prefix_key[i])
+            batches.setdefault(key, []).append(i)
+
+        def run(rows: list[int]) -> list[list[int]]:
+            decoding = DecodeRows(self, strategy, [items[i] for i in rows], [questions[i].question_id for i in rows],
+                                  opened and (opened, rows), opened_noised and (opened_noised, rows))
+            return strategy.decode(decoding, new_tokens, stop)
+
+        for rows in batches.values():
+            # every beam (and VCD's second stream) holds its own cache: at most as many cached rows as a batch
+            # has questions (the call's, or batch_rows when the call is larger), the memory it was chosen for
+            size = min(len(questions), self.batch_rows or len(questions)) // (strategy.beams * strategy.streams)
+            self._record(answers, rows, self._with_shrinking_batches(run, rows, size, combine=_concatenated))
+        for kept_rows in (self._openings or {}).values():  # decoded: their scoring rows are no longer needed
+            for path, _, text in items:
+                kept_rows.pop((path, text), None)
+        return answers
+
+    def _record(self, answers: list, rows: list[int], tokens: list[list[int]]) -> None:
+        for i, row in zip(rows, tokens):
+            answers[i] = (row[0] if row else None, self.tokenizer.decode(row, skip_special_tokens=True))
+
+    def _image_span(self, image, text: str) -> tuple[int, int]:
+        """First and last position of the image tokens in the prompt."""
+        ids = self.encode_shared_image([text], image)["input_ids"][0]
+        positions = torch.nonzero(ids == self._image_token_id()).flatten()
+        if len(positions) == 0:
+            raise ValueError(f"models.{self.name}: OPERA needs the image tokens in the prompt, found none")
+        return int(positions[0]), int(positions[-1])
+
+    def _stop_tokens(self) -> set[int]:
+        """Token ids that end an answer: the tokenizer's and the generation config's end of sequence."""
+        stop = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
+        configured = getattr(self.model.generation_config, "eos_token_id", None)
+        stop |= set(configured if isinstance(configured, (list, tuple)) else [configured] if configured is not None
+                    else [])
+        return stop
+
+    def _open_stepper(self, items: list[tuple], repeats: int, opened: tuple[Rows, list[int]] | None = None,
+                      opened_noised: tuple[Rows, list[int]] | None = None, strategy=None):
+        """First-position logits [rows, vocab] and the stepper of ``items`` ((image path, image, text): prompts
+        on one prefix length, or of one image and one token length), each row repeated ``repeats`` times;
+        the streams combined by ``strategy`` (default: the variant's; VCD: the contrasted pair of a clean and a
+        noised stream). ``opened`` (``opened_noised``): the items already
+        tokenized, as rows of an :meth:`_open_rows` result of the clean (noised) images. Both come from the same
+        items, so the noised rows split into prefix and suffix where the clean ones do (a shared text header is
+        chosen over all the items: opened again on a batch's rows alone, its rows could differ in prefix length)."""
+        def stream(noised: bool):
+            return self._stream(items, repeats, noised=noised, opened=opened_noised if noised else opened)
+
+        return (strategy or self.strategy).combine(stream)
+
+    def _stream(self, items: list[tuple], repeats: int, noised: bool,
+                opened: tuple[Rows, list[int]] | None = None):
+        """A stepper over ``items``: the scoring pass's (kept openings), else on the cached image prefixes (any
+        prompt lengths), else whole prompts."""
+        stepper = self._take_opening(items, noised)
+        if stepper is not None:
+            stepper.repeat(repeats)
+            return stepper.first, stepper
+        opened, rows = opened or (self._open_rows(items, noised), list(range(len(items))))
+        if not any(opened.suffix[i] is None for i in rows):
+            prefixes, image_of_row = opened.prefixes_of(rows)
+            stepper = PrefixStepper(self, self._rows_cache(prefixes, image_of_row), opened.prefix_length[rows[0]],
+                                     [opened.suffix[i] for i in rows], prefixes[0].extra)
+            stepper.repeat(repeats)  # each prompt runs once; its beams start from copies of its cache
+            return stepper.first, stepper
+        image_path, image, _ = items[0]
+        encoded = self.encode_shared_image([text for *_, text in items], image)
+        if noised:
+            encoded = self._noised_inputs(encoded, image_path)
+        repeated = {key: value.repeat_interleave(repeats, 0) if isinstance(value, torch.Tensor) else value
+                    for key, value in encoded.items()}
+        if "image_grid_thw" in encoded:  # Qwen: patches are rows of pixel_values, one grid per image
+            repeated["pixel_values"] = encoded["pixel_values"].repeat(repeats, 1)
+            repeated["image_grid_thw"] = encoded["image_grid_thw"].repeat(repeats, 1)
+        stepper = FullStepper(self, repeated)
+        return stepper.first, stepper
+
+    def _step_forward(self, input_ids, attention_mask, cache) -> torch.Tensor:
+        """Logits of one more token per row on a cache that already holds the image (no pixels again)."""
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True,
+                          **{self._cache_argument: cache}).logits
+

@@ -1,0 +1,344 @@
+"""The transformers engine: any vision-language model that loads with transformers, from prompts to logits.
+
+Scoring reads the logits of the first answer position (no generation):
+P(yes) = softmax mass of the "yes" spellings over yes+no spellings, and
+``yes_margin`` = logsumexp of their logits minus that of the "no" logits (float64,
+so it still ranks answers where P(yes) rounds to 1.0); MC = mass
+of each option letter's tokens, renormalised; ``confidence`` = the max softmax
+probability over the whole vocabulary there (paper Eq. 2); the raw answer is
+the decoded argmax token.
+
+Speed comes from two things, neither of which changes a number:
+
+- **Prefix reuse.** Questions on one image share a token prefix (chat header
+  and the image tokens, cut right after the last image token). It is run once,
+  with the vision tower, and its key/value cache is reused for every question
+  on that image (YN and MC, every question set, MC rotations included); only
+  the suffixes run per question. :meth:`LogitsVLM.score_mixed` scores YN and MC
+  questions of an image in one pass.
+- **Length-bucketed batches.** Suffixes (or, without reuse, whole prompts) are
+  sorted by length and right-padded; each row's logits are read at its own
+  last token, so padding never moves a position.
+
+Architectures whose image encoder reads the question (InstructBLIP's
+Q-Former) cannot reuse a prefix and take the batched full-forward path.
+Results equal an unbatched full forward pass (tested to 1e-4 on every tiny
+model).
+
+The engine's parts, by concern: :mod:`.inputs` (prompts and processor inputs), :mod:`.prefix_cache` (the
+cached prefixes and suffix batches), :mod:`.decode` and :mod:`.steppers` (the rows a decoding strategy
+advances; the strategies themselves are :mod:`verbmirage.variants.strategies`), :mod:`.scoring` (logits to
+answers) and :mod:`.families` (LLaVA, InstructBLIP, Qwen2-VL).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import inspect
+import logging
+import math
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from verbmirage.models.adapters import attach_adapter
+from verbmirage.models.base import Question, allow_remote_code
+from verbmirage.models.hf.decode import Decoder
+from verbmirage.models.hf.inputs import PromptInputs
+from verbmirage.models.hf.prefix_cache import Prefix, PrefixCache
+from verbmirage.models.hf.scoring import LogitsVLM
+from verbmirage.models.hf.tokens import DTYPES, decoder_layers, is_out_of_memory, use_eager_language_model
+from verbmirage.models.prompts import CHAT_TEMPLATE, PromptTemplate
+from verbmirage.models.registry import IMAGE_MODES
+from verbmirage.variants.settings import ALL_FEATURES
+
+log = logging.getLogger(__name__)
+
+
+class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
+    """Any model that loads with ``AutoModelForImageTextToText`` + ``AutoProcessor`` and has a chat template."""
+
+    backend = "hf"
+    variant_features = ALL_FEATURES
+    #: The transformers class that loads the checkpoint.
+    model_class = "AutoModelForImageTextToText"
+    #: Whether the image enters only through tokens before the question (so a shared prefix can be cached).
+    supports_prefix_reuse = True
+    #: Values the ``conversation`` setting may take (a key of ``prompts.CONVERSATIONS`` or the chat template).
+    conversations: tuple[str, ...] = (CHAT_TEMPLATE,)
+
+    def __init__(
+        self,
+        name: str,
+        path: str,
+        dtype: str = "float32",
+        device: str = "cpu",
+        prompts: dict | None = None,
+        prefix_reuse: bool = True,
+        trust_remote_code: bool = False,
+        revision: str | None = None,
+        attn_implementation: str | None = None,
+        local_files_only: bool = False,
+        conversation: str = CHAT_TEMPLATE,
+        adapter: str | None = None,
+        merge_adapter: bool = True,
+        image_mode: str | None = None,
+    ):
+        super().__init__(name)
+        modes = IMAGE_MODES.get(self.backend, IMAGE_MODES["hf"])
+        if image_mode is not None and image_mode not in modes:
+            raise ValueError(f"models.{name}.image_mode: '{image_mode}' is not one of {list(modes)} for backend "
+                             f"'{self.backend}'")
+        #: How images reach the processor (``registry.IMAGE_MODES``); the first mode is the processor as shipped.
+        self.image_mode, self._shipped_mode = image_mode or modes[0], modes[0]
+        if dtype not in DTYPES:
+            raise ValueError(f"models.{name}.dtype: '{dtype}' is not one of {sorted(DTYPES)}")
+        if conversation not in self.conversations:
+            raise ValueError(f"models.{name}.conversation: '{conversation}' is not one of "
+                             f"{list(self.conversations)} for backend '{self.backend}'")
+        self.conversation = conversation
+        self.device, self.dtype = torch.device(device), DTYPES[dtype]
+        self.prompts = PromptTemplate.from_config(prompts, where=f"models.{name}.prompts")
+        self.prefix_reuse = prefix_reuse and self.supports_prefix_reuse
+        trust = allow_remote_code(f"models.{name}", trust_remote_code, revision, path)
+        load = {"trust_remote_code": trust, "revision": revision, "local_files_only": local_files_only}
+        self.processor = self._load_processor(path, load)
+        self.model = self._load_model(path, load, attn_implementation)
+        if adapter:  # a peft LoRA folder on top; refused unless every saved weight loads (models/adapters.py)
+            self.model = attach_adapter(self.model, adapter, merge_adapter, where=f"models.{name}.adapter")
+        self.model = self.model.to(self.device).eval()
+        self.tokenizer = self.processor.tokenizer
+        self._find_answer_tokens()
+        # the kept image prefixes, oldest first: (image, prefix ids[, VCD noise]) -> Prefix (_prefix_caches)
+        self._prefixes: collections.OrderedDict[tuple, Prefix] = collections.OrderedDict()
+        # the images of the last call by path, and per image object (by id) its one-prompt processor encoding
+        # and image tokens per placeholder (encode_shared_image)
+        self._opened: dict[Path, Image.Image] = {}
+        self._encoded_images: collections.OrderedDict[int, tuple] = collections.OrderedDict()
+        self._kept_text_ids: dict[str, list[int]] = {}  # prompt text -> token ids (_text_ids)
+        # transformers 5.2x renamed the cache argument `past_key_values` -> `cache`.
+        parameters = inspect.signature(self.model.forward).parameters
+        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
+
+    # ---- loading (override per family) ------------------------------------
+    def _load_processor(self, path: str, load: dict):
+        from transformers import AutoProcessor
+
+        return AutoProcessor.from_pretrained(path, **load)
+
+    def _load_model(self, path: str, load: dict, attn_implementation: str | None):
+        import transformers
+
+        extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        model_class = getattr(transformers, self.model_class)
+        return model_class.from_pretrained(path, dtype=self.dtype, **load, **extra)
+
+    # ---- the engine -----------------------------------------------------------
+    mixed_kinds = True
+    #: Whether the prefixes of several images can run as one batch and their questions share suffix batches
+    #: (batch-first image tensors, one prefix length for every image: LLaVA). Otherwise each image alone.
+    cross_image_batches: bool = False
+    #: Whether the family's suffix batches may read their prefixes in place (:meth:`_reads_prefix_in_place`).
+    shared_prefix_attention: bool = False
+    #: At most this many image prefixes are kept (clean and VCD-noised count apart), and only those of the
+    #: current call's images (for its decoding, and the next call if it continues an image).
+    PREFIX_SLOTS = 32
+
+    def forget_prefixes(self) -> None:
+        """Drop the kept image prefixes and image encodings (benchmarks start cold; out of memory frees them)."""
+        self._prefixes.clear()
+        self._encoded_images.clear()
+        self._opened = {}
+        self._openings = None
+
+    @torch.inference_mode()
+    def answer_logits(self, questions: list[Question], multiple_choice) -> tuple[torch.Tensor, list, list[dict]]:
+        """``multiple_choice``: one flag for all questions, or one per question (YN and MC of an image together).
+        The third element holds each question's VCD statistics (``vcd_kl``, ``vcd_kl_reverse``, ``vcd_plausible``;
+        VCD only)."""
+        flags = multiple_choice if isinstance(multiple_choice, (list, tuple)) else [multiple_choice] * len(questions)
+        texts = [self.render(q, flag) for q, flag in zip(questions, flags)]
+        logits = torch.full((len(questions), self.model.config.get_text_config().vocab_size), math.nan)
+        errors, items = self._open_items(questions, texts, new_call=True)
+        # beam search, sampling and OPERA decode every question of the call next, greedy decoding (without VCD)
+        # the questions whose first token decides nothing: they start from the scoring pass's rows
+        strategy = self.strategy
+        self._openings = {False: {}, True: {}} if self.prefix_reuse and strategy.keeps_openings(self.continue_tokens) \
+            else None
+        self._multiple_choice_of = {(item[0], item[2]): flag for item, flag in zip(items, flags) if item is not None}
+        columns: list[dict] = [{}] * len(questions)
+        valid = [i for i, error in enumerate(errors) if error is None]
+        if valid:
+            method = self._prefix_logits if self.prefix_reuse else self._full_logits
+            values = self._with_shrinking_batches(method, [items[i] for i in valid])
+            if strategy.streams > 1:  # the same questions on the noised images, then VCD's contrast
+                noised = self._with_shrinking_batches(functools.partial(method, noised=True), [items[i] for i in valid])
+                values, contrast_columns = strategy.contrast_first(values, noised)
+                for i, own in zip(valid, contrast_columns):
+                    columns[i] = own
+            logits[valid] = values
+        return logits, errors, columns
+
+    def _open_items(self, questions: list[Question], texts: list[str], new_call: bool = False) -> tuple[list, list]:
+        """Per question: an error (its image does not open) or the item (image path, image, prompt text).
+
+        ``new_call`` (scoring; decodings follow it on a subset of its questions): from now on only these
+        images keep their prefix and encoding (a 7B model's prefix is ~0.3 GB).
+        """
+        images: dict[Path, Image.Image | str] = {}
+        errors: list[str | None] = [None] * len(questions)
+        items: list[tuple | None] = [None] * len(questions)
+        for index, (question, text) in enumerate(zip(questions, texts)):
+            if question.image not in images:
+                images[question.image] = self._opened.get(question.image)
+                if images[question.image] is None:
+                    try:
+                        images[question.image] = self.open_image(question.image)
+                    except (OSError, ValueError) as error:
+                        images[question.image] = f"image {question.image}: {type(error).__name__}: {error}"
+            image = images[question.image]
+            if isinstance(image, str):
+                errors[index] = image
+            else:
+                items[index] = (question.image, image, text)
+        opened = {path: image for path, image in images.items() if not isinstance(image, str)}
+        if not new_call:  # the same image objects for the decodings of this call: encodings are kept by identity
+            self._opened.update(opened)
+            self._opened = dict(list(self._opened.items())[-self.PREFIX_SLOTS:])
+            return errors, items
+        self._opened = opened
+        for key in [key for key in self._prefixes if key[0] not in self._opened]:
+            del self._prefixes[key]
+        kept = {id(image) for image in self._opened.values()}
+        for key in [key for key in self._encoded_images if key not in kept]:
+            del self._encoded_images[key]
+        return errors, items
+
+    def _with_shrinking_batches(self, method, items: list, size: int | None = None, combine=torch.cat):
+        """Run ``method`` on chunks of ``items`` (at most ``size``; default all); on out-of-memory halve the
+        chunk and retry. ``combine`` joins the chunks' results."""
+        size, start, parts = max(1, size or len(items)), 0, []
+        while start < len(items):
+            chunk = items[start : start + size]
+            try:
+                parts.append(method(chunk))
+                start += len(chunk)
+            except (torch.cuda.OutOfMemoryError, RuntimeError) as error:
+                if not is_out_of_memory(error) or size == 1:
+                    raise
+                size = max(1, size // 2)
+                self.forget_prefixes()
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                log.warning("%s: out of memory, batch halved to %d", self.name, size)
+        return combine(parts)
+
+    @staticmethod
+    def _by_image(items: list[tuple]) -> dict[Path, list[int]]:
+        groups: dict[Path, list[int]] = {}
+        for index, item in enumerate(items):
+            groups.setdefault(item[0], []).append(index)
+        return groups
+
+    def _forward(self, **inputs) -> torch.Tensor:
+        return self.model(**inputs, use_cache=False).logits
+
+    def _full_logits(self, items: list[tuple], noised: bool = False) -> torch.Tensor:
+        """Whole prompts, one right-padded batch per image; logits at each row's last real token."""
+        result = None
+        for indices in self._by_image(items).values():
+            image_path, image, _ = items[indices[0]]
+            encoded = self.encode_shared_image([items[i][2] for i in indices], image)
+            if noised:
+                encoded = self._noised_inputs(encoded, image_path)
+            logits = self._forward(**encoded)
+            last = encoded["attention_mask"].sum(dim=1) - 1
+            values = logits[torch.arange(len(indices)), last].float().cpu()
+            result = torch.empty(len(items), values.shape[1]) if result is None else result
+            result[indices] = values
+        return result
+
+    def _prefix_logits(self, items: list[tuple], noised: bool = False) -> torch.Tensor:
+        """Each image's prefix once (kept for the next call), then the suffixes in length-sorted batches.
+
+        The prefix ends right after the image tokens: every prompt of an image (YN and MC, any question
+        set, any batch) has that same prefix, so it is computed once per image however the questions are
+        batched. Where images share one prefix length (:attr:`cross_image_batches`), their prefixes run as
+        one batch and their questions share suffix batches, each row on its own image's prefix.
+        """
+        opened = self._open_rows(items, noised)
+        result = None
+        if opened.fallback:
+            values = self._full_logits([items[i] for i in opened.fallback], noised)
+            result = torch.empty(len(items), values.shape[1])
+            result[opened.fallback] = values
+        for batch in opened.batches(self.BATCH_COST, self.cross_image_batches, self.batch_rows):
+            values = self._suffix_batch(opened, batch) if self._openings is None else \
+                self._kept_opening(opened, batch, items, noised)
+            result = torch.empty(len(items), values.shape[1]) if result is None else result
+            result[batch] = values
+        return result
+
+    #: The caller's batch size (:meth:`use_batch_size`); None: not given, a call is one batch.
+    batch_size: int | None = None
+    #: A greedy variant's scoring call holds this many batches' worth of questions (below).
+    CALL_BATCHES = 4
+
+    def _calls_span_batches(self) -> bool:
+        return self.prefix_reuse and self.cross_image_batches and self.strategy.call_spans_batches
+
+    @property
+    def batch_rows(self) -> int | None:
+        """At most this many rows per forward (suffix batches, decodings) where a call holds several batches;
+        None: the call is one batch."""
+        return self.batch_size if self._calls_span_batches() else None
+
+    def use_batch_size(self, batch_size: int) -> int:
+        """Greedy variants on a model whose images share suffix batches (LLaVA): ``CALL_BATCHES`` batches' worth
+        of questions per call, each forward still at most ``batch_size`` rows (:attr:`batch_rows`).
+
+        A call's images run their prefixes as one batch and its suffixes are cut where padding costs least,
+        so larger calls mean fuller forwards (bench/suite_scoring.py on the CPU: 64-question calls ~340
+        prompts/s, 256 ~420). The memory that grows with the call is small on this path: the prefixes of its
+        images (those of a 64-question call already number 2-3) and, for greedy continuation, the undecided
+        rows' openings. Beam search, sampling and OPERA keep every scoring row as an opening for the decoding
+        that follows, which grows with the call as a batch does, so they keep one batch per call.
+        """
+        self.batch_size = batch_size
+        return batch_size * self.CALL_BATCHES if self._calls_span_batches() else batch_size
+
+    def _noised_inputs(self, encoded: dict, image_path) -> dict:
+        """``encoded`` with VCD's diffusion noise on the pixel tensor, the same noise for every row of the image
+        (the strategy's :meth:`~verbmirage.variants.vcd.ContrastiveDecoding.noised_pixels`)."""
+        pixels = encoded["pixel_values"]
+        rows = encoded["input_ids"].shape[0]
+        per_image = pixels.shape[0] // rows
+        one = self.strategy.noised_pixels(pixels[:per_image], image_path)
+        return {**encoded, "pixel_values": one.repeat(rows, *[1] * (pixels.dim() - 1))}
+
+    def use_variant(self, variant, where: str = "variant") -> None:
+        """As the base class; a strategy that reads the last layer's attention (OPERA) gets it (eager kernel)."""
+        super().use_variant(variant, where)
+        if self.strategy.needs_last_attention and getattr(self, "_attention_hook", None) is None:
+            use_eager_language_model(self.model)
+            last = decoder_layers(self.model)[-1].self_attn
+
+            def keep_last_row(module, args, output):
+                weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+                if weights is None:
+                    raise RuntimeError(f"models.{self.name}: the last layer returned no attention weights (OPERA "
+                                       "needs eager attention in the language model)")
+                self._last_attention = weights[:, :, -1, :].float().amax(dim=1)
+
+            self._attention_hook = last.register_forward_hook(keep_last_row)
+
+    @torch.inference_mode()
+    def _generate(self, questions: list[Question], max_new_tokens: int) -> list[str]:
+        texts = []
+        for question in questions:
+            encoded = self.encode([self.render(question, None)], [self.open_image(question.image)])
+            output = self.model.generate(**encoded, max_new_tokens=max_new_tokens, do_sample=False)
+            texts.append(self.tokenizer.decode(output[0, encoded["input_ids"].shape[1] :], skip_special_tokens=True))
+        return texts

@@ -1,0 +1,337 @@
+"""The prefix cache and the batching of suffixes: how the engine runs many prompts on few images.
+
+Questions on one image share a token prefix (chat header and the image tokens, cut right after the last
+image token). It runs once, with the vision tower, and its key/value cache is kept (:class:`Prefix`) and
+reused for every question on that image; a text header several prompts share (an MC question before its
+options) joins their cached prefix. Only the suffixes run per question, sorted by length and cut into the
+batches where padding costs least (:func:`cheapest_cuts`); families whose language model allows it read
+their prefixes in place (:mod:`.shared_prefix`) instead of one copy per row.
+
+:class:`PrefixCache` holds the engine's side (a mixin of :class:`~verbmirage.models.hf.engine.TransformersVLM`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from verbmirage.models.hf import shared_prefix
+
+
+
+@dataclasses.dataclass
+class Prefix:
+    """One image's prefix in the model: per layer (keys, values) with batch 1, and what else its family needs."""
+
+    tensors: list[tuple[torch.Tensor, torch.Tensor]]
+    extra: object = None
+
+
+def cheapest_cuts(lengths: list[int], batch_cost: int, max_rows: int | None = None) -> list[int]:
+    """Where to cut rows sorted by length (ascending) into batches so that the token positions computed, each
+    batch's rows times its longest row plus ``batch_cost`` per batch (its fixed cost, in positions), are
+    fewest, no batch holding more than ``max_rows`` rows. Dynamic programming over the cut points, one numpy
+    step per row (no library partitions a sorted sequence by this cost)."""
+    n = len(lengths)
+    if n < 2:
+        return []
+    longest = np.asarray(lengths, dtype=np.int64)
+    best = np.zeros(n + 1, dtype=np.int64)  # best[j]: the cheapest cost of rows[:j]
+    start_of = np.zeros(n + 1, dtype=np.int64)  # where the last batch of that cheapest rows[:j] starts
+    for stop in range(1, n + 1):
+        first = 0 if max_rows is None else max(0, stop - max_rows)
+        starts = np.arange(first, stop)
+        costs = best[first:stop] + (stop - starts) * longest[stop - 1] + batch_cost
+        start_of[stop] = first + int(np.argmin(costs))
+        best[stop] = costs[start_of[stop] - first]
+    cuts, stop = [], n
+    while stop > 0:
+        stop = int(start_of[stop])
+        cuts.append(stop)
+    return sorted(cuts)[1:]  # without 0
+
+
+class Rows:
+    """The tokenized prompts of one engine call: per row its cached prefix (the image, or the image
+    and a text header the row shares with others: :meth:`TransformersVLM._text_headers`), prefix length and
+    suffix (None: no shared prefix, then its whole token length), and those prefixes."""
+
+    def __init__(self, n: int):
+        self.prefix_key: list = [None] * n
+        self.prefix_length = [0] * n
+        self.suffix: list[torch.Tensor | None] = [None] * n
+        self.length = [0] * n
+        self.on_prefix: list[int] = []
+        self.fallback: list[int] = []
+        self.prefixes: dict[tuple, Prefix] = {}
+
+    def add(self, row: int, prefix_key: tuple, prefix_length: int, suffix: torch.Tensor) -> None:
+        self.prefix_key[row], self.prefix_length[row], self.suffix[row] = prefix_key, prefix_length, suffix
+        self.on_prefix.append(row)
+
+    def batches(self, batch_cost: int, cross_images: bool, max_rows: int | None = None) -> list[list[int]]:
+        """Rows on a prefix in suffix batches: one prefix (or, ``cross_images``, one prefix length) per batch,
+        each group sorted by suffix length and cut where the padded work is least (:func:`cheapest_cuts`),
+        at most ``max_rows`` rows each."""
+        groups: dict = {}
+        for row in self.on_prefix:
+            groups.setdefault(self.prefix_length[row] if cross_images else self.prefix_key[row], []).append(row)
+        batches: list[list[int]] = []
+        for rows in groups.values():
+            rows = sorted(rows, key=lambda r: len(self.suffix[r]))
+            cuts = cheapest_cuts([len(self.suffix[r]) for r in rows], batch_cost, max_rows)
+            batches += [rows[start:stop] for start, stop in zip([0] + cuts, cuts + [len(rows)])]
+        return batches
+
+    def prefixes_of(self, rows: list[int]) -> tuple[list[Prefix], list[int]]:
+        """The distinct prefixes of ``rows`` and the index of each row's prefix among them."""
+        keys = list(dict.fromkeys(self.prefix_key[row] for row in rows))
+        position = {key: j for j, key in enumerate(keys)}
+        return [self.prefixes[key] for key in keys], [position[self.prefix_key[row]] for row in rows]
+
+
+
+class PrefixCache:
+    """The engine's prefix cache and suffix batches (a mixin of ``TransformersVLM``, which provides the model,
+    its tokenizer and its image encodings)."""
+
+    #: A suffix batch's fixed cost in token positions: suffix batches are cut where padding costs more than one
+    #: more forward (:func:`cheapest_cuts`), so YN and MC prompts of an image (short and long suffixes) do not
+    #: pad each other much. Measured on the CPU (bench/suite_scoring.py's model and the demo's tiny LLaVA),
+    #: 256-2000 were as fast as or faster than 32; on a GPU a forward's launch overhead makes it larger still.
+    BATCH_COST = 256
+
+    def _open_rows(self, items: list[tuple], noised: bool) -> Rows:
+        """Tokenize ``items`` per image and find (computing what is missing) each image's prefix."""
+        rows = Rows(len(items))
+        needed, headers = [], {}
+        self._text_ids([text for *_, text in items])  # every new prompt of the call in one tokenizer call
+        for indices in self._by_image(items).values():
+            image_path, image, _ = items[indices[0]]
+            encoded = self.encode_shared_image([items[i][2] for i in indices], image)
+            prefix_length = self._shared_prefix_length(encoded)
+            lengths = encoded["attention_mask"].sum(dim=1).tolist()
+            if prefix_length == 0:  # the image is not inside a shared prefix
+                rows.fallback += indices
+                for r, i in enumerate(indices):
+                    rows.length[i] = int(lengths[r])
+                continue
+            prefix_ids = encoded["input_ids"][0][:prefix_length]
+            image_key = self._prefix_key(image_path, prefix_ids, noised)
+            needed.append((image_path, prefix_ids, encoded))
+            suffixes = [encoded["input_ids"][r, prefix_length : int(lengths[r])] for r in range(len(indices))]
+            for r, header in enumerate(self._text_headers(suffixes)):
+                key = image_key
+                if header:
+                    key = self._prefix_key(image_path, torch.cat([prefix_ids, suffixes[r][:header]]), noised)
+                    headers.setdefault(key, (image_key, suffixes[r][:header]))
+                rows.add(indices[r], key, prefix_length + header, suffixes[r][header:])
+        rows.prefixes = self._prefix_caches(needed, noised)
+        rows.prefixes.update(self._header_prefixes(headers, rows.prefixes))  # image prefix + shared text header
+        return rows
+
+    #: A text header (the first suffix tokens several prompts of an image share, e.g. an MC question before its
+    #: options) becomes part of their cached prefix when it saves at least this many token positions.
+    HEADER_SAVING = 32
+    #: ... and is at least this long: shorter shared starts are not worth a forward of their own.
+    HEADER_LENGTH = 4
+
+    def _text_headers(self, suffixes: list[torch.Tensor]) -> list[int]:
+        """Per suffix, how many of its first tokens it shares as a header with the others that start the same
+        way (0: none), each keeping at least one token of its own.
+
+        Prompts group by their first :attr:`HEADER_LENGTH` tokens; a group's header is its longest common
+        start. One forward of the header on the image prefix then replaces running it once per prompt.
+        """
+        groups: dict[tuple, list[int]] = {}
+        for r, suffix in enumerate(suffixes):
+            if len(suffix) > self.HEADER_LENGTH:
+                groups.setdefault(tuple(suffix[: self.HEADER_LENGTH].tolist()), []).append(r)
+        headers = [0] * len(suffixes)
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            length = self._common_prefix_length([suffixes[r] for r in members])
+            if length >= self.HEADER_LENGTH and (len(members) - 1) * length >= self.HEADER_SAVING:
+                for r in members:
+                    headers[r] = length
+        return headers
+
+    def _header_prefixes(self, headers: dict[tuple, tuple[tuple, torch.Tensor]],
+                         image_prefixes: dict[tuple, Prefix]) -> dict[tuple, Prefix]:
+        """The cached prefix of each image followed by a text header (``headers``: key -> (the image prefix's
+        key, header tokens)), kept like image prefixes: one forward of each header on its image's prefix, the
+        images with the same header and prefix length (:attr:`cross_image_batches`) in one batch."""
+        found, groups = {}, {}
+        for key, (image_key, header) in headers.items():
+            found[key] = self._kept_prefix(key)
+            if found[key] is None:
+                image = image_prefixes[image_key]
+                group = (tuple(header.tolist()), image.tensors[0][0].shape[-2]) if self.cross_image_batches else key
+                groups.setdefault(group, []).append((key, image, header))
+        for group in groups.values():
+            images, header, rows = [image for _, image, _ in group], group[0][2], len(group)
+            start = images[0].tensors[0][0].shape[-2]
+            cache = self._cache_of([(torch.cat([image.tensors[layer][0] for image in images]),
+                                     torch.cat([image.tensors[layer][1] for image in images]))
+                                    for layer in range(len(images[0].tensors))])
+            slots = torch.arange(start, start + len(header), device=self.device)
+            mask = torch.ones((rows, start + len(header)), dtype=torch.long, device=self.device)
+            self._suffix_forward(header[None].expand(rows, -1).to(self.device), mask, cache, slots,
+                                 extra=images[0].extra, keep=1)
+            computed = {key: Prefix([(layer.keys[j : j + 1], layer.values[j : j + 1]) for layer in cache.layers],
+                                     image.extra) for j, (key, image, _) in enumerate(group)}
+            self._keep_prefixes(computed)
+            found.update(computed)
+        return found
+
+    def _kept_prefix(self, key: tuple) -> Prefix | None:
+        """A kept prefix (now the most recently used), or None."""
+        if key not in self._prefixes:
+            return None
+        self._prefixes.move_to_end(key)
+        return self._prefixes[key]
+
+    def _keep_prefixes(self, new: dict[tuple, Prefix]) -> None:
+        """Keep ``new`` prefixes, dropping the least recently used beyond :attr:`PREFIX_SLOTS`."""
+        self._prefixes.update(new)
+        while len(self._prefixes) > self.PREFIX_SLOTS:
+            self._prefixes.popitem(last=False)
+
+    def _prefix_key(self, image_path, prefix_ids: torch.Tensor, noised: bool) -> tuple:
+        key = (image_path, tuple(prefix_ids.tolist()))
+        return key + self.strategy.noise_key if noised else key
+
+    def _prefix_caches(self, needed: list[tuple], noised: bool) -> dict[tuple, Prefix]:
+        """Key/value tensors of each image's prefix (``needed``: (image path, prefix ids, encoding)) by
+        :meth:`_prefix_key`, computed once per image and kept (:attr:`PREFIX_SLOTS`); images with one prefix
+        run as one batch.
+
+        ``noised``: the prefix of VCD's noised image, kept apart from the clean one.
+        """
+        found, missing = {}, []
+        for image_path, prefix_ids, encoded in needed:
+            key = self._prefix_key(image_path, prefix_ids, noised)
+            found[key] = self._kept_prefix(key)
+            if found[key] is None:
+                missing.append((key, image_path, prefix_ids, encoded))
+        groups: dict[tuple, list[tuple]] = {}
+        for entry in missing:  # one forward per group of images with the same prefix tokens
+            group_key = entry[0][1] if self.cross_image_batches else entry[0]
+            groups.setdefault(group_key, []).append(entry)
+        for group in groups.values():
+            inputs = [self._prefix_inputs(prefix_ids, self._noised_inputs(encoded, image_path) if noised else encoded)
+                      for _, image_path, prefix_ids, encoded in group]
+            batch = inputs[0] if len(inputs) == 1 else {key: torch.cat([one[key] for one in inputs])
+                                                        for key in inputs[0]}
+            output = self.model(**batch, use_cache=True, logits_to_keep=1)  # the prefix's logits are not used
+            cache = output.get("cache") or output.get("past_key_values")
+            extra = self._prefix_extra()
+            computed = {key: Prefix([(layer.keys[j : j + 1], layer.values[j : j + 1]) for layer in cache.layers],
+                                     extra) for j, (key, *_) in enumerate(group)}
+            found.update(computed)
+            self._keep_prefixes(computed)
+        return found
+
+    def _prefix_extra(self):
+        """What a family needs besides the key/value tensors to continue after its prefix (Qwen: rope delta)."""
+        return None
+
+    def _prefix_inputs(self, prefix_ids: torch.Tensor, encoded) -> dict:
+        """Model inputs of the prefix pass: its tokens plus the image tensors of one row."""
+        inputs = {"input_ids": prefix_ids[None], "attention_mask": torch.ones_like(prefix_ids)[None]}
+        for key, value in encoded.items():
+            if key not in self.PER_TOKEN_KEYS:
+                inputs[key] = value[:1]
+        return inputs
+
+    def _common_prefix_length(self, ids: list[torch.Tensor]) -> int:
+        shortest = min(len(row) for row in ids)
+        stacked = torch.stack([row[:shortest] for row in ids])
+        same = (stacked == stacked[0]).all(dim=0)
+        mismatch = torch.nonzero(~same)
+        length = int(mismatch[0]) if len(mismatch) else shortest
+        return min(length, shortest - 1)  # every question keeps at least one token of its own
+
+    def _last_image_token(self, ids: torch.Tensor) -> int:
+        positions = torch.nonzero(ids == self._image_token_id())
+        return int(positions[-1]) if len(positions) else -1
+
+    def _shared_prefix_length(self, encoded) -> int:
+        """Length of the image prefix every row of ``encoded`` starts with (0: none, or no prefix reuse)."""
+        if not self.prefix_reuse:
+            return 0
+        lengths = encoded["attention_mask"].sum(dim=1).tolist()
+        ids = [encoded["input_ids"][i, : int(n)] for i, n in enumerate(lengths)]
+        prefix_length = self._last_image_token(ids[0]) + 1
+        return prefix_length if prefix_length > 0 and self._common_prefix_length(ids) >= prefix_length else 0
+
+    def _rows_cache(self, prefixes: list[Prefix], image_of_row: list[int]):
+        """A cache holding each row's image prefix (a view when every row has one image)."""
+        rows = len(image_of_row)
+        if len(prefixes) == 1:
+            data = [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in prefixes[0].tensors]
+        else:
+            index = torch.tensor(image_of_row, device=self.device)
+            data = [(torch.cat([p.tensors[layer][0] for p in prefixes]).index_select(0, index),
+                     torch.cat([p.tensors[layer][1] for p in prefixes]).index_select(0, index))
+                    for layer in range(len(prefixes[0].tensors))]
+        return self._cache_of(data)
+
+    def _cache_of(self, data: list[tuple[torch.Tensor, torch.Tensor]]):
+        """A transformers cache holding (keys, values) per layer."""
+        from transformers import DynamicCache
+
+        return DynamicCache(ddp_cache_data=data, config=self.model.config)
+
+    #: Language models whose attention layers go through transformers' attention interface, so that
+    #: ``shared_prefix.py`` can stand in for it.
+    SHARED_PREFIX_MODELS = ("llama", "mistral", "qwen2")
+
+    def _reads_prefix_in_place(self) -> bool:
+        """Whether suffix batches read their prefixes in place (``shared_prefix.py``) instead of one copy per
+        row. Not with eager attention: the analyses that switch to it read its attention weights."""
+        text = self.model.config.get_text_config()
+        return self.shared_prefix_attention and text.model_type in self.SHARED_PREFIX_MODELS \
+            and text._attn_implementation == "sdpa"
+
+    def _suffix_batch(self, opened: Rows, batch: list[int]) -> torch.Tensor:
+        """Logits at the last token of each suffix of ``batch`` (right-padded, on its image's prefix)."""
+        suffixes = [opened.suffix[i] for i in batch]
+        prefix_length = opened.prefix_length[batch[0]]
+        prefixes, image_of_row = opened.prefixes_of(batch)
+        width = max(len(row) for row in suffixes)
+        pad = self.tokenizer.pad_token_id or 0
+        input_ids = torch.full((len(batch), width), pad, dtype=torch.long, device=self.device)
+        for r, row in enumerate(suffixes):
+            input_ids[r, : len(row)] = row
+        slots = torch.arange(prefix_length, prefix_length + width, device=self.device)
+        last = torch.tensor([[len(row) - 1] for row in suffixes], device=self.device)  # the only logits kept
+        if self._reads_prefix_in_place():  # causal attention alone: a row's padding comes after its last token
+            text = self.model.config.get_text_config()
+            with shared_prefix.shared_prefix_attention(text, [p.tensors for p in prefixes], image_of_row):
+                logits = self._suffix_forward(input_ids, None, shared_prefix.SuffixOnlyCache(config=text), slots,
+                                              extra=prefixes[0].extra, keep=last)
+        else:
+            mask = torch.zeros((len(batch), prefix_length + width), dtype=torch.long, device=self.device)
+            mask[:, :prefix_length] = 1
+            for r, row in enumerate(suffixes):
+                mask[r, prefix_length : prefix_length + len(row)] = 1
+            logits = self._suffix_forward(input_ids, mask, self._rows_cache(prefixes, image_of_row), slots,
+                                          extra=prefixes[0].extra, keep=last)
+        return logits[:, 0].float().cpu()
+
+    def _suffix_forward(self, input_ids, attention_mask, cache, slots, positions=None, extra=None,
+                        keep: int | torch.Tensor = 0) -> torch.Tensor:
+        """Logits of tokens fed after the cached prefix. ``slots``: their cache indices [width];
+        ``positions``: each row's position ids [rows, width] where rows are left-padded (default: the slots);
+        ``extra``: the prefix's :meth:`_prefix_extra`; ``keep``: transformers' ``logits_to_keep`` (0: every
+        position; n: the last n; [rows, k] indices: those of each row), so the vocabulary projection runs only
+        where logits are read."""
+        position_ids = slots[None].expand(input_ids.shape[0], -1) if positions is None else positions
+        return self.model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache_position=slots,
+            use_cache=True, logits_to_keep=keep, **{self._cache_argument: cache},
+        ).logits

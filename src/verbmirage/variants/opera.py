@@ -1,0 +1,66 @@
+"""OPERA as a strategy: beam search with the over-trust penalty and retrospection (Huang et al. 2024).
+
+The search loops are :func:`.search.opera_batch` and :func:`.search.opera_search`; this class says what OPERA
+asks of the engine (the last layer's attention, rows of one prompt width) and decides which questions decode
+together: a batch whose image tokens sit at one position decodes as one, and a question whose retrospection
+rolls back (or a batch with its image elsewhere) decodes alone.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from verbmirage.variants import search
+from verbmirage.variants.strategies import AttendingRows, Decoding
+
+log = logging.getLogger(__name__)
+
+
+def placeholder_length(length: int, image_span: tuple[int, int]) -> int:
+    """A prompt's token count with its image tokens (``image_span``, inclusive) counted as one placeholder, as
+    the official OPERA LLaVA wrapper's prompt holds the image (its length normalisation)."""
+    return length - (image_span[1] - image_span[0])
+
+
+class Opera(Decoding):
+    name = "opera"
+    needs_last_attention = True
+    joins_rows = False  # its columns (image span, prompt end) are one prompt width's
+
+    @property
+    def beams(self) -> int:
+        return self.variant.num_beams
+
+    def decode(self, rows: AttendingRows, new_tokens: int, stop: set[int]) -> list[list[int]]:
+        """A batch of questions (:func:`.search.opera_batch`); a question whose retrospection rolls back, or a
+        batch whose image tokens sit at different positions, decodes alone (:meth:`decode_alone`)."""
+        spans = set(rows.image_spans())
+        if len(rows.question_ids) == 1 or len(spans) != 1:
+            return [self.decode_alone(rows.alone(i), new_tokens, stop) for i in range(len(rows.question_ids))]
+        variant, beams = self.variant, self.beams
+        first, stepper = rows.open(beams, fresh=True)
+        attending = rows.attending(first, stepper)  # (OPERA does not combine with VCD: one stream)
+        span = spans.pop()
+        tokens = search.opera_batch(
+            first, attending, variant.opera, beams, new_tokens, stop, span, stepper.prompt_columns,
+            [placeholder_length(n, span) for n in stepper.prompt_lengths[::beams]], variant.length_penalty)
+        return [row if row is not None else self.decode_alone(rows.alone(i), new_tokens, stop)
+                for i, row in enumerate(tokens)]
+
+    def decode_alone(self, one: AttendingRows, new_tokens: int, stop: set[int]) -> list[int]:
+        """One question (:func:`.search.opera_search`), reopened from its prompt at each rollback."""
+        variant, beams = self.variant, self.beams
+        length = one.prompt_lengths()[0]
+
+        def reopen():
+            first, stepper = one.open(beams, fresh=True)
+            return one.attending(first, stepper)
+
+        opened = reopen()
+        span = one.image_spans()[0]
+        tokens, rollbacks = search.opera_search(
+            opened.first, opened, variant.opera, beams, new_tokens, stop, span, length, reopen,
+            variant.length_penalty, normalised_length=placeholder_length(length, span))
+        if rollbacks:
+            log.info("%s: OPERA rolled back %d time(s): %s", one.name, len(rollbacks), rollbacks)
+        return tokens
