@@ -27,10 +27,9 @@ from verbmirage.models.remote import (
     WorkerClient,
     WorkerError,
 )
-from verbmirage.models.remote_worker import (
+from verbmirage.models.remote_driver import check_buffers, decoding_tag
+from verbmirage.models.remote_drivers import (
     MiniCPMVDriver,
-    check_buffers,
-    decoding_tag,
     install_stand_in_module,
     keep_loaded_weights,
     patch_minicpm_after_load,
@@ -418,6 +417,32 @@ def test_c_level_prints_and_stray_replies_go_to_the_log_not_the_protocol(tmp_pat
         model.close()
         assert "cudnn not found" in model.client.stderr_tail() if option == "c_print" else \
             '"id": 1' in model.client.stderr_tail()
+
+
+def test_the_worker_runs_from_its_files_alone_without_the_package(tmp_path):
+    """A remote-code environment has neither the package nor the project's pins: the worker's files
+    (``remote_worker.FILES``), copied to a folder of their own, serve the protocol on the standard library alone
+    (``-S``: no site-packages, so no verbmirage, torch or transformers), and name every driver."""
+    import json
+    import subprocess
+
+    from verbmirage.models import remote_worker
+
+    here = Path(remote_worker.__file__).parent
+    for name in remote_worker.FILES:
+        (tmp_path / name).write_bytes((here / name).read_bytes())
+    requests = [{"op": "vocabulary", "id": 1}, {"op": "load", "driver": "nobody", "path": "x", "id": 2},
+                {"op": "shutdown", "id": 3}]
+    done = subprocess.run([sys.executable, "-S", "-u", str(tmp_path / "remote_worker.py")], cwd=tmp_path,
+                          input="".join(json.dumps(r) + "\n" for r in requests), capture_output=True, text=True,
+                          timeout=60)
+    replies = [json.loads(line) for line in done.stdout.splitlines()]
+    assert done.returncode == 0, done.stderr
+    assert [r["id"] for r in replies] == [1, 2, 3] and replies[2]["ok"]
+    assert "'vocabulary' before 'load'" in replies[0]["error"]
+    assert "unknown driver 'nobody'" in replies[1]["error"]
+    for driver in ("qwen_vl_chat", "molmo", "minicpm_v", "mplug_owl2"):
+        assert driver in replies[1]["error"]
 
 
 def test_a_reply_to_another_request_stops_the_worker(tmp_path, monkeypatch):

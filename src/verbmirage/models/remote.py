@@ -12,12 +12,12 @@ here runs that driver either
 - **in-process** (no such key), with the driver's load-time patches for
   transformers 5.x.
 
-Either way YN and MC are scored from the logits at the first answer position,
-exactly like the transformers backends (P(yes) = yes mass / (yes + no mass);
-``yes_margin`` = logsumexp(yes logits) - logsumexp(no logits) in float64;
-``confidence`` = the probability of the first answer token), and decided like
-them: the first (argmax) token when it is yes/no or an option letter, else the
-parse of the greedy continuation. With ``scoring: text`` the answer is the
+Either way YN and MC are scored from the logits at the first answer position
+(P(yes) = yes mass / (yes + no mass); ``yes_margin`` = logsumexp(yes logits) -
+logsumexp(no logits) in float64; ``confidence`` = the probability of the first
+answer token) and decided like the transformers backends, by the same function
+(:mod:`verbmirage.models.answers`): the first (argmax) token when it is yes/no or
+an option letter, else the parse of the greedy continuation. With ``scoring: text`` the answer is the
 checkpoint's own decoding (e.g. MiniCPM's beam 3 with repetition penalty 1.2),
 named in ``parse_rule``.
 
@@ -37,7 +37,9 @@ import subprocess
 import threading
 from pathlib import Path
 
-from verbmirage.models import remote_worker
+import numpy as np
+
+from verbmirage.models import answers, remote_driver, remote_worker
 from verbmirage.models.base import (
     NO,
     UNKNOWN,
@@ -53,11 +55,20 @@ from verbmirage.models.base import (
     yes_no_margin,
 )
 from verbmirage.models.hf.tokens import answer_token_ids
-from verbmirage.models.parsing import decide_choice, decide_yes_no, parse_choice, parse_yes_no, yes_no_token
+from verbmirage.models.parsing import decide_choice, parse_choice, parse_yes_no, yes_no_token
 from verbmirage.models.prompts import PromptTemplate
 from verbmirage.variants.settings import REMOTE, REMOTE_NO_BEAM, question_seed
 
 WORKER_SCRIPT = Path(remote_worker.__file__).resolve()
+
+
+def driver_code_digest() -> str:
+    """sha256 of the files a worker runs (``remote_worker.FILES``: the worker, the driver base, the drivers)."""
+    digest = hashlib.sha256()
+    for name in remote_worker.FILES:
+        digest.update((Path(remote_worker.__file__).resolve().parent / name).read_bytes())
+    return digest.hexdigest()
+
 #: Where ``env: <name>`` entries are looked up (``tools/make_envs.sh`` builds them there).
 ENVS_DIR_VARIABLE = "VERBMIRAGE_ENVS_DIR"
 #: What ``configs/paper.yaml`` writes where a hub commit must be filled in; refused until replaced.
@@ -209,7 +220,7 @@ class RemoteCodeVLM(VisionLanguageModel):
 
     backend = ""
     variant_features = REMOTE
-    #: Key of the checkpoint's driver in ``remote_worker.DRIVERS`` (an entry's ``driver:`` may replace it).
+    #: Key of the checkpoint's driver in ``remote_drivers.DRIVERS`` (an entry's ``driver:`` may replace it).
     driver = ""
     #: New tokens decoded greedily when the first answer token decides nothing (``inference.continue_tokens``).
     continue_tokens = 8
@@ -241,14 +252,14 @@ class RemoteCodeVLM(VisionLanguageModel):
                 f"{where}.trust_remote_code: backend '{self.backend}' runs code shipped with the "
                 "checkpoint; set `trust_remote_code: true` in this model's entry to allow it"
             )
-        if dtype not in remote_worker.DTYPE_NAMES:
-            raise ValueError(f"{where}.dtype: '{dtype}' is not one of {sorted(remote_worker.DTYPE_NAMES)}")
+        if dtype not in remote_driver.DTYPE_NAMES:
+            raise ValueError(f"{where}.dtype: '{dtype}' is not one of {sorted(remote_driver.DTYPE_NAMES)}")
         if scoring not in ("logits", "text"):
             raise ValueError(f"{where}.scoring: '{scoring}' is not 'logits' or 'text'")
         if python and env:
             raise ValueError(f"{where}: give `python:` or `env:`, not both")
         try:
-            self.decoding = remote_worker.decoding_tag(num_beams, repetition_penalty)
+            self.decoding = remote_driver.decoding_tag(num_beams, repetition_penalty)
         except ValueError as error:
             raise ValueError(f"{where}.num_beams: {error}") from None
         self.where, self.path, self.revision = where, path, revision
@@ -296,7 +307,7 @@ class RemoteCodeVLM(VisionLanguageModel):
             "revision": self.revision,
             "code": dict(self.code),
             "environment": dict(self.environment),
-            "driver": hashlib.sha256(WORKER_SCRIPT.read_bytes()).hexdigest(),
+            "driver": driver_code_digest(),
             "decoding": self.decoding,
         }
 
@@ -420,17 +431,15 @@ class RemoteCodeVLM(VisionLanguageModel):
             values = row["logits"][: len(ids)]
             probs = [math.exp(v - row["logsumexp"]) for v in values]
             yes, no = sum(probs[: len(self._yes_ids)]), sum(probs[len(self._yes_ids):])
-            p_yes = yes / (yes + no) if yes + no > 0 else math.nan
             margin = yes_no_margin(values[: len(self._yes_ids)], values[len(self._yes_ids):])
             if self._decodes:  # as the transformers engine: a deciding first token, else the parsed text
                 texts = ("", "") if first is None else (self._token_text(first), text)
-                prediction, raw, rule = decide_yes_no(*texts, label)
                 confidence = self._confidence(row, len(ids), first)
             else:
                 texts = self._answer(question, prompt, row["argmax_id"], lambda t: yes_no_token(t) is not None)
-                prediction, raw, rule = decide_yes_no(*texts, label)
                 confidence = math.exp(row["argmax_logit"] - row["logsumexp"])
-            results.append(YesNoResult(p_yes, prediction, raw, confidence, rule, yes_margin=margin, yes_mass=yes))
+            results += answers.yes_no_results(np.array([yes]), np.array([no]), [margin], [yes], [confidence],
+                                              [texts], [None], label)
         return results
 
     def _confidence(self, row: dict, asked: int, first: int | None) -> float:
@@ -464,18 +473,14 @@ class RemoteCodeVLM(VisionLanguageModel):
                 continue
             values = iter(math.exp(v - row["logsumexp"]) for v in row["logits"][: len(asked)])
             mass = [sum(next(values) for _ in group) for group in groups]
-            total = sum(mass)
-            option_probs = tuple(m / total for m in mass) if total > 0 else (math.nan,) * n
             if self._decodes:
                 texts = ("", "") if first is None else (self._token_text(first), text)
-                letter, raw, rule = decide_choice(*texts, question.options, label)
                 confidence = self._confidence(row, len(asked), first)
             else:
                 texts = self._answer(question, prompt, row["argmax_id"],
                                      lambda t: decide_choice(t, None, question.options)[0] != UNKNOWN)
-                letter, raw, rule = decide_choice(*texts, question.options, label)
                 confidence = math.exp(row["argmax_logit"] - row["logsumexp"])
-            results.append(MultipleChoiceResult(option_probs, letter, raw, confidence, rule))
+            results += answers.choice_results([mass], [confidence], [texts], [None], [question.options], label)
         return results
 
     def _generate(self, questions, max_new_tokens):

@@ -27,7 +27,7 @@ from verbmirage.data.hico import hico_det_file
 from verbmirage.models.base import allow_remote_code
 from verbmirage.models.registry import BACKENDS, IMAGE_MODES, WORKFLOW_KEYS, backend_settings, variant_features
 from verbmirage.variants.settings import Variant, check_model_variant_settings, model_variants, non_finite_numbers
-from verbmirage.models.remote_worker import DRIVERS
+from verbmirage.models.remote_drivers import DRIVERS
 from verbmirage.data.charades import CHARADES_QUESTION_SETS
 from verbmirage.benchmark.questions import QUESTION_SETS
 from verbmirage.models.api import DEFAULT_API_KEY_ENV, DEFAULT_BASE_URL, check_endpoint

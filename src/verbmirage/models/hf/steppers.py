@@ -1,6 +1,6 @@
 """The engine's steppers: rows of cached decoding state that the decoding strategies advance token by token
 (the :class:`~verbmirage.variants.search.Stepper` and :class:`~verbmirage.variants.search.AttentionStepper`
-protocols).
+protocols). Each holds ``vlm``, the engine (``TransformersVLM``), whose forwards it calls.
 
 - :class:`PrefixStepper`: rows on cached image prefixes (prompts of any lengths in one batch);
 - :class:`FullStepper`: rows from whole prompts (no shared prefix: InstructBLIP);
@@ -10,12 +10,7 @@ protocols).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
-
-if TYPE_CHECKING:
-    from verbmirage.models.hf.engine import TransformersVLM
 
 
 class PrefixStepper:
@@ -25,7 +20,7 @@ class PrefixStepper:
     padding masked out) and keeps its own position ids, so a row decodes as it would alone.
     """
 
-    def __init__(self, vlm: TransformersVLM, cache, prefix_length: int, suffixes: list[torch.Tensor], extra=None):
+    def __init__(self, vlm, cache, prefix_length: int, suffixes: list[torch.Tensor], extra=None):
         self.vlm, self.cache, self.extra, rows = vlm, cache, extra, len(suffixes)
         device = vlm.device
         lengths = torch.tensor([len(row) for row in suffixes], device=device)
@@ -131,7 +126,7 @@ class PrefixStepper:
 class FullStepper:
     """Rows decoding from whole prompts (no shared prefix: InstructBLIP's Q-Former reads the question)."""
 
-    def __init__(self, vlm: TransformersVLM, encoded: dict):
+    def __init__(self, vlm, encoded: dict):
         self.vlm = vlm
         output = vlm.model(**encoded, use_cache=True)
         inner = output.get("language_model_outputs") or output  # InstructBLIP keeps the cache one level down
@@ -156,7 +151,7 @@ class FullStepper:
 class AttendingStepper:
     """A stepper that also reads the last layer's attention row of each fed token (OPERA)."""
 
-    def __init__(self, vlm: TransformersVLM, inner, first: torch.Tensor):
+    def __init__(self, vlm, inner, first: torch.Tensor):
         self.vlm, self.inner, self.first = vlm, inner, first
 
     def advance(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,504 @@
+"""Drivers of the paper's remote-code checkpoints (Qwen-VL-Chat, Molmo-7B-D, MiniCPM-Llama3-V-2.5,
+mPLUG-Owl2), each with its load-time patches for transformers 5.x.
+
+Stdlib only at import, like :mod:`remote_worker`, which hosts them (in-process, or in a worker process in
+the checkpoint's own environment without the package installed).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import sys
+import types
+from pathlib import Path
+
+if __package__:  # imported as verbmirage.models.remote_drivers
+    from verbmirage.models.remote_driver import (
+        Driver,
+        _dtype_kwarg,
+        _open_rgb,
+        _transformers_major,
+        check_buffers,
+        generation_settings,
+        sampling_tag,
+    )
+else:  # beside remote_worker.py in a remote-code environment (this folder on sys.path)
+    from remote_driver import (  # type: ignore[no-redef]
+        Driver,
+        _dtype_kwarg,
+        _open_rgb,
+        _transformers_major,
+        check_buffers,
+        generation_settings,
+        sampling_tag,
+    )
+
+
+# ---- Qwen-VL-Chat ----------------------------------------------------------------------------------
+#: Qwen's tokenizer stores the image path as raw bytes padded to this many tokens; the forward needs one pad.
+QWEN_IMAGE_SPAN = 256
+
+
+def qwen_image_path(image_path: str) -> str:
+    """The absolute path Qwen's tokenizer can carry: shorter than 256 UTF-8 bytes."""
+    resolved = str(Path(image_path).resolve())
+    if len(resolved.encode("utf-8")) >= QWEN_IMAGE_SPAN:
+        raise ValueError(
+            f"image path {resolved}: Qwen-VL-Chat carries the path inside the prompt and needs it shorter than "
+            f"{QWEN_IMAGE_SPAN} UTF-8 bytes (it has {len(resolved.encode('utf-8'))}); use a shorter images folder"
+        )
+    return resolved
+
+
+def install_stand_in_module(name: str) -> bool:
+    """Put an empty module ``name`` in ``sys.modules`` if it cannot be imported.
+
+    transformers 5.x refuses checkpoint code whose imports are missing, even
+    imports inside methods we never call (Qwen's ``chat_stream`` imports
+    ``transformers_stream_generator``, whose releases do not import on 5.x).
+    """
+    try:
+        importlib.import_module(name)
+        return False
+    except Exception:  # noqa: BLE001 - ImportError, or the package's own breakage on 5.x
+        sys.modules[name] = types.ModuleType(name)
+        return True
+
+
+def keep_loaded_weights(model_class) -> None:
+    """Stop transformers 5.x from re-initialising loaded weights (Qwen-VL-Chat on 5.24: every ``c_proj.weight``).
+
+    Qwen's ``_init_weights`` re-draws ``c_proj.weight`` from the *parent*
+    module, which 5.x does not mark as loaded, so a real checkpoint silently
+    loses those weights. A full checkpoint has every weight: no init is needed.
+    """
+    for cls in model_class.__mro__:
+        if "_init_weights" in vars(cls) and cls.__module__ == model_class.__module__:
+            cls._init_weights = lambda self, module: None
+
+
+def patch_qwen_for_transformers5(model) -> None:
+    """Make Qwen-VL-Chat's modeling code run on transformers 5.x (Q4, Q5).
+
+    5.x builds models on the meta device, so tensors that ``__init__`` stores as
+    plain attributes (rotary ``inv_freq``, ``logn_tensor``) and the
+    non-persistent ``masked_bias`` never get values; they are recomputed here.
+    ``PreTrainedModel.get_head_mask`` is gone. The checkpoint's tuple caches do
+    not fit 5.x's cache objects, so :class:`QwenVLChatDriver` generates without
+    a cache there (right tokens, quadratic time).
+    """
+    import torch
+
+    transformer = model.transformer
+    device = next(model.parameters()).device
+    config = model.config
+    for block in transformer.h:
+        if hasattr(block.attn, "masked_bias"):
+            block.attn.masked_bias = torch.tensor(-1e4, device=device)  # a non-persistent buffer: never loaded
+    rotary = transformer.rotary_emb
+    if rotary.inv_freq.is_meta or rotary.inv_freq.device != device:
+        rotary.inv_freq = 1.0 / (rotary.base ** (torch.arange(0, rotary.dim, 2, device=device).float() / rotary.dim))
+        rotary._seq_len_cached, rotary._rotary_pos_emb_cache = 0, None
+    for block in transformer.h:
+        attention = block.attn
+        if hasattr(attention, "logn_tensor") and (attention.logn_tensor.is_meta or attention.logn_tensor.device != device):
+            logn = [math.log(i, config.seq_length) if i > config.seq_length else 1 for i in range(1, 32768)]
+            attention.logn_tensor = torch.tensor(logn, device=device)[None, :, None, None]
+    if not hasattr(type(transformer), "get_head_mask"):
+        type(transformer).get_head_mask = lambda self, head_mask, n_layers: [None] * n_layers
+
+
+class QwenVLChatDriver(Driver):
+    """Qwen/Qwen-VL-Chat: ChatML via the checkpoint's own ``make_context``; the path travels in the prompt."""
+
+    name = "qwen_vl_chat"
+    SYSTEM = "You are a helpful assistant."
+
+    def load(self):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        load = {"trust_remote_code": True, "revision": self.revision}
+        if _transformers_major() >= 5:
+            from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+            install_stand_in_module("transformers_stream_generator")
+            keep_loaded_weights(get_class_from_dynamic_module("modeling_qwen.QWenLMHeadModel", self.path,
+                                                              revision=self.revision))
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path, **load)
+        # The checkpoint casts itself by its own flags (fp16 in the hub config), not by torch_dtype: set them.
+        precision = {flag: self.dtype_name == name for flag, name in
+                     (("bf16", "bfloat16"), ("fp16", "float16"), ("fp32", "float32"))}
+        self.model = AutoModelForCausalLM.from_pretrained(self.path, **{_dtype_kwarg(): self.dtype}, **precision,
+                                                          **load)
+        self.model = self.model.to(self.device).eval()
+        if _transformers_major() >= 5:
+            patch_qwen_for_transformers5(self.model)
+            check_buffers(self.model, "qwen_vl_chat")
+        package = type(self.model).__module__.rsplit(".", 1)[0]
+        self._utils = importlib.import_module(f"{package}.qwen_generation_utils")
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.lm_head.weight.shape[0])
+
+    def _context(self, image_path: str, question: str) -> tuple[str, list[int]]:
+        query = self.tokenizer.from_list_format([{"image": qwen_image_path(image_path)}, {"text": question}])
+        return self._utils.make_context(self.tokenizer, query, history=[], system=self.SYSTEM,
+                                        max_window_size=getattr(self.model.generation_config, "max_window_size", 6144),
+                                        chat_format="chatml")
+
+    def prompt_text(self, image_path, question):
+        return self._context(image_path, question)[0]
+
+    def prompt_ids(self, image_path, question) -> list[int]:
+        return list(self._context(image_path, question)[1])
+
+    def logits(self, image_path, question):
+        import torch
+
+        ids = torch.tensor([self.prompt_ids(image_path, question)], device=self.device)
+        with torch.inference_mode():
+            return self.model(input_ids=ids).logits[0, -1].float().cpu()
+
+    def reference_text(self, image_path, question, max_new_tokens, num_beams=1):
+        """The checkpoint's own ``chat()`` with sampling switched off (what ``generate`` must agree with)."""
+        query = self.tokenizer.from_list_format([{"image": qwen_image_path(image_path)}, {"text": question}])
+        text, _ = self.model.chat(self.tokenizer, query=query, history=None, max_new_tokens=int(max_new_tokens),
+                                  do_sample=False, top_p=None, top_k=None, num_beams=int(num_beams))
+        return text
+
+    def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0, sampling=None):
+        import torch
+
+        tag = sampling_tag(num_beams, repetition_penalty, sampling)
+        ids = torch.tensor([self.prompt_ids(image_path, question)], device=self.device)
+        stop = self._utils.get_stop_words_ids("chatml", self.tokenizer)
+        settings = {"top_p": None, "top_k": None, **generation_settings(sampling)}
+        with torch.inference_mode():
+            output = self.model.generate(
+                ids, stop_words_ids=stop, max_new_tokens=max_new_tokens, num_beams=int(num_beams),
+                repetition_penalty=float(repetition_penalty), use_cache=_transformers_major() < 5, **settings,
+            )
+        new = output[0, ids.shape[1]:].tolist()
+        self.last_token_ids = new
+        ends = set(self.stop_ids())
+        cut = next((i for i, token in enumerate(new) if token in ends), len(new))
+        return self.tokenizer.decode(new[:cut], errors="replace").strip(), tag
+
+    def stop_ids(self):
+        """ChatML's turn marks end an answer too."""
+        return sorted({self.tokenizer.im_end_id, self.tokenizer.im_start_id, *super().stop_ids()})
+
+
+# ---- Molmo-7B-D -------------------------------------------------------------------------------------
+def patch_molmo_for_transformers5(model_class) -> None:
+    """Let MolmoForCausalLM load on transformers 5.x: its ``__init__`` never calls ``post_init()`` (no
+    ``all_tied_weights_keys``) and its ``tie_weights`` takes no keyword arguments (its weights are not tied).
+
+    Its generation hooks are not patched: on 5.24 its tuple cache and
+    causal-bias cache do not survive the new generation loop, so text decoding
+    of Molmo needs its worker env (:meth:`MolmoDriver.generate` says so).
+    """
+    if not hasattr(model_class, "all_tied_weights_keys"):
+        model_class.all_tied_weights_keys = {}
+    model_class.tie_weights = lambda self, *args, **kwargs: None
+
+
+class MolmoDriver(Driver):
+    """allenai/Molmo-7B-D-0924: ``processor.process`` then the model card's calls, images cast to the weights' dtype."""
+
+    name = "molmo"
+
+    def load(self):
+        from transformers import AutoModelForCausalLM, AutoProcessor
+
+        load = {"trust_remote_code": True, "revision": self.revision}
+        if _transformers_major() >= 5:
+            from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+            patch_molmo_for_transformers5(get_class_from_dynamic_module(
+                "modeling_molmo.MolmoForCausalLM", self.path, revision=self.revision))
+        self.processor = AutoProcessor.from_pretrained(self.path, **load)
+        self.tokenizer = self.processor.tokenizer
+        self.model = AutoModelForCausalLM.from_pretrained(self.path, **{_dtype_kwarg(): self.dtype}, **load)
+        self.model = self.model.to(self.device).eval()
+        if _transformers_major() >= 5:
+            check_buffers(self.model, "molmo")
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.embedding_size or self.model.config.vocab_size)
+
+    def _inputs(self, image_path, question) -> dict:
+        inputs = self.processor.process(images=[_open_rgb(image_path)], text=question)
+        batch = {key: value.to(self.device).unsqueeze(0) for key, value in inputs.items()}
+        batch["images"] = batch["images"].to(self.model.dtype)  # float32 pixels meet bf16 weights
+        return batch
+
+    def prompt_ids(self, image_path, question) -> list[int]:
+        """The processor's ids: BOS (``<|endoftext|>``), the image tokens, then `` User: {question} Assistant:``."""
+        return self.processor.process(images=[_open_rgb(image_path)], text=question)["input_ids"].tolist()
+
+    def prompt_text(self, image_path, question):
+        return self.tokenizer.decode(self.prompt_ids(image_path, question))
+
+    def logits(self, image_path, question):
+        import torch
+
+        with torch.inference_mode():
+            return self.model(**self._inputs(image_path, question)).logits[0, -1].float().cpu()
+
+    def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0, sampling=None):
+        import torch
+        from transformers import GenerationConfig
+
+        if int(num_beams) != 1:  # its caches are plain tuples and the class has no _reorder_cache for beams
+            raise ValueError("molmo: generate_from_batch cannot run beam search (num_beams=1 only)")
+        if _transformers_major() >= 5:
+            raise NotImplementedError("molmo: generate_from_batch does not run on transformers 5.x; decode text in "
+                                      "its worker env (env: remote-molmo); scores from logits work here")
+        tag = sampling_tag(num_beams, repetition_penalty, sampling)
+        inputs = self._inputs(image_path, question)
+        config = GenerationConfig(max_new_tokens=int(max_new_tokens), stop_strings="<|endoftext|>", use_cache=True,
+                                  repetition_penalty=float(repetition_penalty), **generation_settings(sampling))
+        with torch.inference_mode():
+            output = self.model.generate_from_batch(inputs, config, tokenizer=self.tokenizer)
+        new = output[0, inputs["input_ids"].shape[1]:].tolist()
+        self.last_token_ids = new
+        return self.tokenizer.decode(new, skip_special_tokens=True).strip(), tag
+
+
+# ---- MiniCPM-Llama3-V-2.5 ---------------------------------------------------------------------------
+def patch_minicpm_after_load(model) -> None:
+    """Recompute the resampler's 2-D sin-cos table, a non-persistent buffer that 5.x leaves uninitialised."""
+    resampler = model.resampler
+    resampler._set_2d_pos_cache(resampler.max_size, device=next(resampler.parameters()).device)
+
+
+def supply_list_to_torch_functional() -> bool:
+    """MiniCPM's ``resampler.py`` gets ``List`` from ``from torch.nn.functional import *``.
+
+    torch 2.1 imported ``List`` there; later releases do not, and the import of
+    the checkpoint code fails with NameError. ``torch.nn.functional`` has no
+    ``__all__``, so giving it ``List`` back restores the star import.
+    """
+    import typing
+
+    import torch.nn.functional as functional
+
+    if hasattr(functional, "List"):
+        return False
+    functional.List = typing.List
+    return True
+
+
+class MiniCPMVDriver(Driver):
+    """openbmb/MiniCPM-Llama3-V-2_5: its processor (loaded once), vision embedding, then the LLM on ``inputs_embeds``."""
+
+    name = "minicpm_v"
+
+    def load(self):
+        from transformers import AutoModel, AutoProcessor, AutoTokenizer
+
+        load = {"trust_remote_code": True, "revision": self.revision}
+        supply_list_to_torch_functional()
+        if _transformers_major() >= 5:
+            from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+            model_class = get_class_from_dynamic_module("modeling_minicpmv.MiniCPMV", self.path, revision=self.revision)
+            if not hasattr(model_class, "all_tied_weights_keys"):
+                model_class.all_tied_weights_keys = {}  # no post_init(); embeddings are not tied
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path, **load)
+        self.processor = AutoProcessor.from_pretrained(self.path, **load)  # once, pinned, passed to chat()
+        self.model = AutoModel.from_pretrained(self.path, **{_dtype_kwarg(): self.dtype}, **load)
+        self.model = self.model.to(self.device).eval()
+        if _transformers_major() >= 5:
+            patch_minicpm_after_load(self.model)
+            check_buffers(self.model, "minicpm_v")
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.llm.lm_head.weight.shape[0])
+
+    def _chat_messages(self, question: str) -> list[dict]:
+        """What ``chat()`` builds from ``msgs=[{"role": "user", "content": question}]`` and an image: image first."""
+        return [{"role": "user", "content": "(<image>./</image>)\n" + question}]
+
+    def prompt_text(self, image_path, question):
+        """``chat()``'s prompt: the Llama-3 template over its messages, generation header appended."""
+        return self.processor.tokenizer.apply_chat_template(self._chat_messages(question), tokenize=False,
+                                                            add_generation_prompt=True)
+
+    def _inputs(self, image_path, question):
+        """``chat()``'s processor call (slices, placeholders, image bounds), pixels on the model's device."""
+        inputs = self.processor(self.prompt_text(image_path, question), [_open_rgb(image_path)], return_tensors="pt",
+                                max_length=2048).to(self.device)
+        inputs["pixel_values"] = [[p.to(self.device) for p in row] for row in inputs["pixel_values"]]
+        return inputs
+
+    def prompt_ids(self, image_path, question) -> list[int]:
+        return self._inputs(image_path, question)["input_ids"][0].tolist()
+
+    def logits(self, image_path, question):
+        """The model's own vision embedding, then the language model on ``inputs_embeds``."""
+        import torch
+
+        with torch.inference_mode():
+            embeddings, _ = self.model.get_vllm_embedding(self._inputs(image_path, question))
+            return self.model.llm(inputs_embeds=embeddings).logits[0, -1].float().cpu()
+
+    def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0, sampling=None):
+        """``chat(sampling=False)``'s path with the beam count and penalty explicit (its default is beam3-rp1.2, C1)."""
+        import torch
+
+        tag = sampling_tag(num_beams, repetition_penalty, sampling)
+        with torch.inference_mode():
+            output = self.model.generate(self._inputs(image_path, question), tokenizer=self.tokenizer,
+                                         max_new_tokens=int(max_new_tokens), num_beams=int(num_beams),
+                                         repetition_penalty=float(repetition_penalty), decode_text=False,
+                                         **generation_settings(sampling))
+        self.last_token_ids = output[0].tolist()
+        return self.model._decode_text(output, self.tokenizer)[0], tag
+
+    def reference_text(self, image_path, question, max_new_tokens, num_beams=1):
+        """The checkpoint's own ``chat()`` (sampling off), with the processor loaded once."""
+        return self.model.chat(image=_open_rgb(image_path), msgs=[{"role": "user", "content": question}],
+                               tokenizer=self.tokenizer, processor=self.processor, sampling=False,
+                               max_new_tokens=int(max_new_tokens), num_beams=int(num_beams), repetition_penalty=1.0)
+
+
+# ---- mPLUG-Owl2 ---------------------------------------------------------------------------------------
+def import_mplug_owl2(code_dir: str | None = None):
+    """The ``mplug_owl2`` package, from ``code_dir`` (a checkout of X-PLUG/mPLUG-Owl's ``mPLUG-Owl2/``) if given.
+
+    An ImportError raised inside the package (a missing ``icecream``, or
+    transformers >= 4.3x without the 4.31 internals it patches) propagates as
+    itself: it says what is wrong, which "install the package" would not.
+    """
+    if code_dir:
+        folder = Path(code_dir).resolve()
+        if not (folder / "mplug_owl2" / "__init__.py").is_file():
+            raise FileNotFoundError(f"code_dir {folder}: no mplug_owl2/__init__.py (give the mPLUG-Owl2/ folder)")
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+    try:
+        return importlib.import_module("mplug_owl2")
+    except ModuleNotFoundError as error:
+        if error.name != "mplug_owl2":
+            raise
+        raise ModuleNotFoundError(
+            "the mplug_owl2 package is not importable in this environment "
+            f"({sys.executable}): set the driver option code_dir to a checkout of X-PLUG/mPLUG-Owl's mPLUG-Owl2/ "
+            "folder, or pip install it with --no-deps into the env built from envs/remote-mplug_owl2.txt",
+            name="mplug_owl2",
+        ) from error
+
+
+class MplugOwl2Driver(Driver):
+    """MAGAer13/mplug-owl2-llama2-7b through the ``mplug_owl2`` package (needs transformers 4.31: own env).
+
+    Loads as the package's ``load_pretrained_model`` does for a full checkpoint
+    (slow LLaMA tokenizer, the registered causal-LM class, CLIP image processor),
+    except that the dtype asked for is honoured (the builder forces float16) and
+    a hub id is fetched at the pinned ``revision``. Prompts come from the
+    package's ``conv_templates["mplug_owl2"]`` and ``tokenizer_image_token``
+    (the image as id -200, embedded by the model's own multimodal preparation).
+    """
+
+    name = "mplug_owl2"
+
+    def load(self):
+        import torch  # noqa: F401  (imported before the package, which expects it)
+
+        import_mplug_owl2(self.options.get("code_dir"))
+        from mplug_owl2.model import MPLUGOwl2LlamaForCausalLM  # noqa: F401  (registers the config with Auto*)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.models.clip.image_processing_clip import CLIPImageProcessor
+
+        folder = self._local_folder()
+        self.tokenizer = AutoTokenizer.from_pretrained(folder, use_fast=False)
+        # As the builder: weights straight onto the one device (device_map needs accelerate, which the env has).
+        self.model = AutoModelForCausalLM.from_pretrained(folder, low_cpu_mem_usage=True, torch_dtype=self.dtype,
+                                                          device_map={"": self.device}).eval()
+        self.image_processor = CLIPImageProcessor.from_pretrained(folder)
+
+    def _local_folder(self) -> str:
+        """The checkpoint folder: ``path`` itself, or the hub snapshot at ``revision`` (the revision is used)."""
+        if Path(self.path).is_dir():
+            return self.path
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(self.path, revision=self.revision)
+
+    def prompt_text(self, image_path, question):
+        from mplug_owl2.constants import DEFAULT_IMAGE_TOKEN
+        from mplug_owl2.conversation import conv_templates
+
+        conversation = conv_templates["mplug_owl2"].copy()
+        conversation.append_message(conversation.roles[0], DEFAULT_IMAGE_TOKEN + question)
+        conversation.append_message(conversation.roles[1], None)
+        return conversation.get_prompt()
+
+    def prompt_ids(self, image_path, question) -> list[int]:
+        """The prompt's ids with the image as ``IMAGE_TOKEN_INDEX`` (-200), one BOS first."""
+        from mplug_owl2.constants import IMAGE_TOKEN_INDEX
+        from mplug_owl2.mm_utils import tokenizer_image_token
+
+        return tokenizer_image_token(self.prompt_text(image_path, question), self.tokenizer, IMAGE_TOKEN_INDEX)
+
+    def _inputs(self, image_path, question):
+        import torch
+        from mplug_owl2.mm_utils import process_images
+
+        ids = torch.tensor([self.prompt_ids(image_path, question)], device=self.device)
+        pixels = process_images([_open_rgb(image_path)], self.image_processor)
+        return ids, pixels.to(self.device, dtype=self.model.dtype)  # the weights' dtype, whatever was asked
+
+    def logits(self, image_path, question):
+        import torch
+
+        ids, pixels = self._inputs(image_path, question)
+        with torch.inference_mode():
+            return self.model(input_ids=ids, images=pixels).logits[0, -1].float().cpu()
+
+    def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0, sampling=None):
+        """Decoding as the official evaluations run it (``do_sample=False``, O6, unless sampling is asked),
+        stopping at ``</s>``."""
+        import torch
+
+        tag = sampling_tag(num_beams, repetition_penalty, sampling)
+        ids, pixels = self._inputs(image_path, question)
+        with torch.inference_mode():
+            output = self.model.generate(
+                ids, images=pixels, num_beams=int(num_beams), repetition_penalty=float(repetition_penalty),
+                max_new_tokens=int(max_new_tokens), use_cache=True, pad_token_id=self.tokenizer.eos_token_id,
+                **generation_settings(sampling),
+            )
+        new = output[0, ids.shape[1]:].tolist()
+        self.last_token_ids = new
+        return self.tokenizer.decode(new, skip_special_tokens=True).strip(), tag
+
+    def reference_text(self, image_path, question, max_new_tokens, num_beams=1):
+        """The package README's inference (its stopping criterion and decode), sampling switched off."""
+        import torch
+        from mplug_owl2.mm_utils import KeywordsStoppingCriteria
+
+        ids, pixels = self._inputs(image_path, question)
+        from mplug_owl2.conversation import conv_templates
+
+        # the README's keyword criterion handles one sequence only; beams end at </s> (the generation config)
+        stop = [KeywordsStoppingCriteria([conv_templates["mplug_owl2"].sep2], self.tokenizer, ids)] \
+            if int(num_beams) == 1 else []
+        with torch.inference_mode():
+            output = self.model.generate(ids, images=pixels, do_sample=False, max_new_tokens=int(max_new_tokens),
+                                         use_cache=True, stopping_criteria=stop, num_beams=int(num_beams))
+        return self.tokenizer.decode(output[0, ids.shape[1]:]).strip()
+
+
+DRIVERS: dict[str, type[Driver]] = {
+    "qwen_vl_chat": QwenVLChatDriver,
+    "molmo": MolmoDriver,
+    "minicpm_v": MiniCPMVDriver,
+    "mplug_owl2": MplugOwl2Driver,
+}
