@@ -79,6 +79,14 @@ def test_each_strategy_declares_what_it_needs_from_the_engine(entry, kind, beams
 
 
 def test_every_decoding_a_variant_may_name_has_a_strategy_in_the_registry():
+    """The registry is the list of decodings: the variant settings and the config schema's enum follow it."""
+    from pathlib import Path
+
+    import yaml
+
+    schema = yaml.safe_load((Path(__file__).parents[1] / "schemas" / "config.schema.yaml").read_text())
+    assert schema["properties"]["variants"]["additionalProperties"]["properties"]["decoding"]["enum"] == \
+        list(registry.DECODINGS)
     assert tuple(registry.DECODINGS) == DECODINGS
     for name in DECODINGS:
         assert registry.strategy_class(name).name == name

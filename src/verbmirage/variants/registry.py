@@ -1,8 +1,8 @@
 """Decoding strategies by name: a variant's ``decoding`` value -> its strategy class (imported when used).
 
-Adding a decoding is one strategy class (see :mod:`.strategies`) and one line in :data:`DECODINGS`; the
-variant's settings (:mod:`.settings`) and the backends' features (``decoding:<name>``) follow from this
-table. This module imports nothing heavy: the workflow reads the names while planning.
+Adding a decoding is one strategy class (see :mod:`.strategies`) and one line in :data:`DECODINGS` (and its
+name in the config schema's ``decoding`` enum, which a test keeps equal to this table); the variant's
+settings (:mod:`.settings`) and the backends' features (``decoding:<name>``) follow from this table. This module imports nothing heavy: the workflow reads the names while planning.
 """
 
 from __future__ import annotations
