@@ -1,4 +1,4 @@
-"""Suffix batches that read their cached prefixes in place (models/shared_prefix.py), shared text headers
+"""Suffix batches that read their cached prefixes in place (models/hf/shared_prefix.py), shared text headers
 (TransformersVLM._text_headers) and where suffix batches are cut (cheapest_cuts): the same scores as giving
 every row its own copy of its whole prompt."""
 
