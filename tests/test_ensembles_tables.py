@@ -104,6 +104,23 @@ def test_table1_from_long_table():
     assert np.isnan(row.yn_verb_acc) and row.source == "measured"
 
 
+def test_table1_shows_the_share_of_unknown_answers_beside_each_accuracy():
+    """An accuracy near 0 under sampling is explained by its unknown share: Table 1 carries it (ours: the
+    paper prints none, so its rows show none)."""
+    metrics = _long([
+        ("m1", "yn_obj", "clean", "accuracy", 0.0065),
+        ("m1", "yn_obj", "clean", "unknown_ratio", 0.98),
+        ("m1", "mc_verb", "clean", "unknown_ratio", 0.5),
+    ])
+    table = paper_tables(metrics, PAPER, ["m1"], {}, [], paper_names={"m1": "LLaVA-1.5-7B"})[1]
+    ours = table.frame[table.frame.source.eq("measured")].set_index("model")
+    assert ours.at["m1", "yn_obj_unknown"] == pytest.approx(98.0) and ours.at["m1", "mc_verb_unknown"] == 50.0
+    assert table.frame[table.frame.source.eq("paper")].yn_obj_unknown.isna().all()
+    shown = table.display()
+    assert shown.columns.tolist()[-4:] == ["yn_obj_unknown", "yn_verb_unknown", "mc_obj_unknown", "mc_verb_unknown"]
+    assert shown[shown.source.eq("measured")].yn_obj_unknown.iloc[0] == "98.00"
+
+
 def test_table2_every_pair_and_table3_members_then_ensemble():
     metrics = _long([
         ("m1", "yn_verb", "clean_vs_saltpepper", "error_consistency", 0.7385),

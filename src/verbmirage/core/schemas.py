@@ -212,7 +212,8 @@ MITIGATION_TABLE5 = _paper_table(
 # Paper Table 8 (mitigation_tables.py; percent): per decoding (the variant's paper_name), as Table 1's columns.
 DECODING_TABLE8 = _paper_table(
     ("decoding",), ("yn_obj_acc", "yn_obj_prec", "yn_obj_recall", "yn_verb_acc", "yn_verb_prec", "yn_verb_recall",
-                    "mc_obj_acc", "mc_verb_acc")
+                    "mc_obj_acc", "mc_verb_acc", "yn_obj_unknown", "yn_verb_unknown", "mc_obj_unknown",
+                    "mc_verb_unknown")
 )
 
 

@@ -72,7 +72,7 @@ def table5_columns(condition: str = "clean") -> list[Column]:
 
 
 def table8_columns(condition: str = "clean") -> list[Column]:
-    """Paper Table 8: Table 1's columns (YN accuracy, precision, recall; MC circular accuracy)."""
+    """Paper Table 8: Table 1's columns (YN accuracy, precision, recall; MC circular accuracy; ours: unknown share)."""
     return table1_columns(condition)
 
 
