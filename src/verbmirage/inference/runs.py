@@ -67,6 +67,7 @@ from verbmirage.inference.store import (
     run_settings,
 )
 from verbmirage.models import ModelContext, create_model
+from verbmirage.models.registry import backend_class
 from verbmirage.models.calibrated import decision_model
 
 log = logging.getLogger(__name__)
@@ -489,8 +490,10 @@ def answer_job(questions: pd.DataFrame, stores: dict[str, PartStore], tables: di
     model = None
     try:
         if not questions.empty:
+            reads_answers = getattr(backend_class(spec.model_settings["backend"]), "reads_answers", False)
+            answers = dict(zip(questions.question_id, questions.answer)) if reads_answers else None
             model = create_model(spec.model_slug, spec.model_settings,
-                                 ModelContext(dataset=spec.dataset, train_stats=spec.train_stats))
+                                 ModelContext(dataset=spec.dataset, train_stats=spec.train_stats, answers=answers))
             if hasattr(model, "continue_tokens"):  # backends that decode answers token by token
                 model.continue_tokens = spec.continue_tokens
             model.use_variant(variant, where=f"models.{spec.model_slug} with this variant")

@@ -176,6 +176,9 @@ class ModelContext:
 
     dataset: str = "hico"
     train_stats: Path | None = None
+    #: question id -> the correct answer, given only to a backend that declares ``reads_answers`` (the noisy
+    #: oracle, :mod:`verbmirage.models.oracle`); None for every other backend
+    answers: dict[str, str] | None = None
 
 
 #: What configs/paper.yaml says where a checkpoint's commit must be written in; refused until replaced.

@@ -20,6 +20,7 @@ BACKENDS: dict[str, str] = {
     "always_yes": "verbmirage.models.baselines:AlwaysYes",
     "random": "verbmirage.models.baselines:RandomGuess",
     "prior": "verbmirage.models.baselines:LanguagePrior",
+    "oracle": "verbmirage.models.oracle:NoisyOracle",  # a stand-in with a stated accuracy (the demo's signal)
     "openai": "verbmirage.models.api:OpenAIChatModel",
     "hf": "verbmirage.models.hf.engine:TransformersVLM",
     "llava": "verbmirage.models.hf.families:LlavaVLM",
@@ -39,6 +40,7 @@ VARIANT_FEATURES: dict[str, frozenset[str]] = {
     "always_yes": PLAIN_ONLY,
     "random": PLAIN_ONLY,
     "prior": PLAIN_ONLY,
+    "oracle": PLAIN_ONLY,
     "openai": API,
     "hf": ALL_FEATURES,
     "llava": ALL_FEATURES,
