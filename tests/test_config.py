@@ -78,6 +78,20 @@ def test_unknown_top_level_key_is_refused(config):
          r"models.tiny_clip: backend 'clip' takes no setting\(s\) \['conversation', 'treshold'\] "
          r"\(did you mean 'treshold' -> 'threshold'\?\); it takes \['device', "),
         (lambda c: c["models"]["random"].update(temperature=0.0), r"models.random: backend 'random' takes no setting"),
+        # a setting's value, not only its name, is checked when the run is planned (not in a GPU job)
+        (lambda c: c["models"]["tiny_llava"].update(dtype="fp32"),
+         r"models.tiny_llava.dtype: 'fp32' is not one of \['float32', 'bfloat16', 'float16'\]"),
+        (lambda c: c["models"]["tiny_llava"].update(device="gpu"),
+         r"models.tiny_llava.device: 'gpu' is not one of cpu, cuda, cuda:N or mps"),
+        (lambda c: c["models"]["tiny_llava"].update(local_files_only="yes"),
+         r"models.tiny_llava.local_files_only: 'yes' is a str, not a YAML boolean \(true or false, unquoted\)"),
+        (lambda c: c["models"]["tiny_clip"].update(threshold="high"),
+         r"models.tiny_clip.threshold: 'high' is a str, not float"),
+        (lambda c: c["models"]["random"].update(seed=1.5), r"models.random.seed: 1.5 is a float, not int"),
+        (lambda c: c["models"]["oracle"].update(accuracy=True), r"models.oracle.accuracy: True is a bool, not float"),
+        (lambda c: c["conditions"]["saltpepper"].update(probability=7.5),
+         r"conditions.saltpepper.probability: 7.5 is not in \[0.0, 1.0\]"),
+        (lambda c: c["conditions"]["crop"].update(margin="wide"), r"conditions.crop.margin: 'wide' is not a number"),
         (lambda c: c["models"]["tiny_llava"].update(path="/nowhere/llava-1.5-7b-hf"),
          r"models.tiny_llava.path: no folder '/nowhere/llava-1.5-7b-hf' \(a local checkpoint must exist"),
         (lambda c: (c["conditions"]["saltpepper"].update(qsets=["yn_obj"]),
@@ -134,7 +148,7 @@ def test_trust_remote_code_must_be_a_yaml_boolean(config, value):
     config["models"]["tiny_llava"]["trust_remote_code"] = value
     with pytest.raises(WorkflowError, match="trust_remote_code"):
         validate(config, SCHEMA)
-    with pytest.raises(ConfigError, match="models.tiny_llava.trust_remote_code: must be a YAML boolean"):
+    with pytest.raises(ConfigError, match="models.tiny_llava.trust_remote_code: .*not a YAML boolean"):
         check_config(config, REPO)
 
 

@@ -64,6 +64,17 @@ def test_planned_variant_features_equal_each_backend_class_capabilities():
         assert backend_class(backend).variant_features == planned, backend
 
 
+def test_planned_setting_choices_are_what_the_backends_accept():
+    """The dtype names planning allows are the engine's; a backend refuses what planning refuses."""
+    from verbmirage.models.hf.tokens import DTYPES
+    from verbmirage.models.registry import SETTING_CHOICES, setting_problems
+
+    assert set(SETTING_CHOICES["dtype"]) == set(DTYPES)
+    assert setting_problems("llava", {"dtype": "bfloat16", "device": "cuda:1", "revision": None}) == []
+    with pytest.raises(ValueError, match="dtype: 'fp32' is not one of"):
+        create_model("m", {"backend": "llava", "path": "nowhere", "dtype": "fp32"})
+
+
 def test_settings_read_from_the_source_equal_the_imported_signatures():
     """backend_settings (read while planning, nothing imported) names what create_model would accept."""
     import inspect

@@ -24,7 +24,7 @@ import math
 import os
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +50,8 @@ class ImageCondition:
     transform: Callable[..., Image.Image] | None
     description: str
     needs_boxes: bool = False  # transform(image, rng, box=(x1, y1, x2, y2), **params); images without a box skipped
+    #: parameter -> (lowest, highest) value it may take (inclusive; None: unbounded), checked when planning
+    ranges: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
 
     def parameters(self) -> list[str]:
         """The settings a config entry of this type may give (the transform's own keywords): what is checked
@@ -58,6 +60,20 @@ class ImageCondition:
             return []
         given_by_the_job = {"image", "rng", "box"}
         return [name for name in inspect.signature(self.transform).parameters if name not in given_by_the_job]
+
+    def value_problems(self, settings: dict) -> list[str]:
+        """One line per parameter of ``settings`` that is not a number in its range (``key: problem``)."""
+        problems = []
+        for key, (low, high) in self.ranges.items():
+            if key not in settings:
+                continue
+            value = settings[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                problems.append(f"{key}: {value!r} is not a number")
+            elif (low is not None and value < low) or (high is not None and value > high):
+                bounds = f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+                problems.append(f"{key}: {value!r} is not in {bounds}")
+        return problems
 
 
 def salt_and_pepper(image: Image.Image, rng: np.random.Generator, probability: float = 0.75) -> Image.Image:
@@ -96,9 +112,10 @@ def crop_to_box(image: Image.Image, rng: np.random.Generator, box, margin: float
 
 CONDITIONS: dict[str, ImageCondition] = {
     "clean": ImageCondition(None, "the original image"),
-    "saltpepper": ImageCondition(salt_and_pepper, "salt-and-pepper noise, paper: 75% of pixels"),
+    "saltpepper": ImageCondition(salt_and_pepper, "salt-and-pepper noise, paper: 75% of pixels",
+                                 ranges={"probability": (0.0, 1.0)}),
     "crop": ImageCondition(crop_to_box, "the union box of the human-object pair plus a margin (single-instance "
-                                        "images only)", needs_boxes=True),
+                                        "images only)", needs_boxes=True, ranges={"margin": (0.0, None)}),
 }
 
 

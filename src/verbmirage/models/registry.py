@@ -12,6 +12,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import inspect
+import re
 
 from verbmirage.models.base import ModelContext, VisionLanguageModel
 from verbmirage.variants.settings import ALL_FEATURES, API, PLAIN_ONLY, REMOTE, REMOTE_NO_BEAM
@@ -90,10 +91,73 @@ def backend_settings(backend: str) -> frozenset[str] | None:
     planning a run should not pay, and a misspelled setting should stop the plan, not a GPU job
     (``inspect.signature`` needs the class imported; ``tests/test_models.py`` checks the two agree).
     """
+    types = backend_setting_types(backend)
+    return None if types is None else frozenset(types)
+
+
+def backend_setting_types(backend: str) -> dict[str, str | None] | None:
+    """Each setting of a registered backend's constructor with its annotation as written (None: none), read from
+    the source like :func:`backend_settings`; None where it takes any setting or cannot be read."""
     if backend not in BACKENDS:
         return None
     module, _, name = BACKENDS[backend].partition(":")
     return _constructor_settings(module, name)
+
+
+#: Values a setting may take where its annotation (``str``) says too little; planning refuses any other.
+#: ``tests/test_models.py`` keeps ``dtype``'s equal to what the transformers backends accept.
+SETTING_CHOICES: dict[str, tuple[str, ...]] = {
+    "dtype": ("float32", "bfloat16", "float16"),
+    "scoring": ("logits", "text"),
+    "attn_implementation": ("eager", "sdpa", "flash_attention_2"),
+}
+#: ... or the form it must have (a full match), and how to say it
+SETTING_PATTERNS: dict[str, tuple[str, str]] = {"device": (r"cpu|cuda(:\d+)?|mps", "cpu, cuda, cuda:N or mps")}
+
+
+def _matches_annotation(value, annotation: ast.expr) -> bool | None:
+    """Whether a YAML value fits the annotation (None: an annotation this check does not read)."""
+    if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):  # X | Y
+        sides = [_matches_annotation(value, side) for side in (annotation.left, annotation.right)]
+        return True if any(sides) else (None if None in sides else False)
+    if isinstance(annotation, ast.Constant) and annotation.value is None:
+        return value is None
+    if isinstance(annotation, ast.Subscript):  # list[str], dict[str, int], Literal["a", "b"], Optional[X]
+        base = annotation.value.id if isinstance(annotation.value, ast.Name) else None
+        if base == "Literal":
+            options = annotation.slice.elts if isinstance(annotation.slice, ast.Tuple) else [annotation.slice]
+            return value in [option.value for option in options if isinstance(option, ast.Constant)]
+        if base == "Optional":
+            inner = _matches_annotation(value, annotation.slice)
+            return True if value is None else inner
+        annotation = annotation.value
+    if not isinstance(annotation, ast.Name):
+        return None
+    kinds = {"str": str, "Path": str, "dict": dict, "list": list, "tuple": (list, tuple), "bool": bool}
+    if annotation.id == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation.id == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, kinds[annotation.id]) if annotation.id in kinds else None
+
+
+def setting_problems(backend: str, entry: dict) -> list[str]:
+    """One line per setting of ``entry`` whose value the backend cannot take: its type (from the constructor's
+    annotation) or, for the settings of :data:`SETTING_CHOICES` / :data:`SETTING_PATTERNS`, its value."""
+    types = backend_setting_types(backend) or {}
+    problems = []
+    for key, value in entry.items():
+        if key not in types:
+            continue
+        annotation = types[key]
+        if annotation is not None and _matches_annotation(value, ast.parse(annotation, mode="eval").body) is False:
+            expected = "a YAML boolean (true or false, unquoted)" if annotation == "bool" else annotation
+            problems.append(f"{key}: {value!r} is a {type(value).__name__}, not {expected}")
+        elif isinstance(value, str) and key in SETTING_CHOICES and value not in SETTING_CHOICES[key]:
+            problems.append(f"{key}: {value!r} is not one of {list(SETTING_CHOICES[key])}")
+        elif isinstance(value, str) and key in SETTING_PATTERNS and not re.fullmatch(SETTING_PATTERNS[key][0], value):
+            problems.append(f"{key}: {value!r} is not one of {SETTING_PATTERNS[key][1]}")
+    return problems
 
 
 def _source_file(module: str) -> str | None:
@@ -110,7 +174,7 @@ def _source_file(module: str) -> str | None:
 
 
 @functools.cache
-def _constructor_settings(module: str, name: str) -> frozenset[str] | None:
+def _constructor_settings(module: str, name: str) -> dict[str, str | None] | None:
     origin = _source_file(module)
     if not origin:
         return None
@@ -125,7 +189,8 @@ def _constructor_settings(module: str, name: str) -> frozenset[str] | None:
             if node.args.kwarg is not None:
                 return None
             arguments = [*node.args.posonlyargs, *node.args.args][1:] + node.args.kwonlyargs  # [1:]: self
-            return frozenset(a.arg for a in arguments) - {"name", "context"}
+            return {a.arg: ast.unparse(a.annotation) if a.annotation is not None else None
+                    for a in arguments if a.arg not in ("name", "context")}
     for base in classes[name].bases:  # no __init__ of its own: the first base's
         if isinstance(base, ast.Name) and (base.id in classes or base.id in imported):
             return _constructor_settings(module if base.id in classes else imported[base.id], base.id)

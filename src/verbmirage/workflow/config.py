@@ -25,7 +25,14 @@ from verbmirage.benchmark.conditions import CONDITIONS, PLANNING_KEYS
 from verbmirage.models.derived import effective_models
 from verbmirage.data.hico import hico_det_file
 from verbmirage.models.base import allow_remote_code
-from verbmirage.models.registry import BACKENDS, IMAGE_MODES, WORKFLOW_KEYS, backend_settings, variant_features
+from verbmirage.models.registry import (
+    BACKENDS,
+    IMAGE_MODES,
+    WORKFLOW_KEYS,
+    backend_settings,
+    setting_problems,
+    variant_features,
+)
 from verbmirage.variants.settings import Variant, check_model_variant_settings, model_variants, non_finite_numbers
 from verbmirage.models.remote_drivers import DRIVERS
 from verbmirage.data.charades import CHARADES_QUESTION_SETS
@@ -125,6 +132,10 @@ def _check_backend_settings(slug: str, entry: dict) -> None:
             + (f" (did you mean {', '.join(hints)}?)" if hints else "")
             + f"; it takes {sorted(accepted)} and the workflow's {sorted(WORKFLOW_KEYS - {'backend'})}"
         )
+    problems = setting_problems(entry["backend"], entry)
+    if problems:
+        raise ConfigError(f"models.{slug}.{problems[0]}" + "".join(f"; models.{slug}.{p}" for p in problems[1:])
+                          + f" (backend '{entry['backend']}'; docs/models.md, \"Backends\")")
     modes = IMAGE_MODES.get(entry["backend"])
     if "image_mode" in entry and modes is not None and entry["image_mode"] not in modes:
         raise ConfigError(f"models.{slug}.image_mode: {entry['image_mode']!r} is not one of {list(modes)} for "
@@ -322,6 +333,9 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
         if unknown:
             raise ConfigError(f"conditions.{slug}: unknown key(s) {unknown} for type '{entry['type']}' "
                               f"(known: {', '.join(known)})")
+        problems = CONDITIONS[entry["type"]].value_problems(entry)
+        if problems:
+            raise ConfigError("; ".join(f"conditions.{slug}.{problem}" for problem in problems))
         if CONDITIONS[entry["type"]].needs_boxes:
             _check_box_condition(slug, entry, config)
         unknown_sets = sorted(set(entry.get("qsets", [])) - set(known_question_sets()))
