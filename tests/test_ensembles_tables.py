@@ -221,7 +221,19 @@ def test_undefined_values_print_as_a_dash(tmp_path):
     write_html(table.display(), tmp_path / "t.html")
     row = (tmp_path / "t.md").read_text().splitlines()[-1]
     assert "50.00" in row and MISSING_VALUE in row and "nan" not in row
-    assert f"<td>{MISSING_VALUE}</td>" in (tmp_path / "t.html").read_text()
+    assert f">{MISSING_VALUE}</td>" in (tmp_path / "t.html").read_text()
+
+
+def test_html_tables_align_numbers_and_put_each_interval_on_its_own_line(tmp_path):
+    from verbmirage.core.io import write_html
+
+    metrics = _long([("llava", "yn_obj", "clean", "accuracy", 0.6)]).assign(ci_low=0.55, ci_high=0.65, variant="beam")
+    table = paper_tables(metrics, PAPER, ["llava"], {}, [], variants=["beam"], paper_names={"llava": "LLaVA-1.5-7B"})
+    write_html(table[1].display({"beam": "beam5"}), tmp_path / "t.html", title="Table 1 <clean>")
+    page = (tmp_path / "t.html").read_text()
+    assert "<td class='num'>60.00<span class='ci'>[55.00, 65.00]</span></td>" in page
+    assert "<tr class='paper'>" in page and "<tr class='delta'>" in page and "<td>LLaVA-1.5-7B</td>" in page
+    assert "<h2>Table 1 &lt;clean&gt;</h2>" in page and "font-variant-numeric: tabular-nums" in page
 
 
 def test_a_configured_model_without_values_keeps_its_row_with_the_reason(tmp_path):

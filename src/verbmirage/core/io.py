@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import html
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -253,9 +255,44 @@ def write_markdown(frame: pd.DataFrame, path: str | Path, title: str = "") -> No
     write_text(path, (f"## {title}\n\n" if title else "") + table + "\n")
 
 
+#: the look of every HTML table (ours): ruled rows, digits aligned in right-aligned numeric cells, a value's
+#: 95% interval on its own, smaller line, the paper's rows and the differences set apart
+TABLE_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5em; }
+table { border-collapse: collapse; font-size: 0.9em; }
+th, td { border: 1px solid #c8c8c8; padding: 0.3em 0.6em; vertical-align: top; }
+th { background: #f0f0f0; text-align: left; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td .ci { display: block; color: #666; font-size: 0.85em; }
+tr.paper td { background: #f7f7fb; }
+tr.delta td { color: #555; font-style: italic; }
+"""
+_NUMERIC = re.compile(r"^[-+−–]?\d[\d.,]*(?: \[[^\]]*\])?$|^–$")
+_INTERVAL = re.compile(r"^(\S+) (\[[^\]]*\])$")
+
+
+def _html_cell(text: str) -> str:
+    escaped = html.escape(text)
+    if not _NUMERIC.match(text):
+        return f"<td>{escaped}</td>"
+    split = _INTERVAL.match(escaped)
+    body = f"{split.group(1)}<span class='ci'>{split.group(2)}</span>" if split else escaped
+    return f"<td class='num'>{body}</td>"
+
+
 def write_html(frame: pd.DataFrame, path: str | Path, title: str = "") -> None:
-    """Write a table as a small standalone HTML page (for the Snakemake report), atomically."""
-    body = frame.to_html(index=False, float_format=lambda v: f"{v:.2f}", na_rep=MISSING_VALUE, border=0)
-    heading = f"<h2>{title}</h2>\n" if title else ""
-    write_text(path, f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{title}</title></head>"
-                      f"<body>\n{heading}{body}\n</body></html>\n")
+    """Write a table as a small standalone HTML page (for the Snakemake report), atomically: numbers
+    right-aligned with their interval on a line of its own, the paper's rows and Δ rows shaded (a
+    ``source`` column tells them apart)."""
+    cells = frame.astype(object).where(frame.notna(), None)
+    head = "".join(f"<th>{html.escape(str(column))}</th>" for column in frame.columns)
+    rows = []
+    for record in cells.itertuples(index=False):
+        values = [MISSING_VALUE if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v)) for v in record]
+        source = dict(zip(frame.columns, values)).get("source", "")
+        kind = " class='paper'" if source == "paper" else " class='delta'" if source.startswith("Δ") else ""
+        rows.append(f"<tr{kind}>" + "".join(_html_cell(v) for v in values) + "</tr>")
+    heading = f"<h2>{html.escape(title)}</h2>\n" if title else ""
+    body = f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n" + "\n".join(rows) + "\n</tbody>\n</table>"
+    write_text(path, f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+                     f"<style>{TABLE_STYLE}</style></head><body>\n{heading}{body}\n</body></html>\n")
