@@ -207,3 +207,14 @@ def test_adding_a_derived_model_plans_only_its_jobs(tmp_path):
     # clean: default + beam5; saltpepper and crop: default (beam5 runs on clean only); no CharadesEgo set asked
     assert per_rule == {"derive_model": 1, "predict_suite": 4, "merge_predictions": 4, "metric_part": 4,
                         "consistency_part": 2}
+
+
+def test_a_stand_in_is_named_for_itself_its_derived_models_and_its_ensembles():
+    from verbmirage.models.entries import stand_ins
+
+    config = {"models": {"tiny": {"backend": "llava", "path": "x", "stand_in": "random weights"},
+                         "tiny_nullu": {"derive": {"method": "nullu", "base": "tiny"}},
+                         "real": {"backend": "llava", "path": "y"}},
+              "ensembles": {"vote": ["tiny", "real"], "real_only": ["real"]}}
+    assert stand_ins(config) == {"tiny": "random weights", "tiny_nullu": "random weights",
+                                 "vote": "members ['tiny'] are stand-ins"}

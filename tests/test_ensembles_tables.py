@@ -211,6 +211,24 @@ def test_the_difference_is_shown_where_model_and_variant_names_match():
     assert shown.source.tolist().count("paper") == 7  # each published model once: the matched one moved up
 
 
+def test_rows_of_a_stand_in_and_their_difference_to_the_paper_say_so():
+    from verbmirage.evaluation.mitigation_tables import table8
+
+    metrics = _long([("llava", "yn_obj", "clean", "accuracy", 0.6), ("m2", "yn_obj", "clean", "accuracy", 0.5)]
+                    ).assign(variant="beam")
+    names = {"llava": "LLaVA-1.5-7B", "m2": "LLaVA-1.5-7B"}
+    tables = paper_tables(metrics, PAPER, ["llava", "m2"], {}, [], variants=["beam"], paper_names=names,
+                          stand_ins={"llava": "random weights"})
+    shown = tables[1].display({"beam": "beam5"})
+    caveat = "stand-in, not a model's result (random weights)"
+    ours = shown[shown.source.eq("measured")].set_index("model").note
+    assert ours.to_dict() == {"llava": caveat, "m2": ""}
+    assert shown[shown.source.eq("Δ (ours − paper)")].note.tolist() == [caveat, ""]  # llava's difference, m2's
+    assert (shown[shown.source.eq("paper")].note == "").all()
+    eight = table8(metrics, PAPER, ["llava"], {"beam": "beam5"}, names, stand_ins={"llava": "random weights"})
+    assert eight.frame[eight.frame.source.eq("measured")].note.tolist() == [caveat]
+
+
 def test_undefined_values_print_as_a_dash(tmp_path):
     from verbmirage.core.io import MISSING_VALUE, write_html, write_markdown
 

@@ -199,6 +199,7 @@ def table5(
     condition: str = "clean",
     method_pairs: Mapping[str, str] | None = None,
     planned: Collection[Sequence[str]] = (),
+    stand_ins: Mapping[str, str] | None = None,
 ) -> PaperTable:
     """Paper Table 5 and Appendix F's prompt suffix, ours (:func:`table5_runs`) then the paper's rows; a planned
     run (``planned``, as in :func:`~verbmirage.evaluation.tables.measured_rows`) without metrics keeps its row, "not run"."""
@@ -208,7 +209,7 @@ def table5(
     for run in table5_runs(runs, models, variant_paper_names, paper_names or {}, paper_methods or {},
                            method_pairs):
         row = measured_rows(metrics, columns, [run["model"]], [run["variant"]],
-                            paper_names={run["model"]: run["paper_name"]}, planned=planned)
+                            paper_names={run["model"]: run["paper_name"]}, planned=planned, stand_ins=stand_ins)
         if len(row):
             blocks.append(_with_keys(row, {"group": run["group"], "method": run["method"]}))
     published = paper_rows(paper, 5, columns)
@@ -233,6 +234,7 @@ def table8(
     paper_names: Mapping[str, str] | None = None,
     condition: str = "clean",
     planned: Collection[Sequence[str]] = (),
+    stand_ins: Mapping[str, str] | None = None,
 ) -> PaperTable:
     """Paper Table 8: every run of a variant named like one of the paper's decodings, then the paper's rows
     (``planned``: as in :func:`~verbmirage.evaluation.tables.measured_rows`)."""
@@ -240,7 +242,8 @@ def table8(
     order = {name: i for i, name in enumerate(TABLE8_DECODINGS)}
     variants = sorted((v for v, name in variant_paper_names.items() if name in order),
                       key=lambda v: order[variant_paper_names[v]])
-    measured = measured_rows(metrics, columns, models, variants, paper_names=paper_names, planned=planned)
+    measured = measured_rows(metrics, columns, models, variants, paper_names=paper_names, planned=planned,
+                             stand_ins=stand_ins)
     measured = _with_keys(measured, {"decoding": [variant_paper_names[v] for v in measured.variant]})
     published = paper_rows(paper, 8, columns)
     published = _with_keys(published, {"decoding": published.variant.tolist()})

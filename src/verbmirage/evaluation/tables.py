@@ -33,6 +33,12 @@ MEASURED, PAPER = "measured", "paper"
 NO_VALUES = "no valid answers: every metric undefined"
 #: ... or the config plans its run but the metrics table has none of its cells.
 NOT_RUN = "not run: no metrics for this run"
+#: ``note`` of a row from a stand-in (``models.<slug>.stand_in``: random weights, an oracle), and of its Δ row
+STAND_IN = "stand-in, not a model's result"
+
+
+def stand_in_note(reason: str) -> str:
+    return f"{STAND_IN} ({reason})"
 
 
 @dataclass(frozen=True)
@@ -135,8 +141,12 @@ def measured_rows(
     dataset: str = "hico",
     subset: str = "all",
     planned: Collection[Sequence[str]] = (),
+    stand_ins: Mapping[str, str] | None = None,
 ) -> pd.DataFrame:
     """Our rows: one per (model, variant), values x100 and their interval (``<label>_ci_low``/``_ci_high``).
+
+    ``stand_ins``: model -> why its rows are not a model's result (``models.entries.stand_ins``); their
+    ``note`` says so (:func:`stand_in_note`), and so does the note of their difference to the paper.
 
     A missing cell stays NaN. A (model, variant) with no value in any column keeps its row, ``note`` saying
     why, when the metrics table holds its cells, all NaN (:data:`NO_VALUES`), or when ``planned`` holds one
@@ -169,6 +179,9 @@ def measured_rows(
                     row["note"] = NOT_RUN
                 else:
                     continue
+            if model in (stand_ins or {}):
+                caveat = stand_in_note(stand_ins[model])
+                row["note"] = caveat if pd.isna(row["note"]) else f"{row['note']}; {caveat}"
             rows.append(row)
     return pd.DataFrame(rows, columns=table_columns(columns))
 
@@ -229,7 +242,8 @@ def side_by_side(table: pd.DataFrame, columns: Sequence[Column], variant_paper_n
             bounds = (row.get(f"{label}_ci_low"), row.get(f"{label}_ci_high")) if intervals else (None, None)
             out[label] = _cell(values[label], *bounds, signed=signed)
         if notes:
-            out["note"] = row["note"] if source == MEASURED and pd.notna(row.get("note")) else ""
+            own = row.get("note") if source != PAPER and pd.notna(row.get("note")) else ""
+            out["note"] = own if source == MEASURED or STAND_IN in own else ""
         return out
 
     for _, row in measured.iterrows():
@@ -277,14 +291,15 @@ def paper_tables(metrics: pd.DataFrame, paper: pd.DataFrame, models: Sequence[st
                  pairs: Sequence[tuple[str, str]], variants: Sequence[str] = ("default",),
                  paper_names: Mapping[str, str] | None = None, condition: str = "clean",
                  partial_conditions: Collection[str] = (),
-                 planned: Collection[Sequence[str]] = ()) -> dict[int, PaperTable]:
+                 planned: Collection[Sequence[str]] = (),
+                 stand_ins: Mapping[str, str] | None = None) -> dict[int, PaperTable]:
     """Tables 1-4 (4 only with CharadesEgo rows), each with every row the paper published for it.
 
     ``partial_conditions``: those asked on single-instance images only (``crop``); Table 2 reads the other
     condition of such a pair on its ``single_instance`` subset. ``planned``: the cells of the runs the
     config plans; their rows stay, "not run", when the metrics table lacks them (:func:`measured_rows`)."""
     rows = list(models) + list(ensembles)
-    common = dict(variants=variants, paper_names=paper_names, planned=planned)
+    common = dict(variants=variants, paper_names=paper_names, planned=planned, stand_ins=stand_ins)
     tables = {}
     columns = table1_columns(condition)
     tables[1] = PaperTable(1, with_paper(measured_rows(metrics, columns, rows, **common),

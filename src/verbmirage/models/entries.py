@@ -29,3 +29,22 @@ def model_variant_list(config: dict, model: str) -> list[str]:
         return [v for v in config["variants"] if all(v in run for run in runs)]
     backend = effective_entry(config, model)["backend"]  # a derived entry runs on its base's backend
     return model_variants(config, model, variant_features(backend))
+
+
+def stand_in(config: dict, model: str) -> str | None:
+    """Why ``model``'s rows are not a model's result (``models.<slug>.stand_in``: random weights, an oracle), or
+    None. A derived model is a stand-in when its base is; an ensemble when a member is."""
+    ensembles = config.get("ensembles") or {}
+    if model in ensembles:
+        members = [m for m in ensembles[model] if stand_in(config, m)]
+        return f"members {members} are stand-ins" if members else None
+    entry = config["models"][model]
+    if "stand_in" in entry:
+        return entry["stand_in"]
+    return stand_in(config, entry["derive"]["base"]) if "derive" in entry else None
+
+
+def stand_ins(config: dict) -> dict[str, str]:
+    """Every model and ensemble of the config that is a stand-in, with why (:func:`stand_in`)."""
+    names = [*config["models"], *(config.get("ensembles") or {})]
+    return {name: reason for name in names if (reason := stand_in(config, name))}

@@ -69,13 +69,14 @@ IMAGE_MODES: dict[str, tuple[str, ...]] = {
 
 # Keys of a model entry that belong to the workflow, not to the backend.
 WORKFLOW_KEYS = frozenset({"backend", "batch_size", "shards", "resources", "qsets", "paper_name", "variants",
-                           "paper_method", "variant_settings", "sample_questions", "sample_seed"})
+                           "paper_method", "variant_settings", "sample_questions", "sample_seed", "stand_in"})
 # Those of them that plan or label its runs, which its answers do not depend on: kept out of its inference params
 # and answer fingerprint, so that raising a timed-out shard's runtime or adding a variant to its list reruns and
 # discards nothing already answered. (``batch_size`` is not among them: padding moves scores by ~1e-4.)
 # (``variant_settings`` reaches the answers through the variant's settings of each job, so that a change re-asks
 # only that variant's questions.)
-PLANNING_KEYS = frozenset({"qsets", "paper_name", "paper_method", "resources", "variants", "variant_settings"})
+PLANNING_KEYS = frozenset({"qsets", "paper_name", "paper_method", "resources", "variants", "variant_settings",
+                           "stand_in"})
 
 
 def variant_features(backend: str) -> frozenset[str] | None:
