@@ -14,6 +14,7 @@ rule tables:
         paper_names=PLAN.paper_names,  # slug -> the paper's model name (models.<slug>.paper_name)
         variant_paper_names=PLAN.variant_paper_names,
         planned=PLAN.planned_cells,  # a planned run without values keeps its row, with the reason
+        stand_ins=PLAN.stand_ins,  # model -> why its rows are not a model's result (models.<slug>.stand_in)
     log:
         PATHS.log("tables"),
     conda:
@@ -39,6 +40,7 @@ rule mitigation_tables:
         method_pairs=PLAN.method_pairs,  # slug -> the paper model its row is compared with (its base's)
         variant_paper_names=PLAN.variant_paper_names,  # variant -> variants.<slug>.paper_name
         planned=PLAN.planned_cells,  # a planned run without values keeps its row, with the reason
+        stand_ins=PLAN.stand_ins,  # model -> why its rows are not a model's result (models.<slug>.stand_in)
     log:
         PATHS.log("mitigation_tables"),
     conda:

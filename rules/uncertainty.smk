@@ -34,7 +34,7 @@ rule uncertainty_figures:
         models=PLAN.uncertainty_models,
         skipped=PLAN.uncertainty_skipped,
         backends=PLAN.model_backends,
-        notes=PLAN.random_weight_notes,
+        notes=PLAN.stand_in_notes,
         variant=PLAN.variants[0],
         condition=PLAN.uncertainty.conditions[0] if PLAN.uncertainty else "clean",
     log:
@@ -82,7 +82,7 @@ rule fov_report:
     params:
         models=PLAN.token_models,
         skipped=PLAN.no_token_models,
-        notes=PLAN.random_weight_notes,
+        notes=PLAN.stand_in_notes,
         variant=PLAN.variants[0],
     log:
         PATHS.log("fov_report"),

@@ -5,7 +5,8 @@ our rows (``source`` measured, with 95% intervals) and every row the paper publi
 (``source`` paper); Markdown and HTML lay them side by side with the difference where names match.
 Settings: ``params.models`` (row order), ``params.ensembles``, ``params.consistency_pairs``,
 ``params.variants``, ``params.paper_names`` (slug -> the paper's model name), ``params.variant_paper_names``,
-``params.planned`` (the cells of every planned run: a run without values keeps its row, with the reason).
+``params.planned`` (the cells of every planned run: a run without values keeps its row, with the reason),
+``params.stand_ins`` (model -> why its rows are not a model's result: noted on its rows).
 """
 
 from verbmirage.workflow.jobserver import delegate
@@ -31,7 +32,7 @@ with job_log(snakemake.log[0]):
     metrics = read_table(snakemake.input[0])
     tables = paper_tables(metrics, load_paper_numbers(packaged_paper_numbers()), p.models, p.ensembles,
                           [tuple(pair) for pair in p.consistency_pairs], p.variants, p.paper_names,
-                          partial_conditions=p.partial_conditions, planned=p.planned)
+                          partial_conditions=p.partial_conditions, planned=p.planned, stand_ins=p.stand_ins)
     for number, table in tables.items():
         display = table.display(p.variant_paper_names)
         for path in snakemake.output:

@@ -32,9 +32,10 @@ with job_log(snakemake.log[0]):
     paper = load_paper_numbers(packaged_paper_numbers())
     tables = {
         5: (table5(metrics, paper, p.models, p.variant_paper_names, p.paper_names, p.paper_methods,
-                   method_pairs=p.method_pairs, planned=p.planned),
+                   method_pairs=p.method_pairs, planned=p.planned, stand_ins=p.stand_ins),
             out.table5, MITIGATION_TABLE5),
-        8: (table8(metrics, paper, p.models, p.variant_paper_names, p.paper_names, planned=p.planned), out.table8,
+        8: (table8(metrics, paper, p.models, p.variant_paper_names, p.paper_names, planned=p.planned,
+                   stand_ins=p.stand_ins), out.table8,
             DECODING_TABLE8),
     }
     for number, (table, (parquet, markdown, html), schema) in tables.items():

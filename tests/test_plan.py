@@ -76,7 +76,7 @@ def test_the_plan_module_does_not_import_snakemake():
 # ---- the demo ----------------------------------------------------------------------------------------------
 def test_the_demo_plans_the_jobs_of_every_stage(demo):
     assert job_counts(demo) == Counter({
-        "predict_suite": 38, "merge_predictions": 34, "ensemble": 4, "metric_part": 38, "consistency_part": 15,
+        "predict_suite": 42, "merge_predictions": 38, "ensemble": 4, "metric_part": 42, "consistency_part": 17,
         "calibrate_decision": 1, "derive_model": 2, "training_questions": 1, "attention": 2, "image_condition": 4})
     assert (len(demo.merge_groups), len(demo.ensemble_groups)) == (16, 4)
     assert demo.datasets == ["hico", "charadesego"]
@@ -172,7 +172,7 @@ def test_the_demo_targets_of_rule_all(demo):
 
 def test_the_demo_metrics_collect_every_part(demo):
     parts = demo.metric_parts
-    assert len(parts) == 38 + 15 + 3  # runs, pairs, then object reliance, uncertainty, Known-Object
+    assert len(parts) == 42 + 17 + 3  # runs, pairs, then object reliance, uncertainty, Known-Object
     assert parts[-3:] == [f"results/metrics/parts/analysis/{a}.parquet"
                           for a in ("object_reliance", "uncertainty", "known_object")]
     assert "results/metrics/parts/hico/clean_vs_crop/random/default.parquet" in parts
@@ -189,7 +189,8 @@ def test_the_demo_analyses_read_what_was_run(demo):
     runs = demo.vcd_divergence_runs
     assert {(r["variant"], r["plain_variant"]) for r in runs} == {("vcd_beam", "beam5"), ("sample_vcd", "sample")}
     assert all(r["plain"] in demo.vcd_divergence_predictions for r in runs)
-    assert {r["model"] for r in demo.uncertainty_runs} == {"tiny_llava", "tiny_llava_nullu", "tiny_llava_pangea"}
+    assert {r["model"] for r in demo.uncertainty_runs} == {"oracle", "tiny_llava", "tiny_llava_nullu",
+                                                            "tiny_llava_pangea"}
     assert {tuple(r["predictions"]) for r in demo.fov_runs} == {("clean", "crop")}
     assert demo.reliance_predictions[0] == "results/predictions/hico/yn_obj/clean/always_yes/default.parquet"
     assert demo.paper_figure_pair == ("clean", "saltpepper")

@@ -35,6 +35,7 @@ from verbmirage.variants.settings import Variant, model_variant_entry
 from verbmirage.workflow.config import condition_question_sets
 from verbmirage.workflow.paths import Paths
 from verbmirage.workflow.run_folders import RunFolders
+from verbmirage.models.entries import stand_ins
 from verbmirage.workflow.plan_analyses import AnalysesPlan
 from verbmirage.workflow.plan_base import (
     LABEL_KEYS,
@@ -267,6 +268,11 @@ class Plan(InputsPlan, AnalysesPlan):
     @property
     def question_counts(self) -> list[str]:
         return [self.paths.question_counts(ext).format(dataset=d) for d in self.datasets for ext in ("parquet", "md")]
+
+    @property
+    def stand_ins(self) -> dict[str, str]:
+        """Model or ensemble -> why its rows are not a model's result (``models.<slug>.stand_in``)."""
+        return self._once("stand_ins", lambda: stand_ins(self.config))
 
     @property
     def paper_names(self) -> dict[str, str]:

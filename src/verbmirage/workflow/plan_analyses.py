@@ -16,7 +16,6 @@ from verbmirage.analysis.paper_figures import variant_decoding
 from verbmirage.analysis.uncertainty import token_probability_models, uncertainty_settings
 from verbmirage.analysis.vcd_divergence import divergence_runs, vcd_divergence_settings
 from verbmirage.workflow import paths as P
-from verbmirage.workflow.plan_base import _is_tiny
 
 
 class AnalysesPlan:
@@ -112,8 +111,8 @@ class AnalysesPlan:
 
     @property
     def vcd_divergence_notes(self) -> dict[str, str]:
-        return {run["model"]: "tiny model with RANDOM weights: KL and flips are noise, the figure only shows the "
-                "layout" for run in self.vcd_divergence_runs if _is_tiny(self.config["models"][run["model"]])}
+        return {run["model"]: f"stand-in ({self.stand_ins[run['model']]}): KL and flips are not a model's, the "
+                "figure only shows the layout" for run in self.vcd_divergence_runs if run["model"] in self.stand_ins}
 
     @property
     def vcd_divergence_files(self) -> dict[str, str]:
@@ -262,10 +261,9 @@ class AnalysesPlan:
         return {slug: entry["backend"] for slug, entry in self.config["models"].items()}
 
     @property
-    def random_weight_notes(self) -> dict[str, str]:
-        """A note for the figures of the tiny demo models: their weights are random, their u is noise."""
-        return {slug: "tiny model with RANDOM weights: u is noise, the figure only shows the layout"
-                for slug, entry in self.config["models"].items() if _is_tiny(entry)}
+    def stand_in_notes(self) -> dict[str, str]:
+        """A note for the figures of a stand-in (``models.<slug>.stand_in``: random weights, an oracle)."""
+        return {slug: f"stand-in ({reason}): not a model's result" for slug, reason in self.stand_ins.items()}
 
     # ---- the paper's Figs. 1, 3, 4(b), 5, 6 (rules/figures.smk) --------------------------------------------
     @property
@@ -354,8 +352,8 @@ class AnalysesPlan:
         for slug in self.reliance_models:
             entry = self.config["models"].get(slug, {})
             lines = []
-            if _is_tiny(entry):
-                lines.append("tiny model with RANDOM weights: the deltas are noise, the figure only shows the layout")
+            if slug in self.stand_ins:
+                lines.append(f"stand-in ({self.stand_ins[slug]}): the deltas are not a model's")
             if entry.get("backend") != "mplug_owl2":
                 lines.append("stands in for the paper's mPLUG-Owl2")
             notes[slug] = "; ".join(lines)

@@ -28,9 +28,6 @@ def figure_prints(*pngs: str) -> list[str]:
     return [str(path) for png in pngs for path in companion_paths(png)]
 
 
-def _is_tiny(entry: dict) -> bool:
-    return "tiny_" in str(entry.get("path", ""))
-
 
 @dataclass(frozen=True)
 class Run:
