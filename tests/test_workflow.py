@@ -21,9 +21,9 @@ pytestmark = pytest.mark.slow
 def test_demo_produces_metrics_and_tables(demo_run):
     metrics = read_table(demo_run / "results/metrics/metrics.parquet", METRICS)
     assert list(metrics.columns) == METRICS.names
-    assert set(metrics.model[~metrics.model.str.contains("~")]) == {"always_yes", "random", "prior", "tiny_llava",
-                                                                   "tiny_llava_nullu", "tiny_llava_pangea", "tiny_clip",
-                                                                   "blind_vote"}  # a~b: Table 7 pairs
+    assert set(metrics.model[~metrics.model.str.contains("~")]) == {
+        "always_yes", "random", "prior", "oracle", "tiny_llava", "tiny_llava_nullu", "tiny_llava_pangea", "tiny_clip",
+        "blind_vote"}  # a~b: Table 7 pairs
     assert set(metrics.condition) == {"clean", "saltpepper", "crop", "clean_vs_saltpepper", "clean_vs_crop"}
     # crop: single-instance images only, the same questions in its error-consistency pair with clean
     tags = pd.read_parquet(demo_run / "results/benchmark/hico/image_tags.parquet")

@@ -10,6 +10,7 @@ import yaml
 from verbmirage.models.derived import derived_entries
 from verbmirage.core.io import read_table
 from verbmirage.core.schemas import DECODING_TABLE8, METRICS, MITIGATION_TABLE5
+from verbmirage.models.entries import stand_ins
 from verbmirage.evaluation.mitigation_tables import (
     PROMPT_SUFFIX_METHOD,
     TABLE5_VARIANT_METHODS,
@@ -94,9 +95,12 @@ def test_tables_equal_the_library_on_the_demo_metrics(run, number):
         methods = paper_methods_from_config(run["config"], derived)
         assert methods["tiny_llava_pangea"].startswith("Pangea-LoRA (variant of the paper's method: Yes:No 1:2")
         expected = table5(run["metrics"], paper, run["models"], run["names"], names, methods,
-                          method_pairs=paper_method_pairs(run["config"], methods, derived)).frame
+                          method_pairs=paper_method_pairs(run["config"], methods, derived),
+                          stand_ins=stand_ins(run["config"])).frame
     else:
-        expected = table8(run["metrics"], paper, run["models"], run["names"], names).frame
+        expected = table8(run["metrics"], paper, run["models"], run["names"], names,
+                          stand_ins=stand_ins(run["config"])).frame
+    assert expected.note.str.contains("stand-in, not a model's result (random weights)", regex=False).any()
     schema = {5: MITIGATION_TABLE5, 8: DECODING_TABLE8}[number]
     written = read_table(run["dir"] / f"results/tables/table{number}.parquet", schema)
     pd.testing.assert_frame_equal(written.reset_index(drop=True), expected[schema.names].reset_index(drop=True),

@@ -20,7 +20,7 @@ def _config(demo_run) -> dict:
 
 #: The demo's logit-scored models (tiny_llava, its Nullu edit and its Pangea fine-tune); the blind baselines and CLIP
 #: have no token probability.
-TOKEN_MODELS = {"tiny_llava", "tiny_llava_nullu", "tiny_llava_pangea"}
+TOKEN_MODELS = {"oracle", "tiny_llava", "tiny_llava_nullu", "tiny_llava_pangea"}  # with an answer confidence
 
 
 def _predictions(demo_run, qset, condition, model, variant="default") -> pd.DataFrame:
