@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
+from tiers import TIERS, build_once, claim_once, group_of, run_root, runs_snakemake, tier_of
 
 from verbmirage.data.demo import DemoSizes, write_demo_hico
 from verbmirage.data.hico import load_hico
@@ -33,11 +35,13 @@ def demo_anno(demo_roots):
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
-    """Every tiny random-weight model (real transformers classes), built once per session."""
+    """Every tiny random-weight model (real transformers classes), built once per test run: the first
+    pytest-xdist worker that needs them builds them, the others wait and read the same folders (the builders
+    are seeded, so any worker would build the same weights)."""
     from verbmirage.models.tiny import BUILDERS
 
-    base = tmp_path_factory.mktemp("models")
-    return {family: build(base / f"tiny_{family}") for family, build in BUILDERS.items()}
+    base = run_root(tmp_path_factory) / "models"
+    return {family: build_once(base / f"tiny_{family}", build) for family, build in BUILDERS.items()}
 
 
 @pytest.fixture(scope="session")
@@ -74,26 +78,61 @@ def demo_run(tmp_path_factory) -> Path:
 
     if os.environ.get("VERBMIRAGE_DEMO_RUN"):
         return Path(os.environ["VERBMIRAGE_DEMO_RUN"])
+    first = claim_once(run_root(tmp_path_factory), "demo_run")
+    if first is not None:  # a test read it outside the demo group: its fixture belongs in tiers.DEMO_FIXTURES
+        pytest.fail(f"the demo run was started a second time in this test run (first on worker {first}): a test "
+                    "that reads it is not in its pytest-xdist group (tests/tiers.py, DEMO_FIXTURES)")
     workdir = tmp_path_factory.mktemp("workflow")
     write_config(workdir)
     run_api(workdir)
     return workdir
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist turns the marks into node-id suffixes
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist turns the marks into node-id suffixes, and before -m selects
 def pytest_collection_modifyitems(config, items):
-    """Group the tests for pytest-xdist's ``--dist loadgroup`` (tools/test.sh runs two workers).
+    """Mark each test with its tier (tests/tiers.py) and its group for pytest-xdist's ``--dist loadgroup``.
 
     Each file is one group, so its module fixtures (tiny models, worker envs) are built once; every test that
     reads the shared demo run is in one group, so the demo runs once. That group goes first, then the other
-    slow ones: a long group started last would leave the other worker idle at the end.
+    slow ones, then the rest by tier: a long group started last would leave the other worker idle at the end.
     """
-    def order(item) -> int:
-        return 0 if "demo_run" in item.fixturenames else 1 if item.get_closest_marker("slow") else 2
+    def order(item) -> tuple[int, int]:
+        demo = item.get_closest_marker("xdist_group").args[0] == "demo_run"
+        tier = next(mark.name for mark in item.iter_markers() if mark.name in TIERS)
+        return (0 if demo else 1 if item.get_closest_marker("slow") else 2), -TIERS.index(tier)
 
     for item in items:
-        item.add_marker(pytest.mark.xdist_group("demo_run" if order(item) == 0 else item.path.name))
+        item.add_marker(getattr(pytest.mark, tier_of(item.path.name, item.originalname, item.fixturenames)))
+        item.add_marker(pytest.mark.xdist_group(group_of(item.path.name, item.fixturenames)))
     items.sort(key=order)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_start_no_snakemake(request, monkeypatch):
+    """A test of the fast tier that starts Snakemake fails at once: name it in tests/tiers.py instead."""
+    if request.node.get_closest_marker("fast") is None:
+        return
+    start = subprocess.Popen.__init__
+
+    def refuse_snakemake(self, args, *more, **options):
+        if runs_snakemake(args):
+            raise RuntimeError(f"{request.node.nodeid} is in the fast tier but starts Snakemake ({args!r}): give it "
+                               "the workflow tier in tests/tiers.py (TEST_TIERS or FILE_TIERS)")
+        start(self, args, *more, **options)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse_snakemake)
+
+
+_TIER_SPANS: dict[str, list] = {}  # tier -> [first start, last end, tests run] (times from time.time())
+
+
+def pytest_runtest_logreport(report):
+    """Note when each tier's tests start and end (for the summary; under xdist, the workers' reports)."""
+    tier = next((name for name in TIERS if name in report.keywords), None)
+    if tier is not None:
+        span = _TIER_SPANS.setdefault(tier, [report.start, report.stop, 0])
+        span[0], span[1] = min(span[0], report.start), max(span[1], report.stop)
+        span[2] += report.when == "call"
 
 
 def pytest_sessionstart(session):
@@ -103,10 +142,15 @@ def pytest_sessionstart(session):
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    """Name the folder of the files the tests kept for CI (the report's screenshots), when this session wrote any."""
+    """When each tier ran; the folder of the files the tests kept for CI (the report's screenshots), when this
+    session wrote any."""
     from workflow_run import ARTIFACTS
 
     started = config.stash.get(_STARTED, None)
+    for tier, (first, last, tests) in sorted(_TIER_SPANS.items(), key=lambda kv: TIERS.index(kv[0])):
+        if started is not None:
+            terminalreporter.write_line(f"tier {tier}: {tests} tests, from {first - started:.0f} s to "
+                                        f"{last - started:.0f} s after the session started")
     if started is None or not ARTIFACTS.is_dir():
         return
     written = [path for path in ARTIFACTS.rglob("*") if path.is_file() and path.stat().st_mtime >= started]

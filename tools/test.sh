@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
-# Run the test suite (installs first if needed). Extra arguments go to pytest.
+# Run the test suite tier by tier (installs first if needed). Extra arguments go to pytest.
+#   tools/test.sh              the fast tier first, stopping there on a failure; then the models and workflow
+#                              tiers together, with the cluster tier (one SLURM run, mostly waiting) beside them
+#   tools/test.sh -m fast      one pytest call of that selection (any -m, e.g. -m "models or workflow")
+# tests/tiers.py says which tier a test is in (README, "Tests"). Each tier's time is printed.
 # Tests run on VERBMIRAGE_TEST_WORKERS pytest-xdist workers (default: one per CPU, at most 4; 0 = serial,
 # needed for pytest's -s or --pdb). tests/conftest.py keeps each file, and the shared demo run, on one worker.
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
@@ -7,7 +11,46 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
 workers=${VERBMIRAGE_TEST_WORKERS:-$(python3 -c 'import os; print(min(4, len(os.sched_getaffinity(0))))')}
+
+run_pytest() {  # run_pytest WORKERS ARGS...
+    local n=$1
+    shift
+    if [ "$n" = 0 ]; then
+        .venv/bin/python -m pytest "$@"
+    else
+        .venv/bin/python -m pytest -n "$n" --dist loadgroup --no-loadscope-reorder "$@"
+    fi
+}
+
+tier() {  # tier SELECTION WORKERS ARGS...: one pytest call, timed; a tier with no test selected is no failure
+    local selection=$1 n=$2 started=$SECONDS status=0
+    shift 2
+    run_pytest "$n" -m "$selection" "$@" || status=$?
+    [ "$status" = 5 ] && status=0
+    echo "tests: tier '$selection' took $((SECONDS - started)) s (exit status $status)"
+    return "$status"
+}
+
+for arg in "$@"; do
+    case $arg in -m|-m?*) run_pytest "$workers" "$@"; exit $? ;; esac
+done
+
+tier fast "$workers" "$@"
+status=0
 if [ "$workers" = 0 ]; then
-    exec .venv/bin/python -m pytest "$@"
+    tier "models or workflow" 0 "$@" || status=$?
+    tier cluster 0 "$@" || status=$?
+    exit "$status"
 fi
-exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup --no-loadscope-reorder "$@"
+# The cluster tier waits on SLURM most of its time: it runs in its own pytest process beside the others, and
+# its output follows theirs.
+# (A background job ignores Ctrl-C: an interrupt stops the whole process group.)
+cluster_log=$(mktemp)
+trap 'rm -f "$cluster_log"' EXIT
+trap 'trap - INT TERM; kill -TERM 0' INT TERM
+tier cluster 0 "$@" > "$cluster_log" 2>&1 &
+cluster=$!
+tier "models or workflow" "$workers" "$@" || status=$?
+wait "$cluster" || status=$?
+cat "$cluster_log"
+exit "$status"
