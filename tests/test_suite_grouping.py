@@ -30,8 +30,8 @@ def test_every_test_has_exactly_one_tier(request):
     ("test_metrics.py", "test_x", ["tmp_path"], "fast"),
     ("test_metrics.py", "test_x", ["tiny_dirs"], "models"),  # a fixture lifts a test out of its file's tier
     ("test_opera.py", "test_x", ["tmp_path"], "models"),
-    ("test_variants.py", "test_only_runs_a_backend_can_do_are_planned", [], "workflow"),  # a dry run
-    ("test_variants.py", "test_other", [], "fast"),
+    ("test_derived.py", "test_adding_a_derived_model_plans_only_its_jobs", [], "workflow"),  # a dry run
+    ("test_derived.py", "test_other", [], "fast"),
     ("test_workflow_vcd.py", "test_x", ["vcd_demo", "request"], "workflow"),
     ("test_slurm.py", "test_x", ["slurm_cluster"], "cluster"),
 ])

@@ -58,9 +58,7 @@ TEST_TIERS = dict.fromkeys([
     "test_attention.py::test_attention_is_added_to_a_run_without_inference",
     "test_cli.py::test_check_plans_a_config_and_names_a_bad_key",
     "test_derived.py::test_adding_a_derived_model_plans_only_its_jobs",
-    "test_finetune.py::test_a_question_table_entry_is_planned_without_pangea",
     "test_run_summary.py::test_failure_summary_reads_the_failed_jobs_from_a_real_snakemake_log",
-    "test_variants.py::test_only_runs_a_backend_can_do_are_planned",
 ], "workflow")
 
 #: Fixtures that put a test in a tier whatever its file. ``vcd_demo`` (test_workflow_vcd.py) asks for the demo
