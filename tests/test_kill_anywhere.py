@@ -32,10 +32,14 @@ KEPT_VARIANTS = ("default", "beam5", "sample_vcd", "calibrated")
 
 def _small_demo(config: dict) -> None:
     """The demo without its costliest extras (CharadesEgo videos, attention with a second model family, the
-    Known-Object study, most variants), on fewer images: every kind of job that keeps state across a kill stays
-    (sharded and decoded inference with its parts, the resumable fine-tune, Nullu, calibration, metrics,
+    Known-Object study, most variants, the salt-and-pepper condition: crop is the image condition kept, the one
+    on fewer questions), on fewer images: every kind of job that keeps state across a kill stays (sharded and
+    decoded inference with its parts, image conditions, the resumable fine-tune, Nullu, calibration, metrics,
     tables, figures)."""
     config["demo"].update(train_images=120, test_images=30)
+    del config["conditions"]["saltpepper"]
+    config["metrics"]["error_consistency"] = [pair for pair in config["metrics"]["error_consistency"]
+                                              if "saltpepper" not in pair]
     del config["datasets"]["charadesego"]
     for analysis in ("attention", "known_object"):
         del config["analysis"][analysis]
