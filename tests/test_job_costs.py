@@ -32,7 +32,7 @@ def test_one_attention_job_over_all_sets_equals_one_job_per_set(demo_roots, demo
     collected table keeps the order of the per-set jobs (set by set, then condition and model)."""
     import pandas as pd
 
-    import verbmirage.models
+    from verbmirage.analysis import attention
     from verbmirage.analysis.attention import attention_job, collect_attention
     from verbmirage.core.io import write_table
     from verbmirage.benchmark.question_table import QUESTIONS
@@ -49,8 +49,8 @@ def test_one_attention_job_over_all_sets_equals_one_job_per_set(demo_roots, demo
     images = sorted(set().union(*(set(table.image) for table in tables.values())))
     apply_condition(root, images, tmp_path / "clean", "clean", {"type": "clean"})
     loads = []
-    real_create = verbmirage.models.create_model
-    monkeypatch.setattr(verbmirage.models, "create_model", lambda *args: loads.append(args[0]) or real_create(*args))
+    real_create = attention.create_model
+    monkeypatch.setattr(attention, "create_model", lambda *args: loads.append(args[0]) or real_create(*args))
     settings = {"layers": [-1], "sample": 3, "seed": 0, "batch_size": 4}
     entry = {"backend": "llava", "path": str(tiny_dirs["llava"]), "local_files_only": True}
     both = attention_job([paths[q] for q in qsets], tmp_path / "clean", det_root, "tiny", entry, settings, "clean",

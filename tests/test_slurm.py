@@ -80,9 +80,9 @@ def test_demo_through_slurm(slurm_cluster, tmp_path):
     log = _snakemake(on_slurm, "--profile", str(REPO / "profiles" / "slurm"))
     submissions = SUBMITTED.findall(log)
     # every inference job, and nothing else, became a SLURM job: one per model shard (both sets in it),
-    # 1 condition x 5 shards (always_yes, random x2, prior, tiny_llava)
+    # 1 condition x 6 shards (always_yes, random x2, prior, oracle, tiny_llava)
     assert {rule for _, rule, _ in submissions} == {"predict_suite"}
-    assert len(submissions) == 5
+    assert len(submissions) == 6
     for job_id, _, wildcards in submissions:
         wants_gpu = "_tiny_llava_" in wildcards
         assert ("gres:gpu:1" in _tres(job_id)) == wants_gpu, (wildcards, _tres(job_id))
