@@ -12,6 +12,13 @@ cd "$(dirname "$0")/.."
 tools/setup.sh
 workers=${VERBMIRAGE_TEST_WORKERS:-$(python3 -c 'import os; print(min(4, len(os.sched_getaffinity(0))))')}
 
+# One math thread per test process: the xdist workers (and the jobs they start) already fill the cores, and more
+# threads than cores only contend (torch, BLAS). A value you export is kept.
+if [ "$workers" != 0 ]; then
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
+    export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+fi
+
 run_pytest() {  # run_pytest WORKERS ARGS...
     local n=$1
     shift
