@@ -37,6 +37,7 @@ include: "rules/known_object.smk"
 include: "rules/uncertainty.smk"
 include: "rules/reliance.smk"
 include: "rules/figures.smk"
+include: "rules/report.smk"
 
 
 # Rule priorities order the ready jobs: those that unblock most of the DAG first (demo data 20-30, question sets
@@ -108,6 +109,7 @@ localrules:
     object_reliance,
     reliance_report,
     paper_figures,
+    report_pages,
     calibration_question_set,
     calibration_images,
     content_free_images,

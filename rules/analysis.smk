@@ -41,11 +41,8 @@ rule attention_figures:
     output:
         table=PATHS.analysis("attention.parquet"),
         summary=PLAN.attention_summary[0],
-        summary_html=report(PLAN.attention_summary[1], category="Attention", caption="../report/attention_summary.rst"),
-        figures=[
-            report(path, category="Attention", caption=f"../report/attention_fig{n}.rst")
-            for n, path in PLAN.attention_figures.items()
-        ],
+        summary_html=reported(PLAN.attention_summary[1]),
+        figures=[reported(path) for path in PLAN.attention_figures.values()],
         figure_prints=figure_prints(*PLAN.attention_figures.values()),  # the same figures as PDF and SVG
     params:
         qsets=PLAN.attention_qsets,  # the table's rows set by set, in this order
@@ -71,11 +68,9 @@ rule vcd_divergence:
         predictions=PLAN.vcd_divergence_predictions,
     output:
         table=PLAN.vcd_divergence_files["table"],
-        html=report(PLAN.vcd_divergence_files["html"], category="VCD divergence",
-                    caption="../report/vcd_divergence_table.rst"),
+        html=reported(PLAN.vcd_divergence_files["html"]),
         hist=PLAN.vcd_divergence_files["hist"],
-        figure=report(PLAN.vcd_divergence_files["figure"], category="VCD divergence",
-                      caption="../report/vcd_divergence.rst"),
+        figure=reported(PLAN.vcd_divergence_files["figure"]),
         figure_prints=figure_prints(PLAN.vcd_divergence_files["figure"]),  # the same figure as PDF and SVG
     params:
         runs=PLAN.vcd_divergence_runs,

@@ -24,7 +24,8 @@ from verbmirage.workflow.paths import (
     TINY_MODEL,
     fill,
 )
-from verbmirage.workflow.plan import TABLE_CAPTIONS, Plan, alternatives, figure_prints
+from verbmirage.workflow.plan import Plan, alternatives, figure_prints
+from verbmirage.workflow.report_pages import report_options
 from verbmirage.workflow.run_folders import run_folders
 
 for _configfile in workflow.configfiles:  # Snakemake's YAML reader keeps the last of two equal keys silently
@@ -151,3 +152,10 @@ def get_derive_inputs(wildcards):
 
 def get_derive_data(wildcards):
     return PLAN.derive_data(wildcards.model)
+
+
+# ---- the HTML report ------------------------------------------------------------------------------------------
+def reported(path):
+    """``path`` marked for the report, with its category, its place in the paper's order and its caption
+    (verbmirage.workflow.report_pages.REPORT_ITEMS, the one list of them)."""
+    return report(path, **report_options(path))

@@ -7,10 +7,7 @@ rule paper_figures:
     input:
         metrics=PATHS.metrics,
     output:
-        [
-            report(path, category="Paper figures", caption=f"../report/{Path(path).stem}.rst")
-            for path in PLAN.paper_figures.values()
-        ],
+        [reported(path) for path in PLAN.paper_figures.values()],
         prints=figure_prints(*PLAN.paper_figures.values()),  # the same figures as PDF and SVG
     params:
         figures=PLAN.paper_figures,

@@ -32,7 +32,7 @@ rule known_object_figure:
         ap=PATHS.known_object_ap,
         metrics=PATHS.analysis_metric_part("known_object"),
     output:
-        report(PLAN.known_object_figure, category="Known-Object mAP", caption="../report/known_object_fig11.rst"),
+        reported(PLAN.known_object_figure),
         prints=figure_prints(PLAN.known_object_figure),  # the same figure as PDF and SVG
     params:
         reference=PLAN.known_object_params.get("reference_model"),

@@ -45,6 +45,7 @@ rule question_counts:
     output:
         parquet=PATHS.question_counts("parquet"),
         markdown=PATHS.question_counts("md"),
+        html=reported(PATHS.question_counts("html")),
     log:
         PATHS.log("question_counts"),
     conda:

@@ -37,12 +37,9 @@ rule reliance_report:
         objects=PLAN.reliance_files["objects"],
         verbs=PLAN.reliance_files["verbs"],
     output:  # Tables 6 and 7 as Parquet, Markdown and HTML; the HTML in the report beside Tables 1-4
-        table6=[*PATHS.tables(6)[:2], report(PATHS.table(6, "html"), category="Paper tables",
-                                             caption=f"../report/{TABLE_CAPTIONS[6]}")],
-        table7=[*PATHS.tables(7)[:2], report(PATHS.table(7, "html"), category="Paper tables",
-                                             caption=f"../report/{TABLE_CAPTIONS[7]}")],
-        figure=report(PLAN.reliance_files["figure"], category="Paper figures",
-                      caption="../report/fig15_object_reliance.rst"),
+        table6=[*PATHS.tables(6)[:2], reported(PATHS.table(6, "html"))],
+        table7=[*PATHS.tables(7)[:2], reported(PATHS.table(7, "html"))],
+        figure=reported(PLAN.reliance_files["figure"]),
         figure_prints=figure_prints(PLAN.reliance_files["figure"]),  # the same figure as PDF and SVG
     params:
         models=PLAN.reliance_models,

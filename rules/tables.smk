@@ -4,7 +4,7 @@ rule tables:
         PATHS.metrics,
     output:
         PLAN.tables,
-        [report(path, category="Paper tables", caption="../report/table.rst") for path in PLAN.tables_html],
+        [reported(path) for path in PLAN.tables_html],
     params:
         models=PLAN.models,
         ensembles=PLAN.ensembles,
@@ -29,10 +29,8 @@ rule mitigation_tables:
     input:
         PATHS.metrics,
     output:  # Parquet, Markdown and HTML; the HTML in the report with its own caption
-        table5=[*PATHS.tables(5)[:2], report(PATHS.table(5, "html"), category="Paper tables",
-                                             caption=f"../report/{TABLE_CAPTIONS[5]}")],
-        table8=[*PATHS.tables(8)[:2], report(PATHS.table(8, "html"), category="Paper tables",
-                                             caption=f"../report/{TABLE_CAPTIONS[8]}")],
+        table5=[*PATHS.tables(5)[:2], reported(PATHS.table(5, "html"))],
+        table8=[*PATHS.tables(8)[:2], reported(PATHS.table(8, "html"))],
     params:
         models=PLAN.models + list(PLAN.ensembles),
         paper_names=PLAN.paper_names,  # slug -> the paper's model name (models.<slug>.paper_name)

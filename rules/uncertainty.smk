@@ -24,10 +24,7 @@ rule uncertainty_figures:
     input:
         PATHS.analysis("uncertainty_hist.parquet"),
     output:
-        [
-            report(path, category="Uncertainty", caption=f"../report/uncertainty_fig{n}.rst")
-            for n, path in PLAN.uncertainty_figures.items()
-        ],
+        [reported(path) for path in PLAN.uncertainty_figures.values()],
         prints=figure_prints(*PLAN.uncertainty_figures.values()),  # the same figures as PDF and SVG
     params:
         figures=PLAN.uncertainty_figures,
@@ -76,8 +73,8 @@ rule fov_report:
     output:
         table=PLAN.fov_files["parquet"],
         markdown=PLAN.fov_files["md"],
-        html=report(PLAN.fov_files["html"], category="Field of view", caption="../report/fov_table.rst"),
-        figure=report(PLAN.fov_files["figure"], category="Field of view", caption="../report/fov_fig10.rst"),
+        html=reported(PLAN.fov_files["html"]),
+        figure=reported(PLAN.fov_files["figure"]),
         figure_prints=figure_prints(PLAN.fov_files["figure"]),  # the same figure as PDF and SVG
     params:
         models=PLAN.token_models,

@@ -1,13 +1,13 @@
 """Question counts per set beside the paper's (Appendix A).
 
-Inputs: every question table. Outputs: ``parquet`` and ``markdown``.
+Inputs: every question table. Outputs: ``parquet``, ``markdown`` and ``html`` (for the report).
 """
 
 from verbmirage.workflow.jobserver import delegate
 
 delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.core.io import read_table, write_markdown, write_table
+from verbmirage.core.io import read_table, write_html, write_markdown, write_table
 from verbmirage.core.schemas import QUESTION_COUNTS
 from verbmirage.core.joblog import job_log
 from verbmirage.benchmark.question_table import question_counts
@@ -27,4 +27,6 @@ with job_log(snakemake.log[0]):
                        "unique questions (28K / 10K used in its experiments) count both views together; ours ask "
                        "each question in both views, one set per view (docs/questions.md)",
     }
-    write_markdown(counts, snakemake.output.markdown, title=titles.get(dataset, f"{dataset} question counts"))
+    title = titles.get(dataset, f"{dataset} question counts")
+    write_markdown(counts, snakemake.output.markdown, title=title)
+    write_html(counts, snakemake.output.html, title=title)

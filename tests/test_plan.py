@@ -21,6 +21,7 @@ from snakemake.utils import validate
 from verbmirage.workflow.config import check_config
 from verbmirage.workflow.paths import LOGS, Paths, fill
 from verbmirage.workflow.plan import Group, Plan, Run, alternatives
+from verbmirage.workflow.report_pages import report_item
 from verbmirage.workflow.run_folders import run_folders
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,14 +161,24 @@ def test_every_log_of_a_rule_with_wildcards_names_them():
 
 def test_the_demo_targets_of_rule_all(demo):
     targets = demo.targets
-    assert len(targets) == len(set(targets)) == 62
+    assert len(targets) == len(set(targets)) == 66  # 62 + the counts' HTML (2) and the report's own pages (2)
     assert targets[0] == "results/metrics/metrics.parquet"  # the end-of-run summary reads it first
     assert {f"results/tables/table{n}.{ext}" for n in (1, 2, 3, 4, 5, 6, 7, 8) for ext in ("parquet", "md", "html")} \
         <= set(targets)
     assert {"results/figures/fig5_ego_exo.png", "results/figures/fig6_ambiguity.png",
             "results/figures/fig11_known_object_ap.png", "results/figures/vcd_divergence.png",
             "results/calibration/hico/clean/tiny_llava/calibrated.json", "results/models/tiny_llava_pangea",
-            "results/training/tiny_llava_pangea/summary.md", "results/benchmark/charadesego/counts.md"} <= set(targets)
+            "results/training/tiny_llava_pangea/summary.md", "results/benchmark/charadesego/counts.md",
+            "results/benchmark/hico/counts.html", "results/report/landing.html", "results/report/run_facts.html"
+            } <= set(targets)
+
+
+def test_every_figure_and_html_table_of_a_plan_has_its_place_in_the_report(demo, paper):
+    for plan in (demo, paper):
+        shown = [path for path in plan.targets if path.endswith((".png", ".html")) and not path.endswith("landing.html")]
+        assert len(shown) > 25
+        for path in shown:
+            report_item(path)  # its category, its place in the paper's order, its caption
 
 
 def test_the_demo_metrics_collect_every_part(demo):

@@ -196,6 +196,15 @@ def test_report_renders_in_a_browser(demo_run, demo_report, browser):
     artifacts = ARTIFACTS / "report"
     artifacts.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=artifacts / "landing.png")
+    # the landing page shows its first line and the headline table (Table 1, ours and the paper's) on the
+    # first screen, nothing cut off above it
+    for locator in (page.get_by_text("Verb Mirage: verb hallucination of multimodal LLMs."),
+                    page.locator("table.vm-headline")):
+        box = locator.bounding_box()
+        assert box and box["y"] >= 0 and box["y"] + box["height"] <= 800, box
+    headline = [row.split("\t") for row in page.locator("table.vm-headline tbody tr").all_inner_texts()]
+    assert {"ours", "paper"} <= {cells[0] for cells in headline} and len(headline) >= 12
+    assert sorted(categories) == ["Analyses", "Paper figures", "Paper tables", "Run facts"]
     listed = page.evaluate("Object.keys(results)")
     assert not [path for path in expected if path not in listed], "README files not in the report"
 
@@ -206,8 +215,11 @@ def test_report_renders_in_a_browser(demo_run, demo_report, browser):
         for subcategory in subcategories:
             if len(subcategories) > 1:
                 page.get_by_role("link", name=subcategory, exact=True).click()
-            rows = page.locator("#app table tbody tr")
+            rows = page.locator("#app table:not(.vm-headline) tbody tr")  # the category's list, not the landing's
             assert rows.count() == len(page.evaluate("([c, s]) => categories[c][s]", [category, subcategory]))
+            if category == "Paper figures":  # listed in the paper's order, each caption opening with its finding
+                numbers = [int(re.search(r"Fig\. (\d+)", text).group(1)) for text in rows.all_inner_texts()]
+                assert numbers == sorted(numbers) and len(numbers) >= 14, numbers
             for index in range(rows.count()):
                 path = _open_result(page, rows.nth(index))
                 shown[path] = _rendered_size(page, path)
@@ -219,6 +231,11 @@ def test_report_renders_in_a_browser(demo_run, demo_report, browser):
                 page.locator("nav ol li a").nth(1).click()  # back to the category
         page.locator("nav ol li a").first.click()  # the breadcrumbs' home: back to the category menu
     print(f"report screenshots in {artifacts}")
+    captions = page.evaluate("Object.fromEntries(Object.entries(results).map(([path, r]) => [path, r.caption]))")
+    figures = [path for path in captions if re.search(r"/fig\d+\w*_\w+\.png$", path)]
+    assert len(figures) >= 14 and all(captions[path].startswith("<p><strong>The paper found:</strong>")
+                                      for path in figures), figures
+    assert "results/report/run_facts.html" in shown and "results/benchmark/hico/counts.html" in shown
     missing = [path for path in expected if path not in shown]
     assert not missing, f"not reachable from the report's categories: {missing}"
     empty = {path: size for path, size in shown.items() if not (size[0] > 0 and size[1] > 0)}

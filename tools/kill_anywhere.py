@@ -41,8 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 COMPARED = ("results", "resources")
 #: Files under them that are not compared: an inference shard's resume fingerprint identifies weight files by
 #: size and modification time (cheap, and it sees rebuilt weights), which differ between any two runs that
-#: build their weights.
-NOT_COMPARED = ("fingerprint.json",)
+#: build their weights; the report's page of the run's facts names the run's own folders and the pipeline's
+#: commit.
+NOT_COMPARED = ("fingerprint.json", "run_facts.html")
 
 
 def snakemake_command(workdir: Path, configfile: Path, cores: int, *extra: str) -> list[str]:

@@ -280,10 +280,9 @@ def _html_cell(text: str) -> str:
     return f"<td class='num'>{body}</td>"
 
 
-def write_html(frame: pd.DataFrame, path: str | Path, title: str = "") -> None:
-    """Write a table as a small standalone HTML page (for the Snakemake report), atomically: numbers
-    right-aligned with their interval on a line of its own, the paper's rows and Δ rows shaded (a
-    ``source`` column tells them apart)."""
+def html_table(frame: pd.DataFrame) -> str:
+    """A table's ``<table>`` markup in :data:`TABLE_STYLE`'s classes: numbers right-aligned with their interval
+    on a line of its own, the paper's rows and Δ rows marked (a ``source`` column tells them apart)."""
     cells = frame.astype(object).where(frame.notna(), None)
     head = "".join(f"<th>{html.escape(str(column))}</th>" for column in frame.columns)
     rows = []
@@ -292,7 +291,17 @@ def write_html(frame: pd.DataFrame, path: str | Path, title: str = "") -> None:
         source = dict(zip(frame.columns, values)).get("source", "")
         kind = " class='paper'" if source == "paper" else " class='delta'" if source.startswith("Δ") else ""
         rows.append(f"<tr{kind}>" + "".join(_html_cell(v) for v in values) + "</tr>")
+    return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n" + "\n".join(rows) + "\n</tbody>\n</table>"
+
+
+def html_page(body: str, title: str = "", style: str = TABLE_STYLE) -> str:
+    """A small standalone HTML page (UTF-8) around ``body``, with ``title`` as its heading where given."""
     heading = f"<h2>{html.escape(title)}</h2>\n" if title else ""
-    body = f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n" + "\n".join(rows) + "\n</tbody>\n</table>"
-    write_text(path, f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-                     f"<style>{TABLE_STYLE}</style></head><body>\n{heading}{body}\n</body></html>\n")
+    return (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>\n{heading}{body}\n</body></html>\n")
+
+
+def write_html(frame: pd.DataFrame, path: str | Path, title: str = "") -> None:
+    """Write a table as a small standalone HTML page (for the Snakemake report), atomically (:func:`html_table`,
+    :func:`html_page`)."""
+    write_text(path, html_page(html_table(frame), title))

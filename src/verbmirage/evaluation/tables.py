@@ -332,3 +332,40 @@ def paper_tables(metrics: pd.DataFrame, paper: pd.DataFrame, models: Sequence[st
         tables[4] = PaperTable(4, with_paper(measured_rows(metrics, columns, rows, dataset="charadesego", **common),
                                              paper_rows(paper, 4, columns)), columns)
     return tables
+
+
+#: Table 1's accuracy columns, the headline of a run (the end-of-run summary, the report's landing page)
+HEADLINE_COLUMNS = ("yn_obj_acc", "yn_verb_acc", "mc_obj_acc", "mc_verb_acc")
+
+
+def headline_rows(table1: pd.DataFrame, variant_paper_names: Mapping[str, str] | None = None,
+                  columns: Sequence[str] = HEADLINE_COLUMNS) -> list[tuple[dict, dict | None]]:
+    """One of our rows per model of Table 1 (its Parquet: ``source``, ``model``, ``variant``, ``paper_name``,
+    values), with the paper's row of the same model and decoding where Table 1 has one (the rule of
+    :func:`side_by_side`: the model's and the variant's ``paper_name``), else None.
+
+    A model with several variants shows one: the first whose decoding matches a paper row, else the first with
+    a value in ``columns``, else its first row. Models with a paper counterpart come first, then the others in
+    the table's order."""
+    names = dict(variant_paper_names or {})
+    measured = table1[table1.source == MEASURED]
+    paper = table1[table1.source == PAPER]
+
+    def paper_row(row) -> dict | None:
+        decoding = names.get(row["variant"], "")
+        if not row.get("paper_name") or not decoding:
+            return None
+        match = paper[(paper.model == row["paper_name"]) & (paper.variant == decoding)]
+        return match.iloc[0].to_dict() if len(match) else None
+
+    def has_values(row) -> bool:
+        return any(pd.notna(row.get(column)) for column in columns)
+
+    chosen: dict[str, tuple[dict, dict | None]] = {}
+    for _, frame_row in measured.iterrows():
+        row = frame_row.to_dict()
+        reference = paper_row(row)
+        if row["model"] not in chosen or (reference is not None, has_values(row)) > (
+                chosen[row["model"]][1] is not None, has_values(chosen[row["model"]][0])):
+            chosen[row["model"]] = (row, reference)
+    return sorted(chosen.values(), key=lambda pair: pair[1] is None)  # stable: paper counterparts first

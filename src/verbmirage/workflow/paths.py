@@ -123,6 +123,7 @@ LOGS = {
     "object_reliance": "object_reliance.log",
     "reliance_report": "reliance_report.log",
     "paper_figures": "paper_figures.log",
+    "report_pages": "report_pages.log",
 }
 #: Benchmark (time and memory) of each heavy rule, inside the config's benchmarks folder.
 BENCHMARKS = {
@@ -185,7 +186,7 @@ class Paths:
         return self.result("benchmark/{dataset}/train_stats.parquet")
 
     def question_counts(self, ext: str) -> str:
-        """Our question counts beside the paper's (``ext``: parquet or md)."""
+        """Our question counts beside the paper's (``ext``: parquet, md or html)."""
         return self.result(f"benchmark/{{dataset}}/counts.{ext}")
 
     @property
@@ -290,6 +291,10 @@ class Paths:
     def tables(self, number: int | str) -> list[str]:
         """Paper table ``number`` in each of :data:`TABLE_FORMATS`."""
         return [self.table(number, ext) for ext in TABLE_FORMATS]
+
+    def report_page(self, name: str) -> str:
+        """One of the HTML report's own pages (``landing.html``, ``run_facts.html``)."""
+        return self.result(f"report/{name}")
 
     def figure(self, name: str) -> str:
         """A figure's PNG (its PDF and SVG lie beside it)."""

@@ -39,7 +39,6 @@ from verbmirage.models.entries import stand_ins
 from verbmirage.workflow.plan_analyses import AnalysesPlan
 from verbmirage.workflow.plan_base import (
     LABEL_KEYS,
-    TABLE_CAPTIONS,
     CalibrationRun,
     Group,
     PairRun,
@@ -49,7 +48,7 @@ from verbmirage.workflow.plan_base import (
 )
 from verbmirage.workflow.plan_inputs import InputsPlan
 
-__all__ = ["TABLE_CAPTIONS", "CalibrationRun", "Group", "PairRun", "Plan", "Run", "alternatives", "figure_prints"]
+__all__ = ["CalibrationRun", "Group", "PairRun", "Plan", "Run", "alternatives", "figure_prints"]
 
 
 @dataclass(repr=False)  # a config's whole plan: too long to print
@@ -267,7 +266,13 @@ class Plan(InputsPlan, AnalysesPlan):
 
     @property
     def question_counts(self) -> list[str]:
-        return [self.paths.question_counts(ext).format(dataset=d) for d in self.datasets for ext in ("parquet", "md")]
+        return [self.paths.question_counts(ext).format(dataset=d) for d in self.datasets
+                for ext in ("parquet", "md", "html")]
+
+    @property
+    def report_pages(self) -> dict[str, str]:
+        """The report's own pages (rule report_pages): the landing page's headline and the run's facts."""
+        return {name: self.paths.report_page(f"{name}.html") for name in ("landing", "run_facts")}
 
     @property
     def stand_ins(self) -> dict[str, str]:
@@ -305,6 +310,7 @@ class Plan(InputsPlan, AnalysesPlan):
         """Rule all's inputs: everything a run of this config makes, in the order the end-of-run summary reads."""
         mitigation = [path for paths in self.mitigation_tables.values() for path in paths]
         return [self.paths.metrics, *self.tables, *self.tables_html, *mitigation, *self.question_counts,
+                *self.report_pages.values(),
                 *self.attention_outputs, *self.vcd_divergence_outputs, *self.known_object_outputs,
                 *self.uncertainty_outputs, *self.reliance_outputs, *self.paper_figures.values(),
                 *self.decision_outputs, *self.derived_models, *self.finetune_outputs]

@@ -12,9 +12,6 @@ from verbmirage.analysis.figure_layout import companion_paths
 LABEL_KEYS = ("qsets", "paper_name", "paper_method")
 #: Pangea's pickles a fine-tune reads (Label2Node: optional, not an input).
 PANGEA_FILE_KEYS = ("samples", "topology", "node_index")
-#: Report caption of each table written in three forms (rules/tables.smk, rules/reliance.smk).
-TABLE_CAPTIONS = {5: "table5_mitigation.rst", 8: "table8_decoding.rst", 6: "table6_object_reliance.rst",
-                  7: "table7_verb_influence.rst"}
 
 
 def alternatives(names) -> str:

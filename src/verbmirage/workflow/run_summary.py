@@ -72,34 +72,20 @@ def headline_lines(table1, variant_paper_names: Mapping[str, str] | None = None,
     with a value, else its first row (and its ``note``: why it has none). Models with a paper counterpart
     come first; after ``limit`` models, one line counts the rest.
     """
-    names = dict(variant_paper_names or {})
     missing = [column for column, _ in HEADLINE_COLUMNS if column not in table1.columns]
     if missing or "source" not in table1.columns:
         return [f"table1.parquet has no {', '.join(missing) or 'source'} column: no headline numbers"]
-    measured = table1[table1.source == "measured"]
-    paper = table1[table1.source == "paper"]
+    from verbmirage.evaluation.tables import headline_rows  # deferred: imports pandas (a failed run's hook needs none)
 
-    def paper_row(row) -> Mapping | None:
-        decoding = names.get(row["variant"], "")
-        if not row.get("paper_name") or not decoding:
-            return None
-        match = paper[(paper.model == row["paper_name"]) & (paper.variant == decoding)]
-        return match.iloc[0].to_dict() if len(match) else None
+    rows = headline_rows(table1, variant_paper_names, [column for column, _ in HEADLINE_COLUMNS])
+    if not rows:
+        return ["table1.parquet has no measured rows: no headline numbers"]
+    chosen = {row["model"]: (row, reference) for row, reference in rows}
 
     def has_values(row) -> bool:
         return any(row[column] == row[column] for column, _ in HEADLINE_COLUMNS)  # not all NaN
 
-    chosen: dict[str, tuple[Mapping, Mapping | None]] = {}
-    for _, frame_row in measured.iterrows():
-        row = frame_row.to_dict()
-        reference = paper_row(row)
-        rank = (reference is not None, has_values(row))
-        if row["model"] not in chosen or rank > (chosen[row["model"]][1] is not None,
-                                                 has_values(chosen[row["model"]][0])):
-            chosen[row["model"]] = (row, reference)
-    if not chosen:
-        return ["table1.parquet has no measured rows: no headline numbers"]
-    order = sorted(chosen, key=lambda model: chosen[model][1] is None)  # stable: paper counterparts first
+    order = list(chosen)  # paper counterparts first (headline_rows)
     width = max(len(f"{model} ({chosen[model][0]['variant']})") for model in order[:limit])
     lines = []
     for model in order[:limit]:
@@ -115,7 +101,7 @@ def headline_lines(table1, variant_paper_names: Mapping[str, str] | None = None,
         lines.append(line)
     if len(order) > limit:
         lines.append(f"... and {len(order) - limit} more models in table1.md")
-    if chosen[order[0]][1] is None and len(paper):
+    if chosen[order[0]][1] is None and (table1.source == "paper").any():
         lines.append("(no row has the paper's beside it: that takes the model's and the variant's paper_name)")
     return lines
 
