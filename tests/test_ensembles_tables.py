@@ -243,7 +243,7 @@ def test_undefined_values_print_as_a_dash(tmp_path):
 
 
 def test_html_tables_align_numbers_and_put_each_interval_on_its_own_line(tmp_path):
-    from verbmirage.core.io import write_html
+    from verbmirage.core.io import html_table, write_html
 
     metrics = _long([("llava", "yn_obj", "clean", "accuracy", 0.6)]).assign(ci_low=0.55, ci_high=0.65, variant="beam")
     table = paper_tables(metrics, PAPER, ["llava"], {}, [], variants=["beam"], paper_names={"llava": "LLaVA-1.5-7B"})
@@ -252,6 +252,9 @@ def test_html_tables_align_numbers_and_put_each_interval_on_its_own_line(tmp_pat
     assert "<td class='num'>60.00<span class='ci'>[55.00, 65.00]</span></td>" in page
     assert "<tr class='paper'>" in page and "<tr class='delta'>" in page and "<td>LLaVA-1.5-7B</td>" in page
     assert "<h2>Table 1 &lt;clean&gt;</h2>" in page and "font-variant-numeric: tabular-nums" in page
+    # a note (why a row is a stand-in or has no value) wraps in a column wide enough to read, not one word a line
+    noted = html_table(pd.DataFrame({"source": ["measured"], "acc": ["1.00"], "note": ["stand-in (random weights)"]}))
+    assert "<td class='note'>stand-in (random weights)</td>" in noted and "td.note { min-width" in page
 
 
 def test_a_configured_model_without_values_keeps_its_row_with_the_reason(tmp_path):

@@ -264,6 +264,7 @@ th, td { border: 1px solid #c8c8c8; padding: 0.3em 0.6em; vertical-align: top; }
 th { background: #f0f0f0; text-align: left; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 td .ci { display: block; color: #666; font-size: 0.85em; }
+td.note { min-width: 24em; font-size: 0.85em; }
 tr.paper td { background: #f7f7fb; }
 tr.delta td { color: #555; font-style: italic; }
 """
@@ -290,7 +291,9 @@ def html_table(frame: pd.DataFrame) -> str:
         values = [MISSING_VALUE if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v)) for v in record]
         source = dict(zip(frame.columns, values)).get("source", "")
         kind = " class='paper'" if source == "paper" else " class='delta'" if source.startswith("Δ") else ""
-        rows.append(f"<tr{kind}>" + "".join(_html_cell(v) for v in values) + "</tr>")
+        cells_html = [_html_cell(v) if column != "note" else f"<td class='note'>{html.escape(v)}</td>"
+                      for column, v in zip(frame.columns, values)]
+        rows.append(f"<tr{kind}>" + "".join(cells_html) + "</tr>")
     return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n" + "\n".join(rows) + "\n</tbody>\n</table>"
 
 

@@ -254,8 +254,13 @@ def run_facts_html(config: Mapping, repository: str | Path, workdir: str | Path 
     weights, the paper's model it stands for, why it is a stand-in: ``stand_ins``, derived models included),
     and the whole config as the run read it (defaults filled in)."""
     workdir = Path(workdir)
+
+    def shown(path) -> str:  # relative to the working directory where it lies inside it
+        path = Path(path)
+        return str(path.relative_to(workdir.resolve())) if path.is_relative_to(workdir.resolve()) else str(path)
+
     environment = [("pipeline commit", pipeline_commit(repository)),
-                   ("config files", ", ".join(configfiles) or "config.yaml (the demo's)"),
+                   ("config files", ", ".join(shown(path) for path in configfiles) or "config.yaml (the demo's)"),
                    ("python", sys.version.split()[0]), ("platform", platform.platform()),
                    *package_versions().items()]
     roots = []
