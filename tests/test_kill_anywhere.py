@@ -33,9 +33,10 @@ KEPT_VARIANTS = ("default", "beam5", "sample_vcd", "calibrated")
 def _small_demo(config: dict) -> None:
     """The demo without its costliest extras (CharadesEgo videos, attention with a second model family, the
     Known-Object study, most variants, the salt-and-pepper condition: crop is the image condition kept, the one
-    on fewer questions), on fewer images: every kind of job that keeps state across a kill stays (sharded and
-    decoded inference with its parts, image conditions, the resumable fine-tune, Nullu, calibration, metrics,
-    tables, figures)."""
+    on fewer questions; the answer-key and prior baselines and their ensemble: the coin-flip model keeps the
+    sharded baseline jobs), on fewer images: every kind of job that keeps state across a kill stays (sharded
+    and decoded inference with its parts, image conditions, the resumable fine-tune, Nullu, calibration,
+    metrics, tables, figures)."""
     config["demo"].update(train_images=120, test_images=30)
     del config["conditions"]["saltpepper"]
     config["metrics"]["error_consistency"] = [pair for pair in config["metrics"]["error_consistency"]
@@ -44,7 +45,9 @@ def _small_demo(config: dict) -> None:
     for analysis in ("attention", "known_object"):
         del config["analysis"][analysis]
     config["questions"]["sets"].remove("yn_ko")
-    del config["models"]["tiny_clip"]
+    for model in ("tiny_clip", "always_yes", "prior", "oracle"):
+        del config["models"][model]
+    config["ensembles"] = {}
     config["variants"] = {slug: entry for slug, entry in config["variants"].items() if slug in KEPT_VARIANTS}
     config["analysis"]["vcd_divergence"].pop("pairs", None)
 

@@ -51,7 +51,10 @@ def _config(workdir: Path) -> None:
     config["metrics"]["error_consistency"] = []
     config["metrics"]["bootstrap_resamples"] = 50
     config["variants"] = {"default": {}}  # the demo's mitigation variants add jobs, not scheduling cases
-    config["models"] = {slug: e for slug, e in config["models"].items() if "derive" not in e}  # no build job (it lists beam5)
+    # a CPU model with two shards, one without, the GPU model; an ensemble of two (a light job on the node);
+    # no derived model (no build job: it lists beam5)
+    config["models"] = {slug: config["models"][slug] for slug in ("always_yes", "random", "tiny_llava")}
+    config["ensembles"] = {"blind_vote": ["always_yes", "random"]}
     # the test node has 2 CPUs: a GPU job may ask for one per GPU
     config["models"]["tiny_llava"]["resources"] = {"gpu": 1, "mem_mb": 2000, "runtime": 10, "cpus_per_gpu": 1}
     workdir.mkdir(parents=True, exist_ok=True)
@@ -80,9 +83,9 @@ def test_demo_through_slurm(slurm_cluster, tmp_path):
     log = _snakemake(on_slurm, "--profile", str(REPO / "profiles" / "slurm"))
     submissions = SUBMITTED.findall(log)
     # every inference job, and nothing else, became a SLURM job: one per model shard (both sets in it),
-    # 1 condition x 6 shards (always_yes, random x2, prior, oracle, tiny_llava)
+    # 1 condition x 4 shards (always_yes, random x2, tiny_llava)
     assert {rule for _, rule, _ in submissions} == {"predict_suite"}
-    assert len(submissions) == 6
+    assert len(submissions) == 4
     for job_id, _, wildcards in submissions:
         wants_gpu = "_tiny_llava_" in wildcards
         assert ("gres:gpu:1" in _tres(job_id)) == wants_gpu, (wildcards, _tres(job_id))
@@ -93,4 +96,4 @@ def test_demo_through_slurm(slurm_cluster, tmp_path):
     from_slurm = pd.read_parquet(on_slurm / "results/metrics/metrics.parquet").sort_values(keys, ignore_index=True)
     from_local = pd.read_parquet(local / "results/metrics/metrics.parquet").sort_values(keys, ignore_index=True)
     pd.testing.assert_frame_equal(from_slurm, from_local)
-    assert set(from_slurm.model) >= {"tiny_llava", "prior", "blind_vote"}
+    assert set(from_slurm.model) >= {"tiny_llava", "random", "blind_vote"}
