@@ -9,7 +9,6 @@ rule report_pages:
         facts=reported(PLAN.report_pages["run_facts"]),
     params:
         config=PLAN.config,  # the whole config as the run read it (a changed config writes the facts again)
-        configfiles=[str(path) for path in workflow.overwrite_configfiles],
         repository=workflow.basedir,  # the pipeline's checkout: its git commit
         variant_paper_names=PLAN.variant_paper_names,
         stand_ins=PLAN.stand_ins,

@@ -1,7 +1,7 @@
 """The HTML report's own pages: the landing page's headline (Table 1 at a glance) and the run's facts.
 
 Input: ``table1`` (Table 1's Parquet). Outputs: ``landing`` (an HTML fragment that report/workflow.rst includes)
-and ``facts`` (a page of its own in the report). Settings: ``params.config``, ``params.configfiles``,
+and ``facts`` (a page of its own in the report). Settings: ``params.config`` (the config as the run read it),
 ``params.repository`` (the pipeline's checkout), ``params.variant_paper_names``, ``params.stand_ins``.
 """
 
@@ -17,5 +17,4 @@ with job_log(snakemake.log[0]):
     p = snakemake.params
     table1 = read_table(snakemake.input.table1)
     write_text(snakemake.output.landing, landing_html(table1, p.variant_paper_names, p.stand_ins))
-    write_text(snakemake.output.facts, run_facts_html(p.config, p.repository, configfiles=p.configfiles,
-                                                      stand_ins=p.stand_ins))
+    write_text(snakemake.output.facts, run_facts_html(p.config, p.repository, stand_ins=p.stand_ins))

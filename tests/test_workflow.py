@@ -128,7 +128,7 @@ def test_adding_a_model_runs_only_its_jobs(demo_run):
     # analysis.known_object.models: no known_object job.) The analyses over all models (uncertainty: not for a
     # blind baseline) and the figures rerun as aggregates.
     aggregates = {"metrics", "tables", "mitigation_tables", "all", "fov", "fov_report", "object_reliance",
-                  "reliance_report", "paper_figures", "uncertainty", "uncertainty_figures"}
+                  "reliance_report", "paper_figures", "uncertainty", "uncertainty_figures", "report_pages"}
     assert {rule: n for rule, n in per_rule.items() if rule not in aggregates} == {
         "predict_suite": 4, "merge_predictions": 4, "metric_part": 4, "consistency_part": 2}
     assert all(per_rule[rule] == 1 for rule in aggregates & set(per_rule)) and {"metrics", "tables"} <= set(per_rule)

@@ -89,7 +89,7 @@ def test_adding_a_derived_model_runs_only_its_jobs(demo_run):
     jobs = _planned(demo_run, add)
     per_rule = Counter(re.sub(r"_\d+$", "", rule) for rule, _ in jobs)
     aggregates = {"metrics", "tables", "mitigation_tables", "all", "fov", "fov_report", "object_reliance",
-                  "reliance_report", "paper_figures", "uncertainty", "uncertainty_figures"}
+                  "reliance_report", "paper_figures", "uncertainty", "uncertainty_figures", "report_pages"}
     # its build, then one run: yn_obj under clean with beam5 (beam5 runs on clean only)
     assert {rule: n for rule, n in per_rule.items() if rule not in aggregates} == {
         "derive_model": 1, "predict_suite": 1, "merge_predictions": 1, "metric_part": 1}

@@ -248,19 +248,13 @@ def _rows(pairs: Sequence[tuple[str, str]]) -> str:
 
 
 def run_facts_html(config: Mapping, repository: str | Path, workdir: str | Path = ".",
-                   configfiles: Sequence[str] = (), stand_ins: Mapping[str, str] | None = None) -> str:
+                   stand_ins: Mapping[str, str] | None = None) -> str:
     """The run's facts as one HTML page: the pipeline's commit, Python and the package versions, the data roots
     (as configured and where they resolve from ``workdir``), the models (backend or how it is derived, its
     weights, the paper's model it stands for, why it is a stand-in: ``stand_ins``, derived models included),
     and the whole config as the run read it (defaults filled in)."""
     workdir = Path(workdir)
-
-    def shown(path) -> str:  # relative to the working directory where it lies inside it
-        path = Path(path)
-        return str(path.relative_to(workdir.resolve())) if path.is_relative_to(workdir.resolve()) else str(path)
-
     environment = [("pipeline commit", pipeline_commit(repository)),
-                   ("config files", ", ".join(shown(path) for path in configfiles) or "config.yaml (the demo's)"),
                    ("python", sys.version.split()[0]), ("platform", platform.platform()),
                    *package_versions().items()]
     roots = []
