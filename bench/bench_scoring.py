@@ -1,19 +1,30 @@
-"""Benchmark: the scoring engine vs Hugging Face ``generate`` at batch 1.
+"""Benchmark: the scoring engine vs transformers ``generate`` at batch 1, on a random and on a decisive model,
+and the cost of each decoding.
 
-(a) is the default path of lmms-eval and VLMEvalKit: one question at a time,
-``generate`` a short answer (``--new-tokens``, 5 by default) and read the
-first token's scores; (b) is our engine (prefix reuse + length-sorted
-batches). Both score the same questions on the same random-weight model with
-LLaVA-1.5 geometry (336 px, patch 14 -> 576 image tokens; narrow layers so it
-runs on a CPU), several questions per image as in HICO. Prints prompts/s of
-both, their ratio, and the largest P(yes) difference between the two paths.
+(a) is the default path of lmms-eval and VLMEvalKit: one question at a time, ``generate`` a short answer
+(``--new-tokens``, 5 by default) and read the first token's scores; (b) is our engine (prefix reuse,
+length-sorted batches, a greedy continuation only where the first answer token decides nothing). Both answer the
+same yn_obj and yn_verb questions (about 10 per image, as in HICO) on one random-weight model with LLaVA-1.5
+geometry (336 px, patch 14 -> 576 image tokens; narrow layers so it runs on a CPU), in two regimes:
 
-    python bench/bench_scoring.py [--images 12] [--device cpu] [--dtype float32]
+- **random**: the model as built. Its first answer token is yes or no for only about a third of the questions,
+  so the engine decodes the others greedily (``--continue-tokens``);
+- **decisive**: the same weights with the output layer biased towards the yes and no tokens (:func:`make_decisive`),
+  so the first token decides nearly every answer, as a trained model's does; which answer stays random.
+
+For each: prompts/s of (a) and (b), their ratio, the share of answers the engine continued, and the largest
+P(yes) difference between the paths. Then, on the decisive model and the same questions, each decoding the
+paper's tables use (greedy, beam-5, sampling, VCD greedy / sampling / beam, OPERA): prompts/s and the cost
+relative to greedy (time per question over greedy's, measured in the same run), with the peak memory (on a GPU,
+each decoding's peak allocation; on the CPU, the process's peak resident memory).
+
+    python bench/bench_scoring.py [--images 12] [--device cpu] [--dtype float32] [--skip-decodings]
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 import tempfile
 import time
@@ -25,11 +36,23 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from verbmirage.benchmark.questions import QuestionSettings, build_question_set  # noqa: E402
 from verbmirage.data.demo import DemoSizes, write_demo_hico  # noqa: E402
 from verbmirage.data.hico import load_hico  # noqa: E402
 from verbmirage.models import Question, create_model  # noqa: E402
-from verbmirage.benchmark.questions import QuestionSettings, build_question_set  # noqa: E402
 from verbmirage.models.tiny import build_tiny_llava  # noqa: E402
+from verbmirage.variants.settings import Variant  # noqa: E402
+
+#: The decodings of the paper's Tables 5 and 8 (and the demo's), as variant entries of the config.
+DECODINGS = {
+    "greedy": {},
+    "beam5": {"decoding": "beam", "num_beams": 5},
+    "sample": {"decoding": "sample"},
+    "vcd_greedy": {"vcd": {}},
+    "vcd_sample": {"decoding": "sample", "vcd": {}},
+    "vcd_beam5": {"decoding": "beam", "num_beams": 5, "vcd": {}},
+    "opera": {"decoding": "opera", "num_beams": 5},
+}
 
 
 def hico_like_questions(n_images: int, work: Path) -> list[Question]:
@@ -52,6 +75,17 @@ def hico_like_questions(n_images: int, work: Path) -> list[Question]:
     return [Question(row.question_id, row.prompt, image=paths[row.image]) for row in chosen]
 
 
+def make_decisive(model, boost: float = 12.0) -> None:
+    """Bias the language model's output layer towards the yes and no tokens (``boost`` added to their logits),
+    as answer training does: the first answer token then says yes or no for nearly every YN question, while which
+    one stays the random weights' choice. The bias is a parameter of the real output layer, so ``generate`` and
+    the engine read the same logits."""
+    head = model.model.get_output_embeddings()
+    bias = torch.zeros(head.out_features, dtype=head.weight.dtype, device=head.weight.device)
+    bias[torch.cat([model._yes_ids, model._no_ids]).to(bias.device)] = boost
+    head.bias = torch.nn.Parameter(bias, requires_grad=False)
+
+
 def generate_batch1(model, questions: list[Question], new_tokens: int) -> list[float]:
     """The harness path: one question at a time, generate, P(yes) from the first generated token's scores."""
     p_yes = []
@@ -68,44 +102,102 @@ def generate_batch1(model, questions: list[Question], new_tokens: int) -> list[f
     return p_yes
 
 
+class Counted:
+    """Counts the questions the engine hands to its greedy continuation (an undecided first token)."""
+
+    def __init__(self, model):
+        self.count, original = 0, model.continue_answers
+
+        def continue_answers(questions, multiple_choice):
+            self.count += len(questions)
+            return original(questions, multiple_choice)
+
+        model.continue_answers = continue_answers
+
+
+def engine_pass(model, questions: list[Question], batch_size: int, synchronize) -> tuple[list, float]:
+    """The engine's answers to ``questions`` in calls of ``batch_size`` (prefixes forgotten first), and seconds."""
+    model.forget_prefixes()
+    synchronize()
+    start = time.perf_counter()
+    results = []
+    for i in range(0, len(questions), batch_size):
+        results += model.score_yes_no(questions[i : i + batch_size])
+    synchronize()
+    return results, time.perf_counter() - start
+
+
+def compare_with_generate(model, questions, args, synchronize, counter: Counted) -> None:
+    model.score_yes_no(questions[:2])  # warm-up
+    synchronize()
+    start = time.perf_counter()
+    reference = generate_batch1(model, questions, args.new_tokens)
+    synchronize()
+    generate_rate = len(questions) / (time.perf_counter() - start)
+    counter.count = 0
+    results, seconds = engine_pass(model, questions, args.batch_size, synchronize)
+    engine_rate = len(questions) / seconds
+    difference = max(abs(r.p_yes - p) for r, p in zip(results, reference))
+    print(f"  generate, batch 1, {args.new_tokens} new tokens: {generate_rate:8.2f} prompts/s")
+    print(f"  engine (prefix reuse, batched):        {engine_rate:8.2f} prompts/s")
+    print(f"  ratio engine / generate:               {engine_rate / generate_rate:8.2f}x")
+    print(f"  answers continued past the first token: {counter.count / len(questions):7.1%}")
+    print(f"  max |P(yes) difference|:               {difference:.2e}")
+
+
+def peak_memory(device: str) -> str:
+    if device.startswith("cuda"):
+        return f"{torch.cuda.max_memory_allocated() / 2**20:8.0f} MiB allocated"
+    return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:8.0f} MiB resident (process)"
+
+
+def decoding_costs(model, questions, args, synchronize) -> None:
+    print(f"decodings on the decisive model ({len(questions)} questions, {args.max_new_tokens} new tokens per "
+          "decoded answer): prompts/s, cost = time per question / greedy's, peak memory")
+    seconds = {}
+    for slug, entry in DECODINGS.items():
+        settings = {**entry, "max_new_tokens": args.max_new_tokens} if entry.get("decoding") else entry
+        model.use_variant(Variant.from_config(settings))
+        if args.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        model.score_yes_no(questions[:2])  # warm-up (OPERA switches the language model to eager attention)
+        _, seconds[slug] = engine_pass(model, questions, args.batch_size, synchronize)
+        print(f"  {slug:11s} {len(questions) / seconds[slug]:8.2f} prompts/s  {seconds[slug] / seconds['greedy']:6.2f}x"
+              f" greedy  {peak_memory(args.device)}")
+    model.use_variant(Variant.from_config({}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=12)
-    parser.add_argument("--new-tokens", type=int, default=5)
+    parser.add_argument("--new-tokens", type=int, default=5, help="tokens generate decodes per answer in (a)")
+    parser.add_argument("--continue-tokens", type=int, default=8,
+                        help="the engine's greedy continuation of an undecided answer (inference.continue_tokens)")
+    parser.add_argument("--max-new-tokens", type=int, default=8, help="tokens each decoding decodes per answer")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--skip-decodings", action="store_true", help="only the engine vs generate")
     args = parser.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    synchronize = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         path = build_tiny_llava(work / "llava336", image_size=336, patch_size=14, hidden_size=128, layers=4)
-        model = create_model(
-            "bench", {"backend": "llava", "path": str(path), "device": args.device, "dtype": args.dtype,
-                      "local_files_only": True},
-        )
+        model = create_model("bench", {"backend": "llava", "path": str(path), "device": args.device,
+                                       "dtype": args.dtype, "local_files_only": True})
+        model.continue_tokens = args.continue_tokens
         questions = hico_like_questions(args.images, work)
-        print(f"{len(questions)} questions on {args.images} images "
-              f"({len(questions) / args.images:.1f} per image), 576 image tokens, device {args.device}")
-        model.score_yes_no(questions[:2])  # warm-up
-
-        start = time.perf_counter()
-        reference = generate_batch1(model, questions, args.new_tokens)
-        generate_seconds = time.perf_counter() - start
-
-        model.forget_prefixes()
-        start = time.perf_counter()
-        results = []
-        for i in range(0, len(questions), args.batch_size):
-            results += model.score_yes_no(questions[i : i + args.batch_size])
-        engine_seconds = time.perf_counter() - start
-
-    generate_rate, engine_rate = len(questions) / generate_seconds, len(questions) / engine_seconds
-    difference = max(abs(r.p_yes - p) for r, p in zip(results, reference))
-    print(f"generate, batch 1, {args.new_tokens} new tokens: {generate_rate:8.2f} prompts/s")
-    print(f"engine (prefix reuse, batched):        {engine_rate:8.2f} prompts/s")
-    print(f"ratio engine / generate:               {engine_rate / generate_rate:8.2f}x")
-    print(f"max |P(yes) difference|:               {difference:.2e}")
+        print(f"{len(questions)} questions on {args.images} images ({len(questions) / args.images:.1f} per image), "
+              f"576 image tokens, device {args.device}")
+        counter = Counted(model)
+        print("random model (as built):")
+        compare_with_generate(model, questions, args, synchronize, counter)
+        make_decisive(model)
+        print("decisive model (output layer biased to yes/no):")
+        compare_with_generate(model, questions, args, synchronize, counter)
+        if not args.skip_decodings:
+            decoding_costs(model, questions, args, synchronize)
+        print(f"peak memory: {peak_memory(args.device)}")
 
 
 if __name__ == "__main__":

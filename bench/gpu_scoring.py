@@ -8,10 +8,18 @@ one H200.
 
     python bench/gpu_scoring.py [--images 64] [--batch-size 64]
     python bench/gpu_scoring.py --suite [--images 64]   # all five HICO sets: one set per call vs all sets of an image
+    python bench/gpu_scoring.py --decodings [--images 64] [--decoding-images 16]   # each decoding, projections
     python bench/gpu_scoring.py --smoke --images 2      # on a CPU: checks the script runs
 
 ``--suite`` is bench/suite_scoring.py at LLaVA-1.5-7B size: the whole HICO suite (about 225K prompts with 4
 MC rotations) must take at most 15 GPU-minutes on one H200, i.e. (b) >= 250 prompts/s.
+
+``--decodings`` makes the model decisive (bench/bench_scoring.py, ``make_decisive``: its first answer token
+decides, as a trained model's does), times the whole suite greedily as a job answers it (continuations on),
+then each decoding of the paper's tables on the YN questions of ``--decoding-images`` images (prompts/s, cost
+relative to greedy on the same questions, peak GPU memory), and projects the whole HICO suite and the paper
+config at those rates (bench/projection.py; the config's prompt mix from ``--mix``, which
+bench/h200_wheels.sh writes into .whl/).
 """
 
 from __future__ import annotations
@@ -27,8 +35,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_scoring import hico_like_questions  # noqa: E402
-from suite_scoring import hico_suite, report, time_both  # noqa: E402
+from bench_scoring import DECODINGS, engine_pass, hico_like_questions, make_decisive  # noqa: E402
+from projection import projection_lines  # noqa: E402
+from suite_scoring import all_sets_per_call, hico_suite, report, time_both  # noqa: E402
+from verbmirage.variants.settings import Variant  # noqa: E402
 from verbmirage.models.hf.families import LlavaVLM  # noqa: E402
 from verbmirage.models.tiny import build_tiny_llava  # noqa: E402
 
@@ -64,12 +74,55 @@ class RandomLlava7B(LlavaVLM):
         return model
 
 
+def decodings(model, work: Path, args, dtype: str, parameters: float, synchronize) -> None:
+    """The whole suite greedily (a job's way: all sets of an image per call, continuations on), each decoding
+    on the YN questions, and the projected run times at those rates."""
+    import json
+
+    make_decisive(model)
+    cuda = torch.cuda.is_available() and next(model.model.parameters()).is_cuda
+    suite = hico_suite(args.images, work)
+    print(f"{parameters:.2f}B parameters, {dtype}, decisive (output layer biased to yes/no)")
+    all_sets_per_call(model, suite[:8], args.batch_size)  # warm-up
+    synchronize()
+    start = time.perf_counter()
+    all_sets_per_call(model, suite, args.batch_size)
+    synchronize()
+    suite_rate = len(suite) / (time.perf_counter() - start)
+    print(f"whole suite, greedy ({len(suite)} prompts of 5 sets on {args.images} images): {suite_rate:8.1f} prompts/s")
+    questions = hico_like_questions(args.decoding_images, work / "yn")
+    per_call = model.use_batch_size(args.batch_size)
+    print(f"decodings ({len(questions)} YN questions, {args.max_new_tokens} new tokens per decoded answer):")
+    seconds = {}
+    for slug, entry in DECODINGS.items():
+        settings = {**entry, "max_new_tokens": args.max_new_tokens} if entry.get("decoding") else entry
+        model.use_variant(Variant.from_config(settings))
+        model.score_yes_no(questions[:2])  # warm-up
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        _, seconds[slug] = engine_pass(model, questions, per_call, synchronize)
+        memory = f"{torch.cuda.max_memory_allocated() / 2**30:6.1f} GiB peak" if cuda else ""
+        print(f"  {slug:11s} {len(questions) / seconds[slug]:8.1f} prompts/s  "
+              f"{seconds[slug] / seconds['greedy']:6.2f}x greedy  {memory}")
+    mix = json.loads(args.mix.read_text()) if args.mix.is_file() else None
+    costs = {slug: seconds[slug] / seconds["greedy"] for slug in seconds}
+    for line in projection_lines(suite_rate, costs, mix):
+        print(line)
+    if cuda:
+        print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB (the last decoding's)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--smoke", action="store_true", help="narrow model on the CPU: checks the script, not speed")
     parser.add_argument("--suite", action="store_true", help="all HICO sets: one set per call vs all sets of an image")
+    parser.add_argument("--decodings", action="store_true", help="each decoding's cost and the projected run times")
+    parser.add_argument("--decoding-images", type=int, default=16, help="images whose YN questions each decoding answers")
+    parser.add_argument("--max-new-tokens", type=int, default=8, help="tokens each decoding decodes per answer")
+    parser.add_argument("--mix", type=Path, default=Path(__file__).resolve().parents[1] / ".whl" / "paper_mix.json",
+                        help="the paper config's prompts per decoding (bench/projection.py --write)")
     args = parser.parse_args()
     device, dtype = ("cpu", "float32") if args.smoke else ("cuda", "bfloat16")
     RandomLlava7B.size = SMOKE if args.smoke else FULL
@@ -80,6 +133,9 @@ def main() -> None:
         model = RandomLlava7B("llava7b_random", str(processor_dir), dtype=dtype, device=device,
                               local_files_only=True)
         parameters = sum(p.numel() for p in model.model.parameters()) / 1e9
+        if args.decodings:
+            decodings(model, work, args, dtype, parameters, synchronize)
+            return
         if args.suite:
             model.continue_tokens = 0  # the scoring pass (see bench/suite_scoring.py)
             suite = hico_suite(args.images, work)

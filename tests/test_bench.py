@@ -12,23 +12,41 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def test_cpu_benchmark_prints_ratio_and_difference():
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "bench_scoring.py"), "--images", "1"],
-                         capture_output=True, text=True, timeout=600, check=True).stdout
-    assert re.search(r"ratio engine / generate:\s+[\d.]+x", out)
-    difference = float(re.search(r"max \|P\(yes\) difference\|:\s+([\d.e+-]+)", out).group(1))
-    assert difference < 1e-4
+def test_cpu_benchmark_prints_both_regimes_and_each_decodings_cost():
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "bench_scoring.py"), "--images", "1",
+                          "--max-new-tokens", "2"], capture_output=True, text=True, timeout=600, check=True).stdout
+    random, decisive = out.split("random model (as built):")[1].split("decisive model (output layer biased to yes/no):")
+    shares = []
+    for regime in (random, decisive):
+        assert re.search(r"ratio engine / generate:\s+[\d.]+x", regime)
+        assert float(re.search(r"max \|P\(yes\) difference\|:\s+([\d.e+-]+)", regime).group(1)) < 1e-4
+        shares.append(float(re.search(r"answers continued past the first token:\s+([\d.]+)%", regime).group(1)))
+    assert shares[1] <= 5.0 < shares[0]  # the decisive model's first token decides (almost) every answer
+    costs = dict(re.findall(r"^  (\w+) +[\d.]+ prompts/s +([\d.]+)x greedy", out, re.M))
+    assert list(costs) == ["greedy", "beam5", "sample", "vcd_greedy", "vcd_sample", "vcd_beam5", "opera"]
+    assert float(costs["greedy"]) == 1.0 and all(float(cost) > 0 for cost in costs.values())
+    assert re.search(r"peak memory:\s+\d+ MiB", out)
 
 
 def test_the_device_check_runs_both_gpu_benchmarks_in_smoke_mode(tmp_path):
-    """bench/h200_check.sh, the one prepared device run: versions, the suite benchmark and the engine rate, each
-    also in $OUT (here on a CPU with --smoke, the benchmarks' narrow model)."""
+    """bench/h200_check.sh, the one prepared device run: versions, the suite benchmark, each decoding and the
+    projected run times, each also in $OUT (here on a CPU with --smoke, the benchmarks' narrow model; the paper
+    config's prompt mix written as bench/h200_wheels.sh writes it)."""
+    mix = tmp_path / "paper_mix.json"
+    subprocess.run([sys.executable, str(REPO / "bench" / "projection.py"), "--write", str(mix)], check=True,
+                   timeout=300)
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
-    out = subprocess.run(["bash", str(REPO / "bench" / "h200_check.sh"), "--smoke", "--images", "1"], env=env,
+    out = subprocess.run(["bash", str(REPO / "bench" / "h200_check.sh"), "--smoke", "--images", "1",
+                          "--decoding-images", "1", "--max-new-tokens", "2", "--mix", str(mix)], env=env,
                          capture_output=True, text=True, timeout=600, check=True).stdout
     assert re.search(r"torch [\w.+]+ \| transformers [\w.]+ \| cuda (True|False)", out)
     assert re.search(r"suite ratio \(b / a\):\s+[\d.]+x", (tmp_path / "suite.txt").read_text())
-    assert re.search(r"engine, float32, prefix reuse: [\d.]+ prompts/s", (tmp_path / "engine.txt").read_text())
+    decodings = (tmp_path / "decodings.txt").read_text()
+    assert re.search(r"whole suite, greedy \(\d+ prompts of 5 sets on 1 images\):\s+[\d.]+ prompts/s", decodings)
+    assert len(re.findall(r"^  \w+ +[\d.]+ prompts/s +[\d.]+x greedy", decodings, re.M)) == 7
+    assert re.search(r"whole HICO suite, greedy: 223,618 prompts in [\d.]+ min", decodings)
+    assert re.search(r"configs/paper.yaml, its \d+ transformers-engine models .*: [\d,]+ prompts in [\d.]+ h",
+                     decodings)
 
 
 def test_suite_benchmark_prints_both_rates_and_the_suite_ratio_per_call_size():

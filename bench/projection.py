@@ -1,0 +1,114 @@
+"""How long the whole HICO suite and the paper config take at measured rates.
+
+The prompts are the real HICO question counts (docs/questions.md, "Counts on the real anno.mat": seed 0, the
+default protocol; an MC question once per rotation of its options), and on the single-instance images for a
+crop condition (same page, "Counts on the real test instances"). The paper config's runs come from its plan
+(configs/paper.yaml through verbmirage.workflow.plan): every run of a model the transformers engine serves adds
+its sets' prompts to its variant's decoding. Remote-code models (their own ``generate``), API models, baselines
+and CLIP are named but not projected; nor are the CharadesEgo sets and the Known-Object set, whose real counts
+are not measured here.
+
+    python bench/projection.py [--config configs/paper.yaml] [--write MIX.json]   # the paper config's prompt mix
+    bench/gpu_scoring.py --decodings reads the mix (computed here, where Snakemake's schema check is installed,
+    and carried to the device in .whl/ by bench/h200_wheels.sh) and prints the projection with its rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+#: Rows of each HICO set on the real anno.mat (docs/questions.md), all test images.
+HICO_PROMPTS = {"yn_obj": 40_749, "yn_verb": 40_731, "mc_obj": 59_516, "mc_verb": 59_852, "obj_exist": 22_770}
+#: The same on the single-instance images (1,400 images), what a crop condition asks (docs/questions.md).
+SINGLE_INSTANCE_PROMPTS = {"yn_obj": 6_042, "mc_obj": 4 * 2_357, "mc_verb": 4 * 2_357}
+#: The backends the transformers engine serves (verbmirage.models.registry.BACKENDS).
+ENGINE_BACKENDS = ("llava", "instructblip", "qwen2_vl", "qwen2_5_vl", "hf")
+#: The decodings bench/bench_scoring.py and bench/gpu_scoring.py time, by these names.
+DECODING_NAMES = ("greedy", "beam5", "sample", "vcd_greedy", "vcd_sample", "vcd_beam5", "opera")
+
+
+def decoding_of(variant: dict) -> str:
+    """The timed decoding a variant's settings run (a prompt suffix or a calibrated decision decode greedily)."""
+    decoding = variant.get("decoding", "greedy")
+    if decoding == "opera":
+        return "opera"
+    kind = {"beam": "beam5", "sample": "sample"}.get(decoding, "greedy")
+    return f"vcd_{kind}" if variant.get("vcd") is not None else kind
+
+
+def paper_mix(config_path: Path = REPO / "configs" / "paper.yaml") -> dict:
+    """The config's prompts per decoding over its transformers-engine models, and the models left out."""
+    import yaml
+    from snakemake.utils import validate
+
+    sys.path.insert(0, str(REPO / "src"))
+    from verbmirage.workflow.plan import Plan
+    from verbmirage.workflow.run_folders import run_folders
+
+    config = yaml.safe_load(config_path.read_text())
+    demo = yaml.safe_load((REPO / "config.yaml").read_text())
+    config["datasets"] = copy.deepcopy(demo["datasets"])  # the real data need not be here: only the runs count
+    validate(config, str(REPO / "schemas" / "config.schema.yaml"))  # the schema's defaults, as the workflow fills
+    plan = Plan.from_config(config, run_folders(config["results_dir"], [str(config_path)], REPO, REPO))
+    prompts = dict.fromkeys(DECODING_NAMES, 0)
+    engine, left_out, unknown_sets = set(), set(), set()
+    for run in plan.scored:
+        entry = plan.config["models"].get(run.model)
+        if entry is None or entry.get("backend") not in ENGINE_BACKENDS:
+            left_out.add(run.model)
+            continue
+        engine.add(run.model)
+        crop = plan.config["conditions"].get(run.condition, {}).get("type") == "crop"
+        counts = SINGLE_INSTANCE_PROMPTS if crop else HICO_PROMPTS
+        for qset in run.qsets:
+            if run.dataset == "hico" and qset in counts:
+                prompts[decoding_of(plan.config["variants"][run.variant])] += counts[qset]
+            else:
+                unknown_sets.add(f"{run.dataset}/{qset}")
+    return {"config": str(config_path.relative_to(REPO)), "prompts": prompts, "engine_models": sorted(engine),
+            "left_out": sorted(left_out), "not_counted": sorted(unknown_sets)}
+
+
+def projection_lines(greedy_suite_rate: float, costs: dict[str, float], mix: dict | None) -> list[str]:
+    """The projected times: the whole HICO suite at the greedy suite rate (prompts/s); the mix's prompts of each
+    decoding at that rate divided by the decoding's cost relative to greedy (``costs``)."""
+    suite = sum(HICO_PROMPTS.values())
+    lines = [f"projection (real HICO counts, docs/questions.md; rates measured above):",
+             f"  whole HICO suite, greedy: {suite:,} prompts in {suite / greedy_suite_rate / 60:.1f} min"]
+    if mix is None:
+        return lines + ["  paper config: no prompt mix (bench/projection.py --write; bench/h200_wheels.sh does it)"]
+    hours = {name: count * costs.get(name, float("nan")) / greedy_suite_rate / 3600
+             for name, count in mix["prompts"].items() if count}
+    total = sum(hours.values())
+    lines.append(f"  {mix['config']}, its {len(mix['engine_models'])} transformers-engine models "
+                 f"({', '.join(mix['engine_models'])}), each at these LLaVA-1.5-7B rates: "
+                 f"{sum(mix['prompts'].values()):,} prompts in {total:.1f} h")
+    lines.append("    " + ", ".join(f"{name} {count:,} prompts {hours[name]:.2f} h"
+                                      for name, count in mix["prompts"].items() if count))
+    lines.append(f"  not projected: {', '.join(mix['left_out'])} (remote code, API, baselines, CLIP); sets without "
+                 f"real counts here: {', '.join(mix['not_counted']) or 'none'}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, default=REPO / "configs" / "paper.yaml")
+    parser.add_argument("--write", type=Path, help="write the prompt mix as JSON here (else print it)")
+    args = parser.parse_args(argv)
+    mix = paper_mix(args.config.resolve())
+    text = json.dumps(mix, indent=1)
+    if args.write:
+        args.write.parent.mkdir(parents=True, exist_ok=True)
+        args.write.write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
