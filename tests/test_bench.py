@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 def test_cpu_benchmark_prints_both_regimes_and_each_decodings_cost():
     out = subprocess.run([sys.executable, str(REPO / "bench" / "bench_scoring.py"), "--images", "1",
-                          "--max-new-tokens", "2"], capture_output=True, text=True, timeout=600, check=True).stdout
+                          "--max-new-tokens", "2", "--repeats", "1"], capture_output=True, text=True, timeout=600, check=True).stdout
     random, decisive = out.split("random model (as built):")[1].split("decisive model (output layer biased to yes/no):")
     shares = []
     for regime in (random, decisive):
@@ -26,6 +26,12 @@ def test_cpu_benchmark_prints_both_regimes_and_each_decodings_cost():
     assert list(costs) == ["greedy", "beam5", "sample", "vcd_greedy", "vcd_sample", "vcd_beam5", "opera"]
     assert float(costs["greedy"]) == 1.0 and all(float(cost) > 0 for cost in costs.values())
     assert re.search(r"peak memory:\s+\d+ MiB", out)
+    targets = re.findall(r"^  (.+?) +([\d.]+)  \((at least|at most) ([\d.]+): (met|missed)\)$", out, re.M)
+    assert [what for what, *_ in targets][::3] == ["random: engine / generate", "beam-5 / greedy",
+                                                  "VCD beam-5 / beam-5"] and len(targets) == 8
+    for _, value, bound, target, verdict in targets:  # each verdict follows from its figure
+        held = float(value) >= float(target) if bound == "at least" else float(value) <= float(target)
+        assert verdict == ("met" if held else "missed")
 
 
 def test_the_device_check_runs_both_gpu_benchmarks_in_smoke_mode(tmp_path):

@@ -225,10 +225,15 @@ def test_multiple_choice_with_beam_and_vcd(tiny_dirs, scene):
     assert all(sum(r.option_probs) == pytest.approx(1.0) for r in results if not math.isnan(r.option_probs[0]))
 
 
-def test_decoding_holds_at_most_the_calls_rows_and_halves_on_out_of_memory(tiny_dirs, scene, monkeypatch, caplog):
-    """Beams hold rows: a beam-3 call of 6 questions decodes 2 questions (6 rows) at a time; out of memory
-    halves that and retries; the answers do not change."""
+@pytest.mark.parametrize("in_place", [True, False])
+def test_decoding_holds_at_most_the_calls_rows_and_halves_on_out_of_memory(tiny_dirs, scene, monkeypatch, caplog,
+                                                                           in_place):
+    """Beams hold rows. With a copy of the prefix per row, a beam-3 call of 6 questions decodes 2 questions (6
+    rows) at a time; rows that read their prefix in place hold only their own columns, so all 6 decode at once.
+    Out of memory halves that and retries; the answers do not change."""
     model = tiny(tiny_dirs, "llava")
+    model.shared_prefix_attention = in_place
+    assert model._reads_prefix_in_place() == in_place
     questions = yes_no_questions(scene, n=6)
     model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 3, "max_new_tokens": 4}))
     opened = []
@@ -236,7 +241,7 @@ def test_decoding_holds_at_most_the_calls_rows_and_halves_on_out_of_memory(tiny_
     monkeypatch.setattr(type(model), "_open_stepper", lambda self, items, repeats, *rows:
                         opened.append(len(items)) or real(self, items, repeats, *rows))
     expected = model.decode_answers(questions, False)
-    assert opened == [2, 2, 2]
+    assert opened == ([6] if in_place else [2, 2, 2])
 
     def tight(self, items, repeats, *rows):  # a device that holds one question's beams
         if len(items) > 1:
@@ -260,16 +265,16 @@ def test_decoding_from_the_scoring_pass_equals_opening_the_prompts_again(tiny_di
     openings) instead of running the prompts again: the same results as without them, YN and MC of both images
     in one call. Suffix batches cut at every length here, so a decoding joins rows of several (not OPERA)."""
     from verbmirage.models.hf.engine import TransformersVLM
-    from verbmirage.models.hf.steppers import PrefixStepper as _PrefixStepper
+    from verbmirage.models.hf.steppers import InPlaceStepper, PrefixStepper
 
     model = tiny(tiny_dirs, "llava")
     model.use_variant(Variant.from_config(entry))
     model.continue_tokens = 4
     model.BATCH_COST = 0
     joined = []
-    real_joined = _PrefixStepper.joined.__func__
-    monkeypatch.setattr(_PrefixStepper, "joined", classmethod(lambda cls, picks: joined.append(len(picks)) or
-                                                              real_joined(cls, picks)))
+    for stepper_class in (InPlaceStepper, PrefixStepper):
+        monkeypatch.setattr(stepper_class, "joined", classmethod(
+            lambda cls, picks, real=stepper_class.joined.__func__: joined.append(len(picks)) or real(cls, picks)))
     questions = yes_no_questions(scene, n=6) + [
         Question(f"m{i}", f"Which action{' do you see' * (i // 2)}?\nA. riding\nB. holding\nC. eating\nD. washing",
                  scene[i % 2], ("riding", "holding", "eating", "washing")) for i in (2, 0, 3, 1)]  # batches interleaved

@@ -185,3 +185,90 @@ def test_a_greedy_call_holds_several_batches_and_each_forward_at_most_one(llava,
     finally:
         model.use_variant(Variant())
         model.batch_size, model.continue_tokens = None, 0
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_attention_on_own_columns_with_padding_sees_only_each_rows_real_keys(fused, monkeypatch):
+    """A decoding step (RowCache): the queries are the last columns of each row's own keys, some of whose earlier
+    columns are padding (``valid`` False); the result equals attention on the prefix and the real keys alone."""
+    import verbmirage.models.hf.shared_prefix as module
+
+    if not fused:
+        monkeypatch.setattr(module, "_attend", lambda *args: _attend(*args, fused=False))
+    generator = torch.Generator().manual_seed(1)
+    rows, heads, kv_heads, columns, length, dim = 4, 4, 2, 9, 2, 8
+    prefixes = [[tuple(torch.randn(1, kv_heads, size, dim, generator=generator) for _ in "kv")] for size in (5, 5)]
+    image_of_row = [1, 0, 1, 1]
+    valid = torch.ones(rows, columns, dtype=torch.bool)
+    valid[0, 3:7] = False  # row 0: 3 prompt columns, 4 of padding, then its 2 decoded ones
+    valid[2, 1:7] = False
+    query = torch.randn(rows, heads, length, dim, generator=generator)
+    key, value = (torch.randn(rows, kv_heads, columns, dim, generator=generator) for _ in "kv")
+
+    class Config:
+        _attn_implementation_internal = "sdpa"
+
+    with shared_prefix_attention(Config, prefixes, image_of_row, valid):
+        ours, _ = _attention(_Layer(), query, key, value, None, scaling=0.3)
+    for row, image in enumerate(image_of_row):
+        real = torch.nonzero(valid[row]).flatten()
+        prefix_keys, prefix_values = prefixes[image][0]
+        keys = torch.cat([prefix_keys[0], key[row][:, real]], dim=1).repeat_interleave(heads // kv_heads, 0)
+        values = torch.cat([prefix_values[0], value[row][:, real]], dim=1).repeat_interleave(heads // kv_heads, 0)
+        mask = torch.ones(length, keys.shape[1], dtype=torch.bool)
+        mask[0, -1] = False  # the first query does not see the second (causal)
+        expected = torch.nn.functional.scaled_dot_product_attention(query[row], keys, values, attn_mask=mask,
+                                                                    scale=0.3)
+        torch.testing.assert_close(ours[row].transpose(0, 1), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("entry", [
+    {"decoding": "greedy"},
+    {"decoding": "beam", "num_beams": 3, "max_new_tokens": 5},
+    {"decoding": "sample", "seed": 3, "max_new_tokens": 5, "vcd": {}},
+])
+def test_decoding_on_prefixes_read_in_place_equals_decoding_on_copies(llava, monkeypatch, entry):
+    """InPlaceStepper (each prefix read as cached, rows holding only their own columns, joined across scoring
+    batches and prefix lengths, buffers grown past their reserve) decodes the answers that PrefixStepper
+    (a copy of the prefix per row) decodes: YN and MC of two images, with and without a text header."""
+    from verbmirage.models.hf.steppers import InPlaceStepper
+    from verbmirage.variants.settings import Variant
+
+    model, questions = llava
+    questions = questions + [Question(f"yn{i}", f"Is the person {verb} the horse?", questions[i].image)
+                             for i, verb in zip((0, 5, 2), ("riding", "feeding a very small", "washing"))]
+    flags = [bool(q.options) for q in questions]
+    real_init = InPlaceStepper.__init__
+    made = []
+
+    def small_reserve(self, *args, reserve=8):  # one decoded token of room: the buffers must grow
+        made.append(self)
+        real_init(self, *args, reserve=1)
+
+    monkeypatch.setattr(InPlaceStepper, "__init__", small_reserve)
+    model.continue_tokens, model.BATCH_COST = 4, 0
+    model.use_variant(Variant.from_config(entry))
+    try:
+        model.forget_prefixes()
+        in_place = model.score_mixed(questions, flags)
+        assert made  # the decodings ran on prefixes read in place
+        copied = _mixed(model, questions, flags, shared_prefix_attention=False)
+    finally:
+        model.use_variant(Variant())
+        model.continue_tokens = 0
+        del model.BATCH_COST
+    assert [r.raw_answer for r in in_place] == [r.raw_answer for r in copied]
+    assert any(len(r.raw_answer) > 1 for r in in_place)  # answers decoded past their first token
+    for ours, theirs in zip(in_place, copied):
+        assert ours.prediction == theirs.prediction
+
+
+def _mixed(model, questions, flags, **settings):
+    for name, value in settings.items():
+        setattr(model, name, value)
+    try:
+        model.forget_prefixes()
+        return model.score_mixed(questions, flags)
+    finally:
+        for name in settings:
+            delattr(model, name)

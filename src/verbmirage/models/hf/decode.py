@@ -11,7 +11,7 @@ import torch
 
 from verbmirage.models.base import Question
 from verbmirage.models.hf.prefix_cache import Rows
-from verbmirage.models.hf.steppers import AttendingStepper, FullStepper, PrefixStepper
+from verbmirage.models.hf.steppers import AttendingStepper, FullStepper, InPlaceStepper, PrefixStepper
 from verbmirage.variants.registry import strategy_class
 
 
@@ -57,9 +57,7 @@ class Decoder:
 
     def _kept_opening(self, opened: Rows, batch: list[int], items: list[tuple], noised: bool) -> torch.Tensor:
         """Scores a suffix batch as :meth:`_suffix_batch` does, as the opening of a decoding, and keeps it."""
-        prefixes, image_of_row = opened.prefixes_of(batch)
-        stepper = PrefixStepper(self, self._rows_cache(prefixes, image_of_row), opened.prefix_length[batch[0]],
-                                 [opened.suffix[i] for i in batch], prefixes[0].extra)
+        stepper = self._prefix_stepper(opened, batch)
         values = stepper.first.cpu()
         rows = list(range(len(batch)))
         if self.strategy.decides_by_first_token:  # continued: only rows whose first token cannot decide their kind
@@ -91,7 +89,18 @@ class Decoder:
         steppers = {id(stepper): stepper for stepper, _ in found}
         if len(steppers) == 1:
             return found[0][0].subset([row for _, row in found])
-        return PrefixStepper.joined(found) if all(map(self._joins, steppers.values())) else None
+        return type(found[0][0]).joined(found) if all(map(self._joins, steppers.values())) else None
+
+    def _prefix_stepper(self, opened: Rows, rows: list[int]):
+        """A stepper opened on ``rows`` of ``opened`` (all on cached prefixes): prefixes read in place where the
+        family allows it (:meth:`_reads_prefix_in_place`), else a copy of its prefix per row."""
+        prefixes, image_of_row = opened.prefixes_of(rows)
+        suffixes = [opened.suffix[i] for i in rows]
+        if self._reads_prefix_in_place():
+            return InPlaceStepper(self, prefixes, image_of_row, [opened.prefix_length[i] for i in rows], suffixes,
+                                  reserve=self.strategy.new_tokens(self.continue_tokens))
+        return PrefixStepper(self, self._rows_cache(prefixes, image_of_row), opened.prefix_length[rows[0]], suffixes,
+                             prefixes[0].extra)
 
     def _joins(self, stepper) -> bool:
         """Whether the rows of this kept opening may decode joined with those of others."""
@@ -148,9 +157,14 @@ class Decoder:
             return strategy.decode(decoding, new_tokens, stop)
 
         for rows in batches.values():
-            # every beam (and VCD's second stream) holds its own cache: at most as many cached rows as a batch
-            # has questions (the call's, or batch_rows when the call is larger), the memory it was chosen for
-            size = min(len(questions), self.batch_rows or len(questions)) // (strategy.beams * strategy.streams)
+            # every beam (and VCD's second stream) holds its own cache: copies of the prefix (PrefixStepper) allow
+            # at most as many rows as a batch has questions (the call's, or batch_rows when the call is larger),
+            # the memory it was chosen for; rows that read their prefixes in place (InPlaceStepper) hold only
+            # their own columns, a tenth of a copy or less (LLaVA: a 577-token prefix, 20-80 own columns), so
+            # all the batch's questions decode together
+            size = min(len(questions), self.batch_rows or len(questions))
+            if not self._reads_prefix_in_place():
+                size //= strategy.beams * strategy.streams
             self._record(answers, rows, self._with_shrinking_batches(run, rows, size, combine=_concatenated))
         for kept_rows in (self._openings or {}).values():  # decoded: their scoring rows are no longer needed
             for path, _, text in items:
@@ -201,9 +215,7 @@ class Decoder:
             return stepper.first, stepper
         opened, rows = opened or (self._open_rows(items, noised), list(range(len(items))))
         if not any(opened.suffix[i] is None for i in rows):
-            prefixes, image_of_row = opened.prefixes_of(rows)
-            stepper = PrefixStepper(self, self._rows_cache(prefixes, image_of_row), opened.prefix_length[rows[0]],
-                                     [opened.suffix[i] for i in rows], prefixes[0].extra)
+            stepper = self._prefix_stepper(opened, rows)
             stepper.repeat(repeats)  # each prompt runs once; its beams start from copies of its cache
             return stepper.first, stepper
         image_path, image, _ = items[0]

@@ -222,8 +222,9 @@ class PrefixCache:
             group_key = entry[0][1] if self.cross_image_batches else entry[0]
             groups.setdefault(group_key, []).append(entry)
         for group in groups.values():
-            inputs = [self._prefix_inputs(prefix_ids, self._noised_inputs(encoded, image_path) if noised else encoded)
-                      for _, image_path, prefix_ids, encoded in group]
+            inputs = [self._prefix_inputs(prefix_ids, encoded) for _, _, prefix_ids, encoded in group]
+            if noised:  # the noise of the one image the prefix pass reads (the same draw as on all its rows)
+                inputs = [self._noised_inputs(one, image_path) for one, (_, image_path, *_) in zip(inputs, group)]
             batch = inputs[0] if len(inputs) == 1 else {key: torch.cat([one[key] for one in inputs])
                                                         for key in inputs[0]}
             output = self.model(**batch, use_cache=True, logits_to_keep=1)  # the prefix's logits are not used

@@ -12,6 +12,10 @@ per row for LLaVA-1.5-7B's 600-token prefix. Here each attention layer instead c
 
 and merges the two by their log-sum-exp, which is exact (flash attention's split of the keys).
 
+Decoding steps work the same way (:class:`RowCache`): a row's own keys and values (its prompt's suffix, then
+its decoded tokens) sit in buffers written in place, and a mask of each row's own columns hides the padding
+between a row's suffix and its decoded tokens; only those few columns per row are copied when beams move.
+
 Hand-written because transformers has no attention over a shared prefix (its caches hold one row each). On
 the CPU both parts run in PyTorch's fused flash-attention kernel, which returns the log-sum-exp; on other
 devices in plain matrix products with a float32 softmax (the same values, no fused kernel).
@@ -40,6 +44,24 @@ class SuffixOnlyCache(DynamicCache):
         return key_states, value_states
 
 
+class RowCache(DynamicCache):
+    """The rows' own keys and values after their prefixes, in buffers [rows, kv heads, capacity, head dim] per
+    layer that a forward writes in place from column ``start``; a layer then attends to columns ``[0, start +
+    fed tokens)`` of its buffers (and to the prefixes). The buffers belong to the caller, which makes room
+    before a forward (``steppers.InPlaceStepper``)."""
+
+    def __init__(self, config, keys: list[torch.Tensor], values: list[torch.Tensor], start: int):
+        super().__init__(config=config)
+        self.buffer_keys, self.buffer_values, self.start = keys, values, start
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        stop = self.start + key_states.shape[-2]
+        keys, values = self.buffer_keys[layer_idx], self.buffer_values[layer_idx]
+        keys[:, :, self.start : stop] = key_states
+        values[:, :, self.start : stop] = value_states
+        return keys[:, :, :stop], values[:, :, :stop]
+
+
 def _attend(query, key, value, scale: float, mask: torch.Tensor | None, fused: bool | None = None):
     """(output, log-sum-exp over the keys) of one attention; ``mask``: True where a query may see a key.
     ``fused``: PyTorch's CPU flash kernel (default on the CPU) or plain products."""
@@ -56,17 +78,28 @@ def _attend(query, key, value, scale: float, mask: torch.Tensor | None, fused: b
     return torch.matmul(torch.exp(scores - lse[..., None]), value.float()), lse
 
 
+def _own_mask(length: int, columns: int, group: int, valid: torch.Tensor | None, device) -> torch.Tensor:
+    """Which of a row's own ``columns`` keys each of its ``length`` queries (the last columns) may see, for the
+    queries folded ``group`` heads to a kv head: [group * length, columns] (causal alone, ``valid`` None) or
+    [rows, 1, group * length, columns] (causal and ``valid``: [rows, columns], the row's real columns)."""
+    causal = torch.ones(length, columns, dtype=torch.bool, device=device).tril(columns - length)
+    if valid is None:
+        return causal.repeat(group, 1)
+    return (valid[:, None, :] & causal[None]).repeat(1, group, 1)[:, None]
+
+
 def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
-    """transformers attention interface: ``query`` [rows, heads, q, d], ``key``/``value`` the suffix's own
-    [rows, kv heads, q, d] (:class:`SuffixOnlyCache`); returns [rows, q, heads, d]."""
-    prefixes, groups = _ACTIVE.get()
+    """transformers attention interface: ``query`` [rows, heads, q, d], ``key``/``value`` the rows' own
+    [rows, kv heads, columns, d] (the suffix's, :class:`SuffixOnlyCache`, or a :class:`RowCache`'s, whose last
+    q columns are the queries'); returns [rows, q, heads, d]."""
+    prefixes, groups, valid = _ACTIVE.get()
     rows, heads, length, dim = query.shape
     kv_heads = key.shape[1]
     folded = heads // kv_heads * length  # a kv head's query heads, one after another
     scale = scaling if scaling is not None else dim ** -0.5
     query = query.reshape(rows, kv_heads, folded, dim)
-    causal = torch.ones(length, length, dtype=torch.bool, device=query.device).tril().repeat(heads // kv_heads, 1)
-    own, own_lse = _attend(query, key, value, scale, causal)
+    mask = _own_mask(length, key.shape[-2], heads // kv_heads, valid, query.device)
+    own, own_lse = _attend(query, key, value, scale, mask)
     output = None if groups[0] is None else torch.empty_like(own)  # one prefix: its result is the output
     for prefix, members in zip(prefixes, groups):
         keys, values = prefix[module.layer_idx]
@@ -90,16 +123,19 @@ AttentionInterface.register(NAME, _attention)
 
 
 @contextlib.contextmanager
-def shared_prefix_attention(text_config, prefixes: list, image_of_row: list[int]):
+def shared_prefix_attention(text_config, prefixes: list, image_of_row: list[int], valid: torch.Tensor | None = None):
     """Within the block, the language model (``text_config``: its config object) attends with
     :func:`_attention` to ``prefixes`` (per prefix: (keys, values) per layer, batch 1), row r to
-    ``prefixes[image_of_row[r]]``; call it with a :class:`SuffixOnlyCache`."""
-    if len(prefixes) == 1:
-        groups = [None]
+    ``prefixes[image_of_row[r]]``; call it with a :class:`SuffixOnlyCache` or a :class:`RowCache`. ``valid``
+    [rows, columns]: where the cache's own columns hold a row's real keys (None: every column before a query)."""
+    if len(set(image_of_row)) == 1:
+        prefixes, groups = [prefixes[image_of_row[0]]], [None]
     else:
         index = torch.tensor(image_of_row)
-        groups = [torch.nonzero(index == j).flatten() for j in range(len(prefixes))]
-    token = _ACTIVE.set((prefixes, groups))
+        members = [(prefix, torch.nonzero(index == j).flatten()) for j, prefix in enumerate(prefixes)]
+        members = [(prefix, rows) for prefix, rows in members if len(rows)]  # a prefix no row reads is skipped
+        prefixes, groups = [prefix for prefix, _ in members], [rows for _, rows in members]
+    token = _ACTIVE.set((prefixes, groups, valid))
     before = text_config._attn_implementation_internal
     text_config._attn_implementation_internal = NAME  # no mask is built for an unregistered mask type
     try:

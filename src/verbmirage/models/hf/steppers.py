@@ -2,7 +2,11 @@
 (the :class:`~verbmirage.variants.search.Stepper` and :class:`~verbmirage.variants.search.AttentionStepper`
 protocols). Each holds ``vlm``, the engine (``TransformersVLM``), whose forwards it calls.
 
-- :class:`PrefixStepper`: rows on cached image prefixes (prompts of any lengths in one batch);
+- :class:`InPlaceStepper`: rows on cached image prefixes read in place (:mod:`.shared_prefix`; LLaVA with
+  sdpa attention): each row holds only its own tokens;
+- :class:`PrefixStepper`: rows on cached image prefixes, each row with its own copy of its prefix (prompts of any
+  lengths in one batch; the families and attention kernels :mod:`.shared_prefix` does not serve, OPERA's eager
+  attention among them);
 - :class:`FullStepper`: rows from whole prompts (no shared prefix: InstructBLIP);
 - :class:`AttendingStepper`: either of them, also reading the last layer's attention row of each fed token
   (OPERA).
@@ -11,6 +15,155 @@ protocols). Each holds ``vlm``, the engine (``TransformersVLM``), whose forwards
 from __future__ import annotations
 
 import torch
+
+from verbmirage.models.hf import shared_prefix
+
+
+class InPlaceStepper:
+    """Rows decoding on cached image prefixes that every step reads in place (:mod:`.shared_prefix`).
+
+    A prefix's keys and values stay as cached (batch 1), however many rows or beams read it; each row holds only
+    its own keys and values (its prompt's suffix, then its decoded tokens) in buffers a step writes in place
+    (:class:`~.shared_prefix.RowCache`). A step therefore copies no prefix and concatenates nothing, and beams
+    moving copy only the rows' own columns. The suffixes are right-padded as in the scoring pass, so the
+    opening's logits are that pass's; ``valid`` marks each row's real columns (the padding between its suffix
+    and its decoded tokens stays hidden), and each row keeps its own position ids.
+
+    ``prefixes``: the rows' distinct prefixes, ``image_of_row`` each row's index among them, ``prefix_lengths``
+    each row's prefix length (rows may differ: an image's prefix, or it with a shared text header);
+    ``reserve``: decoded tokens to make room for (more grow the buffers).
+    """
+
+    def __init__(self, vlm, prefixes: list, image_of_row: list[int], prefix_lengths: list[int],
+                 suffixes: list[torch.Tensor], reserve: int = 8):
+        device, rows = vlm.device, len(suffixes)
+        self.vlm, self.prefixes, self.image_of_row, self.extra = vlm, list(prefixes), list(image_of_row), \
+            prefixes[0].extra
+        self.text = vlm.model.config.get_text_config()
+        lengths = torch.tensor([len(row) for row in suffixes], device=device)
+        width = int(lengths.max())
+        pad = vlm.tokenizer.pad_token_id or 0
+        input_ids = torch.full((rows, width), pad, dtype=torch.long, device=device)
+        for r, row in enumerate(suffixes):
+            input_ids[r, : len(row)] = row
+        self.used, capacity = 0, width + max(1, reserve)
+        sample = prefixes[0].tensors
+        self.keys = [layer_keys.new_zeros((rows, layer_keys.shape[1], capacity, layer_keys.shape[-1]))
+                     for layer_keys, _ in sample]
+        self.values = [layer_values.new_zeros((rows, layer_values.shape[1], capacity, layer_values.shape[-1]))
+                       for _, layer_values in sample]
+        columns = torch.arange(capacity, device=device)
+        self.valid = columns[None] < lengths[:, None]
+        starts = torch.tensor(prefix_lengths, device=device)
+        positions = starts[:, None] + torch.arange(width, device=device)[None]
+        last = (lengths - 1)[:, None]  # each row's logits at its own last token (causal: padding comes after it)
+        self.first = self._forward(input_ids, positions, last, valid=False)[:, 0].float()
+        self.next_position = starts + lengths
+        #: each row's prompt length; where decoded keys start differs per row (OPERA takes PrefixStepper)
+        self.prompt_lengths, self.prompt_columns = self.next_position.tolist(), None
+
+    def _forward(self, input_ids, positions, keep, valid: bool = True) -> torch.Tensor:
+        """Logits of ``input_ids`` fed at the next columns of the rows' buffers (``valid``: mask the rows'
+        padding columns; the opening needs only causality)."""
+        width = input_ids.shape[1]
+        self._make_room(self.used + width)
+        cache = shared_prefix.RowCache(self.text, self.keys, self.values, self.used)
+        slots = torch.arange(self.used, self.used + width, device=input_ids.device)
+        mask = self.valid[:, : self.used + width] if valid else None
+        with shared_prefix.shared_prefix_attention(self.text, [p.tensors for p in self.prefixes], self.image_of_row,
+                                                   mask):
+            logits = self.vlm._suffix_forward(input_ids, None, cache, slots, positions, self.extra, keep=keep)
+        self.used += width
+        return logits
+
+    def _make_room(self, columns: int) -> None:
+        capacity = self.keys[0].shape[-2]
+        if columns <= capacity:
+            return
+        grown = max(columns, 2 * capacity)
+        self.keys = [self._widen(k, grown) for k in self.keys]
+        self.values = [self._widen(v, grown) for v in self.values]
+        valid = self.valid.new_zeros((self.valid.shape[0], grown))
+        valid[:, :capacity] = self.valid
+        self.valid = valid
+
+    def _widen(self, buffer: torch.Tensor, capacity: int) -> torch.Tensor:
+        other = buffer.new_zeros((*buffer.shape[:2], capacity, buffer.shape[-1]))
+        other[:, :, : self.used] = buffer[:, :, : self.used]
+        return other
+
+    def advance(self, tokens: torch.Tensor) -> torch.Tensor:
+        device = self.vlm.device
+        self._make_room(self.used + 1)
+        self.valid[:, self.used] = True
+        positions = self.next_position[:, None]
+        self.next_position = self.next_position + 1
+        return self._forward(tokens.to(device)[:, None], positions, 0)[:, -1].float()
+
+    def _take(self, rows: torch.Tensor) -> None:
+        """Keep ``rows`` (indices, repeats allowed) in this order, dropping the rest."""
+        rows = rows.to(self.vlm.device)
+        self.keys = [buffer.index_select(0, rows) for buffer in self.keys]
+        self.values = [buffer.index_select(0, rows) for buffer in self.values]
+        self.valid, self.next_position = self.valid[rows], self.next_position[rows]
+        chosen = rows.tolist()
+        self.image_of_row = [self.image_of_row[row] for row in chosen]
+        self.prompt_lengths = [self.prompt_lengths[row] for row in chosen]
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        self._take(rows)
+
+    def repeat(self, times: int) -> None:
+        """Each row ``times`` times in a row (beams of one question)."""
+        if times == 1:
+            return
+        rows = torch.arange(len(self.image_of_row), device=self.vlm.device).repeat_interleave(times)
+        self._take(rows)
+        self.first = self.first[rows.to(self.first.device)]
+
+    def subset(self, rows: list[int]) -> "InPlaceStepper":
+        """A new stepper on ``rows`` of this one (copies of their own columns; this one is unchanged)."""
+        other = object.__new__(InPlaceStepper)
+        other.__dict__.update(self.__dict__)
+        index = torch.tensor(rows, device=self.vlm.device)
+        other._take(index)
+        other.first = self.first[index.to(self.first.device)]
+        return other
+
+    @classmethod
+    def joined(cls, picks: list[tuple["InPlaceStepper", int]]) -> "InPlaceStepper":
+        """One stepper over rows of several, in the order of ``picks`` ((stepper, row) each): their prefixes
+        together, their own columns side by side (right-padded to the widest, the padding not valid), so that
+        rows of different prefixes and prompt lengths decode in one batch."""
+        sample, rows = picks[0][0], len(picks)
+        steppers = list({id(stepper): stepper for stepper, _ in picks}.values())
+        prefixes = list({id(prefix): prefix for stepper in steppers for prefix in stepper.prefixes}.values())
+        where = {id(prefix): j for j, prefix in enumerate(prefixes)}
+        used = max(stepper.used for stepper in steppers)
+        capacity = max(used + stepper.keys[0].shape[-2] - stepper.used for stepper in steppers)
+        other = object.__new__(cls)
+        other.vlm, other.text, other.extra, other.prefixes, other.used = sample.vlm, sample.text, sample.extra, \
+            prefixes, used
+        blank = lambda like: like.new_zeros((rows, like.shape[1], capacity, like.shape[-1]))  # noqa: E731
+        other.keys, other.values = [blank(k) for k in sample.keys], [blank(v) for v in sample.values]
+        other.valid = sample.valid.new_zeros((rows, capacity))
+        other.next_position = sample.next_position.new_empty(rows)
+        other.first = sample.first.new_empty((rows, *sample.first.shape[1:]))
+        other.image_of_row, other.prompt_lengths, other.prompt_columns = [0] * rows, [0] * rows, None
+        for stepper in steppers:
+            members = [(position, row) for position, (source, row) in enumerate(picks) if source is stepper]
+            put = torch.tensor([position for position, _ in members], device=sample.valid.device)
+            take = torch.tensor([row for _, row in members], device=sample.valid.device)
+            width = stepper.used
+            for mine, theirs in zip(other.keys + other.values, stepper.keys + stepper.values):
+                mine[put, :, :width] = theirs.index_select(0, take)[:, :, :width]
+            other.valid[put, :width] = stepper.valid[take, :width]
+            other.next_position[put] = stepper.next_position[take]
+            other.first[put] = stepper.first[take.to(stepper.first.device)]
+            for position, row in members:
+                other.image_of_row[position] = where[id(stepper.prefixes[stepper.image_of_row[row]])]
+                other.prompt_lengths[position] = stepper.prompt_lengths[row]
+        return other
 
 
 class PrefixStepper:
