@@ -164,7 +164,10 @@ def test_opera_on_the_tiny_models(tiny_dirs, picture, family):
                   "full_length_normalisation": False}}))
     ((token, text_out),) = model.decode_answers(questions, False)
     assert text_out == model.tokenizer.decode(expected, skip_special_tokens=True)
-    assert model._last_attention.shape[0] == 3  # the last layer's rows were read (eager attention)
+    if family == "llava":  # the attention that reads prefixes in place gives the rows: no eager kernel, no hook
+        assert getattr(model, "_attention_hook", None) is None and model._reads_prefix_in_place()
+    else:
+        assert model._last_attention.shape[0] == 3  # the last layer's rows were read (eager attention)
     model.use_variant(Variant.from_config({"decoding": "opera", "max_new_tokens": 3}))
     (result,) = model.score_yes_no(questions)
     assert result.parse_rule.startswith("opera:") and result.prediction in ("yes", "no", "unknown")
@@ -232,8 +235,9 @@ def test_batched_opera_equals_one_question_at_a_time(tiny_dirs, picture, family,
             "opera": {"num_attn_candidates": 3, "reward_tokens": 2, "full_length_normalisation": full_length}}))
         batches.clear()
         together = model.decode_answers(questions, False)
-        # beams hold rows: at most (questions of the call / beams) questions per batch, 2 beams each
-        expected = {"llava": [8, 8], "qwen2_vl": [8, 8], "instructblip": [4, 4]}[family]  # IB: two equal lengths
+        # beams hold rows: at most (questions of the call / beams) questions per batch, 2 beams each, where each
+        # row holds a copy of its prefix; LLaVA's rows read theirs in place, so the call decodes as one
+        expected = {"llava": [16], "qwen2_vl": [8, 8], "instructblip": [4, 4]}[family]  # IB: two equal lengths
         assert batches == expected
         alone = [model.decode_answers([q], False)[0] for q in questions]  # one question: opera_search
         assert batches == expected
@@ -262,8 +266,8 @@ def test_full_length_normalisation_counts_the_image_as_one_placeholder(tiny_dirs
 
 
 def test_full_length_normalisation_counts_the_image_once_in_a_batch(tiny_dirs, picture, monkeypatch):
-    """The same offset when questions decode together (opera_batch): 2 beams hold 2 questions per batch of a
-    4-question call."""
+    """The same offset when questions decode together (opera_batch): the 4 questions of a call in one batch
+    (prefixes read in place), or 2 beams holding 2 questions per batch (a copy of the prefix per row)."""
     model = create_model("tiny", {"backend": "llava", "path": str(tiny_dirs["llava"]), "local_files_only": True})
     model.use_variant(Variant.from_config({"decoding": "opera", "num_beams": 2, "max_new_tokens": 2,
                                            "opera": {"num_attn_candidates": 2}}))
@@ -273,6 +277,57 @@ def test_full_length_normalisation_counts_the_image_once_in_a_batch(tiny_dirs, p
     batched = decoding.opera_batch
     monkeypatch.setattr(decoding, "opera_batch", lambda *args, **kwargs: (
         seen.append(list(args[8])), batched(*args, **kwargs))[1])
-    model.decode_answers(questions, False)
     expected = [len(model.tokenizer(model.render(q, False)).input_ids) for q in questions]
+    model.decode_answers(questions, False)
+    assert len(seen) == 1 and sorted(seen[0]) == sorted(expected)
+    seen.clear()
+    model.shared_prefix_attention = False
+    model.decode_answers(questions, False)
     assert len(seen) == 2 and sorted(sum(seen, [])) == sorted(expected)
+
+
+def test_attention_rows_read_in_place_equal_eager_attention_on_copied_prefixes(tiny_dirs, picture):
+    """OPERA on LLaVA takes the last layer's attention from the attention that reads prefixes in place: each fed
+    token's row and each probed candidate's row (all candidates in one forward) equal eager attention's rows on
+    a copy of the prefix per row (left-padded there, right-padded here: compared on each row's real columns),
+    and the probes change no later step."""
+    from verbmirage.models.hf.steppers import AttendingStepper, InPlaceStepper
+
+    models = [create_model("tiny", {"backend": "llava", "path": str(tiny_dirs["llava"]), "local_files_only": True})
+              for _ in range(2)]
+    in_place, eager = models
+    eager.shared_prefix_attention = False
+    eager.keep_last_attention()
+    image = in_place.open_image(picture)
+    texts = [m.render(Question("q", prompt, picture), False) for m, prompt in
+             zip(models, ["Is the person riding the horse?", "Is someone washing the horse near the table?"])]
+    items = [(picture, image, text) for text in texts]
+    first, ours = in_place._open_stepper(items, 2)
+    assert isinstance(ours, InPlaceStepper)
+    ours.records_attention = True
+    eager_first, inner = eager._open_stepper([(picture, eager.open_image(picture), text) for text in texts], 2)
+    theirs = AttendingStepper(eager, inner, eager_first)
+    torch.testing.assert_close(first, eager_first, atol=1e-5, rtol=1e-5)
+    assert len(set(ours.prompt_lengths)) == 2  # prompts of two lengths: padding in both layouts
+    prefix = ours.prompt_columns - ours.used  # the prefix's columns (one length here)
+
+    def real(row_weights, stepper_row, own_first):
+        """A row's weights on its real columns: the prefix, its prompt's own tokens, then everything after."""
+        length = ours.prompt_lengths[stepper_row] - prefix
+        return torch.cat([row_weights[:prefix], row_weights[own_first(length) : own_first(length) + length],
+                          row_weights[ours.prompt_columns:]])
+
+    own_width = ours.prompt_columns - prefix
+    tokens = torch.tensor([5, 9, 5, 9])
+    for step in range(3):
+        candidates = torch.tensor([[3, 7, 11]] * 4) + step
+        probed, probed_eager = ours.probe(candidates), theirs.probe(candidates)
+        logits, logits_eager = ours.advance(tokens + step), theirs.advance(tokens + step)
+        torch.testing.assert_close(logits, logits_eager, atol=1e-5, rtol=1e-5)
+        for row in range(4):
+            for mine, other in [(ours.attention[row], theirs.attention[row])] + \
+                    [(probed[row, c], probed_eager[row, c]) for c in range(3)]:
+                torch.testing.assert_close(real(mine, row, lambda n: prefix),
+                                           real(other, row, lambda n: prefix + own_width - n), atol=1e-5, rtol=1e-5)
+        ours.reorder(torch.tensor([1, 0, 2, 3]))
+        theirs.reorder(torch.tensor([1, 0, 2, 3]))

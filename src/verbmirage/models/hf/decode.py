@@ -35,7 +35,14 @@ class DecodeRows:
             return self.vlm._open_stepper(self.items, repeats, None, None, self.strategy)
         return self.vlm._open_stepper(self.items, repeats, self.opened, self.opened_noised, self.strategy)
 
-    def attending(self, first: torch.Tensor, stepper) -> AttendingStepper:
+    def attending(self, first: torch.Tensor, stepper):
+        """``stepper`` reading the last layer's attention: an :class:`InPlaceStepper` computes it itself; other
+        steppers run the language model eagerly with a hook on its last layer (:meth:`TransformersVLM.
+        keep_last_attention`)."""
+        if isinstance(stepper, InPlaceStepper):
+            stepper.records_attention = True
+            return stepper
+        self.vlm.keep_last_attention()
         return AttendingStepper(self.vlm, stepper, first)
 
     def image_spans(self) -> list[tuple[int, int]]:

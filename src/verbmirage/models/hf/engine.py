@@ -319,9 +319,17 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
         return {**encoded, "pixel_values": one.repeat(rows, *[1] * (pixels.dim() - 1))}
 
     def use_variant(self, variant, where: str = "variant") -> None:
-        """As the base class; a strategy that reads the last layer's attention (OPERA) gets it (eager kernel)."""
+        """As the base class; a strategy that reads the last layer's attention (OPERA) gets it: computed by the
+        attention that reads prefixes in place (``steppers.InPlaceStepper``), else from eager attention
+        (:meth:`keep_last_attention`)."""
         super().use_variant(variant, where)
-        if self.strategy.needs_last_attention and getattr(self, "_attention_hook", None) is None:
+        if self.strategy.needs_last_attention and not (self.prefix_reuse and self._reads_prefix_in_place()):
+            self.keep_last_attention()
+
+    def keep_last_attention(self) -> None:
+        """Eager attention in the language model and a hook that keeps the last layer's attention row of the
+        last fed token, max over heads (``_last_attention``), for steppers that copy their prefix."""
+        if getattr(self, "_attention_hook", None) is None:
             use_eager_language_model(self.model)
             last = decoder_layers(self.model)[-1].self_attn
 

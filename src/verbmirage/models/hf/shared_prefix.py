@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 
 import torch
 from transformers import AttentionInterface, DynamicCache
@@ -33,8 +34,27 @@ from transformers import AttentionInterface, DynamicCache
 #: :func:`shared_prefix_attention`)
 NAME = "verbmirage_shared_prefix"
 
-#: (prefix key/value tensors per layer for each prefix, rows of each prefix or None for all rows)
+#: the block's :class:`_Active` (set by :func:`shared_prefix_attention`)
 _ACTIVE: contextvars.ContextVar = contextvars.ContextVar("verbmirage_shared_prefix", default=None)
+
+
+@dataclasses.dataclass
+class _Active:
+    """What the layers attend to inside :func:`shared_prefix_attention`."""
+
+    prefixes: list  # per prefix: (keys, values) per layer, batch 1
+    groups: list  # per prefix: the indices of its rows, or [None] (one prefix, every row)
+    own_mask: torch.Tensor | None  # see shared_prefix_attention
+    record: "AttentionRecord | None"
+
+
+class AttentionRecord:
+    """Asks layer ``layer`` for its attention weights as eager attention returns them, max over heads: after the
+    forward, ``weights`` [rows, queries, prefix + own columns] (the prefix's columns first, then the row's own;
+    one prefix length among the rows). OPERA reads the last layer's."""
+
+    def __init__(self, layer: int):
+        self.layer, self.weights = layer, None
 
 
 class SuffixOnlyCache(DynamicCache):
@@ -81,24 +101,50 @@ def _attend(query, key, value, scale: float, mask: torch.Tensor | None, fused: b
 def _own_mask(length: int, columns: int, group: int, valid: torch.Tensor | None, device) -> torch.Tensor:
     """Which of a row's own ``columns`` keys each of its ``length`` queries (the last columns) may see, for the
     queries folded ``group`` heads to a kv head: [group * length, columns] (causal alone, ``valid`` None) or
-    [rows, 1, group * length, columns] (causal and ``valid``: [rows, columns], the row's real columns)."""
+    [rows, 1, group * length, columns]: causal and ``valid`` [rows, columns] (the row's real columns), or
+    ``valid`` [rows, length, columns] as given."""
+    if valid is not None and valid.dim() == 3:
+        return valid.repeat(1, group, 1)[:, None]
     causal = torch.ones(length, columns, dtype=torch.bool, device=device).tril(columns - length)
     if valid is None:
         return causal.repeat(group, 1)
     return (valid[:, None, :] & causal[None]).repeat(1, group, 1)[:, None]
 
 
+def _attention_weights(query, key, mask, active: _Active, layer: int, scale: float, heads: int,
+                       dtype: torch.dtype) -> torch.Tensor:
+    """Eager attention's weights of the folded ``query`` [rows, kv heads, group * q, d] over each row's prefix
+    and its own ``key`` columns (``mask``: :func:`_own_mask`), max over heads: [rows, q, prefix + own columns].
+    A float32 softmax rounded to the model's ``dtype``, as eager attention returns it."""
+    rows, kv_heads, folded, _ = query.shape
+    lengths = {prefix[layer][0].shape[-2] for prefix in active.prefixes}
+    if len(lengths) != 1:
+        raise ValueError(f"attention weights need one prefix length per batch, not {sorted(lengths)}")
+    own = (torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf"))
+    seen = own.new_empty((rows, kv_heads, folded, lengths.pop()))
+    for prefix, members in zip(active.prefixes, active.groups):
+        chosen = query if members is None else query[members]
+        scores = torch.matmul(chosen.float(), prefix[layer][0].float().transpose(-1, -2)) * scale
+        seen[slice(None) if members is None else members] = scores
+    weights = torch.softmax(torch.cat([seen, own], dim=-1), dim=-1).to(dtype).float()
+    return weights.reshape(rows, heads, folded * kv_heads // heads, -1).amax(dim=1)
+
+
 def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
     """transformers attention interface: ``query`` [rows, heads, q, d], ``key``/``value`` the rows' own
     [rows, kv heads, columns, d] (the suffix's, :class:`SuffixOnlyCache`, or a :class:`RowCache`'s, whose last
     q columns are the queries'); returns [rows, q, heads, d]."""
-    prefixes, groups, valid = _ACTIVE.get()
+    active = _ACTIVE.get()
+    prefixes, groups = active.prefixes, active.groups
     rows, heads, length, dim = query.shape
     kv_heads = key.shape[1]
     folded = heads // kv_heads * length  # a kv head's query heads, one after another
     scale = scaling if scaling is not None else dim ** -0.5
     query = query.reshape(rows, kv_heads, folded, dim)
-    mask = _own_mask(length, key.shape[-2], heads // kv_heads, valid, query.device)
+    mask = _own_mask(length, key.shape[-2], heads // kv_heads, active.own_mask, query.device)
+    if active.record is not None and active.record.layer == module.layer_idx:
+        active.record.weights = _attention_weights(query, key, mask, active, module.layer_idx, scale, heads,
+                                                   value.dtype)
     own, own_lse = _attend(query, key, value, scale, mask)
     output = None if groups[0] is None else torch.empty_like(own)  # one prefix: its result is the output
     for prefix, members in zip(prefixes, groups):
@@ -123,11 +169,13 @@ AttentionInterface.register(NAME, _attention)
 
 
 @contextlib.contextmanager
-def shared_prefix_attention(text_config, prefixes: list, image_of_row: list[int], valid: torch.Tensor | None = None):
+def shared_prefix_attention(text_config, prefixes: list, image_of_row: list[int], valid: torch.Tensor | None = None,
+                            record: AttentionRecord | None = None):
     """Within the block, the language model (``text_config``: its config object) attends with
     :func:`_attention` to ``prefixes`` (per prefix: (keys, values) per layer, batch 1), row r to
-    ``prefixes[image_of_row[r]]``; call it with a :class:`SuffixOnlyCache` or a :class:`RowCache`. ``valid``
-    [rows, columns]: where the cache's own columns hold a row's real keys (None: every column before a query)."""
+    ``prefixes[image_of_row[r]]``; call it with a :class:`SuffixOnlyCache` or a :class:`RowCache`. ``valid``:
+    which of the cache's own columns a row's queries see: [rows, columns] its real keys (causal added), or
+    [rows, queries, columns] exactly (None: every column before a query). ``record``: a layer's weights."""
     if len(set(image_of_row)) == 1:
         prefixes, groups = [prefixes[image_of_row[0]]], [None]
     else:
@@ -135,7 +183,7 @@ def shared_prefix_attention(text_config, prefixes: list, image_of_row: list[int]
         members = [(prefix, torch.nonzero(index == j).flatten()) for j, prefix in enumerate(prefixes)]
         members = [(prefix, rows) for prefix, rows in members if len(rows)]  # a prefix no row reads is skipped
         prefixes, groups = [prefix for prefix, _ in members], [rows for _, rows in members]
-    token = _ACTIVE.set((prefixes, groups, valid))
+    token = _ACTIVE.set(_Active(prefixes, groups, valid, record))
     before = text_config._attn_implementation_internal
     text_config._attn_implementation_internal = NAME  # no mask is built for an unregistered mask type
     try:

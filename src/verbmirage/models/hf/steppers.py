@@ -32,7 +32,15 @@ class InPlaceStepper:
     ``prefixes``: the rows' distinct prefixes, ``image_of_row`` each row's index among them, ``prefix_lengths``
     each row's prefix length (rows may differ: an image's prefix, or it with a shared text header);
     ``reserve``: decoded tokens to make room for (more grow the buffers).
+
+    With :attr:`records_attention` (OPERA) it is also an attending stepper (the
+    :class:`~verbmirage.variants.search.AttentionStepper` protocol): the last layer's attention row of each fed
+    token, max over heads, over the prefix's columns and then the row's own (``attention``), and :meth:`probe`
+    feeds a row's candidate tokens side by side in one forward, each seeing only the row's keys and itself.
     """
+
+    #: Whether a forward keeps the last layer's attention weights (:meth:`probe`, ``attention``; OPERA).
+    records_attention = False
 
     def __init__(self, vlm, prefixes: list, image_of_row: list[int], prefix_lengths: list[int],
                  suffixes: list[torch.Tensor], reserve: int = 8):
@@ -57,23 +65,27 @@ class InPlaceStepper:
         starts = torch.tensor(prefix_lengths, device=device)
         positions = starts[:, None] + torch.arange(width, device=device)[None]
         last = (lengths - 1)[:, None]  # each row's logits at its own last token (causal: padding comes after it)
-        self.first = self._forward(input_ids, positions, last, valid=False)[:, 0].float()
+        self.first = self._forward(input_ids, positions, last, mask=None)[:, 0].float()
         self.next_position = starts + lengths
-        #: each row's prompt length; where decoded keys start differs per row (OPERA takes PrefixStepper)
-        self.prompt_lengths, self.prompt_columns = self.next_position.tolist(), None
+        #: each row's prompt length, and the column of the attention rows where the decoded tokens' keys start
+        #: (the prefix's and the rows' own columns before them: one prefix length, or None)
+        self.prompt_lengths = self.next_position.tolist()
+        self.prompt_columns = prefix_lengths[0] + width if len(set(prefix_lengths)) == 1 else None
 
-    def _forward(self, input_ids, positions, keep, valid: bool = True) -> torch.Tensor:
-        """Logits of ``input_ids`` fed at the next columns of the rows' buffers (``valid``: mask the rows'
-        padding columns; the opening needs only causality)."""
+    def _forward(self, input_ids, positions, keep, mask: torch.Tensor | None) -> torch.Tensor:
+        """Logits of ``input_ids`` fed at the next columns of the rows' buffers; ``mask``: which own columns the
+        queries see (:func:`~.shared_prefix.shared_prefix_attention`'s ``valid``; None: causality alone, as in
+        the opening). With :attr:`records_attention`, the last layer's weights go to ``self._weights``."""
         width = input_ids.shape[1]
         self._make_room(self.used + width)
         cache = shared_prefix.RowCache(self.text, self.keys, self.values, self.used)
         slots = torch.arange(self.used, self.used + width, device=input_ids.device)
-        mask = self.valid[:, : self.used + width] if valid else None
+        record = shared_prefix.AttentionRecord(len(self.keys) - 1) if self.records_attention else None
         with shared_prefix.shared_prefix_attention(self.text, [p.tensors for p in self.prefixes], self.image_of_row,
-                                                   mask):
+                                                   mask, record):
             logits = self.vlm._suffix_forward(input_ids, None, cache, slots, positions, self.extra, keep=keep)
         self.used += width
+        self._weights = record and record.weights
         return logits
 
     def _make_room(self, columns: int) -> None:
@@ -98,7 +110,27 @@ class InPlaceStepper:
         self.valid[:, self.used] = True
         positions = self.next_position[:, None]
         self.next_position = self.next_position + 1
-        return self._forward(tokens.to(device)[:, None], positions, 0)[:, -1].float()
+        logits = self._forward(tokens.to(device)[:, None], positions, 0, self.valid[:, : self.used + 1])
+        if self.records_attention:
+            self.attention = self._weights[:, -1]
+        return logits[:, -1].float()
+
+    def probe(self, candidates: torch.Tensor) -> torch.Tensor:
+        """[rows, C] candidate tokens -> [rows, C, keys + 1]: each candidate's last-layer attention row as if it
+        alone were fed next (its key last). One forward: the candidates sit side by side at the row's next
+        position, each seeing the row's real columns and its own; their columns are then free again."""
+        rows, count = candidates.shape
+        device = self.vlm.device
+        self._make_room(self.used + count)
+        seen = self.valid[:, None, : self.used].expand(-1, count, -1)
+        itself = torch.eye(count, dtype=torch.bool, device=device)[None].expand(rows, -1, -1)
+        positions = self.next_position[:, None].expand(-1, count)
+        before = self.used
+        self._forward(candidates.to(device), positions, 1, torch.cat([seen, itself], dim=-1))
+        self.used = before
+        keys = self._weights.shape[-1] - count  # the prefix's columns and the row's own before the candidates
+        return torch.cat([self._weights[..., :keys], self._weights[..., keys:].diagonal(dim1=1, dim2=2)[..., None]],
+                         dim=-1)
 
     def _take(self, rows: torch.Tensor) -> None:
         """Keep ``rows`` (indices, repeats allowed) in this order, dropping the rest."""
