@@ -26,7 +26,7 @@ def test_attention_on_shared_prefixes_equals_attention_on_each_rows_whole_sequen
     import verbmirage.models.hf.shared_prefix as module
 
     if not fused:  # the plain-product path other devices take
-        monkeypatch.setattr(module, "_attend", lambda *args: _attend(*args, fused=False))
+        monkeypatch.setattr(module, "_attend", lambda *args, **kwargs: _attend(*args, **{**kwargs, "fused": False}))
     generator = torch.Generator().manual_seed(0)
     rows, heads, kv_heads, length, dim = 5, 4, 2, 6, 8
     prefixes = [[tuple(torch.randn(1, kv_heads, size, dim, generator=generator) for _ in "kv")] for size in (7, 7)]
@@ -194,7 +194,7 @@ def test_attention_on_own_columns_with_padding_sees_only_each_rows_real_keys(fus
     import verbmirage.models.hf.shared_prefix as module
 
     if not fused:
-        monkeypatch.setattr(module, "_attend", lambda *args: _attend(*args, fused=False))
+        monkeypatch.setattr(module, "_attend", lambda *args, **kwargs: _attend(*args, **{**kwargs, "fused": False}))
     generator = torch.Generator().manual_seed(1)
     rows, heads, kv_heads, columns, length, dim = 4, 4, 2, 9, 2, 8
     prefixes = [[tuple(torch.randn(1, kv_heads, size, dim, generator=generator) for _ in "kv")] for size in (5, 5)]

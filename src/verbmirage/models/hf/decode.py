@@ -49,7 +49,8 @@ class DecodeRows:
         return [self.vlm._image_span(image, text) for _, image, text in self.items]
 
     def prompt_lengths(self) -> list[int]:
-        return [int(self.vlm.encode_shared_image([text], image)["attention_mask"].sum()) for _, image, text in self.items]
+        return [int(self.vlm.encode_shared_image([text], image)["attention_mask"].sum())
+                for _, image, text in self.items]
 
     def alone(self, row: int) -> "DecodeRows":
         return DecodeRows(self.vlm, self.strategy, [self.items[row]], [self.question_ids[row]])

@@ -43,9 +43,19 @@ class _Active:
     """What the layers attend to inside :func:`shared_prefix_attention`."""
 
     prefixes: list  # per prefix: (keys, values) per layer, batch 1
-    groups: list  # per prefix: the indices of its rows, or [None] (one prefix, every row)
+    groups: list  # per prefix: its rows (a slice where they follow each other, else indices), or [None]: all
     own_mask: torch.Tensor | None  # see shared_prefix_attention
     record: "AttentionRecord | None"
+    #: the masks of the rows' own columns, built by the first layer and the same in every layer
+    masks: dict = dataclasses.field(default_factory=dict)
+
+    def masks_for(self, length: int, columns: int, group: int, dtype, device) -> tuple:
+        """(:func:`_own_mask`, its additive form for the fused kernel), built once per forward."""
+        key = (length, columns, group, dtype)
+        if key not in self.masks:
+            mask = _own_mask(length, columns, group, self.own_mask, device)
+            self.masks[key] = (mask, _additive(mask, dtype))
+        return self.masks[key]
 
 
 class AttentionRecord:
@@ -82,12 +92,19 @@ class RowCache(DynamicCache):
         return keys[:, :, :stop], values[:, :, :stop]
 
 
-def _attend(query, key, value, scale: float, mask: torch.Tensor | None, fused: bool | None = None):
-    """(output, log-sum-exp over the keys) of one attention; ``mask``: True where a query may see a key.
-    ``fused``: PyTorch's CPU flash kernel (default on the CPU) or plain products."""
+def _additive(mask: torch.Tensor | None, dtype) -> torch.Tensor | None:
+    """``mask`` (True: seen) as the fused kernel takes it: 0 where seen, -inf elsewhere."""
+    return None if mask is None else torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        ~mask, float("-inf"))
+
+
+def _attend(query, key, value, scale: float, mask: torch.Tensor | None, fused: bool | None = None,
+            additive: torch.Tensor | None = None):
+    """(output, log-sum-exp over the keys) of one attention; ``mask``: True where a query may see a key
+    (``additive``: its :func:`_additive` form, when already built). ``fused``: PyTorch's CPU flash kernel
+    (default on the CPU) or plain products."""
     if query.device.type == "cpu" if fused is None else fused:  # the kernel takes an additive mask
-        additive = None if mask is None else \
-            torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill_(~mask, float("-inf"))
+        additive = _additive(mask, query.dtype) if additive is None else additive
         output, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             query, key, value, 0.0, False, attn_mask=additive, scale=scale)
         return output.float(), lse.float()
@@ -141,11 +158,11 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     folded = heads // kv_heads * length  # a kv head's query heads, one after another
     scale = scaling if scaling is not None else dim ** -0.5
     query = query.reshape(rows, kv_heads, folded, dim)
-    mask = _own_mask(length, key.shape[-2], heads // kv_heads, active.own_mask, query.device)
+    mask, additive = active.masks_for(length, key.shape[-2], heads // kv_heads, query.dtype, query.device)
     if active.record is not None and active.record.layer == module.layer_idx:
         active.record.weights = _attention_weights(query, key, mask, active, module.layer_idx, scale, heads,
                                                    value.dtype)
-    own, own_lse = _attend(query, key, value, scale, mask)
+    own, own_lse = _attend(query, key, value, scale, mask, additive=additive)
     output = None if groups[0] is None else torch.empty_like(own)  # one prefix: its result is the output
     for prefix, members in zip(prefixes, groups):
         keys, values = prefix[module.layer_idx]
@@ -168,6 +185,12 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
 AttentionInterface.register(NAME, _attention)
 
 
+def _as_slice(rows: torch.Tensor) -> slice | torch.Tensor:
+    """Ascending row indices as a slice where they follow each other (a view, not a copy, of those rows)."""
+    first, last = int(rows[0]), int(rows[-1])
+    return slice(first, last + 1) if last - first + 1 == len(rows) else rows
+
+
 @contextlib.contextmanager
 def shared_prefix_attention(text_config, prefixes: list, image_of_row: list[int], valid: torch.Tensor | None = None,
                             record: AttentionRecord | None = None):
@@ -181,7 +204,7 @@ def shared_prefix_attention(text_config, prefixes: list, image_of_row: list[int]
     else:
         index = torch.tensor(image_of_row)
         members = [(prefix, torch.nonzero(index == j).flatten()) for j, prefix in enumerate(prefixes)]
-        members = [(prefix, rows) for prefix, rows in members if len(rows)]  # a prefix no row reads is skipped
+        members = [(prefix, _as_slice(rows)) for prefix, rows in members if len(rows)]  # unread prefixes skipped
         prefixes, groups = [prefix for prefix, _ in members], [rows for _, rows in members]
     token = _ACTIVE.set(_Active(prefixes, groups, valid, record))
     before = text_config._attn_implementation_internal

@@ -162,6 +162,14 @@ class InPlaceStepper:
         other.first = self.first[index.to(self.first.device)]
         return other
 
+    def stepped_with(self, other) -> "InPlaceStepper | None":
+        """One stepper over this one's rows and then ``other``'s (VCD's clean and noised streams of the same
+        prompts), so that a step feeds both in one forward; None where ``other`` reads no prefix in place."""
+        if not isinstance(other, InPlaceStepper):
+            return None
+        rows = range(len(self.image_of_row))
+        return InPlaceStepper.joined([(self, row) for row in rows] + [(other, row) for row in rows])
+
     @classmethod
     def joined(cls, picks: list[tuple["InPlaceStepper", int]]) -> "InPlaceStepper":
         """One stepper over rows of several, in the order of ``picks`` ((stepper, row) each): their prefixes
