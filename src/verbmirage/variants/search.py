@@ -118,6 +118,8 @@ class ContrastedStepper:
         self.clean, self.noised, self.settings = clean, noised, settings
         join = getattr(clean, "stepped_with", None)
         self.both = join(noised) if join is not None else None
+        if self.both is not None:  # the joined stepper holds copies of both: the streams' own rows can go
+            self.clean = self.noised = None
 
     def advance(self, tokens: torch.Tensor) -> torch.Tensor:
         if self.both is None:
