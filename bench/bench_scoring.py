@@ -270,7 +270,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--skip-decodings", action="store_true", help="only the engine vs generate")
-    parser.add_argument("--repeats", type=int, default=5,
+    parser.add_argument("--repeats", type=int, default=7,
                         help="engine passes per measurement (the best counts) and pairs per cost (the median counts)")
     args = parser.parse_args()
     synchronize = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)

@@ -39,6 +39,18 @@ _ACTIVE: contextvars.ContextVar = contextvars.ContextVar("verbmirage_shared_pref
 
 
 @dataclasses.dataclass
+class _Block:
+    """Prefixes of one length that a layer attends to in one call, their rows side by side: prefix g's rows are
+    ``index[g]`` where ``real[g]`` (the rest repeats a row of its own, computed and dropped), and ``rows`` is
+    ``index[real]``. ``index`` None: one prefix that every row reads (no gather)."""
+
+    prefixes: list
+    index: torch.Tensor | None = None
+    real: torch.Tensor | None = None
+    rows: torch.Tensor | None = None
+
+
+@dataclasses.dataclass
 class _Active:
     """What the layers attend to inside :func:`shared_prefix_attention`."""
 
@@ -46,8 +58,18 @@ class _Active:
     groups: list  # per prefix: its rows (a slice where they follow each other, else indices), or [None]: all
     own_mask: torch.Tensor | None  # see shared_prefix_attention
     record: "AttentionRecord | None"
+    blocks: list  # the prefixes by length (:class:`_Block`)
+    #: each block's prefixes stacked per layer: (layer, prefix ids) -> (keys, values) [prefixes, kv, length, d]
+    stacked: dict
     #: the masks of the rows' own columns, built by the first layer and the same in every layer
     masks: dict = dataclasses.field(default_factory=dict)
+
+    def stacked_prefixes(self, block: _Block, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (layer, tuple(id(prefix) for prefix in block.prefixes))
+        if key not in self.stacked:
+            self.stacked[key] = (torch.cat([prefix[layer][0] for prefix in block.prefixes]),
+                                 torch.cat([prefix[layer][1] for prefix in block.prefixes]))
+        return self.stacked[key]
 
     def masks_for(self, length: int, columns: int, group: int, dtype, device) -> tuple:
         """(:func:`_own_mask`, its additive form for the fused kernel), built once per forward."""
@@ -152,7 +174,6 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     [rows, kv heads, columns, d] (the suffix's, :class:`SuffixOnlyCache`, or a :class:`RowCache`'s, whose last
     q columns are the queries'); returns [rows, q, heads, d]."""
     active = _ACTIVE.get()
-    prefixes, groups = active.prefixes, active.groups
     rows, heads, length, dim = query.shape
     kv_heads = key.shape[1]
     folded = heads // kv_heads * length  # a kv head's query heads, one after another
@@ -163,50 +184,79 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
         active.record.weights = _attention_weights(query, key, mask, active, module.layer_idx, scale, heads,
                                                    value.dtype)
     own, own_lse = _attend(query, key, value, scale, mask, additive=additive)
-    output = None if groups[0] is None else torch.empty_like(own)  # one prefix: its result is the output
-    for prefix, members in zip(prefixes, groups):
-        keys, values = prefix[module.layer_idx]
-        chosen = query if members is None else query[members]
-        count = chosen.shape[0]
-        folded_rows = chosen.transpose(0, 1).reshape(1, kv_heads, count * folded, dim)
-        seen, seen_lse = _attend(folded_rows, keys, values, scale, None)
-        seen = seen.reshape(kv_heads, count, folded, dim).transpose(0, 1)
-        seen_lse = seen_lse.reshape(kv_heads, count, folded).transpose(0, 1)
-        mine, mine_lse = (own, own_lse) if members is None else (own[members], own_lse[members])
+    output = None if active.blocks[0].index is None else torch.empty_like(own)  # one prefix: its result is it
+    for block in active.blocks:
+        if block.index is None:  # every row on one prefix: the rows fold into its query length
+            keys, values = block.prefixes[0][module.layer_idx]
+            folded_rows = query.transpose(0, 1).reshape(1, kv_heads, rows * folded, dim)
+            seen, seen_lse = _attend(folded_rows, keys, values, scale, None)
+            seen = seen.reshape(kv_heads, rows, folded, dim).transpose(0, 1)
+            seen_lse = seen_lse.reshape(kv_heads, rows, folded).transpose(0, 1)
+            mine, mine_lse = own, own_lse
+        else:  # one call for the block's prefixes, each with its rows folded into its query length
+            keys, values = active.stacked_prefixes(block, module.layer_idx)
+            count, width = block.index.shape
+            chosen = query[block.index.flatten()].reshape(count, width, kv_heads, folded, dim)
+            chosen = chosen.transpose(1, 2).reshape(count, kv_heads, width * folded, dim)
+            seen, seen_lse = _attend(chosen, keys, values, scale, None)
+            seen = seen.reshape(count, kv_heads, width, folded, dim).transpose(1, 2)[block.real]
+            seen_lse = seen_lse.reshape(count, kv_heads, width, folded).transpose(1, 2)[block.real]
+            mine, mine_lse = own[block.rows], own_lse[block.rows]
         total = torch.logaddexp(seen_lse, mine_lse)
         merged = seen * torch.exp(seen_lse - total)[..., None] + mine * torch.exp(mine_lse - total)[..., None]
-        if members is None:
+        if block.index is None:
             output = merged
         else:
-            output[members] = merged
+            output[block.rows] = merged
     return output.to(value.dtype).reshape(rows, heads, length, dim).transpose(1, 2).contiguous(), None
 
 
 AttentionInterface.register(NAME, _attention)
 
 
-def _as_slice(rows: torch.Tensor) -> slice | torch.Tensor:
+def _as_slice(rows: list[int]) -> slice | torch.Tensor:
     """Ascending row indices as a slice where they follow each other (a view, not a copy, of those rows)."""
-    first, last = int(rows[0]), int(rows[-1])
-    return slice(first, last + 1) if last - first + 1 == len(rows) else rows
+    return slice(rows[0], rows[-1] + 1) if rows[-1] - rows[0] + 1 == len(rows) else torch.tensor(rows)
+
+
+def _blocks(members: list[tuple[list, list[int]]]) -> list[_Block]:
+    """``members`` ((prefix, its rows) each) as one :class:`_Block` per prefix length, its indices on the
+    prefixes' device."""
+    by_length: dict[int, list] = {}
+    for prefix, rows in members:
+        by_length.setdefault(prefix[0][0].shape[-2], []).append((prefix, rows))
+    blocks = []
+    for group in by_length.values():
+        width = max(len(rows) for _, rows in group)
+        device = group[0][0][0][0].device
+        index = torch.tensor([rows + rows[:1] * (width - len(rows)) for _, rows in group], device=device)
+        real = torch.tensor([[True] * len(rows) + [False] * (width - len(rows)) for _, rows in group], device=device)
+        blocks.append(_Block([prefix for prefix, _ in group], index, real, index[real]))
+    return blocks
 
 
 @contextlib.contextmanager
 def shared_prefix_attention(text_config, prefixes: list, image_of_row: list[int], valid: torch.Tensor | None = None,
-                            record: AttentionRecord | None = None):
+                            record: AttentionRecord | None = None, stacked: dict | None = None):
     """Within the block, the language model (``text_config``: its config object) attends with
     :func:`_attention` to ``prefixes`` (per prefix: (keys, values) per layer, batch 1), row r to
     ``prefixes[image_of_row[r]]``; call it with a :class:`SuffixOnlyCache` or a :class:`RowCache`. ``valid``:
     which of the cache's own columns a row's queries see: [rows, columns] its real keys (causal added), or
-    [rows, queries, columns] exactly (None: every column before a query). ``record``: a layer's weights."""
+    [rows, queries, columns] exactly (None: every column before a query). ``record``: a layer's weights.
+
+    Prefixes of one length are attended to in one call per layer, stacked (a copy); ``stacked``: a dict that
+    keeps those stacks across forwards over the same prefixes (a stepper's steps), else they last one forward."""
     if len(set(image_of_row)) == 1:
         prefixes, groups = [prefixes[image_of_row[0]]], [None]
+        blocks = [_Block(prefixes)]
     else:
-        index = torch.tensor(image_of_row)
-        members = [(prefix, torch.nonzero(index == j).flatten()) for j, prefix in enumerate(prefixes)]
-        members = [(prefix, _as_slice(rows)) for prefix, rows in members if len(rows)]  # unread prefixes skipped
-        prefixes, groups = [prefix for prefix, _ in members], [rows for _, rows in members]
-    token = _ACTIVE.set(_Active(prefixes, groups, valid, record))
+        rows_of: dict[int, list[int]] = {}
+        for row, j in enumerate(image_of_row):
+            rows_of.setdefault(j, []).append(row)
+        members = [(prefixes[j], rows) for j, rows in sorted(rows_of.items())]  # a prefix no row reads is skipped
+        prefixes, groups = [prefix for prefix, _ in members], [_as_slice(rows) for _, rows in members]
+        blocks = _blocks(members)
+    token = _ACTIVE.set(_Active(prefixes, groups, valid, record, blocks, {} if stacked is None else stacked))
     before = text_config._attn_implementation_internal
     text_config._attn_implementation_internal = NAME  # no mask is built for an unregistered mask type
     try:

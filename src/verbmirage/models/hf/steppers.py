@@ -66,6 +66,8 @@ class InPlaceStepper:
         positions = starts[:, None] + torch.arange(width, device=device)[None]
         last = (lengths - 1)[:, None]  # each row's logits at its own last token (causal: padding comes after it)
         self.first = self._forward(input_ids, positions, last, mask=None)[:, 0].float()
+        #: the prefixes stacked per layer for the steps (one copy of the call's prefixes, built on the first step)
+        self._stacked: dict = {}
         self.next_position = starts + lengths
         #: each row's prompt length, and the column of the attention rows where the decoded tokens' keys start
         #: (the prefix's and the rows' own columns before them: one prefix length, or None)
@@ -82,7 +84,7 @@ class InPlaceStepper:
         slots = torch.arange(self.used, self.used + width, device=input_ids.device)
         record = shared_prefix.AttentionRecord(len(self.keys) - 1) if self.records_attention else None
         with shared_prefix.shared_prefix_attention(self.text, [p.tensors for p in self.prefixes], self.image_of_row,
-                                                   mask, record):
+                                                   mask, record, getattr(self, "_stacked", None)):
             logits = self.vlm._suffix_forward(input_ids, None, cache, slots, positions, self.extra, keep=keep)
         self.used += width
         self._weights = record and record.weights
@@ -190,6 +192,7 @@ class InPlaceStepper:
         other.next_position = sample.next_position.new_empty(rows)
         other.first = sample.first.new_empty((rows, *sample.first.shape[1:]))
         other.image_of_row, other.prompt_lengths, other.prompt_columns = [0] * rows, [0] * rows, None
+        other._stacked = {}
         for stepper in steppers:
             members = [(position, row) for position, (source, row) in enumerate(picks) if source is stepper]
             put = torch.tensor([position for position, _ in members], device=sample.valid.device)
