@@ -13,8 +13,7 @@ import torch
 from PIL import Image
 
 from verbmirage.models import Question, create_model
-from verbmirage.models.hf.prefix_cache import cheapest_cuts
-from verbmirage.models.hf.shared_prefix import _attend, _attention, shared_prefix_attention
+from verbmirage.models.hf.shared_prefix import _attend, _attention, cheapest_cuts, shared_prefix_attention
 
 
 class _Layer(torch.nn.Module):
@@ -272,3 +271,24 @@ def _mixed(model, questions, flags, **settings):
     finally:
         for name in settings:
             delattr(model, name)
+
+
+def test_without_prefix_reuse_decodings_run_on_whole_prompts_and_answer_alike(tiny_dirs, llava):
+    """``prefix_reuse: false`` on LLaVA: no prefix is read in place (whole prompts, OPERA's attention from eager
+    attention and its hook, beams at most a batch's rows), and beam search and OPERA answer as with reuse."""
+    from verbmirage.variants.settings import Variant
+
+    _, questions = llava
+    entries = [{"decoding": "beam", "num_beams": 2, "max_new_tokens": 3},
+               {"decoding": "opera", "num_beams": 2, "max_new_tokens": 3, "opera": {"num_attn_candidates": 2}}]
+    answers = {}
+    for reuse in (True, False):
+        model = create_model("tiny_llava", {"backend": "llava", "path": str(tiny_dirs["llava"]),
+                                            "local_files_only": True, "prefix_reuse": reuse})
+        assert model._reads_prefix_in_place() == reuse
+        for entry in entries:
+            model.use_variant(Variant.from_config(entry))
+            answers[reuse, entry["decoding"]] = [r.raw_answer for r in model.score_multiple_choice(questions)]
+        assert (getattr(model, "_attention_hook", None) is None) == reuse
+    for entry in entries:
+        assert answers[True, entry["decoding"]] == answers[False, entry["decoding"]]

@@ -323,7 +323,7 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
         attention that reads prefixes in place (``steppers.InPlaceStepper``), else from eager attention
         (:meth:`keep_last_attention`)."""
         super().use_variant(variant, where)
-        if self.strategy.needs_last_attention and not (self.prefix_reuse and self._reads_prefix_in_place()):
+        if self.strategy.needs_last_attention and not self._reads_prefix_in_place():
             self.keep_last_attention()
 
     def keep_last_attention(self) -> None:

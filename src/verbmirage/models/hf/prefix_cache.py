@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import torch
 
 from verbmirage.models.hf import shared_prefix
+from verbmirage.models.hf.shared_prefix import cheapest_cuts
 
 
 
@@ -27,30 +27,6 @@ class Prefix:
 
     tensors: list[tuple[torch.Tensor, torch.Tensor]]
     extra: object = None
-
-
-def cheapest_cuts(lengths: list[int], batch_cost: int, max_rows: int | None = None) -> list[int]:
-    """Where to cut rows sorted by length (ascending) into batches so that the token positions computed, each
-    batch's rows times its longest row plus ``batch_cost`` per batch (its fixed cost, in positions), are
-    fewest, no batch holding more than ``max_rows`` rows. Dynamic programming over the cut points, one numpy
-    step per row (no library partitions a sorted sequence by this cost)."""
-    n = len(lengths)
-    if n < 2:
-        return []
-    longest = np.asarray(lengths, dtype=np.int64)
-    best = np.zeros(n + 1, dtype=np.int64)  # best[j]: the cheapest cost of rows[:j]
-    start_of = np.zeros(n + 1, dtype=np.int64)  # where the last batch of that cheapest rows[:j] starts
-    for stop in range(1, n + 1):
-        first = 0 if max_rows is None else max(0, stop - max_rows)
-        starts = np.arange(first, stop)
-        costs = best[first:stop] + (stop - starts) * longest[stop - 1] + batch_cost
-        start_of[stop] = first + int(np.argmin(costs))
-        best[stop] = costs[start_of[stop] - first]
-    cuts, stop = [], n
-    while stop > 0:
-        stop = int(start_of[stop])
-        cuts.append(stop)
-    return sorted(cuts)[1:]  # without 0
 
 
 class Rows:
@@ -292,10 +268,11 @@ class PrefixCache:
     SHARED_PREFIX_MODELS = ("llama", "mistral", "qwen2")
 
     def _reads_prefix_in_place(self) -> bool:
-        """Whether suffix batches read their prefixes in place (``shared_prefix.py``) instead of one copy per
-        row. Not with eager attention: the analyses that switch to it read its attention weights."""
+        """Whether suffix batches and decoding steps read their prefixes in place (``shared_prefix.py``) instead
+        of one copy per row: with prefix reuse, on a family and language model it serves. Not with eager
+        attention: the analyses that switch to it read its attention weights."""
         text = self.model.config.get_text_config()
-        return self.shared_prefix_attention and text.model_type in self.SHARED_PREFIX_MODELS \
+        return self.prefix_reuse and self.shared_prefix_attention and text.model_type in self.SHARED_PREFIX_MODELS \
             and text._attn_implementation == "sdpa"
 
     def _suffix_batch(self, opened: Rows, batch: list[int]) -> torch.Tensor:
