@@ -44,14 +44,15 @@ _ACTIVE: contextvars.ContextVar = contextvars.ContextVar("verbmirage_shared_pref
 
 @dataclasses.dataclass
 class _Block:
-    """Prefixes of one length that a layer attends to in one call, their rows side by side: prefix g's rows are
-    ``index[g]`` where ``real[g]`` (the rest repeats a row of its own, computed and dropped), and ``rows`` is
-    ``index[real]``. ``index`` None: one prefix that every row reads (no gather)."""
+    """Prefixes of one length that a layer attends to in one call, and the rows that read them (``rows``: a
+    slice where they follow each other, else indices, in the order the call returns them). With several
+    prefixes, prefix g's rows are ``index[g]``, padded with repeats of its first row, and ``picked`` are the
+    positions of the real ones in the flattened ``index``."""
 
     prefixes: list
+    rows: slice | torch.Tensor
     index: torch.Tensor | None = None
-    real: torch.Tensor | None = None
-    rows: torch.Tensor | None = None
+    picked: torch.Tensor | None = None
 
 
 @dataclasses.dataclass
@@ -212,29 +213,33 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
         active.record.weights = _attention_weights(query, key, mask, active, module.layer_idx, scale, heads,
                                                    value.dtype)
     own, own_lse = _attend(query, key, value, scale, mask, additive=additive)
-    output = None if active.blocks[0].index is None else torch.empty_like(own)  # one prefix: its result is it
+    output = None
     for block in active.blocks:
-        if block.index is None:  # every row on one prefix: the rows fold into its query length
+        if block.index is None:  # one prefix: its rows fold into its query length
             keys, values = block.prefixes[0][module.layer_idx]
-            folded_rows = query.transpose(0, 1).reshape(1, kv_heads, rows * folded, dim)
-            seen, seen_lse = _attend(folded_rows, keys, values, scale, None)
-            seen = seen.reshape(kv_heads, rows, folded, dim).transpose(0, 1)
-            seen_lse = seen_lse.reshape(kv_heads, rows, folded).transpose(0, 1)
-            mine, mine_lse = own, own_lse
+            chosen = query[block.rows]
+            count = chosen.shape[0]
+            seen, seen_lse = _attend(chosen.transpose(0, 1).reshape(1, kv_heads, count * folded, dim), keys, values,
+                                     scale, None)
+            seen = seen.reshape(kv_heads, count, folded, dim).transpose(0, 1)
+            seen_lse = seen_lse.reshape(kv_heads, count, folded).transpose(0, 1)
         else:  # one call for the block's prefixes, each with its rows folded into its query length
             keys, values = active.stacked_prefixes(block, module.layer_idx)
             count, width = block.index.shape
             chosen = query[block.index.flatten()].reshape(count, width, kv_heads, folded, dim)
-            chosen = chosen.transpose(1, 2).reshape(count, kv_heads, width * folded, dim)
-            seen, seen_lse = _attend(chosen, keys, values, scale, None)
-            seen = seen.reshape(count, kv_heads, width, folded, dim).transpose(1, 2)[block.real]
-            seen_lse = seen_lse.reshape(count, kv_heads, width, folded).transpose(1, 2)[block.real]
-            mine, mine_lse = own[block.rows], own_lse[block.rows]
+            seen, seen_lse = _attend(chosen.transpose(1, 2).reshape(count, kv_heads, width * folded, dim), keys,
+                                     values, scale, None)
+            seen = seen.reshape(count, kv_heads, width, folded, dim).transpose(1, 2) \
+                .reshape(count * width, kv_heads, folded, dim).index_select(0, block.picked)
+            seen_lse = seen_lse.reshape(count, kv_heads, width, folded).transpose(1, 2) \
+                .reshape(count * width, kv_heads, folded).index_select(0, block.picked)
+        mine, mine_lse = own[block.rows], own_lse[block.rows]
         total = torch.logaddexp(seen_lse, mine_lse)
         merged = seen * torch.exp(seen_lse - total)[..., None] + mine * torch.exp(mine_lse - total)[..., None]
-        if block.index is None:
+        if isinstance(block.rows, slice) and block.rows == slice(None):  # every row, one prefix: the output
             output = merged
         else:
+            output = torch.empty_like(own) if output is None else output
             output[block.rows] = merged
     return output.to(value.dtype).reshape(rows, heads, length, dim).transpose(1, 2).contiguous(), None
 
@@ -242,9 +247,11 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
 AttentionInterface.register(NAME, _attention)
 
 
-def _as_slice(rows: list[int]) -> slice | torch.Tensor:
-    """Ascending row indices as a slice where they follow each other (a view, not a copy, of those rows)."""
-    return slice(rows[0], rows[-1] + 1) if rows[-1] - rows[0] + 1 == len(rows) else torch.tensor(rows)
+def _as_slice(rows: list[int], device) -> slice | torch.Tensor:
+    """Row indices as a slice where each follows the one before (a view, not a copy, of those rows), else as
+    indices on ``device``."""
+    consecutive = rows == list(range(rows[0], rows[0] + len(rows)))
+    return slice(rows[0], rows[0] + len(rows)) if consecutive else torch.tensor(rows, device=device)
 
 
 #: A block's fixed cost (one more attention call per layer), in multiply-adds of one query against one key
@@ -272,11 +279,14 @@ def _blocks(members: list[tuple[list, list[int]]]) -> list[_Block]:
 
 
 def _block(group: list[tuple[list, list[int]]]) -> _Block:
-    width = max(len(rows) for _, rows in group)
     device = group[0][0][0][0].device
+    if len(group) == 1:
+        return _Block([group[0][0]], _as_slice(group[0][1], device))
+    width = max(len(rows) for _, rows in group)
     index = torch.tensor([rows + rows[:1] * (width - len(rows)) for _, rows in group], device=device)
-    real = torch.tensor([[True] * len(rows) + [False] * (width - len(rows)) for _, rows in group], device=device)
-    return _Block([prefix for prefix, _ in group], index, real, index[real])
+    picked = [g * width + j for g, (_, rows) in enumerate(group) for j in range(len(rows))]
+    rows = [row for _, members in group for row in members]
+    return _Block([prefix for prefix, _ in group], _as_slice(rows, device), index, torch.tensor(picked, device=device))
 
 
 @contextlib.contextmanager
@@ -292,13 +302,14 @@ def shared_prefix_attention(text_config, prefixes: list, image_of_row: list[int]
     keeps those stacks across forwards over the same prefixes (a stepper's steps), else they last one forward."""
     if len(set(image_of_row)) == 1:
         prefixes, groups = [prefixes[image_of_row[0]]], [None]
-        blocks = [_Block(prefixes)]
+        blocks = [_Block(prefixes, slice(None))]
     else:
         rows_of: dict[int, list[int]] = {}
         for row, j in enumerate(image_of_row):
             rows_of.setdefault(j, []).append(row)
         members = [(prefixes[j], rows) for j, rows in sorted(rows_of.items())]  # a prefix no row reads is skipped
-        prefixes, groups = [prefix for prefix, _ in members], [_as_slice(rows) for _, rows in members]
+        device = prefixes[0][0][0].device
+        prefixes, groups = [prefix for prefix, _ in members], [_as_slice(rows, device) for _, rows in members]
         blocks = _blocks(members)
     token = _ACTIVE.set(_Active(prefixes, groups, valid, record, blocks, {} if stacked is None else stacked))
     before = text_config._attn_implementation_internal
