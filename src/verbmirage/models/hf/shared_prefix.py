@@ -1,12 +1,14 @@
-"""Attention of a suffix batch on its cached image prefixes, read once per image instead of once per row.
+"""Attention of suffix batches and decoding steps on their cached image prefixes, read in place instead of
+copied per row.
 
 A suffix batch scores many prompts on a few cached prefixes (the image, or the image and a shared text
 header). The plain path gives every row its own copy of its prefix's keys and values (a cache of B rows, then
 a concatenation with the suffix, then GQA's repeat): B times the prefix in memory and traffic, about 0.3 GB
 per row for LLaVA-1.5-7B's 600-token prefix. Here each attention layer instead computes
 
-- the rows' queries against their prefix: one attention call per prefix, the rows and the GQA head groups
-  folded into the query length, so the prefix's keys are read as they are cached;
+- the rows' queries against their prefix: one attention call per prefix (or per block of prefixes of one
+  length), the rows and the GQA head groups folded into the query length, so the prefix's keys are read as
+  they are cached;
 - the queries against their own suffix (causal; right padding comes after a row's last real token, so no
   mask beyond causality is needed);
 
@@ -15,6 +17,7 @@ and merges the two by their log-sum-exp, which is exact (flash attention's split
 Decoding steps work the same way (:class:`RowCache`): a row's own keys and values (its prompt's suffix, then
 its decoded tokens) sit in buffers written in place, and a mask of each row's own columns hides the padding
 between a row's suffix and its decoded tokens; only those few columns per row are copied when beams move.
+OPERA's last-layer attention rows come from the same computation (:class:`AttentionRecord`).
 
 Prefixes of one length are attended to in one call per layer where that costs less than padding their rows
 (:func:`cheapest_cuts`, which also cuts the suffix batches of ``prefix_cache.py``).
