@@ -364,3 +364,35 @@ def test_greedy_vcd_decodes_mc_questions_that_share_a_text_header(suite, tiny_ll
         (alone,) = model.score_multiple_choice([question])
         assert (alone.prediction, alone.raw_answer, alone.parse_rule) == \
             (result.prediction, result.raw_answer, result.parse_rule)
+
+
+def test_every_sets_parts_end_at_the_same_call(suite, tmp_path, monkeypatch):
+    """A SIGKILL loses the rows no part holds yet. A call's answers can depend on its other rows (the engine's),
+    so a resume must ask whole calls: whenever rows are stored, every set's pending rows are stored together and
+    what the stores hold is the answers of the job's first calls, never part of a call."""
+    base, paths = suite
+    order = list(paths)
+    stored, flushes = set(), []
+    append = PartStore.append
+
+    def recording(store, rows):
+        name = store.directory.name
+        if flushes and order.index(name) > order.index(flushes[-1][0]):
+            flushes[-1] = (name, None)  # the same flush, a later set
+        else:
+            flushes.append((name, None))
+        stored.update(row["question_id"] for row in rows)
+        flushes[-1] = (name, set(stored))
+        return append(store, rows)
+
+    monkeypatch.setattr(PartStore, "append", recording)
+    part_size, batch_size = 16, 8
+    run_suite(paths, tmp_path / "0", RunSpec("random", {"backend": "random", "seed": 0}, base / "clean",
+                                             batch_size=batch_size, part_size=part_size))
+    questions = suite_order(pd.concat([read_table(path, QUESTIONS).assign(qset=qset) for qset, path in paths.items()],
+                                      ignore_index=True))
+    calls = suite_calls(questions.image.tolist(), batch_size)
+    whole = [set(questions.question_id.iloc[: call.stop]) for call in calls]
+    assert len(flushes) > 2  # parts were stored along the way, not only at the end
+    for _, ids in flushes:
+        assert ids in whole, "a part ended inside a call"

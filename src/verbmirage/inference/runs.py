@@ -327,8 +327,8 @@ def predict_suite(
     """Answer the questions of several sets (column ``qset``) into each set's store; how many rows each got now.
 
     The guarantees of :func:`predict`, over the whole job: stored answers are not asked again (stored
-    error rows are), rows reach a set's store every ``part_size`` rows of that set and before any
-    exception (SIGTERM included) ends the call, more than ``max_error_share`` error rows of all the
+    error rows are), rows reach the sets' stores whenever one set has ``part_size`` new rows (every set's
+    rows at once, at the end of a call) and before any exception (SIGTERM included) ends the call, more than ``max_error_share`` error rows of all the
     questions stop it, and transient failures are never stored (:class:`IncompleteShardError` at the end).
     Only a part's worth of rows per set is held in memory.
     """
@@ -368,8 +368,13 @@ def predict_suite(
             budget.add(row["error"])
 
     def flush(everything: bool) -> None:
+        """Store the pending rows of every set once one set holds ``part_size`` (or ``everything``): stored rows
+        then end at the same call in every set, so a resume asks whole calls, as an uninterrupted run does (a
+        call's answers can depend on its other rows: suite_calls)."""
+        if not everything and max(map(len, pending.values())) < part_size:
+            return
         for qset, rows in pending.items():
-            if rows and (everything or len(rows) >= part_size):
+            if rows:
                 stores[qset].append(rows)
                 pending[qset] = []
 
