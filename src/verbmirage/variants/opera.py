@@ -58,8 +58,11 @@ class Opera(Decoding):
 
         opened = reopen()
         span = one.image_spans()[0]
+        # where the decoded tokens' keys start in the attention rows: the prompt's length when it was opened
+        # alone, further right when its row comes from a wider scoring batch (the normalisation keeps the length)
+        columns = opened.prompt_columns if opened.prompt_columns is not None else length
         tokens, rollbacks = search.opera_search(
-            opened.first, opened, variant.opera, beams, new_tokens, stop, span, length, reopen,
+            opened.first, opened, variant.opera, beams, new_tokens, stop, span, columns, reopen,
             variant.length_penalty, normalised_length=placeholder_length(length, span))
         if rollbacks:
             log.info("%s: OPERA rolled back %d time(s): %s", one.name, len(rollbacks), rollbacks)

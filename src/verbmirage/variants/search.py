@@ -286,6 +286,8 @@ class AttentionStepper(Stepper, Protocol):
     ``attention`` after :meth:`advance` ([rows, keys]); :meth:`probe` feeds each candidate alone and undoes it."""
 
     attention: torch.Tensor
+    #: The column of the attention rows where the decoded tokens' keys start (None: it differs by row).
+    prompt_columns: int | None
 
     def probe(self, candidates: torch.Tensor) -> torch.Tensor:
         """[rows, C] candidate tokens -> [rows, C, keys + 1] their attention rows; the cache is left as it was."""

@@ -159,6 +159,7 @@ class InPlaceStepper:
         """A new stepper on ``rows`` of this one (copies of their own columns; this one is unchanged)."""
         other = object.__new__(InPlaceStepper)
         other.__dict__.update(self.__dict__)
+        other._stacked = {}  # its own: a subset may read fewer prefixes, and the parent's copies can go with it
         index = torch.tensor(rows, device=self.vlm.device)
         other._take(index)
         other.first = self.first[index.to(self.first.device)]
@@ -349,6 +350,11 @@ class AttendingStepper:
 
     def __init__(self, vlm, inner, first: torch.Tensor):
         self.vlm, self.inner, self.first = vlm, inner, first
+
+    @property
+    def prompt_columns(self):
+        """Where the decoded tokens' keys start in the attention rows (the inner stepper's)."""
+        return self.inner.prompt_columns
 
     def advance(self, tokens: torch.Tensor) -> torch.Tensor:
         logits = self.inner.advance(tokens)
