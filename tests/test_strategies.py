@@ -140,9 +140,14 @@ def test_opera_decodes_a_batch_whose_images_sit_apart_one_question_at_a_time(mon
     """OPERA's batch needs one image span: with two, each question decodes alone (opera_search), on rows
     opened apart from the call's tokenization (``fresh``)."""
     strategy = Variant.from_config({"decoding": "opera", "num_beams": 2}).strategy()
-    alone = []
-    monkeypatch.setattr(search, "opera_search", lambda first, stepper, *args, **kwargs: (alone.append(first.shape[0])
-                                                                                        or [1, 2], []))
+    alone, columns = [], []
+
+    def opera_search(first, stepper, opera, beams, new_tokens, stop, span, prompt_columns, *args, **kwargs):
+        alone.append(first.shape[0])
+        columns.append(prompt_columns)
+        return [1, 2], []
+
+    monkeypatch.setattr(search, "opera_search", opera_search)
 
     class Attending(Rows):
         def image_spans(self):
@@ -152,7 +157,9 @@ def test_opera_decodes_a_batch_whose_images_sit_apart_one_question_at_a_time(mon
             return [10] * len(self.question_ids)
 
         def attending(self, first, stepper):
-            stepper.first = first
+            # the second question's row was kept from a wider scoring batch: its decoded keys start at 14,
+            # past its 10 prompt tokens; the first was opened alone (the stepper does not say)
+            stepper.first, stepper.prompt_columns = first, 14 if self.question_ids == ["b"] else None
             return stepper
 
         def alone(self, row):
@@ -165,6 +172,7 @@ def test_opera_decodes_a_batch_whose_images_sit_apart_one_question_at_a_time(mon
     rows.strategy, rows.children = strategy, []
     assert strategy.decode(rows, 3, {8}) == [[1, 2], [1, 2]]
     assert alone == [2, 2] and rows.opened == [] and [child.opened for child in rows.children] == [[2], [2]]
+    assert columns == [10, 14]  # where each row's decoded keys start: its prompt's end, or its stepper's word
 
 
 def test_the_variants_layer_imports_nothing_of_the_models():
