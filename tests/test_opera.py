@@ -331,3 +331,37 @@ def test_attention_rows_read_in_place_equal_eager_attention_on_copied_prefixes(t
                                            real(other, row, lambda n: prefix + own_width - n), atol=1e-5, rtol=1e-5)
         ours.reorder(torch.tensor([1, 0, 2, 3]))
         theirs.reorder(torch.tensor([1, 0, 2, 3]))
+
+
+def test_rows_read_in_place_keep_their_attention_when_the_model_turns_eager_mid_call(tiny_dirs, picture):
+    """A batch that cannot read its prefixes in place switches the language model to eager attention with a
+    hook (keep_last_attention); steppers already open in place go on unchanged (their attention records its own
+    weights), while a copying stepper without the hook's rows says what is missing."""
+    from verbmirage.models.hf.steppers import AttendingStepper, InPlaceStepper
+
+    def opened(model):
+        image = model.open_image(picture)
+        texts = [model.render(Question("q", p, picture), False) for p in ["Is the person riding the horse?",
+                                                                          "Is someone feeding the horse?"]]
+        first, stepper = model._open_stepper([(picture, image, text) for text in texts], 2)
+        assert isinstance(stepper, InPlaceStepper)
+        stepper.records_attention = True
+        return stepper
+
+    switched, steady = [create_model("tiny", {"backend": "llava", "path": str(tiny_dirs["llava"]),
+                                              "local_files_only": True}) for _ in range(2)]
+    ours, reference = opened(switched), opened(steady)
+    tokens = torch.tensor([5, 5, 9, 9])
+    ours.advance(tokens), reference.advance(tokens)
+    switched.keep_last_attention()
+    assert switched.model.config.get_text_config()._attn_implementation == "eager"
+    for step in range(2):
+        assert torch.equal(ours.advance(tokens + step), reference.advance(tokens + step))
+        assert torch.equal(ours.attention, reference.attention)
+        assert torch.equal(ours.probe(torch.tensor([[3, 7]] * 4)), reference.probe(torch.tensor([[3, 7]] * 4)))
+
+    steady.shared_prefix_attention = False  # copies its prefixes; no hook keeps attention rows
+    image = steady.open_image(picture)
+    first, inner = steady._open_stepper([(picture, image, steady.render(Question("q", "Is it?", picture), False))], 1)
+    with pytest.raises(RuntimeError, match="no attention weights"):
+        AttendingStepper(steady, inner, first).advance(torch.tensor([5]))

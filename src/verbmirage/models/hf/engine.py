@@ -334,11 +334,10 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
             last = decoder_layers(self.model)[-1].self_attn
 
             def keep_last_row(module, args, output):
+                # None where a forward computed no weights (one that reads its prefixes in place records its
+                # own: shared_prefix.AttentionRecord); an attending stepper that reads None says so
                 weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-                if weights is None:
-                    raise RuntimeError(f"models.{self.name}: the last layer returned no attention weights (OPERA "
-                                       "needs eager attention in the language model)")
-                self._last_attention = weights[:, :, -1, :].float().amax(dim=1)
+                self._last_attention = None if weights is None else weights[:, :, -1, :].float().amax(dim=1)
 
             self._attention_hook = last.register_forward_hook(keep_last_row)
 

@@ -18,6 +18,7 @@ import torch
 
 from verbmirage.models.hf import shared_prefix
 from verbmirage.models.hf.shared_prefix import cheapest_cuts
+from verbmirage.models.hf.tokens import padded
 
 
 
@@ -280,13 +281,10 @@ class PrefixCache:
         suffixes = [opened.suffix[i] for i in batch]
         prefix_length = opened.prefix_length[batch[0]]
         prefixes, image_of_row = opened.prefixes_of(batch)
-        width = max(len(row) for row in suffixes)
-        pad = self.tokenizer.pad_token_id or 0
-        input_ids = torch.full((len(batch), width), pad, dtype=torch.long, device=self.device)
-        for r, row in enumerate(suffixes):
-            input_ids[r, : len(row)] = row
+        input_ids, lengths = padded(suffixes, self.tokenizer.pad_token_id or 0, self.device)
+        width = input_ids.shape[1]
         slots = torch.arange(prefix_length, prefix_length + width, device=self.device)
-        last = torch.tensor([[len(row) - 1] for row in suffixes], device=self.device)  # the only logits kept
+        last = (lengths - 1)[:, None]  # the only logits kept
         if self._reads_prefix_in_place():  # causal attention alone: a row's padding comes after its last token
             text = self.model.config.get_text_config()
             with shared_prefix.shared_prefix_attention(text, [p.tensors for p in prefixes], image_of_row):

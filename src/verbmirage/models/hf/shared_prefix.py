@@ -62,11 +62,9 @@ class _Block:
 class _Active:
     """What the layers attend to inside :func:`shared_prefix_attention`."""
 
-    prefixes: list  # per prefix: (keys, values) per layer, batch 1
-    groups: list  # per prefix: its rows (a slice where they follow each other, else indices), or [None]: all
+    blocks: list  # the prefixes the rows read, by length (:class:`_Block`)
     own_mask: torch.Tensor | None  # see shared_prefix_attention
     record: "AttentionRecord | None"
-    blocks: list  # the prefixes by length (:class:`_Block`)
     #: each block's prefixes stacked per layer: (layer, prefix ids) -> (keys, values) [prefixes, kv, length, d]
     stacked: dict
     #: the masks of the rows' own columns, built by the first layer and the same in every layer
@@ -187,16 +185,22 @@ def _attention_weights(query, key, mask, active: _Active, layer: int, scale: flo
     """Eager attention's weights of the folded ``query`` [rows, kv heads, group * q, d] over each row's prefix
     and its own ``key`` columns (``mask``: :func:`_own_mask`), max over heads: [rows, q, prefix + own columns].
     A float32 softmax rounded to the model's ``dtype``, as eager attention returns it."""
-    rows, kv_heads, folded, _ = query.shape
-    lengths = {prefix[layer][0].shape[-2] for prefix in active.prefixes}
+    rows, kv_heads, folded, dim = query.shape
+    lengths = {block.prefixes[0][layer][0].shape[-2] for block in active.blocks}
     if len(lengths) != 1:
         raise ValueError(f"attention weights need one prefix length per batch, not {sorted(lengths)}")
     own = (torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf"))
     seen = own.new_empty((rows, kv_heads, folded, lengths.pop()))
-    for prefix, members in zip(active.prefixes, active.groups):
-        chosen = query if members is None else query[members]
-        scores = torch.matmul(chosen.float(), prefix[layer][0].float().transpose(-1, -2)) * scale
-        seen[slice(None) if members is None else members] = scores
+    for block in active.blocks:  # each row's scores over its prefix's keys, as _attention reads them
+        if block.index is None:
+            scores = torch.matmul(query[block.rows].float(), block.prefixes[0][layer][0].float().transpose(-1, -2))
+        else:
+            keys = active.stacked_prefixes(block, layer)[0]  # [prefixes, kv heads, length, d]
+            count, width = block.index.shape
+            chosen = query[block.index.flatten()].reshape(count, width, kv_heads, folded, dim)
+            scores = torch.matmul(chosen.float(), keys[:, None].float().transpose(-1, -2)) \
+                .reshape(count * width, kv_heads, folded, -1).index_select(0, block.picked)
+        seen[block.rows] = scores * scale
     weights = torch.softmax(torch.cat([seen, own], dim=-1), dim=-1).to(dtype).float()
     return weights.reshape(rows, heads, folded * kv_heads // heads, -1).amax(dim=1)
 
@@ -304,17 +308,13 @@ def shared_prefix_attention(text_config, prefixes: list, image_of_row: list[int]
     Prefixes of one length are attended to in one call per layer, stacked (a copy); ``stacked``: a dict that
     keeps those stacks across forwards over the same prefixes (a stepper's steps), else they last one forward."""
     if len(set(image_of_row)) == 1:
-        prefixes, groups = [prefixes[image_of_row[0]]], [None]
-        blocks = [_Block(prefixes, slice(None))]
+        blocks = [_Block([prefixes[image_of_row[0]]], slice(None))]
     else:
         rows_of: dict[int, list[int]] = {}
         for row, j in enumerate(image_of_row):
             rows_of.setdefault(j, []).append(row)
-        members = [(prefixes[j], rows) for j, rows in sorted(rows_of.items())]  # a prefix no row reads is skipped
-        device = prefixes[0][0][0].device
-        prefixes, groups = [prefix for prefix, _ in members], [_as_slice(rows, device) for _, rows in members]
-        blocks = _blocks(members)
-    token = _ACTIVE.set(_Active(prefixes, groups, valid, record, blocks, {} if stacked is None else stacked))
+        blocks = _blocks([(prefixes[j], rows) for j, rows in sorted(rows_of.items())])  # unread prefixes skipped
+    token = _ACTIVE.set(_Active(blocks, valid, record, {} if stacked is None else stacked))
     before = text_config._attn_implementation_internal
     text_config._attn_implementation_internal = NAME  # no mask is built for an unregistered mask type
     try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from verbmirage.models.hf import shared_prefix
+from verbmirage.models.hf.tokens import padded
 
 
 class InPlaceStepper:
@@ -48,12 +49,8 @@ class InPlaceStepper:
         self.vlm, self.prefixes, self.image_of_row, self.extra = vlm, list(prefixes), list(image_of_row), \
             prefixes[0].extra
         self.text = vlm.model.config.get_text_config()
-        lengths = torch.tensor([len(row) for row in suffixes], device=device)
-        width = int(lengths.max())
-        pad = vlm.tokenizer.pad_token_id or 0
-        input_ids = torch.full((rows, width), pad, dtype=torch.long, device=device)
-        for r, row in enumerate(suffixes):
-            input_ids[r, : len(row)] = row
+        input_ids, lengths = padded(suffixes, vlm.tokenizer.pad_token_id or 0, device)
+        width = input_ids.shape[1]
         self.used, capacity = 0, width + max(1, reserve)
         sample = prefixes[0].tensors
         self.keys = [layer_keys.new_zeros((rows, layer_keys.shape[1], capacity, layer_keys.shape[-1]))
@@ -220,12 +217,8 @@ class PrefixStepper:
     def __init__(self, vlm, cache, prefix_length: int, suffixes: list[torch.Tensor], extra=None):
         self.vlm, self.cache, self.extra, rows = vlm, cache, extra, len(suffixes)
         device = vlm.device
-        lengths = torch.tensor([len(row) for row in suffixes], device=device)
-        width = int(lengths.max())
-        pad = vlm.tokenizer.pad_token_id or 0
-        input_ids = torch.full((rows, width), pad, dtype=torch.long, device=device)
-        for r, row in enumerate(suffixes):
-            input_ids[r, width - len(row):] = row
+        input_ids, lengths = padded(suffixes, vlm.tokenizer.pad_token_id or 0, device, left=True)
+        width = input_ids.shape[1]
         columns = torch.arange(width, device=device)
         real = columns[None] >= (width - lengths)[:, None]
         self.mask = torch.cat([torch.ones((rows, prefix_length), dtype=torch.long, device=device), real.long()], 1)
@@ -358,16 +351,25 @@ class AttendingStepper:
 
     def advance(self, tokens: torch.Tensor) -> torch.Tensor:
         logits = self.inner.advance(tokens)
-        self.attention = self.vlm._last_attention
+        self.attention = self._kept_row()
         return logits
 
     def probe(self, candidates: torch.Tensor) -> torch.Tensor:
         rows = []
         for column in range(candidates.shape[1]):
             self.inner.advance(candidates[:, column])
-            rows.append(self.vlm._last_attention)
+            rows.append(self._kept_row())
             self.inner.undo()
         return torch.stack(rows, dim=1)
+
+    def _kept_row(self) -> torch.Tensor:
+        """The attention row the engine's hook kept from the forward just run (``keep_last_attention``; each
+        forward sets it, None where the layer returned no weights)."""
+        row = getattr(self.vlm, "_last_attention", None)
+        if row is None:
+            raise RuntimeError(f"models.{self.vlm.name}: the last layer returned no attention weights (OPERA needs "
+                               "eager attention in the language model)")
+        return row
 
     def reorder(self, rows: torch.Tensor) -> None:
         self.inner.reorder(rows)

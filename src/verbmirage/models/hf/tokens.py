@@ -16,6 +16,20 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 MAX_OPTIONS = 26
 
 
+def padded(rows: list[torch.Tensor], pad: int, device, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows of different lengths as one batch [rows, longest], padded with ``pad`` after each row (before
+    it, ``left``), and their lengths [rows], both on ``device``."""
+    lengths = torch.tensor([len(row) for row in rows], device=device)
+    width = int(lengths.max())
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long, device=device)
+    for r, row in enumerate(rows):
+        if left:
+            input_ids[r, width - len(row):] = row
+        else:
+            input_ids[r, : len(row)] = row
+    return input_ids, lengths
+
+
 def images_only_processor(processor_class):
     """``processor_class`` without its video processor.
 
