@@ -180,6 +180,12 @@ def test_too_many_error_rows_fail_the_job_and_keep_the_parts(prepared, tmp_path,
         _run(base, output, failing)
     assert not output.exists()
     assert list(parts_directory(output).glob("part-*.parquet"))
+    # the job stops after the call that passed the limit, with every row of that call stored: a resume asks
+    # whole calls, as an uninterrupted run does
+    stored = set(_stored_rows(output).question_id)
+    ordered = suite_order(questions)
+    calls = [set(ordered.question_id.iloc[list(call)]) for call in suite_calls(ordered.image.tolist(), 8)]
+    assert stored and all(call <= stored or not call & stored for call in calls)
     # a higher limit accepts them; the stored error rows are asked again and answered the same way
     with caplog.at_level(logging.WARNING, logger="verbmirage.inference.runs"):
         frame = _run(base, output, failing, max_error_share=0.2)

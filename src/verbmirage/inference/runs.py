@@ -165,10 +165,12 @@ def _sigterm_raises():
 
 
 class _ErrorBudget:
-    """Counts error rows of a shard and fails it once more than ``max_share`` of its questions are errors.
+    """Counts error rows of a shard and fails it (:meth:`check`, after each model call) once more than
+    ``max_share`` of its questions are errors.
 
-    The count only grows, so failing as soon as it passes the limit gives the
-    same verdict as waiting for the end, without spending GPU hours first.
+    The count only grows, so failing at the first call that passes the limit gives the same verdict as waiting
+    for the end, without spending GPU hours first. It fails between calls, not inside one, so the rows kept
+    for a resume end at a call's end (see :func:`suite_calls`).
     """
 
     def __init__(self, total: int, max_share: float):
@@ -187,6 +189,8 @@ class _ErrorBudget:
     def add(self, error: str) -> None:
         self.count += 1
         self.example = self.example or error
+
+    def check(self) -> None:
         if self.count > self.max_share * self.total:
             raise IncompleteShardError(
                 f"{self.count} of {self.total} questions failed, more than max_error_share={self.max_share:g}; "
@@ -396,6 +400,7 @@ def predict_suite(
                     else:
                         keep(qset, _result_row(question.question_id, result))
                 bar.update(len(call))
+                budget.check()  # with every row of the call kept: a stop stores whole calls
                 flush(everything=False)
     except (FatalBackendError, IncompleteShardError, JobTerminated, KeyboardInterrupt) as stop:
         flush(everything=True)
