@@ -370,3 +370,14 @@ def test_fill_sets_some_fields_and_keeps_the_others():
     assert fill("{shard:03d}/{model}", shard=7) == "007/{model}"
     paths = Paths(run_folders("results/v2", [], REPO, REPO))
     assert paths.metrics == "results/v2/metrics/metrics.parquet" and paths.log("tables") == "logs/v2/tables.log"
+
+
+def test_a_config_without_charadesego_gives_its_rules_no_input_paths(demo):
+    """Without ``datasets.charadesego`` the frame rule's inputs are Snakemake's "no file" (an empty list), not
+    an empty path, which Snakemake warns about on every run."""
+    config = copy.deepcopy(DEMO)
+    del config["datasets"]["charadesego"]
+    plan = plan_of(config)
+    assert "charadesego" not in plan.datasets
+    assert plan.charades_csv == [] and plan.charades_videos == []
+    assert demo.charades_csv and demo.charades_videos  # the demo's own

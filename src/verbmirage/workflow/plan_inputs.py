@@ -71,7 +71,11 @@ class InputsPlan:
         return self.charades["split"] if self.charades else "test"
 
     @property
-    def charades_csv(self) -> str:
+    def charades_csv(self) -> str | list:
+        """The annotation CSV the frames are cut by, or what makes it; none (an empty list, Snakemake's "no
+        file") without ``datasets.charadesego``."""
+        if not self.charades:
+            return []
         return (self.produced_by_download(self.charades_root)
                 or P.charades_annotations(self.charades_root, self.charades_split))
 
@@ -82,7 +86,10 @@ class InputsPlan:
         return self.charades.get("videos") or P.charades_videos(self.charades_root)
 
     @property
-    def charades_videos(self) -> str:
+    def charades_videos(self) -> str | list:
+        """The video folder, or what makes it; none without ``datasets.charadesego`` (as :attr:`charades_csv`)."""
+        if not self.charades:
+            return []
         return self.produced_by_download(self.charades_video_folder) or self.charades_video_folder
 
     @property
