@@ -176,18 +176,20 @@ class _ErrorBudget:
     def __init__(self, total: int, max_share: float):
         if not 0 <= max_share <= 1:  # NaN included: no count is ever more than a NaN share, so no job would fail
             raise ValueError(f"max_error_share: {max_share!r} is not a share between 0 and 1")
-        self.total, self.max_share, self.count = total, max_share, 0
+        self.total, self.max_share, self.count, self.stored = total, max_share, 0, 0
         self.example: str | None = None
 
     def warn_if_any(self, name: str) -> None:
         """Error rows within the budget are kept (they count as unknown answers): say so in the job log."""
-        if self.count:
+        if self.stored:
             log.warning("%s: %d of %d questions are stored as errors (within max_error_share=%g; they count as "
                         "unknown); first error: %s. After fixing the cause, rerun the shard (snakemake -R <shard>) "
-                        "to ask them again", name, self.count, self.total, self.max_share, self.example)
+                        "to ask them again", name, self.stored, self.total, self.max_share, self.example)
 
-    def add(self, error: str) -> None:
+    def add(self, error: str, stored: bool = True) -> None:
+        """One more failed question: an error row (``stored``), or a transient failure that is not stored."""
         self.count += 1
+        self.stored += stored
         self.example = self.example or error
 
     def check(self) -> None:
@@ -212,7 +214,7 @@ def predict(
     A suite of one: :func:`predict_suite` with every set of ``questions`` going to ``store`` (a temporary
     one when none is given), so a single set is answered exactly as in a suite job. Questions whose image
     cannot be found get an ``error`` and the run goes on, until more than ``max_error_share`` of the
-    questions have failed (:class:`IncompleteShardError`). With a ``store``, rows already in it are not asked
+    questions have failed (:class:`IncompleteShardError`, at the end of the model call that passed the limit). With a ``store``, rows already in it are not asked
     again (stored error rows are: the cause may be fixed), new rows are appended every ``part_size`` rows,
     and whatever was answered is flushed before any exception (SIGTERM included) ends the call. Transient
     failures (``retry``) are never stored; if any remain at the end the call raises
@@ -396,7 +398,7 @@ def predict_suite(
                 for question, qset, result in zip(batch, sets, score_questions(model, batch, flags) if batch else []):
                     if result.retry:
                         retry.append(result.error)
-                        budget.add(result.error)
+                        budget.add(result.error, stored=False)
                     else:
                         keep(qset, _result_row(question.question_id, result))
                 bar.update(len(call))
