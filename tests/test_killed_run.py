@@ -31,6 +31,8 @@ sys.path.insert(0, str(REPO / "tools"))
 import kill_anywhere  # noqa: E402  (tools/ is not a package)
 
 pytestmark = pytest.mark.slow
+#: 30 batches of 4 at 0.3 s each: a run long enough to be killed after two parts of 8 rows
+QUESTIONS_ASKED = 120
 SHARD = "out/hico/slow/0"
 LOG = "logs/predict/hico/slow/0.log"
 
@@ -85,7 +87,7 @@ rule predict_suite:
 @pytest.fixture(scope="module")
 def questions_and_images(demo_anno, demo_roots, tmp_path_factory):
     base = tmp_path_factory.mktemp("killed_run_data")
-    questions = build_question_set(demo_anno, "yn_obj", QuestionSettings()).head(240)
+    questions = build_question_set(demo_anno, "yn_obj", QuestionSettings()).head(QUESTIONS_ASKED)
     write_table(questions, base / "yn_obj.parquet", QUESTIONS)
     apply_condition(demo_roots[0], sorted(set(questions.image)), base / "clean", "clean", {"type": "clean"})
     return base, questions
@@ -194,5 +196,5 @@ def test_a_rerun_that_finds_the_job_still_running_leaves_its_log_alone(questions
     assert "resuming" not in before and "LogBusyError" not in before  # the holder's log, not the rerun's
     _wait_until(lambda: not _alive(holder), 300, "the first job to finish")
     log = (work / LOG).read_text()
-    assert log.startswith(before) and "predictions per set: {'yn_obj': 240}" in log  # the holder wrote on into it
+    assert log.startswith(before) and f"predictions per set: {{'yn_obj': {QUESTIONS_ASKED}}}" in log  # the holder wrote on into it
     assert not list((work / LOG).parent.glob(".*.writer"))
