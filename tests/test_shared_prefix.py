@@ -262,6 +262,26 @@ def test_decoding_on_prefixes_read_in_place_equals_decoding_on_copies(llava, mon
         assert ours.prediction == theirs.prediction
 
 
+def test_a_steppers_opening_logits_go_once_its_rows_move(llava):
+    """``first`` holds the opening's logits row by row; once a decoding step moves the rows (beams reordered) they
+    no longer match, so both prefix steppers drop them (a later join or subset would read stale rows)."""
+    model, questions = llava
+    image = model.open_image(questions[0].image)
+    items = [(questions[0].image, image, model.render(q, False)) for q in questions[:2]]
+    for in_place in (True, False):
+        model.shared_prefix_attention = in_place
+        try:
+            with torch.inference_mode():  # as the engine decodes (its cached prefixes are inference tensors)
+                first, stepper = model._open_stepper(items, 2)
+                assert type(stepper).__name__ == ("InPlaceStepper" if in_place else "PrefixStepper")
+                assert stepper.first.shape[0] == 4 and torch.equal(stepper.first[0], stepper.first[1])  # repeated
+                stepper.advance(first.argmax(dim=-1))
+                stepper.reorder(torch.tensor([1, 1, 3, 2]))
+            assert stepper.first is None
+        finally:
+            del model.shared_prefix_attention
+
+
 def _mixed(model, questions, flags, **settings):
     for name, value in settings.items():
         setattr(model, name, value)

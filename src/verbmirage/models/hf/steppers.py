@@ -142,7 +142,9 @@ class InPlaceStepper:
         self.prompt_lengths = [self.prompt_lengths[row] for row in chosen]
 
     def reorder(self, rows: torch.Tensor) -> None:
+        """A decoding step's rows (beams moving): the opening's logits (``first``) no longer match them."""
         self._take(rows)
+        self.first = None
 
     def repeat(self, times: int) -> None:
         """Each row ``times`` times in a row (beams of one question)."""
@@ -286,9 +288,9 @@ class PrefixStepper:
         if times == 1:
             return
         rows = torch.arange(len(self.prompt_lengths), device=self.vlm.device).repeat_interleave(times)
+        first = self.first[rows]
         self.reorder(rows)
-        self.first = self.first[rows]
-        self.prompt_lengths = [length for length in self.prompt_lengths for _ in range(times)]
+        self.first, self.prompt_lengths = first, [length for length in self.prompt_lengths for _ in range(times)]
 
     def advance(self, tokens: torch.Tensor) -> torch.Tensor:
         device = self.vlm.device
@@ -302,9 +304,10 @@ class PrefixStepper:
         return logits[:, -1].float()
 
     def reorder(self, rows: torch.Tensor) -> None:
+        """A decoding step's rows (beams moving): the opening's logits (``first``) no longer match them."""
         rows = rows.to(self.vlm.device)
         self.cache.reorder_cache(rows)
-        self.mask, self.next_position = self.mask[rows], self.next_position[rows]
+        self.mask, self.next_position, self.first = self.mask[rows], self.next_position[rows], None
 
     def undo(self) -> None:
         """Forget the last fed token (OPERA's candidate probes)."""
