@@ -282,6 +282,27 @@ def test_a_steppers_opening_logits_go_once_its_rows_move(llava):
             del model.shared_prefix_attention
 
 
+def test_a_copied_prefix_batch_of_two_prefix_lengths_is_refused(llava):
+    """Rows that copy their prefix share one cache width, so a batch of two prefix lengths (an image's, and it
+    with an MC question's shared header) would decode on wrong columns: it is refused, naming the lengths."""
+    model, questions = llava
+    image = model.open_image(questions[0].image)
+    mc = [q for q in questions if q.options and q.image == questions[0].image][:2]
+    items = [(q.image, image, model.render(q, True)) for q in mc]
+    items.append((questions[0].image, image, model.render(Question("yn", "Is the person riding?", questions[0].image),
+                                                          False)))
+    model.shared_prefix_attention, model.HEADER_SAVING = False, 1  # two MC prompts share their header
+    try:
+        with torch.inference_mode():
+            opened = model._open_rows(items, False)
+            assert len({opened.prefix_length[i] for i in range(3)}) == 2  # the header's rows, the plain row
+            with pytest.raises(ValueError, match=r"one prefix length, not \[\d+, \d+\]"):
+                model._prefix_stepper(opened, [0, 1, 2])
+    finally:
+        del model.shared_prefix_attention, model.HEADER_SAVING
+        model.forget_prefixes()
+
+
 def _mixed(model, questions, flags, **settings):
     for name, value in settings.items():
         setattr(model, name, value)

@@ -107,8 +107,10 @@ class Decoder:
         if self._reads_prefix_in_place():
             return InPlaceStepper(self, prefixes, image_of_row, [opened.prefix_length[i] for i in rows], suffixes,
                                   reserve=self.strategy.new_tokens(self.continue_tokens))
-        return PrefixStepper(self, self._rows_cache(prefixes, image_of_row), opened.prefix_length[rows[0]], suffixes,
-                             prefixes[0].extra)
+        lengths = sorted({opened.prefix_length[i] for i in rows})
+        if len(lengths) != 1:  # the copies share one cache width: callers group rows by prefix length
+            raise ValueError(f"models.{self.name}: a copied-prefix batch needs one prefix length, not {lengths}")
+        return PrefixStepper(self, self._rows_cache(prefixes, image_of_row), lengths[0], suffixes, prefixes[0].extra)
 
     def _joins(self, stepper) -> bool:
         """Whether the rows of this kept opening may decode joined with those of others."""
