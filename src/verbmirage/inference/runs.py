@@ -214,11 +214,11 @@ def predict(
     A suite of one: :func:`predict_suite` with every set of ``questions`` going to ``store`` (a temporary
     one when none is given), so a single set is answered exactly as in a suite job. Questions whose image
     cannot be found get an ``error`` and the run goes on, until more than ``max_error_share`` of the
-    questions have failed (:class:`IncompleteShardError`, at the end of the model call that passed the limit). With a ``store``, rows already in it are not asked
-    again (stored error rows are: the cause may be fixed), new rows are appended every ``part_size`` rows,
-    and whatever was answered is flushed before any exception (SIGTERM included) ends the call. Transient
-    failures (``retry``) are never stored; if any remain at the end the call raises
-    :class:`IncompleteShardError` so a rerun asks them again.
+    questions have failed (:class:`IncompleteShardError`, at the end of the model call that passed the limit).
+    With a ``store``, rows already in it are not asked again (stored error rows are: the cause may be fixed),
+    new rows are appended every ``part_size`` rows, and whatever was answered is flushed before any exception
+    (SIGTERM included) ends the call. Transient failures (``retry``) are never stored; if any remain at the end
+    the call raises :class:`IncompleteShardError` so a rerun asks them again.
     """
     if questions.empty:
         raise ValueError("no questions to score")
@@ -334,8 +334,9 @@ def predict_suite(
 
     The guarantees of :func:`predict`, over the whole job: stored answers are not asked again (stored
     error rows are), rows reach the sets' stores whenever one set has ``part_size`` new rows (every set's
-    rows at once, at the end of a call) and before any exception (SIGTERM included) ends the call, more than ``max_error_share`` error rows of all the
-    questions stop it, and transient failures are never stored (:class:`IncompleteShardError` at the end).
+    rows at once, at the end of a call) and before any exception (SIGTERM included) ends the call, more than
+    ``max_error_share`` error rows of all the questions stop it (at the end of the call that passed the limit),
+    and transient failures are never stored (:class:`IncompleteShardError` at the end).
     Only a part's worth of rows per set is held in memory.
     """
     if questions.empty:
