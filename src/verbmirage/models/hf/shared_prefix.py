@@ -57,6 +57,14 @@ class _Block:
     index: torch.Tensor | None = None
     picked: torch.Tensor | None = None
 
+    def padded_rows(self, query: torch.Tensor) -> torch.Tensor:
+        """``query``'s rows [rows, ...] as ``index`` lays them out: [prefixes, padded rows, ...]."""
+        return query[self.index.flatten()].reshape(*self.index.shape, *query.shape[1:])
+
+    def real_rows(self, padded: torch.Tensor) -> torch.Tensor:
+        """[prefixes, padded rows, ...] back to the real rows, in the order of ``rows``: [rows, ...]."""
+        return padded.reshape(-1, *padded.shape[2:]).index_select(0, self.picked)
+
 
 @dataclasses.dataclass
 class _Active:
@@ -185,7 +193,7 @@ def _attention_weights(query, key, mask, active: _Active, layer: int, scale: flo
     """Eager attention's weights of the folded ``query`` [rows, kv heads, group * q, d] over each row's prefix
     and its own ``key`` columns (``mask``: :func:`_own_mask`), max over heads: [rows, q, prefix + own columns].
     A float32 softmax rounded to the model's ``dtype``, as eager attention returns it."""
-    rows, kv_heads, folded, dim = query.shape
+    rows, kv_heads, folded, _ = query.shape
     lengths = {block.prefixes[0][layer][0].shape[-2] for block in active.blocks}
     if len(lengths) != 1:
         raise ValueError(f"attention weights need one prefix length per batch, not {sorted(lengths)}")
@@ -196,10 +204,8 @@ def _attention_weights(query, key, mask, active: _Active, layer: int, scale: flo
             scores = torch.matmul(query[block.rows].float(), block.prefixes[0][layer][0].float().transpose(-1, -2))
         else:
             keys = active.stacked_prefixes(block, layer)[0]  # [prefixes, kv heads, length, d]
-            count, width = block.index.shape
-            chosen = query[block.index.flatten()].reshape(count, width, kv_heads, folded, dim)
-            scores = torch.matmul(chosen.float(), keys[:, None].float().transpose(-1, -2)) \
-                .reshape(count * width, kv_heads, folded, -1).index_select(0, block.picked)
+            chosen = block.padded_rows(query)  # [prefixes, padded rows, kv heads, folded, d]
+            scores = block.real_rows(torch.matmul(chosen.float(), keys[:, None].float().transpose(-1, -2)))
         seen[block.rows] = scores * scale
     weights = torch.softmax(torch.cat([seen, own], dim=-1), dim=-1).to(dtype).float()
     return weights.reshape(rows, heads, folded * kv_heads // heads, -1).amax(dim=1)
@@ -233,13 +239,11 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
         else:  # one call for the block's prefixes, each with its rows folded into its query length
             keys, values = active.stacked_prefixes(block, module.layer_idx)
             count, width = block.index.shape
-            chosen = query[block.index.flatten()].reshape(count, width, kv_heads, folded, dim)
+            chosen = block.padded_rows(query)  # [prefixes, padded rows, kv heads, folded, d]
             seen, seen_lse = _attend(chosen.transpose(1, 2).reshape(count, kv_heads, width * folded, dim), keys,
                                      values, scale, None)
-            seen = seen.reshape(count, kv_heads, width, folded, dim).transpose(1, 2) \
-                .reshape(count * width, kv_heads, folded, dim).index_select(0, block.picked)
-            seen_lse = seen_lse.reshape(count, kv_heads, width, folded).transpose(1, 2) \
-                .reshape(count * width, kv_heads, folded).index_select(0, block.picked)
+            seen = block.real_rows(seen.reshape(count, kv_heads, width, folded, dim).transpose(1, 2))
+            seen_lse = block.real_rows(seen_lse.reshape(count, kv_heads, width, folded).transpose(1, 2))
         mine, mine_lse = own[block.rows], own_lse[block.rows]
         total = torch.logaddexp(seen_lse, mine_lse)
         merged = seen * torch.exp(seen_lse - total)[..., None] + mine * torch.exp(mine_lse - total)[..., None]

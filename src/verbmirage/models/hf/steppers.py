@@ -62,9 +62,11 @@ class InPlaceStepper:
         starts = torch.tensor(prefix_lengths, device=device)
         positions = starts[:, None] + torch.arange(width, device=device)[None]
         last = (lengths - 1)[:, None]  # each row's logits at its own last token (causal: padding comes after it)
+        #: the prefixes stacked per layer for the steps (one copy of the call's prefixes, built on the first step;
+        #: None: the opening's last one forward, as a kept opening that is never decoded holds none)
+        self._stacked: dict | None = None
         self.first = self._forward(input_ids, positions, last, mask=None)[:, 0].float()
-        #: the prefixes stacked per layer for the steps (one copy of the call's prefixes, built on the first step)
-        self._stacked: dict = {}
+        self._stacked = {}
         self.next_position = starts + lengths
         #: each row's prompt length, and the column of the attention rows where the decoded tokens' keys start
         #: (the prefix's and the rows' own columns before them: one prefix length, or None)
@@ -81,7 +83,7 @@ class InPlaceStepper:
         slots = torch.arange(self.used, self.used + width, device=input_ids.device)
         record = shared_prefix.AttentionRecord(len(self.keys) - 1) if self.records_attention else None
         with shared_prefix.shared_prefix_attention(self.text, [p.tensors for p in self.prefixes], self.image_of_row,
-                                                   mask, record, getattr(self, "_stacked", None)):
+                                                   mask, record, self._stacked):
             logits = self.vlm._suffix_forward(input_ids, None, cache, slots, positions, self.extra, keep=keep)
         self.used += width
         self._weights = record and record.weights
