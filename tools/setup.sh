@@ -37,11 +37,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     # writing on (two processes at once): needed because with PYTHONDONTWRITEBYTECODE=1 (set on our machines)
     # nothing would ever write the .pyc files and every process would compile torch and transformers again
     # (10 s -> 23 s); about 3,500 files instead of all 16,000.
-    if "$VENV/bin/python" -m pip install --quiet uv 2>/dev/null && mapfile -t options < <(uv_options) \
+    if ! { "$VENV/bin/python" -m pip install --quiet uv 2>/dev/null && mapfile -t options < <(uv_options) \
         && "$VENV/bin/uv" pip install --quiet --python "$VENV/bin/python" --index-strategy unsafe-best-match \
-            "${options[@]}" -e ".[test]"; then
-        :
-    else
+            "${options[@]}" -e ".[test]"; }; then
         echo "setup: uv did not install the dependencies; pip does" >&2
         "$VENV/bin/python" -m pip install --quiet --upgrade pip
         "$VENV/bin/python" -m pip install --quiet --no-compile -e ".[test]"
