@@ -23,3 +23,13 @@ class SlowModel(VisionLanguageModel):
     def _score_multiple_choice(self, questions):
         time.sleep(self.seconds_per_batch)
         return [MultipleChoiceResult(tuple([0.25] * len(q.options)), "A", "A", 0.25, "test") for q in questions]
+
+
+class PixelModel(SlowModel):
+    """Answers from the question and the bytes of its image: another image, another answer."""
+
+    backend = "slow_backend:PixelModel"
+
+    def _p(self, question) -> float:
+        with open(question.image, "rb") as image:
+            return (zlib.crc32(question.question_id.encode() + image.read()) % 1000) / 1000

@@ -1,5 +1,6 @@
 """A dataset's identity (README, "Changed data rebuilds what was built from it"; src/verbmirage/data/identity.py)."""
 
+import json
 import os
 import shutil
 import time
@@ -97,3 +98,86 @@ def test_charadesego_and_pangea_identities_see_their_files(tmp_path):
     settings = {"root": str(pangea), "samples": "samples.pkl", "images": "Images"}
     assert data_identity.pangea(settings, ["samples"])["samples.pkl"] == data_identity.file_digest(
         pangea / "samples.pkl")
+
+
+def test_an_image_rewritten_in_place_under_its_old_name_size_and_dates_is_seen(tmp_path, monkeypatch):
+    """Content versions: once a job has hashed an image (the image stage does), a rewrite that keeps its name,
+    size and dates changes the listing; a touch, or a copy of the same bytes, does not; and the hashing
+    itself changes nothing (a plan after the image stage equals the plan before it)."""
+    monkeypatch.chdir(tmp_path)
+    _dataset(tmp_path / "hico", images={"HICO_test2015_00000001.jpg": b"a" * 10,
+                                         "HICO_test2015_00000002.jpg": b"z" * 10})
+    image = tmp_path / "hico/images/test2015/HICO_test2015_00000001.jpg"
+
+    def plan():
+        _new_plan()
+        return data_identity.hico_images("hico", data_identity.ContentVersions(tmp_path / "cache"))
+
+    first = plan()
+    assert first == data_identity.hico_images("hico")  # no change seen yet: as without versions
+    stage = data_identity.ContentVersions(tmp_path / "cache")  # the image stage, in another process
+    assert stage.digest(image) == data_identity.file_digest(image)
+    stage.save()
+    assert plan() == first
+    os.utime(image)  # touch: a new modification and change time, the same bytes
+    assert plan() == first
+    copy = image.read_bytes()
+    image.unlink()
+    image.write_bytes(copy)  # a new inode, the same bytes (cp -a, rsync -a)
+    os.utime(image, OLD)
+    assert plan() == first
+    image.write_bytes(b"b" * 10)  # the same name, size and dates, other content
+    os.utime(image, OLD)
+    os.utime(image.parent, OLD)
+    changed = plan()
+    assert changed != first and changed["images"]["files"] == 2 and changed["images"]["bytes"] == 20
+    assert plan() == changed  # seen once, and stable after
+    stage = data_identity.ContentVersions(tmp_path / "cache")
+    assert stage.digest(image) == data_identity.file_digest(image)
+    stage.save()
+    assert plan() == changed
+
+
+def test_a_moved_stamp_on_a_file_never_hashed_counts_as_a_change(tmp_path):
+    """No job has read the file, so there is no content to compare with: it may have changed."""
+    folder = tmp_path / "videos"
+    folder.mkdir()
+    (folder / "a.mp4").write_bytes(b"v" * 5)
+    versions = data_identity.ContentVersions(tmp_path / "cache")
+    first = data_identity.folder_listing(folder, versions)
+    (folder / "a.mp4").write_bytes(b"w" * 5)
+    os.utime(folder / "a.mp4", OLD)
+    os.utime(folder, OLD)
+    _new_plan()
+    assert data_identity.folder_listing(folder, data_identity.ContentVersions(tmp_path / "cache")) != first
+
+
+def test_content_versions_merge_what_two_processes_saved(tmp_path):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for name in ("a.jpg", "b.jpg"):
+        (folder / name).write_bytes(name.encode())
+    one, two = (data_identity.ContentVersions(tmp_path / "cache") for _ in range(2))
+    one.digest(folder / "a.jpg")
+    two.digest(folder / "b.jpg")
+    one.save()
+    two.save()
+    stored = json.loads(next((tmp_path / "cache").glob("*.json")).read_text())
+    assert stored["folder"] == os.path.realpath(folder)
+    assert {name: entry[4] for name, entry in stored["files"].items()} == {
+        name: data_identity.file_digest(folder / name) for name in ("a.jpg", "b.jpg")}
+
+
+def test_a_damaged_content_cache_is_named_and_read_afresh(tmp_path, caplog):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    (folder / "a.jpg").write_bytes(b"a")
+    versions = data_identity.ContentVersions(tmp_path / "cache")
+    versions.digest(folder / "a.jpg")
+    versions.save()
+    cache = next((tmp_path / "cache").glob("*.json"))
+    cache.write_text("{not json")
+    with caplog.at_level("WARNING"):
+        assert data_identity.ContentVersions(tmp_path / "cache").digest(folder / "a.jpg") == \
+            data_identity.file_digest(folder / "a.jpg")
+    assert f"{cache}: unreadable content cache" in caplog.text

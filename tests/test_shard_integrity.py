@@ -5,9 +5,11 @@ Each test replays a probe that lost rows or exited 0 on incomplete output before
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
+import shutil
 import re
 import select
 import signal
@@ -20,8 +22,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from PIL import Image
 
-from verbmirage.benchmark.conditions import apply_condition
+from verbmirage.benchmark.conditions import ImageResolver, apply_condition
+from verbmirage.data.identity import ContentVersions
 from verbmirage.inference.runs import (
     RunSpec,
     IncompleteShardError,
@@ -225,7 +229,7 @@ def test_transient_failures_are_not_stored_and_a_rerun_asks_them(prepared, tmp_p
     assert any(f"m: 2 of {len(questions)} questions are stored as errors" in r.message for r in caplog.records)
 
 
-def test_fingerprint_covers_condition_manifest_and_weights(prepared, tmp_path):
+def test_fingerprint_covers_condition_and_weights(prepared, tmp_path):
     base, questions = prepared
     weights = tmp_path / "model"
     weights.mkdir()
@@ -233,17 +237,74 @@ def test_fingerprint_covers_condition_manifest_and_weights(prepared, tmp_path):
     (weights / "model.safetensors").write_bytes(b"a" * 10)
     model = {"backend": "llava", "path": str(weights)}
 
-    def current(condition=None, images=base / "clean"):
-        return fingerprint(questions, run_settings(model, {}, condition, images, 8))
+    def current(condition=None):
+        return fingerprint(questions, run_settings(model, {}, condition, 8))
 
     reference = current({"type": "saltpepper", "probability": 0.75})
     assert current({"type": "saltpepper", "probability": 0.5}) != reference
-    assert current({"type": "saltpepper", "probability": 0.75}, images=tmp_path) != reference  # no manifest there
     (weights / "model.safetensors").write_bytes(b"b" * 11)  # weights rebuilt at the same path
     assert current({"type": "saltpepper", "probability": 0.75}) != reference
     model["revision"] = "abc123"
-    assert fingerprint(questions, run_settings(model, {}, None, None, 8)) != fingerprint(
-        questions, run_settings({**model, "revision": "def456"}, {}, None, None, 8))
+    assert fingerprint(questions, run_settings(model, {}, None, 8)) != fingerprint(
+        questions, run_settings({**model, "revision": "def456"}, {}, None, 8))
+
+
+class ImageModel(ScriptedModel):
+    """Answers from the question id and the bytes of its image: another image, another answer."""
+
+    backend = "test_shard_integrity:ImageModel"
+
+    def _score_yes_no(self, questions):
+        results = []
+        for q in questions:
+            self.asked.append(q.question_id)
+            p = (zlib.crc32(q.question_id.encode() + Path(q.image).read_bytes()) % 100) / 100
+            results.append(YesNoResult(p, YES if p >= 0.5 else NO, "x", 1.0, "test"))
+        return results
+
+
+@pytest.mark.parametrize("condition", [{"type": "clean"}, {"type": "saltpepper", "probability": 0.5}])
+def test_a_changed_image_reasks_exactly_its_questions(prepared, demo_roots, tmp_path, caplog, condition):
+    """An image replaced under its old name, size and dates: the image stage runs again (its identity sees
+    the change: tests/test_data_identity.py), and the inference job re-asks the questions on that image, no
+    others, ending with the table a fresh run writes."""
+    _, questions = prepared
+    root = tmp_path / "hico"
+    shutil.copytree(demo_roots[0] / "images", root / "images")
+    images = sorted(set(questions.image))
+    write_table(questions, tmp_path / "yn_obj.parquet", QUESTIONS)
+    versions = ContentVersions(tmp_path / "cache")
+
+    def answer(output, images_dir):
+        apply_condition(root, images, images_dir, "c", condition, digest=versions.digest)
+        model = ImageModel("m")
+        with caplog.at_level(logging.INFO):
+            frame = predict(questions, model, ImageResolver(images_dir), batch_size=8,
+                            store=PartStore(output, "f"), part_size=24)
+        return model.asked, frame
+
+    asked, before = answer(tmp_path / "parts", tmp_path / "images")
+    assert sorted(asked) == sorted(questions.question_id)
+    assert before.image_sha256.notna().all()
+    changed = images[3]
+    path = root / changed
+    stat = path.stat()
+    with Image.open(path) as old:  # other pixels, saved to the same size and dates
+        other = Image.new("RGB", old.size, (200, 30, 30))
+    data = io.BytesIO()
+    other.save(data, format="JPEG")
+    path.write_bytes(data.getvalue()[:stat.st_size].ljust(stat.st_size, b"\0"))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    caplog.clear()
+    asked, after = answer(tmp_path / "parts", tmp_path / "images")
+    on_changed = set(questions.question_id[questions.image.eq(changed)])
+    assert on_changed and set(asked) == on_changed and len(asked) == len(on_changed)
+    assert f"asking {len(on_changed)} questions again whose image has changed" in caplog.text
+    unchanged = ~after.question_id.isin(on_changed)
+    pd.testing.assert_frame_equal(after[unchanged], before[unchanged])
+    assert (after.image_sha256[~unchanged] != before.image_sha256[~unchanged]).all()
+    _, fresh = answer(tmp_path / "fresh", tmp_path / "fresh_images")
+    pd.testing.assert_frame_equal(after, fresh)
 
 
 def test_sigterm_flushes_answered_rows_and_says_so(prepared, tmp_path):

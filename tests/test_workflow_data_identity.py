@@ -10,9 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.io import read_table
+from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.data.demo import DemoSizes, write_demo_hico
 from workflow_run import REPO, planned_jobs, write_config
 
@@ -113,3 +117,68 @@ def test_missing_images_stop_the_image_stage_naming_them(tmp_path):
            "under data/hico_part (first: images/test2015/HICO_test2015_00000003.jpg, " \
            "images/test2015/HICO_test2015_00000005.jpg, images/test2015/HICO_test2015_00000006.jpg)" in log, log
     assert not (tmp_path / "results/partial/images/hico/clean").exists()
+
+
+def _pixel_config(workdir: Path, name: str) -> Path:
+    """The demo's config cut to one image-reading model (tests/slow_backend.py) on HICO clean, yn_obj."""
+    config = yaml.safe_load((workdir / "config.yaml").read_text())
+    config["datasets"] = {"hico": {"root": "data/hico_px", "det_root": "data/hico_px_det"}}
+    config["questions"]["sets"] = ["yn_obj"]
+    config["conditions"] = {"clean": config["conditions"]["clean"]}
+    config["custom_backends"] = ["slow_backend"]
+    config["models"] = {"pixels": {"backend": "slow_backend:PixelModel", "seconds_per_batch": 0.0}}
+    config["variants"] = {"default": {}}
+    config["ensembles"] = {}
+    config.pop("analysis", None)
+    config["metrics"]["error_consistency"] = []
+    path = workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def test_an_image_rewritten_in_place_reasks_exactly_its_questions(tmp_path, monkeypatch):
+    """An image rewritten under its old name, size and dates after a run: the plan rebuilds its condition and
+    reruns the inference job (it said "Nothing to be done"), and the job asks only that image's questions
+    again (it resumed every old answer), ending with the table a fresh run writes."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO / "tests"),
+                                                                   os.environ.get("PYTHONPATH")])))
+    runs = {}
+    for name in ("rewritten", "fresh"):
+        workdir = tmp_path / name
+        workdir.mkdir()
+        write_config(workdir, _small)
+        write_demo_hico(workdir / "data/hico_px", workdir / "data/hico_px_det", SMALL)
+        runs[name] = workdir, _pixel_config(workdir, "px")
+    target = "results/px/predictions/hico/yn_obj/clean/pixels/default.parquet"
+
+    def build(name):
+        workdir, config = runs[name]
+        result = subprocess.run(
+            [sys.executable, "-m", "snakemake", target, "--snakefile", str(REPO / "Snakefile"), "--directory",
+             str(workdir), "--configfile", str(config), "--cores", "1"],
+            capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        return read_table(workdir / target, PREDICTIONS)
+
+    workdir, config = runs["rewritten"]
+    before = build("rewritten")
+    questions = read_table(workdir / "results/px/benchmark/hico/yn_obj.parquet", QUESTIONS)
+    changed = questions.image.iloc[0]
+    image = workdir / "data/hico_px" / changed
+    old, other = image.stat(), (workdir / "data/hico_px" / questions.image[questions.image.ne(changed)].iloc[0])
+    image.write_bytes(other.read_bytes()[:old.st_size].ljust(old.st_size, b"\0"))  # same name, size and dates
+    os.utime(image, ns=(old.st_atime_ns, old.st_mtime_ns))
+    _backdate(workdir / "data")
+    rules = {rule for rule, _ in planned_jobs(workdir, config, targets=[target])}
+    assert {"image_condition", "predict_suite"} <= rules, rules
+    after = build("rewritten")
+    log = (workdir / "logs/px/predict/hico/clean/pixels/default/0.log").read_text()
+    asked_again = questions.image.eq(changed)
+    assert f"yn_obj: asking {asked_again.sum()} questions again whose image has changed" in log, log
+    assert f"yn_obj: resuming: {len(questions) - asked_again.sum()} of {len(questions)}" in log, log
+    moved = after.set_index("question_id").p_yes.ne(before.set_index("question_id").p_yes)
+    assert set(moved[moved].index) <= set(questions.question_id[asked_again]) and moved.any()
+
+    fresh_dir, _ = runs["fresh"]
+    shutil.copy2(image, fresh_dir / "data/hico_px" / changed)
+    pd.testing.assert_frame_equal(after, build("fresh"))

@@ -6,8 +6,10 @@ and its ``type`` plus parameters, so ``saltpepper_50`` with probability 0.5 is
 config only, and a new kind (blur, JPEG, ...) is one entry here.
 
 A condition folder holds the images and ``manifest.parquet``
-(``image`` -> ``file`` relative to the folder, ``error``); inference resolves
-images through the manifest, never by rebuilding paths. ``clean`` links to the
+(``image`` -> ``file`` relative to the folder, ``error``, ``sha256`` of the
+file a model sees); inference resolves images through the manifest, never by
+rebuilding paths, and stores each answer with the digest of the image it was
+asked on, so an image that changes later has exactly its questions asked again. ``clean`` links to the
 source files instead of copying them. Noisy images are stored as PNG: a JPEG
 would smear the exact noise the condition defines.
 
@@ -19,7 +21,9 @@ under it use only the questions on those images (:func:`condition_questions`).
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import io
 import math
 import os
 import zlib
@@ -36,7 +40,7 @@ from tqdm import tqdm
 
 from verbmirage.core.imaging import open_rgb
 from verbmirage.core.io import atomic_path, read_schema, read_table
-from verbmirage.core.paths import UnsafePathError, inside, replace_entry, safe_relative_name
+from verbmirage.core.paths import UnsafePathError, file_digest, inside, replace_entry, safe_relative_name
 
 MANIFEST = "manifest.parquet"
 SOURCE_ROOT_KEY = b"verbmirage.source_root"
@@ -142,8 +146,13 @@ def apply_condition(
     settings: dict,
     seed: int = 0,
     boxes: dict | None = None,
+    digest: Callable[[Path], str] = file_digest,
 ) -> pd.DataFrame:
     """Write ``images`` (paths relative to ``source_root``) under ``out_dir``; return the manifest.
+
+    Each manifest row holds the SHA-256 of the file a model will see (``sha256``): the source's, taken with
+    ``digest`` (the workflow passes :meth:`verbmirage.data.identity.ContentVersions.digest`, which reads a
+    file only when it changed since it was last hashed), or the written PNG's.
 
     A condition that needs boxes gets ``boxes`` (image -> (x1, y1, x2, y2))
     and covers only the images that have one; its manifest also stores
@@ -181,27 +190,31 @@ def apply_condition(
         destination = out_dir / target
         inside(out_dir, destination.parent, f"condition {condition}: image {image!r}")  # again, before mkdir
         destination.parent.mkdir(parents=True, exist_ok=True)
-        error, area_frac = None, math.nan
+        error, area_frac, sha256 = None, math.nan, None
         try:
             inside(source_root, source, f"condition {condition}: image {image!r}")
             if spec.transform is None:
                 if not source.is_file():
                     raise FileNotFoundError(f"no such image: {given_root / image}")
+                sha256 = digest(source)
                 replace_entry(destination, _symlink_at(source, relative=not given_root.is_absolute()))
             else:
                 original = open_rgb(source)
                 extra = {"box": boxes[image]} if spec.needs_boxes else {}
                 result = spec.transform(original, condition_rng(seed, condition, image), **extra, **params)
                 area_frac = result.width * result.height / (original.width * original.height)
-                replace_entry(destination, lambda tmp: result.save(tmp, format="PNG"))
+                encoded = io.BytesIO()
+                result.save(encoded, format="PNG")
+                sha256 = hashlib.sha256(encoded.getbuffer()).hexdigest()
+                replace_entry(destination, lambda tmp: tmp.write_bytes(encoded.getbuffer()))
         except (OSError, ValueError) as failure:
-            error = f"{type(failure).__name__}: {failure}"
-        rows.append({"image": image, "file": None if error else str(target), "error": error,
+            error, sha256 = f"{type(failure).__name__}: {failure}", None
+        rows.append({"image": image, "file": None if error else str(target), "error": error, "sha256": sha256,
                      "crop_area_frac": area_frac})
     if rows and all(row["error"] for row in rows):  # a wrong or empty images folder, not a few bad files
         raise FileNotFoundError(f"condition {condition}: none of the {len(rows)} images could be read under "
                                 f"{given_root} (check the dataset's images folder); first error: {rows[0]['error']}")
-    columns = ["image", "file", "error"] + (["crop_area_frac"] if spec.needs_boxes else [])
+    columns = ["image", "file", "error", "sha256"] + (["crop_area_frac"] if spec.needs_boxes else [])
     manifest = pd.DataFrame(rows, columns=columns)
     _write_manifest(manifest, out_dir / MANIFEST, given_root, partial=spec.needs_boxes)
     return manifest
@@ -282,6 +295,8 @@ class ImageResolver:
                 safe_relative_name(file, f"{manifest_path} row {row}, column 'file'")
             self._files[image] = None if pd.isna(file) else file
         self._errors = dict(zip(manifest.image, manifest.error))
+        # a manifest written before images were hashed has no digests: its answers carry none
+        self._digests = dict(zip(manifest.image, manifest.sha256)) if "sha256" in manifest.columns else {}
         self._checked: dict[str, Path] = {}  # image -> its checked path: an image has many questions
 
     def path(self, image: str) -> Path:
@@ -305,3 +320,8 @@ class ImageResolver:
             inside(self.source_root, path, where)
         self._checked[image] = path
         return path
+
+    def digest(self, image: str) -> str | None:
+        """The SHA-256 of the file a model sees for ``image`` (None: unreadable, or not recorded)."""
+        digest = self._digests.get(image)
+        return None if digest is None or pd.isna(digest) else digest

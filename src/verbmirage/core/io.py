@@ -211,7 +211,8 @@ def add_value_check(schema: pa.Schema, check) -> None:
 
 # (schema, nullable columns added after tables were written with it): an older table reads with them null,
 # and a writer that does not know them yet writes them null.
-_ADDED_COLUMNS = [(PREDICTIONS, ("yes_margin", "yes_mass", "vcd_kl", "vcd_plausible", "vcd_kl_reverse")),
+_ADDED_COLUMNS = [(PREDICTIONS, ("yes_margin", "yes_mass", "vcd_kl", "vcd_plausible", "vcd_kl_reverse",
+                                 "image_sha256")),
                   (MITIGATION_TABLE5, ("note",)),
                   (DECODING_TABLE8, ("note", *(f"{q}_unknown{end}" for q in ("yn_obj", "yn_verb", "mc_obj", "mc_verb")
                                                for end in ("", "_ci_low", "_ci_high"))))]

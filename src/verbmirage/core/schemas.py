@@ -34,6 +34,9 @@ PREDICTIONS = pa.schema(
         # contrasted p_vcd" names no direction (its wording reads as this one), so both are kept
         # (docs/analysis.md, "VCD divergence")
         ("vcd_kl_reverse", pa.float64()),
+        # the SHA-256 of the image the question was asked on (the condition manifest's ``sha256``): a resumed
+        # job asks again every question whose image has changed since; null for a model that sees no image
+        ("image_sha256", pa.string()),
     ]
 )
 

@@ -16,8 +16,10 @@ resumes from its parts. The guarantees:
 - One writer: the job holds an OS lock on its parts folder; a second job on
   the same shard fails at once (:class:`ShardBusyError`).
 - Stale answers never reused: parts carry a fingerprint of the model settings
-  and weights, the variant, the condition settings, the image manifest and the
-  question ids (:func:`fingerprint`).
+  and weights, the variant, the condition settings and the question ids
+  (:func:`fingerprint`), and each answer the digest of the image it was asked
+  on (``image_sha256``): a question whose image has changed since is asked
+  again, and only such questions.
 - Errors that matter stop the job: more than ``max_error_share`` error rows,
   or a :class:`~verbmirage.models.base.FatalBackendError` (a rejected API key),
   fail it with the reason; transient failures are not stored, so a rerun asks
@@ -107,7 +109,7 @@ def _to_question(row, resolver: ImageResolver | None) -> tuple[Question, str | N
     return question, error
 
 
-def _error_row(question_id: str, error: str) -> dict:
+def _error_row(question_id: str, error: str, image_sha256: str | None = None) -> dict:
     return {
         "question_id": question_id,
         "raw_answer": None,
@@ -122,10 +124,11 @@ def _error_row(question_id: str, error: str) -> dict:
         "vcd_kl": None,
         "vcd_plausible": None,
         "vcd_kl_reverse": None,
+        "image_sha256": image_sha256,
     }
 
 
-def _result_row(question_id: str, result: YesNoResult | MultipleChoiceResult) -> dict:
+def _result_row(question_id: str, result: YesNoResult | MultipleChoiceResult, image_sha256: str | None) -> dict:
     # a shallow copy of the fields: dataclasses.asdict deep-copies every value (a third of a blind baseline's job)
     row = {name: getattr(result, name) for name in _stored_fields(type(result))}
     if isinstance(result, YesNoResult):
@@ -133,7 +136,7 @@ def _result_row(question_id: str, result: YesNoResult | MultipleChoiceResult) ->
     else:
         row["option_probs"] = list(row["option_probs"])
         row["p_yes"] = row["yes_margin"] = row["yes_mass"] = None
-    return {"question_id": question_id, **row}
+    return {"question_id": question_id, **row, "image_sha256": image_sha256}
 
 
 @functools.cache
@@ -344,16 +347,25 @@ def predict_suite(
     unknown = sorted(set(questions.qset) - set(stores))
     if unknown:
         raise ValueError(f"no part store for question sets {unknown}")
+    resolver = resolver if model.uses_images else None
+    # the digest of each question's image as the model sees it now; an answer given on another is not kept
+    image_digests = ({} if resolver is None else
+                     dict(zip(questions.question_id, map(resolver.digest, questions.image.tolist()))))
     answered: set[str] = set()
     for qset, store in stores.items():
         wanted = set(questions.question_id[questions.qset.eq(qset)])
-        done = store.rows(columns=["question_id", "error"])
+        done = store.rows(columns=["question_id", "error", "image_sha256"])
         done = done[done.question_id.isin(wanted)]
-        kept = set(done.question_id[done.error.isna()])
+        fine = done.error.isna()
+        stale = (done.question_id.map(image_digests).fillna("") != done.image_sha256.fillna("")) & bool(image_digests)
+        kept = set(done.question_id[fine & ~stale])
         if kept:
             log.info("%s: resuming: %d of %d questions already answered", qset, len(kept), len(wanted))
-        if len(done) > len(kept):
-            log.info("%s: asking %d questions again whose stored answer was an error", qset, len(done) - len(kept))
+        if (fine & stale).any():
+            log.info("%s: asking %d questions again whose image has changed since they were answered", qset,
+                     int((fine & stale).sum()))
+        if (~fine).any():
+            log.info("%s: asking %d questions again whose stored answer was an error", qset, int((~fine).sum()))
         answered |= kept
     ordered = suite_order(questions)
     per_call = model.use_batch_size(batch_size)  # questions per model call (a batch, or more: the model's)
@@ -391,9 +403,9 @@ def predict_suite(
             for call in calls:
                 batch, flags, sets = [], [], []
                 for row, flag in ((question_rows[i], multiple_choice[i]) for i in call):
-                    question, error = _to_question(row, resolver if model.uses_images else None)
+                    question, error = _to_question(row, resolver)
                     if error is not None:
-                        keep(row.qset, _error_row(row.question_id, error))
+                        keep(row.qset, _error_row(row.question_id, error, image_digests.get(row.question_id)))
                     else:
                         batch.append(question), flags.append(flag), sets.append(row.qset)
                 for question, qset, result in zip(batch, sets, score_questions(model, batch, flags) if batch else []):
@@ -401,7 +413,7 @@ def predict_suite(
                         retry.append(result.error)
                         budget.add(result.error, stored=False)
                     else:
-                        keep(qset, _result_row(question.question_id, result))
+                        keep(qset, _result_row(question.question_id, result, image_digests.get(question.question_id)))
                 bar.update(len(call))
                 budget.check()  # with every row of the call kept: a stop stores whole calls
                 flush(everything=False)
@@ -498,8 +510,7 @@ def answer_job(questions: pd.DataFrame, stores: dict[str, PartStore], tables: di
     links), fingerprinted per set: a rerun with another list of sets asks only the sets it has no answers for.
     """
     variant = Variant.from_config(spec.variant_settings, where=f"variants (run of {spec.model_slug})")
-    settings = run_settings(spec.model_settings, variant.settings(), spec.condition_settings, spec.images_dir,
-                            spec.continue_tokens)
+    settings = run_settings(spec.model_settings, variant.settings(), spec.condition_settings, spec.continue_tokens)
     model = None
     try:
         if not questions.empty:

@@ -16,7 +16,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from verbmirage import __version__
-from verbmirage.benchmark.conditions import MANIFEST
 from verbmirage.core.io import atomic_path, fsync_directory, read_table, to_arrow, write_table
 from verbmirage.core.locks import BusyError, WriterLock
 from verbmirage.core.paths import file_digest
@@ -38,9 +37,8 @@ class ShardBusyError(BusyError):
 def fingerprint(questions: pd.DataFrame, settings: dict) -> str:
     """What the answers of a shard depend on: its question ids and ``settings``.
 
-    ``settings`` holds everything else that changes an answer: the model entry,
-    the identity of its weights (:func:`model_identity`), the variant, the
-    condition settings and the image manifest's digest (:func:`run_settings`).
+    ``settings`` holds everything else that changes an answer but the images: the model entry, the identity
+    of its weights (:func:`model_identity`), the variant and the condition settings (:func:`run_settings`).
     """
     digest = hashlib.sha256()
     digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
@@ -87,15 +85,14 @@ def _folder_files(path: str | Path) -> dict[str, str]:
 
 
 def run_settings(model_settings: dict, variant_settings: dict, condition_settings: dict | None,
-                 images_dir: str | Path | None, continue_tokens: int) -> dict:
-    """Every setting a shard's answers depend on, besides the questions (see :func:`fingerprint`)."""
-    manifest = Path(images_dir) / MANIFEST if images_dir is not None else None
+                 continue_tokens: int) -> dict:
+    """Every setting a shard's answers depend on, besides the questions (see :func:`fingerprint`) and the
+    images: each stored answer carries the digest of its image, checked on a resume one question at a time."""
     return {
         "model": model_settings,
         "weights": model_identity(model_settings),
         "variant": variant_settings,
         "condition": condition_settings,
-        "manifest": file_digest(manifest) if manifest is not None and manifest.is_file() else None,
         "continue_tokens": continue_tokens,
         "code": scoring_code_digest(),
     }

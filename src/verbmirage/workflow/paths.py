@@ -32,6 +32,8 @@ DOWNLOADED = f"{DOWNLOADS_FOLDER}/{{download}}"
 DOWNLOAD_DONE = f"{DOWNLOADS_FOLDER}/{{download}}.done"
 #: Where a download's archive is kept while it is fetched (``downloads.<name>.archive``).
 ARCHIVE = "resources/archives/{archive}"
+#: Where the content versions and digests of data files are kept (:class:`verbmirage.data.identity.ContentVersions`).
+CONTENT_CACHE = "resources/cache/contents"
 #: Where rule ``tiny_model`` builds a tiny random-weight model of a transformers family.
 TINY_MODEL = "resources/models/tiny_{family}"
 

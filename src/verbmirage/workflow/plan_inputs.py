@@ -4,6 +4,7 @@ calibration runs of decision variants (a part of :class:`verbmirage.workflow.pla
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict
 from pathlib import Path
 
@@ -125,12 +126,18 @@ class InputsPlan:
         root, content digests of the annotation files, listings of the image and video folders."""
         compute = {
             "hico_annotations": lambda: data_identity.hico_annotations(self.hico_root),
-            "hico_images": lambda: data_identity.hico_images(self.hico_root),
+            "hico_images": lambda: data_identity.hico_images(self.hico_root, self.content_versions),
             "hico_boxes": lambda: data_identity.hico_boxes(self.hico_det_root),
-            "charadesego": lambda: data_identity.charades(self.charades_root, self.charades_video_folder),
-            "pangea": lambda: data_identity.pangea(self.pangea, PANGEA_FILE_KEYS),
+            "charadesego": lambda: data_identity.charades(self.charades_root, self.charades_video_folder,
+                                                          self.content_versions),
+            "pangea": lambda: data_identity.pangea(self.pangea, PANGEA_FILE_KEYS, self.content_versions),
         }
         return {part: compute[part]() for part in parts}
+
+    @functools.cached_property
+    def content_versions(self) -> data_identity.ContentVersions:
+        """The content versions of the data's image and video files (one cache for every config)."""
+        return data_identity.ContentVersions(P.CONTENT_CACHE)
 
     def image_identity(self, dataset: str) -> dict:
         """An image condition's source: HICO's image folder (CharadesEgo's frames are built by the workflow)."""
