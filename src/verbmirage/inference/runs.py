@@ -357,7 +357,9 @@ def predict_suite(
         done = store.rows(columns=["question_id", "error", "image_sha256"])
         done = done[done.question_id.isin(wanted)]
         fine = done.error.isna()
-        stale = (done.question_id.map(image_digests).fillna("") != done.image_sha256.fillna("")) & bool(image_digests)
+        now, then = (column.astype(object).fillna("") for column in (done.question_id.map(image_digests),
+                                                                       done.image_sha256))
+        stale = (now != then) & bool(image_digests)
         kept = set(done.question_id[fine & ~stale])
         if kept:
             log.info("%s: resuming: %d of %d questions already answered", qset, len(kept), len(wanted))
