@@ -54,6 +54,7 @@ _job_server = []
 onstart:
     from verbmirage.workflow import jobserver
 
+    TREE_CLAIM.record()  # this config's tree from now on (rules/common.smk)
     _job_server.append(
         jobserver.start_run(workflow.local_exec, config.get("job_server", True), PATHS.log("job_server"))
     )

@@ -26,7 +26,7 @@ from verbmirage.workflow.paths import (
 )
 from verbmirage.workflow.plan import Plan, alternatives, figure_prints
 from verbmirage.workflow.report_pages import report_options
-from verbmirage.workflow.run_folders import run_folders
+from verbmirage.workflow.run_folders import claim, run_folders
 
 for _configfile in workflow.configfiles:  # Snakemake's YAML reader keeps the last of two equal keys silently
     check_yaml_file(_configfile)
@@ -39,6 +39,9 @@ check_config(config, workdir=os.getcwd())
 # --configfile, or the folder of the `results_dir` key.
 RUN_FOLDERS = run_folders(config["results_dir"], workflow.overwrite_configfiles, os.getcwd(),
                           Path(workflow.main_snakefile).parent)
+# A tree belongs to the config whose run first wrote into it (the Snakefile's onstart records it): another config
+# writing there is refused here, before any job.
+TREE_CLAIM = claim(RUN_FOLDERS, workflow.overwrite_configfiles, os.getcwd(), Path(workflow.main_snakefile).parent)
 PLAN = Plan.from_config(config, RUN_FOLDERS)
 PATHS = PLAN.paths
 # Derived models (models.<slug>.derive): from here on each is the entry its jobs load (its base's backend and

@@ -182,3 +182,19 @@ def test_an_image_rewritten_in_place_reasks_exactly_its_questions(tmp_path, monk
     fresh_dir, _ = runs["fresh"]
     shutil.copy2(image, fresh_dir / "data/hico_px" / changed)
     pd.testing.assert_frame_equal(after, build("fresh"))
+
+
+def test_two_config_files_of_one_name_do_not_share_a_tree(tmp_path):
+    """a/x.yaml, run first, owns results/x/; planning b/x.yaml stops, naming both files (it overwrote a's
+    question sets, and the two then rebuilt over each other in turn). A dry run claims nothing."""
+    write_config(tmp_path, _small)
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        shutil.copy(tmp_path / "config.yaml", tmp_path / folder / "x.yaml")
+    target = "results/x/benchmark/hico/yn_obj.parquet"
+    assert planned_jobs(tmp_path, tmp_path / "b/x.yaml", targets=[target])  # a dry run: b claims nothing
+    _build(tmp_path, tmp_path / "a/x.yaml", target)
+    refused = _snakemake(tmp_path, tmp_path / "b/x.yaml", "--dry-run")
+    assert refused.returncode != 0
+    assert "results/x/ holds the results of a/x.yaml, not of b/x.yaml" in refused.stdout + refused.stderr
+    assert planned_jobs(tmp_path, tmp_path / "a/x.yaml", targets=[target]) == []
