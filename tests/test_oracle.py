@@ -31,6 +31,23 @@ def test_the_oracle_answers_with_its_stated_accuracy_and_is_surer_when_right():
     assert [r.p_yes for r in again] == [r.p_yes for r in results[::-1][:100]]
 
 
+def test_the_oracle_hallucinates_verbs_alone_more_than_verbs_with_their_object():
+    """``verb_accuracy`` on questions naming a verb but no object (yn_verb, mc_verb): the demo's Fig. 1 gap."""
+    model = create_model("o", {"backend": "oracle", "accuracy": 0.9, "verb_accuracy": 0.65})
+    with_object = [Question(f"o{i}", "Is someone riding a horse?", verb="ride", object="horse") for i in range(3000)]
+    verb_alone = [Question(f"v{i}", "Is someone riding something?", verb="ride") for i in range(3000)]
+    options = [Question(f"m{i}", "Which?", options=("a", "b", "c", "d"), verb="ride") for i in range(3000)]
+    model.answers = {**{q.question_id: "yes" for q in with_object + verb_alone},
+                     **{q.question_id: "A" for q in options}}
+    right = [np.mean([r.prediction == model.answers[q.question_id] for q, r in zip(asked, scored)])
+             for asked, scored in ((with_object, model.score_yes_no(with_object)),
+                                   (verb_alone, model.score_yes_no(verb_alone)),
+                                   (options, model.score_multiple_choice(options)))]
+    assert right == pytest.approx([0.9, 0.65, 0.65], abs=0.03)
+    with pytest.raises(ValueError, match=r"verb_accuracy: -0.1 is not in \[0, 1\]"):
+        create_model("o", {"backend": "oracle", "verb_accuracy": -0.1})
+
+
 def test_the_oracle_picks_the_right_option_as_often_and_needs_its_answer_key():
     questions = [Question(f"m{i}", "Which?", options=("a", "b", "c", "d")) for i in range(3000)]
     answers = {q.question_id: "ABCD"[i % 4] for i, q in enumerate(questions)}

@@ -4,7 +4,10 @@ The demo's transformers models have random weights: their answers are noise, so 
 (uncertainty, FOV, MC accuracy) show nothing. The oracle reads the answer key of the questions it is asked
 (:attr:`ModelContext.answers`; no other backend is given it) and answers like a model with a stated
 ``accuracy``: each question is answered correctly with that probability, decided by a draw seeded by
-(``seed``, question id), so an answer does not depend on batching, sharding or the other questions.
+(``seed``, question id), so an answer does not depend on batching, sharding or the other questions. A
+question that names a verb but no object (``yn_verb``, ``mc_verb``) is answered right with
+``verb_accuracy`` instead, when set: the demo sets it below ``accuracy``, so its Fig. 1 and Table 1 show the
+shape of the paper's finding (objects named, few hallucinations; verbs alone, many).
 
 Its scores are shaped like a trained model's: a correct answer is confident (a yes/no margin, or the chosen
 option's logit, drawn around ``confidence_gap`` above a wrong answer's), so correct and hallucinated answers
@@ -37,12 +40,18 @@ class NoisyOracle(VisionLanguageModel):
     reads_answers = True
 
     def __init__(self, name: str, accuracy: float = 0.8, seed: int = 0, confidence_gap: float = 2.0,
-                 context: ModelContext | None = None):
+                 verb_accuracy: float | None = None, context: ModelContext | None = None):
         super().__init__(name)
-        if not 0.0 <= accuracy <= 1.0:
-            raise ValueError(f"models.{name}.accuracy: {accuracy} is not in [0, 1]")
+        for key, value in (("accuracy", accuracy), ("verb_accuracy", verb_accuracy)):
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ValueError(f"models.{name}.{key}: {value} is not in [0, 1]")
         self.accuracy, self.seed, self.gap = float(accuracy), int(seed), float(confidence_gap)
+        self.verb_accuracy = self.accuracy if verb_accuracy is None else float(verb_accuracy)
         self.answers = dict((context or ModelContext()).answers or {})
+
+    def _accuracy(self, question) -> float:
+        """``verb_accuracy`` for a question about a verb alone, ``accuracy`` for any other."""
+        return self.verb_accuracy if question.verb is not None and question.object is None else self.accuracy
 
     def _draws(self, question_id: str) -> np.random.Generator:
         return np.random.default_rng([self.seed, zlib.crc32(question_id.encode())])
@@ -57,7 +66,7 @@ class NoisyOracle(VisionLanguageModel):
         results = []
         for question in questions:
             rng = self._draws(question.question_id)
-            correct = rng.random() < self.accuracy
+            correct = rng.random() < self._accuracy(question)
             says_yes = (self._truth(question) == YES) == correct
             strength = abs(rng.normal(self.gap if correct else self.gap / 4, 1.0))
             margin = strength if says_yes else -strength
@@ -73,7 +82,7 @@ class NoisyOracle(VisionLanguageModel):
             rng = self._draws(question.question_id)
             n = len(question.options)
             truth = ord(self._truth(question)) - ord("A")
-            correct = rng.random() < self.accuracy or n == 1
+            correct = rng.random() < self._accuracy(question) or n == 1
             wrong = [i for i in range(n) if i != truth]
             chosen = truth if correct else int(rng.choice(wrong))
             logits = rng.normal(0.0, 0.5, n)
