@@ -48,16 +48,20 @@ include: "rules/report.smk"
 # executor: there each job runs in its own process as always, and so does any job the server cannot take.
 # Local jobs also stop (their answered rows saved) when this Snakemake process dies, SIGKILL included, instead of
 # running on unseen (jobserver.mark_run; docs/faults.md).
+# While jobs run, a line every `progress_interval` seconds per long job whose progress bar moved (questions done,
+# rate, time left), read from its log (src/verbmirage/workflow/progress.py).
 _job_server = []
+_progress = []
 
 
 onstart:
-    from verbmirage.workflow import jobserver
+    from verbmirage.workflow import jobserver, progress
 
     TREE_CLAIM.record()  # this config's tree from now on (rules/common.smk)
     _job_server.append(
         jobserver.start_run(workflow.local_exec, config.get("job_server", True), PATHS.log("job_server"))
     )
+    _progress.append(progress.ProgressLines(RUN_FOLDERS.logs, config["progress_interval"]).start())
 
 
 # The end of a run (src/verbmirage/workflow/run_summary.py): on success where the results are, Table 1's headline
@@ -66,6 +70,8 @@ onsuccess:
     from verbmirage.workflow import jobserver, run_summary
 
     jobserver.stop(_job_server.pop() if _job_server else None)
+    for _watcher in _progress:
+        _watcher.stop()
     run_summary.print_summary("success", outputs=rules.all.input, metrics=PATHS.metrics,
                               variants=config.get("variants"), configfiles=workflow.overwrite_configfiles)
 
@@ -74,6 +80,8 @@ onerror:
     from verbmirage.workflow import jobserver, run_summary
 
     jobserver.stop(_job_server.pop() if _job_server else None)
+    for _watcher in _progress:
+        _watcher.stop()
     run_summary.print_summary("error", snakemake_logs=log)
 
 

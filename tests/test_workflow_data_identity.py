@@ -5,6 +5,7 @@ Snakemake on small demo data, building only the targets it needs (README, "Sever
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -126,7 +127,8 @@ def _pixel_config(workdir: Path, name: str) -> Path:
     config["questions"]["sets"] = ["yn_obj"]
     config["conditions"] = {"clean": config["conditions"]["clean"]}
     config["custom_backends"] = ["slow_backend"]
-    config["models"] = {"pixels": {"backend": "slow_backend:PixelModel", "seconds_per_batch": 0.0}}
+    config["models"] = {"pixels": {"backend": "slow_backend:PixelModel", "seconds_per_batch": 0.2, "batch_size": 4}}
+    config["progress_interval"] = 0.3
     config["variants"] = {"default": {}}
     config["ensembles"] = {}
     config.pop("analysis", None)
@@ -158,10 +160,15 @@ def test_an_image_rewritten_in_place_reasks_exactly_its_questions(tmp_path, monk
              str(workdir), "--configfile", str(config), "--cores", "1"],
             capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        outputs[name] = result.stderr
         return read_table(workdir / target, PREDICTIONS)
 
+    outputs = {}
     workdir, config = runs["rewritten"]
     before = build("rewritten")
+    # the terminal shows the inference job's progress, not only its log (questions done, rate)
+    assert re.search(r"running predict/hico/clean/pixels/default/0: pixels 1 sets \d+/\d+ \(\d+%\)",
+                     outputs["rewritten"]), outputs["rewritten"][-3000:]
     questions = read_table(workdir / "results/px/benchmark/hico/yn_obj.parquet", QUESTIONS)
     changed = questions.image.iloc[0]
     image = workdir / "data/hico_px" / changed
