@@ -13,7 +13,8 @@ from snakemake.utils import validate
 # puts a script's folder on its sys.path), so conda and cluster jobs work too.
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from verbmirage.workflow.config import check_config, check_schema, check_yaml_file
+from verbmirage.core.errors import ConfigError
+from verbmirage.workflow.config import check_config, check_schema, check_yaml_file, stop_message
 from verbmirage.workflow.paths import (
     ARCHIVE,
     DEMO_CHARADES_FILES,
@@ -26,23 +27,28 @@ from verbmirage.workflow.paths import (
 )
 from verbmirage.workflow.plan import Plan, alternatives, figure_prints
 from verbmirage.workflow.report_pages import report_options
-from verbmirage.workflow.run_folders import claim, run_folders
+from verbmirage.workflow.run_folders import RunFolderError, claim, run_folders
 
-for _configfile in workflow.configfiles:  # Snakemake's YAML reader keeps the last of two equal keys silently
-    check_yaml_file(_configfile)
-check_schema(config, workflow.source_path("../schemas/config.schema.yaml"))  # one line per problem, key first
-validate(config, workflow.source_path("../schemas/config.schema.yaml"))  # fills the defaults
-check_config(config, workdir=os.getcwd())
-
-# Each config its own tree (verbmirage.workflow.run_folders): results/, logs/, benchmarks/ for the demo's
-# config.yaml, results/<name>/, logs/<name>/, benchmarks/<name>/ for configs/<name>.yaml or any other
-# --configfile, or the folder of the `results_dir` key.
-RUN_FOLDERS = run_folders(config["results_dir"], workflow.overwrite_configfiles, os.getcwd(),
-                          Path(workflow.main_snakefile).parent)
-# A tree belongs to the config whose run first wrote into it (the Snakefile's onstart records it): another config
-# writing there is refused here, before any job.
-TREE_CLAIM = claim(RUN_FOLDERS, workflow.overwrite_configfiles, os.getcwd(), Path(workflow.main_snakefile).parent)
-PLAN = Plan.from_config(config, RUN_FOLDERS)
+# A config that fails a check stops the run here, before any job, with one message: the config file, the key, the
+# problem (no traceback).
+try:
+    for _configfile in workflow.configfiles:  # Snakemake's YAML reader keeps the last of two equal keys silently
+        check_yaml_file(_configfile)
+    check_schema(config, workflow.source_path("../schemas/config.schema.yaml"))  # one line per problem, key first
+    validate(config, workflow.source_path("../schemas/config.schema.yaml"))  # fills the defaults
+    check_config(config, workdir=os.getcwd())
+    # Each config its own tree (verbmirage.workflow.run_folders): results/, logs/, benchmarks/ for the demo's
+    # config.yaml, results/<name>/, logs/<name>/, benchmarks/<name>/ for configs/<name>.yaml or any other
+    # --configfile, or the folder of the `results_dir` key.
+    RUN_FOLDERS = run_folders(config["results_dir"], workflow.overwrite_configfiles, os.getcwd(),
+                              Path(workflow.main_snakefile).parent)
+    # A tree belongs to the config whose run first wrote into it (the Snakefile's onstart records it): another
+    # config writing there is refused here.
+    TREE_CLAIM = claim(RUN_FOLDERS, workflow.overwrite_configfiles, os.getcwd(),
+                       Path(workflow.main_snakefile).parent)
+    PLAN = Plan.from_config(config, RUN_FOLDERS)
+except (ConfigError, RunFolderError) as _error:
+    sys.exit(stop_message(_error, workflow.overwrite_configfiles))
 PATHS = PLAN.paths
 # Derived models (models.<slug>.derive): from here on each is the entry its jobs load (its base's backend and
 # settings, path or adapter = its built folder).

@@ -61,6 +61,9 @@ def test_check_plans_a_config_and_names_a_bad_key(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0
     assert "models.tiny_llava" in bad.stderr and "batch_sise" in bad.stderr
+    # one message that opens with the user's file, then the key; no traceback into the workflow's code
+    assert any(line.startswith("bad.yaml: models.tiny_llava") for line in bad.stderr.splitlines()), bad.stderr
+    assert "Traceback" not in bad.stderr and "common.smk" not in bad.stderr and 'File "' not in bad.stderr
     assert not (tmp_path / "results").exists()  # planned, nothing run
 
 

@@ -274,3 +274,15 @@ def test_a_sampled_model_is_refused_where_models_are_compared_question_by_questi
     config["models"]["prior"]["sample_seed"] = 3
     with pytest.raises(ConfigError, match=r"models\.prior\.sample_seed: set with sample_questions only"):
         check_config(config, REPO)
+
+
+def test_a_failed_check_reads_file_first_then_key(tmp_path, monkeypatch):
+    from verbmirage.workflow.config import stop_message
+
+    monkeypatch.chdir(tmp_path)
+    error = ConfigError("models.m.dtype: 'fp32' is not one of ['float32']")
+    assert stop_message(error, [str(tmp_path / "my.yaml")]) == "my.yaml: models.m.dtype: 'fp32' is not one of ['float32']"
+    assert stop_message(error, []) == "config.yaml: models.m.dtype: 'fp32' is not one of ['float32']"
+    assert stop_message(error, ["/elsewhere/a.yaml", "b.yaml"]).startswith("/elsewhere/a.yaml, b.yaml: models.m")
+    own = ConfigError(f"{tmp_path}/my.yaml: line 3: key 'a' appears twice")
+    assert stop_message(own, [str(tmp_path / "my.yaml")]) == str(own)  # names its file already

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.machinery
+import os
 import sys
 from pathlib import Path
 
@@ -362,3 +363,21 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
         if not shared:
             raise ConfigError(f"metrics.error_consistency[{i}]: {pair[0]} and {pair[1]} share no HICO question "
                               "set (conditions.*.qsets)")
+
+
+def stop_message(error: Exception, configfiles) -> str:
+    """A failed planning check as the user reads it: their config file first, then the key and the problem, and
+    no traceback (the key is the place to look, not the workflow's code). ``configfiles``: those named on the
+    command line (none: the demo's ``config.yaml``)."""
+    names = [_shown(file) for file in configfiles] or ["config.yaml"]
+    text = str(error)
+    first = text.split(":", 1)[0]
+    if any(first == name or Path(first).name == Path(name).name for name in names):
+        return text  # names its file already (a YAML file's own problem, with its line)
+    return f"{', '.join(names)}: {text}"
+
+
+def _shown(path) -> str:
+    """``path`` relative to the working directory when it lies below it (as the user typed it, mostly)."""
+    relative = os.path.relpath(path)
+    return str(path) if relative.startswith("..") else relative
