@@ -86,3 +86,28 @@ def test_compare_runs_names_each_differing_file(tmp_path):
     assert different.returncode == 1
     assert {"differs: results/tables/table1.md", "missing: resources/x.parquet", "extra: results/extra.txt"} <= set(
         different.stdout.splitlines())
+
+
+def test_list_names_what_there_is_to_choose_from_without_loading_a_backend(tmp_path):
+    """`verbmirage list`: the registries' backends, question sets, decodings and conditions, and a config's own
+    models, variants, conditions and ensembles; read from the code, so torch is never imported."""
+    listed = subprocess.run([str(BIN / "verbmirage"), "list"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    text = listed.stdout
+    for heading, names in (("backends (models.<slug>.backend):", ["llava", "qwen_vl_chat", "oracle", "openai"]),
+                           ("question sets (questions.sets):", ["yn_obj", "mc_verb", "yn_ego"]),
+                           ("decodings (variants.<slug>.decoding):", ["greedy", "beam", "sample", "opera"]),
+                           ("image condition types (conditions.<slug>.type):", ["clean", "saltpepper", "crop"]),
+                           ("config.yaml: models:", ["tiny_llava", "oracle"]),
+                           ("config.yaml: variants:", ["beam5", "sample_vcd"])):
+        block = text.split(heading, 1)[1].split("\n\n", 1)[0]
+        assert all(f"\n  {name} " in block for name in names), (heading, block)
+    assert "stand-in: random weights" in text and "beam + vcd (paper: VCD)" in text
+    (tmp_path / "mine.yaml").write_text("models:\n  gpt: {backend: openai, model: gpt-4o, paper_name: GPT-4}\n")
+    mine = subprocess.run([str(BIN / "verbmirage"), "list", "config", "--configfile", "mine.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert mine.stdout.startswith("mine.yaml: models:\n  gpt  openai (paper: GPT-4)\n"), mine.stdout
+    light = subprocess.run([sys.executable, "-c", "import sys; from verbmirage.workflow.catalog import listing; "
+                            "listing(); print(sorted({'torch', 'transformers'} & set(sys.modules)))"],
+                           cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert light.stdout.strip() == "[]", light.stdout + light.stderr

@@ -340,19 +340,20 @@ def build_yn_ko(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings, rng
 
 @dataclass(frozen=True)
 class QuestionSet:
-    """A registered question set: its kind ("yn" or "mc") and its per-image builder."""
+    """A registered question set: its kind ("yn" or "mc"), its per-image builder and what it asks (one line)."""
 
     kind: str
     build: Callable[[ImageLabels, Vocabulary, QuestionSettings, np.random.Generator], list[Draft]]
+    description: str = ""
 
 
 QUESTION_SETS: dict[str, QuestionSet] = {
-    "yn_obj": QuestionSet("yn", build_yn_obj),
-    "yn_verb": QuestionSet("yn", build_yn_verb),
-    "mc_obj": QuestionSet("mc", build_mc_obj),
-    "mc_verb": QuestionSet("mc", build_mc_verb),
-    "obj_exist": QuestionSet("yn", build_obj_exist),
-    "yn_ko": QuestionSet("yn", build_yn_ko),
+    "yn_obj": QuestionSet("yn", build_yn_obj, "Is someone <verb>ing a/an <object>? (the object named; Table 1)"),
+    "yn_verb": QuestionSet("yn", build_yn_verb, "Is someone <verb>ing something? (the verb alone; Table 1)"),
+    "mc_obj": QuestionSet("mc", build_mc_obj, "which action is present: four <verb>ing <object> options"),
+    "mc_verb": QuestionSet("mc", build_mc_verb, "which action is present: four verb options, no object"),
+    "obj_exist": QuestionSet("yn", build_obj_exist, "Is there a/an <object> in the image? (Fig. 4b's control)"),
+    "yn_ko": QuestionSet("yn", build_yn_ko, "Known Object: every labelled HOI of a present object (Fig. 11's mAP)"),
 }
 
 

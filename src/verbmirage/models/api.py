@@ -202,6 +202,8 @@ def read_completion(body) -> tuple[str, list[tuple[str, float]], float | None]:
 
 
 class OpenAIChatModel(VisionLanguageModel):
+    """An OpenAI-compatible chat API (GPT-4 class, Gemini's compatible endpoint, a vLLM server), image inline."""
+
     backend = "openai"
     variant_features = API
 

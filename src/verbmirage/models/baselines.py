@@ -42,6 +42,8 @@ def _choice(probs: np.ndarray, rule: str) -> MultipleChoiceResult:
 
 
 class AlwaysYes(VisionLanguageModel):
+    """A blind baseline: answers yes to every yes/no question and the first option of every multiple choice."""
+
     backend = "always_yes"
     uses_images = False
 
@@ -53,6 +55,8 @@ class AlwaysYes(VisionLanguageModel):
 
 
 class RandomGuess(VisionLanguageModel):
+    """A blind baseline: a seeded coin per question (yes/no) or a uniform option (multiple choice)."""
+
     backend = "random"
     uses_images = False
 
@@ -107,6 +111,8 @@ def training_frequencies(anno: HicoAnnotations) -> pd.DataFrame:
 
 
 class LanguagePrior(VisionLanguageModel):
+    """A blind baseline: P(yes | verb, object) from the training split's label frequencies, never the image."""
+
     backend = "prior"
     uses_images = False
 

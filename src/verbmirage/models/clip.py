@@ -21,6 +21,8 @@ from verbmirage.core.text import hoi_phrase, object_with_article, verb_phrase
 
 
 class ClipModel(VisionLanguageModel):
+    """CLIP, zero-shot or fine-tuned: P(yes) from the image-caption similarity against a threshold."""
+
     backend = "clip"
 
     def __init__(

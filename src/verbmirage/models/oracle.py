@@ -34,6 +34,8 @@ from verbmirage.models.base import (
 
 
 class NoisyOracle(VisionLanguageModel):
+    """A stand-in with signal (ours): reads the answer key and is right with a stated accuracy, surer when right."""
+
     backend = "oracle"
     uses_images = False
     #: the one backend given the questions' answer key (:class:`ModelContext`)

@@ -14,6 +14,7 @@ import importlib.util
 import inspect
 import re
 
+from verbmirage.core.sources import class_summary, source_file
 from verbmirage.models.base import ModelContext, VisionLanguageModel
 from verbmirage.variants.settings import ALL_FEATURES, API, PLAIN_ONLY, REMOTE, REMOTE_NO_BEAM
 
@@ -105,6 +106,11 @@ def backend_setting_types(backend: str) -> dict[str, str | None] | None:
     return _constructor_settings(module, name)
 
 
+def backend_summary(backend: str) -> str:
+    """The first paragraph of a registered backend class's docstring, read from its source (nothing imported)."""
+    return class_summary(BACKENDS[backend])
+
+
 #: Values a setting may take where its annotation (``str``) says too little; planning refuses any other.
 #: ``tests/test_models.py`` keeps ``dtype``'s equal to what the transformers backends accept.
 SETTING_CHOICES: dict[str, tuple[str, ...]] = {
@@ -161,22 +167,9 @@ def setting_problems(backend: str, entry: dict) -> list[str]:
     return problems
 
 
-def _source_file(module: str) -> str | None:
-    """The source file of ``module``, found without importing it or the packages above it (a package's
-    ``__init__`` may import what planning should not); None where it cannot be found."""
-    locations, spec = None, None
-    for part in module.split("."):
-        spec = importlib.machinery.PathFinder.find_spec(part, locations)
-        if spec is None:
-            spec = importlib.util.find_spec(module)  # not on a plain path (a custom import hook): ask the hook
-            break
-        locations = spec.submodule_search_locations
-    return spec.origin if spec is not None else None
-
-
 @functools.cache
 def _constructor_settings(module: str, name: str) -> dict[str, str | None] | None:
-    origin = _source_file(module)
+    origin = source_file(module)
     if not origin:
         return None
     tree = ast.parse(open(origin, encoding="utf-8").read(), origin)

@@ -23,6 +23,8 @@ def placeholder_length(length: int, image_span: tuple[int, int]) -> int:
 
 
 class Opera(Decoding):
+    """OPERA: beam search with the over-trust penalty on the attention's columns and retrospection."""
+
     name = "opera"
     needs_last_attention = True
     joins_rows = False  # its columns (image span, prompt end) are one prompt width's

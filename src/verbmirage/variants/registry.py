@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 
+from verbmirage.core.sources import class_summary
+
 #: decoding name -> ``module:Class`` of its strategy.
 DECODINGS: dict[str, str] = {
     "greedy": "verbmirage.variants.strategies:Greedy",
@@ -30,6 +32,11 @@ def strategy_class(name: str) -> type:
     if name not in DECODINGS:
         raise ValueError(f"decoding '{name}' is not one of {list(DECODINGS)}")
     return _load(DECODINGS[name])
+
+
+def strategy_summary(name: str) -> str:
+    """What decoding ``name`` does, from its strategy class's docstring (nothing imported)."""
+    return class_summary(DECODINGS[name])
 
 
 def decoding_strategy(variant):

@@ -4,6 +4,7 @@
     verbmirage check  [--configfile F]             every planning check, no job runs; prints the plan's size
     verbmirage run    [--configfile F] [TARGET...] [--cores N] [--profile P] [-n] [-- SNAKEMAKE-ARGS...]
     verbmirage report [--configfile F] [--output report.html]   the tables, figures and the HTML report
+    verbmirage list   [--configfile F] [WHAT]       backends, question sets, decodings, conditions; a config's models
     verbmirage predict / predict-suite ...         answer questions by hand, as a workflow job does
 
 ``check``, ``run`` and ``report`` call Snakemake on this checkout's Snakefile in the current folder (the
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from verbmirage import __version__
 from verbmirage.inference.runs import RunSpec, inference_defaults, run_shard, run_suite
+from verbmirage.workflow.catalog import SECTIONS, listing
 
 #: The workflow this package belongs to (an editable install from the repository).
 SNAKEFILE = Path(__file__).resolve().parents[3] / "Snakefile"
@@ -96,6 +98,13 @@ def _parser() -> argparse.ArgumentParser:
     reporting.add_argument("--output", default="report.html", help="the report file (default report.html)")
     reporting.add_argument("--cores", type=int, help="CPU cores for local jobs (default 2)")
 
+    listing = commands.add_parser(
+        "list", help="what there is to choose from: backends, question sets, decodings, image conditions, and a "
+        "config's models, variants, conditions and ensembles")
+    listing.add_argument("what", nargs="?", default="all", choices=("all", *SECTIONS),
+                         help="one section (default: all)")
+    listing.add_argument("--configfile", help="the config whose models and variants to list (default: config.yaml)")
+
     defaults = inference_defaults()  # the config schema's `inference` defaults
     predict = commands.add_parser("predict", help="answer one question set on one image shard")
     predict.add_argument("--questions", required=True, help="question set Parquet")
@@ -125,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check":
         return check(args.configfile)
+    if args.command == "list":
+        print(listing(args.what, args.configfile), end="")
+        return 0
     if args.command == "run":
         command = snakemake_command(args.configfile, args.targets, args.cores, args.profile, args.dry_run, extra)
         return subprocess.run(command).returncode
