@@ -37,6 +37,8 @@ import time
 import traceback
 from pathlib import Path
 
+from verbmirage.core.paths import open_plain
+
 #: The environment variable naming the server of this run: ``<host>:<socket path>`` (jobs inherit it).
 ENV_VAR = "VERBMIRAGE_JOB_SERVER"
 #: The environment variable naming the Snakemake process of a local run, ``<host>:<pid>:<start time>``: its jobs
@@ -473,7 +475,7 @@ def start(log_path: str | Path, preload: tuple[str, ...] = PRELOAD) -> subproces
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
                                                               environment.get("PYTHONPATH")]))
-    with log_path.open("a") as stream:
+    with os.fdopen(open_plain(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "the job server's log"), "a") as stream:
         process = subprocess.Popen(
             [sys.executable, "-m", "verbmirage.workflow.jobserver", path, "--parent", str(os.getpid()),
              "--preload", ",".join(preload)],
