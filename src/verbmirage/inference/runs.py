@@ -35,6 +35,7 @@ import tempfile
 import threading
 import zlib
 from collections import namedtuple
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -44,7 +45,7 @@ import yaml
 from tqdm import tqdm
 
 from verbmirage.benchmark.conditions import ImageResolver, condition_questions
-from verbmirage.core.io import read_table, to_arrow
+from verbmirage.core.io import REBUILD_ADVICE, DamagedTableError, SchemaError, read_provenance, read_table, to_arrow
 from verbmirage.benchmark.question_table import QUESTIONS
 from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.models.base import (
@@ -75,6 +76,11 @@ log = logging.getLogger(__name__)
 
 class IncompleteShardError(RuntimeError):
     """The shard cannot be written complete (too many errors, or questions still to ask)."""
+
+
+class DamagedShardError(DamagedTableError):
+    """A table inside a suite job's output folder is missing or cannot be read; the message names the folder and
+    the rerun that rebuilds it."""
 
 
 class JobTerminated(Exception):
@@ -604,6 +610,40 @@ def run_shard(questions_path: str | Path, output: str | Path, spec: RunSpec) -> 
 
 def merge_suite_shards(questions: pd.DataFrame, shard_outputs: list[str | Path], qset: str,
                        where: str = "predictions") -> pd.DataFrame:
-    """One set's table from the output folders of its suite shards: every question exactly once, in question order."""
-    return merge_shards(questions, [read_table(suite_table(output, qset), PREDICTIONS) for output in shard_outputs],
-                        where)
+    """One set's table from the output folders of its suite shards: every question exactly once, in question order.
+
+    A shard's table that is missing or damaged is a :class:`DamagedShardError` naming its folder: the folder is
+    the job's output (a Snakemake ``directory()``), and Snakemake does not look inside it, so only a forced
+    rerun of that folder rebuilds the table (deleting the table alone plans nothing).
+    """
+    tables = []
+    for output in shard_outputs:
+        with _shard_damage(output, qset):
+            tables.append(read_table(suite_table(output, qset), PREDICTIONS))
+    return merge_shards(questions, tables, where)
+
+
+def shard_provenance(output: str | Path, qset: str) -> dict:
+    """The settings stamped into a suite shard's table of ``qset``, less ``shard`` and ``qset``: what the merged
+    table is stamped with. A missing or damaged table is a :class:`DamagedShardError` (:func:`merge_suite_shards`)."""
+    with _shard_damage(output, qset):
+        stamped = read_provenance(suite_table(output, qset))
+    return {key: value for key, value in stamped.items() if key not in ("shard", "qset")}
+
+
+@contextmanager
+def _shard_damage(output: str | Path, qset: str) -> Iterator[None]:
+    """Turn a missing or unreadable table of a suite shard's folder into a :class:`DamagedShardError` that names
+    the folder and the forced rerun that rebuilds it."""
+    table = suite_table(output, qset)
+    try:
+        yield
+    except (FileNotFoundError, DamagedTableError, SchemaError) as error:
+        problem = ("missing" if isinstance(error, FileNotFoundError)
+                   else str(error).removeprefix(f"{table}: ").removesuffix(f"; {REBUILD_ADVICE}"))
+        raise DamagedShardError(
+            f"{table}: {problem}. It is inside the output folder of an inference job, which Snakemake does not look "
+            f"into; rebuild the folder with `snakemake -R {output}` (or `verbmirage run --configfile <config> -- -R "
+            f"{output}`): the job reuses the answers kept in {parts_directory(output)} that are still readable "
+            "(the table and its set's kept answers are one file: a damaged table's questions are asked again), "
+            "and what was made from the folder is made again") from None
