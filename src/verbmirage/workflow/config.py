@@ -71,7 +71,7 @@ def _shortened(message: str, limit: int = 300) -> str:
 
 
 #: The most values (scalars, lists, mappings) a config file may hold once its aliases (``*name``) are expanded.
-#: The paper's config holds about 2,000; YAML aliases share one value, so a file of a few lines can stand for
+#: configs/paper.yaml holds about 500; YAML aliases share one value, so a file of a few lines can stand for
 #: billions of them ("billion laughs"), and every check that walks the config would run until memory ran out.
 MAX_CONFIG_VALUES = 100_000
 

@@ -324,6 +324,8 @@ def serve(path: str | Path, parent_pid: int | None = None, names=PRELOAD, poll_s
                     pid = os.fork()
                     if pid == 0:
                         listener.close()
+                        for other in children.values():  # the others' ends: their scripts wait for them to close
+                            other.close()
                         os._exit(_child(connection))
                     children[pid] = connection
             for pid in [pid for pid, connection in children.items() if _reap(pid, connection)]:
