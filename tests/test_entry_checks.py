@@ -14,26 +14,19 @@ import time
 
 import pytest
 
-from verbmirage.benchmark.conditions import apply_condition
-from verbmirage.benchmark.question_table import QUESTIONS
-from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 from verbmirage.core.errors import ConfigError
-from verbmirage.core.io import write_table
 from verbmirage.inference.runs import RunSpec
 from verbmirage.inference.store import _stream_table
 from verbmirage.workflow.cli import main
 from verbmirage.workflow.config import MAX_CONFIG_VALUES, check_schema, check_yaml_file
 from test_config import SCHEMA
+from test_shard_integrity import prepared  # noqa: F401  (a fixture: the questions and images of a real job)
 
 
 @pytest.fixture(scope="module")
-def job_inputs(demo_anno, demo_roots, tmp_path_factory):
+def job_inputs(prepared):
     """A question set and its image folder: enough for a real ``predict-suite`` job."""
-    base = tmp_path_factory.mktemp("entry")
-    questions = build_question_set(demo_anno, "yn_obj", QuestionSettings()).head(40).reset_index(drop=True)
-    write_table(questions, base / "yn_obj.parquet", QUESTIONS)
-    apply_condition(demo_roots[0], sorted(set(questions.image)), base / "clean", "clean", {"type": "clean"})
-    return base
+    return prepared[0]
 
 
 def _suite(base, output, *options):
