@@ -12,6 +12,7 @@ delegate()  # a local run's warm job server runs this job when there is one (ver
 
 from pathlib import Path
 
+from verbmirage.core.io import write_parquet
 from verbmirage.data.charades import extract_frames, frame_table, load_split, video_pairs
 from verbmirage.core.joblog import job_log
 
@@ -19,5 +20,5 @@ with job_log(snakemake.log[0]) as log:
     root = Path(snakemake.params.root)
     pairs = video_pairs(load_split(root / "CharadesEgo", snakemake.params.split))
     frames = extract_frames(frame_table(pairs), snakemake.params.videos, snakemake.output.frames)
-    frames.to_parquet(snakemake.output.table, index=False)
+    write_parquet(frames, snakemake.output.table)
     log.info("%d pairs, %d frames, %d failed", len(pairs), len(frames), frames.error.notna().sum())

@@ -12,10 +12,10 @@ delegate()  # a local run's warm job server runs this job when there is one (ver
 
 import json
 import sys
-from pathlib import Path
 
 from verbmirage.data.download import Source, completion_record, prepare
 from verbmirage.data.archives import MAX_BYTES, MAX_MEMBERS
+from verbmirage.core.io import write_text
 from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:
@@ -29,5 +29,5 @@ with job_log(snakemake.log[0]) as log:
         max_bytes=entry.get("max_bytes", MAX_BYTES), max_members=entry.get("max_members", MAX_MEMBERS),
     )
     record = completion_record(entry["source"], target)
-    Path(snakemake.output[0]).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    write_text(snakemake.output[0], json.dumps(record, indent=1, sort_keys=True) + "\n")
     log.info("%s ready in %s", name, target)

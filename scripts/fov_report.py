@@ -11,7 +11,7 @@ delegate()  # a local run's warm job server runs this job when there is one (ver
 
 from verbmirage.analysis.fov import PAPER_NOTE, fov_report_table
 from verbmirage.analysis.uncertainty_figures import draw_fov_figure
-from verbmirage.core.io import read_table, write_html, write_markdown
+from verbmirage.core.io import read_table, write_html, write_markdown, write_parquet
 from verbmirage.core.schemas import FOV, FOV_ROWS
 from verbmirage.core.joblog import job_log
 
@@ -22,7 +22,7 @@ with job_log(snakemake.log[0]):
     summary = read_table(snakemake.input.summary, FOV)
     rows = read_table(snakemake.input.rows, FOV_ROWS)
     table = fov_report_table(summary)
-    table.to_parquet(out.table, index=False)
+    write_parquet(table, out.table)
     write_markdown(table, out.markdown, title=f"{TITLE}. {PAPER_NOTE}")
     write_html(table, out.html, title=f"{TITLE}. {PAPER_NOTE}")
     draw_fov_figure(summary, rows, out.figure, list(p.models), p.notes, skipped=list(p.skipped), variant=p.variant)

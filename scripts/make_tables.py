@@ -15,7 +15,7 @@ delegate()  # a local run's warm job server runs this job when there is one (ver
 
 from pathlib import Path
 
-from verbmirage.core.io import read_table, write_html, write_markdown
+from verbmirage.core.io import read_table, write_html, write_markdown, write_parquet
 from verbmirage.core.joblog import job_log
 from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_paper_numbers
 from verbmirage.evaluation.tables import paper_tables
@@ -39,7 +39,7 @@ with job_log(snakemake.log[0]):
             if Path(path).stem != f"table{number}":
                 continue
             if path.endswith(".parquet"):
-                table.frame.to_parquet(path, index=False)
+                write_parquet(table.frame, path)
             elif path.endswith(".html"):
                 write_html(display, path, title=TITLES[number])
             else:

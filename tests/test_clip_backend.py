@@ -33,6 +33,15 @@ def test_captions(clip):
     assert clip.caption(Question("d", ""), option="riding a horse") == "a photo of a person riding a horse"
 
 
+def test_braces_in_a_template_other_than_caption_are_text(tiny_dirs, images):
+    """``{}`` or ``{0}`` beside ``{caption}`` used to fail every question (str.format), on every rerun."""
+    model = create_model("clip", {"backend": "clip", "path": str(tiny_dirs["clip"]), "local_files_only": True,
+                                  "template": "a photo of {caption} {} {0} {{x}}"})
+    assert model.caption(Question("c", "", object="umbrella")) == "a photo of an umbrella {} {0} {{x}}"
+    (result,) = model.score_yes_no([Question("c", "", image=str(images[0]), object="umbrella")])
+    assert result.error is None
+
+
 def test_yes_no_is_thresholded_similarity(clip, images):
     questions = [Question(f"q{i}", "", image=images[i % 3], verb=v, object="horse")
                  for i, v in enumerate(["ride", "feed", "wash", "hold", "walk"])]

@@ -20,11 +20,12 @@ def config():
     return yaml.safe_load((REPO / "config.yaml").read_text())
 
 
-def test_shipped_config_is_valid_and_defaults_fill(config):
+def test_shipped_config_is_valid_and_defaults_fill(config, tmp_path):
     del config["metrics"]
     validate(config, SCHEMA)
     assert config["metrics"]["bootstrap_resamples"] == 1000
     check_config(config, REPO)
+    check_config(config, tmp_path)  # a fresh checkout: the tiny and derived models' folders are not built yet
 
 
 def test_wrong_type_names_the_key(config):
@@ -94,6 +95,15 @@ def test_unknown_top_level_key_is_refused(config):
         (lambda c: c["conditions"]["crop"].update(margin="wide"), r"conditions.crop.margin: 'wide' is not a number"),
         (lambda c: c["models"]["tiny_llava"].update(path="/nowhere/llava-1.5-7b-hf"),
          r"models.tiny_llava.path: no folder '/nowhere/llava-1.5-7b-hf' \(a local checkpoint must exist"),
+        # a relative path transformers would not take as a hub id fails here, not in the model's job
+        (lambda c: c["models"]["tiny_llava"].update(path="resources/models/no_such_model"),
+         r"models.tiny_llava.path: no folder 'resources/models/no_such_model' \(a local checkpoint must exist where "
+         r"the run is planned: here, .*\), and it is not a hub id \('org/name'\)"),
+        (lambda c: c["models"]["tiny_llava"].update(path="./llava"), r"models.tiny_llava.path: no folder './llava'"),
+        (lambda c: c["models"].update(tuned={**c["models"]["tiny_llava"], "adapter": "../adapters/a"}),
+         r"models.tuned.adapter: no folder '../adapters/a'"),
+        (lambda c: c["models"]["tiny_clip"].update(template="a photo of a person"),
+         r"models.tiny_clip.template: 'a photo of a person' is not a text with \{caption\} where the caption goes"),
         (lambda c: (c["conditions"]["saltpepper"].update(qsets=["yn_obj"]),
                     c["conditions"]["crop"].update(qsets=["mc_obj"]),
                     c["metrics"].update(error_consistency=[["saltpepper", "crop"]])),

@@ -8,6 +8,7 @@ id is checked once, on Fig. 3).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import matplotlib.figure
@@ -131,11 +132,13 @@ DRAWINGS = {
 
 @pytest.fixture
 def saved(monkeypatch) -> list:
-    """(figure, path) of every Figure.savefig call while the test runs."""
+    """(figure, path) of every Figure.savefig call while the test runs; ``path`` is the file it becomes (a figure
+    is saved to a temporary file beside it, ``.<name>.<random>.tmp``, then renamed)."""
     calls, original = [], matplotlib.figure.Figure.savefig
 
     def savefig(figure, path, *args, **kwargs):
-        calls.append((figure, Path(path)))
+        temporary = re.fullmatch(r"\.(.+)\.[^.]+\.tmp", Path(path).name)
+        calls.append((figure, Path(path).with_name(temporary.group(1)) if temporary else Path(path)))
         return original(figure, path, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)

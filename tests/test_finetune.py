@@ -206,6 +206,14 @@ def test_a_damaged_checkpoint_is_named_removed_and_the_one_before_resumed(tmp_pa
     assert f"{previous}: unreadable checkpoint" in caplog.text
 
 
+def test_a_damaged_first_checkpoint_says_training_starts_over(tmp_path, caplog):
+    _save_checkpoint(tmp_path, {"fingerprint": "a", "step": 3, "weights": torch.ones(300)})
+    (tmp_path / STATE_FILE).write_bytes(b"")  # no checkpoint before it
+    with caplog.at_level(logging.WARNING):
+        assert _load_checkpoint(tmp_path, "a") is None
+    assert "training resumes from the start" in caplog.text and "before it" not in caplog.text
+
+
 def test_a_zero_byte_checkpoint_resumes_from_the_one_before_and_trains_the_same(tmp_path, caplog, tiny_llava,
                                                                               training_set):
     """A fine-tune stopped after step 7 (checkpoints at 4 and 6), its latest checkpoint then zeroed: the rerun

@@ -173,6 +173,38 @@ def test_killing_the_waiting_script_stops_the_job(server, tmp_path):
     assert int((tmp_path / "terminated").read_text()) == job_pid
 
 
+KILLED_JOB = """\
+import os, signal, sys
+from verbmirage.workflow.jobserver import delegate
+
+
+class Job:  # what Snakemake sets before a rule's script runs: the job's log files among its fields
+    log = [sys.argv[1]]
+
+
+snakemake = Job()
+delegate()
+with open(sys.argv[1], "a") as log:
+    log.write(f"job pid {os.getpid()}\\nslow 2 sets:  41%|####      | 77/189 [00:10<00:14, 7.6 q/s]\\r")
+os.kill(os.getpid(), signal.SIGKILL)  # as a kill -9 of the job, or the kernel's out-of-memory killer
+"""
+
+
+def test_a_job_killed_by_a_signal_is_named_so_in_its_log_and_the_summary(server, tmp_path):
+    """Its waiting script said only that it ended without a status, and the run's summary showed the job's
+    last progress bar as its error line."""
+    from verbmirage.workflow.run_summary import error_line
+
+    script, log = tmp_path / "killed.py", tmp_path / "job.log"
+    script.write_text(KILLED_JOB)
+    result = subprocess.run([sys.executable, str(script), str(log)], env=_environment(), capture_output=True,
+                            text=True, timeout=120)
+    job_pid = int(log.read_text().split()[2])
+    said = f"verbmirage job server: the job (pid {job_pid}) was killed by signal 9 (SIGKILL)"
+    assert result.returncode == 128 + 9 and result.stderr == said + "\n"
+    assert log.read_text().endswith(said + "\n") and error_line(log) == said
+
+
 RUN = """\
 import subprocess, sys, time
 from verbmirage.workflow import jobserver

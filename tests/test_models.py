@@ -240,5 +240,5 @@ def test_a_non_finite_score_becomes_an_error_row_the_budget_counts(tmp_path):
     with pytest.raises(IncompleteShardError, match=r"1 of 2 questions failed, more than max_error_share=0.4; first "
                                                    r"error: models.fp16_model: question q1 on image None"):
         predict(questions, model, None, max_error_share=0.4)
-    with pytest.raises(ValueError, match="max_error_share: nan is not a share between 0 and 1"):
+    with pytest.raises(ValueError, match=r"inference.max_error_share: \.nan is not a finite number"):
         predict(questions, model, None, max_error_share=float("nan"))

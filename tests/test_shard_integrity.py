@@ -12,6 +12,7 @@ import os
 import shutil
 import re
 import select
+import shutil
 import signal
 import stat
 import subprocess
@@ -27,10 +28,14 @@ from PIL import Image
 from verbmirage.benchmark.conditions import ImageResolver, apply_condition
 from verbmirage.data.identity import ContentVersions
 from verbmirage.inference.runs import (
+    DamagedShardError,
     RunSpec,
     IncompleteShardError,
+    merge_suite_shards,
     predict,
     run_shard,
+    run_suite,
+    shard_provenance,
     suite_calls,
     suite_order,
 )
@@ -396,3 +401,35 @@ def test_parts_from_another_loaded_environment_are_not_reused(prepared, tmp_path
         _run(base, output, settings)
     assert "discarding" in caplog.text and "parts made with other settings" in caplog.text
     assert "resuming" not in caplog.text
+
+
+def test_a_damaged_shard_table_names_its_folder_and_the_forced_rerun_repairs_it(prepared, tmp_path, caplog):
+    """A table inside a suite job's output folder, cut short: the merge names the folder and `snakemake -R` on it;
+    that rerun (Snakemake removes the folder first, then runs the job) gives the undamaged merge again."""
+    base, questions = prepared
+    shards = [tmp_path / "shards" / str(shard) for shard in range(2)]
+
+    def run(shard):
+        spec = RunSpec("coin", {"backend": "random"}, base / "clean", shard=shard, n_shards=2, part_size=24)
+        run_suite({"yn_obj": base / "yn_obj.parquet"}, shards[shard], spec)
+
+    for shard in range(2):
+        run(shard)
+    undamaged = merge_suite_shards(questions, shards, "yn_obj")
+    os.truncate(shards[0] / "yn_obj.parquet", 300)
+    with pytest.raises(DamagedShardError) as raised:
+        merge_suite_shards(questions, shards, "yn_obj")
+    message = str(raised.value)
+    assert message.startswith(f"{shards[0] / 'yn_obj.parquet'}: not a readable Parquet table")
+    assert f"rebuild the folder with `snakemake -R {shards[0]}`" in message and "delete it" not in message
+    with pytest.raises(DamagedShardError, match=rf"`snakemake -R {shards[0]}`"):
+        shard_provenance(shards[0], "yn_obj")  # what the merged table is stamped with: read first
+    (shards[0] / "yn_obj.parquet").unlink()  # deleting the table alone: the merge still names the folder
+    with pytest.raises(DamagedShardError, match=rf"yn_obj.parquet: missing\. .* `snakemake -R {shards[0]}`"):
+        merge_suite_shards(questions, shards, "yn_obj")
+
+    shutil.rmtree(shards[0])  # what `snakemake -R <folder>` does before it runs the job again
+    with caplog.at_level(logging.WARNING):
+        run(0)
+    assert "part-000000.parquet: unreadable part" in caplog.text  # the kept answers were the same file
+    pd.testing.assert_frame_equal(merge_suite_shards(questions, shards, "yn_obj"), undamaged)

@@ -47,7 +47,7 @@ FILE_TIERS = {
         "test_workflow_derived.py", "test_workflow_finetune.py", "test_workflow_known_object.py",
         "test_workflow_mitigation_tables.py", "test_workflow_questions.py", "test_workflow_reliance.py",
         "test_workflow_report.py", "test_workflow_uncertainty.py", "test_workflow_vcd.py",
-        "test_kill_anywhere.py", "test_killed_run.py",
+        "test_kill_anywhere.py", "test_killed_run.py", "test_workflow_damaged_shard.py",
     ], "workflow"),
     "test_slurm.py": "cluster",
 }

@@ -29,6 +29,8 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
+from verbmirage.core.io import atomic_path
+
 PAGE_WIDTH = 7.0  # inches: a two-column paper's full text width (178 mm)
 DPI = 250  # 7.0 in x 250 = 1,750 px (at most about 1,800 px wide)
 MAX_WIDTH_PX = 1800
@@ -189,7 +191,8 @@ def save_figure(figure, path: str | Path) -> list[Path]:
     try:
         with matplotlib.rc_context(STYLE):
             for target in paths:
-                figure.savefig(target, dpi=DPI, metadata=metadata[target.suffix])
+                with atomic_path(target) as tmp:
+                    figure.savefig(tmp, format=target.suffix[1:], dpi=DPI, metadata=metadata[target.suffix])
     finally:
         subsetter.setLevel(level)
     return paths

@@ -33,7 +33,7 @@ from verbmirage.core.paths import UnsafePathError, safe_relative_name
 from verbmirage.data.pangea import Pangea, PangeaFiles, load_pangea
 from verbmirage.benchmark.questions import MC_STEM, content_hash
 from verbmirage.data.hico import load_hico
-from verbmirage.core.io import write_table, write_text
+from verbmirage.core.io import atomic_path, write_table, write_text
 from verbmirage.benchmark.question_table import QUESTIONS
 from verbmirage.core.schemas import PANGEA_SOURCES
 
@@ -411,16 +411,14 @@ def write_demo_pangea(root: str | Path, seed: int = 0, samples_per_source: int =
             name = f"{prefix}{i + 1:08d}.png"
             samples.append((source, name, picked, nodes))
             colour = tuple(int(c) for c in rng.integers(0, 256, 3))
-            Image.new("RGB", (image_size, image_size), colour).save(paths["images"] / name)
-    with paths["samples"].open("wb") as stream:
-        pickle.dump(samples, stream, protocol=4)
-    with paths["topology"].open("wb") as stream:
-        pickle.dump({"Father2Son": {DEMO_NODES[0]: [DEMO_NODES[1], DEMO_NODES[2]]}, "objects": list(DEMO_NODES)},
-                    stream, protocol=4)
-    with paths["node_index"].open("wb") as stream:
-        pickle.dump(list(DEMO_NODE_INDEX), stream, protocol=4)
+            with atomic_path(paths["images"] / name) as tmp:
+                Image.new("RGB", (image_size, image_size), colour).save(tmp, format="PNG")
+    topology = {"Father2Son": {DEMO_NODES[0]: [DEMO_NODES[1], DEMO_NODES[2]]}, "objects": list(DEMO_NODES)}
+    for key, data in (("samples", samples), ("topology", topology), ("node_index", list(DEMO_NODE_INDEX))):
+        with atomic_path(paths[key]) as tmp, tmp.open("wb") as stream:
+            pickle.dump(data, stream, protocol=4)
     label2node = {f"{source}//{label}": nodes * 2 for (source, label), nodes in label_nodes.items()}
-    paths["label2node"].write_text(json.dumps(label2node, indent=1, sort_keys=True))
+    write_text(paths["label2node"], json.dumps(label2node, indent=1, sort_keys=True))
     return root
 
 

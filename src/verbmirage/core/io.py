@@ -245,6 +245,12 @@ def write_text(path: str | Path, text: str) -> None:
         tmp.write_text(text)
 
 
+def write_parquet(frame: pd.DataFrame, path: str | Path) -> None:
+    """Write a table that has no declared schema (a statistics or report table) as Parquet, atomically."""
+    with atomic_path(path) as tmp:
+        frame.to_parquet(tmp, index=False)
+
+
 #: How tables print a missing or undefined value (no run, or a metric whose denominator is 0).
 MISSING_VALUE = "–"
 

@@ -14,6 +14,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from verbmirage.core.paths import open_plain
+
 #: ``.<log name>.<pid>@<host>.writer``: a second name (a hard link) of a running job's log, beside it.
 _WRITER = ".{name}.{pid}@{host}.writer"
 
@@ -35,7 +37,8 @@ def job_log(path: str | Path) -> Iterator[logging.Logger]:
     of the same job still writes it (an orphan of a killed Snakemake, a cluster job that outlived its run).
     The running job keeps a second name for its log beside it and a lock on it; a job that finds that lock
     held puts the running job's log back at ``path`` and stops with :class:`LogBusyError` on stderr, touching
-    neither the log nor the job's outputs.
+    neither the log nor the job's outputs. Neither name is written or linked through a symbolic link: a log or a
+    second name that is not a plain file is refused (:class:`verbmirage.core.paths.NotAPlainFileError`).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -67,7 +70,7 @@ def _claim(path: Path):
     an earlier log of this path (whose log is put back at ``path`` first)."""
     for other in path.parent.glob(_WRITER.format(name=glob.escape(path.name), pid="*", host="*")):
         try:
-            handle = other.open("rb")
+            handle = os.fdopen(open_plain(other, os.O_RDONLY, "a running job's second name of its log"), "rb")
         except FileNotFoundError:  # its job just ended
             continue
         with handle:
@@ -80,7 +83,7 @@ def _claim(path: Path):
                     "earlier run; this one stops without touching its log or outputs. Wait for that job to finish, "
                     "or stop it, then rerun") from None
             other.unlink(missing_ok=True)  # left by a killed job
-    stream = path.open("a", buffering=1)
+    stream = os.fdopen(open_plain(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "a job log"), "a", buffering=1)
     try:
         fcntl.flock(stream, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:  # another job opened this very file a moment ago
@@ -90,7 +93,7 @@ def _claim(path: Path):
     writer = path.with_name(_WRITER.format(name=path.name, pid=os.getpid(), host=socket.gethostname()))
     try:
         writer.unlink(missing_ok=True)
-        os.link(path, writer)
+        os.link(path, writer, follow_symlinks=False)
     except OSError:  # a file system without hard links: the log is written, only unprotected
         writer = None
     return stream, writer
@@ -112,7 +115,7 @@ def _put_back(writer: Path, path: Path) -> None:
     os.close(handle)
     try:
         os.unlink(name)
-        os.link(writer, name)
+        os.link(writer, name, follow_symlinks=False)
         os.replace(name, path)
     finally:
         with contextlib.suppress(FileNotFoundError):

@@ -3,7 +3,9 @@
 The lock dies with its process (a killed job never leaves it behind), works across hosts on a shared file
 system that supports locks (NFS v4), and a second writer fails at once instead of waiting. While held, the
 lock file says who holds it (pid, host, since when), so the second writer's error names the job to wait for or
-stop; on release it is emptied again (a finished run leaves the same bytes as any other).
+stop; on release it is emptied again (a finished run leaves the same bytes as any other). A lock file that is a
+symbolic link, a FIFO or a folder is refused (:class:`verbmirage.core.paths.NotAPlainFileError`): writing the
+holder through a link would empty the link's target.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import os
 import socket
 import time
 from pathlib import Path
+
+from verbmirage.core.paths import open_plain
 
 
 class BusyError(RuntimeError):
@@ -53,7 +57,7 @@ class WriterLock:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
-            handle = open(self.path, "a+")  # noqa: SIM115 - held until release
+            handle = os.fdopen(open_plain(self.path, os.O_RDWR | os.O_CREAT, "a lock file"), "r+")
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -101,6 +105,6 @@ class WriterLock:
 
 def _same_file(handle, path: Path) -> bool:
     try:
-        return os.path.samestat(os.fstat(handle.fileno()), os.stat(path))
+        return os.path.samestat(os.fstat(handle.fileno()), os.lstat(path))
     except FileNotFoundError:
         return False

@@ -11,16 +11,17 @@ and every place that opens or writes a file checks the resolved path with
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 # letters, digits, "_", "." and "-" only: what HICO and Charades names use
 _SAFE_PART = re.compile(r"[A-Za-z0-9_.-]+")
-
 
 
 def user_file_mode() -> int:
@@ -32,6 +33,48 @@ def user_file_mode() -> int:
 
 class UnsafePathError(ValueError):
     """A name from a data file would lead outside its folder, or has odd characters."""
+
+
+class NotAPlainFileError(UnsafePathError):
+    """A file the pipeline writes in place (a lock, a log) is a symbolic link, a FIFO, a folder or a device."""
+
+
+def open_plain(path: str | Path, flags: int, what: str = "a file the pipeline writes") -> int:
+    """``os.open(path, flags)`` for writing in place, never through a link: a descriptor of a plain file.
+
+    Where a file is opened in place rather than written beside and renamed over (a lock, an appended log), a
+    symbolic link planted at its name would make the write land in the link's target, anywhere the job's user
+    can write; a FIFO would block the job. Such an entry (or a folder) is refused with
+    :class:`NotAPlainFileError` naming it and what it is; nothing is written. Only the last part of ``path``
+    is checked: a results folder that is itself a link (to a bigger disk) is fine. ``O_CREAT`` in ``flags``
+    creates a missing file with the user's umask.
+    """
+    try:
+        handle = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError as error:
+        if error.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+            raise
+        raise NotAPlainFileError(_refusal(path, what)) from None
+    if not stat.S_ISREG(os.fstat(handle).st_mode):
+        os.close(handle)
+        raise NotAPlainFileError(_refusal(path, what))
+    os.set_blocking(handle, True)
+    return handle
+
+
+def _refusal(path: str | Path, what: str) -> str:
+    """Why ``path`` was not opened: what sits there instead of a plain file, and what to do."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        mode = 0
+    if stat.S_ISLNK(mode):
+        kind = f"a symbolic link (to {os.readlink(path)})"
+    else:
+        kind = next((name for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                                             (stat.S_ISSOCK, "a socket")) if test(mode)), "not a plain file")
+    return (f"{path}: {what} is {kind}; it is never written through (the write would land elsewhere). "
+            "Remove it and rerun")
 
 
 def safe_name(name, where: str) -> str:

@@ -23,6 +23,7 @@ import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
+from verbmirage.core.io import write_text
 from verbmirage.core.paths import file_digest
 
 log = logging.getLogger(__name__)
@@ -271,6 +272,4 @@ def _read_json(path: Path) -> dict:
 
 def _write_json(path: Path, data: dict) -> None:
     """Write atomically, so a crash never leaves half a record."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(temporary, path)
+    write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")

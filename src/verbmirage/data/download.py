@@ -35,7 +35,7 @@ import requests
 import urllib3
 from tqdm import tqdm
 
-from verbmirage.core.paths import file_digest, file_digests  # noqa: F401  (file_digest is public here too)
+from verbmirage.core.paths import file_digest, file_digests, open_plain  # noqa: F401  (file_digest is public here too)
 from verbmirage.data.archives import (
     COMPLETE_MARKER,
     MAX_BYTES,
@@ -206,7 +206,8 @@ def download_http(
                     last_modified=response.headers.get("Last-Modified"),
                 )
                 _write_json(sidecar, state)
-                with open(partial, mode) as handle, tqdm(
+                flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "ab" else os.O_TRUNC)
+                with os.fdopen(open_plain(partial, flags, "a partial download"), mode) as handle, tqdm(
                     total=state["total"], initial=offset, unit="B", unit_scale=True, desc=destination.name
                 ) as progress:
                     for block in response.raw.stream(CHUNK, decode_content=False):

@@ -37,6 +37,7 @@ import tempfile
 import threading
 import zlib
 from collections import namedtuple
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -46,7 +47,7 @@ import yaml
 from tqdm import tqdm
 
 from verbmirage.benchmark.conditions import ImageResolver, condition_questions
-from verbmirage.core.io import read_table, to_arrow
+from verbmirage.core.io import REBUILD_ADVICE, DamagedTableError, SchemaError, read_provenance, read_table, to_arrow
 from verbmirage.benchmark.question_table import QUESTIONS
 from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.models.base import (
@@ -59,7 +60,7 @@ from verbmirage.models.base import (
 )
 from verbmirage.benchmark.questions import question_kind
 from verbmirage.benchmark.question_table import question_sample, sample_settings
-from verbmirage.variants.settings import Variant
+from verbmirage.variants.settings import Variant, non_finite_numbers
 from verbmirage.inference.store import (
     PartStore,
     _latest_part_of,
@@ -69,7 +70,7 @@ from verbmirage.inference.store import (
     run_settings,
 )
 from verbmirage.models import ModelContext, create_model
-from verbmirage.models.registry import backend_class
+from verbmirage.models.registry import backend_class, setting_problems
 from verbmirage.models.calibrated import decision_model
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,11 @@ log = logging.getLogger(__name__)
 
 class IncompleteShardError(RuntimeError):
     """The shard cannot be written complete (too many errors, or questions still to ask)."""
+
+
+class DamagedShardError(DamagedTableError):
+    """A table inside a suite job's output folder is missing or cannot be read; the message names the folder and
+    the rerun that rebuilds it."""
 
 
 class JobTerminated(Exception):
@@ -177,8 +183,6 @@ class _ErrorBudget:
     """
 
     def __init__(self, total: int, max_share: float):
-        if not 0 <= max_share <= 1:  # NaN included: no count is ever more than a NaN share, so no job would fail
-            raise ValueError(f"max_error_share: {max_share!r} is not a share between 0 and 1")
         self.total, self.max_share, self.count, self.stored = total, max_share, 0, 0
         self.example: str | None = None
 
@@ -344,6 +348,7 @@ def predict_suite(
     """
     if questions.empty:
         raise ValueError("no questions to score")
+    check_inference_settings(batch_size=batch_size, part_size=part_size, max_error_share=max_error_share)
     unknown = sorted(set(questions.qset) - set(stores))
     if unknown:
         raise ValueError(f"no part store for question sets {unknown}")
@@ -446,14 +451,45 @@ SCHEMA = Path(__file__).resolve().parents[3] / "schemas" / "config.schema.yaml"
 
 
 @functools.cache
-def inference_defaults() -> dict:
-    """The config's ``inference`` defaults (batch_size, part_size, max_error_share, continue_tokens, shards), read
-    from the schema: the one place they are written down."""
+def _inference_schema() -> dict:
+    """The config schema's ``inference`` keys (batch_size, part_size, max_error_share, continue_tokens, shards),
+    each with its type, bounds and default: the one place they are written down."""
     try:
         schema = yaml.safe_load(SCHEMA.read_text())
     except OSError as error:
         raise RuntimeError(f"{SCHEMA}: the config schema is missing ({error}); run from a checkout") from None
-    return {key: value["default"] for key, value in schema["properties"]["inference"]["properties"].items()}
+    return schema["properties"]["inference"]["properties"]
+
+
+def inference_defaults() -> dict:
+    """The config's ``inference`` defaults, read from the schema."""
+    return {key: value["default"] for key, value in _inference_schema().items()}
+
+
+def inference_problem(key: str, value) -> str | None:
+    """Why ``value`` cannot be config key ``inference.<key>`` (the schema's type and bounds, or not a finite
+    number), in the words of the config check; None when it can.
+
+    A job started by hand (the CLI, :class:`RunSpec`) meets the bounds a planned one does: a ``part_size``
+    of 0 would write an empty row group forever, a ``batch_size`` of 0 or less asks nothing.
+    """
+    import jsonschema
+
+    where = f"inference.{key}"
+    problems = non_finite_numbers(value, where)
+    if problems:
+        return problems[0]
+    schema = _inference_schema()[key]
+    error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(value))
+    return None if error is None else f"{where}: {error.message}"
+
+
+def check_inference_settings(**values) -> None:
+    """:func:`inference_problem` for each ``key=value``: a ``ValueError`` naming the first key that is wrong."""
+    for key, value in values.items():
+        problem = inference_problem(key, value)
+        if problem:
+            raise ValueError(problem)
 
 
 @dataclass(frozen=True)
@@ -478,10 +514,18 @@ class RunSpec:
     continue_tokens: int | None = None
 
     def __post_init__(self):
+        """Missing run settings take the schema's defaults; every one is checked against the schema's bounds, and
+        the model entry's settings as planning checks them (:func:`verbmirage.models.registry.setting_problems`)."""
         defaults = inference_defaults()
         for name in ("batch_size", "part_size", "max_error_share", "continue_tokens"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, defaults[name])
+        check_inference_settings(batch_size=self.batch_size, part_size=self.part_size,
+                                 max_error_share=self.max_error_share, continue_tokens=self.continue_tokens,
+                                 shards=self.n_shards)
+        problems = setting_problems(self.model_settings.get("backend", ""), self.model_settings)
+        if problems:
+            raise ValueError("; ".join(f"models.{self.model_slug}.{problem}" for problem in problems))
 
     @property
     def provenance(self) -> dict:
@@ -579,6 +623,40 @@ def run_shard(questions_path: str | Path, output: str | Path, spec: RunSpec) -> 
 
 def merge_suite_shards(questions: pd.DataFrame, shard_outputs: list[str | Path], qset: str,
                        where: str = "predictions") -> pd.DataFrame:
-    """One set's table from the output folders of its suite shards: every question exactly once, in question order."""
-    return merge_shards(questions, [read_table(suite_table(output, qset), PREDICTIONS) for output in shard_outputs],
-                        where)
+    """One set's table from the output folders of its suite shards: every question exactly once, in question order.
+
+    A shard's table that is missing or damaged is a :class:`DamagedShardError` naming its folder: the folder is
+    the job's output (a Snakemake ``directory()``), and Snakemake does not look inside it, so only a forced
+    rerun of that folder rebuilds the table (deleting the table alone plans nothing).
+    """
+    tables = []
+    for output in shard_outputs:
+        with _shard_damage(output, qset):
+            tables.append(read_table(suite_table(output, qset), PREDICTIONS))
+    return merge_shards(questions, tables, where)
+
+
+def shard_provenance(output: str | Path, qset: str) -> dict:
+    """The settings stamped into a suite shard's table of ``qset``, less ``shard`` and ``qset``: what the merged
+    table is stamped with. A missing or damaged table is a :class:`DamagedShardError` (:func:`merge_suite_shards`)."""
+    with _shard_damage(output, qset):
+        stamped = read_provenance(suite_table(output, qset))
+    return {key: value for key, value in stamped.items() if key not in ("shard", "qset")}
+
+
+@contextmanager
+def _shard_damage(output: str | Path, qset: str) -> Iterator[None]:
+    """Turn a missing or unreadable table of a suite shard's folder into a :class:`DamagedShardError` that names
+    the folder and the forced rerun that rebuilds it."""
+    table = suite_table(output, qset)
+    try:
+        yield
+    except (FileNotFoundError, DamagedTableError, SchemaError) as error:
+        problem = ("missing" if isinstance(error, FileNotFoundError)
+                   else str(error).removeprefix(f"{table}: ").removesuffix(f"; {REBUILD_ADVICE}"))
+        raise DamagedShardError(
+            f"{table}: {problem}. It is inside the output folder of an inference job, which Snakemake does not look "
+            f"into; rebuild the folder with `snakemake -R {output}` (or `verbmirage run --configfile <config> -- -R "
+            f"{output}`): the job reuses the answers kept in {parts_directory(output)} that are still readable "
+            "(the table and its set's kept answers are one file: a damaged table's questions are asked again), "
+            "and what was made from the folder is made again") from None

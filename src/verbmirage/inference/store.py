@@ -261,6 +261,8 @@ def _stream_table(parts: list[Path], owner: dict[str, int], path: Path, provenan
     the parts were, so the file's bytes depend on its rows only: a table resumed from more parts (a job
     killed and run again) is the same file as an uninterrupted job's.
     """
+    if isinstance(rows_per_group, bool) or not isinstance(rows_per_group, int) or rows_per_group < 1:
+        raise ValueError(f"{path}: rows_per_group {rows_per_group!r} is not a whole number >= 1 (inference.part_size)")
     metadata = {b"verbmirage.version": __version__.encode(),
                 b"verbmirage.provenance": json.dumps(provenance, sort_keys=True, default=str).encode()}
     schema = PREDICTIONS.with_metadata(metadata)

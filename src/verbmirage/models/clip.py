@@ -43,6 +43,7 @@ class ClipModel(VisionLanguageModel):
             raise ValueError(f"models.{name}.dtype: '{dtype}' is not one of {sorted(DTYPES)}")
         if "{caption}" not in template:
             raise ValueError(f"models.{name}.template: must contain {{caption}}")
+        # {caption} is replaced, every other brace is text: "{}" or "{0}" must not fail every question
         self.threshold, self.template, self.device = threshold, template, torch.device(device)
         load = {"local_files_only": local_files_only, "revision": revision}
         self.processor = CLIPProcessor.from_pretrained(path, **load)
@@ -51,13 +52,13 @@ class ClipModel(VisionLanguageModel):
     def caption(self, question: Question, option: str | None = None) -> str:
         """The caption CLIP compares with the image."""
         if option is not None:
-            return self.template.format(caption=f"a person {option}")
+            return self.template.replace("{caption}", f"a person {option}")
         if question.verb and question.object:
-            return self.template.format(caption=f"a person {hoi_phrase(question.verb, question.object)}")
+            return self.template.replace("{caption}", f"a person {hoi_phrase(question.verb, question.object)}")
         if question.verb:
-            return self.template.format(caption=f"a person {verb_phrase(question.verb)} something")
+            return self.template.replace("{caption}", f"a person {verb_phrase(question.verb)} something")
         if question.object:
-            return self.template.format(caption=object_with_article(question.object))
+            return self.template.replace("{caption}", object_with_article(question.object))
         raise ValueError(f"question {question.question_id}: CLIP needs the verb or object of the question")
 
     @torch.inference_mode()

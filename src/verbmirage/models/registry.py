@@ -119,7 +119,10 @@ SETTING_CHOICES: dict[str, tuple[str, ...]] = {
     "attn_implementation": ("eager", "sdpa", "flash_attention_2"),
 }
 #: ... or the form it must have (a full match), and how to say it
-SETTING_PATTERNS: dict[str, tuple[str, str]] = {"device": (r"cpu|cuda(:\d+)?|mps", "cpu, cuda, cuda:N or mps")}
+SETTING_PATTERNS: dict[str, tuple[str, str]] = {
+    "device": (r"cpu|cuda(:\d+)?|mps", "one of cpu, cuda, cuda:N or mps"),
+    "template": (r"(?s).*\{caption\}.*", "a text with {caption} where the caption goes"),  # CLIP's caption
+}
 
 
 def _matches_annotation(value, annotation: ast.expr) -> bool | None:
@@ -163,7 +166,7 @@ def setting_problems(backend: str, entry: dict) -> list[str]:
         elif isinstance(value, str) and key in SETTING_CHOICES and value not in SETTING_CHOICES[key]:
             problems.append(f"{key}: {value!r} is not one of {list(SETTING_CHOICES[key])}")
         elif isinstance(value, str) and key in SETTING_PATTERNS and not re.fullmatch(SETTING_PATTERNS[key][0], value):
-            problems.append(f"{key}: {value!r} is not one of {SETTING_PATTERNS[key][1]}")
+            problems.append(f"{key}: {value!r} is not {SETTING_PATTERNS[key][1]}")
     return problems
 
 

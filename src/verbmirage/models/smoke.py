@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verbmirage.models.base import Question
+from verbmirage.core.io import write_text
 from verbmirage.core.paths import file_digest
 from verbmirage.benchmark.questions import MC_STEM
 from verbmirage.models.registry import backend_class
@@ -206,11 +207,7 @@ def load_goldens(path: str | Path) -> dict:
 
 
 def save_goldens(path: str | Path, goldens: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(goldens, indent=2, sort_keys=True) + "\n")
-    partial.replace(path)
+    write_text(path, json.dumps(goldens, indent=2, sort_keys=True) + "\n")
 
 
 def run_smoke(config: dict, images_dir: str | Path, goldens_path: str | Path, update: bool = False,

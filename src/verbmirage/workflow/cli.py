@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from verbmirage import __version__
-from verbmirage.inference.runs import RunSpec, inference_defaults, run_shard, run_suite
+from verbmirage.inference.runs import RunSpec, inference_defaults, inference_problem, run_shard, run_suite
 from verbmirage.workflow.catalog import SECTIONS, listing
 
 #: The workflow this package belongs to (an editable install from the repository).
@@ -118,13 +118,31 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--model", required=True, help="the model's config entry as JSON")
         command.add_argument("--variant", default="{}", help="the variant's settings as JSON")
         command.add_argument("--shard", type=int, default=0)
-        command.add_argument("--shards", type=int, default=1)
+        command.add_argument("--shards", type=_inference_option("shards", int), default=1)
         command.add_argument("--train-stats", default=None)
         command.add_argument("--condition", default="null", help="the image condition's settings as JSON")
         for name in ("batch_size", "part_size", "max_error_share", "continue_tokens"):
-            command.add_argument(f"--{name.replace('_', '-')}", type=type(defaults[name]), default=defaults[name],
-                                 help=f"inference.{name} (default {defaults[name]})")
+            command.add_argument(f"--{name.replace('_', '-')}", type=_inference_option(name, type(defaults[name])),
+                                 default=defaults[name], help=f"inference.{name} (default {defaults[name]})")
     return parser
+
+
+def _inference_option(key: str, kind: type):
+    """An argparse type: the option's text as ``kind``, refused (one line naming the option and the config key)
+    outside the bounds the config schema gives ``inference.<key>``."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'a whole number' if kind is int else 'a number'} "
+                                             f"(inference.{key})") from None
+        problem = inference_problem(key, value)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
     args = _parser().parse_args(argv)
+    if getattr(args, "configfile", None) and not Path(args.configfile).is_file():
+        what = "is a folder, not a config file" if Path(args.configfile).is_dir() else "does not exist"
+        print(f"verbmirage {args.command}: --configfile {args.configfile} {what}", file=sys.stderr)
+        return 2
     if args.command == "check":
         return check(args.configfile)
     if args.command == "list":

@@ -23,7 +23,8 @@ import yaml
 
 from verbmirage.core.errors import ConfigError
 from verbmirage.benchmark.conditions import CONDITIONS, PLANNING_KEYS
-from verbmirage.models.derived import effective_models
+from verbmirage.models.derived import DERIVED_FOLDER, effective_models
+from verbmirage.models.tiny import BUILDERS as TINY_BUILDERS
 from verbmirage.data.hico import hico_det_file
 from verbmirage.models.base import allow_remote_code
 from verbmirage.models.registry import (
@@ -47,6 +48,7 @@ from verbmirage.workflow.paths import (
     DEMO_HICO_ROOT,
     DEMO_PANGEA_ROOT,
     DOWNLOADS_FOLDER,
+    TINY_MODEL,
 )
 
 
@@ -59,8 +61,20 @@ def check_schema(config: dict, schema_path: str | Path) -> None:
     validator = jsonschema.validators.validator_for(schema)(schema)
     problems = sorted(validator.iter_errors(config), key=lambda error: list(map(str, error.absolute_path)))
     if problems:
-        lines = [f"{'.'.join(map(str, error.absolute_path)) or '(top level)'}: {error.message}" for error in problems]
+        lines = [f"{'.'.join(map(str, error.absolute_path)) or '(top level)'}: {_shortened(error.message)}"
+                 for error in problems]
         raise ConfigError("the config does not match schemas/config.schema.yaml:\n  " + "\n  ".join(lines))
+
+
+def _shortened(message: str, limit: int = 300) -> str:
+    """A schema message quotes the wrong value whole: a long list would bury the key it names."""
+    return message if len(message) <= limit else message[: limit - 1] + "…"
+
+
+#: The most values (scalars, lists, mappings) a config file may hold once its aliases (``*name``) are expanded.
+#: configs/paper.yaml holds about 500; YAML aliases share one value, so a file of a few lines can stand for
+#: billions of them ("billion laughs"), and every check that walks the config would run until memory ran out.
+MAX_CONFIG_VALUES = 100_000
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -84,9 +98,56 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _m
 
 
 def check_yaml_file(path: str | Path) -> dict:
-    """Load a YAML config file, refusing duplicate keys at any depth; the error names file and line."""
+    """Load a YAML config file, refusing duplicate keys at any depth and aliases that expand to more than
+    :data:`MAX_CONFIG_VALUES` values (or into themselves); the error names file, line and key."""
     with open(path) as stream:
-        return yaml.load(stream, Loader=_StrictLoader)  # noqa: S506  (a SafeLoader subclass)
+        loader = _StrictLoader(stream)  # what yaml.load does, with a look at the nodes before they become values
+        try:
+            root = loader.get_single_node()  # aliases still share one node here
+            if root is None:
+                return None
+            _check_expansion(root, str(path))
+            return loader.construct_document(root)
+        finally:
+            loader.dispose()
+
+
+def _check_expansion(root: yaml.Node, where: str) -> None:
+    """Refuse a document whose aliases expand to more than :data:`MAX_CONFIG_VALUES` values, naming the
+    outermost key whose value does so through an alias (or holds the most of them)."""
+    sizes: dict[int, int] = {}
+    uses: dict[int, int] = {}  # how often each node is a child: more than once means an alias points at it
+
+    def children(node: yaml.Node) -> list[tuple[str, yaml.Node, yaml.Node]]:
+        if isinstance(node, yaml.MappingNode):
+            return [(str(getattr(key, "value", "?")), value, key) for key, value in node.value]
+        if isinstance(node, yaml.SequenceNode):
+            return [(f"[{index}]", value, value) for index, value in enumerate(node.value)]
+        return []
+
+    def size(node: yaml.Node) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        sizes[id(node)] = MAX_CONFIG_VALUES + 1  # while counting: an alias of a value inside itself never ends
+        total = 1
+        for _, child, _ in children(node):
+            uses[id(child)] = uses.get(id(child), 0) + 1
+            total = min(total + size(child), MAX_CONFIG_VALUES + 1)
+        sizes[id(node)] = total
+        return total
+
+    if size(root) <= MAX_CONFIG_VALUES:
+        return
+    path, line, node = "", root.start_mark.line + 1, root
+    while uses.get(id(node), 0) <= 1:
+        name, child, mark = max(children(node), key=lambda item: sizes[id(item[1])], default=(None, None, None))
+        if child is None:
+            break
+        path = f"{path}{name}" if name.startswith("[") or not path else f"{path}.{name}"
+        line, node = mark.start_mark.line + 1, child
+    raise ConfigError(f"{where}: line {line}: {path or '(top level)'}: its aliases (*name) expand to more than "
+                      f"{MAX_CONFIG_VALUES:,} values, or into themselves; a config needs far fewer (YAML aliases "
+                      "share a value, so a few lines can stand for billions: an alias bomb)")
 
 
 def locate_module(dotted: str):
@@ -207,6 +268,31 @@ def _check_pangea(config: dict, workdir: Path) -> None:
         raise ConfigError(f"datasets.pangea.root: '{root}' has no {samples}")
 
 
+def _check_model_folder(where: str, value, workdir: Path, built: set[str], downloaded: list[Path]) -> None:
+    """A model's ``path`` or ``adapter`` that is no folder here must be a hub id, or one the run builds or
+    downloads: an absolute path, or a relative one transformers would not take as a hub id ('org/name':
+    ``resources/models/x``, ``./x``), is refused at planning rather than in the model's job."""
+    if not isinstance(value, str) or (workdir / value).exists() or value in built:
+        return
+    if any(Path(value) == folder or folder in Path(value).parents for folder in downloaded):
+        return
+    if Path(value).is_absolute() or not _could_be_hub_id(value):
+        raise ConfigError(f"{where}: no folder '{value}' (a local checkpoint must exist where the run is planned: "
+                          f"here, {workdir.resolve()}), and it is not a hub id ('org/name')")
+
+
+def _could_be_hub_id(value: str) -> bool:
+    """Whether transformers would take ``value`` as a hub id ('org/name' or 'name'), by huggingface_hub's rule."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(value)
+    except HFValidationError:
+        return False
+    return True
+
+
 def _check_sampled_models(config: dict) -> None:
     """A model asked a sample of each set (``sample_questions``) answers other questions than the rest: it may not
     vote in an ensemble or enter an analysis that compares models question by question."""
@@ -238,6 +324,8 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
     workdir = Path(workdir)
     _check_pangea(config, workdir)
     _check_sampled_models(config)
+    built = {TINY_MODEL.format(family=family) for family in TINY_BUILDERS}  # rules tiny_model and derive_model
+    built |= {DERIVED_FOLDER.format(model=slug) for slug, entry in config["models"].items() if "derive" in entry}
     try:  # a derived entry (models.<slug>.derive) is checked as the entry its jobs load
         config = {**config, "models": effective_models(config)}
     except ValueError as error:
@@ -276,11 +364,8 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
             )
         else:
             _check_backend_settings(slug, entry)
-        for key in ("path", "adapter"):  # an absolute path is a local folder, never a hub id: it must be there
-            value = entry.get(key)
-            if isinstance(value, str) and Path(value).is_absolute() and not Path(value).exists():
-                raise ConfigError(f"models.{slug}.{key}: no folder '{value}' (a local checkpoint must exist where "
-                                  "the run is planned; a hub id looks like 'org/name')")
+        for key in ("path", "adapter"):
+            _check_model_folder(f"models.{slug}.{key}", entry.get(key), workdir, built, downloaded)
         if entry["backend"] == "openai":
 
             try:

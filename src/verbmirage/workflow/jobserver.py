@@ -37,6 +37,8 @@ import time
 import traceback
 from pathlib import Path
 
+from verbmirage.core.paths import open_plain
+
 #: The environment variable naming the server of this run: ``<host>:<socket path>`` (jobs inherit it).
 ENV_VAR = "VERBMIRAGE_JOB_SERVER"
 #: The environment variable naming the Snakemake process of a local run, ``<host>:<pid>:<start time>``: its jobs
@@ -75,8 +77,11 @@ TRANSFORMERS_NAMES = (
     "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor", "LogitsProcessorList", "TemperatureLogitsWarper",
     "TopKLogitsWarper", "TopPLogitsWarper", "Trainer",
 )
-_STATUS = struct.Struct("!i")
+_STATUS = struct.Struct("!i")  # a job's exit status; minus the signal that killed it (sent by the server)
 _PID = struct.Struct("!i")
+#: What the script waiting for a served job says, on its stderr and at the end of the job's log, when a signal
+#: killed the job (the run's summary shows it as the job's error line: verbmirage.workflow.run_summary).
+KILLED = "verbmirage job server: the job (pid {pid}) was killed by signal {signum} ({name})"
 _MAX_REQUEST = 64 << 20
 _serving = False  # True inside a job the server forked: delegate() then runs the script here
 _threads: int | None = None  # the thread count this process set (the server: 1; a forked job: inherited)
@@ -215,7 +220,29 @@ def _wait_for(connection: socket.socket, pid: int) -> int:
     if status is None:
         sys.stderr.write(f"verbmirage job server: the job (pid {pid}) ended without a status\n")
         return 1
+    if status < 0:  # a signal killed it (the server saw it end): say so where the job's log ends, too
+        line = KILLED.format(pid=pid, signum=-status, name=_signal_name(-status))
+        sys.stderr.write(line + "\n")
+        _append_to_job_log(line)
+        return 128 - status  # as a shell reports a process killed by a signal
     return status
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return "unknown signal"
+
+
+def _append_to_job_log(line: str) -> None:
+    """Add ``line`` to the log files of the Snakemake job this script runs (``snakemake.log``, set before the
+    script's own code), where they exist: a killed job's log otherwise ends with whatever it last wrote."""
+    job = getattr(sys.modules.get("__main__"), "snakemake", None)
+    for path in getattr(job, "log", None) or []:
+        with contextlib.suppress(OSError):
+            with os.fdopen(open_plain(path, os.O_WRONLY | os.O_APPEND, "a job log"), "a") as stream:
+                stream.write(("" if stream.tell() == 0 else "\n") + line + "\n")
 
 
 def _read_struct(connection: socket.socket, layout: struct.Struct) -> int | None:
@@ -285,7 +312,7 @@ def serve(path: str | Path, parent_pid: int | None = None, names=PRELOAD, poll_s
         stopping = True
 
     signal.signal(signal.SIGTERM, stop)
-    children: set[int] = set()
+    children: dict[int, socket.socket] = {}  # job pid -> the server's end of its connection (see _reap)
     try:
         while not stopping and (parent_pid is None or os.getppid() == parent_pid):
             with contextlib.suppress(InterruptedError):
@@ -297,23 +324,37 @@ def serve(path: str | Path, parent_pid: int | None = None, names=PRELOAD, poll_s
                     pid = os.fork()
                     if pid == 0:
                         listener.close()
+                        for other in children.values():  # the others' ends: their scripts wait for them to close
+                            other.close()
                         os._exit(_child(connection))
-                    connection.close()
-                    children.add(pid)
-            children -= {pid for pid in list(children) if _reaped(pid)}
+                    children[pid] = connection
+            for pid in [pid for pid, connection in children.items() if _reap(pid, connection)]:
+                del children[pid]
     finally:
         listener.close()
+        for connection in children.values():
+            connection.close()
         for name in (_ready_marker(path), path):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name)
     log.info("stopped")
 
 
-def _reaped(pid: int) -> bool:
+def _reap(pid: int, connection: socket.socket) -> bool:
+    """Whether job ``pid`` has ended; if so, close the server's end of its connection, after sending minus the
+    signal that killed it, if one did (a killed job sends no status: its waiting script would only see the
+    connection close). The server keeps that end open until then, so the script waits for this word."""
     try:
-        return os.waitpid(pid, os.WNOHANG)[0] == pid
+        ended, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
-        return True
+        ended, status = pid, 0
+    if ended != pid:
+        return False
+    if os.WIFSIGNALED(status):
+        with contextlib.suppress(OSError):
+            connection.sendall(_STATUS.pack(-os.WTERMSIG(status)))
+    connection.close()
+    return True
 
 
 def _child(connection: socket.socket) -> int:
@@ -473,7 +514,8 @@ def start(log_path: str | Path, preload: tuple[str, ...] = PRELOAD) -> subproces
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
                                                               environment.get("PYTHONPATH")]))
-    with log_path.open("a") as stream:
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    with os.fdopen(open_plain(log_path, flags, "the job server's log"), "a") as stream:
         process = subprocess.Popen(
             [sys.executable, "-m", "verbmirage.workflow.jobserver", path, "--parent", str(os.getpid()),
              "--preload", ",".join(preload)],

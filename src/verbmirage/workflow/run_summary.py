@@ -17,6 +17,8 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from verbmirage.workflow.jobserver import KILLED
+
 #: Table 1's columns shown as headline numbers (tables.table1_columns), with their short names.
 HEADLINE_COLUMNS = (("yn_obj_acc", "yn_obj"), ("yn_verb_acc", "yn_verb"))
 #: at most this many models get a headline line (the rest: "... more in table1.md").
@@ -223,12 +225,15 @@ def failed_jobs(snakemake_log: str) -> list[dict[str, object]]:
 
 
 def error_line(log: Path, limit: int = 200) -> str:
-    """The line a job log names its error with: the exception line of its last Python traceback (the first
-    line after ``Traceback (most recent call last):`` that is not indented), else the last line that names an
-    error, else its last line."""
+    """The line a job log names its error with: the job server's word that a signal killed the job (its last
+    line, :data:`verbmirage.workflow.jobserver.KILLED`), else the exception line of its last Python traceback
+    (the first line after ``Traceback (most recent call last):`` that is not indented), else the last line that
+    names an error, else its last line."""
     lines = [line.rstrip() for line in re.split(r"[\r\n]+", log.read_text(errors="replace")) if line.strip()]
     if not lines:
         return "(empty)"
+    if lines[-1].startswith(KILLED.split("{")[0]):
+        return lines[-1]
     starts = [number for number, line in enumerate(lines) if line.strip() == "Traceback (most recent call last):"]
     found = None
     if starts:

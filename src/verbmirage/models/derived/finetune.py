@@ -357,7 +357,8 @@ def _load_checkpoint(folder: Path, expected: str) -> dict | None:
             if not isinstance(state, dict) or not isinstance(state.get("step"), int):
                 raise ValueError("not a checkpoint of a fine-tune (no step)")
         except Exception as error:  # noqa: BLE001 - any damage: empty, truncated, not torch's format, a payload
-            fallback = "the checkpoint before it" if path.name == STATE_FILE else "the start"
+            before = path.name == STATE_FILE and (folder / PREVIOUS_STATE_FILE).is_file()
+            fallback = "the checkpoint before it" if before else "the start"
             log.warning("%s: unreadable checkpoint (%s); removing it, training resumes from %s", path,
                         _unreadable(error), fallback)
             path.unlink(missing_ok=True)

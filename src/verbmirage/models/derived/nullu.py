@@ -33,7 +33,7 @@ from verbmirage.core.paths import safe_relative_name
 from verbmirage.core.imaging import open_rgb
 from verbmirage.models.derived import build_lock
 from verbmirage.data.hico import load_hico
-from verbmirage.core.io import write_table
+from verbmirage.core.io import write_table, write_text
 from verbmirage.core.schemas import NULLU_PAIRS
 from verbmirage.models import create_model
 
@@ -444,5 +444,5 @@ def _build(slug: str, settings: dict, base_entry: dict, output: Path, inputs: di
               "base_adapter": base_entry.get("adapter"), "pair_source": source, "pair_style": chosen.pair_style,
               "prompt": chosen.prompt, "pairs_requested": chosen.pairs, "seed": chosen.seed, **record,
               "settings": asdict(chosen)}
-    (output / RECORD).write_text(json.dumps(record, indent=1, default=list) + "\n")
+    write_text(output / RECORD, json.dumps(record, indent=1, default=list) + "\n")
     log.info("Nullu %s: saved to %s", slug, output)
