@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -111,3 +112,20 @@ def test_list_names_what_there_is_to_choose_from_without_loading_a_backend(tmp_p
                             "listing(); print(sorted({'torch', 'transformers'} & set(sys.modules)))"],
                            cwd=REPO, capture_output=True, text=True, timeout=120)
     assert light.stdout.strip() == "[]", light.stdout + light.stderr
+
+
+def test_every_command_and_option_has_plain_help():
+    """Help texts (verbmirage --help, each command's --help): a description each, a help text for every option,
+    no reST markup, the description printed once."""
+    from verbmirage.workflow.cli import _parser
+
+    parser = _parser()
+    top = parser.format_help()
+    assert "``" not in top and top.count(parser.description.strip()) == 1
+    commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    for name, command in commands.choices.items():
+        assert command.description, name
+        text = command.format_help()
+        assert "``" not in text and "`" not in text, (name, text)
+        for action in command._actions:
+            assert action.help, (name, action.dest)

@@ -76,40 +76,53 @@ def _add_workflow_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="verbmirage", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    first, _, rest = __doc__.replace("``", "").partition("\n\n")
+    parser = argparse.ArgumentParser(prog="verbmirage", description=first,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=rest)
     parser.add_argument("--version", action="version", version=f"verbmirage {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    checking = commands.add_parser("check", help="plan a config: every planning check, no job runs")
+    checking = commands.add_parser(
+        "check", help="plan a config: every planning check, no job runs",
+        description="Plan a config as a run would, without running a job: every check made when a run is planned "
+        "(config keys and values, backend and condition settings, data roots, analyses' inputs) reports here, "
+        "naming the key; prints how many jobs the run would have.")
     _add_workflow_options(checking)
 
     running = commands.add_parser("run", help="run the workflow (Snakemake) on a config",
-                                  description="Run the workflow. Arguments after `--` go to Snakemake unchanged.")
+                                  description="Run the workflow. Arguments after -- go to Snakemake unchanged.")
     _add_workflow_options(running)
     running.add_argument("targets", nargs="*", help="files or rules to make (default: everything)")
     running.add_argument("--cores", type=int, help="CPU cores for local jobs (default 2)")
     running.add_argument("--profile", help="a Snakemake profile, e.g. profiles/slurm")
     running.add_argument("-n", "--dry-run", action="store_true", help="only show what would run")
 
-    reporting = commands.add_parser("report", help="make the tables and figures (what is missing) and the HTML "
-                                    "report")
+    reporting = commands.add_parser(
+        "report", help="make the tables and figures (what is missing) and the HTML report",
+        description="Run what is missing of the workflow, then write the Snakemake report: every table and figure "
+        "of the run with its caption, in one self-contained HTML file.")
     _add_workflow_options(reporting)
     reporting.add_argument("--output", default="report.html", help="the report file (default report.html)")
     reporting.add_argument("--cores", type=int, help="CPU cores for local jobs (default 2)")
 
     listing = commands.add_parser(
         "list", help="what there is to choose from: backends, question sets, decodings, image conditions, and a "
-        "config's models, variants, conditions and ensembles")
+        "config's models, variants, conditions and ensembles",
+        description="List the backends, question sets, decodings and image condition types the package offers, "
+        "and the models, variants, conditions and ensembles a config sets up. Nothing is loaded or run.")
     listing.add_argument("what", nargs="?", default="all", choices=("all", *SECTIONS),
                          help="one section (default: all)")
     listing.add_argument("--configfile", help="the config whose models and variants to list (default: config.yaml)")
 
     defaults = inference_defaults()  # the config schema's `inference` defaults
-    predict = commands.add_parser("predict", help="answer one question set on one image shard")
+    predict = commands.add_parser("predict", help="answer one question set on one image shard",
+                                  description="Answer one question set on one image shard, as a workflow job "
+                                  "does (resumable from OUTPUT.parts/).")
     predict.add_argument("--questions", required=True, help="question set Parquet")
     predict.add_argument("--output", required=True, help="the answers' Parquet table")
-    suite = commands.add_parser("predict-suite", help="answer every question set on one image shard")
+    suite = commands.add_parser("predict-suite", help="answer every question set on one image shard",
+                                description="Answer every question set on one image shard with one model load, "
+                                "as a workflow job does (resumable from OUTPUT.parts/<qset>/).")
     suite.add_argument("--questions", required=True, nargs="+", help="question set Parquet files (<qset>.parquet)")
     suite.add_argument("--output", required=True, help="a folder: <qset>.parquet per set")
     for command in (predict, suite):
@@ -117,9 +130,12 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--model-name", required=True, help="the model's slug")
         command.add_argument("--model", required=True, help="the model's config entry as JSON")
         command.add_argument("--variant", default="{}", help="the variant's settings as JSON")
-        command.add_argument("--shard", type=int, default=0)
-        command.add_argument("--shards", type=_inference_option("shards", int), default=1)
-        command.add_argument("--train-stats", default=None)
+        command.add_argument("--shard", type=int, default=0, help="which image shard to answer, 0 to SHARDS-1 "
+                             "(default 0)")
+        command.add_argument("--shards", type=_inference_option("shards", int), default=1,
+                             help="how many image shards the questions are split into (default 1)")
+        command.add_argument("--train-stats", default=None, help="the training split's label statistics (Parquet), "
+                             "for the language-prior baseline")
         command.add_argument("--condition", default="null", help="the image condition's settings as JSON")
         for name in ("batch_size", "part_size", "max_error_share", "continue_tokens"):
             command.add_argument(f"--{name.replace('_', '-')}", type=_inference_option(name, type(defaults[name])),
