@@ -10,6 +10,9 @@ that two configs in one checkout never overwrite each other's tables nor make ea
 The top-level key ``results_dir`` names the results folder instead (relative to the working directory, or
 absolute). Inside ``results/`` its logs and benchmarks follow the same rule (``results_dir: results/v2``:
 ``logs/v2/``); elsewhere they go into it (``<results_dir>/logs/``, ``<results_dir>/benchmarks/``).
+
+Each config's HTML report goes with its tree (:attr:`RunFolders.report`): ``report.html`` in the working
+directory for the demo's tree (``results/``), ``report.html`` in the results folder for any other.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path, PurePosixPath
 #: The demo's config file, and the folders its runs write to.
 DEMO_CONFIG = "config.yaml"
 RESULTS, LOGS, BENCHMARKS = "results", "logs", "benchmarks"
+REPORT = "report.html"
 _NAME = re.compile(r"[A-Za-z0-9_.+-]+")
 
 
@@ -35,6 +39,11 @@ class RunFolders:
     results: str
     logs: str
     benchmarks: str
+
+    @property
+    def report(self) -> str:
+        """The config's HTML report: ``report.html`` for the demo's tree, else in its results folder."""
+        return REPORT if self.results == RESULTS else str(PurePosixPath(self.results, REPORT))
 
 
 def _is_demo_config(path: Path, workdir: Path, workflow_dir: Path) -> bool:
