@@ -104,6 +104,13 @@ def test_landing_html_notes_the_stand_ins_and_says_when_there_is_no_table1():
     assert "made no Table 1" in landing_html(None)
 
 
+def test_the_landing_names_the_data_and_models_as_text():
+    config = {"datasets": {"hico": {"root": "data/<svg onload=alert(4)>/hico"}}, "models": {"prior": {}}}
+    text = landing_html(None, config=config)
+    assert "<p>Data: hico from <code>data/&lt;svg onload=alert(4)&gt;/hico</code>; models: prior.</p>" in text
+    assert "<svg" not in text
+
+
 def test_run_facts_name_the_commit_versions_roots_models_and_config(tmp_path):
     repository = tmp_path / "pipeline"
     repository.mkdir()

@@ -111,6 +111,15 @@ def report_item(path: str | Path) -> ReportItem:
     return found[0]
 
 
+def is_reported(path: str | Path) -> bool:
+    """Whether the report shows ``path`` (it has a :data:`REPORT_ITEMS` entry)."""
+    try:
+        report_item(path)
+    except KeyError:
+        return False
+    return True
+
+
 def report_options(path: str | Path, captions: str = "../report") -> dict:
     """The keyword arguments of Snakemake's ``report()`` for ``path``: category, labels, caption (in
     ``captions``, relative to the rule files). A path with wildcards (``benchmark/{dataset}/counts.html``)
@@ -186,12 +195,25 @@ def _signed(ours, theirs) -> str | float:
     return f"{ours - theirs:+.2f}"
 
 
+def run_line(config: Mapping) -> str:
+    """The landing's first line, as HTML: each dataset's root as configured, and the models (every name from the
+    config escaped here: the report's own text, ``report/workflow.rst``, holds none of them)."""
+    roots = ", ".join(f"{html.escape(str(name))} from <code>{html.escape(str((entry or {}).get('root', '')))}</code>"
+                      for name, entry in (config.get("datasets") or {}).items())
+    models = ", ".join(html.escape(str(slug)) for slug in config.get("models") or {})
+    return f"<p>Data: {roots or 'none'}; models: {models or 'none'}.</p>"
+
+
 def landing_html(table1: pd.DataFrame | None, variant_paper_names: Mapping[str, str] | None = None,
-                 stand_ins: Mapping[str, str] | None = None, condition: str = "clean") -> str:
-    """The landing page's headline as an HTML fragment (``report/workflow.rst`` includes it): Table 1's
-    accuracies (:func:`landing_frame`), a line on how to read them, a note on the stand-ins. ``table1``: its
-    Parquet, or None where the run has no Table 1 (no HICO)."""
+                 stand_ins: Mapping[str, str] | None = None, condition: str = "clean",
+                 config: Mapping | None = None) -> str:
+    """The landing page's headline as an HTML fragment (``report/workflow.rst`` includes it): the run's data
+    roots and models (:func:`run_line`, where ``config`` is given), Table 1's accuracies
+    (:func:`landing_frame`), a line on how to read them, a note on the stand-ins. ``table1``: its Parquet, or
+    None where the run has no Table 1 (no HICO)."""
     parts = [f"<style>{LANDING_STYLE}</style>", "<div class='vm-landing'>"]
+    if config is not None:
+        parts.append(run_line(config))
     if table1 is None:
         parts.append("<p>This run made no Table 1 (it needs the HICO dataset): the headline is in the tables "
                      "below.</p>")
@@ -285,5 +307,5 @@ def run_facts_html(config: Mapping, repository: str | Path, workdir: str | Path 
     return html_page("\n".join(body), "The run's facts", style)
 
 
-__all__ = ["REPORT_ITEMS", "ReportItem", "report_item", "report_options", "landing_frame", "landing_html",
-           "package_versions", "pipeline_commit", "run_facts_html"]
+__all__ = ["REPORT_ITEMS", "ReportItem", "report_item", "is_reported", "report_options", "landing_frame", "run_line",
+           "landing_html", "package_versions", "pipeline_commit", "run_facts_html"]
