@@ -60,13 +60,15 @@ onstart:
 
 
 # The end of a run (src/verbmirage/workflow/run_summary.py): on success where the results are, Table 1's headline
-# numbers and how to open the report; on failure which jobs failed and their logs. It never fails the run.
+# numbers and whether the config's report is up to date; on failure which jobs failed and their logs. It never
+# fails the run.
 onsuccess:
     from verbmirage.workflow import jobserver, run_summary
 
     jobserver.stop(_job_server.pop() if _job_server else None)
     run_summary.print_summary("success", outputs=rules.all.input, metrics=PATHS.metrics,
-                              variants=config.get("variants"), configfiles=workflow.overwrite_configfiles)
+                              variants=config.get("variants"), configfiles=workflow.overwrite_configfiles,
+                              report=RUN_FOLDERS.report, shown=PLAN.report_files)
 
 
 onerror:

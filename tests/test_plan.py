@@ -179,6 +179,8 @@ def test_every_figure_and_html_table_of_a_plan_has_its_place_in_the_report(demo,
         assert len(shown) > 25
         for path in shown:
             report_item(path)  # its category, its place in the paper's order, its caption
+        # what the end-of-run summary checks the report against: every file it shows, nothing else
+        assert sorted(plan.report_files) == sorted([*shown, plan.report_pages["landing"]])
 
 
 def test_the_demo_metrics_collect_every_part(demo):
