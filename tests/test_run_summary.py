@@ -92,7 +92,7 @@ def test_success_summary_names_folders_headline_and_report_command(tmp_path):
     figures.mkdir()
     (figures / "fig1_object_vs_verb.png").write_bytes(b"\x89PNG\r\n\x1a\n")
     outputs = ["results/tables/table1.parquet", "results/tables/table1.html", "results/tables/table2.html",
-               "results/figures/fig1_object_vs_verb.png", "results/figures/fig3_rare_common.png"]
+               "results/figures/fig1_object_vs_verb.png", "results/figures/fig3a_rare_common.png"]
     (tmp_path / "results/tables/table1.html").write_text("<table></table>")
     text = success_summary(outputs, "results/metrics/metrics.parquet", variants=VARIANTS,
                            configfiles=["configs/paper.yaml"], workdir=tmp_path)

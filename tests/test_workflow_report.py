@@ -20,8 +20,9 @@ from verbmirage.core.schemas import METRICS
 
 pytestmark = pytest.mark.slow
 
-PAPER_FIGURES = ["fig1_object_vs_verb.png", "fig3_rare_common.png", "fig4b_error_consistency.png",
-                 "fig5_ego_exo.png", "fig6_ambiguity.png"]
+PAPER_FIGURES = ["fig1_object_vs_verb.png", "fig3a_rare_common.png", "fig3b_rare_common.png",
+                 "fig4b_error_consistency.png", "fig5_ego_exo.png", "fig6a_ambiguity.png", "fig6b_ambiguity.png",
+                 "fig6c_ambiguity.png"]
 
 
 def test_paper_figures_exist_and_note_where_the_numbers_come_from(demo_run):
