@@ -65,7 +65,8 @@ onstart:
 
 
 # The end of a run (src/verbmirage/workflow/run_summary.py): on success where the results are, Table 1's headline
-# numbers and how to open the report; on failure which jobs failed and their logs. It never fails the run.
+# numbers and whether the config's report is up to date; on failure which jobs failed and their logs. It never
+# fails the run.
 onsuccess:
     from verbmirage.workflow import jobserver, run_summary
 
@@ -73,7 +74,8 @@ onsuccess:
     for _watcher in _progress:
         _watcher.stop()
     run_summary.print_summary("success", outputs=rules.all.input, metrics=PATHS.metrics,
-                              variants=config.get("variants"), configfiles=workflow.overwrite_configfiles)
+                              variants=config.get("variants"), configfiles=workflow.overwrite_configfiles,
+                              report=RUN_FOLDERS.report, shown=PLAN.report_files)
 
 
 onerror:

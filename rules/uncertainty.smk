@@ -66,7 +66,8 @@ rule fov:
 
 
 rule fov_report:
-    """The FOV table (full image beside each crop) and Fig. 10, drawn from the FOV tables."""
+    """The FOV table (full image beside each crop) and Fig. 10 (a page per few models), drawn from the FOV
+    tables."""
     input:
         summary=PLAN.fov_files["summary"],
         rows=PLAN.fov_files["rows"],
@@ -74,10 +75,11 @@ rule fov_report:
         table=PLAN.fov_files["parquet"],
         markdown=PLAN.fov_files["md"],
         html=reported(PLAN.fov_files["html"]),
-        figure=reported(PLAN.fov_files["figure"]),
-        figure_prints=figure_prints(PLAN.fov_files["figure"]),  # the same figure as PDF and SVG
+        figures=[reported(path) for path in PLAN.fov_files["figures"]],
+        figure_prints=figure_prints(*PLAN.fov_files["figures"]),  # the same figures as PDF and SVG
     params:
-        models=PLAN.token_models,
+        models=PLAN.fov_figure_models,
+        qsets=PLAN.fov.qsets if PLAN.fov else [],
         skipped=PLAN.no_token_models,
         notes=PLAN.stand_in_notes,
         variant=PLAN.variants[0],

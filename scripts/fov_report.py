@@ -1,8 +1,10 @@
 """The FOV table (full image beside each crop, percent) and Fig. 10; rule ``fov_report``.
 
 Inputs: ``summary`` (``fov.parquet``) and ``rows`` (``fov_rows.parquet``). Outputs: ``results/tables/fov``
-as Parquet, Markdown and HTML, and ``fig10_fov.png`` (a PDF and an SVG beside it). Settings: ``params.models`` (with token probabilities, in order),
-``params.skipped`` (without), ``params.notes`` (per-model figure notes), ``params.variant`` (the one Fig. 10 shows).
+as Parquet, Markdown and HTML, and Fig. 10's pages ``figures`` (``fig10a_fov.png``, ...; a PDF and an SVG
+beside each). Settings: ``params.models`` (with token probabilities, in order), ``params.qsets`` (the FOV
+sets), ``params.skipped`` (without), ``params.notes`` (per-model figure notes), ``params.variant`` (the one
+Fig. 10 shows).
 """
 
 from verbmirage.workflow.jobserver import delegate
@@ -25,4 +27,5 @@ with job_log(snakemake.log[0]):
     write_parquet(table, out.table)
     write_markdown(table, out.markdown, title=f"{TITLE}. {PAPER_NOTE}")
     write_html(table, out.html, title=f"{TITLE}. {PAPER_NOTE}")
-    draw_fov_figure(summary, rows, out.figure, list(p.models), p.notes, skipped=list(p.skipped), variant=p.variant)
+    draw_fov_figure(summary, rows, list(out.figures), list(p.models), list(p.qsets), p.notes,
+                    skipped=list(p.skipped), variant=p.variant)

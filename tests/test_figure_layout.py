@@ -1,7 +1,8 @@
 """Every figure the workflow draws fits a page and is saved for a paper (verbmirage.analysis.figure_layout).
 
-Each figure is drawn from small frames of the real table schemas, twice: at most 1,800 px wide, at most three
-panels a row, no font under 8 pt, a PDF and an SVG beside the PNG, and the same PNG both times (a killed and
+Each figure is drawn from small frames of the real table schemas, twice: at most 1,800 px wide, at most 1.3
+times as tall as wide, at most three panels a row, no font under 8 pt, a PDF and an SVG beside the PNG, and the
+same PNG both times (a killed and
 rerun demo must give a byte-identical tree, docs/faults.md; that the PDF and SVG writers add no date or random
 id is checked once, on Fig. 3).
 """
@@ -27,7 +28,7 @@ from verbmirage.analysis.known_object import draw_known_object_figure
 from verbmirage.analysis.object_reliance import OBJECTS_PER_PANEL, draw_fig15
 from verbmirage.analysis.paper_figures import AMBIGUITY_RULES, DRAW, draw_paper_figures, figure_note
 from verbmirage.analysis.uncertainty import UncertaintySettings, uncertainty_tables
-from verbmirage.analysis.uncertainty_figures import draw_fov_figure, draw_uncertainty_figures
+from verbmirage.analysis.uncertainty_figures import draw_fov_figure, draw_uncertainty_figures, fov_pages
 from verbmirage.analysis.vcd_divergence import draw_vcd_divergence_figure, vcd_divergence_tables
 from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_paper_numbers
 
@@ -87,8 +88,11 @@ def _fov_figure(folder: Path) -> None:
     conditions = {"clean": {"type": "clean"}, "crop": {"type": "crop", "margin": 0.0}}
     runs = [({"model": model, "variant": "default", "qset": qset}, questions.assign(qset=qset), answered)
             for model in ("llava15_7b", "instructblip_7b") for qset in ("mc_verb", "mc_obj", "mc_ego", "mc_exo")]
-    fov, rows = fov_tables(runs, image_tags, conditions, NO_BOOTSTRAP, ["llava15_7b", "instructblip_7b"])
-    draw_fov_figure(fov, rows, folder / "fig10_fov.png", ["llava15_7b", "instructblip_7b"], skipped=["prior"])
+    models, qsets = ["llava15_7b", "instructblip_7b"], ["mc_verb", "mc_obj", "mc_ego", "mc_exo"]
+    fov, rows = fov_tables(runs, image_tags, conditions, NO_BOOTSTRAP, models)
+    paths = [folder / f"{name}.png" for name in layout.part_names("fig10_fov", len(fov_pages(models, len(qsets))))]
+    assert len(paths) == 2  # four sets a model (two rows of two): a page each
+    draw_fov_figure(fov, rows, paths, models, qsets, skipped=["prior"])
 
 
 def _known_object_figure(folder: Path) -> None:
@@ -120,7 +124,7 @@ def _reliance_figure(folder: Path) -> None:
 
 
 DRAWINGS = {
-    "paper figures (1, 3, 4b, 5, 6)": _paper_figures,
+    "paper figures (1, 3a, 3b, 4b, 5, 6a-6c)": _paper_figures,
     "attention (7, 8, 13, 14)": _attention_figures,
     "uncertainty (9, 12)": _uncertainty_figures,
     "field of view (10)": _fov_figure,
@@ -159,6 +163,7 @@ def test_every_figure_fits_a_page_and_saves_the_same_bytes_twice(name, tmp_path,
     for png in pngs:
         with Image.open(png) as image:
             assert image.size[0] <= layout.MAX_WIDTH_PX, (png.name, image.size)
+            assert image.size[1] <= layout.MAX_HEIGHT_RATIO * image.size[0], (png.name, image.size)
         assert png.read_bytes() == (second / png.name).read_bytes(), f"{png.name} differs between drawings"
         for path in layout.companion_paths(png):  # the PDF and SVG beside it
             assert path.stat().st_size > 1000, path.name
@@ -174,12 +179,12 @@ def test_paper_figures_fit_a_page(name):
                         decoding="greedy")
     figure.draw_without_rendering()  # places the panels as a save does
     assert not layout.layout_problems(figure)
-    if name == "fig6":  # was ten panels in one row, 4,840 px wide
-        assert layout.panels_per_row(figure) == [2] * 5  # YN | MC, one row per ambiguity rule
+    if name.startswith("fig6"):  # was ten panels in one row, 4,840 px wide, then five rows, 1.8 times as tall
+        assert layout.panels_per_row(figure) == [2] * (1 if name == "fig6a" else 2)  # YN | MC, a row per rule
 
 
 def test_small_samples_say_n_and_large_ones_do_not():
-    figure = DRAW["fig6"](_paper_metrics(), None, models=MODELS)
+    figure = DRAW["fig6b"](_paper_metrics(), None, models=MODELS)
     titles = [axis.get_title() for axis in figure.axes]
     assert all("n=12" in title for title in titles if "crowd" in title)  # the amb_* subsets have 12 questions
     assert not any("n=" in title for title in titles if "any rule" in title)  # 400: nothing said
@@ -187,7 +192,7 @@ def test_small_samples_say_n_and_large_ones_do_not():
 
 def test_save_figure_writes_png_pdf_svg_with_the_same_bytes_each_time(tmp_path):
     for folder in ("a", "b"):
-        figure = DRAW["fig3"](_paper_metrics(), None, models=MODELS[:2])  # hatches, error bars, legends, text
+        figure = DRAW["fig3a"](_paper_metrics(), None, models=MODELS[:2])  # hatches, error bars, legends, text
         paths = layout.save_figure(figure, tmp_path / folder / "fig3.png")
         assert [p.suffix for p in paths] == [".png", ".pdf", ".svg"]
     for suffix in (".png", ".pdf", ".svg"):
@@ -199,6 +204,32 @@ def test_save_figure_writes_png_pdf_svg_with_the_same_bytes_each_time(tmp_path):
 
 
 # ---- the helper on its own ---------------------------------------------------------------------------------
+def test_no_figure_is_taller_than_a_page():
+    """Rows beyond a page lower the panels (not below MIN_PANEL_HEIGHT); a figure planned in parts names each."""
+    with layout.page_style():
+        tall, _ = layout.page_figure(8, columns=2, panel_height=2.3, heading="a heading\nand a note")
+        short, _ = layout.page_figure(2, columns=1, panel_height=2.3, heading="a heading")
+        crowded, _ = layout.page_figure(30, columns=1, panel_height=2.3)
+    assert tall.get_size_inches()[1] == pytest.approx(layout.MAX_HEIGHT)  # 4 rows x 2.3 in: lowered to fit
+    assert not layout.layout_problems(tall)
+    assert short.get_size_inches()[1] == pytest.approx(2 * 2.3 + layout.heading_height(1))  # fits: as asked
+    assert crowded.get_size_inches()[1] == pytest.approx(30 * layout.MIN_PANEL_HEIGHT + layout.heading_height(0))
+    assert "times as tall as wide (at most 1.3)" in layout.layout_problems(crowded)[0]
+    assert layout.rows_per_page(3.0) == 2 and layout.rows_per_page(2.3) == 3 and layout.rows_per_page(20) == 1
+    assert layout.part_names("fig10_fov", 3) == ["fig10a_fov", "fig10b_fov", "fig10c_fov"]
+    with pytest.raises(ValueError, match="27 parts"):
+        layout.part_names("fig10_fov", 27)
+
+
+def test_fig10_shows_as_many_models_a_page_as_fit():
+    models = [f"m{i}" for i in range(5)]
+    assert fov_pages(models, 2) == [["m0", "m1"], ["m2", "m3"], ["m4"]]  # a row a model, two rows a page
+    assert fov_pages(models[:2], 4) == [["m0"], ["m1"]]  # four sets: two rows of two a model
+    assert fov_pages([], 2) == [[]]  # no logit-scored model: one page says so
+    with pytest.raises(ValueError, match="takes 3 pages, 1 files given"):
+        draw_fov_figure(pd.DataFrame(), pd.DataFrame(), ["fig10a_fov.png"], models, ["mc_obj", "mc_verb"])
+
+
 def test_grid_never_puts_more_than_three_panels_in_a_row():
     assert layout.grid(10) == (4, 3)
     assert layout.grid(10, columns=2) == (5, 2)

@@ -118,13 +118,15 @@ def test_fig1_without_paper_numbers_has_no_marks():
     assert values and not any(key.startswith("paper|") for key in values)
 
 
-def test_fig3_answer_no_and_yes_panels():
-    figure = fig3_rare_common(_metrics(), PAPER, models=["llava", "vote"], paper_names=NAMES)
-    no, no_marks = _panel(figure, "(a)")
+def test_fig3_answer_no_and_yes_parts():
+    figure = fig3_rare_common(_metrics(), PAPER, models=["llava", "vote"], paper_names=NAMES)  # part a
+    no, no_marks = _panel(figure, "accuracy per model, correct answer No")
     assert no == pytest.approx({"llava|yn_obj rare HOI": 30.0, "llava|yn_obj non-rare HOI": 80.0,
                                 "llava|yn_verb common verb": 20.0, "llava|yn_verb non-common verb": 65.0})
     assert not no_marks  # the paper prints no number for Fig. 3
-    yes, _ = _panel(figure, "(b)")
+    assert figure.get_suptitle().startswith("Fig. 3, part a:") and len(figure.axes) == 1
+    yes, _ = _panel(fig3_rare_common(_metrics(), PAPER, models=["llava", "vote"], paper_names=NAMES,
+                                     part="fig3b"), "accuracy per model, correct answer Yes")
     assert yes == pytest.approx({"llava|yn_obj rare HOI": 40.0, "llava|yn_obj non-rare HOI": 95.0})
 
 
@@ -153,17 +155,19 @@ def test_fig5_ego_exo_from_charadesego_with_table4_marks():
     assert yn_marks == {"paper|llava|egocentric": 50.0, "paper|llava|exocentric": 60.0}
 
 
-def test_fig6_one_row_per_rule_ambiguous_vs_unambiguous():
-    figure = fig6_ambiguity(_metrics(), PAPER, models=["llava"], paper_names=NAMES)
-    assert len(figure.axes) == 10  # (YN, MC) x (any rule + 4 rules)
-    yn_any, _ = _panel(figure, "YN accuracy: any rule")
+def test_fig6_one_row_per_rule_ambiguous_vs_unambiguous_in_three_parts():
+    parts = {part: fig6_ambiguity(_metrics(), PAPER, models=["llava"], paper_names=NAMES, part=part)
+             for part in ("fig6a", "fig6b", "fig6c")}
+    assert [len(figure.axes) for figure in parts.values()] == [2, 4, 4]  # (YN, MC) x (any rule | 2 rules | 2 rules)
+    yn_any, _ = _panel(parts["fig6a"], "YN accuracy: any rule")
     assert yn_any == pytest.approx({"llava|yn_obj amb.": 45.0, "llava|yn_obj unamb.": 65.0})
-    crowd, _ = _panel(figure, "MC circular accuracy: crowd")
+    crowd, _ = _panel(parts["fig6b"], "MC circular accuracy: crowd")
     assert crowd == pytest.approx({"llava|mc_verb amb.": 10.0, "llava|mc_verb unamb.": 33.0})
-    size, _ = _panel(figure, "MC circular accuracy: size ratio")
+    size, _ = _panel(parts["fig6b"], "MC circular accuracy: size ratio")
     assert size == pytest.approx({"llava|mc_verb unamb.": 33.0})  # no amb_size row: only the reference bar
-    yn_crowd, _ = _panel(figure, "YN accuracy: crowd")
+    yn_crowd, _ = _panel(parts["fig6b"], "YN accuracy: crowd")
     assert yn_crowd == pytest.approx({"llava|yn_obj unamb.": 65.0})
+    assert {axis.get_title().split(": ")[1].split()[0] for axis in parts["fig6c"].axes} == {"occlusion", "invisible"}
     # a run without HICO-DET tags has no such subset: every panel says so instead of failing
     bare = fig6_ambiguity(_metrics()[lambda f: f.subset == "all"], PAPER, models=["llava"], paper_names=NAMES)
     assert not bar_values(bare)
@@ -171,7 +175,7 @@ def test_fig6_one_row_per_rule_ambiguous_vs_unambiguous():
 
 
 def test_draw_writes_every_png(tmp_path):
-    assert set(DRAW) == {"fig1", "fig3", "fig4b", "fig5", "fig6"}
+    assert set(DRAW) == {"fig1", "fig3a", "fig3b", "fig4b", "fig5", "fig6a", "fig6b", "fig6c"}
     paths = {name: tmp_path / f"{name}.png" for name in ("fig1", "fig4b")}  # each figure is drawn above
     draw_paper_figures(_metrics(), paths, PAPER, note="a note", models=["llava", "vote"], paper_names=NAMES)
     for path in paths.values():

@@ -161,11 +161,13 @@ def test_every_log_of_a_rule_with_wildcards_names_them():
 
 def test_the_demo_targets_of_rule_all(demo):
     targets = demo.targets
-    assert len(targets) == len(set(targets)) == 66  # 62 + the counts' HTML (2) and the report's own pages (2)
+    # 62 + the counts' HTML (2), the report's own pages (2), Figs. 3 and 6 in parts (+1, +2), Fig. 10's 2nd page
+    assert len(targets) == len(set(targets)) == 70
     assert targets[0] == "results/metrics/metrics.parquet"  # the end-of-run summary reads it first
     assert {f"results/tables/table{n}.{ext}" for n in (1, 2, 3, 4, 5, 6, 7, 8) for ext in ("parquet", "md", "html")} \
         <= set(targets)
-    assert {"results/figures/fig5_ego_exo.png", "results/figures/fig6_ambiguity.png",
+    assert {"results/figures/fig5_ego_exo.png", "results/figures/fig6c_ambiguity.png",
+            "results/figures/fig10a_fov.png", "results/figures/fig10b_fov.png",  # 4 models, 2 a page
             "results/figures/fig11_known_object_ap.png", "results/figures/vcd_divergence.png",
             "results/calibration/hico/clean/tiny_llava/calibrated.json", "results/models/tiny_llava_pangea",
             "results/training/tiny_llava_pangea/summary.md", "results/benchmark/charadesego/counts.md",
@@ -179,6 +181,8 @@ def test_every_figure_and_html_table_of_a_plan_has_its_place_in_the_report(demo,
         assert len(shown) > 25
         for path in shown:
             report_item(path)  # its category, its place in the paper's order, its caption
+        # what the end-of-run summary checks the report against: every file it shows, nothing else
+        assert sorted(plan.report_files) == sorted([*shown, plan.report_pages["landing"]])
 
 
 def test_the_demo_metrics_collect_every_part(demo):
@@ -260,7 +264,7 @@ def test_nine_models_eight_variants_two_conditions():
     assert plan.decision_input("hico", "saltpepper", "llava_8", "content_free") == "results/images/content_free/hico"
     # no HICO-DET: no image subsets, no Fig. 6, no boxes; no CharadesEgo: no Table 4, no Fig. 5
     assert plan.metric_tags("hico") == [] and plan.hico_det_boxes == []
-    assert set(plan.paper_figures) == {"fig1", "fig3", "fig4b"}
+    assert set(plan.paper_figures) == {"fig1", "fig3a", "fig3b", "fig4b"}
     assert plan.table_numbers == [1, 2, 3]
     assert plan.targets.count("results/tables/table1.parquet") == 1
     assert Run("hico", "saltpepper", "llava_8", "opera", ("yn_obj", "yn_verb", "mc_obj", "mc_verb")) in plan.scored

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_each_report_item_has_its_caption_and_a_unique_place():
     for end, item in REPORT_ITEMS.items():
         assert (REPO / "report" / item.caption).is_file(), (end, item.caption)
-    places = [(item.category, item.rank) for item in REPORT_ITEMS.values()]
+    places = [(item.category, item.labels["no."]) for item in REPORT_ITEMS.values()]
     assert len(places) == len(set(places)), "two items share a place in one category"
 
 
@@ -38,7 +38,8 @@ def test_figures_sort_in_the_papers_order_and_their_captions_open_with_its_findi
     figures = sorted((item for item in REPORT_ITEMS.values() if item.category == FIGURES),
                      key=lambda item: item.labels["no."])  # the report sorts by the first label, as text
     numbers = [int(re.match(r"Fig\. (\d+)", item.paper).group(1)) for item in figures]
-    assert numbers == sorted(numbers) == [1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+    assert numbers == sorted(numbers) == [1, 3, 3, 4, 5, 6, 6, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]  # 3, 6 in parts
+    assert [item.labels["no."] for item in figures][1:3] == ["03a", "03b"]
     for item in figures:
         assert (REPO / "report" / item.caption).read_text().startswith("**The paper found:** "), item.caption
     tables = sorted((item for item in REPORT_ITEMS.values() if item.category == TABLES),
@@ -47,9 +48,10 @@ def test_figures_sort_in_the_papers_order_and_their_captions_open_with_its_findi
 
 
 def test_report_options_for_a_file_a_pattern_and_an_unknown_file():
-    options = report_options("results/paper/figures/fig10_fov.png")  # another config's results folder
-    assert options == {"category": FIGURES, "caption": "../report/fov_fig10.rst",
-                       "labels": {"no.": "10", "paper": "Fig. 10", "shows": "field of view and uncertainty"}}
+    options = report_options("results/paper/figures/fig10b_fov.png")  # another config's results folder
+    assert options == {"category": FIGURES, "caption": "../report/fov_fig10.rst",  # Fig. 10's second page
+                       "labels": {"no.": "10b", "paper": "Fig. 10", "shows": "field of view and uncertainty"}}
+    assert report_item("results/figures/fig6c_ambiguity.png").labels["no."] == "06c"
     counts = report_options("results/benchmark/{dataset}/counts.html")
     assert counts["category"] == TABLES and counts["caption"] == "../report/counts.rst"
     assert counts["labels"]({"dataset": "charadesego"})["shows"] == "CharadesEgo question counts"
@@ -102,6 +104,13 @@ def test_landing_html_notes_the_stand_ins_and_says_when_there_is_no_table1():
     assert f"† {STAND_IN} (tiny: random weights)" in text and "absent" not in text
     assert "align-items: flex-start" in text  # the landing starts at the top of the screen
     assert "made no Table 1" in landing_html(None)
+
+
+def test_the_landing_names_the_data_and_models_as_text():
+    config = {"datasets": {"hico": {"root": "data/<svg onload=alert(4)>/hico"}}, "models": {"prior": {}}}
+    text = landing_html(None, config=config)
+    assert "<p>Data: hico from <code>data/&lt;svg onload=alert(4)&gt;/hico</code>; models: prior.</p>" in text
+    assert "<svg" not in text
 
 
 def test_run_facts_name_the_commit_versions_roots_models_and_config(tmp_path):

@@ -92,7 +92,7 @@ def test_success_summary_names_folders_headline_and_report_command(tmp_path):
     figures.mkdir()
     (figures / "fig1_object_vs_verb.png").write_bytes(b"\x89PNG\r\n\x1a\n")
     outputs = ["results/tables/table1.parquet", "results/tables/table1.html", "results/tables/table2.html",
-               "results/figures/fig1_object_vs_verb.png", "results/figures/fig3_rare_common.png"]
+               "results/figures/fig1_object_vs_verb.png", "results/figures/fig3a_rare_common.png"]
     (tmp_path / "results/tables/table1.html").write_text("<table></table>")
     text = success_summary(outputs, "results/metrics/metrics.parquet", variants=VARIANTS,
                            configfiles=["configs/paper.yaml"], workdir=tmp_path)
@@ -107,6 +107,34 @@ def test_success_summary_names_folders_headline_and_report_command(tmp_path):
     (tmp_path / "report.html").write_text("<html></html>")
     assert f"report   {tmp_path / 'report.html'} (open it in a browser" in success_summary(
         outputs, "results/metrics/metrics.parquet", variants=VARIANTS, workdir=tmp_path)
+
+
+def test_the_report_is_up_to_date_only_when_newer_than_every_file_it_shows(tmp_path):
+    """A config's own report (results/<name>/report.html), checked against its tables, figures and pages, not
+    only the metrics table: a paper_name change rewrites the figures and leaves the metrics as they were."""
+    import os
+
+    shown = ["results/mini/tables/table1.html", "results/mini/figures/fig1_object_vs_verb.png",
+             "results/mini/report/landing.html", "results/mini/figures/fig3a_rare_common.png"]  # the last: not made
+    for number, name in enumerate(["results/mini/metrics/metrics.parquet", *shown[:3], "results/mini/report.html"]):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+        os.utime(tmp_path / name, (1_000_000 + number, 1_000_000 + number))  # in this order, the report last
+
+    def line():
+        text = success_summary(shown, "results/mini/metrics/metrics.parquet", configfiles=["my/mini.yaml"],
+                               report="results/mini/report.html", workdir=tmp_path, shown=shown)
+        return next(line for line in text.splitlines() if line.startswith("  report "))
+
+    report = tmp_path / "results/mini/report.html"
+    assert line().startswith(f"  report   {report} (open it in a browser; `")
+    os.utime(tmp_path / shown[1], (1_000_100, 1_000_100))  # Fig. 1 drawn again (a paper_name changed)
+    assert line().startswith("  report   older than results/mini/figures/fig1_object_vs_verb.png: `")
+    assert line().endswith(f"report --configfile my/mini.yaml` writes {report}, then open it in a browser")
+    os.utime(tmp_path / shown[2], (1_000_050, 1_000_050))
+    assert "older than results/mini/figures/fig1_object_vs_verb.png and 1 more of the files it shows" in line()
+    report.unlink()
+    assert line().startswith("  report   not written yet: `")
 
 
 def test_success_summary_says_what_is_missing_in_one_line_each(tmp_path):

@@ -362,10 +362,10 @@ def test_figures_are_written(tmp_path):
     conditions = {"clean": {"type": "clean"}, "crop": {"type": "crop", "margin": 0.0}}
     fov, rows = fov_tables([({"model": "l", "variant": "default", "qset": "mc_verb"}, questions, answered)],
                            image_tags, conditions, NO_BOOTSTRAP, ["l"])
-    draw_fov_figure(fov, rows, tmp_path / "fig10.png", ["l"], skipped=["prior"])
-    assert (tmp_path / "fig10.png").stat().st_size > 1000
+    draw_fov_figure(fov, rows, [tmp_path / "fig10a.png"], ["l"], ["mc_verb"], skipped=["prior"])
+    assert (tmp_path / "fig10a.png").stat().st_size > 1000
     empty = tmp_path / "empty.png"
-    draw_fov_figure(fov.iloc[:0], rows.iloc[:0], empty, [], skipped=["prior"])  # no such model: still a figure
+    draw_fov_figure(fov.iloc[:0], rows.iloc[:0], [empty], [], ["mc_verb"], skipped=["prior"])  # no model: a figure
     assert empty.stat().st_size > 1000
 
 

@@ -1,4 +1,5 @@
-"""The demo's Snakemake report holds every figure and table the run made, and the paper figures exist."""
+"""The demo's Snakemake report holds every figure and table the run made, and the paper figures exist; names from
+a config show in a report as text and never run as script."""
 
 from __future__ import annotations
 
@@ -13,15 +14,17 @@ import yaml
 from PIL import Image
 from workflow_run import ARTIFACTS, REPO
 
-from verbmirage.analysis.figure_layout import MAX_WIDTH_PX, companion_paths
+from verbmirage.analysis.figure_layout import MAX_HEIGHT_RATIO, MAX_WIDTH_PX, companion_paths
 from verbmirage.analysis.paper_figures import bar_values, fig1_object_vs_verb
 from verbmirage.core.io import read_table
 from verbmirage.core.schemas import METRICS
+from verbmirage.data.demo import DemoSizes, write_demo_hico
 
 pytestmark = pytest.mark.slow
 
-PAPER_FIGURES = ["fig1_object_vs_verb.png", "fig3_rare_common.png", "fig4b_error_consistency.png",
-                 "fig5_ego_exo.png", "fig6_ambiguity.png"]
+PAPER_FIGURES = ["fig1_object_vs_verb.png", "fig3a_rare_common.png", "fig3b_rare_common.png",
+                 "fig4b_error_consistency.png", "fig5_ego_exo.png", "fig6a_ambiguity.png", "fig6b_ambiguity.png",
+                 "fig6c_ambiguity.png"]
 
 
 def test_paper_figures_exist_and_note_where_the_numbers_come_from(demo_run):
@@ -54,6 +57,7 @@ def test_every_figure_of_the_demo_fits_a_page_beside_its_pdf_and_svg(demo_run):
     for png in figures:
         with Image.open(png) as image:
             assert image.size[0] <= MAX_WIDTH_PX, (png.name, image.size)
+            assert image.size[1] <= MAX_HEIGHT_RATIO * image.size[0], (png.name, image.size)  # at most a page tall
         pdf, svg = companion_paths(png)
         assert pdf.read_bytes()[:5] == b"%PDF-", pdf.name
         assert b"<svg" in svg.read_bytes()[:1000], svg.name
@@ -149,10 +153,33 @@ def browser():
         browser.close()
 
 
+def result_lists(page):
+    """Each list of results in the report (a category's, or each of its subcategories'), shown in turn from the
+    category menu: yields (category, subcategory, the list's rows); back to the menu after each category."""
+    for category in page.evaluate("Object.keys(categories)"):
+        page.get_by_role("link", name=category, exact=True).click()
+        subcategories = page.evaluate("c => Object.keys(categories[c])", category)
+        for subcategory in subcategories:
+            if len(subcategories) > 1:
+                page.get_by_role("link", name=subcategory, exact=True).click()
+            yield category, subcategory, page.locator("#app table:not(.vm-headline) tbody tr")  # not the landing's
+            if len(subcategories) > 1:
+                page.locator("nav ol li a").nth(1).click()  # back to the category
+        page.locator("nav ol li a").first.click()  # the breadcrumbs' home: back to the category menu
+
+
 def _open_result(page, row) -> str:
     """Click a result's view button (the eye) in the report's list; the path the report then shows."""
     row.locator("a[iconname=eye]").click()
     return page.evaluate("app.state.resultPath")
+
+
+def _figure_top(page) -> tuple[float, float]:
+    """The shown figure's top and the top of the box the report shows it in (pixels from the window's top),
+    the box scrolled to its start: a figure cut off at the top has its top above the box's."""
+    return tuple(page.locator("#app img").last.evaluate(
+        "i => { const box = i.closest('.h-screen'); box.scrollTop = 0;"
+        " return [i.getBoundingClientRect().top, box.getBoundingClientRect().top]; }"))
 
 
 def _rendered_size(page, path: str) -> tuple[float, float]:
@@ -209,27 +236,24 @@ def test_report_renders_in_a_browser(demo_run, demo_report, browser):
     assert not [path for path in expected if path not in listed], "README files not in the report"
 
     shown: dict[str, tuple[float, float]] = {}
-    for category in categories:
-        page.get_by_role("link", name=category, exact=True).click()
-        subcategories = page.evaluate("c => Object.keys(categories[c])", category)
-        for subcategory in subcategories:
-            if len(subcategories) > 1:
-                page.get_by_role("link", name=subcategory, exact=True).click()
-            rows = page.locator("#app table:not(.vm-headline) tbody tr")  # the category's list, not the landing's
-            assert rows.count() == len(page.evaluate("([c, s]) => categories[c][s]", [category, subcategory]))
-            if category == "Paper figures":  # listed in the paper's order, each caption opening with its finding
-                numbers = [int(re.search(r"Fig\. (\d+)", text).group(1)) for text in rows.all_inner_texts()]
-                assert numbers == sorted(numbers) and len(numbers) >= 14, numbers
-            for index in range(rows.count()):
-                path = _open_result(page, rows.nth(index))
-                shown[path] = _rendered_size(page, path)
-                if path == "results/figures/fig1_object_vs_verb.png":
-                    page.locator("#app img").last.screenshot(path=artifacts / "figure.png")
-                elif path == "results/tables/table1.html":
-                    page.screenshot(path=artifacts / "table1.png")
-            if len(subcategories) > 1:
-                page.locator("nav ol li a").nth(1).click()  # back to the category
-        page.locator("nav ol li a").first.click()  # the breadcrumbs' home: back to the category menu
+    tops: dict[str, tuple[float, float]] = {}
+    for category, subcategory, rows in result_lists(page):
+        assert rows.count() == len(page.evaluate("([c, s]) => categories[c][s]", [category, subcategory]))
+        if category == "Paper figures":  # listed in the paper's order, parts after their figure's number
+            numbers = [re.search(r"^(\d+)([a-z]?)\tFig\. (\d+)", text).groups() for text in rows.all_inner_texts()]
+            assert numbers == sorted(numbers) and [int(n) for n, _, _ in numbers] == [int(f) for _, _, f in numbers]
+            assert [f"{n}{part}" for n, part, _ in numbers][1:3] == ["03a", "03b"] and len(numbers) >= 18, numbers
+        for index in range(rows.count()):
+            path = _open_result(page, rows.nth(index))
+            shown[path] = _rendered_size(page, path)
+            if path.endswith(".png"):
+                tops[path] = _figure_top(page)
+            if path == "results/figures/fig1_object_vs_verb.png":
+                page.locator("#app img").last.screenshot(path=artifacts / "figure.png")
+            elif path == "results/figures/fig6b_ambiguity.png":
+                page.screenshot(path=artifacts / "tall_figure.png")
+            elif path == "results/tables/table1.html":
+                page.screenshot(path=artifacts / "table1.png")
     print(f"report screenshots in {artifacts}")
     captions = page.evaluate("Object.fromEntries(Object.entries(results).map(([path, r]) => [path, r.caption]))")
     figures = [path for path in captions if re.search(r"/fig\d+\w*_\w+\.png$", path)]
@@ -240,6 +264,9 @@ def test_report_renders_in_a_browser(demo_run, demo_report, browser):
     assert not missing, f"not reachable from the report's categories: {missing}"
     empty = {path: size for path, size in shown.items() if not (size[0] > 0 and size[1] > 0)}
     assert not empty, f"shown with no size: {empty}"
+    # every figure opens with its top in view: none taller than the box cut off above it (Snakemake centres a
+    # result in a box of the screen's height; report/report.css starts it at the top)
+    assert len(tops) >= 19 and all(800 > top >= box for top, box in tops.values()), tops
     assert (artifacts / "figure.png").is_file() and (artifacts / "table1.png").is_file()
     assert not problems, problems
 
@@ -277,3 +304,64 @@ def test_snakefile_hooks_print_the_end_of_run_summary(demo_run, tmp_path):
     assert "\n  tables\n    log logs/tables.log: verbmirage.core.io.DamagedTableError: results/metrics/metrics.parquet" \
         in text, text
     assert "Snakemake's log of this run: .snakemake/log/" in text
+
+
+# ---- names from a config are text in the report, never script ----------------------------------------------
+#: HTML in the config's free strings and in the name of its data folder
+PROBES = {"paper_name": "<script>alert(1)</script>", "variant": "<script>alert(2)</script>",
+          "stand_in": "<i onmouseover=alert(5)>coin</i>", "folder": "<svg onload=alert(4)>"}
+
+
+@pytest.fixture(scope="module")
+def html_names_report(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A small config (HICO only, the prior and random baselines) whose strings hold HTML (:data:`PROBES`), run
+    and reported by ``verbmirage report --configfile``, which writes the config's own report (a minute)."""
+    workdir = tmp_path_factory.mktemp("html_names")
+    folder = PROBES["folder"]
+    write_demo_hico(workdir / folder / "hico", workdir / folder / "hico_det", DemoSizes(train=150, test=60))
+    config = yaml.safe_load((REPO / "config.yaml").read_text())
+    config["datasets"] = {"hico": {"root": f"{folder}/hico", "det_root": f"{folder}/hico_det"}}
+    config["questions"]["sets"] = ["yn_obj", "yn_verb", "mc_obj", "mc_verb", "obj_exist"]
+    config["conditions"] = {"clean": {"type": "clean"}}
+    config["models"] = {"prior": {"backend": "prior", "paper_name": PROBES["paper_name"]},
+                        "random": {"backend": "random", "seed": 0, "stand_in": PROBES["stand_in"]}}
+    config["variants"] = {"default": {"paper_name": PROBES["variant"]}}
+    config.update(ensembles={}, analysis={})
+    config["metrics"].update(bootstrap_resamples=20, error_consistency=[])
+    (workdir / "names.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    result = subprocess.run([str(Path(sys.executable).parent / "verbmirage"), "report", "--configfile", "names.yaml"],
+                            cwd=workdir, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return workdir, result
+
+
+def test_another_configs_report_goes_beside_its_results(html_names_report):
+    workdir, result = html_names_report
+    report = workdir / "results" / "names" / "report.html"
+    assert f"verbmirage report: open {report} in a browser" in result.stdout
+    assert not (workdir / "report.html").exists()  # the demo's report is not this config's
+    assert f"report --configfile names.yaml` writes {report}, then open it in a browser" in result.stderr
+    assert [path.name for path in report.parent.glob(".*.html")] == []  # no draft left
+
+
+def test_names_from_a_config_show_as_text_and_never_run(html_names_report, browser):
+    """The probes of :data:`PROBES` raise no dialog and no page error, on the landing or in any result."""
+    workdir, _ = html_names_report
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    dialogs, problems = [], []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+    page.goto((workdir / "results" / "names" / "report.html").as_uri())
+    page.get_by_role("link", name="Paper tables", exact=True).wait_for()
+    page.wait_for_timeout(500)
+    assert not dialogs and not problems, (dialogs, problems)  # Snakemake's own report: 30-40 dialogs here
+    assert f"hico from {PROBES['folder']}/hico" in page.locator(".vm-landing p").first.inner_text()  # as text
+    opened = []
+    for _, _, rows in result_lists(page):
+        for index in range(rows.count()):
+            opened.append(_open_result(page, rows.nth(index)))
+            page.wait_for_timeout(100)
+    assert {"results/names/tables/table1.html", "results/names/report/run_facts.html",
+            "results/names/figures/fig1_object_vs_verb.png"} <= set(opened)
+    page.wait_for_timeout(500)
+    assert not dialogs and not problems, (dialogs, problems)

@@ -89,7 +89,7 @@ def test_fov_compares_the_same_questions_under_every_condition(demo_run):
 
 def test_figures_and_fov_table_exist(demo_run):
     figures = demo_run / "results" / "figures"
-    for name in ("fig9_uncertainty.png", "fig12_uncertainty.png", "fig10_fov.png"):
+    for name in ("fig9_uncertainty.png", "fig12_uncertainty.png", "fig10a_fov.png", "fig10b_fov.png"):
         assert (figures / name).read_bytes()[:8] == PNG, name
     table = pd.read_parquet(demo_run / "results/tables/fov.parquet")
     assert set(table.crop) == {"crop"} and {"plain_change", "circular_change", "conf_change"} <= set(table.columns)

@@ -9,6 +9,11 @@ Every figure the workflow draws goes through here:
 - **At most three panels a row**: :func:`page_figure` lays ``n`` panels out in a grid of at most
   :data:`MAX_COLUMNS` columns (fewer where a panel needs the width, :func:`columns_for`); more panels make
   more rows, never a wider figure.
+- **At most a page tall**: no figure is taller than :data:`MAX_HEIGHT_RATIO` times its width (9.1 in, a
+  page's text block at text width; a report viewer shows it whole). A figure with more rows than that is
+  drawn as parts or pages (Figs. 3, 6 and 10: ``fig6a``, ``fig6b``, ...; :func:`rows_per_page`, :func:`part_names`);
+  where a figure's rows depend on its data, :func:`page_figure` makes its panels lower to fit, down to
+  :data:`MIN_PANEL_HEIGHT`.
 - **Small samples named**: :func:`n_label` gives ``"n=12"`` for a count under :data:`SMALL_N`, printed on
   the bar or panel it belongs to.
 - **Saved for a paper, the same bytes every run**: :func:`save_figure` writes the PNG and, beside it, a PDF and
@@ -35,6 +40,10 @@ PAGE_WIDTH = 7.0  # inches: a two-column paper's full text width (178 mm)
 DPI = 250  # 7.0 in x 250 = 1,750 px (at most about 1,800 px wide)
 MAX_WIDTH_PX = 1800
 MAX_COLUMNS = 3
+MAX_HEIGHT_RATIO = 1.3  # height / width: a page's text block (9.1 in tall at 7 in wide)
+MAX_HEIGHT = MAX_HEIGHT_RATIO * PAGE_WIDTH
+MIN_PANEL_HEIGHT = 1.6  # inches: a panel lowered to fit the page keeps at least this (ticks, a legend, a title)
+HEADING_LINES = 6  # the heading lines a page is planned for (title, notes, skipped models)
 FONT = 8  # points at print size: ticks, labels, legends, annotations
 TITLE = 9  # a panel's title
 HEADING = 10  # the figure's heading
@@ -88,18 +97,41 @@ def wrap(text: str, width: float = PAGE_WIDTH, points: float = FONT) -> str:
     return "\n".join(wrapped for line in text.splitlines() for wrapped in (textwrap.wrap(line, per_line) or [""]))
 
 
+def heading_height(lines: int) -> float:
+    """Inches a heading of ``lines`` lines takes above the panels (with the figure's margin)."""
+    return 0.2 + lines * HEADING * 1.35 / 72
+
+
+def rows_per_page(panel_height: float, heading_lines: int = HEADING_LINES) -> int:
+    """How many rows of panels ``panel_height`` inches tall fit a page (:data:`MAX_HEIGHT`) under a heading of
+    ``heading_lines`` lines; at least one."""
+    return max(1, int((MAX_HEIGHT - heading_height(heading_lines)) // panel_height))
+
+
+def part_names(name: str, parts: int) -> list[str]:
+    """The files of a figure drawn in ``parts`` parts: ``fig10_fov`` -> ``fig10a_fov``, ``fig10b_fov``, ...
+    (the letter after the figure's number, so the report lists them in order). At most 26 parts."""
+    number, _, rest = name.partition("_")
+    if not 1 <= parts <= 26:
+        raise ValueError(f"{name}: {parts} parts; a figure is drawn in 1 to 26 parts")
+    return [f"{number}{chr(ord('a') + part)}_{rest}" if rest else f"{number}{chr(ord('a') + part)}"
+            for part in range(parts)]
+
+
 def page_figure(n_panels: int, *, columns: int = MAX_COLUMNS, panel_height: float = 2.4, heading: str = "",
                 sharey: bool = False):
     """A figure :data:`PAGE_WIDTH` wide with ``n_panels`` axes in a grid of at most ``columns`` (and
     :data:`MAX_COLUMNS`) a row, constrained layout, ``heading`` wrapped above; the grid's unused cells are
-    hidden. Returns (figure, axes in reading order). Call inside :func:`page_style`."""
+    hidden. Where the rows would make it taller than :data:`MAX_HEIGHT`, the panels are lowered to fit
+    (not below :data:`MIN_PANEL_HEIGHT`). Returns (figure, axes in reading order). Call inside
+    :func:`page_style`."""
     from matplotlib.figure import Figure
 
     rows, columns = grid(n_panels, columns)
     heading = wrap(heading, points=HEADING) if heading else ""
-    lines = heading.count("\n") + 1 if heading else 0
-    figure = Figure(figsize=(PAGE_WIDTH, rows * panel_height + 0.2 + lines * HEADING * 1.35 / 72),
-                    layout="constrained")
+    above = heading_height(heading.count("\n") + 1 if heading else 0)
+    panel_height = max(min(panel_height, (MAX_HEIGHT - above) / rows), min(panel_height, MIN_PANEL_HEIGHT))
+    figure = Figure(figsize=(PAGE_WIDTH, rows * panel_height + above), layout="constrained")
     axes = figure.subplots(rows, columns, squeeze=False, sharey=sharey)
     for axis in axes.flat[n_panels:]:
         axis.set_visible(False)
@@ -225,12 +257,15 @@ def panels_per_row(figure) -> list[int]:
 
 
 def layout_problems(figure, dpi: float = DPI) -> list[str]:
-    """What breaks the page rules in a drawn ``figure``: wider than :data:`MAX_WIDTH_PX` at ``dpi``, more than
-    :data:`MAX_COLUMNS` panels in a row, a font under :data:`FONT` points. Empty when it fits."""
+    """What breaks the page rules in a drawn ``figure``: wider than :data:`MAX_WIDTH_PX` at ``dpi``, taller than
+    :data:`MAX_HEIGHT_RATIO` times its width, more than :data:`MAX_COLUMNS` panels in a row, a font under
+    :data:`FONT` points. Empty when it fits."""
     problems = []
-    width = figure.get_size_inches()[0] * dpi
-    if width > MAX_WIDTH_PX:
-        problems.append(f"{width:.0f} px wide (at most {MAX_WIDTH_PX})")
+    width, height = figure.get_size_inches()
+    if width * dpi > MAX_WIDTH_PX:
+        problems.append(f"{width * dpi:.0f} px wide (at most {MAX_WIDTH_PX})")
+    if height > MAX_HEIGHT_RATIO * width + 1e-9:
+        problems.append(f"{height / width:.2f} times as tall as wide (at most {MAX_HEIGHT_RATIO})")
     widest = max(panels_per_row(figure), default=0)
     if widest > MAX_COLUMNS:
         problems.append(f"{widest} panels in a row (at most {MAX_COLUMNS})")

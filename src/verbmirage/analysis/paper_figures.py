@@ -14,13 +14,18 @@ has no bar. Every figure is laid out for a page and saved by :mod:`verbmirage.an
 - Fig. 1: YN accuracy with (``yn_obj``) and without (``yn_verb``) object reference next to an
   object-hallucination score. The paper quotes POPE from the literature; ours is the accuracy on
   ``obj_exist`` (same images, in-domain), labelled "not POPE".
-- Fig. 3: answer-No questions, rare vs non-rare HOIs (``yn_obj``) and common vs non-common verbs
-  (``yn_verb``); plus the answer-Yes side (the recall of those subsets).
+- Fig. 3, in two parts (``fig3a``, ``fig3b``): answer-No questions, rare vs non-rare HOIs (``yn_obj``) and
+  common vs non-common verbs (``yn_verb``), the paper's figure; then the answer-Yes side (the recall of those
+  subsets).
 - Fig. 4(b): error consistency (Cohen's kappa of correctness) clean vs noisy images for object
   existence vs verbs.
 - Fig. 5: CharadesEgo, egocentric vs exocentric views: MC circular accuracy (the paper's figure)
   and YN accuracy (its Table 4).
-- Fig. 6: ambiguous vs unambiguous images (HICO-DET tags), and one column per ambiguity rule.
+- Fig. 6, in three parts (``fig6a``-``fig6c``): ambiguous vs unambiguous images (HICO-DET tags): any rule
+  (the paper's split), then one row per ambiguity rule, two rules a part.
+
+Figs. 3 and 6 would be taller than a page in one piece, so each part is a figure of its own (its name the
+figure's number and a letter, as :func:`~verbmirage.analysis.figure_layout.part_names` names parts).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -52,12 +58,19 @@ from verbmirage.variants.settings import Variant
 
 FIGURES = {
     "fig1": "Fig. 1: object vs verb hallucination",
-    "fig3": "Fig. 3: rare and common verbs",
+    "fig3a": "Fig. 3, part a: rare and common verbs, correct answer No (the paper's figure)",
+    "fig3b": "Fig. 3, part b: rare and common verbs, correct answer Yes (recall; ours)",
     "fig4b": "Fig. 4(b): error consistency, objects vs verbs",
     "fig5": "Fig. 5: egocentric vs exocentric views (CharadesEgo)",
-    "fig6": "Fig. 6: ambiguous vs unambiguous images",
+    "fig6a": "Fig. 6, part a: ambiguous vs unambiguous images, any rule (the paper's split)",
+    "fig6b": "Fig. 6, part b: ambiguous vs unambiguous images, by rule",
+    "fig6c": "Fig. 6, part c: ambiguous vs unambiguous images, by rule",
 }
 AMBIGUITY_RULES = ("amb_size", "amb_crowd", "amb_occlusion", "amb_invisible")
+#: Fig. 3's parts: the answer their questions have.
+FIG3_PARTS = {"fig3a": "no", "fig3b": "yes"}
+#: Fig. 6's parts: the rules each compares with the unambiguous images, a row each.
+FIG6_PARTS = {"fig6a": ("ambiguous",), "fig6b": AMBIGUITY_RULES[:2], "fig6c": AMBIGUITY_RULES[2:]}
 RULE_TITLES = {"ambiguous": "any rule (paper's Amb.)", "amb_size": "size ratio", "amb_crowd": "crowd",
                "amb_occlusion": "occlusion", "amb_invisible": "invisible HOI"}
 TOP = 105
@@ -226,26 +239,26 @@ def fig1_object_vs_verb(metrics: pd.DataFrame, paper: pd.DataFrame | None = None
 def fig3_rare_common(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
                      models: Sequence[str] | None = None, paper_names: Mapping[str, str] | None = None,
                      condition: str = "clean", variant: str = "default", paper_variant: str = PAPER_VARIANT,
-                     decoding: str | None = None, note: str = "") -> Figure:
-    """Fig. 3: accuracy on answer-No (and answer-Yes) questions, rare vs non-rare and common vs non-common."""
+                     decoding: str | None = None, note: str = "", part: str = "fig3a") -> Figure:
+    """Fig. 3, one part (:data:`FIG3_PARTS`): accuracy on answer-No (``fig3a``, the paper's figure) or
+    answer-Yes questions (``fig3b``), rare vs non-rare HOIs and common vs non-common verbs."""
     paper = empty_paper_numbers() if paper is None else paper
     models = _models(metrics, models)
-    lookup = _metric_lookup(metrics, variant)
+    answer = FIG3_PARTS[part]
+    bars = [
+        Bar("yn_obj rare HOI", "yn_obj", "accuracy", f"rare_{answer}", condition, colour="C0"),
+        Bar("yn_obj non-rare HOI", "yn_obj", "accuracy", f"non_rare_{answer}", condition, colour="C0", hatched=True),
+        Bar("yn_verb common verb", "yn_verb", "accuracy", f"common_{answer}", condition, colour="C1"),
+        Bar("yn_verb non-common verb", "yn_verb", "accuracy", f"non_common_{answer}", condition, colour="C1",
+            hatched=True),
+    ]
+    title = "correct answer No" if answer == "no" else "correct answer Yes (accuracy = recall)"
     with page_style():
-        figure, axes = _figure(2, f"{FIGURES['fig3']} ({condition})", note, models)
-        for axis, answer, title in ((axes[0], "no", "(a) correct answer No (the paper's figure)"),
-                                    (axes[1], "yes", "(b) correct answer Yes (recall)")):
-            bars = [
-                Bar("yn_obj rare HOI", "yn_obj", "accuracy", f"rare_{answer}", condition, colour="C0"),
-                Bar("yn_obj non-rare HOI", "yn_obj", "accuracy", f"non_rare_{answer}", condition, colour="C0",
-                    hatched=True),
-                Bar("yn_verb common verb", "yn_verb", "accuracy", f"common_{answer}", condition, colour="C1"),
-                Bar("yn_verb non-common verb", "yn_verb", "accuracy", f"non_common_{answer}", condition,
-                    colour="C1", hatched=True),
-            ]
-            bar_panel(axis, lookup, models, bars, paper, paper_names or {}, title, "accuracy (%)",
-                      paper_variant=paper_variant, variant=variant, decoding=decoding)
-            axis.set_ylim(0, TOP)
+        figure, axes = _figure(1, f"{FIGURES[part]} ({condition})", note, models)
+        bar_panel(axes[0], _metric_lookup(metrics, variant), models, bars, paper, paper_names or {},
+                  f"accuracy per model, {title}", "accuracy (%)", paper_variant=paper_variant, variant=variant,
+                  decoding=decoding)
+        axes[0].set_ylim(0, TOP)
     return _finish(figure)
 
 
@@ -303,8 +316,9 @@ def fig5_ego_exo(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
 def fig6_ambiguity(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
                    models: Sequence[str] | None = None, paper_names: Mapping[str, str] | None = None,
                    condition: str = "clean", variant: str = "default", paper_variant: str = PAPER_VARIANT,
-                   decoding: str | None = None, note: str = "") -> Figure:
-    """Fig. 6: accuracy on ambiguous vs unambiguous images; one row per rule (the first: any rule).
+                   decoding: str | None = None, note: str = "", part: str = "fig6a") -> Figure:
+    """Fig. 6, one part (:data:`FIG6_PARTS`): accuracy on ambiguous vs unambiguous images, a row per rule
+    (``fig6a``: any rule, the paper's split; ``fig6b``, ``fig6c``: two rules each).
 
     Left: YN accuracy (``yn_obj``, ``yn_verb``); right: MC circular accuracy (``mc_obj``, ``mc_verb``).
     Each row compares the images one rule flags with the unambiguous images (flagged by none). The series
@@ -313,12 +327,12 @@ def fig6_ambiguity(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
     paper = empty_paper_numbers() if paper is None else paper
     models = _models(metrics, models)
     lookup = _metric_lookup(metrics, variant)
-    rules = ("ambiguous", *AMBIGUITY_RULES)
+    rules = FIG6_PARTS[part]
     kinds = (("YN accuracy", ("yn_obj", "yn_verb"), "accuracy"),
              ("MC circular accuracy", ("mc_obj", "mc_verb"), "circular_accuracy"))
     with page_style():
         figure, axes = page_figure(len(rules) * len(kinds), columns=len(kinds), panel_height=2.3,
-                                   heading="\n".join([f"{FIGURES['fig6']} ({condition})", note]).strip())
+                                   heading="\n".join([f"{FIGURES[part]} ({condition})", note]).strip())
         for row, rule in enumerate(rules):
             for column, (kind, qsets, metric) in enumerate(kinds):
                 bars = [Bar(f"{qset} {'unamb.' if subset == 'unambiguous' else 'amb.'}", qset, metric, subset,
@@ -335,10 +349,10 @@ def fig6_ambiguity(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
 
 DRAW = {
     "fig1": fig1_object_vs_verb,
-    "fig3": fig3_rare_common,
+    **{part: partial(fig3_rare_common, part=part) for part in FIG3_PARTS},
     "fig4b": fig4b_error_consistency,
     "fig5": fig5_ego_exo,
-    "fig6": fig6_ambiguity,
+    **{part: partial(fig6_ambiguity, part=part) for part in FIG6_PARTS},
 }
 
 
@@ -379,7 +393,7 @@ def bar_values(figure: Figure) -> dict[str, float]:
 
 def draw_paper_figures(metrics: pd.DataFrame, paths: Mapping[str, str | Path], paper: pd.DataFrame | None = None,
                        *, note: str = "", pair: tuple[str, str] = ("clean", "saltpepper"), **options) -> None:
-    """Write each figure of ``paths`` (``fig1``, ``fig3``, ``fig4b``, ``fig5``, ``fig6`` -> PNG), its PDF and SVG
+    """Write each figure of ``paths`` (a name of :data:`DRAW`: ``fig1``, ``fig3a``, ... -> PNG), its PDF and SVG
     beside it (:func:`~verbmirage.analysis.figure_layout.save_figure`).
 
     ``options`` go to every figure function (``models``, ``paper_names``, ``variant``, ``paper_variant``,

@@ -6,7 +6,8 @@
   each YN set gets its own pair of panels.
 - Fig. 10 (field of view): per model and MC set, boxes of u for correct and hallucinated rows under
   each FOV condition, ordered by mean crop area (full image first), with plain and circular accuracy
-  written above (``fov.parquet`` and ``fov_rows.parquet``).
+  written above (``fov.parquet`` and ``fov_rows.parquet``). A row per model (its sets side by side), as
+  many models a page as fit a page's height (:func:`fov_pages`): ``fig10a_fov.png``, ``fig10b_fov.png``, ...
 
 Only logit-scored models have a u; the others are named as skipped under the title. Every figure is laid
 out for a page and saved as PNG, PDF and SVG by :mod:`verbmirage.analysis.figure_layout`.
@@ -14,6 +15,8 @@ out for a page and saved as PNG, PDF and SVG by :mod:`verbmirage.analysis.figure
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +24,12 @@ import pandas as pd
 
 from verbmirage.analysis.attention_figures import figure_models
 from verbmirage.analysis.figure_layout import (
+    MAX_COLUMNS,
     fit_title,
     legend_below,
     page_figure,
     page_style,
+    rows_per_page,
     save_figure,
     tick_rotation,
 )
@@ -33,6 +38,7 @@ from verbmirage.benchmark.questions import question_kind
 COLOURS = {True: "tab:blue", False: "tab:red"}
 LABELS = {True: "correct", False: "hallucinated"}
 PAPER_ROLES = {9: "llava", 12: "instructblip"}
+FOV_PANEL_HEIGHT = 3.0  # inches: a panel of Fig. 10
 TITLES = {9: "Fig. 9: token uncertainty", 12: "Fig. 12: token uncertainty"}
 
 
@@ -118,35 +124,63 @@ def draw_uncertainty_figures(hist: pd.DataFrame, paths: dict[int, str | Path], m
     return roles
 
 
-def draw_fov_figure(fov: pd.DataFrame, rows: pd.DataFrame, path: str | Path, models: list[str],
-                    notes: dict[str, str] | None = None, skipped: list[str] | None = None,
-                    variant: str = "default") -> None:
-    """Write Fig. 10 (PNG, its PDF and SVG beside it): per model and question set, u by condition, correct vs
-    hallucinated; a model's sets side by side (a row per model while it has at most three sets).
+def fov_columns(n_qsets: int) -> int:
+    """Fig. 10's columns: a model's question sets side by side, at most three a row, its rows equally full."""
+    n_qsets = max(1, n_qsets)
+    return math.ceil(n_qsets / math.ceil(n_qsets / MAX_COLUMNS))
 
-    ``models``: the models with a token probability, in config order; ``skipped``: those without.
+
+def fov_pages(models: Sequence[str], n_qsets: int) -> list[list[str]]:
+    """Fig. 10's pages: the models each shows, in order, as many as their rows (a model's ``n_qsets`` sets,
+    :func:`fov_columns` a row) fit a page (:func:`~verbmirage.analysis.figure_layout.rows_per_page`); one page
+    showing no model where there are none. The plan names a file per page from this (``fig10a_fov``, ...)."""
+    rows = math.ceil(max(1, n_qsets) / fov_columns(n_qsets))
+    per_page = max(1, rows_per_page(FOV_PANEL_HEIGHT) // rows)
+    models = list(models)
+    return [models[start:start + per_page] for start in range(0, len(models), per_page)] or [[]]
+
+
+def draw_fov_figure(fov: pd.DataFrame, rows: pd.DataFrame, paths: Sequence[str | Path], models: list[str],
+                    qsets: Sequence[str], notes: dict[str, str] | None = None, skipped: list[str] | None = None,
+                    variant: str = "default") -> None:
+    """Write Fig. 10, one page per path of ``paths`` (PNG, its PDF and SVG beside it; :func:`fov_pages`): per
+    model and question set of ``qsets``, u by condition, correct vs hallucinated; a model's sets side by side.
+
+    ``models``: the models with a token probability that the FOV analysis ran, in config order (a model
+    without rows says so in its panels); ``skipped``: those without a token probability.
     """
+    pages = fov_pages(models, len(qsets))
+    if len(paths) != len(pages):
+        raise ValueError(f"Fig. 10 of {len(models)} models and {len(qsets)} question sets takes {len(pages)} "
+                         f"pages, {len(paths)} files given ({', '.join(map(str, paths))})")
+    for number, (path, page) in enumerate(zip(paths, pages), 1):
+        _draw_fov_page(fov, rows, path, page, list(qsets), notes or {}, list(skipped or []), variant,
+                       f" (page {number} of {len(pages)})" if len(pages) > 1 else "")
+
+
+def _draw_fov_page(fov: pd.DataFrame, rows: pd.DataFrame, path: str | Path, models: list[str], qsets: list[str],
+                   notes: dict[str, str], skipped: list[str], variant: str, page: str) -> None:
     from matplotlib.patches import Patch
 
-    notes, skipped = notes or {}, list(skipped or [])
-    shown = [m for m in models if m in set(fov.model)]
-    qsets = list(dict.fromkeys(fov.qset)) or ["(none)"]
-    cells = [(model, qset) for model in shown or [None] for qset in qsets]
-    heading = [f"Fig. 10: field of view and token uncertainty ({variant}; same questions in every condition)"]
+    cells = [(model, qset) for model in models or [None] for qset in qsets or ["(none)"]]
+    heading = [f"Fig. 10{page}: field of view and token uncertainty ({variant}; same questions in every "
+               "condition)"]
     by_note = {}  # each note once, with the models it is about (not in every panel's title)
-    for model in shown:
+    for model in models:
         if notes.get(model):
             by_note.setdefault(notes[model], []).append(model)
     heading += [f"{', '.join(named)}: {note}" for note, named in by_note.items()]
     if skipped:
         heading.append(f"skipped, no token probability: {', '.join(skipped)}")
     with page_style():
-        figure, axes = page_figure(len(cells), columns=len(qsets), panel_height=3.0, heading="\n".join(heading))
+        figure, axes = page_figure(len(cells), columns=fov_columns(len(qsets)), panel_height=FOV_PANEL_HEIGHT,
+                                   heading="\n".join(heading))
         for axis, (model, qset) in zip(axes, cells):
             summary = fov[(fov.model == model) & (fov.variant == variant) & (fov.qset == qset)]
             summary = summary.sort_values("crop_area_frac_mean", ascending=False, kind="stable")
             if summary.empty:
-                axis.text(0.5, 0.5, "no logit-scored model", ha="center", va="center", transform=axis.transAxes)
+                said = "no logit-scored model" if model is None else f"{model}, {qset}: no rows"
+                axis.text(0.5, 0.5, said, ha="center", va="center", transform=axis.transAxes)
                 axis.set_axis_off()
                 continue
             part = rows[(rows.model == model) & (rows.variant == variant) & (rows.qset == qset)]

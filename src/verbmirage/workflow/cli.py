@@ -3,14 +3,16 @@
     verbmirage --version
     verbmirage check  [--configfile F]             every planning check, no job runs; prints the plan's size
     verbmirage run    [--configfile F] [TARGET...] [--cores N] [--profile P] [-n] [-- SNAKEMAKE-ARGS...]
-    verbmirage report [--configfile F] [--output report.html]   the tables, figures and the HTML report
+    verbmirage report [--configfile F] [--output FILE] [--no-run] [-- SNAKEMAKE-ARGS...]
+                                                   the tables, figures and the HTML report
     verbmirage list   [--configfile F] [WHAT]       backends, question sets, decodings, conditions; a config's models
     verbmirage predict / predict-suite ...         answer questions by hand, as a workflow job does
 
 ``check``, ``run`` and ``report`` call Snakemake on this checkout's Snakefile in the current folder (the
 workflow's working directory); a ``--configfile`` replaces the demo's ``config.yaml`` (README, "Using the real
 data"). ``run`` puts the targets before the config file (after it, Snakemake would read them as more config
-files) and passes everything after ``--`` to Snakemake unchanged.
+files) and passes everything after ``--`` to Snakemake unchanged. ``report`` writes one report per config
+(``report.html`` for the demo's, ``results/<name>/report.html`` for another: ``workflow/report_file.py``).
 """
 
 from __future__ import annotations
@@ -70,6 +72,32 @@ def check(configfile: str | None) -> int:
     return 0
 
 
+def report(configfile: str | None, output: str | None = None, cores: int | None = None, no_run: bool = False,
+           extra: list[str] | None = None) -> int:
+    """Run what is missing (unless ``no_run``), then write the report (:func:`~verbmirage.workflow.report_file.
+    write_report`) to ``output``, by default the config's own (:func:`~verbmirage.workflow.report_file.
+    report_path`)."""
+    from verbmirage.workflow.report_file import ReportError, report_path, write_report
+
+    try:
+        target = Path(output) if output else report_path(configfile, Path.cwd(), SNAKEFILE.parent)
+    except ReportError as error:
+        print(f"verbmirage report: {error}", file=sys.stderr)
+        return 2
+    command = snakemake_command(configfile, cores=cores, extra=extra)
+    if not no_run:
+        status = subprocess.run(command).returncode
+        if status != 0:
+            return status
+    try:
+        written = write_report(command, target)
+    except ReportError as error:
+        print(f"verbmirage report: {error}", file=sys.stderr)
+        return 1
+    print(f"verbmirage report: open {written} in a browser")
+    return 0
+
+
 def _add_workflow_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--configfile", help="the config (default: the demo's config.yaml); it replaces "
                         "config.yaml, keys it leaves out take the schema's defaults")
@@ -99,11 +127,15 @@ def _parser() -> argparse.ArgumentParser:
 
     reporting = commands.add_parser(
         "report", help="make the tables and figures (what is missing) and the HTML report",
-        description="Run what is missing of the workflow, then write the Snakemake report: every table and figure "
-        "of the run with its caption, in one self-contained HTML file.")
+        description="Run what is missing of the workflow, then write its HTML report, one per config: "
+                    "report.html for the demo's config.yaml, report.html in the results folder for any other "
+                    "(results/<name>/report.html). Arguments after -- go to Snakemake unchanged.")
     _add_workflow_options(reporting)
-    reporting.add_argument("--output", default="report.html", help="the report file (default report.html)")
+    reporting.add_argument("--output", help="the report file, *.html (default: report.html for the demo's config, "
+                           "else report.html in the config's results folder)")
     reporting.add_argument("--cores", type=int, help="CPU cores for local jobs (default 2)")
+    reporting.add_argument("--no-run", action="store_true", help="only write the report of the results as they "
+                           "are, without running the workflow first (tools/demo.sh does, after its run)")
 
     listing = commands.add_parser(
         "list", help="what there is to choose from: backends, question sets, decodings, image conditions, and a "
@@ -179,13 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         command = snakemake_command(args.configfile, args.targets, args.cores, args.profile, args.dry_run, extra)
         return subprocess.run(command).returncode
     if args.command == "report":
-        status = subprocess.run(snakemake_command(args.configfile, cores=args.cores)).returncode
-        if status == 0:
-            status = subprocess.run(snakemake_command(args.configfile, cores=args.cores,
-                                                      extra=["--report", args.output])).returncode
-        if status == 0:
-            print(f"verbmirage report: open {Path(args.output).resolve()} in a browser")
-        return status
+        return report(args.configfile, args.output, args.cores, args.no_run, extra)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     spec = RunSpec(model_slug=args.model_name, model_settings=json.loads(args.model), images_dir=args.images,
                    variant_settings=json.loads(args.variant), shard=args.shard, n_shards=args.shards,

@@ -134,13 +134,17 @@ BENCHMARKS = {
     "calibrate_decision": "calibrate_decision/{dataset}/{condition}/{model}/{variant}.tsv",
     "attention": "attention/{dataset}/{condition}/{model}.tsv",
 }
-#: The paper's figures drawn by rule paper_figures (a figure whose data the config lacks is left out).
+#: The paper's figures drawn by rule paper_figures (a figure whose data the config lacks is left out); Figs. 3
+#: and 6 in parts, each at most a page tall (verbmirage.analysis.figure_layout).
 PAPER_FIGURES = {
     "fig1": "figures/fig1_object_vs_verb.png",
-    "fig3": "figures/fig3_rare_common.png",
+    "fig3a": "figures/fig3a_rare_common.png",
+    "fig3b": "figures/fig3b_rare_common.png",
     "fig4b": "figures/fig4b_error_consistency.png",
     "fig5": "figures/fig5_ego_exo.png",
-    "fig6": "figures/fig6_ambiguity.png",
+    "fig6a": "figures/fig6a_ambiguity.png",
+    "fig6b": "figures/fig6b_ambiguity.png",
+    "fig6c": "figures/fig6c_ambiguity.png",
 }
 #: The three forms of every table: Parquet (the data), Markdown and HTML (for reading, the report).
 TABLE_FORMATS = ("parquet", "md", "html")

@@ -34,6 +34,7 @@ from verbmirage.models.tiny import BUILDERS as TINY_BUILDERS
 from verbmirage.variants.settings import Variant, model_variant_entry
 from verbmirage.workflow.config import condition_question_sets
 from verbmirage.workflow.paths import Paths
+from verbmirage.workflow.report_pages import is_reported
 from verbmirage.workflow.run_folders import RunFolders
 from verbmirage.models.entries import stand_ins
 from verbmirage.workflow.plan_analyses import AnalysesPlan
@@ -273,6 +274,12 @@ class Plan(InputsPlan, AnalysesPlan):
     def report_pages(self) -> dict[str, str]:
         """The report's own pages (rule report_pages): the landing page's headline and the run's facts."""
         return {name: self.paths.report_page(f"{name}.html") for name in ("landing", "run_facts")}
+
+    @property
+    def report_files(self) -> list[str]:
+        """Every file the HTML report shows: the outputs marked for it (tables, figures, the run's facts) and the
+        landing page's headline. A report older than one of them is out of date (the end-of-run summary)."""
+        return [path for path in self.targets if is_reported(path)] + [self.report_pages["landing"]]
 
     @property
     def stand_ins(self) -> dict[str, str]:

@@ -9,11 +9,13 @@ from dataclasses import asdict
 
 from verbmirage.analysis.attention import attention_models
 from verbmirage.analysis.attention_figures import figure_models
+from verbmirage.analysis.figure_layout import part_names
 from verbmirage.analysis.fov import fov_settings
 from verbmirage.analysis.known_object import known_object_settings
 from verbmirage.analysis.object_reliance import RELIANCE_QSETS, reliance_plan
 from verbmirage.analysis.paper_figures import variant_decoding
 from verbmirage.analysis.uncertainty import token_probability_models, uncertainty_settings
+from verbmirage.analysis.uncertainty_figures import fov_pages
 from verbmirage.analysis.vcd_divergence import divergence_runs, vcd_divergence_settings
 from verbmirage.workflow import paths as P
 
@@ -218,17 +220,27 @@ class AnalysesPlan:
         return [self.paths.analysis_metric_part("uncertainty")] if self.uncertainty else []
 
     @property
-    def fov_files(self) -> dict[str, str]:
+    def fov_figure_models(self) -> list[str]:
+        """Fig. 10's models: those with a token probability that the FOV analysis runs, in config order."""
+        ran = {run["model"] for run in self.fov_runs}
+        return [m for m in self.token_models if m in ran]
+
+    @property
+    def fov_files(self) -> dict:
+        """The FOV tables, Fig. 10's boxes (``rows``) and Fig. 10's pages (``figures``: ``fig10a_fov``, ...,
+        :func:`~verbmirage.analysis.uncertainty_figures.fov_pages`)."""
         p = self.paths
+        pages = fov_pages(self.fov_figure_models, len(self.fov.qsets)) if self.fov else [[]]
         return {"summary": p.analysis("fov.parquet"), "rows": p.analysis("fov_rows.parquet"),  # Fig. 10's boxes
-                **{ext: p.fov_table(ext) for ext in P.TABLE_FORMATS}, "figure": p.figure("fig10_fov")}
+                **{ext: p.fov_table(ext) for ext in P.TABLE_FORMATS},
+                "figures": [p.figure(name) for name in part_names("fig10_fov", len(pages))]}
 
     @property
     def uncertainty_outputs(self) -> list[str]:
         f = self.fov_files
         return (([self.paths.analysis("uncertainty_hist.parquet"), *self.uncertainty_figures.values()]
                  if self.uncertainty else [])
-                + ([f["summary"], f["figure"], f["parquet"], f["md"], f["html"]] if self.fov else []))
+                + ([f["summary"], *f["figures"], f["parquet"], f["md"], f["html"]] if self.fov else []))
 
     @property
     def uncertainty_runs(self) -> list[dict]:
@@ -276,8 +288,8 @@ class AnalysesPlan:
     @property
     def paper_figures(self) -> dict[str, str]:
         """Fig. 4(b) needs a consistency pair, Fig. 5 CharadesEgo, Fig. 6 the HICO-DET tags."""
-        wanted = {"fig1": True, "fig3": True, "fig4b": bool(self.paper_figure_pair), "fig5": bool(self.charades),
-                  "fig6": bool(self.hico_det_root)}
+        wanted = {"fig1": True, "fig3a": True, "fig3b": True, "fig4b": bool(self.paper_figure_pair),
+                  "fig5": bool(self.charades), **dict.fromkeys(("fig6a", "fig6b", "fig6c"), bool(self.hico_det_root))}
         return {name: self.paths.paper_figure(name) for name, on in wanted.items() if on}
 
     @property

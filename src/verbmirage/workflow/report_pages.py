@@ -5,7 +5,8 @@ Every file the rules mark for the report has one :class:`ReportItem` here (:data
 its place in the paper's order, the paper's item it reproduces and its caption file under ``report/``. The
 rules take all of it from :func:`report_options`, so the report's order is written once, here. Inside a
 category the report sorts its results by their first label, so that label is the paper's order (``01``,
-``02``, ...).
+``02``, ...; a figure drawn in parts ``03a``, ``03b``; one whose number of pages depends on the config, as
+Fig. 10's, has one entry with ``{part}`` for the page's letter).
 
 The report's own pages, written by rule ``report_pages``:
 
@@ -22,7 +23,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
@@ -42,11 +43,13 @@ class ReportItem:
     paper: str  # the paper's item it reproduces ("Table 1", "Fig. 4(b)", "App. A"), or "ours"
     shows: str
     caption: str  # its caption file in report/
+    part: str = ""  # a figure drawn in parts: this part's letter
 
     @property
     def labels(self) -> dict[str, str]:
-        """The report's columns for it; the first sorts the category (string order, hence the zeros)."""
-        return {"no.": f"{self.rank:02d}", "paper": self.paper, "shows": self.shows}
+        """The report's columns for it; the first sorts the category (string order, hence the zeros; a part's
+        letter after its figure's number)."""
+        return {"no.": f"{self.rank:02d}{self.part}", "paper": self.paper, "shows": self.shows}
 
 
 #: Every file the report shows, by the end of its path inside the results folder.
@@ -69,17 +72,26 @@ REPORT_ITEMS: dict[str, ReportItem] = {
                                                     "counts.rst"),
     "figures/fig1_object_vs_verb.png": ReportItem(FIGURES, 1, "Fig. 1", "object vs verb hallucination",
                                                   "fig1_object_vs_verb.rst"),
-    "figures/fig3_rare_common.png": ReportItem(FIGURES, 3, "Fig. 3", "rare vs common verbs", "fig3_rare_common.rst"),
+    "figures/fig3a_rare_common.png": ReportItem(FIGURES, 3, "Fig. 3", "rare vs common verbs: answer No",
+                                                "fig3_rare_common.rst", "a"),
+    "figures/fig3b_rare_common.png": ReportItem(FIGURES, 3, "Fig. 3", "rare vs common verbs: answer Yes (ours)",
+                                                "fig3_rare_common.rst", "b"),
     "figures/fig4b_error_consistency.png": ReportItem(FIGURES, 4, "Fig. 4(b)", "error consistency: objects vs verbs",
                                                       "fig4b_error_consistency.rst"),
     "figures/fig5_ego_exo.png": ReportItem(FIGURES, 5, "Fig. 5", "egocentric vs exocentric (MC)", "fig5_ego_exo.rst"),
-    "figures/fig6_ambiguity.png": ReportItem(FIGURES, 6, "Fig. 6", "ambiguous vs unambiguous images",
-                                             "fig6_ambiguity.rst"),
+    "figures/fig6a_ambiguity.png": ReportItem(FIGURES, 6, "Fig. 6", "ambiguous vs unambiguous images: any rule",
+                                              "fig6_ambiguity.rst", "a"),
+    "figures/fig6b_ambiguity.png": ReportItem(FIGURES, 6, "Fig. 6", "ambiguous vs unambiguous: size ratio, crowd",
+                                              "fig6_ambiguity.rst", "b"),
+    "figures/fig6c_ambiguity.png": ReportItem(FIGURES, 6, "Fig. 6",
+                                              "ambiguous vs unambiguous: occlusion, invisible HOI",
+                                              "fig6_ambiguity.rst", "c"),
     "figures/fig7_attention.png": ReportItem(FIGURES, 7, "Fig. 7", "key-area and verb attention",
                                              "attention_fig7.rst"),
     "figures/fig8_attention.png": ReportItem(FIGURES, 8, "Fig. 8", "visual token attention", "attention_fig8.rst"),
     "figures/fig9_uncertainty.png": ReportItem(FIGURES, 9, "Fig. 9", "token uncertainty", "uncertainty_fig9.rst"),
-    "figures/fig10_fov.png": ReportItem(FIGURES, 10, "Fig. 10", "field of view and uncertainty", "fov_fig10.rst"),
+    "figures/fig10{part}_fov.png": ReportItem(FIGURES, 10, "Fig. 10", "field of view and uncertainty",
+                                              "fov_fig10.rst"),
     "figures/fig11_known_object_ap.png": ReportItem(FIGURES, 11, "Fig. 11", "Known-Object AP per HOI vs CLIP",
                                                     "known_object_fig11.rst"),
     "figures/fig12_uncertainty.png": ReportItem(FIGURES, 12, "Fig. 12", "token uncertainty, second model",
@@ -105,10 +117,23 @@ def report_item(path: str | Path) -> ReportItem:
     """The :class:`ReportItem` of a file marked for the report; a KeyError naming it and :data:`REPORT_ITEMS`."""
     text = Path(path).as_posix()
     found = [item for end, item in REPORT_ITEMS.items() if text == end or text.endswith(f"/{end}")]
+    for end, item in REPORT_ITEMS.items():  # a page of a figure with a page per few models: {part} its letter
+        page = re.fullmatch(rf"(?:.*/)?{re.escape(end).replace(re.escape('{part}'), '(?P<part>[a-z])')}", text)
+        if "{part}" in end and page:
+            found.append(replace(item, part=page.group("part")))
     if not found:
         raise KeyError(f"{path} is marked for the report but has no entry in verbmirage.workflow.report_pages."
                        "REPORT_ITEMS (its category, its place in the paper's order, its caption)")
     return found[0]
+
+
+def is_reported(path: str | Path) -> bool:
+    """Whether the report shows ``path`` (it has a :data:`REPORT_ITEMS` entry)."""
+    try:
+        report_item(path)
+    except KeyError:
+        return False
+    return True
 
 
 def report_options(path: str | Path, captions: str = "../report") -> dict:
@@ -186,12 +211,25 @@ def _signed(ours, theirs) -> str | float:
     return f"{ours - theirs:+.2f}"
 
 
+def run_line(config: Mapping) -> str:
+    """The landing's first line, as HTML: each dataset's root as configured, and the models (every name from the
+    config escaped here: the report's own text, ``report/workflow.rst``, holds none of them)."""
+    roots = ", ".join(f"{html.escape(str(name))} from <code>{html.escape(str((entry or {}).get('root', '')))}</code>"
+                      for name, entry in (config.get("datasets") or {}).items())
+    models = ", ".join(html.escape(str(slug)) for slug in config.get("models") or {})
+    return f"<p>Data: {roots or 'none'}; models: {models or 'none'}.</p>"
+
+
 def landing_html(table1: pd.DataFrame | None, variant_paper_names: Mapping[str, str] | None = None,
-                 stand_ins: Mapping[str, str] | None = None, condition: str = "clean") -> str:
-    """The landing page's headline as an HTML fragment (``report/workflow.rst`` includes it): Table 1's
-    accuracies (:func:`landing_frame`), a line on how to read them, a note on the stand-ins. ``table1``: its
-    Parquet, or None where the run has no Table 1 (no HICO)."""
+                 stand_ins: Mapping[str, str] | None = None, condition: str = "clean",
+                 config: Mapping | None = None) -> str:
+    """The landing page's headline as an HTML fragment (``report/workflow.rst`` includes it): the run's data
+    roots and models (:func:`run_line`, where ``config`` is given), Table 1's accuracies
+    (:func:`landing_frame`), a line on how to read them, a note on the stand-ins. ``table1``: its Parquet, or
+    None where the run has no Table 1 (no HICO)."""
     parts = [f"<style>{LANDING_STYLE}</style>", "<div class='vm-landing'>"]
+    if config is not None:
+        parts.append(run_line(config))
     if table1 is None:
         parts.append("<p>This run made no Table 1 (it needs the HICO dataset): the headline is in the tables "
                      "below.</p>")
@@ -285,5 +323,5 @@ def run_facts_html(config: Mapping, repository: str | Path, workdir: str | Path 
     return html_page("\n".join(body), "The run's facts", style)
 
 
-__all__ = ["REPORT_ITEMS", "ReportItem", "report_item", "report_options", "landing_frame", "landing_html",
-           "package_versions", "pipeline_commit", "run_facts_html"]
+__all__ = ["REPORT_ITEMS", "ReportItem", "report_item", "is_reported", "report_options", "landing_frame", "run_line",
+           "landing_html", "package_versions", "pipeline_commit", "run_facts_html"]

@@ -16,6 +16,9 @@ another config file whose results would land there (``a/x.yaml`` and ``b/x.yaml`
 or a ``results_dir`` pointing into another config's tree) is refused, naming both files, before any job runs.
 So are results folders inside the checkout's own folders (``src/``, ``resources/``, ...) and inside the
 demo's artifact folders (``results/predictions/``, ...).
+
+Each config's HTML report goes with its tree (:attr:`RunFolders.report`): ``report.html`` in the working
+directory for the demo's tree (``results/``), ``report.html`` in the results folder for any other.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from verbmirage.core.io import atomic_path
 #: The demo's config file, and the folders its runs write to.
 DEMO_CONFIG = "config.yaml"
 RESULTS, LOGS, BENCHMARKS = "results", "logs", "benchmarks"
+REPORT = "report.html"
 _NAME = re.compile(r"[A-Za-z0-9_.+-]+")
 #: Where a tree names the config files it belongs to.
 OWNER = ".owner.json"
@@ -57,6 +61,11 @@ class RunFolders:
     results: str
     logs: str
     benchmarks: str
+
+    @property
+    def report(self) -> str:
+        """The config's HTML report: ``report.html`` for the demo's tree, else in its results folder."""
+        return REPORT if self.results == RESULTS else str(PurePosixPath(self.results, REPORT))
 
 
 def _is_demo_config(path: Path, workdir: Path, workflow_dir: Path) -> bool:

@@ -124,16 +124,38 @@ def _report_command(configfiles: Sequence[str], workdir: Path) -> str:
     return command
 
 
+def report_line(report: str | Path, shown: Iterable[str], command: str, workdir: Path) -> str:
+    """The summary's line on the HTML report: up to date when it is at least as new as every file it shows
+    (``shown``: tables, figures, its own pages; those missing are not counted), else why not and the
+    ``command`` that writes it."""
+    report_path = workdir / report
+    made = [(path.stat().st_mtime, name) for name in shown if (path := workdir / name).is_file()]
+    newer = sorted(((time, name) for time, name in made
+                    if not report_path.is_file() or time > report_path.stat().st_mtime), reverse=True)
+    if report_path.is_file() and not newer:
+        return f"  report   {report_path} (open it in a browser; `{command}` rewrites it)"
+    if report_path.is_file():
+        more = f" and {len(newer) - 1} more of the files it shows" if len(newer) > 1 else ""
+        state = f"older than {_shown(newer[0][1], workdir)}{more}"
+    else:
+        state = "not written yet"
+    return f"  report   {state}: `{command}` writes {report_path}, then open it in a browser"
+
+
 def success_summary(outputs: Iterable[str], metrics: str, table1: str | None = None,
                     variants: Mapping[str, Mapping] | None = None, configfiles: Sequence[str] | None = (),
-                    report: str = "report.html", workdir: str | Path = ".") -> str:
+                    report: str = "report.html", workdir: str | Path = ".",
+                    shown: Iterable[str] | None = None) -> str:
     """The end-of-run block of a successful run.
 
     ``outputs``: the workflow's final files (``rule all``'s inputs); its tables (HTML, with .md and .parquet
     beside them) and figures are located by suffix. ``metrics``/``table1``: the long metrics table and Table 1's
     Parquet (default: the ``table1.parquet`` among ``outputs``). ``variants``: the config's ``variants`` (their
     ``paper_name``: the decoding a paper row must match). ``configfiles``: the config files the run was given
-    (``--configfile``), repeated in the report command. Paths are shown relative to ``workdir``.
+    (``--configfile``), repeated in the report command. ``report``: the config's HTML report
+    (``RunFolders.report``); ``shown``: every file it shows (``Plan.report_files``; default: the tables and
+    figures among ``outputs``), which it must be at least as new as to be up to date. Paths are shown
+    relative to ``workdir``.
     """
     workdir = Path(workdir).resolve()
     outputs = [str(path) for path in outputs]
@@ -166,14 +188,8 @@ def success_summary(outputs: Iterable[str], metrics: str, table1: str | None = N
         lines.append(f"  Table 1 ({_shown(table1, workdir)}, clean images): accuracy in %, ours [95% interval]"
                      " | the paper's")
         lines += [f"    {line}" for line in headline]
-    report_path = workdir / report
-    command = _report_command(configfiles, workdir)
-    if report_path.is_file() and (not (workdir / metrics).is_file()
-                                  or report_path.stat().st_mtime >= (workdir / metrics).stat().st_mtime):
-        lines.append(f"  report   {report_path} (open it in a browser; `{command}` rewrites it)")
-    else:
-        state = "older than these results" if report_path.is_file() else "not written yet"
-        lines.append(f"  report   {state}: `{command}` writes {report_path}, then open it in a browser")
+    lines.append(report_line(report, tables + figures if shown is None else shown,
+                             _report_command(configfiles, workdir), workdir))
     return "\n".join(lines) + "\n"
 
 
@@ -301,4 +317,5 @@ def print_summary(outcome: str, stream=None, **arguments) -> None:
         pass
 
 
-__all__ = ["success_summary", "failure_summary", "failed_jobs", "headline_lines", "error_line", "print_summary"]
+__all__ = ["success_summary", "report_line", "failure_summary", "failed_jobs", "headline_lines", "error_line",
+           "print_summary"]
