@@ -75,7 +75,8 @@ onsuccess:
         _watcher.stop()
     run_summary.print_summary("success", outputs=rules.all.input, metrics=PATHS.metrics,
                               variants=config.get("variants"), configfiles=workflow.overwrite_configfiles,
-                              report=RUN_FOLDERS.report, shown=PLAN.report_files)
+                              report=RUN_FOLDERS.report, shown=PLAN.report_files,
+                              saved=PATHS.log("run_summary"))
 
 
 onerror:

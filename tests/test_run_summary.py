@@ -77,9 +77,10 @@ def test_headline_prefers_a_row_with_values_and_says_why_one_has_none(tmp_path):
     assert lines[1].split(None, 2) == ["broken", "(default)", "no values: no valid answers: every metric undefined"]
 
 
-def test_headline_counts_the_models_it_leaves_out(tmp_path):
+def test_headline_lists_every_model_or_counts_those_a_limit_leaves_out(tmp_path):
     values = {(f"m{i}", "default", qset): 0.5 for i in range(7) for qset in ("yn_obj", "yn_verb")}
     frame = _table1(tmp_path, values)
+    assert [line.split()[0] for line in headline_lines(frame, {})[:8]] == [f"m{i}" for i in range(7)] + ["(no"]
     lines = headline_lines(frame, {}, limit=5)
     assert [line.split()[0] for line in lines[:5]] == ["m0", "m1", "m2", "m3", "m4"]
     assert lines[5] == "... and 2 more models in table1.md"
@@ -142,7 +143,7 @@ def test_success_summary_says_what_is_missing_in_one_line_each(tmp_path):
                            "results/metrics/metrics.parquet", variants=None, workdir=tmp_path)
     assert "metrics  results/metrics/metrics.parquet: missing (this run did not make it)" in text
     assert "Table 1  results/tables/table1.parquet is missing: no headline numbers" in text
-    assert "tables   results/tables/ (0 of 1 tables made)" in text
+    assert "tables   results/tables/ (0 of 1 table made)" in text
     (tmp_path / "results" / "tables").mkdir(parents=True)
     (tmp_path / "results" / "tables" / "table1.parquet").write_bytes(b"not parquet")
     broken = success_summary(["results/tables/table1.parquet"], "results/metrics/metrics.parquet",
@@ -225,3 +226,31 @@ def test_error_line_of_a_job_log(tmp_path, tail, expected):
     log = tmp_path / "job.log"
     log.write_text(tail)
     assert error_line(log) == expected
+
+
+def test_a_saved_summary_is_printed_after_the_report_with_its_line_current(tmp_path, monkeypatch):
+    """A run that ``verbmirage report`` (or tools/demo.sh) started saves its summary instead of printing it; the
+    command prints it last, once the report is written, so its report line says the report is there."""
+    import io
+
+    from verbmirage.workflow.run_summary import SUMMARY_LATER, print_saved_summary, print_summary
+
+    _table1(tmp_path, {("llava", "beam5", "yn_obj"): 0.5, ("llava", "beam5", "yn_verb"): 0.4})
+    arguments = dict(outputs=["results/tables/table1.parquet"], metrics="results/metrics/metrics.parquet",
+                     report="report.html", workdir=str(tmp_path), shown=[])
+    monkeypatch.setenv(SUMMARY_LATER, "1")
+    printed = io.StringIO()
+    print_summary("success", stream=printed, saved=tmp_path / "logs/run_summary.json", **arguments)
+    assert printed.getvalue() == "" and (tmp_path / "logs/run_summary.json").is_file()
+    (tmp_path / "report.html").write_text("<html></html>")
+    later = io.StringIO()
+    assert print_saved_summary(tmp_path / "logs/run_summary.json", stream=later, report=tmp_path / "report.html",
+                               workdir=tmp_path)
+    lines = later.getvalue().rstrip().splitlines()
+    assert lines[-1].startswith(f"  report   {tmp_path / 'report.html'} (open it in a browser")
+    assert any(line.startswith("    llava (beam5)") for line in lines)
+    assert not print_saved_summary(tmp_path / "nothing.json", stream=later)
+    monkeypatch.delenv(SUMMARY_LATER)
+    now = io.StringIO()
+    print_summary("success", stream=now, saved=tmp_path / "logs/run_summary.json", **arguments)
+    assert "Verb Mirage: the run finished." in now.getvalue()

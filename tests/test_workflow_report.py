@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from PIL import Image
@@ -72,7 +73,14 @@ def demo_report(demo_run, tmp_path_factory) -> tuple[Path, subprocess.CompletedP
                             capture_output=True, text=True, timeout=600, env={**os.environ, "REPORT": str(report)})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Nothing to be done" in result.stderr  # the demo run is complete: demo.sh only wrote the report
-    assert f"demo: open {report} in a browser" in result.stdout
+    # the run's summary comes last, once the report is written: every model's headline, then the report to open
+    summary = result.stderr[result.stderr.rindex("Verb Mirage: the run finished."):]
+    assert summary.rstrip().splitlines()[-1].startswith(f"  report   {report} (open it in a browser"), summary
+    table1 = pd.read_parquet(demo_run / "results/tables/table1.parquet")
+    for model in set(table1.model[table1.source.eq("measured")]):  # every model, not the first five
+        assert f"\n    {model} (" in summary, (model, summary)
+    assert "Adding" not in summary and not result.stdout.strip()  # Snakemake's report lines are in logs/report.log
+    assert "snakemake" in (demo_run / "logs/report.log").read_text().lower()
     return report, result
 
 

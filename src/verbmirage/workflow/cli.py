@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -28,6 +29,8 @@ from pathlib import Path
 from verbmirage import __version__
 from verbmirage.inference.runs import RunSpec, inference_defaults, inference_problem, run_shard, run_suite
 from verbmirage.workflow.catalog import SECTIONS, listing
+from verbmirage.workflow.paths import LOGS
+from verbmirage.workflow.run_summary import SUMMARY_LATER, print_saved_summary
 
 #: The workflow this package belongs to (an editable install from the repository).
 SNAKEFILE = Path(__file__).resolve().parents[3] / "Snakefile"
@@ -77,25 +80,47 @@ def report(configfile: str | None, output: str | None = None, cores: int | None 
     """Run what is missing (unless ``no_run``), then write the report (:func:`~verbmirage.workflow.report_file.
     write_report`) to ``output``, by default the config's own (:func:`~verbmirage.workflow.report_file.
     report_path`)."""
-    from verbmirage.workflow.report_file import ReportError, report_path, write_report
+    from verbmirage.workflow.report_file import ReportError, config_folders, write_report
 
+    workdir = _workdir(extra or [])
     try:
-        target = Path(output) if output else report_path(configfile, Path.cwd(), SNAKEFILE.parent)
+        folders = config_folders(configfile, workdir, SNAKEFILE.parent)
     except ReportError as error:
         print(f"verbmirage report: {error}", file=sys.stderr)
         return 2
+    target = Path(output) if output else workdir / folders.report
+    if _dry_run(extra or []):  # a plan only: nothing made, no report
+        return subprocess.run(snakemake_command(configfile, cores=cores, extra=extra)).returncode
     command = snakemake_command(configfile, cores=cores, extra=extra)
-    if not no_run:
-        status = subprocess.run(command).returncode
+    if not no_run:  # the run saves its summary; it is printed last, once the report is written
+        status = subprocess.run(command, env={**os.environ, SUMMARY_LATER: "1"}).returncode
         if status != 0:
             return status
+    log = workdir / folders.logs / LOGS["report"]
     try:
-        written = write_report(command, target)
+        written = write_report(command, target, log=log)
     except ReportError as error:
         print(f"verbmirage report: {error}", file=sys.stderr)
         return 1
-    print(f"verbmirage report: open {written} in a browser")
+    if not print_saved_summary(workdir / folders.logs / LOGS["run_summary"], report=written, workdir=workdir):
+        print(f"verbmirage report: open {written} in a browser")
     return 0
+
+
+def _workdir(arguments: list[str]) -> Path:
+    """The working directory Snakemake arguments choose (``--directory``/``-d``), else the current one."""
+    for index, argument in enumerate(arguments):
+        if argument in ("--directory", "-d") and index + 1 < len(arguments):
+            return Path(arguments[index + 1])
+        if argument.startswith("--directory="):
+            return Path(argument.split("=", 1)[1])
+    return Path.cwd()
+
+
+def _dry_run(arguments: list[str]) -> bool:
+    """Whether Snakemake arguments ask for a dry run (``-n``, also among other one-letter flags, ``--dry-run``)."""
+    return any(argument in ("--dry-run", "--dryrun") or re.fullmatch(r"-[a-zA-Z]*n[a-zA-Z]*", argument)
+               for argument in arguments)
 
 
 def _add_workflow_options(parser: argparse.ArgumentParser) -> None:

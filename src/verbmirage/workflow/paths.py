@@ -86,6 +86,8 @@ def charades_videos(root: str) -> str:
 #: Log of each rule, inside the config's logs folder (merge and vote rules: one per group, the same template).
 LOGS = {
     "job_server": "job_server.log",
+    "report": "report.log",  # what `snakemake --report` said while verbmirage report wrote the report
+    "run_summary": "run_summary.json",  # the last successful run's summary, printed again after its report
     "demo_hico": "demo_hico.log",
     "demo_charadesego": "demo_charadesego.log",
     "demo_pangea": "demo_pangea.log",

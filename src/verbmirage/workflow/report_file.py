@@ -30,7 +30,8 @@ from pathlib import Path
 
 import yaml
 
-from verbmirage.workflow.run_folders import DEMO_CONFIG, RunFolderError, run_folders
+from verbmirage.core.paths import open_plain
+from verbmirage.workflow.run_folders import DEMO_CONFIG, RunFolderError, RunFolders, run_folders
 
 #: The report's stylesheet (given to Snakemake with ``--report-stylesheet``).
 STYLESHEET = Path(__file__).resolve().parents[3] / "report" / "report.css"
@@ -47,8 +48,13 @@ class ReportError(RuntimeError):
 def report_path(configfile: str | None, workdir: str | Path, workflow_dir: str | Path) -> Path:
     """Where ``verbmirage report`` writes a config's report by default (relative to ``workdir`` unless the
     config's ``results_dir`` is absolute): ``report.html`` for the demo's config (``configfile`` None or the
-    demo's ``config.yaml``), else ``report.html`` in the config's results folder
-    (:func:`~verbmirage.workflow.run_folders.run_folders`, which reads the config's ``results_dir``)."""
+    demo's ``config.yaml``), else ``report.html`` in the config's results folder (:func:`config_folders`)."""
+    return Path(config_folders(configfile, workdir, workflow_dir).report)
+
+
+def config_folders(configfile: str | None, workdir: str | Path, workflow_dir: str | Path) -> RunFolders:
+    """The folders a config's run writes to (:func:`~verbmirage.workflow.run_folders.run_folders`, from the
+    config's ``results_dir``), as the workflow chooses them; :class:`ReportError` when they cannot be chosen."""
     workdir = Path(workdir)
     source = workdir / (configfile or DEMO_CONFIG)
     try:
@@ -57,10 +63,9 @@ def report_path(configfile: str | None, workdir: str | Path, workflow_dir: str |
         raise ReportError(f"--configfile {configfile}: cannot be read ({type(error).__name__}: {error})") from None
     results_dir = config.get("results_dir") or "" if isinstance(config, dict) else ""
     try:
-        folders = run_folders(str(results_dir), [configfile] if configfile else [], workdir, workflow_dir)
+        return run_folders(str(results_dir), [configfile] if configfile else [], workdir, workflow_dir)
     except RunFolderError as error:
         raise ReportError(str(error)) from None
-    return Path(folders.report)
 
 
 def seal_script_data(page: str) -> str:
@@ -99,20 +104,28 @@ def report_command(snakemake: Sequence[str], output: Path) -> list[str]:
     return [*command[:at], "--report", str(output), "--report-stylesheet", str(STYLESHEET), *command[at:]]
 
 
-def write_report(snakemake: Sequence[str], output: str | Path) -> Path:
+def write_report(snakemake: Sequence[str], output: str | Path, log: str | Path | None = None) -> Path:
     """Write the report of the workflow that ``snakemake`` (a command line, without ``--report``) runs to
     ``output`` (an ``.html`` file): Snakemake writes it to a temporary file beside ``output``, which is sealed
     (:func:`seal_script_data`) and moved into place. Returns the absolute path; raises :class:`ReportError`
-    (naming Snakemake's exit status or the problem) with ``output`` left as it was."""
+    (naming Snakemake's exit status or the problem) with ``output`` left as it was. With ``log``, Snakemake's
+    output goes there (a failure's message names it), not to the terminal."""
     output = Path(output).resolve()
     if output.suffix != ".html":
         raise ReportError(f"--output {output}: the report is one self-contained page; name it *.html")
     output.parent.mkdir(parents=True, exist_ok=True)
     draft = output.with_name(f".{output.stem}.{os.getpid()}.draft.html")
     try:
-        status = subprocess.run(report_command(snakemake, draft)).returncode
+        if log is None:
+            status = subprocess.run(report_command(snakemake, draft)).returncode
+        else:
+            Path(log).parent.mkdir(parents=True, exist_ok=True)
+            with os.fdopen(open_plain(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w") as written:
+                status = subprocess.run(report_command(snakemake, draft), stdout=written,
+                                        stderr=subprocess.STDOUT).returncode
         if status != 0:
-            raise ReportError(f"snakemake --report failed (exit status {status}); its message is above")
+            where = "above" if log is None else f"in {log}"
+            raise ReportError(f"snakemake --report failed (exit status {status}); its message is {where}")
         draft.write_text(seal_script_data(draft.read_text(encoding="utf-8")), encoding="utf-8")
         os.replace(draft, output)
     finally:
@@ -120,4 +133,5 @@ def write_report(snakemake: Sequence[str], output: str | Path) -> Path:
     return output
 
 
-__all__ = ["STYLESHEET", "ReportError", "report_path", "seal_script_data", "report_command", "write_report"]
+__all__ = ["STYLESHEET", "ReportError", "report_path", "config_folders", "seal_script_data", "report_command",
+           "write_report"]

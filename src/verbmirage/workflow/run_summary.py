@@ -12,6 +12,8 @@ catches whatever is left).
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -21,8 +23,9 @@ from verbmirage.workflow.jobserver import KILLED
 
 #: Table 1's columns shown as headline numbers (tables.table1_columns), with their short names.
 HEADLINE_COLUMNS = (("yn_obj_acc", "yn_obj"), ("yn_verb_acc", "yn_verb"))
-#: at most this many models get a headline line (the rest: "... more in table1.md").
-HEADLINE_MODELS = 5
+#: Set by a caller that writes the report after the run (``verbmirage report``, ``tools/demo.sh``): the run saves
+#: its summary instead of printing it, and the caller prints it last (:func:`print_saved_summary`).
+SUMMARY_LATER = "VERBMIRAGE_SUMMARY_LATER"
 #: at most this many failed jobs are listed one by one.
 FAILED_JOBS = 10
 FIGURE_SUFFIXES = (".png", ".pdf", ".svg")
@@ -49,7 +52,8 @@ def _folders(paths: Sequence[str], workdir: Path, noun: str) -> str:
     parts = []
     for folder, members in folders.items():
         made = sum((workdir / member).is_file() for member in members)
-        count = f"{made} {noun}" if made == len(members) else f"{made} of {len(members)} {noun} made"
+        plural = noun if len(members) != 1 else noun.removesuffix("s")
+        count = f"{made} {plural}" if made == len(members) else f"{made} of {len(members)} {plural} made"
         parts.append(f"{_shown(folder, workdir)}/ ({count})")
     return ", ".join(parts)
 
@@ -66,13 +70,13 @@ def _value(value) -> str:
 
 
 def headline_lines(table1, variant_paper_names: Mapping[str, str] | None = None,
-                   limit: int = HEADLINE_MODELS) -> list[str]:
+                   limit: int | None = None) -> list[str]:
     """One line per model of Table 1 (``table1.parquet``, percent): its ``yn_obj`` and ``yn_verb`` accuracy
     with the 95% interval, and the paper's values of the same model and decoding where Table 1 has them.
 
     A model with several variants shows one: the first whose decoding matches a paper row, else the first
     with a value, else its first row (and its ``note``: why it has none). Models with a paper counterpart
-    come first; after ``limit`` models, one line counts the rest.
+    come first; after ``limit`` models (default: every model), one line counts the rest.
     """
     missing = [column for column, _ in HEADLINE_COLUMNS if column not in table1.columns]
     if missing or "source" not in table1.columns:
@@ -88,6 +92,7 @@ def headline_lines(table1, variant_paper_names: Mapping[str, str] | None = None,
         return any(row[column] == row[column] for column, _ in HEADLINE_COLUMNS)  # not all NaN
 
     order = list(chosen)  # paper counterparts first (headline_rows)
+    limit = len(order) if limit is None else limit
     width = max(len(f"{model} ({chosen[model][0]['variant']})") for model in order[:limit])
     lines = []
     for model in order[:limit]:
@@ -301,15 +306,52 @@ def failure_summary(snakemake_logs: Sequence[str], workdir: str | Path = ".", li
 
 
 # ---- the hooks -----------------------------------------------------------------------------------------------
-def print_summary(outcome: str, stream=None, **arguments) -> None:
+def print_summary(outcome: str, stream=None, saved: str | Path | None = None, **arguments) -> None:
     """Print the end-of-run block (``outcome``: ``success`` or ``error``; ``arguments``: those of
-    :func:`success_summary` / :func:`failure_summary`). Never raises: this runs in the Snakefile's hooks, and
-    the run's outcome must not depend on its summary."""
+    :func:`success_summary` / :func:`failure_summary`). A success's arguments are also written to ``saved``
+    (JSON), and with :data:`SUMMARY_LATER` set in the environment the block is not printed: the caller prints
+    it once it has written the report (:func:`print_saved_summary`). Never raises: this runs in the Snakefile's
+    hooks, and the run's outcome must not depend on its summary."""
     stream = stream or sys.stderr
     try:
+        if outcome == "success" and saved is not None:
+            _save(saved, arguments)
+        if outcome == "success" and os.environ.get(SUMMARY_LATER):
+            return
         text = success_summary(**arguments) if outcome == "success" else failure_summary(**arguments)
     except Exception as error:
         text = f"Verb Mirage: no end-of-run summary ({type(error).__name__}: {error})\n"
+    _write(stream, text)
+
+
+def _save(path: str | Path, arguments: Mapping) -> None:
+    from verbmirage.core.io import write_text  # deferred: a failed run's hook needs none of it
+
+    write_text(path, json.dumps(dict(arguments), default=list, indent=1) + "\n")  # default: Snakemake's lists
+
+
+def print_saved_summary(saved: str | Path, stream=None, report: str | Path | None = None,
+                        workdir: str | Path = ".") -> bool:
+    """Print the summary of the last successful run that saved one at ``saved`` (its report line as of now, for
+    ``report`` when given: the file just written; the run's paths are relative to ``workdir``); False when there
+    is none to print."""
+    stream = stream or sys.stderr
+    try:
+        arguments = json.loads(Path(saved).read_text())
+    except (OSError, ValueError):
+        return False
+    if report is not None:
+        arguments["report"] = str(report)
+    arguments["workdir"] = str(workdir)
+    try:
+        text = success_summary(**arguments)
+    except Exception as error:
+        text = f"Verb Mirage: no end-of-run summary ({type(error).__name__}: {error})\n"
+    _write(stream, text)
+    return True
+
+
+def _write(stream, text: str) -> None:
     try:
         stream.write(text)
         stream.flush()
@@ -318,4 +360,4 @@ def print_summary(outcome: str, stream=None, **arguments) -> None:
 
 
 __all__ = ["success_summary", "report_line", "failure_summary", "failed_jobs", "headline_lines", "error_line",
-           "print_summary"]
+           "print_summary", "print_saved_summary", "SUMMARY_LATER"]
