@@ -7,7 +7,7 @@ the variable set, a cluster that does not start is a failure.
 The module's fixture starts a SLURM of its own (tools/slurm/local_cluster.py: munge, slurmctld and slurmd with
 two fake GPUs) in a temporary folder that holds all its files, on free ports, and stops it when the tests end,
 passed or failed: a SLURM the machine runs itself is neither addressed nor changed. Snakemake and scontrol
-reach the test cluster through ``SLURM_CONF``.
+reach the test cluster through ``SLURM_CONF`` (and, inside a job, the folder's srun: ``local_cluster.environment``).
 
 Inference shards must reach SLURM as jobs, with a GPU request exactly for the model that asks for one; light
 rules must run on the submitting node; the metrics must equal a local run's.
