@@ -3,11 +3,14 @@ finds an earlier run of itself still writing does not replace that job's log (do
 
 Real Snakemake, the real inference script (scripts/predict_suite.py), the real run start of the Snakefile
 (``jobserver.start_run``: the run named for its jobs, a job server) and the slow test model
-(tests/slow_backend.py), on a one-rule workflow so that each run takes seconds.
+(tests/slow_backend.py), on a one-rule workflow so that each run takes seconds. The job holds after its first
+part until the test releases it, so it is still running at each step that needs it, however loaded the
+machine; whatever a failed test leaves running in its folder is killed at its end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -29,10 +32,13 @@ TESTS = REPO / "tests"
 sys.path.insert(0, str(REPO / "tools"))
 
 import kill_anywhere  # noqa: E402  (tools/ is not a package)
+from slow_backend import held_mark  # noqa: E402  (tests/ is not a package)
 
 pytestmark = pytest.mark.slow
-#: 30 batches of 4 at 0.3 s each: a run long enough to be killed after two parts of 8 rows
+#: 30 batches of 4
 QUESTIONS_ASKED = 120
+#: the job answers this many questions (at least one part of 8 rows stored), then holds (tests/slow_backend.py)
+HOLD_AFTER = 16
 SHARD = "out/hico/slow/0"
 LOG = "logs/predict/hico/slow/0.log"
 
@@ -69,7 +75,7 @@ rule predict_suite:
         directory("out/{{dataset}}/{{model}}/{{shard}}"),
     params:
         qsets=["yn_obj"],
-        model={{"backend": "slow_backend:SlowModel", "seconds_per_batch": {seconds}}},
+        model={{"backend": "slow_backend:SlowModel", "hold_file": "{hold}", "hold_after": {hold_after}}},
         variant={{}},
         n_shards=1,
         batch_size=4,
@@ -93,14 +99,35 @@ def questions_and_images(demo_anno, demo_roots, tmp_path_factory):
     return base, questions
 
 
-def _workdir(tmp_path: Path, data: Path, seconds: float) -> Path:
+@pytest.fixture
+def work(questions_and_images, tmp_path):
+    """The one-rule workflow's folder; its job holds until :func:`_release`. At the end, every process still
+    running in it (the test's own runs and jobs, left by a failure) is killed."""
     work = tmp_path / "work"
     work.mkdir()
     for name in ("yn_obj.parquet", "clean"):
-        (work / name).symlink_to(data / name)
-    (work / "Snakefile").write_text(SNAKEFILE.format(shard=SHARD, seconds=seconds,
+        (work / name).symlink_to(questions_and_images[0] / name)
+    (work / "Snakefile").write_text(SNAKEFILE.format(shard=SHARD, hold=_hold_file(work), hold_after=HOLD_AFTER,
                                                      script=REPO / "scripts" / "predict_suite.py"))
-    return work
+    yield work
+    _release(work)
+    for pid in kill_anywhere.processes_in(work):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _hold_file(work: Path) -> Path:
+    return work.parent / "release"
+
+
+def _held(work: Path) -> bool:
+    """Whether the job answered its first questions and now holds."""
+    return held_mark(_hold_file(work)).exists()
+
+
+def _release(work: Path) -> None:
+    """Let the held job (and any later run of it) answer the rest."""
+    _hold_file(work).touch()
 
 
 def _environment() -> dict:
@@ -129,10 +156,6 @@ def _wait_until(condition, seconds: float, what: str, process: subprocess.Popen 
         time.sleep(0.05)
 
 
-def _parts(work: Path) -> int:
-    return len(list((work / f"{SHARD}.parts" / "yn_obj").glob("part-*.parquet")))
-
-
 def _lock_holder(work: Path) -> int:
     """The pid the shard's lock file names (its holder: the process running the job)."""
     return json.loads((work / f"{SHARD}.parts" / "yn_obj" / ".lock").read_text())["pid"]
@@ -154,12 +177,11 @@ def _run(work: Path, *extra: str, check: bool = True) -> subprocess.CompletedPro
     return result
 
 
-def test_a_job_stops_when_its_snakemake_is_killed_and_the_rerun_resumes(questions_and_images, tmp_path):
+def test_a_job_stops_when_its_snakemake_is_killed_and_the_rerun_resumes(questions_and_images, work, tmp_path):
     """A served job (the default local run); tests/test_jobserver.py covers a job in its own process."""
-    data, questions = questions_and_images
-    work = _workdir(tmp_path, data, seconds=0.3)
+    questions = questions_and_images[1]
     run = _start(work, "killed")
-    _wait_until(lambda: _parts(work) >= 2, 300, "two parts", run, tmp_path / "killed.out")
+    _wait_until(lambda: _held(work), 300, "the job to hold", run, tmp_path / "killed.out")
     job = _lock_holder(work)
     assert job != run.pid and _alive(job)
     run.send_signal(signal.SIGKILL)  # Snakemake alone: its jobs and the job server are not signalled
@@ -170,18 +192,18 @@ def test_a_job_stops_when_its_snakemake_is_killed_and_the_rerun_resumes(question
     assert "stopped (JobTerminated: terminated by SIGTERM); the answered rows are saved" in log
 
     _run(work, "--unlock")
+    _release(work)
     _run(work)
     assert "resuming:" in (work / LOG).read_text()
     table = read_table(work / SHARD / "yn_obj.parquet", PREDICTIONS)
     assert sorted(table.question_id) == sorted(questions.question_id)
 
 
-def test_a_rerun_that_finds_the_job_still_running_leaves_its_log_alone(questions_and_images, tmp_path):
-    data, questions = questions_and_images
-    work = _workdir(tmp_path, data, seconds=0.3)
+def test_a_rerun_that_finds_the_job_still_running_leaves_its_log_alone(work, tmp_path):
     # a run whose jobs are not stopped with it (as a cluster's jobs outlive a killed Snakemake)
     run = _start(work, "killed", local=False, job_server=False)
-    _wait_until(lambda: _parts(work) >= 2, 300, "two parts", run, tmp_path / "killed.out")
+    # the job holds: it cannot finish before the rerun has found it running
+    _wait_until(lambda: _held(work), 300, "the job to hold", run, tmp_path / "killed.out")
     holder = _lock_holder(work)
     run.send_signal(signal.SIGKILL)
     run.wait()
@@ -194,6 +216,7 @@ def test_a_rerun_that_finds_the_job_still_running_leaves_its_log_alone(questions
     assert _alive(holder)
     before = (work / LOG).read_text()
     assert "resuming" not in before and "LogBusyError" not in before  # the holder's log, not the rerun's
+    _release(work)
     _wait_until(lambda: not _alive(holder), 300, "the first job to finish")
     log = (work / LOG).read_text()
     assert log.startswith(before) and f"predictions per set: {{'yn_obj': {QUESTIONS_ASKED}}}" in log  # the holder wrote on into it

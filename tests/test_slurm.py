@@ -1,18 +1,27 @@
 """The demo through a real single-node SLURM (`snakemake --profile profiles/slurm`).
 
-tools/slurm/start_cluster.sh starts munge, slurmctld and slurmd (Debian's
-packages) with two fake GPUs. Inference shards must reach SLURM as jobs, with
-a GPU request exactly for the model that asks for one; light rules must run
-on the submitting node; the metrics must equal a local run's.
-Skipped only where SLURM cannot be started (not root); never in CI.
+Opt-in: set ``VERBMIRAGE_TEST_SLURM=1`` (CI does); without it the test is skipped. It needs root and Debian's
+``slurmctld slurmd slurm-client munge`` packages (installed beforehand: nothing is installed here), and with
+the variable set, a cluster that does not start is a failure.
+
+The module's fixture starts a SLURM of its own (tools/slurm/local_cluster.py: munge, slurmctld and slurmd with
+two fake GPUs) in a temporary folder that holds all its files, on free ports, and stops it when the tests end,
+passed or failed: a SLURM the machine runs itself is neither addressed nor changed. Snakemake and scontrol
+reach the test cluster through ``SLURM_CONF`` (and, inside a job, the folder's srun: ``local_cluster.environment``).
+
+Inference shards must reach SLURM as jobs, with a GPU request exactly for the model that asks for one; light
+rules must run on the submitting node; the metrics must equal a local run's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -20,25 +29,45 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools" / "slurm"))
+
+import local_cluster  # noqa: E402  (tools/ is not a package)
+
 pytestmark = pytest.mark.slow
+#: the variable that enables this tier (README, "Tests")
+OPT_IN = "VERBMIRAGE_TEST_SLURM"
 SUBMITTED = re.compile(r"has been submitted with SLURM jobid (\d+) \(log: .*/rule_(\w+)/(\S+)/\d+\.log\)")
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def _cluster(folder: Path):
+    """A SLURM in ``folder`` while the block runs (skipped unless opted in); yields the environment that reaches
+    it. It is stopped when the block ends, however it ends."""
+    if os.environ.get(OPT_IN) != "1":
+        pytest.skip(f"the cluster tier starts a SLURM of its own (root; Debian's {local_cluster.PACKAGES}): "
+                    f"set {OPT_IN}=1 to run it")
+    try:
+        local_cluster.start(folder)
+    except local_cluster.ClusterError as error:
+        pytest.fail(f"{OPT_IN}=1, but the test SLURM did not start: {error}")
+    # a SIGTERM (tools/test.sh sends one on Ctrl-C) ends the tests through the stop below, as Ctrl-C does
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield {**os.environ, **local_cluster.environment(folder)}
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        local_cluster.stop(folder)
+
+
 @pytest.fixture(scope="module")
-def slurm_cluster():
-    problem = None
-    if os.geteuid() != 0:
-        problem = "starting SLURM needs root"
-    else:
-        started = subprocess.run([str(REPO / "tools" / "slurm" / "start_cluster.sh")], capture_output=True,
-                                 text=True, timeout=600)
-        if started.returncode != 0:
-            problem = f"SLURM did not start: {started.stdout}{started.stderr}"
-    if problem:
-        if os.environ.get("CI"):
-            pytest.fail(problem)
-        pytest.skip(problem)
-    yield  # left running: stopping and restarting costs more than it saves (tools/slurm/stop_cluster.sh)
+def slurm_cluster(tmp_path_factory) -> dict[str, str]:
+    """The environment (``SLURM_CONF``, ``PATH``) of a SLURM started for these tests and stopped after them."""
+    with _cluster(tmp_path_factory.mktemp("slurm")) as environment:
+        yield environment
 
 
 def _config(workdir: Path) -> None:
@@ -61,17 +90,18 @@ def _config(workdir: Path) -> None:
     (workdir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-def _snakemake(workdir: Path, *extra: str) -> str:
+def _snakemake(workdir: Path, *extra: str, env: dict[str, str] | None = None) -> str:
     command = ["timeout", "-s", "INT", "1200", sys.executable, "-m", "snakemake", "--snakefile",
                str(REPO / "Snakefile"), "--directory", str(workdir), "--configfile", str(workdir / "config.yaml"),
                *extra]
-    result = subprocess.run(command, capture_output=True, text=True)
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     return result.stdout + result.stderr
 
 
-def _tres(job_id: str) -> str:
-    shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
+def _tres(job_id: str, env: dict[str, str]) -> str:
+    shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, check=True,
+                           env=env).stdout
     found = re.search(r"TresPerJob=(\S+)", shown)
     return found.group(1) if found else ""
 
@@ -80,7 +110,7 @@ def test_demo_through_slurm(slurm_cluster, tmp_path):
     on_slurm, local = tmp_path / "slurm", tmp_path / "local"
     _config(on_slurm)
     _config(local)
-    log = _snakemake(on_slurm, "--profile", str(REPO / "profiles" / "slurm"))
+    log = _snakemake(on_slurm, "--profile", str(REPO / "profiles" / "slurm"), env=slurm_cluster)
     submissions = SUBMITTED.findall(log)
     # every inference job, and nothing else, became a SLURM job: one per model shard (both sets in it),
     # 1 condition x 4 shards (always_yes, random x2, tiny_llava)
@@ -88,7 +118,7 @@ def test_demo_through_slurm(slurm_cluster, tmp_path):
     assert len(submissions) == 4
     for job_id, _, wildcards in submissions:
         wants_gpu = "_tiny_llava_" in wildcards
-        assert ("gres:gpu:1" in _tres(job_id)) == wants_gpu, (wildcards, _tres(job_id))
+        assert ("gres:gpu:1" in _tres(job_id, slurm_cluster)) == wants_gpu, (wildcards, _tres(job_id, slurm_cluster))
     assert sum("_tiny_llava_" in w for _, _, w in submissions) == 1
 
     _snakemake(local, "--cores", "2")
@@ -97,3 +127,32 @@ def test_demo_through_slurm(slurm_cluster, tmp_path):
     from_local = pd.read_parquet(local / "results/metrics/metrics.parquet").sort_values(keys, ignore_index=True)
     pd.testing.assert_frame_equal(from_slurm, from_local)
     assert set(from_slurm.model) >= {"tiny_llava", "random", "blind_vote"}
+
+
+def _daemons(folder: Path) -> list[int | None]:
+    files = local_cluster.Files(folder)
+    return [local_cluster.our_pid(getattr(files, key), folder) for _, key in local_cluster.DAEMONS]
+
+
+def test_the_test_cluster_leaves_a_slurm_already_running_and_its_jobs_alone(tmp_path):
+    """Another SLURM on the machine (here a second cluster in its own folder, on its own ports, standing for a
+    site's) keeps its daemons and its running job while the test cluster starts and stops."""
+    site, ours = tmp_path / "site", tmp_path / "ours"
+    with _cluster(site) as site_environment:
+        job = subprocess.run(["sbatch", "--parsable", "--wrap", "sleep 300"], cwd=tmp_path, env=site_environment,
+                             capture_output=True, text=True, check=True).stdout.strip()
+
+        def job_state() -> str:
+            return subprocess.run(["squeue", "--noheader", "--format=%T", f"--jobs={job}"], env=site_environment,
+                                  capture_output=True, text=True, check=True).stdout.strip()
+
+        deadline = time.monotonic() + 60
+        while job_state() != "RUNNING":
+            assert time.monotonic() < deadline, f"the site's job {job} did not start: {job_state()}"
+            time.sleep(0.5)
+        site_daemons = _daemons(site)
+        assert None not in site_daemons
+        with _cluster(ours):
+            assert None not in _daemons(ours)
+        assert _daemons(ours) == [None, None, None]
+        assert _daemons(site) == site_daemons and job_state() == "RUNNING"

@@ -7,7 +7,8 @@ models      tiny random-weight models (real transformers classes; the remote-cod
             tests that take a minute.
 workflow    Snakemake: dry-run plans, the demo run that the slow files share (``demo_run``), killed and
             resumed runs.
-cluster     the demo through the local single-node SLURM (``tools/slurm/start_cluster.sh``).
+cluster     the demo through a single-node SLURM that the test starts in a folder of its own and stops
+            (``tools/slurm/local_cluster.py``); opt-in: ``VERBMIRAGE_TEST_SLURM=1`` (CI sets it).
 ==========  ===============================================================================================
 
 A test's tier is the highest of: its file's (``FILE_TIERS``; a file not named there is fast), its own

@@ -118,7 +118,8 @@ def draw_attention_figures(table: pd.DataFrame, paths: dict[int, str | Path], ro
         rows = table[(table.model == model) & (table.condition == condition)]
         layer = int(rows.layer.max()) if len(rows) else None
         rows = _last_layer(rows)
-        heading = f"Fig. {number}: {FIGURES[number]} - {model or 'no model'}, {condition}, layer {layer}"
+        heading = (f"Fig. {number}: {FIGURES[number]} - {model or 'no model'}, {condition}, the last analysed "
+                   f"layer (index {layer}, from 0)")
         note = notes.get(model, "") if model else "no attention model configured for this figure"
         if model and backends and backends.get(model) != PAPER_ROLES[number]:
             note = "; ".join(filter(None, [f"stands in for the paper's {PAPER_ROLES[number]} model "

@@ -365,8 +365,8 @@ class AnalysesPlan:
             entry = self.config["models"].get(slug, {})
             lines = []
             if slug in self.stand_ins:
-                lines.append(f"stand-in ({self.stand_ins[slug]}): the deltas are not a model's")
+                lines.append(f"stand-in ({self.stand_ins[slug]}): these deltas are not a model's result")
             if entry.get("backend") != "mplug_owl2":
-                lines.append("stands in for the paper's mPLUG-Owl2")
+                lines.append("drawn in place of the paper's mPLUG-Owl2")
             notes[slug] = "; ".join(lines)
         return notes

@@ -109,11 +109,11 @@ class TreeOwnedError(RunFolderError):
     """The results folder belongs to another config (the message names both files and what to do)."""
 
 
-def _config_names(configfiles, workdir: Path, workflow_dir: Path) -> list[str]:
+def _config_names(configfiles, workdir: Path) -> list[str]:
     """The config files of a run as its owner record spells them: relative to the working directory when
     inside it (a checkout moved with its configs keeps its trees), else absolute; the demo's ``config.yaml``
-    when none is named."""
-    files = [workdir / Path(f) for f in configfiles] or [workflow_dir / DEMO_CONFIG]
+    when none is named (the Snakefile's ``configfile:``, which Snakemake reads from the working directory)."""
+    files = [workdir / Path(f) for f in configfiles] or [workdir / DEMO_CONFIG]
     names = []
     for file in files:
         real = Path(os.path.realpath(file))
@@ -147,7 +147,7 @@ def claim(folders: RunFolders, configfiles, workdir: str | Path, workflow_dir: s
     demo's artifact folders."""
     workdir, workflow_dir = Path(workdir), Path(workflow_dir)
     tree = workdir / folders.results
-    mine = _config_names(configfiles, workdir, workflow_dir)
+    mine = _config_names(configfiles, workdir)
     real_tree = Path(os.path.realpath(tree))
     for base in {os.path.realpath(workdir), os.path.realpath(workflow_dir)}:
         try:
