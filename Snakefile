@@ -73,10 +73,7 @@ onsuccess:
     jobserver.stop(_job_server.pop() if _job_server else None)
     for _watcher in _progress:
         _watcher.stop()
-    run_summary.print_summary("success", outputs=rules.all.input, metrics=PATHS.metrics,
-                              variants=config.get("variants"), configfiles=workflow.overwrite_configfiles,
-                              report=RUN_FOLDERS.report, shown=PLAN.report_files,
-                              saved=PATHS.log("run_summary"))
+    run_summary.print_summary("success", **SUMMARY)
 
 
 onerror:

@@ -28,6 +28,7 @@ from verbmirage.workflow.paths import (
 from verbmirage.workflow.plan import Plan, alternatives, figure_prints
 from verbmirage.workflow.report_pages import report_options
 from verbmirage.workflow.run_folders import RunFolderError, claim, run_folders
+from verbmirage.workflow.run_summary import save_summary
 
 # A config that fails a check stops the run here, before any job, with one message: the config file, the key, the
 # problem (no traceback).
@@ -50,6 +51,11 @@ try:
 except (ConfigError, RunFolderError) as _error:
     sys.exit(stop_message(_error, workflow.overwrite_configfiles))
 PATHS = PLAN.paths
+# What the end-of-run summary shows (src/verbmirage/workflow/run_summary.py), kept in the logs when the run is
+# planned: `verbmirage report` prints it after the report, also when the run had nothing to do.
+SUMMARY = dict(outputs=PLAN.targets, metrics=PATHS.metrics, variants=config.get("variants"),
+               configfiles=workflow.overwrite_configfiles, report=RUN_FOLDERS.report, shown=PLAN.report_files)
+save_summary(PATHS.log("run_summary"), SUMMARY)
 # Derived models (models.<slug>.derive): from here on each is the entry its jobs load (its base's backend and
 # settings, path or adapter = its built folder).
 config["models"] = PLAN.config["models"]

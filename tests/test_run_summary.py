@@ -233,15 +233,16 @@ def test_a_saved_summary_is_printed_after_the_report_with_its_line_current(tmp_p
     command prints it last, once the report is written, so its report line says the report is there."""
     import io
 
-    from verbmirage.workflow.run_summary import SUMMARY_LATER, print_saved_summary, print_summary
+    from verbmirage.workflow.run_summary import SUMMARY_LATER, print_saved_summary, print_summary, save_summary
 
     _table1(tmp_path, {("llava", "beam5", "yn_obj"): 0.5, ("llava", "beam5", "yn_verb"): 0.4})
     arguments = dict(outputs=["results/tables/table1.parquet"], metrics="results/metrics/metrics.parquet",
                      report="report.html", workdir=str(tmp_path), shown=[])
+    save_summary(tmp_path / "logs/run_summary.json", arguments)  # when the run is planned
     monkeypatch.setenv(SUMMARY_LATER, "1")
     printed = io.StringIO()
-    print_summary("success", stream=printed, saved=tmp_path / "logs/run_summary.json", **arguments)
-    assert printed.getvalue() == "" and (tmp_path / "logs/run_summary.json").is_file()
+    print_summary("success", stream=printed, **arguments)
+    assert printed.getvalue() == ""
     (tmp_path / "report.html").write_text("<html></html>")
     later = io.StringIO()
     assert print_saved_summary(tmp_path / "logs/run_summary.json", stream=later, report=tmp_path / "report.html",
@@ -252,5 +253,5 @@ def test_a_saved_summary_is_printed_after_the_report_with_its_line_current(tmp_p
     assert not print_saved_summary(tmp_path / "nothing.json", stream=later)
     monkeypatch.delenv(SUMMARY_LATER)
     now = io.StringIO()
-    print_summary("success", stream=now, saved=tmp_path / "logs/run_summary.json", **arguments)
+    print_summary("success", stream=now, **arguments)
     assert "Verb Mirage: the run finished." in now.getvalue()

@@ -306,28 +306,38 @@ def failure_summary(snakemake_logs: Sequence[str], workdir: str | Path = ".", li
 
 
 # ---- the hooks -----------------------------------------------------------------------------------------------
-def print_summary(outcome: str, stream=None, saved: str | Path | None = None, **arguments) -> None:
+def print_summary(outcome: str, stream=None, **arguments) -> None:
     """Print the end-of-run block (``outcome``: ``success`` or ``error``; ``arguments``: those of
-    :func:`success_summary` / :func:`failure_summary`). A success's arguments are also written to ``saved``
-    (JSON), and with :data:`SUMMARY_LATER` set in the environment the block is not printed: the caller prints
-    it once it has written the report (:func:`print_saved_summary`). Never raises: this runs in the Snakefile's
-    hooks, and the run's outcome must not depend on its summary."""
+    :func:`success_summary` / :func:`failure_summary`). With :data:`SUMMARY_LATER` set in the environment a
+    success's block is not printed: the caller prints it once it has written the report
+    (:func:`print_saved_summary`). Never raises: this runs in the Snakefile's hooks, and the run's outcome must
+    not depend on its summary."""
     stream = stream or sys.stderr
+    if outcome == "success" and os.environ.get(SUMMARY_LATER):
+        return
     try:
-        if outcome == "success" and saved is not None:
-            _save(saved, arguments)
-        if outcome == "success" and os.environ.get(SUMMARY_LATER):
-            return
         text = success_summary(**arguments) if outcome == "success" else failure_summary(**arguments)
     except Exception as error:
         text = f"Verb Mirage: no end-of-run summary ({type(error).__name__}: {error})\n"
     _write(stream, text)
 
 
-def _save(path: str | Path, arguments: Mapping) -> None:
-    from verbmirage.core.io import write_text  # deferred: a failed run's hook needs none of it
+def save_summary(path: str | Path, arguments: Mapping) -> None:
+    """Keep the arguments of :func:`success_summary` (the run's outputs, metrics, report ...) at ``path`` (JSON,
+    when they changed), where :func:`print_saved_summary` reads them: written when the run is planned, so they
+    are there also after a run that had nothing to do (Snakemake calls no hook then)."""
+    from verbmirage.core.io import write_text  # deferred: only planning needs it
 
-    write_text(path, json.dumps(dict(arguments), default=list, indent=1) + "\n")  # default: Snakemake's lists
+    def plain(value):  # Snakemake's lists, paths
+        return str(value) if isinstance(value, Path) else list(value)
+
+    text = json.dumps(dict(arguments), default=plain, indent=1) + "\n"
+    try:
+        if Path(path).read_text() == text:
+            return
+    except OSError:
+        pass
+    write_text(path, text)
 
 
 def print_saved_summary(saved: str | Path, stream=None, report: str | Path | None = None,
@@ -360,4 +370,4 @@ def _write(stream, text: str) -> None:
 
 
 __all__ = ["success_summary", "report_line", "failure_summary", "failed_jobs", "headline_lines", "error_line",
-           "print_summary", "print_saved_summary", "SUMMARY_LATER"]
+           "print_summary", "save_summary", "print_saved_summary", "SUMMARY_LATER"]
