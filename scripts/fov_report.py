@@ -2,7 +2,8 @@
 
 Inputs: ``summary`` (``fov.parquet``) and ``rows`` (``fov_rows.parquet``). Outputs: ``results/tables/fov``
 as Parquet, Markdown and HTML, and ``fig10_fov.png`` (a PDF and an SVG beside it). Settings: ``params.models`` (with token probabilities, in order),
-``params.skipped`` (without), ``params.notes`` (per-model figure notes), ``params.variant`` (the one Fig. 10 shows).
+``params.skipped`` (without), ``params.notes`` (per-model figure notes), ``params.variants`` (model -> the variant
+Fig. 10 shows), ``params.variant_entries`` (config ``variants``: how its decoding is named).
 """
 
 from verbmirage.workflow.jobserver import delegate
@@ -25,4 +26,5 @@ with job_log(snakemake.log[0]):
     table.to_parquet(out.table, index=False)
     write_markdown(table, out.markdown, title=f"{TITLE}. {PAPER_NOTE}")
     write_html(table, out.html, title=f"{TITLE}. {PAPER_NOTE}")
-    draw_fov_figure(summary, rows, out.figure, list(p.models), p.notes, skipped=list(p.skipped), variant=p.variant)
+    draw_fov_figure(summary, rows, out.figure, list(p.models), p.notes, skipped=list(p.skipped),
+                    variants=dict(p.variants), variant_entries=p.variant_entries)
