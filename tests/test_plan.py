@@ -210,11 +210,16 @@ def test_the_demo_analyses_read_what_was_run(demo):
 # ---- configs/paper.yaml (on the demo's data) -----------------------------------------------------------------
 def test_the_paper_config_plans_the_jobs_of_every_stage(paper):
     assert job_counts(paper) == Counter({
-        "predict_suite": 328, "merge_predictions": 108, "ensemble": 10, "metric_part": 118, "consistency_part": 20,
+        "predict_suite": 338, "merge_predictions": 113, "ensemble": 10, "metric_part": 123, "consistency_part": 21,
         "calibrate_decision": 0, "derive_model": 2, "training_questions": 1, "attention": 2, "image_condition": 7})
     assert (len(paper.merge_groups), len(paper.ensemble_groups)) == (25, 10)
-    assert ("hico", "clean", "qwen2_5_vl_7b", "beam5") in {(r.dataset, r.condition, r.model, r.variant)
-                                                          for r in paper.scored}
+    scored = {(r.dataset, r.condition, r.model, r.variant) for r in paper.scored}
+    assert ("hico", "clean", "qwen2_5_vl_7b", "beam5") in scored
+    # Fig. 1's API models, GPT-4 and Gemini-1.5-Flash (Google's OpenAI-compatible endpoint), 100 questions a set
+    assert {("hico", "clean", m, "default") for m in ("gpt4_turbo", "gemini_15_flash")} <= scored
+    gemini = paper.config["models"]["gemini_15_flash"]
+    assert (gemini["backend"], gemini["model"], gemini["sample_questions"]) == ("openai", "gemini-1.5-flash", 100)
+    assert gemini["base_url"] == "https://generativelanguage.googleapis.com/v1beta/openai/"
     assert {r.model for r in paper.scored if r.dataset == "charadesego" and r.model in paper.models} == {
         "qwen2_vl_7b", "qwen_vl_chat", "minicpm_llama3_v25"}
 
