@@ -311,6 +311,7 @@ VCD_DIVERGENCE = pa.schema(
         ("qset", pa.string()),
         ("plain_variant", pa.string()),
         ("plain_note", pa.string()),
+        ("beta", pa.float64()),  # the run's plausibility cut (VCD's beta): it sets how often the KL is exactly 0
         ("n", pa.int64()),
         ("n_dropped", pa.int64()),
         ("n_kl_zero", pa.int64()),
