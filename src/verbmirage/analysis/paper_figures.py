@@ -9,9 +9,10 @@ model: the tables' one rule, ``paper_numbers.paper_names_from_config``), a black
 Each model's bars are one of its variants (``drawn``: model -> :class:`Drawn`; the run plan picks it per figure,
 by default the variant whose ``paper_name`` is the paper's decoding, beam 5: ``analysis.figures``,
 docs/analysis.md), and its mark is the paper's number for that decoding (the variant's ``paper_name``, else
-``beam5``). The legend names the decoding on both sides: its title the bars' (one variant for every model, or
-"under each model's name", where each tick then names its model's), the mark's entry the paper's, and which
-models' bars differ from it (greedy bars beside a beam-5 mark are not like for like). A bar over fewer than 30
+``beam5``). The legend names the decoding on both sides: its title the bars' (the variant most models draw, then
+each other with its models: "ours: beam5; default (greedy): molmo_7b_d"), the mark's entry the paper's, and
+which models' bars differ from it (greedy bars beside a beam-5 mark are not like for like); the note under the
+title says the same. A bar over fewer than 30
 questions says how many ("n=12"). A combination the run did not ask (e.g. a set not run under noise) has no bar.
 Every figure is laid out for a page and saved by :mod:`verbmirage.analysis.figure_layout`.
 
@@ -193,8 +194,8 @@ def bar_panel(axis, lookup: pd.DataFrame, models: Sequence[str], bars: Sequence[
     (below the axis; ``legend`` off: none) lists every series of ``bars`` under the title :func:`bars_title`
     and, where a mark is drawn, the paper's decoding (:func:`mark_label`). ``drawn``: each model's variant
     (:class:`Drawn`; the lookup holds its rows); where models draw different ones, the legend's title names
-    the one most draw, then each other with its models. ``tick_labels`` off: no model names under the panel (a grid names them under its bottom
-    row).
+    the one most draw, then each other with its models. ``tick_labels`` off: no model names under the panel
+    (a grid names them under its bottom row).
     """
     drawn = drawn or {}
     width = 0.8 / max(1, len(bars))

@@ -256,13 +256,14 @@ def write_demo_charadesego(root: str | Path, pairs: int = 12, seed: int = 0) -> 
             if n == 0:  # one class, two intervals: both must become their own frames and questions
                 intervals += [(DEMO_REPEATED_ACTION, 0.2, 1.4), (DEMO_REPEATED_ACTION, 2.6, 3.8)]
             objects = ";".join(sorted({object_of[c] for c, _, _ in intervals} - {"None"}))
+            ego_intervals = _demo_ego_intervals(intervals, n, exo_length, ego_length)
             for ego, length in ((False, exo_length), (True, ego_length)):
                 rows.append({
                     "id": video + (EGO_SUFFIX if ego else ""), "subject": f"S{n:02d}", "scene": "Bedroom",
                     "quality": 6, "relevance": 7, "verified": "Yes", "script": "(demo) a person at home",
                     "objects": objects, "descriptions": "(demo)",
-                    "actions": ";".join(f"{c} {start:.2f} {end:.2f}" for c, start, end in
-                                        (_demo_ego_intervals(intervals, n, exo_length, ego_length) if ego else intervals)),
+                    "actions": ";".join(f"{c} {start:.2f} {end:.2f}"
+                                        for c, start, end in (ego_intervals if ego else intervals)),
                     "length": round(length, 2), "egocentric": "Yes" if ego else "No", "charades_video": video,
                 })
                 color = tuple(int(c) for c in rng.integers(40, 220, 3))

@@ -170,8 +170,8 @@ def _cut_at_stop(tokens: list[int], stop: set[int]) -> list[int]:
 
 def _one_token_per_row(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int],
                        choose) -> Decoded:
-    """Rows decoded one token per step by ``choose(tokens so far, logits) -> (next tokens, the probabilities
-    [rows, vocab] they were chosen from)`` until every row has stopped or ``max_new_tokens``; tokens up to (not
+    """Rows decoded one token per step by ``choose(tokens so far, logits) -> (next tokens, each one's probability in
+    the distribution it was chosen from)`` until every row has stopped or ``max_new_tokens``; tokens up to (not
     including) a stop token."""
     rows = first.shape[0]
     stop_ids = torch.tensor(sorted(stop), dtype=torch.long)
@@ -179,9 +179,9 @@ def _one_token_per_row(first: torch.Tensor, stepper: Stepper, max_new_tokens: in
     done = torch.zeros(rows, dtype=torch.bool)
     logits, first_probability = first, []
     for step in range(max_new_tokens):
-        chosen, probabilities = choose(tokens, logits)
+        chosen, probability = choose(tokens, logits)
         if step == 0:
-            first_probability = _chosen_probability(probabilities, range(rows), chosen.tolist())
+            first_probability = probability.tolist()
         tokens = torch.cat([tokens, chosen[:, None]], dim=1)
         done |= torch.isin(chosen, stop_ids)
         if bool(done.all()) or step + 1 == max_new_tokens:
@@ -192,8 +192,9 @@ def _one_token_per_row(first: torch.Tensor, stepper: Stepper, max_new_tokens: in
 
 def greedy_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int]) -> Decoded:
     """Argmax decoding of every row from its first-position logits."""
-    def argmax(tokens, logits):
-        return logits.argmax(-1).cpu(), torch.softmax(logits.float().cpu(), dim=-1)
+    def argmax(tokens, logits):  # on the logits' device: only the chosen tokens and their probabilities move
+        chosen = logits.argmax(-1)
+        return chosen.cpu(), torch.softmax(logits.float(), dim=-1).gather(-1, chosen[:, None])[:, 0].cpu()
 
     return _one_token_per_row(first, stepper, max_new_tokens, stop, argmax)
 
@@ -216,8 +217,9 @@ def sample_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, st
 
     def draw(tokens, logits):
         probabilities = torch.softmax(warpers(tokens, logits.float().cpu()), dim=-1)
-        return torch.stack([torch.multinomial(row, 1, generator=generator)[0]
-                            for row, generator in zip(probabilities, generators)]), probabilities
+        chosen = torch.stack([torch.multinomial(row, 1, generator=generator)[0]
+                              for row, generator in zip(probabilities, generators)])
+        return chosen, probabilities.gather(-1, chosen[:, None])[:, 0]
 
     return _one_token_per_row(first, stepper, max_new_tokens, stop, draw)
 
