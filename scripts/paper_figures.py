@@ -23,6 +23,7 @@ with job_log(snakemake.log[0]) as log:
     metrics = read_table(snakemake.input.metrics, METRICS)
     paper = load_paper_numbers(packaged_paper_numbers())
     drawn = {figure: drawn_runs(variants, p.variant_entries) for figure, variants in p.variants.items()}
-    log.info("figures %s; variants drawn: %s", sorted(p.figures), dict(p.variants))
-    draw_paper_figures(metrics, p.figures, paper, pair=tuple(p.pair or ("clean", "saltpepper")), drawn=drawn,
-                       model_entries=p.model_entries, models=p.models, paper_names=p.paper_names)
+    notes = draw_paper_figures(metrics, p.figures, paper, pair=tuple(p.pair or ("clean", "saltpepper")), drawn=drawn,
+                               model_entries=p.model_entries, models=p.models, paper_names=p.paper_names)
+    for name, note in notes.items():
+        log.info("%s (variants drawn: %s); note: %s", name, dict(p.variants[name]), note)

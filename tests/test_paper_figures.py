@@ -175,7 +175,8 @@ def test_fig6_one_row_per_rule_ambiguous_vs_unambiguous():
 def test_draw_writes_every_png(tmp_path):
     assert set(DRAW) == {"fig1", "fig3", "fig4b", "fig5", "fig6"}
     paths = {name: tmp_path / f"{name}.png" for name in ("fig1", "fig4b")}  # each figure is drawn above
-    draw_paper_figures(_metrics(), paths, PAPER, models=["llava", "vote"], paper_names=NAMES)
+    notes = draw_paper_figures(_metrics(), paths, PAPER, models=["llava", "vote"], paper_names=NAMES)
+    assert set(notes) == set(paths) and all(note.startswith("bars: variant default") for note in notes.values())
     for path in paths.values():
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="unknown paper figures"):

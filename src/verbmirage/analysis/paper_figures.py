@@ -453,9 +453,10 @@ def draw_paper_figures(metrics: pd.DataFrame, paths: Mapping[str, str | Path], p
                        *, pair: tuple[str, str] = ("clean", "saltpepper"),
                        drawn: Mapping[str, Mapping[str, Drawn]] | None = None,
                        model_entries: Mapping[str, Mapping] | None = None, models: Sequence[str] | None = None,
-                       paper_names: Mapping[str, str] | None = None) -> None:
+                       paper_names: Mapping[str, str] | None = None) -> dict[str, str]:
     """Write each figure of ``paths`` (``fig1``, ``fig3``, ``fig4b``, ``fig5``, ``fig6`` -> PNG), its PDF and SVG
-    beside it (:func:`~verbmirage.analysis.figure_layout.save_figure`), with :func:`figure_note` under its title.
+    beside it (:func:`~verbmirage.analysis.figure_layout.save_figure`), with :func:`figure_note` under its title;
+    return each figure's note (for the job's log).
 
     ``drawn``: figure -> model -> the variant its bars draw (:class:`Drawn`, :func:`drawn_runs`; a figure or model
     it leaves out: ``default``); ``model_entries``: config ``models`` (to note tiny random-weight models);
@@ -464,10 +465,12 @@ def draw_paper_figures(metrics: pd.DataFrame, paths: Mapping[str, str | Path], p
     unknown = sorted(set(paths) - set(DRAW))
     if unknown:
         raise ValueError(f"unknown paper figures {unknown}; known: {sorted(DRAW)}")
+    notes = {}
     for name, path in paths.items():
         extra = {"pair": pair} if name == "fig4b" else {}
         own = (drawn or {}).get(name, {})
         chosen = models if models is not None else list(dict.fromkeys(metrics.model))
-        note = figure_note(model_entries or {}, paper_names or {}, own, chosen)
-        save_figure(DRAW[name](metrics, paper, note=note, models=models, paper_names=paper_names, drawn=own, **extra),
-                    path)
+        notes[name] = figure_note(model_entries or {}, paper_names or {}, own, chosen)
+        save_figure(DRAW[name](metrics, paper, note=notes[name], models=models, paper_names=paper_names, drawn=own,
+                               **extra), path)
+    return notes
