@@ -142,6 +142,10 @@ def get_dataset_questions(wildcards):
     return PLAN.dataset_questions(wildcards.dataset)
 
 
+def get_frame_tables(wildcards):
+    return PLAN.frame_tables(wildcards.dataset)
+
+
 def get_decision_input(wildcards):
     w = wildcards
     return PLAN.decision_input(w.dataset, w.condition, w.model, w.variant)

@@ -14,9 +14,8 @@ rule paper_figures:
         paper_names=PLAN.paper_names,  # slug -> the paper's model (models.<slug>.paper_name), as in the tables
         models=PLAN.models + list(PLAN.ensembles),
         model_entries=config["models"],
-        variant=PLAN.variants[0],
-        paper_variant=config["variants"][PLAN.variants[0]].get("paper_name") or "beam5",  # the paper's default decoding
-        decoding=PLAN.paper_figure_decoding,  # the bars' decoding, named in the legend beside the marks'
+        variants=PLAN.paper_figure_variants,  # figure -> model -> the variant its bars draw (analysis.figures)
+        variant_entries=config["variants"],  # how the legends name each decoding, and the marks' decoding
         pair=PLAN.paper_figure_pair,
     log:
         PATHS.log("paper_figures"),

@@ -39,9 +39,11 @@ rule train_stats:
 
 
 rule question_counts:
-    """Our question counts beside the paper's (HICO, and CharadesEgo when configured)."""
+    """Our question counts beside the paper's (HICO, and CharadesEgo when configured, with the share of ego frames
+    taken from the egocentric row's own interval vs the scaled exo time)."""
     input:
-        get_dataset_questions,
+        questions=get_dataset_questions,
+        frames=get_frame_tables,
     output:
         parquet=PATHS.question_counts("parquet"),
         markdown=PATHS.question_counts("md"),

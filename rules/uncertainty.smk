@@ -32,7 +32,8 @@ rule uncertainty_figures:
         skipped=PLAN.uncertainty_skipped,
         backends=PLAN.model_backends,
         notes=PLAN.stand_in_notes,
-        variant=PLAN.variants[0],
+        variants=PLAN.uncertainty_figure_variants,  # model -> the variant drawn (analysis.figures)
+        variant_entries=config["variants"],  # how the headings name its decoding
         condition=PLAN.uncertainty.conditions[0] if PLAN.uncertainty else "clean",
     log:
         PATHS.log("uncertainty_figures"),
@@ -82,7 +83,8 @@ rule fov_report:
         qsets=PLAN.fov.qsets if PLAN.fov else [],
         skipped=PLAN.no_token_models,
         notes=PLAN.stand_in_notes,
-        variant=PLAN.variants[0],
+        variants=PLAN.fov_figure_variants,  # model -> the variant drawn (analysis.figures)
+        variant_entries=config["variants"],  # how the panels name its decoding
     log:
         PATHS.log("fov_report"),
     conda:

@@ -3,8 +3,8 @@
 Inputs: ``summary`` (``fov.parquet``) and ``rows`` (``fov_rows.parquet``). Outputs: ``results/tables/fov``
 as Parquet, Markdown and HTML, and Fig. 10's pages ``figures`` (``fig10a_fov.png``, ...; a PDF and an SVG
 beside each). Settings: ``params.models`` (with token probabilities, in order), ``params.qsets`` (the FOV
-sets), ``params.skipped`` (without), ``params.notes`` (per-model figure notes), ``params.variant`` (the one
-Fig. 10 shows).
+sets), ``params.skipped`` (without), ``params.notes`` (per-model figure notes), ``params.variants`` (model -> the
+variant Fig. 10 shows), ``params.variant_entries`` (config ``variants``: how its decoding is named).
 """
 
 from verbmirage.workflow.jobserver import delegate
@@ -28,4 +28,4 @@ with job_log(snakemake.log[0]):
     write_markdown(table, out.markdown, title=f"{TITLE}. {PAPER_NOTE}")
     write_html(table, out.html, title=f"{TITLE}. {PAPER_NOTE}")
     draw_fov_figure(summary, rows, list(out.figures), list(p.models), list(p.qsets), p.notes,
-                    skipped=list(p.skipped), variant=p.variant)
+                    skipped=list(p.skipped), variants=dict(p.variants), variant_entries=p.variant_entries)

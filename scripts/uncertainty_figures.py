@@ -2,8 +2,8 @@
 
 Input: ``uncertainty_hist.parquet``. Outputs: one PNG per figure, a PDF and an SVG beside it. Settings: ``params.figures``
 (number -> path), ``params.models`` (those with token probabilities, in order), ``params.skipped``
-(those without, named under the titles), ``params.backends``, ``params.notes``, ``params.variant``,
-``params.condition``.
+(those without, named under the titles), ``params.backends``, ``params.notes``, ``params.variants`` (model ->
+the variant drawn), ``params.variant_entries`` (config ``variants``), ``params.condition``.
 """
 
 from verbmirage.workflow.jobserver import delegate
@@ -19,5 +19,6 @@ with job_log(snakemake.log[0]) as log:
     p = snakemake.params
     hist = read_table(snakemake.input[0], UNCERTAINTY_HIST)
     roles = draw_uncertainty_figures(hist, p.figures, list(p.models), p.backends, p.notes, skipped=list(p.skipped),
-                                     variant=p.variant, condition=p.condition)
+                                     variants=dict(p.variants), condition=p.condition,
+                                     variant_entries=p.variant_entries)
     log.info("figure roles: %s", roles)

@@ -91,12 +91,14 @@ class FakeDriver:
             row[2] = float("nan")
         return row
 
-    def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0):
+    def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0, sampling=None):
         print("generating", file=sys.stderr)
         tag = "greedy" if num_beams == 1 else f"beam{num_beams}"
         if repetition_penalty != 1.0:
             tag += f"-rp{repetition_penalty:g}"
-        if os.path.basename(image_path).startswith("end"):
+        # "end*" images, or any image with the option end_first under beam search (a beam that ends at once
+        # although the first position's argmax is an answer word)
+        if os.path.basename(image_path).startswith("end") or (self.options.get("end_first") and num_beams > 1):
             self.last_token_ids = [END]
             return "", tag
         answer = "C" if "Which" in question else ("Yes" if "yes" in os.path.basename(image_path) else "No")

@@ -68,15 +68,39 @@ def test_actions_field():
         parse_actions("c092 11.90", "CharadesEgo_v1_test.csv row 7")
 
 
-def test_pairs_and_ego_time(demo):
+def test_pairs_carry_each_views_own_intervals(demo):
     table = load_split(demo / "CharadesEgo", "test")
     pairs = video_pairs(table)
     assert len(pairs) == 4 and all(p.ego == p.exo + "EGO" for p in pairs.itertuples())
     ego = table.set_index("id")
     for pair in pairs.itertuples():
-        for (c_exo, s_exo, _), (c_ego, s_ego, _) in zip(pair.actions, ego.at[pair.ego, "actions"]):
-            assert c_exo == c_ego
-            assert ego_time(s_exo, pair.exo_length, pair.ego_length) == pytest.approx(s_ego, abs=0.01)
+        assert pair.ego_actions == ego.at[pair.ego, "actions"] and pair.actions == ego.at[pair.exo, "actions"]
+        assert {c for c, _, _ in pair.ego_actions} <= {c for c, _, _ in pair.actions}
+    # the demo's ego rows are their own: one misses an action, another annotates it off the scaled time
+    scaled = [[(c, round(ego_time(s, p.exo_length, p.ego_length), 2)) for c, s, _ in p.actions]
+              for p in pairs.itertuples()]
+    own = [[(c, round(s, 2)) for c, s, _ in p.ego_actions] for p in pairs.itertuples()]
+    assert any(len(o) < len(s) for o, s in zip(own, scaled))
+    assert any(set(o) - set(s) for o, s in zip(own, scaled))
+
+
+def test_an_ego_frame_is_the_middle_of_the_ego_rows_own_interval_else_the_scaled_time():
+    """The two views are separate recordings, each row with its own intervals: the ego frame of an action is the
+    middle of the egocentric row's interval of it (of two, the one nearest the scaled time), not the scaled exo
+    time, which can fall outside the action in the ego video; where that row does not annotate the action, the
+    scaled time."""
+    pairs = pd.DataFrame([{"exo": "AB12", "ego": "AB12EGO", "exo_length": 10.0, "ego_length": 20.0,
+                           "actions": [("c001", 1.0, 3.0), ("c149", 6.0, 8.0), ("c002", 4.0, 5.0)],
+                           "ego_actions": [("c149", 0.5, 1.5), ("c001", 9.0, 11.0), ("c149", 12.0, 13.0)]}])
+    frames = frame_table(pairs).set_index("frame_id")
+    assert frames.at["AB12_c001_1.00-3.00_ego", "seconds"] == 10.0  # its own 9-11 s, not the scaled 4 s
+    assert frames.at["AB12_c149_6.00-8.00_ego", "seconds"] == 12.5  # the scaled 14 s is nearer 12-13 than 0.5-1.5
+    assert frames.at["AB12_c002_4.00-5.00_ego", "seconds"] == 9.0  # not annotated in the ego row: 4.5 x 20 / 10
+    assert frames.time_from.to_dict() == {
+        "AB12_c001_1.00-3.00_exo": "own_interval", "AB12_c001_1.00-3.00_ego": "own_interval",
+        "AB12_c149_6.00-8.00_exo": "own_interval", "AB12_c149_6.00-8.00_ego": "own_interval",
+        "AB12_c002_4.00-5.00_exo": "own_interval", "AB12_c002_4.00-5.00_ego": "scaled_exo"}
+    assert frames.at["AB12_c001_1.00-3.00_exo", "seconds"] == 2.0  # the exo frame: its own interval's middle
 
 
 def test_frames_come_from_the_requested_time(demo):
@@ -129,6 +153,19 @@ def test_question_sets_ask_both_views_the_same(demo):
         76_000, 28_000, "1:1"]
     assert counts.loc["mc_ego", ["paper_unique_questions", "paper_used_questions"]].tolist() == [36_000, 10_000]
     assert counts.loc["yn_ego", "unique_questions"] == len(yn["ego"]) and counts.loc["yn_ego", "paper_yes_share"] == 0.5
+    # with the frame table: the share of ego frames from the ego row's own interval vs the scaled exo time
+    counts = question_counts({**{f"yn_{v}": t for v, t in yn.items()}, "mc_ego": mc}, "charadesego",
+                             frame_table=frames).set_index("qset")
+    ego_frames = frames[frames.view == "ego"].set_index("frame_id").time_from.loc[yn["ego"].image_id.unique()]
+    own = float((ego_frames == "own_interval").mean())
+    assert 0 < own < 1  # the demo has both kinds
+    assert counts.loc["yn_ego", ["ego_own_interval_share", "ego_scaled_exo_share"]].tolist() == pytest.approx(
+        [own, 1 - own])
+    assert counts.loc["yn_exo", ["ego_own_interval_share", "ego_scaled_exo_share"]].isna().all()
+    from verbmirage.core.io import write_table
+    from verbmirage.core.schemas import QUESTION_COUNTS
+
+    write_table(counts.reset_index(), demo / "counts.parquet", QUESTION_COUNTS)  # the schema holds the columns
 
 
 def test_a_class_done_twice_gets_a_frame_and_questions_per_interval(demo):

@@ -12,6 +12,7 @@ from PIL import Image
 from verbmirage.models import create_model
 from verbmirage.models.base import Question
 from verbmirage.models.hf import LogitsVLM
+from verbmirage.models.hf.scoring import DecodedAnswer
 from verbmirage.models.parsing import decide_choice, decide_yes_no
 from verbmirage.variants.settings import Variant
 from verbmirage.models.tiny import build_tokenizer
@@ -149,11 +150,11 @@ def test_decoded_answers_agree_with_generate_on_every_row(tiny_dirs, scene, fami
 
 
 class DesignedDecoding(DesignedLogits):
-    """A designed backend whose variant's decoding gives each question the (first token, text) of ``decoded``."""
+    """A designed backend whose variant's decoding gives each question the answer of ``decoded``."""
 
     variant_features = frozenset({"decoding:greedy", "decoding:beam", "decoding:sample", "decoding:opera"})
 
-    def __init__(self, logits: torch.Tensor, decoded: list[tuple[int | None, str]]):
+    def __init__(self, logits: torch.Tensor, decoded: list[DecodedAnswer]):
         super().__init__(logits, None)
         self.decoded = decoded
 
@@ -166,9 +167,31 @@ class DesignedDecoding(DesignedLogits):
 def test_a_decoding_that_ends_at_once_is_unknown_whatever_the_first_argmax(variant):
     """The first position's argmax is "Yes" (P = .9), but the variant's decoding ended at once (end of sequence
     first): the model said nothing, so the answer is unknown (rule `empty`), not the argmax's "yes"."""
-    model = DesignedDecoding(designed({"Yes": 0.9, "No": 0.1})[None].repeat(2, 1), [(None, ""), (None, "")])
+    model = DesignedDecoding(designed({"Yes": 0.9, "No": 0.1})[None].repeat(2, 1), [DecodedAnswer(None, "", 0.2)] * 2)
     model.use_variant(Variant.from_config({**variant, "max_new_tokens": 2}))
     results = model.score_yes_no([Question("q0", "Is someone riding?"), Question("q1", "Is someone eating?")])
     label = model.variant.label
     assert [(r.prediction, r.raw_answer, r.parse_rule) for r in results] == [("unknown", "", f"{label}:empty")] * 2
     assert all(r.p_yes == pytest.approx(0.9, rel=1e-4) for r in results)  # the first-token score stays
+    assert [r.confidence for r in results] == [0.2, 0.2]  # the end token's, as its decoding drew it
+
+
+@pytest.mark.parametrize("variant", [{"decoding": "sample", "temperature": 0.5}, {"decoding": "opera", "num_beams": 2}])
+@pytest.mark.parametrize("multiple_choice", [False, True])
+def test_the_confidence_of_a_decoded_answer_is_its_first_tokens_probability_where_it_was_drawn(variant,
+                                                                                                  multiple_choice):
+    """Sampling at T = 0.5 (or OPERA's penalised candidates) drew "No" with probability .3, while the first
+    position's softmax gives it .1: the confidence is the .3 the decoding drew it with (docs/models.md), the
+    scores (P(yes), option probabilities) stay the first position's."""
+    tokenizer = build_tokenizer()
+    word = "B" if multiple_choice else "No"
+    (token,) = tokenizer.encode(word, add_special_tokens=False)
+    model = DesignedDecoding(designed({"Yes": 0.5, "A": 0.4, word: 0.1})[None], [DecodedAnswer(token, word, 0.3)])
+    model.use_variant(Variant.from_config({**variant, "max_new_tokens": 2}))
+    if multiple_choice:
+        (result,) = model.score_multiple_choice([Question("m0", "Which?", None, ("ride", "hold"))])
+        assert result.prediction == "B" and result.option_probs[1] == pytest.approx(0.2, rel=1e-4)
+    else:
+        (result,) = model.score_yes_no([Question("q0", "Is someone riding?")])
+        assert result.prediction == "no" and result.p_yes == pytest.approx(5 / 6, rel=1e-4)
+    assert result.confidence == 0.3

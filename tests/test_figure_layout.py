@@ -26,7 +26,7 @@ from verbmirage.analysis.attention_figures import draw_attention_figures, figure
 from verbmirage.analysis.fov import fov_tables
 from verbmirage.analysis.known_object import draw_known_object_figure
 from verbmirage.analysis.object_reliance import OBJECTS_PER_PANEL, draw_fig15
-from verbmirage.analysis.paper_figures import AMBIGUITY_RULES, DRAW, draw_paper_figures, figure_note
+from verbmirage.analysis.paper_figures import AMBIGUITY_RULES, DRAW, Drawn, draw_paper_figures
 from verbmirage.analysis.uncertainty import UncertaintySettings, uncertainty_tables
 from verbmirage.analysis.uncertainty_figures import draw_fov_figure, draw_uncertainty_figures, fov_pages
 from verbmirage.analysis.vcd_divergence import draw_vcd_divergence_figure, vcd_divergence_tables
@@ -35,6 +35,8 @@ from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_pap
 # long names, as a real config has them: the tick labels must still fit
 MODELS = ["llava15_7b_hico_pangea", "instructblip_7b", "qwen_vl_chat", "blind_vote_ensemble"]
 PAPER_NAMES = {"llava15_7b_hico_pangea": "LLaVA-1.5-7B"}
+# two models' bars beam 5, two greedy: every tick then names its model's decoding, the longest labels
+DRAWN = {m: Drawn("beam5", "beam5") if i < 2 else Drawn("default", "greedy") for i, m in enumerate(MODELS)}
 
 
 def _paper_metrics() -> pd.DataFrame:
@@ -53,15 +55,14 @@ def _paper_metrics() -> pd.DataFrame:
     rows = [{"dataset": d, "qset": q, "condition": c, "model": m, "variant": "default", "subset": s, "metric": metric,
              "value": v, "ci_low": v - 0.05, "ci_high": v + 0.05, "n": 12 if s.startswith("amb_") else 400}
             for m in MODELS for (d, q, c, s, metric), v in zip(keys, rng.uniform(0.2, 0.9, len(keys)))]
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows).assign(variant=lambda f: f.model.map(lambda m: DRAWN[m].variant))
 
 
 def _paper_figures(folder: Path) -> None:
     entries = {m: {"path": f"resources/models/tiny_{m}"} for m in MODELS}
-    note = figure_note(entries, PAPER_NAMES, "default", "beam5", "greedy")
     draw_paper_figures(_paper_metrics(), {name: folder / f"{name}.png" for name in DRAW},
-                       load_paper_numbers(packaged_paper_numbers()), note=note, models=MODELS,
-                       paper_names=PAPER_NAMES, variant="default", paper_variant="beam5", decoding="greedy")
+                       load_paper_numbers(packaged_paper_numbers()), models=MODELS, paper_names=PAPER_NAMES,
+                       drawn={name: DRAWN for name in DRAW}, model_entries=entries)
 
 
 def _attention_figures(folder: Path) -> None:
@@ -176,7 +177,7 @@ def test_every_figure_fits_a_page_and_saves_the_same_bytes_twice(name, tmp_path,
 def test_paper_figures_fit_a_page(name):
     metrics, paper = _paper_metrics(), load_paper_numbers(packaged_paper_numbers())
     figure = DRAW[name](metrics, paper, models=MODELS, paper_names=PAPER_NAMES, note="a note\nanother line",
-                        decoding="greedy")
+                        drawn=DRAWN)
     figure.draw_without_rendering()  # places the panels as a save does
     assert not layout.layout_problems(figure)
     if name.startswith("fig6"):  # was ten panels in one row, 4,840 px wide, then five rows, 1.8 times as tall
@@ -184,7 +185,7 @@ def test_paper_figures_fit_a_page(name):
 
 
 def test_small_samples_say_n_and_large_ones_do_not():
-    figure = DRAW["fig6b"](_paper_metrics(), None, models=MODELS)
+    figure = DRAW["fig6b"](_paper_metrics(), None, models=MODELS, drawn=DRAWN)
     titles = [axis.get_title() for axis in figure.axes]
     assert all("n=12" in title for title in titles if "crowd" in title)  # the amb_* subsets have 12 questions
     assert not any("n=" in title for title in titles if "any rule" in title)  # 400: nothing said

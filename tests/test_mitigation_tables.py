@@ -16,6 +16,7 @@ from verbmirage.evaluation.mitigation_tables import (
     paper_method_pairs,
     paper_methods_from_config,
     table5,
+    table5_runs,
     table8,
 )
 from verbmirage.benchmark.pangea_training import PAPER_MC_STEM
@@ -26,6 +27,8 @@ DELTA = "Δ (ours − paper)"
 #: our variant slug -> its paper_name (as configs/paper.yaml sets them)
 VARIANT_NAMES = {"default": "", "beam5": "beam5", "vcd_beam": "VCD", "opera": "OPERA", "sample": "sampling",
                  "sample_vcd": "sampling+VCD", "verb_prompt": PROMPT_SUFFIX_METHOD}
+#: a Nullu built from LURE's caption pairs, the official Nullu's data (a LURE-format jsonl and its images)
+LURE = {"pairs_file": "lure/hallucination_pairs.jsonl", "image_root": "coco/train2014"}
 SETS = [("yn_obj", "accuracy"), ("yn_obj", "precision"), ("yn_obj", "recall"), ("yn_obj", "f1"),
         ("yn_verb", "accuracy"), ("yn_verb", "precision"), ("yn_verb", "recall"), ("yn_verb", "f1"),
         ("mc_obj", "circular_accuracy"), ("mc_verb", "circular_accuracy")]
@@ -120,7 +123,7 @@ def test_table5_paper_method_models_land_in_their_row():
         "llava": {"backend": "llava", "paper_name": "LLaVA-1.5-7B"},
         "llava_nullu": {"backend": "llava", "paper_method": "Nullu"},
         "llava_pangea": {"backend": "llava", "paper_method": "Pangea-LoRA (paper's method)"}}}
-    derived = {"llava_nullu": {"method": "nullu", "base": "llava"},
+    derived = {"llava_nullu": {"method": "nullu", "base": "llava", **LURE},
                "llava_pangea": {"method": "lora_finetune", "base": "llava",
                                 "pangea": {"negatives_per_positive": 19, "mc_stem": PAPER_MC_STEM}}}
     methods = paper_methods_from_config(config, derived)
@@ -149,7 +152,7 @@ def test_table5_pairs_a_method_row_only_on_the_papers_model_and_mix():
     metrics = _long({("tiny", "beam5"): 0.5, ("tiny_nullu", "beam5"): 0.2, ("tiny_pangea", "beam5"): 0.3})
     config = {"models": {"tiny": {"backend": "llava"}, "tiny_nullu": {"backend": "llava", "paper_method": "Nullu"},
                          "tiny_pangea": {"backend": "llava", "paper_method": "Pangea-LoRA (paper's method)"}}}
-    derived = {"tiny_nullu": {"method": "nullu", "base": "tiny"},
+    derived = {"tiny_nullu": {"method": "nullu", "base": "tiny", **LURE},
                "tiny_pangea": {"method": "lora_finetune", "base": "tiny", "pangea": {"yn_questions": 24}}}
     methods = paper_methods_from_config(config, derived)
     variant = methods["tiny_pangea"]
@@ -177,7 +180,7 @@ def test_a_method_model_pairs_by_its_base_through_the_tables_one_rule():
     def shown(base_name: str | None) -> pd.DataFrame:
         named = {"paper_name": base_name} if base_name else {}
         config = {"models": {"base": {"backend": "llava", **named},
-                             "nullu": {"derive": {"method": "nullu", "base": "base"}, "paper_method": "Nullu"},
+                             "nullu": {"derive": {"method": "nullu", "base": "base", **LURE}, "paper_method": "Nullu"},
                              "adapter": {"backend": "llava", "adapter": "a/lora", "paper_method": "REVERIE",
                                          **named}}}
         methods = paper_methods_from_config(config)
@@ -189,6 +192,37 @@ def test_a_method_model_pairs_by_its_base_through_the_tables_one_rule():
     paired = shown("LLaVA-1.5-7B")
     assert _block(paired, method="Nullu").yn_obj_acc.tolist()[1:] == ["51.99", "-11.99"]
     assert _block(paired, method="REVERIE", source=DELTA).yn_obj_acc.item() == "+4.33"  # 45 - 40.67
+
+
+def test_a_nullu_off_the_official_data_or_settings_is_a_variant_of_nullu_and_unpaired():
+    """The official Nullu computes its HalluSpace from LURE's caption pairs (the paper does not say which data its
+    Nullu row used): a Nullu from HICO training pairs, even on the paper's LLaVA-1.5-7B, is named a variant of
+    Nullu, beside the paper's row without a difference, as a departing Pangea build; so is one off the official
+    top-k, layers or embedding. A LURE-format file keeps the label and the pairing."""
+    metrics = _long({("llava", "beam5"): 0.60, ("nullu", "beam5"): 0.52})
+    config = {"models": {"llava": {"backend": "llava", "paper_name": "LLaVA-1.5-7B"},
+                         "nullu": {"backend": "llava", "paper_method": "Nullu"}}}
+    hico = {"nullu": {"method": "nullu", "base": "llava", "pairs": 5000}}
+    methods = paper_methods_from_config(config, hico)
+    assert methods["nullu"] == ("Nullu (variant of the official method: HalluSpace from HICO training pairs, the "
+                                "official one from LURE's captions)")
+    assert paper_method_pairs(config, methods, hico) == {}
+    shown = table5(metrics, PAPER, ["llava", "nullu"], VARIANT_NAMES, paper_names={"llava": "LLaVA-1.5-7B"},
+                   paper_methods=methods, method_pairs={}).display(VARIANT_NAMES)
+    assert _block(shown, method=methods["nullu"]).source.tolist() == ["measured"]  # no paper row, no difference
+    assert _block(shown, method="Nullu").source.tolist() == ["paper"]
+    runs = table5_runs({("llava", "beam5"), ("nullu", "beam5"), ("ours", "beam5")}, ["ours", "nullu", "llava"],
+                       VARIANT_NAMES, {"llava": "LLaVA-1.5-7B"}, {**methods, "ours": "Pangea-LoRA (paper's method)"})
+    assert [run["model"] for run in runs] == ["llava", "nullu", "ours"]  # the variant keeps Nullu's place
+    off = {"nullu": {"method": "nullu", "base": "llava", **LURE, "top_k": 8, "layers": [30, 31],
+                     "embedding": "last", "prompt": "Describe."}}
+    assert paper_methods_from_config(config, off)["nullu"] == (
+        "Nullu (variant of the official method: prompt 'Describe.', LURE's 'Please describe this image in "
+        "detail.'; top_k 8, the official 4; layers [30, 31], the official upper half (16-31 of 32); embedding "
+        "last, the official mean)")
+    official = {"nullu": {"method": "nullu", "base": "llava", **LURE}}
+    methods = paper_methods_from_config(config, official)
+    assert methods["nullu"] == "Nullu" and paper_method_pairs(config, methods, official) == {"nullu": "LLaVA-1.5-7B"}
 
 
 def test_every_departure_from_the_papers_fine_tune_names_a_variant():

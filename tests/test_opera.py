@@ -80,22 +80,29 @@ def test_every_token_a_candidate_without_penalty_is_beam_search():
                              full_length_normalisation=False)
     for seed in range(3):
         plain = decoding.beam_search(ToyStepper(3, seed=seed).first, ToyStepper(3, seed=seed), 3, 8, STOP)
-        tokens, rollbacks = decoding.opera_search(ToyStepper(3, seed=seed).first, ToyStepper(3, seed=seed),
-                                                  settings, 3, 8, STOP, (1, 4), PROMPT,
-                                                  lambda: ToyStepper(3, seed=seed))
-        assert tokens == plain[0] and rollbacks == []
+        decoded, rollbacks = decoding.opera_search(ToyStepper(3, seed=seed).first, ToyStepper(3, seed=seed),
+                                                   settings, 3, 8, STOP, (1, 4), PROMPT,
+                                                   lambda: ToyStepper(3, seed=seed))
+        assert decoded == plain and rollbacks == []  # the tokens and the first token's probability
 
 
 def test_fewer_candidates_and_the_image_reward_change_the_ranking_only_through_candidates():
     # with C < V the step's distribution is renormalised over the candidates: tokens outside never appear
     settings = OperaSettings(num_attn_candidates=2, penalty_weights=1.0, threshold=10**6)
-    tokens, _ = decoding.opera_search(ToyStepper(3).first, ToyStepper(3), settings, 3, 6, STOP, (1, 4), PROMPT,
-                                      lambda: ToyStepper(3))
+    decoded, _ = decoding.opera_search(ToyStepper(3).first, ToyStepper(3), settings, 3, 6, STOP, (1, 4), PROMPT,
+                                       lambda: ToyStepper(3))
     table = ToyStepper(3).table
     last = 0
-    for token in tokens:  # each chosen token is among the top-2 raw logits after the previous one
+    for token in decoded.tokens[0]:  # each chosen token is among the top-2 raw logits after the previous one
         assert token in table[last].topk(2).indices.tolist()
         last = token
+    # the first token's probability is the first step's over its two candidates (their image rewards are equal
+    # here: each probe row puts 0.1 / 7 on every key), not the whole vocabulary's softmax
+    top = table[0].topk(2)
+    over_candidates = dict(zip(top.indices.tolist(), torch.softmax(top.values.double(), dim=0).tolist()))
+    first = decoded.tokens[0][0]
+    assert decoded.first_probability == [pytest.approx(over_candidates[first], rel=1e-5)]
+    assert over_candidates[first] > float(torch.softmax(table[0].double(), dim=0)[first]) + 1e-3
 
 
 def test_a_recurring_over_trust_column_triggers_rollback():
@@ -104,14 +111,14 @@ def test_a_recurring_over_trust_column_triggers_rollback():
     # retrospection below depends only on which column wins)
     settings = OperaSettings(threshold=15, num_attn_candidates=3, scale_factor=1.0, float16_scores=False)
     stepper = ToyStepper(2, peak=10)
-    tokens, rollbacks = decoding.opera_search(stepper.first, stepper, settings, 2, 32, STOP, (1, 4), PROMPT,
-                                              lambda: ToyStepper(2, peak=10))
+    decoded, rollbacks = decoding.opera_search(stepper.first, stepper, settings, 2, 32, STOP, (1, 4), PROMPT,
+                                               lambda: ToyStepper(2, peak=10))
     assert rollbacks, "column 10 kept the over-trust peak for more than 15 steps: OPERA must roll back"
     first_step, target = rollbacks[0]
     assert target == 11 and first_step >= 25  # more than 15 occurrences of column 10 from step 10 on
     # each position is revisited at most num_attn_candidates times, then the one before, then never
     assert sum(1 for _, t in rollbacks if t == 11) <= 3 and sum(1 for _, t in rollbacks if t == 10) <= 3
-    assert len(tokens) == 32
+    assert len(decoded.tokens[0]) == 32
     # a peak before column 10, or answers of at most 25 tokens, never roll back
     _, early = decoding.opera_search(ToyStepper(2, peak=5).first, ToyStepper(2, peak=5), settings, 2, 32, STOP,
                                      (1, 4), PROMPT, lambda: ToyStepper(2, peak=5))
@@ -157,13 +164,13 @@ def test_opera_on_the_tiny_models(tiny_dirs, picture, family):
     model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 3, "max_new_tokens": 4}))
     first, stepper = model._open_stepper([(picture, image, text)], 3)
     masked = TopCandidates(stepper, 3)
-    expected = decoding.beam_search(masked.first, masked, 3, 4, model._stop_tokens())[0]
+    expected = decoding.beam_search(masked.first, masked, 3, 4, model._stop_tokens()).tokens[0]
     model.use_variant(Variant.from_config({
         "decoding": "opera", "num_beams": 3, "max_new_tokens": 4,
         "opera": {"num_attn_candidates": 3, "penalty_weights": 0.0, "threshold": 10**6,
                   "full_length_normalisation": False}}))
-    ((token, text_out),) = model.decode_answers(questions, False)
-    assert text_out == model.tokenizer.decode(expected, skip_special_tokens=True)
+    (answer,) = model.decode_answers(questions, False)
+    assert answer.text == model.tokenizer.decode(expected, skip_special_tokens=True)
     if family == "llava":  # the attention that reads prefixes in place gives the rows: no eager kernel, no hook
         assert getattr(model, "_attention_hook", None) is None and model._reads_prefix_in_place()
     else:
@@ -241,7 +248,9 @@ def test_batched_opera_equals_one_question_at_a_time(tiny_dirs, picture, family,
         assert batches == expected
         alone = [model.decode_answers([q], False)[0] for q in questions]  # one question: opera_search
         assert batches == expected
-        assert together == alone, (family, full_length)
+        assert [answer[:2] for answer in together] == [answer[:2] for answer in alone], (family, full_length)
+        assert [answer.probability for answer in together] == pytest.approx(
+            [answer.probability for answer in alone], rel=1e-5)  # one forward of several rows rounds apart
 
 
 @pytest.mark.parametrize("batch", [1, 2])

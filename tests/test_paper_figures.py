@@ -12,6 +12,7 @@ import pytest
 from verbmirage.analysis.known_object import map_label
 from verbmirage.analysis.paper_figures import (
     DRAW,
+    Drawn,
     bar_values,
     draw_paper_figures,
     fig1_object_vs_verb,
@@ -19,6 +20,7 @@ from verbmirage.analysis.paper_figures import (
     fig4b_error_consistency,
     fig5_ego_exo,
     fig6_ambiguity,
+    drawn_runs,
     figure_note,
     variant_decoding,
 )
@@ -177,7 +179,8 @@ def test_fig6_one_row_per_rule_ambiguous_vs_unambiguous_in_three_parts():
 def test_draw_writes_every_png(tmp_path):
     assert set(DRAW) == {"fig1", "fig3a", "fig3b", "fig4b", "fig5", "fig6a", "fig6b", "fig6c"}
     paths = {name: tmp_path / f"{name}.png" for name in ("fig1", "fig4b")}  # each figure is drawn above
-    draw_paper_figures(_metrics(), paths, PAPER, note="a note", models=["llava", "vote"], paper_names=NAMES)
+    notes = draw_paper_figures(_metrics(), paths, PAPER, models=["llava", "vote"], paper_names=NAMES)
+    assert set(notes) == set(paths) and all(note.startswith("bars: variant default") for note in notes.values())
     for path in paths.values():
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="unknown paper figures"):
@@ -186,16 +189,17 @@ def test_draw_writes_every_png(tmp_path):
 
 def test_figure_note_names_the_decodings_and_random_weights():
     entries = {"tiny_llava": {"path": "resources/models/tiny_llava"}, "prior": {}}
-    note = figure_note(entries, {"tiny_llava": "LLaVA-1.5-7B"}, "default", "beam5")
+    note = figure_note(entries, {"tiny_llava": "LLaVA-1.5-7B"}, {}, ["tiny_llava", "prior"])
     assert "bars: variant default" in note and "the paper's number (beam5)" in note
     assert "tiny_llava: tiny model(s) with RANDOM weights" in note and "the mark is the real model's number" in note
     assert "prior" not in note
-    bare = figure_note(entries, {}, "default", "beam5")
+    bare = figure_note(entries, {}, {}, ["tiny_llava", "prior"])
     assert "no paper marks: no model has a paper_name" in bare and "the mark is" not in bare
 
 
 def test_paper_variant_picks_the_marks_and_the_legend_names_it():
-    figure = fig1_object_vs_verb(_metrics(), PAPER, models=["llava"], paper_names=NAMES, paper_variant="OPERA")
+    figure = fig1_object_vs_verb(_metrics(), PAPER, models=["llava"], paper_names=NAMES,
+                                 drawn={"llava": Drawn("default", None, "OPERA")})
     values = _values(figure)
     assert values["paper|llava|YN w/ object (yn_obj)"] == 42.46  # Table 5's OPERA row, not beam search
     assert "paper|llava|YN verb only (yn_verb)" not in values
@@ -204,17 +208,40 @@ def test_paper_variant_picks_the_marks_and_the_legend_names_it():
 
 def test_the_legend_names_both_decodings_and_says_when_they_differ():
     def legend(decoding):
-        figure = fig1_object_vs_verb(_metrics(), PAPER, models=["llava"], paper_names=NAMES, decoding=decoding)
+        figure = fig1_object_vs_verb(_metrics(), PAPER, models=["llava"], paper_names=NAMES,
+                                     drawn={"llava": Drawn("default", decoding)})
         found = figure.axes[0].get_legend()
         return found.get_title().get_text(), [t.get_text() for t in found.get_texts()]
 
-    title, entries = legend("greedy")  # the demo's default variant beside the paper's beam search
+    title, entries = legend("greedy")  # a greedy variant beside the paper's beam search
     assert title == "ours: default (greedy)"
     assert "paper (beam5); bars: greedy, not like for like" in entries
     title, entries = legend("beam5")
     assert title == "ours: default (beam5)" and "paper (beam5, as the bars)" in entries
-    note = figure_note({}, NAMES, "default", "beam5", "greedy")
+    note = figure_note({}, NAMES, {"llava": Drawn("default", "greedy")}, ["llava"])
     assert "bars: variant default (greedy); diamonds: the paper's number (beam5, not the bars' greedy)" in note
+
+
+def test_each_model_draws_its_own_variant_and_the_figure_says_which():
+    """The run plan gives each model its variant (beam5 where it runs it, else greedy): each group's bars are that
+    variant's rows; the legend's title names the variant most models draw, then each other with its models; the
+    legend and the note say whose bars are not the marks' decoding."""
+    metrics = pd.concat([_metrics().assign(variant=lambda f: f.variant.where(f.model != "llava", "beam5")),
+                         pd.DataFrame([_row("llava", "yn_obj", "accuracy", 0.11)])])  # llava's greedy: not drawn
+    drawn = drawn_runs({"llava": "beam5", "vote": "default"},
+                       {"default": {}, "beam5": {"decoding": "beam", "num_beams": 5, "paper_name": "beam5"}})
+    assert drawn == {"llava": Drawn("beam5", "beam5", "beam5"), "vote": Drawn("default", "greedy", "beam5")}
+    figure = fig1_object_vs_verb(metrics, PAPER, models=["llava", "vote"], paper_names=NAMES, drawn=drawn)
+    values = _values(figure)
+    assert values["llava|YN w/ object (yn_obj)"] == pytest.approx(60.0)  # the beam5 row, not the greedy 11
+    assert values["vote|YN w/ object (yn_obj)"] == pytest.approx(70.0)
+    axis = figure.axes[0]
+    legend = axis.get_legend()
+    assert " ".join(legend.get_title().get_text().split()) == "ours: beam5; default (greedy): vote"
+    assert "paper (beam5); bars of vote greedy: not like for like" in [t.get_text() for t in legend.get_texts()]
+    note = figure_note({}, NAMES, drawn, ["llava", "vote"])
+    assert note.startswith("bars: variant beam5; default (greedy): vote; diamonds: the paper's number "
+                           "(beam5, not the bars' decoding for vote)")
 
 
 def test_variant_decoding_is_the_paper_name_else_the_decoding():

@@ -214,11 +214,16 @@ def test_the_demo_analyses_read_what_was_run(demo):
 # ---- configs/paper.yaml (on the demo's data) -----------------------------------------------------------------
 def test_the_paper_config_plans_the_jobs_of_every_stage(paper):
     assert job_counts(paper) == Counter({
-        "predict_suite": 328, "merge_predictions": 108, "ensemble": 10, "metric_part": 118, "consistency_part": 20,
+        "predict_suite": 338, "merge_predictions": 113, "ensemble": 10, "metric_part": 123, "consistency_part": 21,
         "calibrate_decision": 0, "derive_model": 2, "training_questions": 1, "attention": 2, "image_condition": 7})
     assert (len(paper.merge_groups), len(paper.ensemble_groups)) == (25, 10)
-    assert ("hico", "clean", "qwen2_5_vl_7b", "beam5") in {(r.dataset, r.condition, r.model, r.variant)
-                                                          for r in paper.scored}
+    scored = {(r.dataset, r.condition, r.model, r.variant) for r in paper.scored}
+    assert ("hico", "clean", "qwen2_5_vl_7b", "beam5") in scored
+    # Fig. 1's API models, GPT-4 and Gemini-1.5-Flash (Google's OpenAI-compatible endpoint), 100 questions a set
+    assert {("hico", "clean", m, "default") for m in ("gpt4_turbo", "gemini_15_flash")} <= scored
+    gemini = paper.config["models"]["gemini_15_flash"]
+    assert (gemini["backend"], gemini["model"], gemini["sample_questions"]) == ("openai", "gemini-1.5-flash", 100)
+    assert gemini["base_url"] == "https://generativelanguage.googleapis.com/v1beta/openai/"
     assert {r.model for r in paper.scored if r.dataset == "charadesego" and r.model in paper.models} == {
         "qwen2_vl_7b", "qwen_vl_chat", "minicpm_llama3_v25"}
 
@@ -231,6 +236,41 @@ def test_the_paper_config_writes_into_its_own_tree(paper):
     assert paper.derived_models == ["results/paper/models/llava15_7b_nullu", "results/paper/models/llava15_7b_pangea"]
     assert paper.config["models"]["llava15_7b_nullu"]["path"] == "results/paper/models/llava15_7b_nullu"
     assert all(path.startswith("results/paper/") for path in paper.targets)
+
+
+def test_the_paper_figures_draw_each_models_run_of_the_papers_decoding(paper):
+    """The paper drew its figures from beam-5 answers (Appendix C): each model's bars are its beam5 run, a model
+    that cannot beam-search (Molmo, the API, the prior) its greedy one; Figs. 9, 10 and 12 alike."""
+    figures = paper.paper_figure_variants
+    assert set(figures) == {"fig1", "fig3a", "fig3b", "fig4b", "fig5", "fig6a", "fig6b", "fig6c"}
+    for figure, chosen in figures.items():
+        assert chosen["llava15_7b"] == "beam5" and chosen["molmo_7b_d"] == "default", figure
+        assert chosen["vote_table3"] == "beam5" and chosen["gpt4_turbo"] == "default", figure
+    assert figures["fig1"]["llava15_7b_nullu"] == "beam5" and figures["fig5"]["qwen2_vl_7b"] == "beam5"
+    assert paper.uncertainty_figure_variants["llava15_7b"] == "beam5"
+    assert paper.uncertainty_figure_variants["instructblip_7b"] == "beam5"
+    assert paper.fov_figure_variants["llava15_7b"] == "beam5" and paper.fov_figure_variants["molmo_7b_d"] == "default"
+
+
+def test_the_figures_variant_where_a_model_lacks_its_runs_and_when_the_config_names_one(demo):
+    """The demo runs beam5 under clean on HICO only: its noise pair (Fig. 4(b)), CharadesEgo (Fig. 5) and crops
+    (Fig. 10) keep the greedy runs. ``analysis.figures`` names one variant for every model, or one per model."""
+    figures = demo.paper_figure_variants
+    assert figures["fig1"]["tiny_llava"] == "beam5" and figures["fig1"]["random"] == "default"
+    assert figures["fig4b"]["tiny_llava"] == "default" and figures["fig5"]["tiny_llava"] == "default"
+    assert demo.fov_figure_variants["tiny_llava"] == "default"
+    config = copy.deepcopy(DEMO)
+    config["analysis"]["figures"] = {"variant": "sample", "models": {"tiny_llava_pangea": "default"}}
+    chosen = plan_of(config).paper_figure_variants["fig1"]
+    assert [chosen[m] for m in ("tiny_llava", "tiny_llava_nullu", "tiny_llava_pangea", "random")] == [
+        "sample", "beam5", "default", "default"]  # sample where it runs, else the paper's decoding, else greedy
+    for figures, error in (({"variant": "beam7"}, r"analysis\.figures\.variant: 'beam7' is not a configured variant"),
+                           ({"models": {"random": "beam5"}}, r"analysis\.figures\.models\.random: 'beam5' is not a "
+                                                             r"variant it runs"),
+                           ({"models": {"nobody": "default"}}, r"analysis\.figures\.models\.nobody")):
+        config["analysis"]["figures"] = figures
+        with pytest.raises(ValueError, match=error):
+            plan_of(config)
 
 
 # ---- many models, variants and conditions ------------------------------------------------------------------

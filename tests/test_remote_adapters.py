@@ -28,6 +28,7 @@ from verbmirage.models.remote import (
     WorkerError,
 )
 from verbmirage.models.remote_driver import check_buffers, decoding_tag
+from verbmirage.variants.settings import Variant
 from verbmirage.models.remote_drivers import (
     MiniCPMVDriver,
     install_stand_in_module,
@@ -175,6 +176,19 @@ def test_an_answer_that_ends_at_once_is_unknown(tmp_path, images, continue_token
     for result in (yn, mc):
         assert (result.prediction, result.raw_answer, result.parse_rule) == ("unknown", "", "greedy:empty")
     assert 0 < yn.p_yes < 1 and yn.confidence > 0.5
+    model.close()
+
+
+def test_a_beam_that_ends_at_once_has_its_end_tokens_probability(tmp_path, images):
+    """Under beam search the checkpoint's generate ended at once although the first position's argmax is "No":
+    unknown (rule `empty`), and the confidence is the end token's probability there, not the argmax's."""
+    model = _model(tmp_path, in_process=True, options={"end_first": True})
+    model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 3}))
+    (result,) = model.score_yes_no([Question("1", "Is someone sitting on a bench?", image=images["bench"])])
+    assert (result.prediction, result.raw_answer, result.parse_rule) == ("unknown", "", "beam3:empty")
+    real = torch.softmax(fake.FakeDriver("x").logits(str(images["bench"]), "x")[: len(fake.TOKENS)], dim=-1)
+    assert result.confidence == pytest.approx(float(real[fake.END]), rel=1e-6)
+    assert float(real[fake.END]) < 0.01 < float(real.max())
     model.close()
 
 

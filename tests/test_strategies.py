@@ -145,7 +145,7 @@ def test_opera_decodes_a_batch_whose_images_sit_apart_one_question_at_a_time(mon
     def opera_search(first, stepper, opera, beams, new_tokens, stop, span, prompt_columns, *args, **kwargs):
         alone.append(first.shape[0])
         columns.append(prompt_columns)
-        return [1, 2], []
+        return search.Decoded([[1, 2]], [0.5]), []
 
     monkeypatch.setattr(search, "opera_search", opera_search)
 
@@ -170,7 +170,7 @@ def test_opera_decodes_a_batch_whose_images_sit_apart_one_question_at_a_time(mon
 
     rows = Attending(["a", "b"], {False: lambda r: TableStepper(r, 0)})
     rows.strategy, rows.children = strategy, []
-    assert strategy.decode(rows, 3, {8}) == [[1, 2], [1, 2]]
+    assert strategy.decode(rows, 3, {8}) == search.Decoded([[1, 2], [1, 2]], [0.5, 0.5])
     assert alone == [2, 2] and rows.opened == [] and [child.opened for child in rows.children] == [[2], [2]]
     assert columns == [10, 14]  # where each row's decoded keys start: its prompt's end, or its stepper's word
 

@@ -369,6 +369,34 @@ def test_figures_are_written(tmp_path):
     assert empty.stat().st_size > 1000
 
 
+def test_each_figure_draws_the_variant_the_plan_gives_each_model_and_names_it(tmp_path, monkeypatch):
+    """The run plan gives each model the variant its figures draw (its beam5 run where it has one): Figs. 9 and
+    12 count that variant's rows only and name it in the heading, Fig. 10 in each panel's title."""
+    import verbmirage.analysis.uncertainty_figures as figures
+
+    saved = []
+    monkeypatch.setattr(figures, "save_figure", lambda figure, path: saved.append(figure))
+    obj = yn_questions("yn_obj", ["yes", "no", "no"])
+    runs = [({"variant": variant, "condition": "clean", "model": "l", "qset": "yn_obj"}, obj,
+             predictions(obj.question_id, answers, [0.9, 0.6, 0.7]))
+            for variant, answers in (("default", ["yes", "yes", "yes"]), ("beam5", ["no", "no", "no"]))]
+    hist, _ = uncertainty_tables(runs, UncertaintySettings(qsets=["yn_obj"]), NO_BOOTSTRAP)
+    entries = {"default": {}, "beam5": {"decoding": "beam", "num_beams": 5, "paper_name": "beam5"}}
+    draw_uncertainty_figures(hist, {9: tmp_path / "fig9.png"}, ["l"], {"l": "llava"}, variants={"l": "beam5"},
+                             variant_entries=entries)
+    (figure,) = saved
+    assert "l, beam5, clean" in figure.get_suptitle()
+    answered = {axis.get_title(): [t.get_text() for t in axis.get_legend().get_texts()]
+                for axis in figure.axes if axis.get_legend()}
+    assert answered == {"yn_obj, answered no": ["correct (n=2)", "hallucinated (n=1)"]}  # beam5's three "no"s
+    image_tags, questions, answered_fov = fov_fixture()
+    conditions = {"clean": {"type": "clean"}, "crop": {"type": "crop", "margin": 0.0}}
+    fov, rows = fov_tables([({"model": "l", "variant": v, "qset": "mc_verb"}, questions, answered_fov)
+                            for v in ("default", "beam5")], image_tags, conditions, NO_BOOTSTRAP, ["l"])
+    draw_fov_figure(fov, rows, tmp_path / "fig10.png", ["l"], variants={"l": "default"}, variant_entries=entries)
+    assert [axis.get_title() for axis in saved[-1].axes if axis.get_title()][0].startswith("l (default (greedy)), ")
+
+
 # ---- the paper's numbers ----------------------------------------------------------------------------------
 
 PAPER_TABLES = Path(__file__).resolve().parents[2] / "shared" / "data" / "paper_tables.csv"

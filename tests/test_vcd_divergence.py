@@ -102,6 +102,7 @@ def test_settings_defaults_and_checked_keys():
 def test_runs_cover_models_running_a_vcd_variant_and_say_why_flips_are_missing():
     cfg = config({"default": {}, "sample": {"decoding": "sample"}, "vcd": {"vcd": {}},
                   "sample_vcd": {"decoding": "sample", "top_p": 0.9, "vcd": {"beta": 0.2}}})
+    cfg["models"] = {"llava": {}, "qwen": {"variant_settings": {"vcd": {"vcd": {"beta": 0.3}}}}, "prior": {}}
     settings = vcd_divergence_settings(cfg)
     model_variants = {"llava": ["default", "vcd", "sample_vcd"], "qwen": ["vcd"], "prior": ["default"]}
     asked = {("clean", "yn_obj"), ("clean", "mc_verb"), ("saltpepper", "yn_obj")}
@@ -116,6 +117,9 @@ def test_runs_cover_models_running_a_vcd_variant_and_say_why_flips_are_missing()
     assert notes[("llava", "vcd")] == ""
     assert "no configured variant equals 'sample_vcd' without vcd" in notes[("llava", "sample_vcd")]
     assert notes[("qwen", "vcd")] == "qwen does not run the plain counterpart 'default'"
+    # each run's plausibility cut, the model's own where it sets one: it moves the share of KL = 0
+    assert {(r["model"], r["variant"]): r["beta"] for r in runs} == {
+        ("llava", "vcd"): 0.1, ("llava", "sample_vcd"): 0.2, ("qwen", "vcd"): 0.3}
 
 
 def test_a_run_without_any_vcd_variant_plans_nothing():
@@ -256,7 +260,8 @@ def _runs():
     yn = questions("yn_obj", ["yes", "no", "no", "no"])
     mc = questions("mc_verb", ["A", "B"])
     runs = []
-    for model, plain_variant, note in (("tiny_llava", "default", ""), ("qwen", None, "qwen does not run ...")):
+    for model, plain_variant, note, beta in (("tiny_llava", "default", "", 0.1),
+                                             ("qwen", None, "qwen does not run ...", 0.2)):
         for q, vcd_answers, plain_answers, kl, plausible in (
             (yn, ["yes", "yes", "no", "no"], ["yes", "no", "no", "no"], [0.0, 0.4, 0.0, 0.0], [1, 2, 1, 1]),
             (mc, ["A", "A"], ["A", "B"], [0.0, 0.02], [1, 3]),
@@ -264,7 +269,8 @@ def _runs():
             ids = list(q.question_id)
             runs.append({
                 "model": model, "variant": "vcd", "condition": "clean", "qset": q.qset.iloc[0],
-                "plain_variant": plain_variant, "plain_note": note, "questions": q, "where": f"{model}.parquet",
+                "plain_variant": plain_variant, "plain_note": note, "beta": beta, "questions": q,
+                "where": f"{model}.parquet",
                 "predictions": predictions(ids, vcd_answers, kl, plausible),
                 "plain": predictions(ids, plain_answers) if plain_variant else None,
             })
@@ -305,12 +311,28 @@ def test_tables_per_set_and_pooled_with_the_paper_number_on_the_pooled_row(tmp_p
     assert page.loc[("tiny_llava", "yn_obj+mc_verb"), "KL = 0 (%)"] == pytest.approx(66.7)
     assert page.loc[("tiny_llava", "yn_obj+mc_verb"), "paper KL = 0 (%)"] == 93.0
     assert str(page["yes→no"].dtype) == "Int64" and pd.isna(page.loc[("tiny_llava", "mc_verb"), "yes→no"])
+    assert page["β (cut)"].groupby(level="model").first().to_dict() == {"qwen": 0.2, "tiny_llava": 0.1}
 
 
 def test_one_set_only_gets_the_paper_number_on_its_own_row():
     runs = [run for run in _runs() if run["qset"] == "yn_obj" and run["model"] == "tiny_llava"]
     summary, _ = vcd_divergence_tables(runs)
     assert list(summary.qset) == ["yn_obj"] and summary.paper_share_kl_zero.iloc[0] == pytest.approx(0.93)
+
+
+def test_the_figure_names_each_runs_beta_beside_the_official_scripts(monkeypatch, tmp_path):
+    """β sets how often the KL is exactly 0 (a one-token plausibility set): each run's is named under it, and the
+    heading says that VCD's default is 0.1 and its official LLaVA-1.5 POPE script runs 0.2."""
+    import verbmirage.analysis.vcd_divergence as divergence
+
+    saved = []
+    monkeypatch.setattr(divergence, "save_figure", lambda figure, path: saved.append(figure))
+    summary, hist = vcd_divergence_tables(_runs(), bins=4)
+    draw_vcd_divergence_figure(summary, hist, tmp_path / "vcd.png")
+    (figure,) = saved
+    assert "0.1, while its official LLaVA-1.5 POPE script runs 0.2" in " ".join(figure.get_suptitle().split())
+    ticks = [t.get_text() for t in figure.axes[0].get_xticklabels()]
+    assert ticks == ["tiny_llava\nvcd, β 0.1", "qwen\nvcd, β 0.2"]
 
 
 def test_figure_is_drawn_with_and_without_flips(tmp_path):

@@ -51,8 +51,14 @@ def test_the_nullu_folder_is_the_edited_base(demo_run):
 def test_its_predictions_and_table5_row(demo_run):
     from workflow_run import derived_model_runs
 
+    from verbmirage.evaluation.mitigation_tables import paper_methods_from_config
+
+    # its HalluSpace comes from HICO training pairs, not the official LURE captions: a variant of Nullu's row
+    method = paper_methods_from_config(yaml.safe_load((demo_run / "config.yaml").read_text()))[SLUG]
+    assert method == ("Nullu (variant of the official method: HalluSpace from HICO training pairs, the official one "
+                      "from LURE's captions)")
     # the job loaded the effective entry: the base's backend and settings, the built folder as path
-    for model in derived_model_runs(demo_run, SLUG, QSETS, "Nullu"):
+    for model in derived_model_runs(demo_run, SLUG, QSETS, method):
         assert model["backend"] == "llava"
         assert model["path"] == DERIVED_FOLDER.format(model=SLUG) and "derive" not in model
 

@@ -27,6 +27,17 @@ def test_obj_exist_asks_the_verb_sets_images(demo_run):
     assert set(sets["obj_exist"].image_id) <= set(sets["yn_obj"].image_id) & set(sets["yn_verb"].image_id)
 
 
+def test_charadesego_counts_say_where_the_ego_frames_come_from(demo_run):
+    """The demo's egocentric rows annotate most actions themselves and miss some: both kinds of ego frame occur,
+    and the counts table gives each ego set's share of both."""
+    counts = read_table(demo_run / "results/benchmark/charadesego/counts.parquet", QUESTION_COUNTS).set_index("qset")
+    for qset in ("yn_ego", "mc_ego"):
+        own, scaled = counts.loc[qset, ["ego_own_interval_share", "ego_scaled_exo_share"]]
+        assert 0 < own < 1 and own + scaled == pytest.approx(1.0), qset
+    assert counts.loc[["yn_exo", "mc_exo"], ["ego_own_interval_share", "ego_scaled_exo_share"]].isna().all().all()
+    assert "ego_own_interval_share" in (demo_run / "results/benchmark/charadesego/counts.md").read_text()
+
+
 def test_charadesego_sentence_classes_and_repeated_actions(demo_run):
     frames = pd.read_parquet(demo_run / "results/benchmark/charadesego/frames.parquet")
     assert frames.frame_id.is_unique and frames.image.is_unique

@@ -145,7 +145,7 @@ def text_width(text: str, points: float = FONT) -> float:
     return max((len(line) for line in str(text).splitlines()), default=0) * 0.5 * points / 72
 
 
-def _axis_width(axis) -> float:
+def axis_width(axis) -> float:
     """The panel's width in inches (its grid cell before the layout runs)."""
     return axis.get_position().width * axis.get_figure().get_figwidth()
 
@@ -155,7 +155,7 @@ def tick_rotation(labels, axis) -> int:
     panel's width, do not run into each other (set them with ``ha="right", rotation_mode="anchor"``)."""
     import math as _math
 
-    room = _axis_width(axis) / max(1, len(labels))
+    room = axis_width(axis) / max(1, len(labels))
     if max((text_width(label) for label in labels), default=0) <= 0.95 * room:
         return 0
     height = max((label.count("\n") + 1 for label in labels), default=1) * FONT * 1.2 / 72
@@ -164,13 +164,13 @@ def tick_rotation(labels, axis) -> int:
 
 def fit_title(axis, text: str) -> None:
     """``text`` as the panel's title, wrapped to the panel's width."""
-    axis.set_title(wrap(text, _axis_width(axis), TITLE), fontsize=TITLE)
+    axis.set_title(wrap(text, axis_width(axis), TITLE), fontsize=TITLE)
 
 
 def legend_columns(labels, axis, handle: float = 0.45) -> int:
     """How many legend entries (``labels``, each after a ``handle`` inches wide) fit a row under ``axis``."""
     entry = max((text_width(label) for label in labels), default=0) + handle
-    return max(1, min(len(labels), int(_axis_width(axis) // entry) if entry else 1))
+    return max(1, min(len(labels), int(axis_width(axis) // entry) if entry else 1))
 
 
 def legend_below(axis, handles, labels_rotation: int = 0, **options):

@@ -4,12 +4,17 @@ Every figure is grouped bars, one group per model, one bar per quantity, in perc
 with the metric's bootstrap interval over images as an error bar. Where the paper's numbers
 (:mod:`verbmirage.evaluation.paper_numbers`, the packaged ``paper_tables.csv``) have the quantity for the model a
 group stands for (``models.<slug>.paper_name``; never a ``paper_method`` model, which is a method applied to a
-model: the tables' one rule, ``paper_numbers.paper_names_from_config``), a black diamond marks it: the paper's
-decoding (``paper_variant``: the drawn variant's ``paper_name``, else the paper's default ``beam5``). The legend names
-the decoding on both sides: its title the bars' (``variant`` and ``decoding``, :func:`variant_decoding`), the
-mark's entry the paper's, and says so where they differ (a beam-5 mark beside greedy bars). A bar over fewer
-than 30 questions says how many ("n=12"). A combination the run did not ask (e.g. a set not run under noise)
-has no bar. Every figure is laid out for a page and saved by :mod:`verbmirage.analysis.figure_layout`.
+model: the tables' one rule, ``paper_numbers.paper_names_from_config``), a black diamond marks it.
+
+Each model's bars are one of its variants (``drawn``: model -> :class:`Drawn`; the run plan picks it per figure,
+by default the variant whose ``paper_name`` is the paper's decoding, beam 5: ``analysis.figures``,
+docs/analysis.md), and its mark is the paper's number for that decoding (the variant's ``paper_name``, else
+``beam5``). The legend names the decoding on both sides: its title the bars' (the variant most models draw, then
+each other with its models: "ours: beam5; default (greedy): molmo_7b_d"), the mark's entry the paper's, and
+which models' bars differ from it (greedy bars beside a beam-5 mark are not like for like); the note under the
+title says the same. A bar over fewer than 30
+questions says how many ("n=12"). A combination the run did not ask (e.g. a set not run under noise) has no bar.
+Every figure is laid out for a page and saved by :mod:`verbmirage.analysis.figure_layout`.
 
 - Fig. 1: YN accuracy with (``yn_obj``) and without (``yn_verb``) object reference next to an
   object-hallucination score. The paper quotes POPE from the literature; ours is the accuracy on
@@ -44,6 +49,7 @@ from matplotlib.patches import Patch
 
 from verbmirage.analysis.figure_layout import (
     FONT,
+    axis_width,
     columns_for,
     fit_title,
     legend_below,
@@ -52,6 +58,7 @@ from verbmirage.analysis.figure_layout import (
     page_style,
     save_figure,
     tick_rotation,
+    wrap,
 )
 from verbmirage.evaluation.paper_numbers import PAPER_VARIANT, empty_paper_numbers, paper_value
 from verbmirage.variants.settings import Variant
@@ -78,6 +85,29 @@ PAPER_MARK = {"marker": "D", "color": "black", "linestyle": "none", "markersize"
 
 
 @dataclass(frozen=True)
+class Drawn:
+    """Which run of a model a figure draws, and how its legend names it."""
+
+    variant: str = "default"
+    decoding: str | None = None  # the bars' decoding (:func:`variant_decoding`); None: not known, nothing said
+    paper: str = PAPER_VARIANT  # the paper's decoding its mark shows: the variant's paper_name, else beam5
+
+    @property
+    def label(self) -> str:
+        """The variant, and its decoding where that names it otherwise ("default (greedy)")."""
+        return self.variant + (f" ({self.decoding})" if self.decoding and self.decoding != self.variant else "")
+
+
+def drawn_runs(variants: Mapping[str, str], variant_entries: Mapping[str, Mapping]) -> dict[str, Drawn]:
+    """model -> :class:`Drawn` of the variant ``variants`` gives it (``variant_entries``: config ``variants``)."""
+    def drawn(variant: str) -> Drawn:
+        entry = Variant.from_config(dict(variant_entries.get(variant) or {}))
+        return Drawn(variant, variant_decoding(variant_entries.get(variant)), entry.paper_name or PAPER_VARIANT)
+
+    return {model: drawn(variant) for model, variant in variants.items()}
+
+
+@dataclass(frozen=True)
 class Bar:
     """One quantity of a panel: where it is in our metrics table and, if anywhere, in the paper's."""
 
@@ -92,8 +122,9 @@ class Bar:
     hatched: bool = False  # the comparison bar of a pair (same colour, hatched)
 
 
-def _metric_lookup(metrics: pd.DataFrame, variant: str) -> pd.DataFrame:
-    chosen = metrics[metrics.variant == variant]
+def _metric_lookup(metrics: pd.DataFrame, drawn: Mapping[str, Drawn]) -> pd.DataFrame:
+    """The metric rows of each model's drawn variant (``default`` for a model ``drawn`` does not name)."""
+    chosen = metrics[metrics.variant == metrics.model.map(lambda m: _drawn(drawn, m).variant)]
     table = chosen.set_index(["dataset", "model", "qset", "condition", "subset", "metric"])
     return table[~table.index.duplicated()][["value", "ci_low", "ci_high", "n"]]
 
@@ -102,9 +133,37 @@ def _models(metrics: pd.DataFrame, models: Sequence[str] | None) -> list[str]:
     return list(models) if models is not None else list(dict.fromkeys(metrics.model))
 
 
+def _drawn(drawn: Mapping[str, Drawn], model: str) -> Drawn:
+    return drawn.get(model, Drawn())
+
+
 def _tick(model: str, paper_names: Mapping[str, str]) -> str:
     name = paper_names.get(model)
     return f"{model}\n({name})" if name else model
+
+
+def _uniform(drawn: Mapping[str, Drawn], models: Sequence[str]) -> Drawn | None:
+    """The one :class:`Drawn` of every model, or None where models draw different variants."""
+    found = {_drawn(drawn, m) for m in models}
+    return found.pop() if len(found) == 1 else None
+
+
+def _most(drawn: Mapping[str, Drawn], models: Sequence[str]) -> tuple[Drawn, dict[str, list[str]]]:
+    """The :class:`Drawn` most models share (the first model's among equals), and the others' labels -> their
+    models: the legend and the note name the first once, then each other with its models."""
+    found = [_drawn(drawn, m) for m in models] or [Drawn()]
+    most = max(dict.fromkeys(found), key=found.count)
+    others: dict[str, list[str]] = {}
+    for model, own in zip(models, found):
+        if own != most:
+            others.setdefault(own.label, []).append(model)
+    return most, others
+
+
+def _bars_text(drawn: Mapping[str, Drawn], models: Sequence[str]) -> str:
+    """Which variant the bars are: "beam5", or "beam5; default (greedy): molmo_7b_d, prior" where models differ."""
+    most, others = _most(drawn, models)
+    return most.label + "".join(f"; {label}: {', '.join(named)}" for label, named in others.items())
 
 
 def variant_decoding(entry: Mapping | None) -> str:
@@ -114,25 +173,31 @@ def variant_decoding(entry: Mapping | None) -> str:
     return variant.paper_name or variant.label
 
 
-def mark_label(paper_variant: str, decoding: str | None) -> str:
-    """The paper mark's legend entry: the paper's decoding, and whether the bars share it (``decoding``: the
-    bars' decoding, :func:`variant_decoding`; None: not known, nothing said)."""
-    if decoding is None:
-        return f"paper ({paper_variant})"
-    if decoding == paper_variant:
-        return f"paper ({paper_variant}, as the bars)"
-    return f"paper ({paper_variant}); bars: {decoding}, not like for like"
+def mark_label(drawn: Mapping[str, Drawn], marked: Sequence[str]) -> str:
+    """The paper mark's legend entry: the paper's decoding of the ``marked`` models' marks, and whose bars do not
+    share it (a decoding None: not known, nothing said)."""
+    papers = "/".join(sorted({_drawn(drawn, m).paper for m in marked}))
+    unlike = {m: _drawn(drawn, m) for m in marked if _drawn(drawn, m).decoding is not None
+              and _drawn(drawn, m).decoding != _drawn(drawn, m).paper}
+    if any(_drawn(drawn, m).decoding is None for m in marked) and not unlike:
+        return f"paper ({papers})"
+    if not unlike:
+        return f"paper ({papers}, as the bars)"
+    if set(unlike) == set(marked) and len({d.decoding for d in unlike.values()}) == 1:
+        return f"paper ({papers}); bars: {next(iter(unlike.values())).decoding}, not like for like"
+    named = ", ".join(f"{m} {d.decoding}" for m, d in unlike.items())
+    return f"paper ({papers}); bars of {named}: not like for like"
 
 
-def bars_title(variant: str, decoding: str | None) -> str:
-    """The legend's title: which of our variants the bars are, and its decoding."""
-    return f"ours: {variant}" + (f" ({decoding})" if decoding and decoding != variant else "")
+def bars_title(drawn: Mapping[str, Drawn], models: Sequence[str], width: float) -> str:
+    """The legend's title: which of our variants the bars are, with its decoding (where models differ: the one
+    most draw, then each other with its models), wrapped to ``width`` inches."""
+    return wrap(f"ours: {_bars_text(drawn, models)}", width)
 
 
 def bar_panel(axis, lookup: pd.DataFrame, models: Sequence[str], bars: Sequence[Bar], paper: pd.DataFrame,
-              paper_names: Mapping[str, str], title: str, ylabel: str, paper_variant: str = PAPER_VARIANT, *,
-              variant: str = "default", decoding: str | None = None, legend: bool = True,
-              tick_labels: bool = True) -> None:
+              paper_names: Mapping[str, str], title: str, ylabel: str, *, drawn: Mapping[str, Drawn] | None = None,
+              legend: bool = True, tick_labels: bool = True) -> None:
     """Grouped bars (x100) with bootstrap error bars and paper marks on one axis.
 
     Each bar patch has gid ``"<model>|<bar label>"``, each paper mark ``"paper|<model>|<bar label>"``,
@@ -140,12 +205,15 @@ def bar_panel(axis, lookup: pd.DataFrame, models: Sequence[str], bars: Sequence[
     :data:`~verbmirage.analysis.figure_layout.SMALL_N` questions its n is printed: once in the title for a
     series whose bars all have the same n (every model asked the same questions), else on the bar. The legend
     (below the axis; ``legend`` off: none) lists every series of ``bars`` under the title :func:`bars_title`
-    and, where a mark is drawn, the paper's decoding (:func:`mark_label`). ``tick_labels`` off: no model
-    names under the panel (a grid names them under its bottom row).
+    and, where a mark is drawn, the paper's decoding (:func:`mark_label`). ``drawn``: each model's variant
+    (:class:`Drawn`; the lookup holds its rows); where models draw different ones, the legend's title names
+    the one most draw, then each other with its models. ``tick_labels`` off: no model names under the panel
+    (a grid names them under its bottom row).
     """
+    drawn = drawn or {}
     width = 0.8 / max(1, len(bars))
     colours = [bar.colour or f"C{i}" for i, bar in enumerate(bars)]
-    drawn, marked, small = False, False, []
+    any_bar, marked, small = False, [], []
     for j, bar in enumerate(bars):  # one bar call per series (a call per bar cost most of a figure's time)
         xs, values, errors, gids, counts = [], [], [], [], []
         for i, model in enumerate(models):
@@ -171,14 +239,14 @@ def bar_panel(axis, lookup: pd.DataFrame, models: Sequence[str], bars: Sequence[
                 for x, n in zip(xs, counts):
                     if n_label(n):
                         axis.text(x, 1, n_label(n), rotation=90, ha="center", va="bottom", fontsize=FONT, zorder=6)
-            drawn = True
+            any_bar = True
         if bar.paper:
             for i, model in enumerate(models):
-                published = paper_value(paper, paper_names.get(model), *bar.paper, variant=paper_variant)
+                published = paper_value(paper, paper_names.get(model), *bar.paper, variant=_drawn(drawn, model).paper)
                 if math.isfinite(published):
                     axis.plot([i - 0.4 + width * (j + 0.5)], [published], gid=f"paper|{model}|{bar.label}",
                               **PAPER_MARK)
-                    marked = True
+                    marked.append(model)
     ticks = [_tick(m, paper_names) for m in models] if tick_labels else [""] * len(models)
     rotation = tick_rotation(ticks, axis)
     axis.set_xticks(range(len(models)), ticks, rotation=rotation, ha="right" if rotation else "center",
@@ -186,13 +254,13 @@ def bar_panel(axis, lookup: pd.DataFrame, models: Sequence[str], bars: Sequence[
     axis.set_xlim(-0.6, len(models) - 0.4)
     fit_title(axis, title + (f" (small samples: {', '.join(small)})" if small else ""))
     axis.set_ylabel(ylabel)
-    if not drawn and not marked:
+    if not any_bar and not marked:
         axis.text(0.5, 0.5, "no questions in this panel", ha="center", va="center", transform=axis.transAxes)
     if legend:
         handles = [Patch(facecolor=colour, label=bar.label, **_bar_style(bar)) for bar, colour in zip(bars, colours)]
         if marked:
-            handles.append(Line2D([], [], label=mark_label(paper_variant, decoding), **PAPER_MARK))
-        legend_below(axis, handles, rotation, title=bars_title(variant, decoding))  # so no bar hides under it
+            handles.append(Line2D([], [], label=mark_label(drawn, list(dict.fromkeys(marked))), **PAPER_MARK))
+        legend_below(axis, handles, rotation, title=bars_title(drawn, models, axis_width(axis)))  # clear of bars
     axis.axhline(0, color="grey", linewidth=0.5)
 
 
@@ -215,8 +283,8 @@ def _finish(figure: Figure) -> Figure:
 
 def fig1_object_vs_verb(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
                         models: Sequence[str] | None = None, paper_names: Mapping[str, str] | None = None,
-                        condition: str = "clean", variant: str = "default", paper_variant: str = PAPER_VARIANT,
-                        decoding: str | None = None, note: str = "") -> Figure:
+                        condition: str = "clean", drawn: Mapping[str, Drawn] | None = None,
+                        note: str = "") -> Figure:
     """Fig. 1: YN accuracy with and without the object named, next to object existence (not POPE)."""
     paper = empty_paper_numbers() if paper is None else paper
     bars = [
@@ -229,17 +297,16 @@ def fig1_object_vs_verb(metrics: pd.DataFrame, paper: pd.DataFrame | None = None
     models = _models(metrics, models)
     with page_style():
         figure, axes = _figure(1, f"{FIGURES['fig1']} ({condition})", note, models)
-        bar_panel(axes[0], _metric_lookup(metrics, variant), models, bars, paper, paper_names or {},
-                  "accuracy per model", "accuracy (%)", paper_variant=paper_variant, variant=variant,
-                  decoding=decoding)
+        bar_panel(axes[0], _metric_lookup(metrics, drawn or {}), models, bars, paper, paper_names or {},
+                  "accuracy per model", "accuracy (%)", drawn=drawn)
         axes[0].set_ylim(0, TOP)
     return _finish(figure)
 
 
 def fig3_rare_common(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
                      models: Sequence[str] | None = None, paper_names: Mapping[str, str] | None = None,
-                     condition: str = "clean", variant: str = "default", paper_variant: str = PAPER_VARIANT,
-                     decoding: str | None = None, note: str = "", part: str = "fig3a") -> Figure:
+                     condition: str = "clean", drawn: Mapping[str, Drawn] | None = None,
+                     note: str = "", part: str = "fig3a") -> Figure:
     """Fig. 3, one part (:data:`FIG3_PARTS`): accuracy on answer-No (``fig3a``, the paper's figure) or
     answer-Yes questions (``fig3b``), rare vs non-rare HOIs and common vs non-common verbs."""
     paper = empty_paper_numbers() if paper is None else paper
@@ -255,18 +322,16 @@ def fig3_rare_common(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *
     title = "correct answer No" if answer == "no" else "correct answer Yes (accuracy = recall)"
     with page_style():
         figure, axes = _figure(1, f"{FIGURES[part]} ({condition})", note, models)
-        bar_panel(axes[0], _metric_lookup(metrics, variant), models, bars, paper, paper_names or {},
-                  f"accuracy per model, {title}", "accuracy (%)", paper_variant=paper_variant, variant=variant,
-                  decoding=decoding)
+        bar_panel(axes[0], _metric_lookup(metrics, drawn or {}), models, bars, paper, paper_names or {},
+                  f"accuracy per model, {title}", "accuracy (%)", drawn=drawn)
         axes[0].set_ylim(0, TOP)
     return _finish(figure)
 
 
 def fig4b_error_consistency(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
                             models: Sequence[str] | None = None, paper_names: Mapping[str, str] | None = None,
-                            pair: tuple[str, str] = ("clean", "saltpepper"), variant: str = "default",
-                            paper_variant: str = PAPER_VARIANT, decoding: str | None = None,
-                            note: str = "") -> Figure:
+                            pair: tuple[str, str] = ("clean", "saltpepper"),
+                            drawn: Mapping[str, Drawn] | None = None, note: str = "") -> Figure:
     """Fig. 4(b): error consistency kappa (x100) between two image conditions, objects vs verbs."""
     paper = empty_paper_numbers() if paper is None else paper
     models = _models(metrics, models)
@@ -281,9 +346,8 @@ def fig4b_error_consistency(metrics: pd.DataFrame, paper: pd.DataFrame | None = 
     with page_style():
         figure, axes = _figure(1, f"{FIGURES['fig4b']} ({reference} vs {other})", note, models)
         axis = axes[0]
-        bar_panel(axis, _metric_lookup(metrics, variant), models, bars, paper, paper_names or {},
-                  "Cohen's kappa of correctness (error consistency)", "kappa x100", paper_variant=paper_variant,
-                  variant=variant, decoding=decoding)
+        bar_panel(axis, _metric_lookup(metrics, drawn or {}), models, bars, paper, paper_names or {},
+                  "Cohen's kappa of correctness (error consistency)", "kappa x100", drawn=drawn)
         low = min([0.0, *[patch.get_y() + min(0.0, patch.get_height()) for patch in axis.patches]])
         axis.set_ylim(min(-5.0, low - 5), TOP)
     return _finish(figure)
@@ -291,12 +355,12 @@ def fig4b_error_consistency(metrics: pd.DataFrame, paper: pd.DataFrame | None = 
 
 def fig5_ego_exo(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
                  models: Sequence[str] | None = None, paper_names: Mapping[str, str] | None = None,
-                 condition: str = "clean", variant: str = "default", paper_variant: str = PAPER_VARIANT,
-                 decoding: str | None = None, note: str = "") -> Figure:
+                 condition: str = "clean", drawn: Mapping[str, Drawn] | None = None,
+                 note: str = "") -> Figure:
     """Fig. 5: CharadesEgo MC circular accuracy and YN accuracy, egocentric vs exocentric (Table 4's data)."""
     paper = empty_paper_numbers() if paper is None else paper
     models = _models(metrics, models)
-    lookup = _metric_lookup(metrics, variant)
+    lookup = _metric_lookup(metrics, drawn or {})
     mc = [Bar(f"{view}centric", f"mc_{view}", "circular_accuracy", condition=condition, dataset="charadesego")
           for view in ("ego", "exo")]
     yn = [Bar(f"{view}centric", f"yn_{view}", "accuracy", condition=condition, dataset="charadesego",
@@ -305,9 +369,9 @@ def fig5_ego_exo(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
         figure, axes = _figure(2, FIGURES["fig5"], note, models)
         bar_panel(axes[0], lookup, models, mc, paper, paper_names or {},
                   "(a) MC, circular accuracy (the paper's figure)", "circular accuracy (%)",
-                  paper_variant=paper_variant, variant=variant, decoding=decoding)
+                  drawn=drawn)
         bar_panel(axes[1], lookup, models, yn, paper, paper_names or {}, "(b) YN accuracy (the paper's Table 4)",
-                  "accuracy (%)", paper_variant=paper_variant, variant=variant, decoding=decoding)
+                  "accuracy (%)", drawn=drawn)
         for axis in axes:
             axis.set_ylim(0, TOP)
     return _finish(figure)
@@ -315,8 +379,8 @@ def fig5_ego_exo(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
 
 def fig6_ambiguity(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
                    models: Sequence[str] | None = None, paper_names: Mapping[str, str] | None = None,
-                   condition: str = "clean", variant: str = "default", paper_variant: str = PAPER_VARIANT,
-                   decoding: str | None = None, note: str = "", part: str = "fig6a") -> Figure:
+                   condition: str = "clean", drawn: Mapping[str, Drawn] | None = None,
+                   note: str = "", part: str = "fig6a") -> Figure:
     """Fig. 6, one part (:data:`FIG6_PARTS`): accuracy on ambiguous vs unambiguous images, a row per rule
     (``fig6a``: any rule, the paper's split; ``fig6b``, ``fig6c``: two rules each).
 
@@ -326,7 +390,7 @@ def fig6_ambiguity(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
     """
     paper = empty_paper_numbers() if paper is None else paper
     models = _models(metrics, models)
-    lookup = _metric_lookup(metrics, variant)
+    lookup = _metric_lookup(metrics, drawn or {})
     rules = FIG6_PARTS[part]
     kinds = (("YN accuracy", ("yn_obj", "yn_verb"), "accuracy"),
              ("MC circular accuracy", ("mc_obj", "mc_verb"), "circular_accuracy"))
@@ -341,7 +405,7 @@ def fig6_ambiguity(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
                 axis = axes[row * len(kinds) + column]
                 bar_panel(axis, lookup, models, bars, paper, paper_names or {},
                           f"{kind}: {RULE_TITLES[rule]} vs unambiguous", f"{kind.split()[-1]} (%)",
-                          paper_variant=paper_variant, variant=variant, decoding=decoding, legend=row == 0,
+                          drawn=drawn, legend=row == 0,
                           tick_labels=row == len(rules) - 1)  # the model names once, under the bottom row
                 axis.set_ylim(0, TOP)
     return _finish(figure)
@@ -356,17 +420,24 @@ DRAW = {
 }
 
 
-def figure_note(model_entries: Mapping[str, Mapping], paper_names: Mapping[str, str], variant: str,
-                paper_variant: str, decoding: str | None = None) -> str:
+def figure_note(model_entries: Mapping[str, Mapping], paper_names: Mapping[str, str], drawn: Mapping[str, Drawn],
+                models: Sequence[str] | None = None) -> str:
     """What a reader must know under every title: which decoding the bars and the marks are, which bars are noise.
 
     ``paper_names``: slug -> the paper's model (``models.<slug>.paper_name``); only those models get marks.
-    ``decoding``: the bars' decoding (:func:`variant_decoding`), said where it is not the marks'.
+    ``drawn``: each model's variant (:class:`Drawn`); ``models``: the figure's (default: those of ``drawn``).
+    Where a model's bars are not the decoding of its mark, the note says whose.
     """
-    bars = f"bars: variant {variant}" + (f" ({decoding})" if decoding and decoding != variant else "")
-    if paper_names:
-        differs = f", not the bars' {decoding}" if decoding and decoding != paper_variant else ""
-        lines = [f"{bars}; diamonds: the paper's number ({paper_variant}{differs}) for the model named under a group"]
+    models = list(drawn) if models is None else list(models)
+    uniform = _uniform(drawn, models)
+    bars = f"bars: variant {_bars_text(drawn, models)}"
+    marked = [m for m in models if m in paper_names]
+    if marked:
+        papers = "/".join(sorted({_drawn(drawn, m).paper for m in marked}))
+        unlike = [m for m in marked if _drawn(drawn, m).decoding not in (None, _drawn(drawn, m).paper)]
+        differs = "" if not unlike else f", not the bars' {_drawn(drawn, unlike[0]).decoding}" if uniform else \
+            f", not the bars' decoding for {', '.join(unlike)}"
+        lines = [f"{bars}; diamonds: the paper's number ({papers}{differs}) for the model named under a group"]
     else:
         lines = [f"{bars}; no paper marks: no model has a paper_name (models.<slug>.paper_name)"]
     tiny = [slug for slug, entry in model_entries.items() if "tiny_" in str(entry.get("path", ""))]
@@ -392,16 +463,27 @@ def bar_values(figure: Figure) -> dict[str, float]:
 
 
 def draw_paper_figures(metrics: pd.DataFrame, paths: Mapping[str, str | Path], paper: pd.DataFrame | None = None,
-                       *, note: str = "", pair: tuple[str, str] = ("clean", "saltpepper"), **options) -> None:
+                       *, pair: tuple[str, str] = ("clean", "saltpepper"),
+                       drawn: Mapping[str, Mapping[str, Drawn]] | None = None,
+                       model_entries: Mapping[str, Mapping] | None = None, models: Sequence[str] | None = None,
+                       paper_names: Mapping[str, str] | None = None) -> dict[str, str]:
     """Write each figure of ``paths`` (a name of :data:`DRAW`: ``fig1``, ``fig3a``, ... -> PNG), its PDF and SVG
-    beside it (:func:`~verbmirage.analysis.figure_layout.save_figure`).
+    beside it (:func:`~verbmirage.analysis.figure_layout.save_figure`), with :func:`figure_note` under its title;
+    return each figure's note (for the job's log).
 
-    ``options`` go to every figure function (``models``, ``paper_names``, ``variant``, ``paper_variant``,
-    ``decoding``).
+    ``drawn``: figure -> model -> the variant its bars draw (:class:`Drawn`, :func:`drawn_runs`; a figure or model
+    it leaves out: ``default``); ``model_entries``: config ``models`` (to note tiny random-weight models);
+    ``models``: the bar groups, in order; ``paper_names``: slug -> the paper's model.
     """
     unknown = sorted(set(paths) - set(DRAW))
     if unknown:
         raise ValueError(f"unknown paper figures {unknown}; known: {sorted(DRAW)}")
+    notes = {}
     for name, path in paths.items():
         extra = {"pair": pair} if name == "fig4b" else {}
-        save_figure(DRAW[name](metrics, paper, note=note, **options, **extra), path)
+        own = (drawn or {}).get(name, {})
+        chosen = models if models is not None else list(dict.fromkeys(metrics.model))
+        notes[name] = figure_note(model_entries or {}, paper_names or {}, own, chosen)
+        save_figure(DRAW[name](metrics, paper, note=notes[name], models=models, paper_names=paper_names, drawn=own,
+                               **extra), path)
+    return notes

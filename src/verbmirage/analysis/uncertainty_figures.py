@@ -9,14 +9,16 @@
   written above (``fov.parquet`` and ``fov_rows.parquet``). A row per model (its sets side by side), as
   many models a page as fit a page's height (:func:`fov_pages`): ``fig10a_fov.png``, ``fig10b_fov.png``, ...
 
-Only logit-scored models have a u; the others are named as skipped under the title. Every figure is laid
+Only logit-scored models have a u; the others are named as skipped under the title. Each model's rows are one
+of its variants (``variants``: model -> variant, the run plan's choice, by default the paper's decoding: beam 5),
+named with its decoding in the heading (Figs. 9, 12) or the panel's title (Fig. 10). Every figure is laid
 out for a page and saved as PNG, PDF and SVG by :mod:`verbmirage.analysis.figure_layout`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +35,7 @@ from verbmirage.analysis.figure_layout import (
     save_figure,
     tick_rotation,
 )
+from verbmirage.analysis.paper_figures import Drawn, drawn_runs
 from verbmirage.benchmark.questions import question_kind
 
 COLOURS = {True: "tab:blue", False: "tab:red"}
@@ -98,23 +101,32 @@ def _note_lines(model: str | None, number: int, backends: dict, notes: dict, ski
     return "\n".join(lines)
 
 
+def _drawn(variants: Mapping[str, str] | None, variant_entries: Mapping[str, Mapping] | None,
+           model: str | None) -> Drawn:
+    """The variant drawn of ``model`` (``default`` where ``variants`` names none) and how it is named."""
+    return drawn_runs(variants or {}, variant_entries or {}).get(model, Drawn())
+
+
 def draw_uncertainty_figures(hist: pd.DataFrame, paths: dict[int, str | Path], models: list[str],
                              backends: dict[str, str], notes: dict[str, str] | None = None,
-                             skipped: list[str] | None = None, variant: str = "default",
-                             condition: str = "clean") -> dict[int, str | None]:
+                             skipped: list[str] | None = None, variants: Mapping[str, str] | None = None,
+                             condition: str = "clean",
+                             variant_entries: Mapping[str, Mapping] | None = None) -> dict[int, str | None]:
     """Write Figs. 9 and 12 (``paths``: number -> PNG, its PDF and SVG beside it) from the histogram table;
     return the roles used.
 
     ``models``: the models with a token probability, in config order; ``skipped``: those without, named
-    under the title.
+    under the title; ``variants``: model -> the variant drawn (``variant_entries``, config ``variants``, name its
+    decoding in the heading).
     """
     notes, skipped = notes or {}, list(skipped or [])
     roles = uncertainty_roles(list(models), backends)
     for number, path in paths.items():
         model = roles.get(number)
-        rows = hist[(hist.model == model) & (hist.variant == variant) & (hist.condition == condition)]
+        drawn = _drawn(variants, variant_entries, model)
+        rows = hist[(hist.model == model) & (hist.variant == drawn.variant) & (hist.condition == condition)]
         panels = _hist_panels(rows)
-        heading = f"{TITLES[number]} - {model or 'no logit-scored model'}, {variant}, {condition}"
+        heading = f"{TITLES[number]} - {model or 'no logit-scored model'}, {drawn.label}, {condition}"
         note = _note_lines(model, number, backends, notes, skipped)
         with page_style():
             figure, axes = page_figure(len(panels), panel_height=2.9, heading=heading + (f"\n{note}" if note else ""))
@@ -142,29 +154,32 @@ def fov_pages(models: Sequence[str], n_qsets: int) -> list[list[str]]:
 
 def draw_fov_figure(fov: pd.DataFrame, rows: pd.DataFrame, paths: Sequence[str | Path], models: list[str],
                     qsets: Sequence[str], notes: dict[str, str] | None = None, skipped: list[str] | None = None,
-                    variant: str = "default") -> None:
+                    variants: Mapping[str, str] | None = None,
+                    variant_entries: Mapping[str, Mapping] | None = None) -> None:
     """Write Fig. 10, one page per path of ``paths`` (PNG, its PDF and SVG beside it; :func:`fov_pages`): per
     model and question set of ``qsets``, u by condition, correct vs hallucinated; a model's sets side by side.
 
     ``models``: the models with a token probability that the FOV analysis ran, in config order (a model
-    without rows says so in its panels); ``skipped``: those without a token probability.
+    without rows says so in its panels); ``skipped``: those without a token probability; ``variants``: model ->
+    the variant drawn, named in its panels' titles (``variant_entries``: config ``variants``).
     """
     pages = fov_pages(models, len(qsets))
     if len(paths) != len(pages):
         raise ValueError(f"Fig. 10 of {len(models)} models and {len(qsets)} question sets takes {len(pages)} "
                          f"pages, {len(paths)} files given ({', '.join(map(str, paths))})")
     for number, (path, page) in enumerate(zip(paths, pages), 1):
-        _draw_fov_page(fov, rows, path, page, list(qsets), notes or {}, list(skipped or []), variant,
-                       f" (page {number} of {len(pages)})" if len(pages) > 1 else "")
+        _draw_fov_page(fov, rows, path, page, list(qsets), notes or {}, list(skipped or []), variants,
+                       variant_entries, f" (page {number} of {len(pages)})" if len(pages) > 1 else "")
 
 
 def _draw_fov_page(fov: pd.DataFrame, rows: pd.DataFrame, path: str | Path, models: list[str], qsets: list[str],
-                   notes: dict[str, str], skipped: list[str], variant: str, page: str) -> None:
+                   notes: dict[str, str], skipped: list[str], variants: Mapping[str, str] | None,
+                   variant_entries: Mapping[str, Mapping] | None, page: str) -> None:
     from matplotlib.patches import Patch
 
     cells = [(model, qset) for model in models or [None] for qset in qsets or ["(none)"]]
-    heading = [f"Fig. 10{page}: field of view and token uncertainty ({variant}; same questions in every "
-               "condition)"]
+    heading = [f"Fig. 10{page}: field of view and token uncertainty (same questions in every condition; each "
+               "panel names its model's variant)"]
     by_note = {}  # each note once, with the models it is about (not in every panel's title)
     for model in models:
         if notes.get(model):
@@ -176,14 +191,15 @@ def _draw_fov_page(fov: pd.DataFrame, rows: pd.DataFrame, path: str | Path, mode
         figure, axes = page_figure(len(cells), columns=fov_columns(len(qsets)), panel_height=FOV_PANEL_HEIGHT,
                                    heading="\n".join(heading))
         for axis, (model, qset) in zip(axes, cells):
-            summary = fov[(fov.model == model) & (fov.variant == variant) & (fov.qset == qset)]
+            drawn = _drawn(variants, variant_entries, model)
+            summary = fov[(fov.model == model) & (fov.variant == drawn.variant) & (fov.qset == qset)]
             summary = summary.sort_values("crop_area_frac_mean", ascending=False, kind="stable")
             if summary.empty:
                 said = "no logit-scored model" if model is None else f"{model}, {qset}: no rows"
                 axis.text(0.5, 0.5, said, ha="center", va="center", transform=axis.transAxes)
                 axis.set_axis_off()
                 continue
-            part = rows[(rows.model == model) & (rows.variant == variant) & (rows.qset == qset)]
+            part = rows[(rows.model == model) & (rows.variant == drawn.variant) & (rows.qset == qset)]
             for x, condition in enumerate(summary.itertuples(index=False)):
                 here = part[part.condition == condition.condition]
                 for correct, offset in ((True, -0.18), (False, 0.18)):
@@ -202,7 +218,7 @@ def _draw_fov_page(fov: pd.DataFrame, rows: pd.DataFrame, path: str | Path, mode
             axis.set_xlim(-0.6, len(summary) - 0.4)
             axis.set_ylim(0, 1.25)
             axis.set_ylabel("u = P(answer token)")
-            fit_title(axis, f"{model}, {qset} (n={int(summary.n.iloc[0])} rows)")
+            fit_title(axis, f"{model} ({drawn.label}), {qset} (n={int(summary.n.iloc[0])} rows)")
             handles = [Patch(color=COLOURS[c], alpha=0.5, label=LABELS[c]) for c in (True, False)]
             axis.legend(handles=handles, loc="lower left")
         save_figure(figure, path)

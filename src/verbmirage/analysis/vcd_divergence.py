@@ -15,7 +15,10 @@ Ours (read from a VCD variant's prediction table, never recomputed; ``io.PREDICT
   quantiles are reported for each (``kl_*`` and ``kl_reverse_*``). A table written before the engine
   stored the reverse direction gives null ``kl_reverse_*``.
 - ``vcd_plausible``: the size of the plausibility set (tokens with p >= beta * p_max). With one token the
-  KL is exactly 0 by construction, so "KL = 0" mostly measures confidence: both shares are reported.
+  KL is exactly 0 by construction, so "KL = 0" mostly measures confidence: both shares are reported. Each
+  run's beta (``beta``: the variant's, or the model's own ``variant_settings``) is in the table and the figure:
+  ours 0.1 is VCD's default, while the official VCD script for LLaVA-1.5 on POPE runs 0.2 (the paper gives
+  none); a larger beta removes more tokens, so more one-token sets and more exact zeros.
 - Flips: the VCD variant's predictions against the same model's *plain counterpart*, the configured
   variant whose settings equal the VCD variant's without ``vcd`` (:func:`plain_counterparts`;
   ``analysis.vcd_divergence.pairs`` overrides). No counterpart: the flip columns are null and
@@ -40,7 +43,7 @@ import pandas as pd
 from verbmirage.analysis.figure_layout import legend_below, page_figure, page_style, save_figure
 from verbmirage.core.errors import ConfigError
 from verbmirage.benchmark.questions import question_kind
-from verbmirage.variants.settings import Variant
+from verbmirage.variants.settings import Variant, model_variant_entry
 
 DEFAULT_QSETS = ("yn_obj", "yn_verb", "mc_obj", "mc_verb")
 
@@ -134,7 +137,8 @@ def divergence_runs(
 
     ``model_variants``: model -> the variants it runs (the workflow's plan); ``asks(condition, qset,
     model)``: whether the run asks that set. Each run: ``model, variant, condition, qset, plain_variant``
-    (None without flips) and ``plain_note`` (why there are none, else ""). Empty: nothing to plan.
+    (None without flips), ``plain_note`` (why there are none, else "") and ``beta`` (the plausibility cut the
+    model runs the variant with). Empty: nothing to plan.
     """
     counterparts = plain_counterparts(config, settings.pairs)
     runs = []
@@ -147,11 +151,13 @@ def divergence_runs(
                 note = f"{model} does not run the plain counterpart '{plain}'"
             else:
                 note = ""
+            beta = Variant.from_config(model_variant_entry(config, model, variant)).vcd.beta
             for condition in settings.conditions:
                 for qset in settings.qsets:
                     if asks(condition, qset, model):
                         runs.append({"model": model, "variant": variant, "condition": condition, "qset": qset,
-                                     "plain_variant": plain if not note else None, "plain_note": note})
+                                     "plain_variant": plain if not note else None, "plain_note": note,
+                                     "beta": beta})
     return runs
 
 
@@ -339,6 +345,7 @@ def vcd_divergence_tables(
     def add(keys, run, rows, n_rows, flips, paper):
         summary.append({
             **keys, "plain_variant": run["plain_variant"], "plain_note": run["plain_note"],
+            "beta": run.get("beta", math.nan),
             **kl_statistics(rows, n_rows), **(flips if flips is not None else NO_FLIPS),
             "paper_model": PAPER.model if paper else None,
             "paper_model_match": paper_names.get(keys["model"]) == PAPER.model,
@@ -391,7 +398,7 @@ def divergence_report_table(summary: pd.DataFrame) -> pd.DataFrame:
 
     return pd.DataFrame({
         "model": summary.model, "variant": summary.variant, "condition": summary.condition, "sets": summary.qset,
-        "n": summary.n, "dropped": summary.n_dropped,
+        "β (cut)": summary.beta, "n": summary.n, "dropped": summary.n_dropped,
         "KL = 0 (%)": percent(summary.share_kl_zero),
         "paper KL = 0 (%)": percent(summary.paper_share_kl_zero),
         "paper model": summary.paper_model,
@@ -419,6 +426,12 @@ def overall_rows(summary: pd.DataFrame) -> pd.DataFrame:
     return summary[keep]
 
 
+#: Under the figure's title: the plausibility cut moves the zero share, and the official scripts differ on it.
+BETA_NOTE = ("β: VCD's plausibility cut (tokens under β x the top probability removed), named under each run; VCD's "
+             "default 0.1, while its official LLaVA-1.5 POPE script runs 0.2 (the paper gives none): a larger β "
+             "leaves more one-token sets, so more KL = 0")
+
+
 @page_style()  # the whole drawing in the page's fonts
 def draw_vcd_divergence_figure(
     summary: pd.DataFrame, hist: pd.DataFrame, path, notes: dict[str, str] | None = None
@@ -433,9 +446,9 @@ def draw_vcd_divergence_figure(
     rows = overall_rows(summary)
     condition = rows.condition.iloc[0] if len(rows) else "clean"
     rows = rows[rows.condition == condition].reset_index(drop=True)
-    labels = [f"{r.model}\n{r.variant}" for r in rows.itertuples()]
+    labels = [f"{r.model}\n{r.variant}" + ("" if pd.isna(r.beta) else f", β {r.beta:g}") for r in rows.itertuples()]
     sets = rows.qset.iloc[0] if len(rows) else ""
-    lines = [f"VCD divergence ({condition}, {sets})"]
+    lines = [f"VCD divergence ({condition}, {sets})", BETA_NOTE]
     lines += [f"{slug}: {note}" for slug, note in notes.items() if slug in set(rows.model)]
     fig, axes = page_figure(3, columns=1, panel_height=2.5, heading="\n".join(lines))
     x = np.arange(len(rows))

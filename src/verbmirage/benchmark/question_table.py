@@ -12,6 +12,7 @@ import pyarrow as pa
 from verbmirage.benchmark.questions import PAPER_COUNTS, question_kind
 from verbmirage.core.io import SchemaError, add_value_check
 from verbmirage.core.paths import UnsafePathError, safe_relative_name
+from verbmirage.data.charades import OWN_INTERVAL, SCALED_EXO
 
 
 QUESTIONS = pa.schema(
@@ -89,8 +90,15 @@ def check_questions(frame: pd.DataFrame, where: str) -> None:
 add_value_check(QUESTIONS, check_questions)
 
 
-def question_counts(frames: dict[str, pd.DataFrame], dataset: str = "hico") -> pd.DataFrame:
-    """Our counts per question set beside the paper's (Appendix A); ``yes_share`` = yes / (yes + no)."""
+def question_counts(frames: dict[str, pd.DataFrame], dataset: str = "hico",
+                    frame_table: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Our counts per question set beside the paper's (Appendix A); ``yes_share`` = yes / (yes + no).
+
+    ``frame_table`` (CharadesEgo's, :func:`verbmirage.data.charades.frame_table`): an ego set gets the share of its
+    images (frames) at the middle of the egocentric row's own interval of the action (``ego_own_interval_share``)
+    and at the exo time scaled by the length ratio (``ego_scaled_exo_share``); null for every other set.
+    """
+    time_from = frame_table.set_index("frame_id").time_from if frame_table is not None else None
     rows = []
     for qset, frame in frames.items():
         yn = question_kind(qset) == "yn"
@@ -111,14 +119,32 @@ def question_counts(frames: dict[str, pd.DataFrame], dataset: str = "hico") -> p
                 "paper_used_questions": paper_used,
                 "paper_yes_to_no": paper_ratio,
                 "paper_yes_share": _yes_share_of_ratio(paper_ratio),
+                **_ego_time_shares(qset, frame, time_from),
             }
         )
     table = pd.DataFrame(rows)
     for column in ("yes", "no", "paper_unique_questions", "paper_used_questions"):
         table[column] = table[column].astype("Int64")
-    for column in ("yes_share", "paper_yes_share"):
+    for column in ("yes_share", "paper_yes_share", *EGO_TIME_COLUMNS):
         table[column] = table[column].astype("Float64")
     return table
+
+
+#: The columns only CharadesEgo's ego sets fill (a HICO counts page leaves them out).
+EGO_TIME_COLUMNS = ("ego_own_interval_share", "ego_scaled_exo_share")
+
+
+def _ego_time_shares(qset: str, questions: pd.DataFrame, time_from: pd.Series | None) -> dict[str, float | None]:
+    """An ego set's share of images whose time is the ego row's own interval's middle, and the scaled exo time."""
+    images = questions.image_id.drop_duplicates()
+    if time_from is None or not qset.endswith("_ego") or images.empty:
+        return dict.fromkeys(EGO_TIME_COLUMNS)
+    missing = sorted(set(images) - set(time_from.index))
+    if missing:
+        raise ValueError(f"{qset}: images {missing[:3]} are not in the frame table (column frame_id)")
+    sources = time_from.loc[images]
+    return {"ego_own_interval_share": float((sources == OWN_INTERVAL).mean()),
+            "ego_scaled_exo_share": float((sources == SCALED_EXO).mean())}
 
 
 def _yes_share_of_ratio(ratio: str) -> float | None:

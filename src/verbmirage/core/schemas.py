@@ -72,6 +72,10 @@ QUESTION_COUNTS = pa.schema(
         ("paper_used_questions", pa.int64()),  # of those, how many the paper's experiments asked (CharadesEgo)
         ("paper_yes_to_no", pa.string()),
         ("paper_yes_share", pa.float64()),
+        # CharadesEgo ego sets: the share of their frames (images) at the middle of the egocentric row's own
+        # interval of the action, and at the exo time scaled by the length ratio (data.charades.frame_table)
+        ("ego_own_interval_share", pa.float64()),
+        ("ego_scaled_exo_share", pa.float64()),
     ]
 )
 
@@ -310,6 +314,7 @@ VCD_DIVERGENCE = pa.schema(
         ("qset", pa.string()),
         ("plain_variant", pa.string()),
         ("plain_note", pa.string()),
+        ("beta", pa.float64()),  # the run's plausibility cut (VCD's beta): it sets how often the KL is exactly 0
         ("n", pa.int64()),
         ("n_dropped", pa.int64()),
         ("n_kl_zero", pa.int64()),

@@ -9,7 +9,10 @@ descriptions, actions, length, egocentric, charades_video``; ``actions`` like
 ``Charades_v1_verbclasses.txt`` (``v012 open``), ``Charades_v1_mapping.txt``
 (``c008 o012 v012``), and videos ``CharadesEgo_v1_480/<id>.mp4`` where the
 third-person ``ABCDE`` pairs with the egocentric ``ABCDEEGO``. Frames are read
-with PyAV; an ego time is the exo time scaled by the ratio of the lengths.
+with PyAV. The two views are separate recordings of one script, each row with its
+own annotated intervals: an ego frame is the middle of the egocentric row's own
+interval of the action, or where that row does not annotate it, the exo time
+scaled by the ratio of the lengths (:func:`frame_table`).
 """
 
 from __future__ import annotations
@@ -99,21 +102,42 @@ def load_split(annotations: str | Path, split: str) -> pd.DataFrame:
 
 
 def video_pairs(table: pd.DataFrame) -> pd.DataFrame:
-    """Third-person ``ABCDE`` rows next to their egocentric ``ABCDEEGO`` rows (both must exist)."""
+    """Third-person ``ABCDE`` rows next to their egocentric ``ABCDEEGO`` rows (both must exist): ``actions`` are the
+    third-person row's intervals, ``ego_actions`` the egocentric row's own."""
     by_id = table.set_index("id")
     pairs = []
     for video in table.id:
         if video.endswith(EGO_SUFFIX) or f"{video}{EGO_SUFFIX}" not in by_id.index:
             continue
-        pairs.append({"exo": video, "ego": f"{video}{EGO_SUFFIX}", "exo_length": float(by_id.at[video, "length"]),
-                      "ego_length": float(by_id.at[f"{video}{EGO_SUFFIX}", "length"]),
-                      "actions": by_id.at[video, "actions"]})
+        ego = f"{video}{EGO_SUFFIX}"
+        pairs.append({"exo": video, "ego": ego, "exo_length": float(by_id.at[video, "length"]),
+                      "ego_length": float(by_id.at[ego, "length"]), "actions": by_id.at[video, "actions"],
+                      "ego_actions": by_id.at[ego, "actions"]})
     return pd.DataFrame(pairs)
 
 
 def ego_time(exo_seconds: float, exo_length: float, ego_length: float) -> float:
-    """The same moment in the egocentric video: exo time scaled by the length ratio."""
+    """The exo time scaled by the length ratio: the ego frame's time where the egocentric row does not annotate
+    the action itself."""
     return exo_seconds * ego_length / exo_length
+
+
+#: How a frame's time was chosen (column ``time_from`` of the frame table): the middle of the view's own annotated
+#: interval of the action (every exo frame; an ego frame whose row annotates the action), or the exo time scaled.
+OWN_INTERVAL, SCALED_EXO = "own_interval", "scaled_exo"
+
+
+def ego_moment(action: str, exo_moment: float, pair) -> tuple[float, str]:
+    """(seconds, :data:`OWN_INTERVAL` or :data:`SCALED_EXO`): the ego frame of the exo frame at ``exo_moment``.
+
+    The middle of the egocentric row's own interval of ``action`` (of several, the one whose middle is nearest
+    the scaled exo time: a class done twice keeps its order), else the scaled exo time (:func:`ego_time`).
+    """
+    scaled = ego_time(exo_moment, pair.exo_length, pair.ego_length)
+    middles = [(start + end) / 2 for c, start, end in getattr(pair, "ego_actions", None) or [] if c == action]
+    if not middles:
+        return scaled, SCALED_EXO
+    return min(middles, key=lambda middle: (abs(middle - scaled), middle)), OWN_INTERVAL
 
 
 def read_frame(video: str | Path, seconds: float) -> Image.Image:
@@ -179,11 +203,31 @@ def _write_video(path: Path, seconds: float, fps: int, color: tuple[int, int, in
             container.mux(packet)
 
 
+def _demo_ego_intervals(intervals: list[tuple[str, float, float]], video: int, exo_length: float,
+                        ego_length: float) -> list[tuple[str, float, float]]:
+    """The demo's egocentric row: the same script's actions in the ego recording's own time (the exo interval
+    scaled), except its first action, which odd videos do not annotate (their ego frame falls back to the scaled
+    time) and even ones annotate half a second off the scaled interval (their ego frame is not at the scaled
+    time)."""
+    own = []
+    for k, (action, start, end) in enumerate(intervals):
+        start, end = ego_time(start, exo_length, ego_length), ego_time(end, exo_length, ego_length)
+        if k == 0 and video % 2:
+            continue
+        if k == 0:
+            shift = 0.5 if end + 0.5 <= ego_length else -min(0.5, start)
+            start, end = start + shift, end + shift
+        own.append((action, start, end))
+    return own
+
+
 def write_demo_charadesego(root: str | Path, pairs: int = 12, seed: int = 0) -> Path:
     """A mini CharadesEgo under ``root``: ``CharadesEgo/`` annotations and ``CharadesEgo_v1_480/`` videos.
 
     The class files are the real ones (:func:`packaged_classes`); the first
-    video of each split does one action twice, in two intervals.
+    video of each split does one action twice, in two intervals. Each egocentric
+    row has its own intervals (:func:`_demo_ego_intervals`): some ego frames come
+    from them, some from the scaled exo time.
     """
     root = Path(root)
     annotations, videos = root / "CharadesEgo", root / "CharadesEgo_v1_480"
@@ -212,14 +256,14 @@ def write_demo_charadesego(root: str | Path, pairs: int = 12, seed: int = 0) -> 
             if n == 0:  # one class, two intervals: both must become their own frames and questions
                 intervals += [(DEMO_REPEATED_ACTION, 0.2, 1.4), (DEMO_REPEATED_ACTION, 2.6, 3.8)]
             objects = ";".join(sorted({object_of[c] for c, _, _ in intervals} - {"None"}))
+            ego_intervals = _demo_ego_intervals(intervals, n, exo_length, ego_length)
             for ego, length in ((False, exo_length), (True, ego_length)):
-                scale = (lambda t: ego_time(t, exo_length, ego_length)) if ego else (lambda t: t)
                 rows.append({
                     "id": video + (EGO_SUFFIX if ego else ""), "subject": f"S{n:02d}", "scene": "Bedroom",
                     "quality": 6, "relevance": 7, "verified": "Yes", "script": "(demo) a person at home",
                     "objects": objects, "descriptions": "(demo)",
-                    # the egocentric row carries the same script's actions, in its own time
-                    "actions": ";".join(f"{c} {scale(start):.2f} {scale(end):.2f}" for c, start, end in intervals),
+                    "actions": ";".join(f"{c} {start:.2f} {end:.2f}"
+                                        for c, start, end in (ego_intervals if ego else intervals)),
                     "length": round(length, 2), "egocentric": "Yes" if ego else "No", "charades_video": video,
                 })
                 color = tuple(int(c) for c in rng.integers(40, 220, 3))
@@ -234,7 +278,9 @@ CHARADES_QUESTION_SETS = {"yn_exo": "yn", "yn_ego": "yn", "mc_exo": "mc", "mc_eg
 
 
 def frame_table(pairs: pd.DataFrame) -> pd.DataFrame:
-    """One row per (pair, exo action interval, view): the middle frame of the interval in each view.
+    """One row per (pair, exo action interval, view): the exo frame at the middle of the interval, the ego frame at
+    the middle of the egocentric row's own interval of that action where it has one (:func:`ego_moment`; column
+    ``time_from`` says which: :data:`OWN_INTERVAL` or :data:`SCALED_EXO`).
 
     Both views carry the exo video's labels, so ego and exo are asked about the
     same actions. ``positives`` are the classes whose interval holds the moment.
@@ -250,10 +296,11 @@ def frame_table(pairs: pd.DataFrame) -> pd.DataFrame:
             name = f"{pair.exo}_{action}_{start:.2f}-{end:.2f}"
             for view in VIEWS:
                 video = pair.exo if view == "exo" else pair.ego
-                seconds = moment if view == "exo" else ego_time(moment, pair.exo_length, pair.ego_length)
+                seconds, source = (moment, OWN_INTERVAL) if view == "exo" else ego_moment(action, moment, pair)
                 rows.append({
                     "frame_id": f"{name}_{view}", "view": view, "video": video, "action": action,
-                    "seconds": round(seconds, 3), "positives": positives, "image": f"frames/{view}/{name}.jpg",
+                    "seconds": round(seconds, 3), "time_from": source, "positives": positives,
+                    "image": f"frames/{view}/{name}.jpg",
                 })
     return pd.DataFrame(rows)
 

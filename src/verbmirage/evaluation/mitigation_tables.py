@@ -17,7 +17,8 @@ Table 5 (all the paper's rows are LLaVA-1.5-7B) names a row by its *method*:
   the paper's Pangea LoRA) is that row, under its ``beam5`` variant (the paper's decoding), and is compared
   with the paper's LLaVA-1.5-7B row of that method only when it is built on the paper's LLaVA-1.5-7B (its
   base's ``paper_name``, :func:`paper_method_pairs`); a Pangea fine-tune that departs from the paper's
-  training mix is named a variant of the paper's method and never paired;
+  training mix, or a Nullu that departs from the official one (its HalluSpace from other data than LURE's,
+  the official Nullu's), is named a variant of its method and never paired;
 - Appendix F's prompt suffix (variant ``paper_name`` ``prompt:pay-attention-to-verb``; the paper prints
   only the two YN F1) is a second row group, ``Appendix F (prompt suffix)``, read against ``none``; Appendix
   F's other numbers, Qwen2.5-VL-7B's YN F1 without a mitigation, are a third, ``Appendix F (Qwen2.5-VL-7B)``:
@@ -37,6 +38,7 @@ import pandas as pd
 
 from verbmirage.models.derived import method_settings
 from verbmirage.models.derived.finetune import paper_departures
+from verbmirage.models.derived.nullu import official_departures
 from verbmirage.evaluation.paper_numbers import PAPER_VARIANT, paper_names_from_config
 from verbmirage.evaluation.tables import Column, PaperTable, measured_rows, paper_rows, table1_columns, table_columns, with_paper
 
@@ -76,8 +78,8 @@ def table8_columns(condition: str = "clean") -> list[Column]:
     return table1_columns(condition)
 
 
-#: The one Table 5 row the pipeline builds itself; its label when the build departs from the paper's settings.
-PANGEA_METHOD = "Pangea-LoRA (paper's method)"
+#: The Table 5 rows the pipeline builds itself: the paper's own method, and Nullu (rule derive_model).
+PANGEA_METHOD, NULLU_METHOD = "Pangea-LoRA (paper's method)", "Nullu"
 
 
 def paper_methods_from_config(config: dict, derived: Mapping[str, dict] | None = None) -> dict[str, str]:
@@ -87,7 +89,10 @@ def paper_methods_from_config(config: dict, derived: Mapping[str, dict] | None =
     recipe departs from the paper's (Appendix D: Yes:No about 1:19, "present at the image", 60K + 60K questions
     with four options, its YN prompt, Kinetics-700 and HAKE left out, lr 2e-5, batch 64;
     ``derived/finetune.py`` ``paper_departures``) is named a variant of the paper's method, with the
-    departures, and is never paired with the paper's row. An adapter you bring is taken at its label.
+    departures, and is never paired with the paper's row; so is a Nullu built here whose HalluSpace data or
+    settings are not the official Nullu's (LURE's caption pairs, top-k 4, layers 16-31, the mean embedding;
+    ``derived/nullu.py`` ``official_departures``): the paper does not say which data its Nullu row used, so a
+    Δ against it would compare different HalluSpaces. An adapter you bring is taken at its label.
     """
     methods = {}
     for slug, entry in config["models"].items():
@@ -100,12 +105,15 @@ def paper_methods_from_config(config: dict, derived: Mapping[str, dict] | None =
             raise ValueError(f"models.{slug}.paper_method: '{method}' is not a model row of the paper's Table 5"
                              f"{hint}; known: {list(TABLE5_MODEL_METHODS)}")
         derive = (derived or {}).get(slug) or entry.get("derive") or {}
-        if method == PANGEA_METHOD and derive:
-            departures = ([f"built by {derive.get('method')}, not a LoRA fine-tune"]
-                          if derive.get("method") != "lora_finetune"
-                          else paper_departures(method_settings(derive), f"models.{slug}.derive"))
+        built = {PANGEA_METHOD: ("lora_finetune", "a LoRA fine-tune", paper_departures, "Pangea-LoRA",
+                                 "the paper's method"),
+                 NULLU_METHOD: ("nullu", "Nullu's projection", official_departures, "Nullu", "the official method")}
+        if method in built and derive:
+            own, kind, departures_of, name, reference = built[method]
+            departures = ([f"built by {derive.get('method')}, not {kind}"] if derive.get("method") != own
+                          else departures_of(method_settings(derive), f"models.{slug}.derive"))
             if departures:
-                method = f"Pangea-LoRA (variant of the paper's method: {'; '.join(departures)})"
+                method = f"{name} (variant of {reference}: {'; '.join(departures)})"
         methods[slug] = method
     return methods
 
@@ -164,7 +172,8 @@ def table5_runs(
             rows.append({"group": group, "method": method, "model": model, "variant": variant,
                          "paper_name": paper_names.get(model, "")})
     order = {method: i for i, method in enumerate(TABLE5_ORDER)}
-    place = lambda method: order.get(method, order[PANGEA_METHOD])  # noqa: E731 - a variant of the paper's method
+    order |= {method.split(" (")[0]: i for method, i in order.items()}  # a variant of a method sits with it
+    place = lambda method: order.get(method, order[method.split(" (")[0]])  # noqa: E731
     return sorted(rows, key=lambda row: (GROUP_ORDER[row["group"]], place(row["method"])))
 
 

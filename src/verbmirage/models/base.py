@@ -5,9 +5,9 @@ A backend answers batches of :class:`Question` in three ways:
 - :meth:`VisionLanguageModel.score_yes_no` -> one :class:`YesNoResult` per
   question: ``p_yes`` (probability mass of "yes" over "yes"+"no" at the first
   answer position), the parsed ``prediction`` ("yes", "no" or "unknown"), the
-  raw answer text, ``confidence`` (max softmax probability of the answer token,
-  paper Eq. 2), the rule that parsed the text, and, where the backend has the
-  yes/no logits at hand, ``yes_margin`` = logsumexp(z[yes]) - logsumexp(z[no])
+  raw answer text, ``confidence`` (the probability of the answer's first token in
+  the distribution its decoding drew it from, paper Eq. 2), the rule that parsed the
+  text, and, where the backend has the yes/no logits at hand, ``yes_margin`` = logsumexp(z[yes]) - logsumexp(z[no])
   in float64 (P(yes) = sigmoid(yes_margin); it stays finite and keeps the
   ranking where P(yes) saturates at 1.0, which average precision needs).
 - :meth:`VisionLanguageModel.score_multiple_choice` -> one

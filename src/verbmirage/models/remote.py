@@ -15,7 +15,10 @@ here runs that driver either
 Either way YN and MC are scored from the logits at the first answer position
 (P(yes) = yes mass / (yes + no mass); ``yes_margin`` = logsumexp(yes logits) -
 logsumexp(no logits) in float64; ``confidence`` = the probability of the first
-answer token) and decided like the transformers backends, by the same function
+answer token: the argmax, or under beam search and sampling the first token the checkpoint's ``generate``
+returned, an end token too, in the first position's softmax; that is the distribution ``generate`` draws from
+at the paper's sampling settings, T = 1 without top-k or top-p, while a variant that warps it keeps the unwarped
+probability, docs/models.md) and decided like the transformers backends, by the same function
 (:mod:`verbmirage.models.answers`): the first (argmax) token when it is yes/no or
 an option letter, else the parse of the greedy continuation. With ``scoring: text`` the answer is the
 checkpoint's own decoding (e.g. MiniCPM's beam 3 with repetition penalty 1.2),
@@ -396,14 +399,20 @@ class RemoteCodeVLM(VisionLanguageModel):
         return self.variant.decoding in ("beam", "sample")
 
     def _decoded(self, question: Question, prompt: str, token_ids: list[int]):
-        """A decoding variant's answer: (text, its first token's id or None, score row, error). The score row is
-        asked for ``token_ids`` plus that first token, whose probability is the answer's confidence."""
+        """A decoding variant's answer: (text, its first token's id or None: it ended at once, score row, its
+        confidence, error). The score row is asked for ``token_ids`` plus the first generated token (an end
+        token too), whose probability is the answer's confidence."""
         text, ids, error = self._reply_text(question, prompt, self.variant.max_new_tokens)
         if error:
-            return text, None, None, error
-        first = ids[0] if ids and ids[0] not in self.stop_ids and 0 <= ids[0] < self.tokenizer_size else None
-        row, error = self._score(question, prompt, token_ids + ([first] if first is not None else []))
-        return text, first, row, error
+            return text, None, None, math.nan, error
+        generated = ids[0] if ids and 0 <= ids[0] < self.tokenizer_size else None
+        row, error = self._score(question, prompt, token_ids + ([generated] if generated is not None else []))
+        if error:
+            return text, None, None, math.nan, error
+        # the generated first token's probability (no token came back: the argmax's, the end token greedy takes)
+        value = row["logits"][len(token_ids)] if generated is not None else row["argmax_logit"]
+        first = None if generated in self.stop_ids else generated
+        return text, first, row, math.exp(value - row["logsumexp"]), None
 
     # ---- results ----------------------------------------------------------------------------------
     def _score_yes_no(self, questions):
@@ -422,7 +431,7 @@ class RemoteCodeVLM(VisionLanguageModel):
                 results.append(YesNoResult(p_yes, answer, text, math.nan, f"text:{self.decoding}:{rule}"))
                 continue
             if self._decodes:
-                text, first, row, error = self._decoded(question, prompt, ids)
+                text, first, row, confidence, error = self._decoded(question, prompt, ids)
             else:
                 row, error = self._score(question, prompt, ids)
             if error:
@@ -434,18 +443,12 @@ class RemoteCodeVLM(VisionLanguageModel):
             margin = yes_no_margin(values[: len(self._yes_ids)], values[len(self._yes_ids):])
             if self._decodes:  # as the transformers engine: a deciding first token, else the parsed text
                 texts = ("", "") if first is None else (self._token_text(first), text)
-                confidence = self._confidence(row, len(ids), first)
             else:
                 texts = self._answer(question, prompt, row["argmax_id"], lambda t: yes_no_token(t) is not None)
                 confidence = math.exp(row["argmax_logit"] - row["logsumexp"])
             results += answers.yes_no_results(np.array([yes]), np.array([no]), [margin], [yes], [confidence],
                                               [texts], [None], label)
         return results
-
-    def _confidence(self, row: dict, asked: int, first: int | None) -> float:
-        """The probability of a decoded answer's first token (the end token's for an empty answer: the argmax's)."""
-        value = row["logits"][asked] if first is not None else row["argmax_logit"]
-        return math.exp(value - row["logsumexp"])
 
     def _score_multiple_choice(self, questions):
         results = []
@@ -465,7 +468,7 @@ class RemoteCodeVLM(VisionLanguageModel):
             groups = self._letter_ids[:n]
             asked = [i for group in groups for i in group]
             if self._decodes:
-                text, first, row, error = self._decoded(question, prompt, asked)
+                text, first, row, confidence, error = self._decoded(question, prompt, asked)
             else:
                 row, error = self._score(question, prompt, asked)
             if error:
@@ -475,7 +478,6 @@ class RemoteCodeVLM(VisionLanguageModel):
             mass = [sum(next(values) for _ in group) for group in groups]
             if self._decodes:
                 texts = ("", "") if first is None else (self._token_text(first), text)
-                confidence = self._confidence(row, len(asked), first)
             else:
                 texts = self._answer(question, prompt, row["argmax_id"],
                                      lambda t: decide_choice(t, None, question.options)[0] != UNKNOWN)

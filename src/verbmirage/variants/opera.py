@@ -33,23 +33,24 @@ class Opera(Decoding):
     def beams(self) -> int:
         return self.variant.num_beams
 
-    def decode(self, rows: AttendingRows, new_tokens: int, stop: set[int]) -> list[list[int]]:
+    def decode(self, rows: AttendingRows, new_tokens: int, stop: set[int]) -> search.Decoded:
         """A batch of questions (:func:`.search.opera_batch`); a question whose retrospection rolls back, or a
         batch whose image tokens sit at different positions, decodes alone (:meth:`decode_alone`)."""
         spans = set(rows.image_spans())
         if len(rows.question_ids) == 1 or len(spans) != 1:
-            return [self.decode_alone(rows.alone(i), new_tokens, stop) for i in range(len(rows.question_ids))]
+            return search.Decoded.joined([self.decode_alone(rows.alone(i), new_tokens, stop)
+                                          for i in range(len(rows.question_ids))])
         variant, beams = self.variant, self.beams
         first, stepper = rows.open(beams, fresh=True)
         attending = rows.attending(first, stepper)  # (OPERA does not combine with VCD: one stream)
         span = spans.pop()
-        tokens = search.opera_batch(
+        decoded = search.opera_batch(
             first, attending, variant.opera, beams, new_tokens, stop, span, stepper.prompt_columns,
             [placeholder_length(n, span) for n in stepper.prompt_lengths[::beams]], variant.length_penalty)
-        return [row if row is not None else self.decode_alone(rows.alone(i), new_tokens, stop)
-                for i, row in enumerate(tokens)]
+        return search.Decoded.joined([row if row is not None else self.decode_alone(rows.alone(i), new_tokens, stop)
+                                      for i, row in enumerate(decoded)])
 
-    def decode_alone(self, one: AttendingRows, new_tokens: int, stop: set[int]) -> list[int]:
+    def decode_alone(self, one: AttendingRows, new_tokens: int, stop: set[int]) -> search.Decoded:
         """One question (:func:`.search.opera_search`), reopened from its prompt at each rollback."""
         variant, beams = self.variant, self.beams
         length = one.prompt_lengths()[0]
@@ -63,9 +64,9 @@ class Opera(Decoding):
         # where the decoded tokens' keys start in the attention rows: the prompt's length when it was opened
         # alone, further right when its row comes from a wider scoring batch (the normalisation keeps the length)
         columns = opened.prompt_columns if opened.prompt_columns is not None else length
-        tokens, rollbacks = search.opera_search(
+        decoded, rollbacks = search.opera_search(
             opened.first, opened, variant.opera, beams, new_tokens, stop, span, columns, reopen,
             variant.length_penalty, normalised_length=placeholder_length(length, span))
         if rollbacks:
             log.info("%s: OPERA rolled back %d time(s): %s", one.name, len(rollbacks), rollbacks)
-        return tokens
+        return decoded

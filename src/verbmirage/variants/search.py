@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -98,6 +100,30 @@ def divergence(clean: torch.Tensor, contrasted: torch.Tensor, beta: float
 
 
 # ---- the loops -----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Decoded:
+    """What a loop decoded, per row: its tokens up to (not including) its end token, and the probability of its
+    first token (the end token, for an answer that ended at once) in the distribution the first step drew it
+    from: greedy and beam search the softmax of the first logits, sampling that of the warped logits (temperature,
+    top-k, top-p), OPERA that of its penalised candidates; VCD's first logits are already the contrast after the
+    plausibility cut. This is the answer's ``confidence`` (docs/models.md, "Score and decision")."""
+
+    tokens: list[list[int]]
+    first_probability: list[float]
+
+    @staticmethod
+    def joined(parts: Sequence[Decoded]) -> Decoded:
+        """The rows of ``parts`` one after the other."""
+        return Decoded([row for part in parts for row in part.tokens],
+                       [value for part in parts for value in part.first_probability])
+
+
+def _chosen_probability(probabilities: torch.Tensor, rows: Sequence[int], tokens: Sequence[int]) -> list[float]:
+    """probabilities[row, token] of each (row, token); NaN where no token was chosen (negative id)."""
+    probabilities = probabilities.detach()
+    return [float(probabilities[row, token]) if token >= 0 else math.nan for row, token in zip(rows, tokens)]
+
+
 class Stepper(Protocol):
     """Rows of cached decoding state (a question, or a beam of it)."""
 
@@ -143,31 +169,38 @@ def _cut_at_stop(tokens: list[int], stop: set[int]) -> list[int]:
 
 
 def _one_token_per_row(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int],
-                       choose) -> list[list[int]]:
-    """Rows decoded one token per step by ``choose(tokens so far, logits) -> next tokens`` until every row
-    has stopped or ``max_new_tokens``; tokens up to (not including) a stop token."""
+                       choose) -> Decoded:
+    """Rows decoded one token per step by ``choose(tokens so far, logits) -> (next tokens, each one's probability in
+    the distribution it was chosen from)`` until every row has stopped or ``max_new_tokens``; tokens up to (not
+    including) a stop token."""
     rows = first.shape[0]
     stop_ids = torch.tensor(sorted(stop), dtype=torch.long)
     tokens = torch.empty((rows, 0), dtype=torch.long)
     done = torch.zeros(rows, dtype=torch.bool)
-    logits = first
+    logits, first_probability = first, []
     for step in range(max_new_tokens):
-        chosen = choose(tokens, logits)
+        chosen, probability = choose(tokens, logits)
+        if step == 0:
+            first_probability = probability.tolist()
         tokens = torch.cat([tokens, chosen[:, None]], dim=1)
         done |= torch.isin(chosen, stop_ids)
         if bool(done.all()) or step + 1 == max_new_tokens:
             break
         logits = stepper.advance(chosen)
-    return [_cut_at_stop(row, stop) for row in tokens.tolist()]
+    return Decoded([_cut_at_stop(row, stop) for row in tokens.tolist()], first_probability)
 
 
-def greedy_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int]) -> list[list[int]]:
+def greedy_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int]) -> Decoded:
     """Argmax decoding of every row from its first-position logits."""
-    return _one_token_per_row(first, stepper, max_new_tokens, stop, lambda tokens, logits: logits.argmax(-1).cpu())
+    def argmax(tokens, logits):  # on the logits' device: only the chosen tokens and their probabilities move
+        chosen = logits.argmax(-1)
+        return chosen.cpu(), torch.softmax(logits.float(), dim=-1).gather(-1, chosen[:, None])[:, 0].cpu()
+
+    return _one_token_per_row(first, stepper, max_new_tokens, stop, argmax)
 
 
 def sample_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int],
-                  seeds: list[int], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> list[list[int]]:
+                  seeds: list[int], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Decoded:
     """Multinomial sampling, one generator per row seeded with ``seeds[row]``: a row's tokens do not depend on
     which rows share its batch. Warpers (transformers' own) are applied to the logits in the order of
     ``generate``: temperature, top-k, top-p."""
@@ -184,8 +217,9 @@ def sample_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, st
 
     def draw(tokens, logits):
         probabilities = torch.softmax(warpers(tokens, logits.float().cpu()), dim=-1)
-        return torch.stack([torch.multinomial(row, 1, generator=generator)[0]
-                            for row, generator in zip(probabilities, generators)])
+        chosen = torch.stack([torch.multinomial(row, 1, generator=generator)[0]
+                              for row, generator in zip(probabilities, generators)])
+        return chosen, probabilities.gather(-1, chosen[:, None])[:, 0]
 
     return _one_token_per_row(first, stepper, max_new_tokens, stop, draw)
 
@@ -260,9 +294,15 @@ class BeamBook:
         """The best finished hypothesis of each question (tokens before a stop token)."""
         return [_cut_at_stop([t for t in row if t >= 0], stop) for row in self.finished[:, 0].tolist()]
 
+    def decoded(self, stop: set[int], first: torch.Tensor) -> Decoded:
+        """:meth:`best`, with the probability of each best hypothesis's first token in ``first`` ([questions,
+        vocab]: the first step's distribution, which every beam of a question shares)."""
+        firsts = self.finished[:, 0, 0].tolist()
+        return Decoded(self.best(stop), _chosen_probability(first, range(self.batch), firsts))
+
 
 def beam_search(first: torch.Tensor, stepper: Stepper, num_beams: int, max_new_tokens: int, stop: set[int],
-                length_penalty: float = 1.0) -> list[list[int]]:
+                length_penalty: float = 1.0) -> Decoded:
     """Beam search with the semantics of transformers 5.x ``generate(num_beams=K, do_sample=False)``.
 
     ``first``: [questions * K, vocab] (each question's rows repeated K times, question-major; the stepper
@@ -277,7 +317,7 @@ def beam_search(first: torch.Tensor, stepper: Stepper, num_beams: int, max_new_t
             break
         stepper.reorder(book.rows)
         logits = stepper.advance(book.tokens)
-    return book.best(stop)
+    return book.decoded(stop, torch.softmax(first[::num_beams].float().cpu(), dim=-1))
 
 
 # ---- OPERA (Huang et al. 2024; docs/variants.md, "How the engine decodes") -----------------------------------------
@@ -341,8 +381,10 @@ def _opera_advance(stepper: AttentionStepper, book: BeamBook, history: torch.Ten
 def opera_search(first: torch.Tensor, stepper: AttentionStepper, settings, num_beams: int, max_new_tokens: int,
                  stop: set[int], image_span: tuple[int, int], prompt_length: int, reopen,
                  length_penalty: float = 1.0, normalised_length: int | None = None
-                 ) -> tuple[list[int], list[tuple[int, int]]]:
-    """OPERA's beam search for ONE question (``first``: its K rows): (best tokens, rollbacks as (step, position)).
+                 ) -> tuple[Decoded, list[tuple[int, int]]]:
+    """OPERA's beam search for ONE question (``first``: its K rows): (its best tokens as one :class:`Decoded` row,
+    rollbacks as (step, position)). The first token's probability is the first step's: the softmax over its
+    penalised candidates (retrospection never returns to the first step).
 
     Per step, per beam: the top ``num_attn_candidates`` tokens of the raw logits; each is fed alone to read
     its last-layer attention row (max over heads, renormalised over all keys). Within the first
@@ -383,6 +425,8 @@ def opera_search(first: torch.Tensor, stepper: AttentionStepper, settings, num_b
         else:
             step_logits, beam_columns = _opera_candidates(raw, stepper, settings, history, step, image_span,
                                                           prompt_length)
+            if step == 0:
+                first_step = torch.softmax(step_logits[:1], dim=-1)
             locs.append(beam_columns)
             target = _rollback_target(beam_columns, locs, settings, revisits, step)
             if target is not None:
@@ -403,15 +447,16 @@ def opera_search(first: torch.Tensor, stepper: AttentionStepper, settings, num_b
             break
         logits, history = _opera_advance(stepper, book, history, step, prompt_length)
         step += 1
-    return book.best(stop)[0], rollbacks
+    return book.decoded(stop, first_step), rollbacks
 
 
 def opera_batch(first: torch.Tensor, stepper: AttentionStepper, settings, num_beams: int, max_new_tokens: int,
                 stop: set[int], image_span: tuple[int, int], prompt_columns: int, prompt_lengths: list[int],
-                length_penalty: float = 1.0) -> list[list[int] | None]:
+                length_penalty: float = 1.0) -> list[Decoded | None]:
     """OPERA for several questions at once (``first``: K rows per question, question-major), each decoded as
-    :func:`opera_search` decodes it alone, up to its retrospection: a question whose retrospection would roll
-    back gets None (decode it alone; rollbacks need 10+ generated tokens, so they are rare).
+    :func:`opera_search` decodes it alone (one :class:`Decoded` row each), up to its retrospection: a question
+    whose retrospection would roll back gets None (decode it alone; rollbacks need 10+ generated tokens, so they
+    are rare).
 
     The rows may be left-padded prompts: ``prompt_columns`` is where the generated tokens' keys start in every
     row, ``prompt_lengths`` each question's prompt length for the length normalisation (as
@@ -425,12 +470,14 @@ def opera_batch(first: torch.Tensor, stepper: AttentionStepper, settings, num_be
     book = BeamBook(questions, k, max_new_tokens, stop, length_penalty, length_offset=offsets)
     history = torch.zeros(questions * k, 0, 0)
     locs: list[torch.Tensor] = []
-    results: list[list[int] | None] = [None] * questions
+    results: list[Decoded | None] = [None] * questions
     active = torch.ones(questions, dtype=torch.bool)
     logits, step = first, 0
     while True:
         step_logits, beam_columns = _opera_candidates(logits.float().cpu(), stepper, settings, history, step,
                                                       image_span, prompt_columns)
+        if step == 0:
+            first_step = torch.softmax(step_logits[::k], dim=-1)
         locs.append(beam_columns)
         for q in torch.nonzero(active).flatten().tolist():  # retrospection: leave that question to opera_search
             own = [columns[q * k : (q + 1) * k] for columns in locs]
@@ -438,9 +485,9 @@ def opera_batch(first: torch.Tensor, stepper: AttentionStepper, settings, num_be
                 active[q] = False
         book.step(torch.log_softmax(step_logits, dim=-1), step)
         done = active & ~(book.improvable[:, 0] & ~book.ends.all(dim=-1) & (step + 1 < max_new_tokens))
-        best = book.best(stop) if bool(done.any()) else []
+        best = book.decoded(stop, first_step) if bool(done.any()) else None
         for q in torch.nonzero(done).flatten().tolist():
-            results[q] = best[q]
+            results[q] = Decoded([best.tokens[q]], [best.first_probability[q]])
         active &= ~done
         if not bool(active.any()):
             return results

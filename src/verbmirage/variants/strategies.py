@@ -98,13 +98,14 @@ class Decoding:
         """The first-position logits and stepper of a batch from its streams (one: the clean image)."""
         return stream(False)
 
-    def decode(self, rows: DecodingRows, new_tokens: int, stop: set[int]) -> list[list[int]]:
-        """The generated token ids of each row (without its end token)."""
+    def decode(self, rows: DecodingRows, new_tokens: int, stop: set[int]) -> search.Decoded:
+        """The generated token ids of each row (without its end token) and its first token's probability in the
+        distribution the first step drew it from (:class:`~.search.Decoded`)."""
         first, stepper = rows.open(self.beams)
         return self.search(first, stepper, rows, new_tokens, stop)
 
     def search(self, first: torch.Tensor, stepper: Stepper, rows: DecodingRows, new_tokens: int,
-               stop: set[int]) -> list[list[int]]:
+               stop: set[int]) -> search.Decoded:
         raise NotImplementedError
 
 

@@ -104,7 +104,8 @@ class Plan(InputsPlan, AnalysesPlan):
         (an unknown ``paper_method``, an analysis's settings, a threshold run that cannot be calibrated)."""
         for name in ("hico_det_boxes", "paper_names", "method_pairs", "planned_cells", "merge_groups",
                      "ensemble_groups", "attention_models", "vcd_divergence_runs", "known_object", "uncertainty",
-                     "fov", "paper_figure_decoding", "reliance", "calibration_runs"):
+                     "fov", "paper_figure_variants", "uncertainty_figure_variants", "fov_figure_variants",
+                     "reliance", "calibration_runs"):
             getattr(self, name)
 
     # ---- what runs -------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ uncertainty and field of view, object reliance, the paper's figures (a part of
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict
 
 from verbmirage.analysis.attention import attention_models
@@ -13,10 +14,11 @@ from verbmirage.analysis.figure_layout import part_names
 from verbmirage.analysis.fov import fov_settings
 from verbmirage.analysis.known_object import known_object_settings
 from verbmirage.analysis.object_reliance import RELIANCE_QSETS, reliance_plan
-from verbmirage.analysis.paper_figures import variant_decoding
 from verbmirage.analysis.uncertainty import token_probability_models, uncertainty_settings
 from verbmirage.analysis.uncertainty_figures import fov_pages
 from verbmirage.analysis.vcd_divergence import divergence_runs, vcd_divergence_settings
+from verbmirage.core.errors import ConfigError
+from verbmirage.evaluation.paper_numbers import PAPER_VARIANT
 from verbmirage.workflow import paths as P
 
 
@@ -293,9 +295,80 @@ class AnalysesPlan:
         return {name: self.paths.paper_figure(name) for name, on in wanted.items() if on}
 
     @property
-    def paper_figure_decoding(self) -> str:
-        """How the legend names the bars' decoding (the first variant's): the paper's name, else greedy, ..."""
-        return variant_decoding(self.config["variants"][self.variants[0]])
+    def paper_figure_variants(self) -> dict[str, dict[str, str]]:
+        """Figure (``fig1``, ...) -> model or ensemble -> the variant its bars draw (:meth:`figure_variants`), among
+        the variants whose runs the figure reads: HICO under clean (Figs. 1, 3, 6), the noise pair of Fig. 4(b),
+        CharadesEgo under clean (Fig. 5)."""
+        return self._once("paper_figure_variants", self._paper_figure_variants)
+
+    def _paper_figure_variants(self) -> dict[str, dict[str, str]]:
+        scored = {(r.dataset, r.condition, r.model, r.variant) for r in self.scored}
+        pairs = {(r.reference, r.other, r.model, r.variant) for r in self.consistency}
+
+        def reads(figure: str, model: str, variant: str) -> bool:
+            if figure == "fig4b":
+                return (*self.paper_figure_pair, model, variant) in pairs
+            return ("charadesego" if figure == "fig5" else "hico", "clean", model, variant) in scored
+
+        models = self.models + list(self.ensembles)
+        return {figure: self.figure_variants({m: [v for v in self.model_variants[m] if reads(figure, m, v)]
+                                              for m in models})
+                for figure in self.paper_figures}
+
+    # ---- which variant each figure draws (analysis.figures; docs/analysis.md, "Which answers the figures draw") --
+    @property
+    def figure_settings(self) -> dict:
+        """``analysis.figures``, checked: ``variant`` (None: the paper's decoding) and ``models`` (slug -> variant)."""
+        return self._once("figure_settings", self._figure_settings)
+
+    def _figure_settings(self) -> dict:
+        where = "analysis.figures"
+        block = self.config.get("analysis", {}).get("figures") or {}
+        variant = block.get("variant")
+        if variant is not None and variant not in self.variants:
+            raise ConfigError(f"{where}.variant: '{variant}' is not a configured variant {self.variants}")
+        chosen = dict(block.get("models") or {})
+        for model, own in chosen.items():
+            if model not in self.model_variants:
+                raise ConfigError(f"{where}.models.{model}: '{model}' is neither in models: nor in ensembles:")
+            if own not in self.model_variants[model]:
+                raise ConfigError(f"{where}.models.{model}: '{own}' is not a variant it runs "
+                                  f"{self.model_variants[model]}")
+        return {"variant": variant, "models": chosen}
+
+    def figure_variants(self, candidates: Mapping[str, list[str]]) -> dict[str, str]:
+        """model -> the variant a figure draws of it, given ``candidates`` (model -> its variants whose runs the
+        figure reads, in its variant order): ``analysis.figures.models.<slug>`` where set; else
+        ``analysis.figures.variant`` where it is a candidate; else the candidate whose ``paper_name`` is the paper's
+        decoding (beam 5, as the paper drew its figures: Appendix C); else the first candidate. A model without
+        candidates (the figure has no bars of it) is named by the same rule over all its variants."""
+        settings = self.figure_settings
+        paper = [v for v, name in self.variant_paper_names.items() if name == PAPER_VARIANT]
+        chosen = {}
+        for model, found in candidates.items():
+            pool = list(found) or self.model_variants[model]
+            preferred = [v for v in (settings["variant"], *paper) if v in pool]
+            chosen[model] = settings["models"].get(model) or (preferred + pool)[0]
+        return chosen
+
+    @property
+    def uncertainty_figure_variants(self) -> dict[str, str]:
+        """Figs. 9 and 12: model -> the variant drawn (:meth:`figure_variants`), among those of its histogram
+        rows under the condition the figures draw."""
+        if not self.uncertainty:
+            return {}
+        condition = self.uncertainty.conditions[0]
+        return self.figure_variants({m: [v for v in self.model_variants[m] if any(
+            (run["model"], run["variant"], run["condition"]) == (m, v, condition) for run in self.uncertainty_runs)]
+            for m in self.uncertainty_models})
+
+    @property
+    def fov_figure_variants(self) -> dict[str, str]:
+        """Fig. 10: model -> the variant drawn (:meth:`figure_variants`), among those it runs under every FOV
+        condition."""
+        runs = {(run["model"], run["variant"]) for run in self.fov_runs}
+        return self.figure_variants({m: [v for v in self.model_variants[m] if (m, v) in runs]
+                                     for m in self.token_models}) if self.fov else {}
 
     # ---- object reliance: Fig. 15, Tables 6 and 7 (rules/reliance.smk) -------------------------------------
     @property

@@ -80,6 +80,11 @@ class InputsPlan:
         return (self.produced_by_download(self.charades_root)
                 or P.charades_annotations(self.charades_root, self.charades_split))
 
+    def frame_tables(self, dataset: str) -> list[str]:
+        """The frame table a dataset's question counts read (CharadesEgo: how each ego frame's time was chosen);
+        none for HICO."""
+        return [self.paths.charades_frame_table] if dataset == "charadesego" else []
+
     @property
     def charades_video_folder(self) -> str:
         if not self.charades:

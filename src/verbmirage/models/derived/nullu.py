@@ -100,6 +100,30 @@ def check_settings(settings: dict, where: str) -> None:
     NulluSettings.from_config(settings, where)
 
 
+#: The official Nullu's settings (its README: top-k 4, layers 16-31 of LLaVA-1.5's 32, the mean embedding,
+#: LURE's captions after LURE's prompt).
+OFFICIAL = NulluSettings()
+
+
+def official_departures(settings: dict, where: str = "derive") -> list[str]:
+    """How a ``nullu`` block (without method and base) departs from the official Nullu, one short phrase each;
+    empty where it is the official recipe. The official Nullu computes its HalluSpace from LURE's caption pairs
+    (the paper does not say which data its Nullu row used): our default pairs from HICO's training labels are
+    a departure, a LURE-format file (``pairs_file``) is taken as LURE's. Table 5 names a departing model a
+    variant of Nullu and compares it with no paper row."""
+    made = NulluSettings.from_config(settings, where)
+    found = [] if made.pairs_file else ["HalluSpace from HICO training pairs, the official one from LURE's captions"]
+    if made.pairs_file and made.prompt != OFFICIAL.prompt:
+        found.append(f"prompt {made.prompt!r}, LURE's {OFFICIAL.prompt!r}")
+    if made.top_k != OFFICIAL.top_k:
+        found.append(f"top_k {made.top_k}, the official {OFFICIAL.top_k}")
+    if made.layers != OFFICIAL.layers:
+        found.append(f"layers {list(made.layers)}, the official upper half (16-31 of 32)")
+    if made.embedding != OFFICIAL.embedding:
+        found.append(f"embedding {made.embedding}, the official {OFFICIAL.embedding}")
+    return found
+
+
 # ---- pairs ------------------------------------------------------------------------------------------------
 #: Columns of a pairs table (``io.NULLU_PAIRS``): one truthful/hallucinated pair per row, images relative to
 #: the data root; HOI ids -1 for LURE pairs.

@@ -7,16 +7,16 @@ from the scoring pass's kept rows, or from whole prompts), hands them to the str
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from verbmirage.models.base import Question
 from verbmirage.models.hf.prefix_cache import Rows
+from verbmirage.models.hf.scoring import DecodedAnswer
 from verbmirage.models.hf.steppers import AttendingStepper, FullStepper, InPlaceStepper, PrefixStepper
 from verbmirage.variants.registry import strategy_class
-
-
-def _concatenated(parts: list[list]) -> list:
-    return [row for part in parts for row in part]
+from verbmirage.variants.search import Decoded
 
 
 class DecodeRows:
@@ -117,18 +117,18 @@ class Decoder:
         return self.strategy.joins_rows and stepper.extra is None
 
 
-    def decode_answers(self, questions: list[Question], multiple_choice: bool) -> list[tuple[int | None, str]]:
+    def decode_answers(self, questions: list[Question], multiple_choice: bool) -> list[DecodedAnswer]:
         """Each question decoded with the variant's strategy (greedy, beam, sampling, OPERA; VCD on top): (first
-        token, text)."""
+        token, text, the first token's probability in the distribution the first step drew it from)."""
         return self._decode(questions, multiple_choice, self.strategy)
 
     def continue_answers(self, questions: list[Question], multiple_choice: bool) -> list[str]:
         """Greedy decoding of ``continue_tokens`` more tokens after the first (the scoring argmax), on the
         cached image prefix like every other decoding."""
-        return [text for _, text in self._decode(questions, multiple_choice, "greedy")]
+        return [answer.text for answer in self._decode(questions, multiple_choice, "greedy")]
 
     @torch.inference_mode()
-    def _decode(self, questions: list[Question], multiple_choice: bool, strategy) -> list[tuple[int | None, str]]:
+    def _decode(self, questions: list[Question], multiple_choice: bool, strategy) -> list[DecodedAnswer]:
         """Questions decode in one batch per image on its cached prefix (all images of the call together with
         :attr:`cross_image_batches`), expanded per row and beam: the prompts' own tokens run once more to open
         the rows. Without a shared prefix (InstructBLIP), one batch per image and prompt length.
@@ -138,7 +138,7 @@ class Decoder:
         if isinstance(strategy, str):
             strategy = strategy_class(strategy)(self.variant)
         new_tokens = strategy.new_tokens(self.continue_tokens)
-        answers: list[tuple[int | None, str]] = [(None, "")] * len(questions)
+        answers: list[DecodedAnswer] = [DecodedAnswer(None, "", math.nan)] * len(questions)
         texts = [self.render(q, multiple_choice) for q in questions]
         errors, items = self._open_items(questions, texts)
         for i, error in enumerate(errors):
@@ -161,7 +161,7 @@ class Decoder:
                 key = ("prefix", opened.prefix_length[i] if self.cross_image_batches else opened.prefix_key[i])
             batches.setdefault(key, []).append(i)
 
-        def run(rows: list[int]) -> list[list[int]]:
+        def run(rows: list[int]) -> Decoded:
             decoding = DecodeRows(self, strategy, [items[i] for i in rows], [questions[i].question_id for i in rows],
                                   opened and (opened, rows), opened_noised and (opened_noised, rows))
             return strategy.decode(decoding, new_tokens, stop)
@@ -175,15 +175,16 @@ class Decoder:
             size = min(len(questions), self.batch_rows or len(questions))
             if not self._reads_prefix_in_place():
                 size //= strategy.beams * strategy.streams
-            self._record(answers, rows, self._with_shrinking_batches(run, rows, size, combine=_concatenated))
+            self._record(answers, rows, self._with_shrinking_batches(run, rows, size, combine=Decoded.joined))
         for kept_rows in (self._openings or {}).values():  # decoded: their scoring rows are no longer needed
             for path, _, text in items:
                 kept_rows.pop((path, text), None)
         return answers
 
-    def _record(self, answers: list, rows: list[int], tokens: list[list[int]]) -> None:
-        for i, row in zip(rows, tokens):
-            answers[i] = (row[0] if row else None, self.tokenizer.decode(row, skip_special_tokens=True))
+    def _record(self, answers: list, rows: list[int], decoded: Decoded) -> None:
+        for i, row, probability in zip(rows, decoded.tokens, decoded.first_probability):
+            answers[i] = DecodedAnswer(row[0] if row else None, self.tokenizer.decode(row, skip_special_tokens=True),
+                                       probability)
 
     def _image_span(self, image, text: str) -> tuple[int, int]:
         """First and last position of the image tokens in the prompt."""

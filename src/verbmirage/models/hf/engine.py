@@ -4,9 +4,10 @@ Scoring reads the logits of the first answer position (no generation):
 P(yes) = softmax mass of the "yes" spellings over yes+no spellings, and
 ``yes_margin`` = logsumexp of their logits minus that of the "no" logits (float64,
 so it still ranks answers where P(yes) rounds to 1.0); MC = mass
-of each option letter's tokens, renormalised; ``confidence`` = the max softmax
-probability over the whole vocabulary there (paper Eq. 2); the raw answer is
-the decoded argmax token.
+of each option letter's tokens, renormalised; ``confidence`` = the probability
+of the answer's first token in the distribution it was drawn from (paper Eq. 2;
+greedy: the softmax there, whose argmax it is); the raw answer is the decoded
+first token, or the decoded text where that token decides nothing.
 
 Speed comes from two things, neither of which changes a number:
 

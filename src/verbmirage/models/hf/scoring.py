@@ -10,6 +10,7 @@ first token, or from the variant's decoding where that token does not decide it 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -26,6 +27,15 @@ def _probabilities(probs: torch.Tensor, tokens: list[int]) -> list[float]:
     chosen = probs[torch.arange(len(tokens)), real].tolist()
     return [value if token < probs.shape[1] else 0.0 for value, token in zip(chosen, tokens)]
 
+
+class DecodedAnswer(NamedTuple):
+    """One question's answer as a decoding strategy decoded it."""
+
+    first: int | None  # its first token (None: it ended at once)
+    text: str
+    #: the probability of its first token (the end token, for an answer that ended at once) in the distribution
+    #: the first step drew it from (:class:`~verbmirage.variants.search.Decoded`): the answer's ``confidence``
+    probability: float
 
 
 class LogitsVLM(VisionLanguageModel):
@@ -88,9 +98,9 @@ class LogitsVLM(VisionLanguageModel):
         texts = self.continue_answers([questions[i] for i in rows], multiple_choice)
         return {} if texts is None else dict(zip(rows, texts))
 
-    def decode_answers(self, questions: list[Question], multiple_choice: bool) -> list[tuple[int | None, str]]:
-        """The variant's decoded answer of each question: (first token id or None, text). Backends that run
-        beam search, sampling or VCD implement it (:class:`TransformersVLM`)."""
+    def decode_answers(self, questions: list[Question], multiple_choice: bool) -> list[DecodedAnswer]:
+        """The variant's decoded answer of each question. Backends that run beam search, sampling or VCD implement
+        it (:class:`TransformersVLM`)."""
         raise NotImplementedError(f"backend '{self.backend}' decodes greedily only")
 
     def _stop_tokens(self) -> set[int]:
@@ -100,13 +110,14 @@ class LogitsVLM(VisionLanguageModel):
         return {eos} if eos is not None else set()
 
     def _decisions(self, questions: list[Question], errors: list, best: torch.Tensor, multiple_choice: bool,
-                   decided) -> tuple[list[int | None], dict[int, str]]:
-        """The first answer token of each question (None: the answer ended at once) and, where needed, its
-        decoded text.
+                   decided) -> tuple[list[int | None], dict[int, str], dict[int, float]]:
+        """The first answer token of each question (None: the answer ended at once), where needed its decoded
+        text, and the first token's probability of each answer a decoding strategy decoded
+        (:attr:`DecodedAnswer.probability`).
 
         Plain greedy: the first-position argmax, and a greedy continuation only where that token decides
-        nothing (``decided``). Greedy with VCD: the same, continued by VCD's greedy steps. Beam search and
-        sampling: every answer decoded in full (its first token need not be the argmax). An answer whose
+        nothing (``decided``). Greedy with VCD: the same, continued by VCD's greedy steps. Beam search, sampling
+        and OPERA: every answer decoded in full (its first token need not be the argmax). An answer whose
         first token ends it (end of sequence) is empty, whatever the decoding: it decides nothing.
         """
         stop = self._stop_tokens()
@@ -116,16 +127,16 @@ class LogitsVLM(VisionLanguageModel):
             undecided = [i for i, error in enumerate(errors) if error is None and first_ids[i] is not None
                          and not decided(i, self._token_text(first_ids[i]))]
             if strategy.streams == 1:  # plain greedy: the scoring argmax stays the first token
-                return first_ids, self._continued(questions, undecided, multiple_choice)
+                return first_ids, self._continued(questions, undecided, multiple_choice), {}
             rows = undecided if self.continue_tokens > 0 else []
         else:
             rows = [i for i, error in enumerate(errors) if error is None]
         if not rows:
-            return first_ids, {}
-        decoded = self.decode_answers([questions[i] for i in rows], multiple_choice)
-        for i, (token, _) in zip(rows, decoded):
-            first_ids[i] = token  # None: the decoding ended at once (its rows stop before the end token)
-        return first_ids, {i: text for i, (_, text) in zip(rows, decoded)}
+            return first_ids, {}, {}
+        decoded = dict(zip(rows, self.decode_answers([questions[i] for i in rows], multiple_choice)))
+        for i, answer in decoded.items():
+            first_ids[i] = answer.first  # None: the decoding ended at once (its rows stop before the end token)
+        return first_ids, {i: a.text for i, a in decoded.items()}, {i: a.probability for i, a in decoded.items()}
 
     def _answer_texts(self, first_ids: list[int | None], continued: dict[int, str]) -> list[tuple[str, str | None]]:
         """Per question, (its first token's text, its decoded text or None) for the parsers; an answer that
@@ -133,13 +144,17 @@ class LogitsVLM(VisionLanguageModel):
         return [("", "") if token is None else (self._token_text(token), continued.get(i))
                 for i, token in enumerate(first_ids)]
 
-    def _confidences(self, probs: torch.Tensor, first_ids: list[int | None]) -> list[float]:
-        """The probability of each answer's first token (paper Eq. 2); for an answer that ended at once, that of
-        the most probable end token (the token it ended with)."""
+    def _confidences(self, probs: torch.Tensor, first_ids: list[int | None], decoded: dict[int, float]) -> list[float]:
+        """The probability of each answer's first token (paper Eq. 2) in the distribution it was drawn from: as
+        its decoding reports it where a strategy decoded the answer (``decoded``: sampling's warped
+        distribution, OPERA's penalised candidates, VCD's contrast after the cut); otherwise (greedy: the first
+        token is the argmax of ``probs``, the variant's first-position distribution) from ``probs``, and for an
+        answer that ended at once that of the most probable end token (the token it ended with)."""
         stop = sorted(token for token in self._stop_tokens() if token < probs.shape[1])
         ending = probs[:, stop].max(dim=-1).values.tolist() if stop else [math.nan] * len(first_ids)
         chosen = _probabilities(probs, [0 if token is None else token for token in first_ids])
-        return [ending[i] if token is None else chosen[i] for i, token in enumerate(first_ids)]
+        return [decoded[i] if i in decoded else ending[i] if token is None else chosen[i]
+                for i, token in enumerate(first_ids)]
 
     @staticmethod
     def _columns(questions: list[Question], columns: list[dict] | None) -> list[dict]:
@@ -197,11 +212,12 @@ class LogitsVLM(VisionLanguageModel):
         margins = yes_log_mass - torch.logsumexp(real[:, self._no_ids], -1)
         # the yes mass over the vocabulary, float64 too: in float32 a confident model's rows all tie at 1.0
         masses = (yes_log_mass - torch.logsumexp(real, -1)).exp().tolist()
-        first_ids, continued = self._decisions(questions, errors, probs.argmax(dim=-1), False,
-                                               lambda i, text: yes_no_token(text) is not None)
+        first_ids, continued, decoded = self._decisions(questions, errors, probs.argmax(dim=-1), False,
+                                                        lambda i, text: yes_no_token(text) is not None)
         texts = self._answer_texts(first_ids, continued)
         return answers.yes_no_results(yes.numpy(), no.numpy(), margins.tolist(), masses,
-                                      self._confidences(probs, first_ids), texts, errors, self.variant.label, columns)
+                                      self._confidences(probs, first_ids, decoded), texts, errors,
+                                      self.variant.label, columns)
 
     def _score_multiple_choice(self, questions: list[Question]) -> list[MultipleChoiceResult]:
         """Option probabilities from the first answer position; the chosen letter from the decoded answer."""
@@ -210,12 +226,12 @@ class LogitsVLM(VisionLanguageModel):
     def _multiple_choice_results(self, questions: list[Question], logits: torch.Tensor, errors: list,
                                  columns: list[dict]) -> list[MultipleChoiceResult]:
         probs = torch.softmax(self._real_tokens(logits), dim=-1)
-        first_ids, continued = self._decisions(
+        first_ids, continued, decoded = self._decisions(
             questions, errors, probs.argmax(dim=-1), True,
             lambda i, text: decide_choice(text, None, questions[i].options)[0] != UNKNOWN)
         texts = self._answer_texts(first_ids, continued)
         letters = max((len(question.options) for question in questions), default=0)
         masses = torch.stack([probs[:, ids].sum(-1) for ids in self._letter_ids[:letters]], dim=1).tolist() \
             if letters else [[]] * len(questions)
-        return answers.choice_results(masses, self._confidences(probs, first_ids), texts, errors,
+        return answers.choice_results(masses, self._confidences(probs, first_ids, decoded), texts, errors,
                                       [question.options for question in questions], self.variant.label, columns)
