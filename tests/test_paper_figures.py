@@ -101,7 +101,9 @@ def test_fig1_bars_are_the_clean_accuracies_and_the_paper_marks_table1():
     assert values["llava|YN verb only (yn_verb)"] == pytest.approx(55.0)
     assert values["llava|object existence (obj_exist, not POPE)"] == pytest.approx(90.0)
     assert values["vote|YN w/ object (yn_obj)"] == pytest.approx(70.0)
-    assert "vote|object existence (obj_exist, not POPE)" not in values  # missing row: no bar, no failure
+    assert "vote|object existence (obj_exist, not POPE)" not in values  # missing row: no bar, no failure ...
+    not_asked = [text for text in figure.axes[0].texts if text.get_gid() == "n/a"]  # ... but an n/a in its place
+    assert [text.get_text() for text in not_asked] == ["n/a"] and not_asked[0].get_position()[0] > 0.5
     assert values["paper|llava|YN w/ object (yn_obj)"] == 52.16
     assert values["paper|llava|YN verb only (yn_verb)"] == 59.16
     assert values["paper|vote|YN w/ object (yn_obj)"] == 75.59  # Table 3's ensemble

@@ -201,7 +201,9 @@ def bar_panel(axis, lookup: pd.DataFrame, models: Sequence[str], bars: Sequence[
     """Grouped bars (x100) with bootstrap error bars and paper marks on one axis.
 
     Each bar patch has gid ``"<model>|<bar label>"``, each paper mark ``"paper|<model>|<bar label>"``,
-    so a reader (or a test) can find a value without knowing the layout. Where a bar stands on fewer than
+    so a reader (or a test) can find a value without knowing the layout. A model without a value for a series
+    (not asked that set, not run, or undefined) gets a grey "n/a" in its bar's place, never an empty slot that
+    reads as 0. Where a bar stands on fewer than
     :data:`~verbmirage.analysis.figure_layout.SMALL_N` questions its n is printed: once in the title for a
     series whose bars all have the same n (every model asked the same questions), else on the bar. The legend
     (below the axis; ``legend`` off: none) lists every series of ``bars`` under the title :func:`bars_title`
@@ -213,20 +215,22 @@ def bar_panel(axis, lookup: pd.DataFrame, models: Sequence[str], bars: Sequence[
     drawn = drawn or {}
     width = 0.8 / max(1, len(bars))
     colours = [bar.colour or f"C{i}" for i, bar in enumerate(bars)]
-    any_bar, marked, small = False, [], []
+    any_bar, marked, small, absent = False, [], [], []
     for j, bar in enumerate(bars):  # one bar call per series (a call per bar cost most of a figure's time)
         xs, values, errors, gids, counts = [], [], [], [], []
         for i, model in enumerate(models):
             key = (bar.dataset, model, bar.qset, bar.condition, bar.subset, bar.metric)
-            if key in lookup.index:
-                value, low, high = (100 * lookup.loc[key, c] for c in ("value", "ci_low", "ci_high"))
-                if math.isfinite(value):
-                    xs.append(i - 0.4 + width * (j + 0.5))
-                    values.append(value)
-                    interval = math.isfinite(low) and math.isfinite(high)
-                    errors.append((value - low, high - value) if interval else (math.nan, math.nan))
-                    gids.append(f"{model}|{bar.label}")
-                    counts.append(lookup.loc[key, "n"])
+            value = 100 * lookup.loc[key, "value"] if key in lookup.index else math.nan
+            if not math.isfinite(value):  # not asked, not run, or undefined: said, so it never reads as 0
+                absent.append(i - 0.4 + width * (j + 0.5))
+                continue
+            low, high = (100 * lookup.loc[key, c] for c in ("ci_low", "ci_high"))
+            xs.append(i - 0.4 + width * (j + 0.5))
+            values.append(value)
+            interval = math.isfinite(low) and math.isfinite(high)
+            errors.append((value - low, high - value) if interval else (math.nan, math.nan))
+            gids.append(f"{model}|{bar.label}")
+            counts.append(lookup.loc[key, "n"])
         if xs:
             spans = np.array(errors).T
             drawn_bars = axis.bar(xs, values, width, yerr=None if np.isnan(spans).all() else spans, capsize=2,
@@ -256,6 +260,10 @@ def bar_panel(axis, lookup: pd.DataFrame, models: Sequence[str], bars: Sequence[
     axis.set_ylabel(ylabel)
     if not any_bar and not marked:
         axis.text(0.5, 0.5, "no questions in this panel", ha="center", va="center", transform=axis.transAxes)
+    else:
+        for x in absent:
+            axis.text(x, 1, "n/a", rotation=90, ha="center", va="bottom", fontsize=FONT, color="grey", zorder=6,
+                      gid="n/a")
     if legend:
         handles = [Patch(facecolor=colour, label=bar.label, **_bar_style(bar)) for bar, colour in zip(bars, colours)]
         if marked:
