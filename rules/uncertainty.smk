@@ -35,6 +35,7 @@ rule uncertainty_figures:
         variants=PLAN.uncertainty_figure_variants,  # model -> the variant drawn (analysis.figures)
         variant_entries=config["variants"],  # how the headings name its decoding
         condition=PLAN.uncertainty.conditions[0] if PLAN.uncertainty else "clean",
+        chosen=dict(PLAN.uncertainty.figures) if PLAN.uncertainty else {},  # analysis.uncertainty.figures
     log:
         PATHS.log("uncertainty_figures"),
     conda:

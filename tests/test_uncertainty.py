@@ -222,6 +222,13 @@ def test_settings_are_checked_against_the_config():
         uncertainty_settings(base_config(uncertainty={"models": ["gpt"]}))
     with pytest.raises(ConfigError, match="analysis.uncertainty.conditions"):
         uncertainty_settings(base_config(uncertainty={"conditions": ["blur"]}))
+    # a figure may show another model than its role's: one of the analysis's, with token probabilities
+    assert uncertainty_settings(base_config(uncertainty={"figures": {"fig9": "tiny_llava"}})).figures == (
+        (9, "tiny_llava"),)
+    with pytest.raises(ConfigError, match=r"analysis.uncertainty.figures.fig12: 'gpt' is not among"):
+        uncertainty_settings(base_config(uncertainty={"figures": {"fig12": "gpt"}}))
+    with pytest.raises(ConfigError, match=r"analysis.uncertainty.figures.fig9: 'prior' has no token probability"):
+        uncertainty_settings(base_config(uncertainty={"figures": {"fig9": "prior"}}))
     asked = {"clean": ["yn_obj", "yn_verb", "mc_obj", "mc_verb"], "crop": ["mc_obj", "mc_verb"]}
     assert fov_settings(base_config(fov={}), asked).conditions == ("clean", "crop")
     with pytest.raises(ConfigError, match=r"analysis.fov.qsets: \['yn_obj'\] are not asked under condition crop"):
@@ -342,6 +349,8 @@ def test_roles_fall_back_when_there_is_no_instructblip():
     assert uncertainty_roles(["q", "l"], {"q": "qwen2_vl", "l": "llava"}) == {9: "l", 12: "q"}
     assert uncertainty_roles(["l"], {"l": "llava"}) == {9: "l", 12: "l"}
     assert uncertainty_roles(["l", "b"], {"l": "llava", "b": "instructblip"}) == {9: "l", 12: "b"}
+    assert uncertainty_roles(["l", "b", "o"], {"l": "llava", "b": "instructblip", "o": "oracle"}, {9: "o"}) == {
+        9: "o", 12: "b"}  # the config's choice first (analysis.uncertainty.figures)
 
 
 def test_figures_are_written(tmp_path):
@@ -393,7 +402,8 @@ def test_each_figure_draws_the_variant_the_plan_gives_each_model_and_names_it(tm
     conditions = {"clean": {"type": "clean"}, "crop": {"type": "crop", "margin": 0.0}}
     fov, rows = fov_tables([({"model": "l", "variant": v, "qset": "mc_verb"}, questions, answered_fov)
                             for v in ("default", "beam5")], image_tags, conditions, NO_BOOTSTRAP, ["l"])
-    draw_fov_figure(fov, rows, tmp_path / "fig10.png", ["l"], variants={"l": "default"}, variant_entries=entries)
+    draw_fov_figure(fov, rows, [tmp_path / "fig10a.png"], ["l"], ["mc_verb"], variants={"l": "default"},
+                    variant_entries=entries)
     assert [axis.get_title() for axis in saved[-1].axes if axis.get_title()][0].startswith("l (default (greedy)), ")
 
 

@@ -56,6 +56,7 @@ class UncertaintySettings:
     conditions: tuple[str, ...] = ("clean",)
     pool_yn: bool = True
     bins: int = 20
+    figures: tuple[tuple[int, str], ...] = ()  # (9 or 12, model): the model a figure shows instead of its role's
 
 
 def uncertainty_settings(config: dict) -> UncertaintySettings | None:
@@ -69,6 +70,7 @@ def uncertainty_settings(config: dict) -> UncertaintySettings | None:
         conditions=tuple(block.get("conditions", ("clean",))),
         pool_yn=bool(block.get("pool_yn", True)),
         bins=int(block.get("bins", 20)),
+        figures=tuple((int(figure.removeprefix("fig")), model) for figure, model in (block.get("figures") or {}).items()),
     )
     unknown = sorted(set(settings.models) - set(config["models"]))
     if unknown:
@@ -81,6 +83,12 @@ def uncertainty_settings(config: dict) -> UncertaintySettings | None:
     unknown = sorted(set(settings.qsets) - set(config["questions"]["sets"]))
     if unknown:
         raise ConfigError(f"analysis.uncertainty.qsets: {unknown} are not in questions.sets")
+    for number, model in settings.figures:
+        if model not in config["models"] or (settings.models and model not in settings.models):
+            raise ConfigError(f"analysis.uncertainty.figures.fig{number}: '{model}' is not among the analysis's "
+                              f"models ({list(settings.models) or sorted(config['models'])})")
+        if config["models"][model].get("backend") in NO_TOKEN_PROBABILITY_BACKENDS:
+            raise ConfigError(f"analysis.uncertainty.figures.fig{number}: '{model}' has no token probability to draw")
     if settings.bins < 1:
         raise ConfigError(f"analysis.uncertainty.bins: {settings.bins} is not a positive number of bins")
     return settings

@@ -45,11 +45,13 @@ FOV_PANEL_HEIGHT = 3.0  # inches: a panel of Fig. 10
 TITLES = {9: "Fig. 9: token uncertainty", 12: "Fig. 12: token uncertainty"}
 
 
-def uncertainty_roles(models: list[str], backends: dict[str, str]) -> dict[int, str | None]:
+def uncertainty_roles(models: list[str], backends: dict[str, str],
+                      chosen: Mapping[int, str] | None = None) -> dict[int, str | None]:
     """Fig. 9: the first llava model (else the first model); Fig. 12: the first instructblip model, else the
-    next model, else the Fig. 9 one (the same rule as the attention figures)."""
+    next model, else the Fig. 9 one (the same rule as the attention figures); ``chosen`` (config
+    ``analysis.uncertainty.figures``) first."""
     roles = figure_models(models, backends)
-    return {9: roles[7], 12: roles[14]}
+    return {9: roles[7], 12: roles[14], **(chosen or {})}
 
 
 def _hist_panels(rows: pd.DataFrame) -> list[tuple[pd.DataFrame, str]]:
@@ -93,7 +95,7 @@ def _hist_panel(axis, bins: pd.DataFrame, title: str) -> None:
 def _note_lines(model: str | None, number: int, backends: dict, notes: dict, skipped: list[str]) -> str:
     lines = []
     if model and backends.get(model) != PAPER_ROLES[number]:
-        lines.append(f"stands in for the paper's {PAPER_ROLES[number]} model (none in this run)")
+        lines.append(f"drawn in place of the paper's {PAPER_ROLES[number]} model")
     if model and notes.get(model):
         lines.append(notes[model])
     if skipped:
@@ -110,17 +112,17 @@ def _drawn(variants: Mapping[str, str] | None, variant_entries: Mapping[str, Map
 def draw_uncertainty_figures(hist: pd.DataFrame, paths: dict[int, str | Path], models: list[str],
                              backends: dict[str, str], notes: dict[str, str] | None = None,
                              skipped: list[str] | None = None, variants: Mapping[str, str] | None = None,
-                             condition: str = "clean",
-                             variant_entries: Mapping[str, Mapping] | None = None) -> dict[int, str | None]:
+                             condition: str = "clean", variant_entries: Mapping[str, Mapping] | None = None,
+                             chosen: Mapping[int, str] | None = None) -> dict[int, str | None]:
     """Write Figs. 9 and 12 (``paths``: number -> PNG, its PDF and SVG beside it) from the histogram table;
     return the roles used.
 
     ``models``: the models with a token probability, in config order; ``skipped``: those without, named
     under the title; ``variants``: model -> the variant drawn (``variant_entries``, config ``variants``, name its
-    decoding in the heading).
+    decoding in the heading); ``chosen``: figure number -> the model it shows instead of its role's.
     """
     notes, skipped = notes or {}, list(skipped or [])
-    roles = uncertainty_roles(list(models), backends)
+    roles = uncertainty_roles(list(models), backends, chosen)
     for number, path in paths.items():
         model = roles.get(number)
         drawn = _drawn(variants, variant_entries, model)
