@@ -335,11 +335,19 @@ def test_the_figure_names_each_runs_beta_beside_the_official_scripts(monkeypatch
     assert ticks == ["tiny_llava\nvcd, β 0.1", "qwen\nvcd, β 0.2"]
 
 
-def test_figure_is_drawn_with_and_without_flips(tmp_path):
+def test_figure_is_drawn_with_and_without_flips(tmp_path, monkeypatch):
+    from verbmirage.analysis import vcd_divergence
+
     summary, hist = vcd_divergence_tables(_runs(), bins=4)
     path = tmp_path / "vcd.png"
+    saved = []
+    real = vcd_divergence.save_figure
+    monkeypatch.setattr(vcd_divergence, "save_figure", lambda figure, where: (saved.append(figure), real(figure, where)))
     draw_vcd_divergence_figure(summary, hist, path, {"tiny_llava": "tiny model with RANDOM weights"})
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+    # both runs' KL distributions are the same here: each curve keeps a look of its own, so neither hides
+    curves = [patch for patch in saved[0].axes[1].patches if type(patch).__name__ == "StepPatch"]
+    assert len(curves) == 2 and len({(c.get_linestyle(), c.get_linewidth()) for c in curves}) == 2
     zeros = summary.assign(n_paired=None, n_flips=None, flip_share=math.nan)
     draw_vcd_divergence_figure(zeros, hist[hist.bin_right.eq(0)], tmp_path / "flat.png")  # no KL > 0, no flips
     assert (tmp_path / "flat.png").stat().st_size > 5000

@@ -468,14 +468,16 @@ def draw_vcd_divergence_figure(
     legend_below(ax, ax.get_legend_handles_labels()[0])
 
     ax = axes[1]
-    drawn = False
-    for r in rows.itertuples():
+    drawn = 0
+    styles = ("-", "--", ":", "-.")  # two variants of one model share their first step's contrast, so their
+    for r in rows.itertuples():     # curves often coincide: each its own dash and width, so both stay visible
         part = hist[(hist.model == r.model) & (hist.variant == r.variant) & (hist.condition == r.condition)
                     & (hist.qset == r.qset) & (hist.bin_right > 0)]
         if len(part) and part["count"].sum():
             edges = np.append(part.bin_left.to_numpy(), part.bin_right.iloc[-1])
-            ax.stairs(part.share.to_numpy(), edges, label=f"{r.model} / {r.variant} (KL = 0: {r.share_kl_zero:.1%})")
-            drawn = True
+            ax.stairs(part.share.to_numpy(), edges, label=f"{r.model} / {r.variant} (KL = 0: {r.share_kl_zero:.1%})",
+                      linestyle=styles[drawn % len(styles)], linewidth=max(0.8, 2.4 - 0.6 * drawn))
+            drawn += 1
     if drawn:
         ax.set_xscale("log")
     else:
