@@ -255,3 +255,13 @@ def test_a_saved_summary_is_printed_after_the_report_with_its_line_current(tmp_p
     now = io.StringIO()
     print_summary("success", stream=now, **arguments)
     assert "Verb Mirage: the run finished." in now.getvalue()
+
+
+def test_headline_takes_a_models_beam_search_run_also_without_a_paper_counterpart(tmp_path):
+    """A model without ``paper_name`` (the demo's tiny_llava) shows its run in the paper's decoding, beam search,
+    where it has one (the figures' rule), not its first variant's greedy answers."""
+    frame = _table1(tmp_path, {("tiny", "default", "yn_obj"): 0.40, ("tiny", "default", "yn_verb"): 0.41,
+                               ("tiny", "beam5", "yn_obj"): 0.30, ("tiny", "beam5", "yn_verb"): 0.31})
+    lines = headline_lines(frame, {"beam5": "beam5"})
+    assert lines[0].split()[:4] == ["tiny", "(beam5)", "yn_obj", "30.00"]
+    assert headline_lines(frame, {})[0].split()[:2] == ["tiny", "(default)"]  # no variant in the paper's decoding

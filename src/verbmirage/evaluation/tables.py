@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from verbmirage.core.io import MISSING_VALUE
+from verbmirage.evaluation.paper_numbers import PAPER_VARIANT
 
 
 #: our metric name -> the name ``paper_tables.csv`` gives the same quantity (kappa printed x100)
@@ -344,9 +345,10 @@ def headline_rows(table1: pd.DataFrame, variant_paper_names: Mapping[str, str] |
     values), with the paper's row of the same model and decoding where Table 1 has one (the rule of
     :func:`side_by_side`: the model's and the variant's ``paper_name``), else None.
 
-    A model with several variants shows one: the first whose decoding matches a paper row, else the first with
-    a value in ``columns``, else its first row. Models with a paper counterpart come first, then the others in
-    the table's order."""
+    A model with several variants shows one: the first whose decoding matches a paper row, else the first in the
+    paper's decoding (a variant whose ``paper_name`` is :data:`PAPER_VARIANT`, beam search: the figures' rule),
+    else the first with a value in ``columns``, else its first row. Models with a paper counterpart come first,
+    then the others in the table's order."""
     names = dict(variant_paper_names or {})
     measured = table1[table1.source == MEASURED]
     paper = table1[table1.source == PAPER]
@@ -361,11 +363,13 @@ def headline_rows(table1: pd.DataFrame, variant_paper_names: Mapping[str, str] |
     def has_values(row) -> bool:
         return any(pd.notna(row.get(column)) for column in columns)
 
+    def rank(row, reference) -> tuple[bool, bool, bool]:
+        return reference is not None, has_values(row) and names.get(row["variant"]) == PAPER_VARIANT, has_values(row)
+
     chosen: dict[str, tuple[dict, dict | None]] = {}
     for _, frame_row in measured.iterrows():
         row = frame_row.to_dict()
         reference = paper_row(row)
-        if row["model"] not in chosen or (reference is not None, has_values(row)) > (
-                chosen[row["model"]][1] is not None, has_values(chosen[row["model"]][0])):
+        if row["model"] not in chosen or rank(row, reference) > rank(*chosen[row["model"]]):
             chosen[row["model"]] = (row, reference)
     return sorted(chosen.values(), key=lambda pair: pair[1] is None)  # stable: paper counterparts first

@@ -236,7 +236,8 @@ def landing_html(table1: pd.DataFrame | None, variant_paper_names: Mapping[str, 
     else:
         frame = landing_frame(table1, variant_paper_names)
         parts.append(f"<p><b>Table 1 at a glance</b> ({html.escape(condition)} HICO images): accuracy in %, one "
-                     "row per model (its first variant with the paper's decoding, else its first), the paper's "
+                     "row per model (its run in the paper's decoding, beam search, where it has one, else its first "
+                     "variant), the paper's "
                      "rows (5-beam search) below ours. Precision, recall, the share of unknown answers and 95% "
                      "intervals: Table 1 under <i>Paper tables</i>.</p>")
         parts.append(html_table(frame).replace("<table>", "<table class='vm-headline'>", 1))
