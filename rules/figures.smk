@@ -17,6 +17,7 @@ rule paper_figures:
         variants=PLAN.paper_figure_variants,  # figure -> model -> the variant its bars draw (analysis.figures)
         variant_entries=config["variants"],  # how the legends name each decoding, and the marks' decoding
         pair=PLAN.paper_figure_pair,
+        image_free=PLAN.image_free_models,  # blind baselines and the oracle: kappa 100 by construction (Fig. 4(b))
     log:
         PATHS.log("paper_figures"),
     conda:

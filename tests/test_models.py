@@ -80,7 +80,7 @@ def test_settings_read_from_the_source_equal_the_imported_signatures():
     import inspect
     import subprocess
 
-    from verbmirage.models.registry import backend_class, backend_settings
+    from verbmirage.models.registry import backend_class, backend_settings, backend_uses_images
 
     planned = subprocess.run(  # a fresh interpreter: planning imports no backend module (torch stays out)
         [sys.executable, "-c", "import sys; from verbmirage.models.registry import BACKENDS, backend_settings\n"
@@ -95,6 +95,9 @@ def test_settings_read_from_the_source_equal_the_imported_signatures():
         assert backend_settings(backend) == expected, backend
     assert "dtype" in backend_settings("llava") and "threshold" in backend_settings("clip")
     assert backend_settings("tests_module:Mine") is None  # a custom backend is checked when its job loads it
+    # the same for whether a backend looks at the image (Fig. 4(b) marks those that never do)
+    assert {b: backend_uses_images(b) for b in BACKENDS} == {b: backend_class(b).uses_images for b in BACKENDS}
+    assert not backend_uses_images("oracle") and backend_uses_images("llava")
 
 
 def test_baselines_answer_both_kinds():

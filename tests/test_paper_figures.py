@@ -147,6 +147,11 @@ def test_fig4b_kappa_x100_for_the_chosen_pair():
     crop = _values(fig4b_error_consistency(_metrics(), PAPER, models=["llava"], paper_names=NAMES,
                                            pair=("clean", "crop")))
     assert crop == {"llava|YN w/ object (yn_obj)": pytest.approx(30.0)}  # no paper kappa for crops
+    # a model that never sees the image agrees with itself under any noise: marked, and said under the title
+    marked = fig4b_error_consistency(_metrics(), PAPER, models=["llava", "vote"], paper_names=NAMES,
+                                     image_free=["vote", "prior"])
+    assert [t.get_text() for t in marked.axes[0].get_xticklabels()][1].endswith("\n(blind)")
+    assert "kappa is 100 by construction: vote" in marked.texts[0].get_text() + marked.get_suptitle()
 
 
 def test_fig5_ego_exo_from_charadesego_with_table4_marks():

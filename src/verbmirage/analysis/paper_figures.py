@@ -197,7 +197,7 @@ def bars_title(drawn: Mapping[str, Drawn], models: Sequence[str], width: float) 
 
 def bar_panel(axis, lookup: pd.DataFrame, models: Sequence[str], bars: Sequence[Bar], paper: pd.DataFrame,
               paper_names: Mapping[str, str], title: str, ylabel: str, *, drawn: Mapping[str, Drawn] | None = None,
-              legend: bool = True, tick_labels: bool = True) -> None:
+              legend: bool = True, tick_labels: bool = True, marks: Mapping[str, str] | None = None) -> None:
     """Grouped bars (x100) with bootstrap error bars and paper marks on one axis.
 
     Each bar patch has gid ``"<model>|<bar label>"``, each paper mark ``"paper|<model>|<bar label>"``,
@@ -210,7 +210,7 @@ def bar_panel(axis, lookup: pd.DataFrame, models: Sequence[str], bars: Sequence[
     and, where a mark is drawn, the paper's decoding (:func:`mark_label`). ``drawn``: each model's variant
     (:class:`Drawn`; the lookup holds its rows); where models draw different ones, the legend's title names
     the one most draw, then each other with its models. ``tick_labels`` off: no model names under the panel
-    (a grid names them under its bottom row).
+    (a grid names them under its bottom row); ``marks``: model -> a word added under its name.
     """
     drawn = drawn or {}
     width = 0.8 / max(1, len(bars))
@@ -251,7 +251,9 @@ def bar_panel(axis, lookup: pd.DataFrame, models: Sequence[str], bars: Sequence[
                     axis.plot([i - 0.4 + width * (j + 0.5)], [published], gid=f"paper|{model}|{bar.label}",
                               **PAPER_MARK)
                     marked.append(model)
-    ticks = [_tick(m, paper_names) for m in models] if tick_labels else [""] * len(models)
+    marks = marks or {}
+    ticks = [_tick(m, paper_names) + (f"\n({marks[m]})" if m in marks else "") for m in models] if tick_labels \
+        else [""] * len(models)
     rotation = tick_rotation(ticks, axis)
     axis.set_xticks(range(len(models)), ticks, rotation=rotation, ha="right" if rotation else "center",
                     rotation_mode="anchor")
@@ -339,10 +341,18 @@ def fig3_rare_common(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *
 def fig4b_error_consistency(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
                             models: Sequence[str] | None = None, paper_names: Mapping[str, str] | None = None,
                             pair: tuple[str, str] = ("clean", "saltpepper"),
-                            drawn: Mapping[str, Drawn] | None = None, note: str = "") -> Figure:
-    """Fig. 4(b): error consistency kappa (x100) between two image conditions, objects vs verbs."""
+                            drawn: Mapping[str, Drawn] | None = None, note: str = "",
+                            image_free: Sequence[str] = ()) -> Figure:
+    """Fig. 4(b): error consistency kappa (x100) between two image conditions, objects vs verbs.
+
+    ``image_free``: models that never look at the image; their kappa is 100 by construction, which the figure
+    says under its title and beside their names."""
     paper = empty_paper_numbers() if paper is None else paper
     models = _models(metrics, models)
+    blind = [model for model in models if model in set(image_free)]
+    if blind:
+        note = "\n".join(filter(None, [note, f"never see the image, so kappa is 100 by construction: "
+                                               f"{', '.join(blind)} (marked 'blind')"]))
     reference, other = pair
     ours, theirs = f"{reference}_vs_{other}", f"{reference}~{other}"
     bars = [
@@ -355,7 +365,8 @@ def fig4b_error_consistency(metrics: pd.DataFrame, paper: pd.DataFrame | None = 
         figure, axes = _figure(1, f"{FIGURES['fig4b']} ({reference} vs {other})", note, models)
         axis = axes[0]
         bar_panel(axis, _metric_lookup(metrics, drawn or {}), models, bars, paper, paper_names or {},
-                  "Cohen's kappa of correctness (error consistency)", "kappa x100", drawn=drawn)
+                  "Cohen's kappa of correctness (error consistency)", "kappa x100", drawn=drawn,
+                  marks={model: "blind" for model in blind})
         low = min([0.0, *[patch.get_y() + min(0.0, patch.get_height()) for patch in axis.patches]])
         axis.set_ylim(min(-5.0, low - 5), TOP)
     return _finish(figure)
@@ -474,21 +485,22 @@ def draw_paper_figures(metrics: pd.DataFrame, paths: Mapping[str, str | Path], p
                        *, pair: tuple[str, str] = ("clean", "saltpepper"),
                        drawn: Mapping[str, Mapping[str, Drawn]] | None = None,
                        model_entries: Mapping[str, Mapping] | None = None, models: Sequence[str] | None = None,
-                       paper_names: Mapping[str, str] | None = None) -> dict[str, str]:
+                       paper_names: Mapping[str, str] | None = None, image_free: Sequence[str] = ()) -> dict[str, str]:
     """Write each figure of ``paths`` (a name of :data:`DRAW`: ``fig1``, ``fig3a``, ... -> PNG), its PDF and SVG
     beside it (:func:`~verbmirage.analysis.figure_layout.save_figure`), with :func:`figure_note` under its title;
     return each figure's note (for the job's log).
 
     ``drawn``: figure -> model -> the variant its bars draw (:class:`Drawn`, :func:`drawn_runs`; a figure or model
     it leaves out: ``default``); ``model_entries``: config ``models`` (to note tiny random-weight models);
-    ``models``: the bar groups, in order; ``paper_names``: slug -> the paper's model.
+    ``models``: the bar groups, in order; ``paper_names``: slug -> the paper's model; ``image_free``: the models
+    that never look at the image (Fig. 4(b) marks them).
     """
     unknown = sorted(set(paths) - set(DRAW))
     if unknown:
         raise ValueError(f"unknown paper figures {unknown}; known: {sorted(DRAW)}")
     notes = {}
     for name, path in paths.items():
-        extra = {"pair": pair} if name == "fig4b" else {}
+        extra = {"pair": pair, "image_free": image_free} if name == "fig4b" else {}
         own = (drawn or {}).get(name, {})
         chosen = models if models is not None else list(dict.fromkeys(metrics.model))
         notes[name] = figure_note(model_entries or {}, paper_names or {}, own, chosen)

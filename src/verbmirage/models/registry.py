@@ -14,7 +14,7 @@ import importlib.util
 import inspect
 import re
 
-from verbmirage.core.sources import class_summary, source_file
+from verbmirage.core.sources import class_constant, class_summary, source_file
 from verbmirage.models.base import ModelContext, VisionLanguageModel
 from verbmirage.variants.settings import ALL_FEATURES, API, PLAIN_ONLY, REMOTE, REMOTE_NO_BEAM
 
@@ -104,6 +104,12 @@ def backend_setting_types(backend: str) -> dict[str, str | None] | None:
         return None
     module, _, name = BACKENDS[backend].partition(":")
     return _constructor_settings(module, name)
+
+
+def backend_uses_images(backend: str) -> bool:
+    """Whether a backend's answers look at the image (its class's ``uses_images``, read from the source; a custom
+    ``module:Class`` counts as looking)."""
+    return backend not in BACKENDS or bool(class_constant(BACKENDS[backend], "uses_images", True))
 
 
 def backend_summary(backend: str) -> str:

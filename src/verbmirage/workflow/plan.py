@@ -30,6 +30,7 @@ from verbmirage.evaluation.paper_numbers import paper_names_from_config
 from verbmirage.models.derived import derived_entries, effective_models
 from verbmirage.models.entries import model_question_sets, model_variant_list
 from verbmirage.models.registry import PLANNING_KEYS as MODEL_PLANNING_KEYS
+from verbmirage.models.registry import backend_uses_images
 from verbmirage.models.tiny import BUILDERS as TINY_BUILDERS
 from verbmirage.variants.settings import Variant, model_variant_entry
 from verbmirage.workflow.config import condition_question_sets
@@ -286,6 +287,13 @@ class Plan(InputsPlan, AnalysesPlan):
     def stand_ins(self) -> dict[str, str]:
         """Model or ensemble -> why its rows are not a model's result (``models.<slug>.stand_in``)."""
         return self._once("stand_ins", lambda: stand_ins(self.config))
+
+    @property
+    def image_free_models(self) -> list[str]:
+        """Models whose backend never looks at the image (blind baselines, the oracle), and ensembles of only such
+        models: their answers agree under any image condition (Fig. 4(b) marks them)."""
+        blind = [m for m in self.models if not backend_uses_images(self.config["models"][m]["backend"])]
+        return blind + [e for e, members in self.ensembles.items() if set(members) <= set(blind)]
 
     @property
     def paper_names(self) -> dict[str, str]:
