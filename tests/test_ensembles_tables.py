@@ -255,6 +255,10 @@ def test_html_tables_align_numbers_and_put_each_interval_on_its_own_line(tmp_pat
     # a note (why a row is a stand-in or has no value) wraps in a column wide enough to read, not one word a line
     noted = html_table(pd.DataFrame({"source": ["measured"], "acc": ["1.00"], "note": ["stand-in (random weights)"]}))
     assert "<td class='note'>stand-in (random weights)</td>" in noted and "td.note { min-width" in page
+    # so does a long label (Table 5's method of a variant of the paper's recipe, with its departures)
+    method = "Pangea-LoRA (variant of the paper's method: Yes:No 1:2; 24 questions, not 60K + 60K; lr 1e-3)"
+    assert f"<td class='long'>{method.replace(chr(39), '&#x27;')}</td>" in html_table(pd.DataFrame({"method": [method]}))
+    assert "<td>LLaVA-1.5-7B</td>" in page and "td.long { min-width" in page
 
 
 def test_a_configured_model_without_values_keeps_its_row_with_the_reason(tmp_path):

@@ -272,6 +272,7 @@ th { background: #f0f0f0; text-align: left; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 td .ci { display: block; color: #666; font-size: 0.85em; }
 td.note { min-width: 24em; font-size: 0.85em; }
+td.long { min-width: 24em; }
 tr.paper td { background: #f7f7fb; }
 tr.delta td { color: #555; font-style: italic; }
 """
@@ -279,10 +280,14 @@ _NUMERIC = re.compile(r"^[-+−–]?\d[\d.,]*(?: \[[^\]]*\])?$|^–$")
 _INTERVAL = re.compile(r"^(\S+) (\[[^\]]*\])$")
 
 
+#: A text cell this long gets room (``td.long``): in a narrow column its words would stack a line each.
+_LONG_TEXT = 60
+
+
 def _html_cell(text: str) -> str:
     escaped = html.escape(text)
     if not _NUMERIC.match(text):
-        return f"<td>{escaped}</td>"
+        return f"<td class='long'>{escaped}</td>" if len(text) > _LONG_TEXT else f"<td>{escaped}</td>"
     split = _INTERVAL.match(escaped)
     body = f"{split.group(1)}<span class='ci'>{split.group(2)}</span>" if split else escaped
     return f"<td class='num'>{body}</td>"
