@@ -166,14 +166,15 @@ def test_old_prediction_tables_without_the_column_still_read(tmp_path):
     old = pd.DataFrame({"question_id": ["a", "b"], "raw_answer": ["yes", "no"], "prediction": ["yes", "no"],
                         "parse_rule": ["logits"] * 2, "p_yes": [0.9, 0.2], "option_probs": [None, None],
                         "confidence": [0.9, 0.8], "error": [None, None]})
-    schema = pa.schema([field for field in PREDICTIONS
-                        if field.name not in ("yes_margin", "yes_mass", "vcd_kl", "vcd_plausible", "vcd_kl_reverse")])
+    schema = pa.schema([field for field in PREDICTIONS if field.name not in (
+        "yes_margin", "yes_mass", "vcd_kl", "vcd_plausible", "vcd_kl_reverse", "image_sha256")])
     pq.write_table(pa.Table.from_pandas(old, schema=schema, preserve_index=False), tmp_path / "old.parquet")
     frame = read_table(tmp_path / "old.parquet", PREDICTIONS)
     assert frame.yes_margin.isna().all() and frame.yes_margin.dtype == "float64"
     assert frame.vcd_kl.isna().all() and frame.vcd_plausible.isna().all()  # added later too (VCD variants)
     assert frame.yes_mass.isna().all()  # and the raw P(Yes) (Known-Object ranking)
     assert frame.vcd_kl_reverse.isna().all()  # and VCD's KL in the other direction
+    assert frame.image_sha256.isna().all()  # and the digest of the image asked on (a resume asks such rows again)
     assert frame.p_yes.tolist() == [0.9, 0.2]
     # a column that is there must still have the declared type
     bad = old.assign(yes_margin=["1.5", "2"])

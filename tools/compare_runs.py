@@ -2,8 +2,9 @@
 """Compare the artifact trees of two finished runs: every file under ``results/`` and ``resources/``.
 
 Files are compared byte for byte (links by target), except each inference shard's resume fingerprint
-(``fingerprint.json``: it names weight files by modification time and the code that answered) and the report's
-page of the run's facts (``run_facts.html``: the run's folders, the pipeline's commit). Use it to check
+(``fingerprint.json``: it names weight files by modification time and the code that answered), the report's
+page of the run's facts (``run_facts.html``: the run's folders, the pipeline's commit) and the content cache of
+the data's files (``resources/cache/``: keyed by where the data lies). Use it to check
 that a change of the code leaves every table and figure as it was, or that two machines agree::
 
     .venv/bin/python tools/compare_runs.py RUN_A RUN_B

@@ -44,6 +44,9 @@ COMPARED = ("results", "resources")
 #: build their weights; the report's page of the run's facts names the run's own folders and the pipeline's
 #: commit.
 NOT_COMPARED = ("fingerprint.json", "run_facts.html")
+#: Folders under them that are not compared: the content cache of the data's files is keyed by where the data
+#: lies (src/verbmirage/data/identity.py), so two runs in two folders keep it under other names.
+NOT_COMPARED_FOLDERS = ("resources/cache",)
 
 
 def snakemake_command(workdir: Path, configfile: Path, cores: int, *extra: str) -> list[str]:
@@ -179,7 +182,7 @@ def tree(workdir: Path) -> dict[str, str]:
     for top in COMPARED:
         for path in sorted((workdir / top).rglob("*")):
             name = str(path.relative_to(workdir))
-            if path.name in NOT_COMPARED:
+            if path.name in NOT_COMPARED or any(name.startswith(f"{folder}/") for folder in NOT_COMPARED_FOLDERS):
                 continue
             if path.is_symlink():
                 entries[name] = f"link:{os.readlink(path)}"

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -136,9 +135,8 @@ class TreeClaim:
         jobs does this; a dry run or a check leaves the tree as it was)."""
         if _read_owner(self.tree / OWNER) is None:
             self.tree.mkdir(parents=True, exist_ok=True)
-            with atomic_path(self.tree / OWNER) as tmp:
-                tmp.write_text(json.dumps({"configfiles": list(self.configfiles),
-                                           "since": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+            with atomic_path(self.tree / OWNER) as tmp:  # no date: a resumed run's tree is the same bytes
+                tmp.write_text(json.dumps({"configfiles": list(self.configfiles)}) + "\n")
 
 
 def claim(folders: RunFolders, configfiles, workdir: str | Path, workflow_dir: str | Path) -> TreeClaim:
