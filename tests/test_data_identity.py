@@ -181,3 +181,13 @@ def test_a_damaged_content_cache_is_named_and_read_afresh(tmp_path, caplog):
         assert data_identity.ContentVersions(tmp_path / "cache").digest(folder / "a.jpg") == \
             data_identity.file_digest(folder / "a.jpg")
     assert f"{cache}: unreadable content cache" in caplog.text
+
+
+def test_a_cache_that_cannot_be_written_is_said_and_planning_goes_on(tmp_path, caplog):
+    folder = tmp_path / "images"
+    folder.mkdir()
+    (folder / "a.jpg").write_bytes(b"a")
+    (tmp_path / "cache").write_text("a file where the cache folder would be")  # as unwritable as a read-only disk
+    with caplog.at_level("WARNING"):
+        listing = data_identity.folder_listing(folder, data_identity.ContentVersions(tmp_path / "cache"))
+    assert listing["files"] == 1 and "the content cache cannot be written" in caplog.text

@@ -193,18 +193,24 @@ class ContentVersions:
             return {}
 
     def save(self) -> None:
-        """Write the entries this process changed, merged into what the cache holds now."""
+        """Write the entries this process changed, merged into what the cache holds now. A cache that cannot be
+        written (a read-only checkout) is said in the log; this process's versions stand, later ones are
+        learned again."""
         for real, names in self._changed.items():
             path = self._file(real)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with _exclusive(path.with_suffix(".lock")):
-                stored = self._load(real)
-                for name in names:
-                    mine, theirs = self._folders[real][name], stored.get(name)
-                    if theirs is None or (mine[5], mine[4] is not None) >= (theirs[5], theirs[4] is not None):
-                        stored[name] = mine
-                with atomic_path(path) as tmp:
-                    tmp.write_text(json.dumps({"folder": real, "files": stored}, separators=(",", ":")))
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with _exclusive(path.with_suffix(".lock")):
+                    stored = self._load(real)
+                    for name in names:
+                        mine, theirs = self._folders[real][name], stored.get(name)
+                        if theirs is None or (mine[5], mine[4] is not None) >= (theirs[5], theirs[4] is not None):
+                            stored[name] = mine
+                    with atomic_path(path) as tmp:
+                        tmp.write_text(json.dumps({"folder": real, "files": stored}, separators=(",", ":")))
+            except OSError as error:
+                log.warning("%s: the content cache cannot be written (%s: %s)", path, type(error).__name__, error)
+                continue
             self._folders[real] = stored
         self._changed.clear()
 
