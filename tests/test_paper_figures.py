@@ -318,3 +318,15 @@ def test_packaged_paper_numbers_mark_table1_and_table2():
     assert values["paper|llava|YN verb only (yn_verb)"] == 73.85
     if SHARED_PAPER_NUMBERS.is_file():  # the package's copy is the shared file
         pd.testing.assert_frame_equal(paper, load_paper_numbers(SHARED_PAPER_NUMBERS))
+
+
+def test_a_name_over_its_paper_name_gets_room_from_its_neighbours():
+    """Nine models, one with a paper name under its slug (the demo with paper_name set): the two-line name ran
+    into its neighbour at 30 degrees, so the names turn further than single-line ones need."""
+    models = ["always_yes", "random", "prior", "oracle", "tiny_llava", "tiny_llava_nullu", "tiny_llava_pangea",
+              "tiny_clip", "blind_vote"]
+    metrics = pd.DataFrame([_row(model, "yn_obj", "accuracy", 0.5) for model in models])
+    plain = fig1_object_vs_verb(metrics, None, models=models)
+    named = fig1_object_vs_verb(metrics, None, models=models, paper_names={"tiny_llava": "LLaVA-1.5-7B"})
+    turned = [figure.axes[0].get_xticklabels()[0].get_rotation() for figure in (plain, named)]
+    assert turned[0] == 30 and turned[1] > turned[0]
