@@ -38,26 +38,43 @@ tier() {  # tier SELECTION WORKERS ARGS...: one pytest call, timed; a tier with 
     return "$status"
 }
 
+# An interrupt or SIGTERM stops what this script started, by pid, and nothing else (not the caller's process
+# group). Every pytest call runs in the background and the script waits for it, so the trap runs at once
+# (bash runs a trap only after a foreground command ends); a background job ignores Ctrl-C, so the trap stops it.
+stop_started() {
+    local pid
+    for pid in $(pgrep -P $$); do
+        pkill -TERM -P "$pid" 2>/dev/null || true  # the pytest that a tier's subshell started
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+}
+trap 'trap - INT TERM; stop_started; exit 130' INT TERM
+
+waited() {  # waited COMMAND...: run it in the background, wait for it, return its status
+    "$@" &
+    local pid=$! status=0
+    wait "$pid" || status=$?
+    return "$status"
+}
+
 for arg in "$@"; do
-    case $arg in -m|-m?*) run_pytest "$workers" "$@"; exit $? ;; esac
+    case $arg in -m|-m?*) status=0; waited run_pytest "$workers" "$@" || status=$?; exit "$status" ;; esac
 done
 
-tier fast "$workers" "$@"
+waited tier fast "$workers" "$@"
 status=0
 if [ "$workers" = 0 ]; then
-    tier "models or workflow" 0 "$@" || status=$?
-    tier cluster 0 "$@" || status=$?
+    waited tier "models or workflow" 0 "$@" || status=$?
+    waited tier cluster 0 "$@" || status=$?
     exit "$status"
 fi
 # The cluster tier waits on SLURM most of its time: it runs in its own pytest process beside the others, and
 # its output follows theirs.
-# (A background job ignores Ctrl-C: an interrupt stops the whole process group.)
 cluster_log=$(mktemp)
 trap 'rm -f "$cluster_log"' EXIT
-trap 'trap - INT TERM; kill -TERM 0' INT TERM
 tier cluster 0 "$@" > "$cluster_log" 2>&1 &
 cluster=$!
-tier "models or workflow" "$workers" "$@" || status=$?
+waited tier "models or workflow" "$workers" "$@" || status=$?
 wait "$cluster" || status=$?
 cat "$cluster_log"
 exit "$status"
