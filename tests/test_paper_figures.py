@@ -229,7 +229,7 @@ def test_the_legend_names_both_decodings_and_says_when_they_differ():
     assert "bars: variant default (greedy); diamonds: the paper's number (beam5, not the bars' greedy)" in note
 
 
-def test_each_model_draws_its_own_variant_and_the_figure_says_which():
+def test_each_model_draws_its_own_variant_and_the_figure_says_which(tmp_path):
     """The run plan gives each model its variant (beam5 where it runs it, else greedy): each group's bars are that
     variant's rows; the legend's title names the variant most models draw, then each other with its models; the
     legend and the note say whose bars are not the marks' decoding."""
@@ -249,6 +249,12 @@ def test_each_model_draws_its_own_variant_and_the_figure_says_which():
     note = figure_note({}, NAMES, drawn, ["llava", "vote"])
     assert note.startswith("bars: variant beam5; default (greedy): vote; diamonds: the paper's number "
                            "(beam5, not the bars' decoding for vote)")
+    # Fig. 5: vote has no CharadesEgo row, so it is n/a there, and neither legend nor note speaks of its bars
+    fig5 = fig5_ego_exo(metrics, PAPER, models=["llava", "vote"], paper_names=NAMES, drawn=drawn)
+    assert all("vote" not in axis.get_legend().get_title().get_text() for axis in fig5.axes if axis.get_legend())
+    notes = draw_paper_figures(metrics, {"fig5": tmp_path / "fig5.png"}, PAPER, drawn={"fig5": drawn},
+                               models=["llava", "vote"], paper_names=NAMES)
+    assert notes["fig5"].startswith("bars: variant beam5;") and "vote" not in notes["fig5"]
 
 
 def test_variant_decoding_is_the_paper_name_else_the_decoding():

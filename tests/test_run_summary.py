@@ -228,6 +228,22 @@ def test_error_line_of_a_job_log(tmp_path, tail, expected):
     assert error_line(log) == expected
 
 
+def test_a_long_error_line_keeps_the_command_that_repairs_it(tmp_path):
+    """A damaged shard's message ends with the rerun that repairs it; a long line keeps its start and its end."""
+    from verbmirage.workflow.run_summary import error_line
+
+    message = ("verbmirage.inference.runs.DamagedShardError: results/fp2/shards/hico/clean/tiny_llava/default/0/"
+               "yn_obj.parquet: not a readable Parquet table (ArrowInvalid: Parquet magic bytes not found in footer. "
+               "Either the file is corrupted or this is not a parquet file.); the shard's folder holds a damaged "
+               "table that Snakemake does not see: rebuild the folder with snakemake -R "
+               "results/fp2/shards/hico/clean/tiny_llava/default/0")
+    log = tmp_path / "job.log"
+    log.write_text(f"Traceback (most recent call last):\n  File \"x\"\n{message}\n")
+    line = error_line(log)
+    assert len(line) <= 300 and line.startswith("verbmirage.inference.runs.DamagedShardError: results/fp2/")
+    assert line.endswith("snakemake -R results/fp2/shards/hico/clean/tiny_llava/default/0") and " ... " in line
+
+
 def test_a_saved_summary_is_printed_after_the_report_with_its_line_current(tmp_path, monkeypatch):
     """A run that ``verbmirage report`` (or tools/demo.sh) started saves its summary instead of printing it; the
     command prints it last, once the report is written, so its report line says the report is there."""
@@ -251,6 +267,12 @@ def test_a_saved_summary_is_printed_after_the_report_with_its_line_current(tmp_p
     assert lines[-1].startswith(f"  report   {tmp_path / 'report.html'} (open it in a browser")
     assert any(line.startswith("    llava (beam5)") for line in lines)
     assert not print_saved_summary(tmp_path / "nothing.json", stream=later)
+    elsewhere = io.StringIO()  # a report written with --output: the command that rewrites it names it
+    (tmp_path / "mine.html").write_text("<html></html>")
+    assert print_saved_summary(tmp_path / "logs/run_summary.json", stream=elsewhere, report=tmp_path / "mine.html",
+                               workdir=tmp_path)
+    assert elsewhere.getvalue().rstrip().splitlines()[-1].endswith(
+        f"report --output mine.html` rewrites it)"), elsewhere.getvalue()
     monkeypatch.delenv(SUMMARY_LATER)
     now = io.StringIO()
     print_summary("success", stream=now, **arguments)

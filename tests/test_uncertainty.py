@@ -351,6 +351,8 @@ def test_roles_fall_back_when_there_is_no_instructblip():
     assert uncertainty_roles(["l", "b"], {"l": "llava", "b": "instructblip"}) == {9: "l", 12: "b"}
     assert uncertainty_roles(["l", "b", "o"], {"l": "llava", "b": "instructblip", "o": "oracle"}, {9: "o"}) == {
         9: "o", 12: "b"}  # the config's choice first (analysis.uncertainty.figures)
+    # the demo: Fig. 9 the oracle, so Fig. 12 (no instructblip; its role would be the oracle too) another model
+    assert uncertainty_roles(["o", "l"], {"o": "oracle", "l": "llava"}, {9: "o"}) == {9: "o", 12: "l"}
 
 
 def test_figures_are_written(tmp_path):

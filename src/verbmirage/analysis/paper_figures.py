@@ -215,7 +215,7 @@ def bar_panel(axis, lookup: pd.DataFrame, models: Sequence[str], bars: Sequence[
     drawn = drawn or {}
     width = 0.8 / max(1, len(bars))
     colours = [bar.colour or f"C{i}" for i, bar in enumerate(bars)]
-    any_bar, marked, small, absent = False, [], [], []
+    any_bar, marked, small, absent, valued = False, [], [], [], set()
     for j, bar in enumerate(bars):  # one bar call per series (a call per bar cost most of a figure's time)
         xs, values, errors, gids, counts = [], [], [], [], []
         for i, model in enumerate(models):
@@ -231,6 +231,7 @@ def bar_panel(axis, lookup: pd.DataFrame, models: Sequence[str], bars: Sequence[
             errors.append((value - low, high - value) if interval else (math.nan, math.nan))
             gids.append(f"{model}|{bar.label}")
             counts.append(lookup.loc[key, "n"])
+            valued.add(model)
         if xs:
             spans = np.array(errors).T
             drawn_bars = axis.bar(xs, values, width, yerr=None if np.isnan(spans).all() else spans, capsize=2,
@@ -270,7 +271,8 @@ def bar_panel(axis, lookup: pd.DataFrame, models: Sequence[str], bars: Sequence[
         handles = [Patch(facecolor=colour, label=bar.label, **_bar_style(bar)) for bar, colour in zip(bars, colours)]
         if marked:
             handles.append(Line2D([], [], label=mark_label(drawn, list(dict.fromkeys(marked))), **PAPER_MARK))
-        legend_below(axis, handles, rotation, title=bars_title(drawn, models, axis_width(axis)))  # clear of bars
+        named = [model for model in models if model in valued] or list(models)  # not those drawn as n/a
+        legend_below(axis, handles, rotation, title=bars_title(drawn, named, axis_width(axis)))  # clear of bars
     axis.axhline(0, color="grey", linewidth=0.5)
 
 
@@ -503,7 +505,9 @@ def draw_paper_figures(metrics: pd.DataFrame, paths: Mapping[str, str | Path], p
         extra = {"pair": pair, "image_free": image_free} if name == "fig4b" else {}
         own = (drawn or {}).get(name, {})
         chosen = models if models is not None else list(dict.fromkeys(metrics.model))
-        notes[name] = figure_note(model_entries or {}, paper_names or {}, own, chosen)
+        present = set(metrics.model[metrics.dataset.eq("charadesego" if name == "fig5" else "hico")])
+        shown = [model for model in chosen if model in present]  # the note names no model the figure shows as n/a
+        notes[name] = figure_note(model_entries or {}, paper_names or {}, own, shown)
         save_figure(DRAW[name](metrics, paper, note=notes[name], models=models, paper_names=paper_names, drawn=own,
                                **extra), path)
     return notes

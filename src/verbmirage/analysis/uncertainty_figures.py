@@ -49,9 +49,15 @@ def uncertainty_roles(models: list[str], backends: dict[str, str],
                       chosen: Mapping[int, str] | None = None) -> dict[int, str | None]:
     """Fig. 9: the first llava model (else the first model); Fig. 12: the first instructblip model, else the
     next model, else the Fig. 9 one (the same rule as the attention figures); ``chosen`` (config
-    ``analysis.uncertainty.figures``) first."""
+    ``analysis.uncertainty.figures``) first, and a figure it leaves to its role shows another model than the
+    chosen one where there is another."""
     roles = figure_models(models, backends)
-    return {9: roles[7], 12: roles[14], **(chosen or {})}
+    chosen = dict(chosen or {})
+    picked = {9: roles[7], 12: roles[14], **chosen}
+    for number, other in ((9, 12), (12, 9)):
+        if number not in chosen and picked[number] == picked[other]:
+            picked[number] = next((m for m in models if m != picked[other]), picked[number])
+    return picked
 
 
 def _hist_panels(rows: pd.DataFrame) -> list[tuple[pd.DataFrame, str]]:

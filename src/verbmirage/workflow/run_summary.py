@@ -120,13 +120,13 @@ def _metrics_line(path: Path) -> str:
     return f"{len(datasets):,} values (datasets: {', '.join(sorted(datasets.unique()))})"
 
 
-def _report_command(configfiles: Sequence[str], workdir: Path) -> str:
+def _report_command(configfiles: Sequence[str], workdir: Path, output: str | None = None) -> str:
     script = Path(sys.executable).parent / "verbmirage"  # the venv's command (pyproject [project.scripts])
     command = _shown(script, workdir) if script.is_file() else f"{_shown(sys.executable, workdir)} -m verbmirage"
     command += " report"
     for configfile in configfiles or ():
         command += f" --configfile {_shown(configfile, workdir)}"
-    return command
+    return command + (f" --output {_shown(output, workdir)}" if output else "")
 
 
 def report_line(report: str | Path, shown: Iterable[str], command: str, workdir: Path) -> str:
@@ -150,7 +150,7 @@ def report_line(report: str | Path, shown: Iterable[str], command: str, workdir:
 def success_summary(outputs: Iterable[str], metrics: str, table1: str | None = None,
                     variants: Mapping[str, Mapping] | None = None, configfiles: Sequence[str] | None = (),
                     report: str = "report.html", workdir: str | Path = ".",
-                    shown: Iterable[str] | None = None) -> str:
+                    shown: Iterable[str] | None = None, output: str | None = None) -> str:
     """The end-of-run block of a successful run.
 
     ``outputs``: the workflow's final files (``rule all``'s inputs); its tables (HTML, with .md and .parquet
@@ -159,8 +159,9 @@ def success_summary(outputs: Iterable[str], metrics: str, table1: str | None = N
     ``paper_name``: the decoding a paper row must match). ``configfiles``: the config files the run was given
     (``--configfile``), repeated in the report command. ``report``: the config's HTML report
     (``RunFolders.report``); ``shown``: every file it shows (``Plan.report_files``; default: the tables and
-    figures among ``outputs``), which it must be at least as new as to be up to date. Paths are shown
-    relative to ``workdir``.
+    figures among ``outputs``), which it must be at least as new as to be up to date; ``output``: the report
+    written somewhere else than the config's own (``verbmirage report --output``), named instead and in the
+    command. Paths are shown relative to ``workdir``.
     """
     workdir = Path(workdir).resolve()
     outputs = [str(path) for path in outputs]
@@ -193,8 +194,8 @@ def success_summary(outputs: Iterable[str], metrics: str, table1: str | None = N
         lines.append(f"  Table 1 ({_shown(table1, workdir)}, clean images): accuracy in %, ours [95% interval]"
                      " | the paper's")
         lines += [f"    {line}" for line in headline]
-    lines.append(report_line(report, tables + figures if shown is None else shown,
-                             _report_command(configfiles, workdir), workdir))
+    lines.append(report_line(output or report, tables + figures if shown is None else shown,
+                             _report_command(configfiles, workdir, output), workdir))
     return "\n".join(lines) + "\n"
 
 
@@ -245,11 +246,12 @@ def failed_jobs(snakemake_log: str) -> list[dict[str, object]]:
     return failed
 
 
-def error_line(log: Path, limit: int = 200) -> str:
+def error_line(log: Path, limit: int = 300) -> str:
     """The line a job log names its error with: the job server's word that a signal killed the job (its last
     line, :data:`verbmirage.workflow.jobserver.KILLED`), else the exception line of its last Python traceback
     (the first line after ``Traceback (most recent call last):`` that is not indented), else the last line that
-    names an error, else its last line."""
+    names an error, else its last line. A line longer than ``limit`` keeps its start and its end (where our
+    messages say what to do: the command that repairs a damaged shard)."""
     lines = [line.rstrip() for line in re.split(r"[\r\n]+", log.read_text(errors="replace")) if line.strip()]
     if not lines:
         return "(empty)"
@@ -262,7 +264,8 @@ def error_line(log: Path, limit: int = 200) -> str:
     if found is None:
         found = next((line for line in reversed(lines) if _EXCEPTION_LINE.match(line.strip())), lines[-1])
     found = found.strip()
-    return found if len(found) <= limit else found[: limit - 3] + "..."
+    half = (limit - 5) // 2
+    return found if len(found) <= limit else f"{found[:half]} ... {found[-half:]}"
 
 
 def failure_summary(snakemake_logs: Sequence[str], workdir: str | Path = ".", limit: int = FAILED_JOBS) -> str:
@@ -350,8 +353,8 @@ def print_saved_summary(saved: str | Path, stream=None, report: str | Path | Non
         arguments = json.loads(Path(saved).read_text())
     except (OSError, ValueError):
         return False
-    if report is not None:
-        arguments["report"] = str(report)
+    if report is not None and Path(report).resolve() != (Path(workdir) / arguments.get("report", "")).resolve():
+        arguments["output"] = str(report)  # not the config's own report: named, and so is the --output it needs
     arguments["workdir"] = str(workdir)
     try:
         text = success_summary(**arguments)
