@@ -100,6 +100,10 @@ def test_unknown_top_level_key_is_refused(config):
          r"models.tiny_llava.path: no folder 'resources/models/no_such_model' \(a local checkpoint must exist where "
          r"the run is planned: here, .*\), and it is not a hub id \('org/name'\)"),
         (lambda c: c["models"]["tiny_llava"].update(path="./llava"), r"models.tiny_llava.path: no folder './llava'"),
+        # a hub id with local_files_only: true must be in the Hugging Face cache (else the job fails offline)
+        (lambda c: c["models"]["tiny_llava"].update(path="resources/no_such"),
+         r"models.tiny_llava.path: no folder 'resources/no_such' here .*, nor a checkpoint of that hub id in the "
+         r"Hugging Face cache, and local_files_only: true forbids downloading it"),
         (lambda c: c["models"].update(tuned={**c["models"]["tiny_llava"], "adapter": "../adapters/a"}),
          r"models.tuned.adapter: no folder '../adapters/a'"),
         (lambda c: c["models"]["tiny_clip"].update(template="a photo of a person"),
@@ -296,3 +300,20 @@ def test_a_failed_check_reads_file_first_then_key(tmp_path, monkeypatch):
     assert stop_message(error, ["/elsewhere/a.yaml", "b.yaml"]).startswith("/elsewhere/a.yaml, b.yaml: models.m")
     own = ConfigError(f"{tmp_path}/my.yaml: line 3: key 'a' appears twice")
     assert stop_message(own, [str(tmp_path / "my.yaml")]) == str(own)  # names its file already
+
+
+def test_an_offline_hub_id_in_the_hugging_face_cache_plans(config, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    snapshot = tmp_path / "hub" / "models--some-org--some-vlm" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "hub" / "models--some-org--some-vlm" / "refs").mkdir()
+    (tmp_path / "hub" / "models--some-org--some-vlm" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    config["models"]["tiny_llava"]["path"] = "some-org/some-vlm"
+    validate(config, SCHEMA)
+    check_config(config, REPO)  # cached: it loads offline
+    config["models"]["tiny_llava"]["path"] = "some-org/other-vlm"
+    with pytest.raises(ConfigError, match="nor a checkpoint of that hub id in the Hugging Face cache"):
+        check_config(config, REPO)

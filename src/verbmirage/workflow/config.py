@@ -268,10 +268,12 @@ def _check_pangea(config: dict, workdir: Path) -> None:
         raise ConfigError(f"datasets.pangea.root: '{root}' has no {samples}")
 
 
-def _check_model_folder(where: str, value, workdir: Path, built: set[str], downloaded: list[Path]) -> None:
+def _check_model_folder(where: str, value, workdir: Path, built: set[str], downloaded: list[Path],
+                        offline: bool = False, revision: str | None = None) -> None:
     """A model's ``path`` or ``adapter`` that is no folder here must be a hub id, or one the run builds or
     downloads: an absolute path, or a relative one transformers would not take as a hub id ('org/name':
-    ``resources/models/x``, ``./x``), is refused at planning rather than in the model's job."""
+    ``resources/models/x``, ``./x``), is refused at planning rather than in the model's job. With ``offline``
+    (``local_files_only: true``) a hub id must be in the Hugging Face cache already (looked up, never fetched)."""
     if not isinstance(value, str) or (workdir / value).exists() or value in built:
         return
     if any(Path(value) == folder or folder in Path(value).parents for folder in downloaded):
@@ -279,6 +281,18 @@ def _check_model_folder(where: str, value, workdir: Path, built: set[str], downl
     if Path(value).is_absolute() or not _could_be_hub_id(value):
         raise ConfigError(f"{where}: no folder '{value}' (a local checkpoint must exist where the run is planned: "
                           f"here, {workdir.resolve()}), and it is not a hub id ('org/name')")
+    if offline and not _in_hub_cache(value, revision):
+        raise ConfigError(f"{where}: no folder '{value}' here ({workdir.resolve()}), nor a checkpoint of that hub id "
+                          "in the Hugging Face cache, and local_files_only: true forbids downloading it; give the "
+                          "folder's path, or download the checkpoint first")
+
+
+def _in_hub_cache(repo_id: str, revision: str | None) -> bool:
+    """Whether the Hugging Face cache holds a checkpoint of ``repo_id`` (its ``config.json``), as transformers would
+    find it offline; nothing is fetched."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json", revision=revision), str)
 
 
 def _could_be_hub_id(value: str) -> bool:
@@ -365,7 +379,9 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
         else:
             _check_backend_settings(slug, entry)
         for key in ("path", "adapter"):
-            _check_model_folder(f"models.{slug}.{key}", entry.get(key), workdir, built, downloaded)
+            _check_model_folder(f"models.{slug}.{key}", entry.get(key), workdir, built, downloaded,
+                                offline=key == "path" and entry.get("local_files_only") is True,
+                                revision=entry.get("revision"))
         if entry["backend"] == "openai":
 
             try:
