@@ -47,6 +47,7 @@ def _small_demo(config: dict) -> None:
     config["questions"]["sets"].remove("yn_ko")
     for model in ("tiny_clip", "always_yes", "prior", "oracle"):
         del config["models"][model]
+    config["analysis"]["uncertainty"].pop("figures", None)  # the oracle drawn in Fig. 9 is gone
     config["ensembles"] = {}
     config["variants"] = {slug: entry for slug, entry in config["variants"].items() if slug in KEPT_VARIANTS}
     config["analysis"]["vcd_divergence"].pop("pairs", None)

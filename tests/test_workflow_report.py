@@ -298,10 +298,10 @@ def test_snakefile_hooks_print_the_end_of_run_summary(demo_run, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     text = result.stderr[result.stderr.index("Verb Mirage: the run finished."):]
     table1 = pd.read_parquet(tmp_path / "results/tables/table1.parquet").set_index(["source", "model", "variant"])
-    llava = table1.loc[("measured", "tiny_llava", "default")]
+    llava = table1.loc[("measured", "tiny_llava", "beam5")]  # its run in the paper's decoding, beam search
     headline = (f"yn_obj {llava.yn_obj_acc:.2f} [{llava.yn_obj_acc_ci_low:.2f}, {llava.yn_obj_acc_ci_high:.2f}]  "
                 f"yn_verb {llava.yn_verb_acc:.2f}")
-    assert re.search(rf"\n    tiny_llava \(default\) +{re.escape(headline)}", text), text
+    assert re.search(rf"\n    tiny_llava \(beam5\) +{re.escape(headline)}", text), text
     assert "tables   results/tables/ (" in text and "figures  results/figures/ (0 of " in text  # not copied
     assert f"report --configfile config.yaml` writes {tmp_path / 'report.html'}, then open it in a browser" in text
 
