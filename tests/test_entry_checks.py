@@ -24,7 +24,7 @@ from test_shard_integrity import prepared  # noqa: F401  (a fixture: the questio
 
 
 @pytest.fixture(scope="module")
-def job_inputs(prepared):
+def job_inputs(prepared):  # noqa: F811  (a fixture, imported above)
     """A question set and its image folder: enough for a real ``predict-suite`` job."""
     return prepared[0]
 

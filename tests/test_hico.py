@@ -55,7 +55,10 @@ def test_readable_names():
 def test_demo_has_the_real_layout(demo_roots, real_anno):
     demo = scipy.io.loadmat(demo_roots[0] / "anno.mat")
     real = scipy.io.loadmat(REAL_HICO / "anno.mat")
-    public = lambda m: {k for k in m if not k.startswith("__")}
+
+    def public(m):
+        return {k for k in m if not k.startswith("__")}
+
     assert public(demo) == public(real)
     assert demo["list_action"].shape == real["list_action"].shape == (600, 1)
     assert demo["list_action"].dtype.names == real["list_action"].dtype.names == LIST_ACTION_FIELDS

@@ -85,7 +85,7 @@ def test_hico_pairs_are_training_positives_against_label_minus_one_verbs(demo_an
     assert len(pairs) == PAIRS
     check_pairs(demo_anno, pairs)
     first = pairs.iloc[0]
-    verb, obj = demo_anno.hois.verb[first.hoi_id], demo_anno.hois.object[first.hoi_id]
+    obj = demo_anno.hois.object[first.hoi_id]
     assert first.truthful_prompt == first.hallucinated_prompt == "Please describe this image in detail."
     assert first.truthful.startswith("A person is ") and first.truthful.endswith(".")
     assert first.truthful != first.hallucinated and obj.replace("_", " ") in first.truthful
@@ -147,8 +147,9 @@ def test_hidden_state_index_convention_is_the_layer_output(tiny4, demo_roots, pa
     layers = decoder_layers(vlm.model)
     assert len(layers) == 4 and chosen_layers("upper_half", 4) == [2, 3] and chosen_layers("upper_half", 32) == list(range(16, 32))
     seen = {}
-    hooks = [layers[l].register_forward_hook(lambda m, a, out, l=l: seen.__setitem__(l, out[0] if isinstance(out, tuple) else out))
-             for l in range(3)]
+    hooks = [layers[index].register_forward_hook(
+                 lambda m, a, out, index=index: seen.__setitem__(index, out[0] if isinstance(out, tuple) else out))
+             for index in range(3)]
     image = open_rgb(demo_roots[0] / pairs.image[0])
     text = vlm.render_turn("Please describe this image in detail.") + " A person is riding a horse."
     encoded = vlm.encode([text], [image])
@@ -157,8 +158,8 @@ def test_hidden_state_index_convention_is_the_layer_output(tiny4, demo_roots, pa
     for hook in hooks:
         hook.remove()
     assert len(hidden) == 5
-    for l in range(3):
-        assert torch.equal(hidden[l + 1], seen[l])
+    for index in range(3):
+        assert torch.equal(hidden[index + 1], seen[index])
     # the embeddings: `mean` over every position, `last` the final token, `answer_mean` after the prompt
     mean = sample_embeddings(vlm, [image], ["Please describe this image in detail."], ["A person is riding a horse."],
                              [1], "mean")
@@ -211,24 +212,24 @@ def test_only_the_chosen_layers_down_proj_change(tiny4, pairs, demo_roots):
 def test_edited_matrices_give_nothing_along_the_removed_directions(tiny4, pairs, demo_roots):
     vlm = load(tiny4)
     differences, scale = difference_matrices(vlm, pairs, demo_roots[0], [2, 3], "mean")
-    projections = {l: hallu_space(differences[l], 4, scale)[0] for l in (2, 3)}
-    before = {l: decoder_layers(vlm.model)[l].mlp.down_proj.weight.detach().clone() for l in (2, 3)}
+    projections = {layer: hallu_space(differences[layer], 4, scale)[0] for layer in (2, 3)}
+    before = {layer: decoder_layers(vlm.model)[layer].mlp.down_proj.weight.detach().clone() for layer in (2, 3)}
     edit_model(vlm.model, projections)
     outputs = {}
-    hooks = [decoder_layers(vlm.model)[l].mlp.down_proj.register_forward_hook(
-        lambda m, a, out, l=l: outputs.__setitem__(l, out)) for l in (2, 3)]
+    hooks = [decoder_layers(vlm.model)[layer].mlp.down_proj.register_forward_hook(
+        lambda m, a, out, layer=layer: outputs.__setitem__(layer, out)) for layer in (2, 3)]
     image = open_rgb(demo_roots[0] / pairs.image[0])
     with torch.no_grad():
         vlm.model(**vlm.encode([vlm.render_turn("Is someone riding a horse?")], [image]))
     for hook in hooks:
         hook.remove()
-    for l in (2, 3):
-        v = projections[l]
-        weight = decoder_layers(vlm.model)[l].mlp.down_proj.weight
+    for layer in (2, 3):
+        v = projections[layer]
+        weight = decoder_layers(vlm.model)[layer].mlp.down_proj.weight
         assert v.shape == (4, 32) and torch.allclose(v @ v.T, torch.eye(4), atol=1e-5)  # orthonormal rows
-        assert (v @ weight).norm() <= 1e-5 * before[l].norm()  # rows of W'^T orthogonal to the HalluSpace
-        assert (v @ before[l]).norm() > 1e-3 * before[l].norm()  # ... which the base's were not
-        assert (outputs[l] @ v.T).norm() <= 1e-5 * outputs[l].norm()  # the MLP writes nothing along them
+        assert (v @ weight).norm() <= 1e-5 * before[layer].norm()  # rows of W'^T orthogonal to the HalluSpace
+        assert (v @ before[layer]).norm() > 1e-3 * before[layer].norm()  # ... which the base's were not
+        assert (outputs[layer] @ v.T).norm() <= 1e-5 * outputs[layer].norm()  # the MLP writes nothing along them
 
 
 def test_projection_is_idempotent_sign_free_and_matches_numpy():

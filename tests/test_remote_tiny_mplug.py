@@ -107,7 +107,10 @@ def test_prompt_equals_the_package_conversation(mplug, images):
     ids = mplug.client.request("prompt", image=str(images[0]), prompt=YN)["ids"]
     assert ids[0] == BOS and ids.count(BOS) == 1 and ids.count(IMAGE_TOKEN_INDEX) == 1
     image = ids.index(IMAGE_TOKEN_INDEX)
-    spelled = lambda part: "".join("".join(mplug.vocabulary[i] or "?" for i in part).split())
+
+    def spelled(part):
+        return "".join("".join(mplug.vocabulary[i] or "?" for i in part).split())
+
     assert spelled(ids[1:image]) == "USER:"
     assert spelled(ids[image + 1 :]) == "".join((YN + " ASSISTANT:").split())
 

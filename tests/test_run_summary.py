@@ -272,7 +272,7 @@ def test_a_saved_summary_is_printed_after_the_report_with_its_line_current(tmp_p
     assert print_saved_summary(tmp_path / "logs/run_summary.json", stream=elsewhere, report=tmp_path / "mine.html",
                                workdir=tmp_path)
     assert elsewhere.getvalue().rstrip().splitlines()[-1].endswith(
-        f"report --output mine.html` rewrites it)"), elsewhere.getvalue()
+        "report --output mine.html` rewrites it)"), elsewhere.getvalue()
     monkeypatch.delenv(SUMMARY_LATER)
     now = io.StringIO()
     print_summary("success", stream=now, **arguments)

@@ -9,7 +9,6 @@ import io
 import json
 import logging
 import os
-import shutil
 import re
 import select
 import shutil

@@ -48,8 +48,8 @@ def test_margin_helper():
 
 @pytest.mark.parametrize("family", ["llava", "qwen2_vl", "instructblip"])
 def test_tiny_transformers_margin_is_the_logit_of_p_yes(tiny_dirs, images, family):
-    model = create_model(family, {"backend": family, "path": str(tiny_dirs[family]), "local_files_only": True})
-    results = model.score_yes_no(_yes_no_questions(images))
+    tiny = create_model(family, {"backend": family, "path": str(tiny_dirs[family]), "local_files_only": True})
+    results = tiny.score_yes_no(_yes_no_questions(images))
     for result in results:
         assert result.yes_margin is not None and math.isfinite(result.yes_margin)
         assert _sigmoid(result.yes_margin) == pytest.approx(result.p_yes, abs=1e-6)
@@ -98,8 +98,8 @@ class _FixedLogits(LogitsVLM):
 
 
 def test_engine_margin_is_finite_where_float32_p_yes_saturates():
-    model = _FixedLogits([[40.0, 0.0, 0, 0, 0], [60.0, 0.0, 0, 0, 0], [1.0, 2.0, 0, 0, 0]])
-    results = model.score_yes_no([Question(f"q{i}", "?") for i in range(3)])
+    fixed = _FixedLogits([[40.0, 0.0, 0, 0, 0], [60.0, 0.0, 0, 0, 0], [1.0, 2.0, 0, 0, 0]])
+    results = fixed.score_yes_no([Question(f"q{i}", "?") for i in range(3)])
     assert results[0].p_yes == results[1].p_yes == 1.0  # float32 softmax: the ranking is lost
     assert [r.yes_margin for r in results] == pytest.approx([40.0, 60.0, -1.0])
     assert _sigmoid(results[2].yes_margin) == pytest.approx(results[2].p_yes, abs=1e-6)
@@ -109,9 +109,9 @@ def test_engine_yes_mass_is_the_yes_share_of_the_whole_vocabulary_in_float64():
     """``yes_mass``: the paper's "probability of Yes tokens" read literally. Mass on other tokens can reverse
     its ranking against the renormalised P(yes); and it is float64 from the logits, since a confident model's
     float32 softmax gives 1.0 to every row (ties that change AP, the reason for ``yes_margin``)."""
-    model = _FixedLogits([[2.0, 0.0, 5.0, 5.0, 5.0], [1.0, 1.0, -10.0, -10.0, -10.0],
+    fixed = _FixedLogits([[2.0, 0.0, 5.0, 5.0, 5.0], [1.0, 1.0, -10.0, -10.0, -10.0],
                           [20.0, 0.0, 0, 0, 0], [21.0, 0.0, 0, 0, 0]])
-    a, b, confident, more = model.score_yes_no([Question(f"q{i}", "?") for i in range(4)])
+    a, b, confident, more = fixed.score_yes_no([Question(f"q{i}", "?") for i in range(4)])
     e = math.exp
     assert a.yes_mass == pytest.approx(e(2) / (e(2) + 1 + 3 * e(5)), rel=1e-9)
     assert b.yes_mass == pytest.approx(e(1) / (2 * e(1) + 3 * e(-10)), rel=1e-9)
@@ -126,19 +126,19 @@ def test_remote_adapter_margin_from_the_driver_logits(tmp_path):
     for name in ("yes_horse", "bench"):
         images[name] = tmp_path / f"{name}.png"
         Image.new("RGB", (8, 8)).save(images[name])
-    model = FakeRemote("m", path=str(tmp_path), trust_remote_code=True, device="cpu")  # in-process driver
-    results = model.score_yes_no([Question("1", "Is it?", image=images["yes_horse"]),
-                                  Question("2", "Is it?", image=images["bench"])])
+    remote = FakeRemote("m", path=str(tmp_path), trust_remote_code=True, device="cpu")  # in-process driver
+    results = remote.score_yes_no([Question("1", "Is it?", image=images["yes_horse"]),
+                                   Question("2", "Is it?", image=images["bench"])])
     e = math.exp
     # the fake's yes ids (0, 1) and no ids (2, 3): logits (1, 2) vs (-5, -5), and (-5, -5) vs (2, -5)
     assert results[0].yes_margin == pytest.approx(math.log(e(1) + e(2)) - math.log(2 * e(-5)))
     assert results[1].yes_margin == pytest.approx(math.log(2 * e(-5)) - math.log(e(2) + e(-5)))
     for result, name in zip(results, images):
         assert _sigmoid(result.yes_margin) == pytest.approx(fake.expected_p_yes(name), abs=1e-6)
-    model.close()
+    remote.close()
 
 
-def test_api_margin_from_logprobs_only_when_both_words_are_listed(model, tmp_path):
+def test_api_margin_from_logprobs_only_when_both_words_are_listed(model, tmp_path):  # noqa: F811  (a fixture, imported above)
     image = tmp_path / "img.jpg"
     Image.new("RGB", (8, 8)).save(image)
     plain, text_only = model.score_yes_no([Question("a", "plain question?", image=image),
@@ -153,10 +153,10 @@ def test_baselines_and_multiple_choice_rows_have_no_margin(demo_anno, tmp_path):
     from verbmirage.inference.runs import predict
     from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 
-    model = create_model("always_yes", {"backend": "always_yes"})
+    always_yes = create_model("always_yes", {"backend": "always_yes"})
     for qset in ("yn_obj", "mc_obj"):
         questions = build_question_set(demo_anno, qset, QuestionSettings()).head(8)
-        frame = predict(questions, model, None)
+        frame = predict(questions, always_yes, None)
         assert frame.yes_margin.isna().all()
         write_table(frame, tmp_path / f"{qset}.parquet", PREDICTIONS)
         assert read_table(tmp_path / f"{qset}.parquet", PREDICTIONS).yes_margin.isna().all()
