@@ -1,8 +1,10 @@
-"""The code's lint, as the tests' first minute sees it: ruff on the whole tree (its settings in pyproject.toml, and
-scripts/ruff.toml for the Snakemake scripts)."""
+"""The code's lint: ruff on the whole tree (its settings in pyproject.toml, and scripts/ruff.toml for the Snakemake
+scripts) and snakefmt on the workflow's files, both in the fast tier; Snakemake's own lint of the demo workflow in the
+workflow tier (it starts Snakemake: tests/tiers.py)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,3 +40,22 @@ def test_a_script_may_use_snakemake_but_no_other_undefined_name(tmp_path):
     assert "good.py" not in found, found
     assert "typo.py:3:6: F821 Undefined name `snakemak`" in found, found
     assert "module.py:3:6: F821 Undefined name `snakemake`" in found, found
+
+
+def test_snakefmt_leaves_the_workflow_files_as_they_are():
+    """`snakefmt --check` on rules/ and the Snakefile, with its settings in pyproject.toml ([tool.snakefmt])."""
+    checked = subprocess.run([sys.executable, "-m", "snakefmt", "--check", "--compact-diff", "rules", "Snakefile"],
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0, ("snakefmt would change these (run `.venv/bin/snakefmt rules/ Snakefile`, then "
+                                     f"check that `snakemake -n` plans the same jobs):\n{checked.stdout}{checked.stderr}")
+
+
+def test_snakemake_lint_finds_nothing_in_the_demo_workflow(tmp_path):
+    """`snakemake --lint` on the demo's config (copied into a scratch working directory, where the Snakefile's
+    ``configfile:`` reads it), as a user would run it in the checkout."""
+    shutil.copy(REPO / "config.yaml", tmp_path / "config.yaml")
+    linted = subprocess.run([sys.executable, "-m", "snakemake", "--lint", "--cores", "1", "--snakefile",
+                             str(REPO / "Snakefile"), "--directory", str(tmp_path)],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert linted.returncode == 0 and "workflow is in a good condition" in linted.stdout + linted.stderr, \
+        f"`snakemake --lint` finds these:\n{linted.stdout}{linted.stderr}"

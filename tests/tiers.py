@@ -53,12 +53,13 @@ FILE_TIERS = {
     "test_slurm.py": "cluster",
 }
 
-#: Tests that plan with Snakemake (a dry run) in files whose other tests are package logic.
+#: Tests that start Snakemake (a dry run, its lint) in files whose other tests are package logic.
 TEST_TIERS = dict.fromkeys([
     "test_adapters.py::test_the_adapter_folder_is_an_input_of_the_model_jobs",
     "test_attention.py::test_attention_is_added_to_a_run_without_inference",
     "test_cli.py::test_check_plans_a_config_and_names_a_bad_key",
     "test_derived.py::test_adding_a_derived_model_plans_only_its_jobs",
+    "test_lint.py::test_snakemake_lint_finds_nothing_in_the_demo_workflow",
     "test_run_summary.py::test_failure_summary_reads_the_failed_jobs_from_a_real_snakemake_log",
 ], "workflow")
 
