@@ -16,11 +16,10 @@ from verbmirage.benchmark import questions  # noqa: E402
 from verbmirage.benchmark.questions import (  # noqa: E402
     QUESTION_SETS,
     QuestionSettings,
-    _compact_json,
     build_question_set,
     build_question_sets,
-    content_hash,
 )
+from verbmirage.benchmark.sampling import _compact_json, content_hash  # noqa: E402
 
 
 def _assert_same_table(fast: pd.DataFrame, slow: pd.DataFrame, what: str) -> None:
