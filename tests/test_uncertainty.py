@@ -23,6 +23,7 @@ from verbmirage.analysis.uncertainty import (
     bin_edges,
     confidence_rows,
     histogram_rows,
+    read_runs,
     token_probability_models,
     uncertainty_settings,
     uncertainty_tables,
@@ -30,7 +31,9 @@ from verbmirage.analysis.uncertainty import (
 from verbmirage.analysis.uncertainty_figures import draw_fov_figure, draw_uncertainty_figures, uncertainty_roles
 from verbmirage.core.errors import ConfigError
 from verbmirage.core.io import read_table, write_table
-from verbmirage.core.schemas import FOV, FOV_ROWS, METRICS, UNCERTAINTY_HIST
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.benchmark.questions import QuestionSettings, build_question_set
+from verbmirage.core.schemas import FOV, FOV_ROWS, METRICS, PREDICTIONS, UNCERTAINTY_HIST
 from verbmirage.evaluation.metrics import BootstrapSettings
 
 NO_BOOTSTRAP = BootstrapSettings(resamples=0)
@@ -202,6 +205,32 @@ def test_tables_fit_their_schemas(tmp_path):
 
 
 # ---- config ---------------------------------------------------------------------------------------------
+
+
+def test_read_runs_pairs_each_run_with_its_tables_and_reads_a_question_table_once(demo_anno, tmp_path):
+    """The scripts' reading of a plan's runs: one prediction file per run (uncertainty) or one per condition
+    (field of view), real Parquet tables under their schemas."""
+    from verbmirage.inference.runs import predict
+    from verbmirage.models import create_model
+
+    questions = build_question_set(demo_anno, "yn_obj", QuestionSettings()).head(6)
+    write_table(questions, tmp_path / "yn_obj.parquet", QUESTIONS)
+    answered = {}
+    for condition, backend in (("clean", "always_yes"), ("crop", "random")):
+        answered[condition] = str(tmp_path / f"{condition}.parquet")
+        write_table(predict(questions, create_model(backend, {"backend": backend}), None), answered[condition],
+                    PREDICTIONS)
+    run = {"model": "m", "variant": "default", "qset": "yn_obj", "questions": str(tmp_path / "yn_obj.parquet")}
+    single = read_runs([{**run, "condition": c, "predictions": answered[c]} for c in answered],
+                       ("model", "condition"), where=True)
+    assert [keys for keys, _, _ in single] == [{"model": "m", "condition": c, "where": answered[c]} for c in answered]
+    assert single[0][1] is single[1][1]  # the question table read once for both runs
+    pd.testing.assert_frame_equal(single[0][1], read_table(run["questions"], QUESTIONS))
+    for (_, _, table), condition in zip(single, answered):
+        pd.testing.assert_frame_equal(table, read_table(answered[condition], PREDICTIONS))
+    [(keys, _, tables)] = read_runs([{**run, "predictions": answered}], ("model", "variant", "qset"))
+    assert keys == {"model": "m", "variant": "default", "qset": "yn_obj"} and list(tables) == ["clean", "crop"]
+    assert (tables["clean"].prediction == "yes").all() and not tables["crop"].equals(tables["clean"])
 
 
 def base_config(**analysis) -> dict:
