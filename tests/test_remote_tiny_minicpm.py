@@ -9,9 +9,8 @@ embedding followed by the language model on ``inputs_embeds``.
 
 from __future__ import annotations
 
-import pytest
 
-from remote_tiny import check_beam_and_sampling, colour_images, first_greedy_answer, open_tiny_model, check_decision
+from remote_tiny import check_beam_and_sampling, check_scores, first_greedy_answer, module_images, module_model
 from verbmirage.models import Question
 
 BEGIN, START_HEADER, END_HEADER, EOT = 128000, 128006, 128007, 128009
@@ -24,17 +23,8 @@ def golden_prompt(question: str) -> str:
             f"{question}<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
 
 
-@pytest.fixture(scope="module")
-def minicpm(tmp_path_factory):
-    model = open_tiny_model("minicpm_v", tmp_path_factory, max_new_tokens=4)
-    yield model
-    model.close()
-
-
-@pytest.fixture(scope="module")
-def images(tmp_path_factory):
-    specs = [((64, 48), (200, 30, 30)), ((300, 120), (20, 180, 40))]
-    return colour_images(tmp_path_factory.mktemp("minicpm_images"), specs)
+minicpm = module_model("minicpm_v")
+images = module_images("minicpm_images", [((64, 48), (200, 30, 30)), ((300, 120), (20, 180, 40))])
 
 
 def test_constructor_and_vocabulary(minicpm):
@@ -59,17 +49,7 @@ def test_prompt_equals_the_official_chat(minicpm, images):
 
 def test_yes_no_and_multiple_choice_scores(minicpm, images):
     """p_yes and confidence come from logits, not from a parsed reply."""
-    questions = [Question(str(i), "Is someone riding a horse?", image=p) for i, p in enumerate(images)]
-    results = minicpm.score_yes_no(questions)
-    for result in results:
-        assert result.error is None and result.parse_rule.startswith("greedy:")
-        assert 0.0 < result.p_yes < 1.0 and 0.0 < result.confidence <= 1.0
-        check_decision(result)
-    assert results[0].p_yes != results[1].p_yes
-    mc = minicpm.score_multiple_choice([Question("m", "Which of the following actions is present in the image?\n"
-                                                 "A. riding\nB. feeding", image=images[1], options=("riding", "feeding"))])[0]
-    assert mc.error is None and sum(mc.option_probs) == pytest.approx(1.0)
-    check_decision(mc, ("riding", "feeding"))
+    check_scores(minicpm, images, images[1], ("riding", "feeding"))
 
 
 def test_logits_argmax_is_the_first_greedy_token_and_chat_agrees(minicpm, images):

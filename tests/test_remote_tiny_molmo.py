@@ -13,11 +13,11 @@ import pytest
 
 from remote_tiny import (
     TRANSFORMERS5_ENV,
-    check_decision,
-    open_tiny_model,
-    colour_images,
     check_beam_and_sampling,
+    check_scores,
     first_greedy_answer,
+    module_images,
+    module_model,
     require_env,
     tiny_entry,
     worker_env,
@@ -31,17 +31,8 @@ YES_IDS, NO_IDS = {7414, 9454, 9834}, {2308, 902}
 LETTER_IDS = {"A": 362, "B": 425}
 
 
-@pytest.fixture(scope="module")
-def molmo(tmp_path_factory):
-    model = open_tiny_model("molmo", tmp_path_factory, max_new_tokens=4)
-    yield model
-    model.close()
-
-
-@pytest.fixture(scope="module")
-def images(tmp_path_factory):
-    specs = [((64, 48), (200, 30, 30)), ((40, 90), (20, 180, 40))]
-    return colour_images(tmp_path_factory.mktemp("molmo_images"), specs)
+molmo = module_model("molmo")
+images = module_images("molmo_images", [((64, 48), (200, 30, 30)), ((40, 90), (20, 180, 40))])
 
 
 def test_constructor_and_vocabulary(molmo):
@@ -76,17 +67,7 @@ def test_scores_in_bfloat16_weights(molmo, images, tmp_path_factory):
 
 
 def test_yes_no_and_multiple_choice_scores(molmo, images):
-    questions = [Question(str(i), "Is someone riding a horse?", image=p) for i, p in enumerate(images)]
-    results = molmo.score_yes_no(questions)
-    for result in results:
-        assert result.error is None and result.parse_rule.startswith("greedy:")
-        assert 0.0 < result.p_yes < 1.0 and 0.0 < result.confidence <= 1.0
-        check_decision(result)
-    assert results[0].p_yes != results[1].p_yes
-    mc = molmo.score_multiple_choice([Question("m", "Which of the following actions is present in the image?\n"
-                                               "A. riding\nB. feeding", image=images[1], options=("riding", "feeding"))])[0]
-    assert mc.error is None and sum(mc.option_probs) == pytest.approx(1.0)
-    check_decision(mc, ("riding", "feeding"))
+    check_scores(molmo, images, images[1], ("riding", "feeding"))
 
 
 def test_logits_argmax_is_the_first_greedy_token(molmo, images):

@@ -11,22 +11,28 @@ end (import errors) need neither the env nor the code folder.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from remote_tiny import check_beam_and_sampling, colour_images, first_greedy_answer, check_decision
+from remote_tiny import (
+    REMOTE_CODE,
+    check_beam_and_sampling,
+    check_scores,
+    envs_dir,
+    first_greedy_answer,
+    module_images,
+    tiny_entry,
+    worker_env,
+)
 
 from verbmirage.models import Question, create_model
 from verbmirage.models.remote import WorkerError
 
-REPO = Path(__file__).resolve().parents[1]
-CODE_DIR = REPO.parent / "shared" / "remote_code" / "mplug_owl2"
+CODE_DIR = REMOTE_CODE / "mplug_owl2"
 BUILDER = Path(__file__).resolve().parent / "remote_tiny_mplug_build.py"
 IMAGE_TOKEN_INDEX, BOS = -200, 1
 YN = "Is someone riding a horse?\nAnswer yes or no."
@@ -37,26 +43,10 @@ def golden_prompt(question: str) -> str:
     return f"USER: <|image|>{question} ASSISTANT:"
 
 
-def paper_entry() -> dict:
-    return yaml.safe_load((REPO / "configs" / "paper.yaml").read_text())["models"]["mplug_owl2"]
-
-
-def envs_dir() -> Path:
-    return Path(os.environ.get("VERBMIRAGE_ENVS_DIR", REPO / ".envs"))
-
-
 @pytest.fixture(scope="module")
 def env() -> str:
     """The env the paper config names, or skip (fail where VERBMIRAGE_REQUIRE_REMOTE_ENVS=1) when it is missing."""
-    if not CODE_DIR.is_dir():
-        pytest.skip(f"{CODE_DIR} is absent")
-    name = paper_entry()["env"]
-    if not (envs_dir() / name / "bin" / "python").exists():
-        message = f"worker env '{name}' is not built: run tools/make_envs.sh {name}"
-        if os.environ.get("VERBMIRAGE_REQUIRE_REMOTE_ENVS") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return name
+    return worker_env("mplug_owl2")
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +60,7 @@ def checkpoint(env, tmp_path_factory) -> Path:
 
 def make_model(env: str, checkpoint: Path, **settings):
     """The paper config's entry, pointed at the tiny checkpoint (a local folder: pinned by its files), on CPU."""
-    entry = {**paper_entry(), "path": str(checkpoint), "dtype": "float32", "device": "cpu", "env": env,
-             "options": {"code_dir": str(CODE_DIR)}, "max_new_tokens": 4}
-    for key in ("revision", "batch_size", "shards", "resources"):
-        entry.pop(key, None)
+    entry = tiny_entry("mplug_owl2", env, checkpoint, options={"code_dir": str(CODE_DIR)}, max_new_tokens=4)
     return create_model("mplug_owl2", {**entry, **settings})
 
 
@@ -84,10 +71,7 @@ def mplug(env, checkpoint):
     model.close()
 
 
-@pytest.fixture(scope="module")
-def images(tmp_path_factory) -> list[Path]:
-    specs = [((64, 48), (200, 30, 30)), ((40, 72), (20, 180, 40))]
-    return colour_images(tmp_path_factory.mktemp("mplug_images"), specs)
+images = module_images("mplug_images", [((64, 48), (200, 30, 30)), ((40, 72), (20, 180, 40))])
 
 
 def test_constructor_runs_the_package_in_its_env(mplug):
@@ -116,18 +100,7 @@ def test_prompt_equals_the_package_conversation(mplug, images):
 
 
 def test_yes_no_and_multiple_choice_scores(mplug, images):
-    questions = [Question(str(i), "Is someone riding a horse?", image=p) for i, p in enumerate(images)]
-    results = mplug.score_yes_no(questions)
-    for result in results:
-        assert result.error is None and result.parse_rule.startswith("greedy:")
-        assert 0.0 < result.p_yes < 1.0 and 0.0 < result.confidence <= 1.0
-        check_decision(result)
-    assert results[0].p_yes != results[1].p_yes  # the image reaches the language model
-    mc = mplug.score_multiple_choice([Question("m", "Which of the following actions is present in the image?\n"
-                                               "A. riding\nB. feeding\nC. washing", image=images[0],
-                                               options=("riding", "feeding", "washing"))])[0]
-    assert mc.error is None and sum(mc.option_probs) == pytest.approx(1.0)
-    check_decision(mc, ("riding", "feeding", "washing"))
+    mc = check_scores(mplug, images, images[0], ("riding", "feeding", "washing"))
     assert all(p > 0 for p in mc.option_probs)
 
 

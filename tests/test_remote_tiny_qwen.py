@@ -16,11 +16,11 @@ from PIL import Image
 
 from remote_tiny import (
     TRANSFORMERS5_ENV,
-    check_decision,
-    open_tiny_model,
-    colour_images,
     check_beam_and_sampling,
+    check_scores,
     first_greedy_answer,
+    module_images,
+    module_model,
     require_env,
     tiny_entry,
 )
@@ -39,17 +39,8 @@ def golden_prompt(image: str, question: str) -> str:
             f"Picture 1:<img>{image}</img>\n{question}<|im_end|>\n<|im_start|>assistant\n")
 
 
-@pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
-    model = open_tiny_model("qwen_vl_chat", tmp_path_factory, max_new_tokens=4)
-    yield model
-    model.close()
-
-
-@pytest.fixture(scope="module")
-def images(tmp_path_factory):
-    specs = [((64, 48), (200, 30, 30)), ((64, 48), (20, 180, 40))]
-    return colour_images(tmp_path_factory.mktemp("qwen_images"), specs)
+qwen = module_model("qwen_vl_chat")
+images = module_images("qwen_images", [((64, 48), (200, 30, 30)), ((64, 48), (20, 180, 40))])
 
 
 def test_constructor_scans_the_real_vocabulary(qwen):
@@ -80,18 +71,7 @@ def test_prompt_equals_the_official_chat_code(qwen, images, tmp_path, monkeypatc
 
 
 def test_yes_no_and_multiple_choice_scores(qwen, images):
-    questions = [Question(str(i), "Is someone riding a horse?", image=p) for i, p in enumerate(images)]
-    results = qwen.score_yes_no(questions)
-    for result in results:
-        assert result.error is None and result.parse_rule.startswith("greedy:")
-        assert 0.0 < result.p_yes < 1.0 and 0.0 < result.confidence <= 1.0
-        check_decision(result)
-    assert results[0].p_yes != results[1].p_yes  # the image reaches the model
-    mc = qwen.score_multiple_choice([Question("m", "Which of the following actions is present in the image?\n"
-                                              "A. riding\nB. feeding\nC. washing", image=images[0],
-                                              options=("riding", "feeding", "washing"))])[0]
-    assert mc.error is None and sum(mc.option_probs) == pytest.approx(1.0)
-    check_decision(mc, ("riding", "feeding", "washing"))
+    check_scores(qwen, images, images[0], ("riding", "feeding", "washing"))
 
 
 def test_logits_argmax_is_the_first_greedy_token(qwen, images):
