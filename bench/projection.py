@@ -78,7 +78,7 @@ def projection_lines(greedy_suite_rate: float, costs: dict[str, float], mix: dic
     """The projected times: the whole HICO suite at the greedy suite rate (prompts/s); the mix's prompts of each
     decoding at that rate divided by the decoding's cost relative to greedy (``costs``)."""
     suite = sum(HICO_PROMPTS.values())
-    lines = [f"projection (real HICO counts, docs/questions.md; rates measured above):",
+    lines = ["projection (real HICO counts, docs/questions.md; rates measured above):",
              f"  whole HICO suite, greedy: {suite:,} prompts in {suite / greedy_suite_rate / 60:.1f} min"]
     if mix is None:
         return lines + ["  paper config: no prompt mix (bench/projection.py --write; bench/h200_wheels.sh does it)"]

@@ -41,20 +41,27 @@ try:
     # Each config its own tree (verbmirage.workflow.run_folders): results/, logs/, benchmarks/ for the demo's
     # config.yaml, results/<name>/, logs/<name>/, benchmarks/<name>/ for configs/<name>.yaml or any other
     # --configfile, or the folder of the `results_dir` key.
-    RUN_FOLDERS = run_folders(config["results_dir"], workflow.overwrite_configfiles, os.getcwd(),
-                              Path(workflow.main_snakefile).parent)
+    RUN_FOLDERS = run_folders(
+        config["results_dir"], workflow.overwrite_configfiles, os.getcwd(), Path(workflow.main_snakefile).parent
+    )
     # A tree belongs to the config whose run first wrote into it (the Snakefile's onstart records it): another
     # config writing there is refused here.
-    TREE_CLAIM = claim(RUN_FOLDERS, workflow.overwrite_configfiles, os.getcwd(),
-                       Path(workflow.main_snakefile).parent)
+    TREE_CLAIM = claim(RUN_FOLDERS, workflow.overwrite_configfiles, os.getcwd(), Path(workflow.main_snakefile).parent)
     PLAN = Plan.from_config(config, RUN_FOLDERS)
 except (ConfigError, RunFolderError) as _error:
     sys.exit(stop_message(_error, workflow.overwrite_configfiles))
 PATHS = PLAN.paths
 # What the end-of-run summary shows (src/verbmirage/workflow/run_summary.py), kept in the logs when the run is
 # planned: `verbmirage report` prints it after the report, also when the run had nothing to do.
-SUMMARY = dict(outputs=PLAN.targets, metrics=PATHS.metrics, variants=config.get("variants"),
-               configfiles=workflow.overwrite_configfiles, report=RUN_FOLDERS.report, shown=PLAN.report_files)
+# (A dict display: Snakemake would read a line that starts with `report=` as its `report:` keyword.)
+SUMMARY = {
+    "outputs": PLAN.targets,
+    "metrics": PATHS.metrics,
+    "variants": config.get("variants"),
+    "configfiles": workflow.overwrite_configfiles,
+    "report": RUN_FOLDERS.report,
+    "shown": PLAN.report_files,
+}
 save_summary(PATHS.log("run_summary"), SUMMARY)
 # Derived models (models.<slug>.derive): from here on each is the entry its jobs load (its base's backend and
 # settings, path or adapter = its built folder).

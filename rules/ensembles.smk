@@ -8,8 +8,9 @@ for _index, _group in enumerate(PLAN.ensemble_groups):
         localrule: True
         input:
             lambda wildcards, g=_group: [
-                PATHS.predictions.format(dataset=g.dataset, qset=q, condition=g.condition, model=member,
-                                         variant=wildcards.variant)
+                PATHS.predictions.format(
+                    dataset=g.dataset, qset=q, condition=g.condition, model=member, variant=wildcards.variant
+                )
                 for q in g.qsets
                 for member in PLAN.ensembles[wildcards.model]
             ],

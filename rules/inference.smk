@@ -52,8 +52,9 @@ for _index, _group in enumerate(PLAN.merge_groups):
         localrule: True
         input:
             questions=PLAN.questions(_group.dataset, _group.qsets),
-            shards=lambda wildcards, g=_group: PLAN.run_shards(g.dataset, g.condition, wildcards.model,
-                                                               wildcards.variant),
+            shards=lambda wildcards, g=_group: PLAN.run_shards(
+                g.dataset, g.condition, wildcards.model, wildcards.variant
+            ),
             images=PLAN.partial_images(_group.dataset, _group.condition),  # crop: only its images' questions
         output:
             PLAN.predictions(_group.dataset, _group.qsets, _group.condition, "{model}", "{variant}"),

@@ -12,22 +12,17 @@ from verbmirage.workflow.jobserver import delegate
 delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from verbmirage.analysis.fov import fov_tables
+from verbmirage.analysis.uncertainty import read_runs
 from verbmirage.benchmark.image_tags import IMAGE_TAGS
 from verbmirage.core.io import read_table, write_table
-from verbmirage.benchmark.question_table import QUESTIONS
-from verbmirage.core.schemas import FOV, FOV_ROWS, PREDICTIONS
+from verbmirage.core.schemas import FOV, FOV_ROWS
 from verbmirage.core.joblog import job_log
 from verbmirage.evaluation.metrics import BootstrapSettings
 
 with job_log(snakemake.log[0]):
     p = snakemake.params
     bootstrap = BootstrapSettings.from_config(p.bootstrap)
-    questions = {path: read_table(path, QUESTIONS) for path in snakemake.input.questions}
-    runs = [
-        ({k: run[k] for k in ("model", "variant", "qset")}, questions[run["questions"]],
-         {c: read_table(path, PREDICTIONS) for c, path in run["predictions"].items()})
-        for run in p.runs
-    ]
+    runs = read_runs(p.runs, ("model", "variant", "qset"))
     summary, rows = fov_tables(runs, read_table(snakemake.input.tags, IMAGE_TAGS), dict(p.conditions), bootstrap,
                                p.token_models)
     provenance = {"conditions": dict(p.conditions), "metrics": p.bootstrap}

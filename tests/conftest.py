@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from tiers import TIERS, build_once, claim_once, group_of, run_root, runs_snakemake, tier_of
+from tiers import TESTS, TIERS, build_once, claim_once, group_of, run_root, runs_snakemake, tier_of
 
 from verbmirage.data.demo import DemoSizes, write_demo_hico
 from verbmirage.data.hico import load_hico
 
 REPO = Path(__file__).resolve().parents[1]
+# Test files import fixtures and data from each other by module name, across the tier folders (test_yes_margin.py
+# takes test_api_backend.py's fake API server); the helpers in tests/ itself are on the path as this file's folder.
+sys.path[:0] = [str(TESTS / tier) for tier in TIERS]
 SHARED_DATA = REPO.parent / "shared" / "data"
 REAL_HICO = SHARED_DATA / "hico_20150920"
 REAL_HICO_DET_JSON = SHARED_DATA / "hicodet" / "instances_test2015.json"
@@ -102,7 +106,8 @@ def pytest_collection_modifyitems(config, items):
         return (0 if demo else 1 if item.get_closest_marker("slow") else 2), -TIERS.index(tier)
 
     for item in items:
-        item.add_marker(getattr(pytest.mark, tier_of(item.path.name, item.originalname, item.fixturenames)))
+        tier = tier_of(item.path.relative_to(TESTS), item.originalname, item.fixturenames)
+        item.add_marker(getattr(pytest.mark, tier))
         item.add_marker(pytest.mark.xdist_group(group_of(item.path.name, item.fixturenames)))
     items.sort(key=order)
 
@@ -117,7 +122,8 @@ def _fast_tests_start_no_snakemake(request, monkeypatch):
     def refuse_snakemake(self, args, *more, **options):
         if runs_snakemake(args):
             raise RuntimeError(f"{request.node.nodeid} is in the fast tier but starts Snakemake ({args!r}): give it "
-                               "the workflow tier in tests/tiers.py (TEST_TIERS or FILE_TIERS)")
+                               "the workflow tier (its file in tests/workflow/, or its name in tests/tiers.py, "
+                               "TEST_TIERS)")
         start(self, args, *more, **options)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse_snakemake)

@@ -1,4 +1,4 @@
-"""Run one LoRA fine-tune in its own process (tests/test_finetune.py kills it mid-training, then reruns it).
+"""Run one LoRA fine-tune in its own process (tests/models/test_finetune.py kills it mid-training, then reruns it).
 
 Usage: python finetune_driver.py SPEC.json. SPEC: model (tiny LLaVA folder), questions, images, output,
 settings (FinetuneSettings), seconds_per_step (a pause after each step, so the kill lands mid-training),

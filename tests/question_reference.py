@@ -3,7 +3,7 @@
 One pass per question set over every image, each image's label sets read again from its row, plausible
 HOIs found by scanning all 600, one dict per row, ids through ``json.dumps``, as the package's builder
 did before it was made fast (``verbmirage.benchmark.questions.build_question_sets``); kept as that one's oracle: the
-tables must be equal, row for row and id for id (tests/test_question_builder.py; bench/question_sets.py
+tables must be equal, row for row and id for id (tests/fast/test_question_builder.py; bench/question_sets.py
 times both). The random streams are the protocol's own (one per image and set, seeded from (seed, set,
 image)), drawn in the same order, so equal tables mean the same sampling.
 """

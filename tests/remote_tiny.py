@@ -20,8 +20,10 @@ from PIL import Image
 REPO = Path(__file__).resolve().parents[1]
 REMOTE_CODE = REPO.parent / "shared" / "remote_code"
 BUILDER = Path(__file__).resolve().parent / "remote_tiny_build.py"
-CODE_FOLDERS = {"qwen_vl_chat": "qwen_vl_chat", "molmo": "molmo_7b_d", "minicpm_v": "minicpm_llama3_v2_5"}
-PAPER_SLUGS = {"qwen_vl_chat": "qwen_vl_chat", "molmo": "molmo_7b_d", "minicpm_v": "minicpm_llama3_v25"}
+CODE_FOLDERS = {"qwen_vl_chat": "qwen_vl_chat", "molmo": "molmo_7b_d", "minicpm_v": "minicpm_llama3_v2_5",
+                "mplug_owl2": "mplug_owl2"}
+PAPER_SLUGS = {"qwen_vl_chat": "qwen_vl_chat", "molmo": "molmo_7b_d", "minicpm_v": "minicpm_llama3_v25",
+               "mplug_owl2": "mplug_owl2"}
 
 
 def paper_entry(backend: str) -> dict:
@@ -41,7 +43,7 @@ def worker_env(backend: str) -> str:
 
 def require_env(env: str) -> str:
     """``env`` if built; else skip, or fail where VERBMIRAGE_REQUIRE_REMOTE_ENVS=1."""
-    python = Path(os.environ.get("VERBMIRAGE_ENVS_DIR", REPO / ".envs")) / env / "bin" / "python"
+    python = envs_dir() / env / "bin" / "python"
     if not python.exists():
         message = f"worker env '{env}' is not built ({python}): run tools/make_envs.sh {env}"
         if os.environ.get("VERBMIRAGE_REQUIRE_REMOTE_ENVS") == "1":
@@ -50,9 +52,14 @@ def require_env(env: str) -> str:
     return env
 
 
+def envs_dir() -> Path:
+    """Where the worker envs are (tools/make_envs.sh)."""
+    return Path(os.environ.get("VERBMIRAGE_ENVS_DIR", REPO / ".envs"))
+
+
 def build_tiny(backend: str, env: str, target: Path) -> Path:
     """A tiny random-weight checkpoint of ``backend`` built by its own classes, in its own env."""
-    python = Path(os.environ.get("VERBMIRAGE_ENVS_DIR", REPO / ".envs")) / env / "bin" / "python"
+    python = envs_dir() / env / "bin" / "python"
     result = subprocess.run([str(python), str(BUILDER), backend, str(REMOTE_CODE / CODE_FOLDERS[backend]), str(target)],
                             capture_output=True, text=True, timeout=900)
     if result.returncode != 0:
@@ -67,6 +74,29 @@ def open_tiny_model(backend: str, tmp_path_factory, **settings):
     env = worker_env(backend)
     folder = build_tiny(backend, env, tmp_path_factory.mktemp(f"tiny_{backend}"))
     return create_model(PAPER_SLUGS[backend], tiny_entry(backend, env, folder, **settings))
+
+
+def module_model(backend: str):
+    """A module fixture: our adapter on a tiny ``backend`` built for the module (:func:`open_tiny_model`, at most 4
+    new tokens), closed after the module's tests. Assign it to the fixture's name: ``qwen = module_model(...)``."""
+
+    @pytest.fixture(scope="module")
+    def model(tmp_path_factory):
+        opened = open_tiny_model(backend, tmp_path_factory, max_new_tokens=4)
+        yield opened
+        opened.close()
+
+    return model
+
+
+def module_images(folder: str, specs: list[tuple[tuple[int, int], tuple[int, int, int]]]):
+    """A module fixture: the :func:`colour_images` of ``specs`` in a new temporary folder named ``folder``."""
+
+    @pytest.fixture(scope="module")
+    def images(tmp_path_factory) -> list[Path]:
+        return colour_images(tmp_path_factory.mktemp(folder), specs)
+
+    return images
 
 
 def tiny_entry(backend: str, env: str, path: Path, **settings) -> dict:
@@ -112,6 +142,25 @@ def check_decision(result, options: tuple[str, ...] | None = None) -> None:
         assert result.prediction == decide(result.raw_answer, None)[0]
     else:
         assert result.prediction == decide("", result.raw_answer)[0], result
+
+
+def check_scores(model, images: list[Path], mc_image: Path, options: tuple[str, ...]):
+    """Yes/no answers on ``images`` (their p_yes differ: the image reaches the model) and one multiple-choice
+    question on ``mc_image``, all scored from logits with the decoded-answer rule; returns the MC result."""
+    from verbmirage.benchmark.sampling import MC_STEM, mc_prompt
+    from verbmirage.models import Question
+
+    results = model.score_yes_no([Question(str(i), "Is someone riding a horse?", image=p) for i, p in enumerate(images)])
+    for result in results:
+        assert result.error is None and result.parse_rule.startswith("greedy:")
+        assert 0.0 < result.p_yes < 1.0 and 0.0 < result.confidence <= 1.0
+        check_decision(result)
+    assert results[0].p_yes != results[1].p_yes
+    mc = model.score_multiple_choice([Question("m", mc_prompt(MC_STEM, list(options)), image=mc_image,
+                                               options=options)])[0]
+    assert mc.error is None and sum(mc.option_probs) == pytest.approx(1.0)
+    check_decision(mc, options)
+    return mc
 
 
 def check_beam_and_sampling(model, image: Path, prompt: str = YES_NO_PROMPT, beams: bool = True) -> None:

@@ -1,4 +1,5 @@
-"""The test tiers (README, "Tests"): each test's tier, decided here in one place; conftest.py marks the tests.
+"""The test tiers (README, "Tests"): a test's tier is the folder its file lies in, below ``tests/``, unless this
+module names it or its fixtures lift it; conftest.py marks the tests.
 
 ==========  ===============================================================================================
 fast        package logic only: no Snakemake, no model weights; seconds. CI runs it first and stops on a failure.
@@ -11,49 +12,22 @@ cluster     the demo through a single-node SLURM that the test starts in a folde
             (``tools/slurm/local_cluster.py``); opt-in: ``VERBMIRAGE_TEST_SLURM=1`` (CI sets it).
 ==========  ===============================================================================================
 
-A test's tier is the highest of: its file's (``FILE_TIERS``; a file not named there is fast), its own
-(``TEST_TIERS``: a Snakemake dry run in a file of unit tests), and what its fixtures need (``FIXTURE_TIERS``).
+A test's tier is the highest of: its folder's (``tests/<tier>/test_*.py``), its own (``TEST_TIERS``: a
+Snakemake run in a file of a lower tier), and what its fixtures need (``FIXTURE_TIERS``). The helpers the test
+files share (this module, the fixtures' builders, the drivers of worker processes) lie in ``tests/`` itself.
 A fast test that starts Snakemake anyway fails with a message naming this file (conftest.py's guard).
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
+from pathlib import Path, PurePath
 
 TIERS = ("fast", "models", "workflow", "cluster")
+#: The folder of the tier folders.
+TESTS = Path(__file__).resolve().parent
 
-FILE_TIERS = {
-    # tiny random-weight models
-    **dict.fromkeys([
-        "test_adapters.py", "test_attention.py", "test_clip_backend.py", "test_conversation.py",
-        "test_decisions_tiny.py", "test_decoding.py", "test_decoding_variants.py", "test_finetune.py",
-        "test_hf_backends.py", "test_image_modes.py", "test_job_costs.py", "test_models.py", "test_nullu.py",
-        "test_opera.py", "test_rows_travel.py", "test_shared_prefix.py", "test_suite_inference.py",
-        "test_yes_margin.py",
-        # the remote-code checkpoints, each built by its own code in its worker env (tools/make_envs.sh)
-        "test_remote_tiny_minicpm.py", "test_remote_tiny_molmo.py", "test_remote_tiny_mplug.py",
-        "test_remote_tiny_qwen.py",
-        # model processes: the remote adapters' worker protocol and smoke runs (a test driver in a worker
-        # process), the worker envs built by pip, and inference jobs killed and resumed
-        "test_remote_adapters.py", "test_remote_smoke.py", "test_envs.py", "test_resume.py",
-        # the benchmark scripts (bench/) on their narrow models
-        "test_bench.py",
-        # fifteen figures, each drawn twice in three formats: about a minute of plotting
-        "test_figure_layout.py",
-    ], "models"),
-    # Snakemake
-    **dict.fromkeys([
-        "test_workflow.py", "test_workflow_data_identity.py", "test_workflow_decisions.py",
-        "test_workflow_derived.py", "test_workflow_finetune.py", "test_workflow_known_object.py",
-        "test_workflow_mitigation_tables.py", "test_workflow_questions.py", "test_workflow_reliance.py",
-        "test_workflow_report.py", "test_workflow_uncertainty.py", "test_workflow_vcd.py",
-        "test_kill_anywhere.py", "test_killed_run.py", "test_workflow_damaged_shard.py",
-    ], "workflow"),
-    "test_slurm.py": "cluster",
-}
-
-#: Tests that plan with Snakemake (a dry run) in files whose other tests are package logic.
+#: Tests that start Snakemake (a dry run, its own log) in files whose other tests are of a lower tier.
 TEST_TIERS = dict.fromkeys([
     "test_adapters.py::test_the_adapter_folder_is_an_input_of_the_model_jobs",
     "test_attention.py::test_attention_is_added_to_a_run_without_inference",
@@ -69,9 +43,20 @@ FIXTURE_TIERS = {"tiny_dirs": "models", "demo_run": "workflow", "vcd_demo": "wor
 DEMO_FIXTURES = ("demo_run", "vcd_demo")
 
 
-def tier_of(file: str, name: str, fixtures) -> str:
-    """The tier of test ``name`` (without its parameters) of ``file`` (a file name) that uses ``fixtures``."""
-    found = [FILE_TIERS.get(file, "fast"), TEST_TIERS.get(f"{file}::{name}", "fast")]
+def folder_tier(path: str | PurePath) -> str:
+    """The tier of a test file from its path below ``tests/`` (``fast/test_metrics.py``: fast); a file outside
+    the tier folders is an error that says where it belongs."""
+    parts = PurePath(path).parts
+    if len(parts) != 2 or parts[0] not in TIERS:
+        raise ValueError(f"tests/{PurePath(path).as_posix()}: a test file lies in the folder of its tier, "
+                         f"tests/<tier>/ with <tier> one of {', '.join(TIERS)} (tests/tiers.py)")
+    return parts[0]
+
+
+def tier_of(path: str | PurePath, name: str, fixtures) -> str:
+    """The tier of test ``name`` (without its parameters) of the file at ``path`` below ``tests/``
+    (``fast/test_metrics.py``) that uses ``fixtures``."""
+    found = [folder_tier(path), TEST_TIERS.get(f"{PurePath(path).name}::{name}", "fast")]
     found += [FIXTURE_TIERS[fixture] for fixture in fixtures if fixture in FIXTURE_TIERS]
     return max(found, key=TIERS.index)
 

@@ -42,7 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = check_yaml_file(args.config)
     only = [slug.strip() for slug in args.models.split(",") if slug.strip()] or None
-    log = lambda message: print(message, file=sys.stderr, flush=True)
+
+    def log(message):
+        print(message, file=sys.stderr, flush=True)
+
     try:
         reports = run_smoke(config, args.images, args.goldens, update=args.update, only=only, count=args.count,
                             tolerance=args.tolerance, max_new_tokens=args.max_new_tokens, log=log)

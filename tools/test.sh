@@ -3,7 +3,8 @@
 #   tools/test.sh              the fast tier first, stopping there on a failure; then the models and workflow
 #                              tiers together, with the cluster tier (one SLURM run, mostly waiting) beside them
 #   tools/test.sh -m fast      one pytest call of that selection (any -m, e.g. -m "models or workflow")
-# tests/tiers.py says which tier a test is in (README, "Tests"). Each tier's time is printed.
+# A test's tier is its folder, tests/<tier>/, but for the few tests/tiers.py names (README, "Tests"); each tier
+# is selected by its marker. Each tier's time is printed.
 # Tests run on VERBMIRAGE_TEST_WORKERS pytest-xdist workers (default: one per CPU, at most 4; 0 = serial,
 # needed for pytest's -s or --pdb). tests/conftest.py keeps each file, and the shared demo run, on one worker.
 case "${1:-}" in -h|--help) sed -n '2,/^[^#]/s/^# \{0,1\}//p' "$0"; exit 0 ;; esac

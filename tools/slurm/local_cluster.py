@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""A single-node SLURM that lives in a folder of its own: the cluster test tier's (tests/test_slurm.py), or yours.
+"""A single-node SLURM that lives in a folder of its own: the cluster test tier's, or yours.
+
+The cluster tier (tests/cluster/test_slurm.py) runs the demo through it.
 
 ``start FOLDER`` writes everything into FOLDER and nowhere else: ``slurm.conf``, ``gres.conf``, an empty
 ``plugstack.conf``, the controller's state, slurmd's spool, the daemons' logs and pid files, and a munge of its

@@ -293,6 +293,18 @@ def _finish(figure: Figure) -> Figure:
     return figure  # constrained layout: the figure places its panels, legends and heading when drawn
 
 
+def _accuracy_figure(heading: str, title: str, bars: Sequence[Bar], metrics: pd.DataFrame, paper: pd.DataFrame,
+                     models: Sequence[str], paper_names: Mapping[str, str] | None,
+                     drawn: Mapping[str, Drawn] | None, note: str) -> Figure:
+    """A figure of one panel of accuracy bars (Figs. 1 and 3), 0 to 100 %."""
+    with page_style():
+        figure, axes = _figure(1, heading, note, models)
+        bar_panel(axes[0], _metric_lookup(metrics, drawn or {}), models, bars, paper, paper_names or {}, title,
+                  "accuracy (%)", drawn=drawn)
+        axes[0].set_ylim(0, TOP)
+    return _finish(figure)
+
+
 def fig1_object_vs_verb(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
                         models: Sequence[str] | None = None, paper_names: Mapping[str, str] | None = None,
                         condition: str = "clean", drawn: Mapping[str, Drawn] | None = None,
@@ -306,13 +318,8 @@ def fig1_object_vs_verb(metrics: pd.DataFrame, paper: pd.DataFrame | None = None
             paper=("yn_verb", condition, "accuracy")),
         Bar("object existence (obj_exist, not POPE)", "obj_exist", "accuracy", condition=condition),
     ]
-    models = _models(metrics, models)
-    with page_style():
-        figure, axes = _figure(1, f"{FIGURES['fig1']} ({condition})", note, models)
-        bar_panel(axes[0], _metric_lookup(metrics, drawn or {}), models, bars, paper, paper_names or {},
-                  "accuracy per model", "accuracy (%)", drawn=drawn)
-        axes[0].set_ylim(0, TOP)
-    return _finish(figure)
+    return _accuracy_figure(f"{FIGURES['fig1']} ({condition})", "accuracy per model", bars, metrics, paper,
+                            _models(metrics, models), paper_names, drawn, note)
 
 
 def fig3_rare_common(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,
@@ -332,12 +339,8 @@ def fig3_rare_common(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *
             hatched=True),
     ]
     title = "correct answer No" if answer == "no" else "correct answer Yes (accuracy = recall)"
-    with page_style():
-        figure, axes = _figure(1, f"{FIGURES[part]} ({condition})", note, models)
-        bar_panel(axes[0], _metric_lookup(metrics, drawn or {}), models, bars, paper, paper_names or {},
-                  f"accuracy per model, {title}", "accuracy (%)", drawn=drawn)
-        axes[0].set_ylim(0, TOP)
-    return _finish(figure)
+    return _accuracy_figure(f"{FIGURES[part]} ({condition})", f"accuracy per model, {title}", bars, metrics, paper,
+                            models, paper_names, drawn, note)
 
 
 def fig4b_error_consistency(metrics: pd.DataFrame, paper: pd.DataFrame | None = None, *,

@@ -24,13 +24,16 @@ as a score for correctness (the Mann-Whitney U statistic over n_correct x n_hall
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from verbmirage.benchmark.question_table import QUESTIONS
 from verbmirage.core.errors import ConfigError
+from verbmirage.core.io import read_table
+from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.evaluation.metrics import BootstrapSettings, score_with_interval
 from verbmirage.benchmark.questions import question_kind
 
@@ -102,6 +105,25 @@ def bin_edges(bins: int) -> np.ndarray:
 def token_probability_models(models: dict[str, dict]) -> list[str]:
     """The slugs (in order) whose predictions' ``confidence`` is an answer token's probability."""
     return [slug for slug, entry in models.items() if entry["backend"] not in NO_TOKEN_PROBABILITY_BACKENDS]
+
+
+def read_runs(runs: Iterable[Mapping], keys: Sequence[str],
+              where: bool = False) -> list[tuple[dict, pd.DataFrame, object]]:
+    """The tables of a plan's analysis runs (``Plan.uncertainty_runs``, ``Plan.fov_runs``), as
+    :func:`uncertainty_tables` and :func:`~verbmirage.analysis.fov.fov_tables` take them: per run, the ``keys``
+    of its dict (with ``where: True`` also ``where``, its predictions' file, named in errors), its question table
+    (each file read once) and its prediction table, or ``{condition: table}`` where it names one per condition."""
+    questions: dict[str, pd.DataFrame] = {}
+    tables = []
+    for run in runs:
+        if run["questions"] not in questions:
+            questions[run["questions"]] = read_table(run["questions"], QUESTIONS)
+        named = {k: run[k] for k in keys} | ({"where": run["predictions"]} if where else {})
+        predictions = run["predictions"]
+        tables.append((named, questions[run["questions"]],
+                       {c: read_table(path, PREDICTIONS) for c, path in predictions.items()}
+                       if isinstance(predictions, Mapping) else read_table(predictions, PREDICTIONS)))
+    return tables
 
 
 def confidence_rows(questions: pd.DataFrame, predictions: pd.DataFrame, where: str = "predictions") -> pd.DataFrame:

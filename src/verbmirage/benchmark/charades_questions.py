@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from verbmirage.benchmark.questions import Draft, _circular, _draw, content_hash, image_rng
+from verbmirage.benchmark.sampling import Draft, circular, content_hash, draw, named_rng
 from verbmirage.data.charades import CharadesVocabulary
 
 
@@ -50,20 +50,20 @@ def build_charades_questions(frames: pd.DataFrame, vocabulary: CharadesVocabular
     kind, view = qset.split("_")
     rows = []
     for frame in frames[frames.view == view].itertuples():
-        rng = image_rng(seed, kind, frame.frame_id.rsplit("_", 1)[0])  # same stream for both views
+        rng = named_rng(seed, kind, frame.frame_id.rsplit("_", 1)[0])  # same stream for both views
         objects = {vocabulary.object_of(c) for c in frame.positives}
         pool = [c for c in vocabulary.classes if vocabulary.object_of(c) in objects and c not in frame.positives]
         verb, obj = (vocabulary.verbs[vocabulary.mapping[frame.action][1]],
                      vocabulary.objects[vocabulary.mapping[frame.action][0]])
         if kind == "yn":
             drafts = [Draft(f"Is someone {action_phrase(vocabulary.classes[c])}?", answer, verb, obj, int(c[1:]))
-                      for c, answer in [(frame.action, "yes")] + [(c, "no") for c in _draw(rng, pool, 1)]]
+                      for c, answer in [(frame.action, "yes")] + [(c, "no") for c in draw(rng, pool, 1)]]
         else:
             if len(pool) < mc_options - 1:
                 continue
-            chosen = [frame.action] + _draw(rng, pool, mc_options - 1)
+            chosen = [frame.action] + draw(rng, pool, mc_options - 1)
             texts = [action_option(vocabulary.classes[c]) for c in chosen]
-            drafts = _circular(texts, 0, rng, Draft("", "", verb, obj, int(frame.action[1:])))
+            drafts = circular(texts, 0, rng, Draft("", "", verb, obj, int(frame.action[1:])))
         for draft in drafts:
             question_id = content_hash("charadesego", qset, frame.image, draft.prompt, draft.options, draft.answer)
             rows.append({

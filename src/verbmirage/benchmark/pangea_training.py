@@ -20,7 +20,6 @@ import hashlib
 import json
 import logging
 import pickle
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ import pandas as pd
 
 from verbmirage.core.paths import UnsafePathError, safe_relative_name
 from verbmirage.data.pangea import Pangea, PangeaFiles, load_pangea
-from verbmirage.benchmark.questions import MC_STEM, content_hash
+from verbmirage.benchmark.sampling import MC_STEM, content_hash, draw, mc_prompt, named_rng
 from verbmirage.data.hico import load_hico
 from verbmirage.core.io import atomic_path, write_table, write_text
 from verbmirage.benchmark.question_table import QUESTIONS
@@ -120,16 +119,6 @@ def excluded_by(source: str, patterns: Iterable[str]) -> str | None:
     return next((p for p in patterns if fnmatch.fnmatchcase(source.lower(), p.lower())), None)
 
 
-def _stream(seed: int, *parts: str) -> np.random.Generator:
-    """The seeded random stream of one named item (independent of the order items are visited in)."""
-    return np.random.default_rng([seed, *(zlib.crc32(part.encode()) for part in parts)])
-
-
-def _draw(rng: np.random.Generator, pool: Iterable[str], k: int) -> list[str]:
-    pool = sorted(pool)
-    return [pool[i] for i in sorted(rng.choice(len(pool), size=min(k, len(pool)), replace=False))]
-
-
 def allocate(total: int, weights: dict[str, int], caps: dict[str, int]) -> dict[str, int]:
     """``total`` split over sources in proportion to ``weights`` (largest remainder), none above its cap;
     what a capped source cannot take goes to the others, again in proportion."""
@@ -167,10 +156,6 @@ class TrainingQuestions:
     used_images: list[str]
 
 
-def _mc_prompt(stem: str, options: list[str]) -> str:
-    return "\n".join([stem] + [f"{ascii_uppercase[k]}. {text}" for k, text in enumerate(options)])
-
-
 def build_training_questions(data: Pangea, settings: TrainingQuestionSettings = TrainingQuestionSettings()
                              ) -> TrainingQuestions:
     """Pangea's samples as MC and YN training questions (see the module docstring for the protocol)."""
@@ -204,30 +189,30 @@ def build_training_questions(data: Pangea, settings: TrainingQuestionSettings = 
     chosen: dict[str, list] = {"mc": [], "yn": []}
     for source, group in kept.groupby("source"):
         order = group.sort_values("image")
-        order = order.iloc[_stream(settings.seed, "order", source).permutation(len(order))]
+        order = order.iloc[named_rng(settings.seed, "order", source).permutation(len(order))]
         for kind, minimum in (("mc", need_mc), ("yn", 1)):
             chosen[kind] += list(order[order.n_wrong >= minimum].head(counts[kind][source]).itertuples())
     for kind, asked in (("mc", settings.mc_questions), ("yn", settings.yn_questions)):
         if len(chosen[kind]) < asked:
             log.warning("pangea: %d %s questions asked, %d images can carry one", asked, kind, len(chosen[kind]))
     n_yes = round(len(chosen["yn"]) / (1 + settings.negatives_per_positive))
-    yes_rows = set(_stream(settings.seed, "yes").permutation(len(chosen["yn"]))[:n_yes].tolist())
+    yes_rows = set(named_rng(settings.seed, "yes").permutation(len(chosen["yn"]))[:n_yes].tolist())
 
     rows = []
     for row in chosen["mc"]:
-        rng = _stream(settings.seed, QSET_MC, row.source, row.image)
+        rng = named_rng(settings.seed, QSET_MC, row.source, row.image)
         label = row.norm_labels[int(rng.integers(len(row.norm_labels)))]
-        texts = [label] + _draw(rng, wrong(row), need_mc)
+        texts = [label] + draw(rng, wrong(row), need_mc)
         order = [int(i) for i in rng.permutation(len(texts))]
         options = [texts[i] for i in order]
-        rows.append((QSET_MC, row, label, _mc_prompt(settings.mc_stem, options), options,
+        rows.append((QSET_MC, row, label, mc_prompt(settings.mc_stem, options), options,
                      ascii_uppercase[order.index(0)]))
     for position, row in enumerate(chosen["yn"]):
-        rng = _stream(settings.seed, QSET_YN, row.source, row.image)
+        rng = named_rng(settings.seed, QSET_YN, row.source, row.image)
         if position in yes_rows:
             label, answer = row.norm_labels[int(rng.integers(len(row.norm_labels)))], "yes"
         else:
-            label, answer = _draw(rng, wrong(row), 1)[0], "no"
+            label, answer = draw(rng, wrong(row), 1)[0], "no"
         rows.append((QSET_YN, row, label, settings.yn_prompt.replace("{action}", label), [], answer))
     questions = pd.DataFrame({
         "question_id": [content_hash(DATASET, qset, row.image, prompt, options, answer)

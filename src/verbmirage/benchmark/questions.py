@@ -33,26 +33,21 @@ so a question set does not depend on the order of images or on other sets.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import multiprocessing
-import zlib
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from functools import lru_cache
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
-from json.encoder import encode_basestring_ascii
-from string import ascii_uppercase
 
 import numpy as np
 import pandas as pd
 
+from verbmirage.benchmark.sampling import Draft, circular, content_hash, draw, named_rng
 from verbmirage.data.charades import CHARADES_QUESTION_SETS
 from verbmirage.data.hico import NO_INTERACTION, HicoAnnotations
 from verbmirage.core.text import hoi_phrase, object_name, object_with_article, verb_phrase
 
-MC_STEM = "Which of the following actions is present in the image?"
 #: dataset -> question set -> (unique questions, questions the main experiments asked, Yes:No), Appendix A.
 PAPER_COUNTS = {
     # HICO: "47K unique YN questions", "16.6K unique MC questions", Yes:No ~ 1:2 (the paper does not say
@@ -161,29 +156,6 @@ class ImageLabels:
         )
 
 
-@dataclass
-class Draft:
-    """One question before ids and tags are attached."""
-
-    prompt: str
-    answer: str
-    verb: str | None = None
-    object: str | None = None
-    hoi_id: int | None = None
-    options: list[str] = field(default_factory=list)
-    group_key: tuple = ()
-    rotation: int = 0
-
-
-def _draw(rng: np.random.Generator, pool: Iterable, k: int) -> list:
-    """Up to k distinct items of ``pool``, drawn uniformly (pool sorted first for determinism)."""
-    pool = sorted(pool)
-    k = min(k, len(pool))
-    if k == 0:
-        return []
-    return [pool[i] for i in sorted(rng.choice(len(pool), size=k, replace=False))]
-
-
 def _hoi_negative_pool(obj: str, labels: ImageLabels, vocab: Vocabulary) -> set[int]:
     """HOIs plausible for ``obj`` that are neither positive nor ambiguous in the image."""
     return set(vocab.hois_of_object[obj]) - labels.positives - labels.ambiguous
@@ -223,7 +195,7 @@ def _asked_count(positives: int, pool: int, s: QuestionSettings) -> int:
 def _asked_positives(rng, positives: list, pool: set, s: QuestionSettings) -> list:
     """The positives asked: all, or a seeded draw when the pool cannot give each k negatives of its own."""
     count = _asked_count(len(positives), len(pool), s)
-    return positives if count == len(positives) else _draw(rng, positives, count)
+    return positives if count == len(positives) else draw(rng, positives, count)
 
 
 def _positives_by_object(labels: ImageLabels, vocab: Vocabulary) -> dict[str, list[int]]:
@@ -248,7 +220,7 @@ def build_yn_obj(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings, rn
     for obj, positives in _positives_by_object(labels, vocab).items():
         pool = _hoi_negative_pool(obj, labels, vocab)
         positives = _asked_positives(rng, positives, pool, s)
-        negatives = _draw(rng, pool, s.negatives_per_positive * len(positives))
+        negatives = draw(rng, pool, s.negatives_per_positive * len(positives))
         for hoi, answer in [(h, "yes") for h in positives] + [(h, "no") for h in negatives]:
             verb = vocab.verb_of[hoi]
             drafts.append(Draft(_yes_no_obj_prompt(verb, obj), answer, verb, obj, hoi))
@@ -258,35 +230,11 @@ def build_yn_obj(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings, rn
 def build_yn_verb(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings, rng) -> list[Draft]:
     pool = _verb_negative_pool(labels, vocab)
     positives = _asked_positives(rng, sorted({vocab.verb_of[i] for i in labels.positives}), pool, s)
-    negatives = _draw(rng, pool, s.negatives_per_positive * len(positives))
+    negatives = draw(rng, pool, s.negatives_per_positive * len(positives))
     return [
         Draft(_yes_no_verb_prompt(verb), answer, verb=verb)
         for verb, answer in [(v, "yes") for v in positives] + [(v, "no") for v in negatives]
     ]
-
-
-def _circular(texts: list[str], correct: int, rng, base: Draft) -> list[Draft]:
-    """Shuffle the options once, then one draft per rotation ``keys[i:] + keys[:i]``."""
-    order = [int(i) for i in rng.permutation(len(texts))]
-    drafts = []
-    for rotation in range(len(order)):
-        rotated = order[rotation:] + order[:rotation]
-        options = [texts[i] for i in rotated]
-        letter = ascii_uppercase[rotated.index(correct)]
-        lines = [MC_STEM] + [f"{ascii_uppercase[k]}. {text}" for k, text in enumerate(options)]
-        drafts.append(
-            Draft(
-                prompt="\n".join(lines),
-                answer=letter,
-                verb=base.verb,
-                object=base.object,
-                hoi_id=base.hoi_id,
-                options=options,
-                group_key=(texts[correct], tuple(sorted(texts))),
-                rotation=rotation,
-            )
-        )
-    return drafts
 
 
 _hoi_option = lru_cache(maxsize=None)(hoi_phrase)  # MC option texts: a few hundred distinct, asked thousands of times
@@ -300,9 +248,9 @@ def build_mc_obj(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings, rn
         pool = _hoi_negative_pool(obj, labels, vocab)
         if len(pool) < s.mc_options - 1:
             continue
-        chosen = [hoi] + _draw(rng, pool, s.mc_options - 1)
+        chosen = [hoi] + draw(rng, pool, s.mc_options - 1)
         texts = [_hoi_option(vocab.verb_of[h], obj) for h in chosen]
-        drafts += _circular(texts, 0, rng, Draft("", "", vocab.verb_of[hoi], obj, hoi))
+        drafts += circular(texts, 0, rng, Draft("", "", vocab.verb_of[hoi], obj, hoi))
     return drafts
 
 
@@ -312,8 +260,8 @@ def build_mc_verb(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings, r
         return []
     drafts = []
     for verb in sorted({vocab.verb_of[i] for i in labels.positives}):
-        chosen = [verb] + _draw(rng, pool, s.mc_options - 1)
-        drafts += _circular([_verb_option(v) for v in chosen], 0, rng, Draft("", "", verb))
+        chosen = [verb] + draw(rng, pool, s.mc_options - 1)
+        drafts += circular([_verb_option(v) for v in chosen], 0, rng, Draft("", "", verb))
     return drafts
 
 
@@ -322,7 +270,7 @@ def build_obj_exist(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings,
         return []
     positives = sorted(labels.present_objects - OBJECTS_ALWAYS_PRESENT)
     absent = set(vocab.objects) - labels.present_objects - OBJECTS_ALWAYS_PRESENT
-    negatives = _draw(rng, absent, s.negatives_per_positive * len(positives))
+    negatives = draw(rng, absent, s.negatives_per_positive * len(positives))
     return [
         Draft(_object_exists_prompt(obj), answer, object=obj)
         for obj, answer in [(o, "yes") for o in positives] + [(o, "no") for o in negatives]
@@ -372,37 +320,6 @@ def question_kind(qset: str) -> str:
         return TRAINING_QUESTION_SETS[qset]
     raise KeyError(f"unknown question set '{qset}'; known: "
                    f"{sorted(QUESTION_SETS) + sorted(CHARADES_QUESTION_SETS) + sorted(TRAINING_QUESTION_SETS)}")
-
-
-def content_hash(*parts) -> str:
-    """A short stable id of JSON-serialisable content."""
-    return hashlib.blake2b(_compact_json(parts).encode(), digest_size=8).hexdigest()
-
-
-def _compact_json(value) -> str:
-    """``json.dumps(value, sort_keys=True, ensure_ascii=True, separators=(",", ":"))``, written directly for
-    the strings, integers, None and lists that question ids are made of (json.dumps' set-up per call costs
-    more than the encoding of a short id; a question set hashes every row twice). Anything else goes to
-    json.dumps itself, so the text, and with it every id, is the same."""
-    kind = type(value)
-    if kind is str:
-        return encode_basestring_ascii(value)
-    if kind is list or kind is tuple:  # strings inline (the usual item), anything else through this function
-        return "[" + ",".join([encode_basestring_ascii(item) if type(item) is str else _compact_json(item)
-                               for item in value]) + "]"
-    if value is None:
-        return "null"
-    if kind is int:  # not bool, not an int subclass with its own repr
-        return int.__repr__(value)
-    return json.dumps(value, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
-
-
-def image_rng(seed: int, qset: str, image_id: str) -> np.random.Generator:
-    """The random stream of one image in one question set.
-
-    ``Generator(PCG64(seed))`` is what ``np.random.default_rng(seed)`` returns, without its per-call error-state
-    wrapper (a third of the cost, at ~48K generators for HICO's five sets)."""
-    return np.random.Generator(np.random.PCG64([seed, zlib.crc32(qset.encode()), zlib.crc32(image_id.encode())]))
 
 
 def rare_hois(train_labels: np.ndarray, vocab: Vocabulary, threshold: float) -> frozenset[int]:
@@ -529,7 +446,7 @@ def _question_frame(images: list[ImageLabels], vocab: Vocabulary, rare: frozense
     verbs, objects, hoi_ids, prompts = (columns[name] for name in ("verb", "object", "hoi_id", "prompt"))
     options, answers, rotations = columns["options"], columns["answer"], columns["rotation"]
     for labels in images:
-        drafts = builder(labels, vocab, settings, image_rng(settings.seed, qset, labels.image_id))
+        drafts = builder(labels, vocab, settings, named_rng(settings.seed, qset, labels.image_id))
         groups: dict[tuple, str] = {}  # an MC group's id, hashed once for its rotations
         for draft in drafts:
             question_id = content_hash(dataset, qset, labels.image, draft.prompt, draft.options, draft.answer)

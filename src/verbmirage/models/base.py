@@ -74,7 +74,37 @@ TEXT_SCORED = "text:"
 
 
 @dataclass(frozen=True)
-class YesNoResult:
+class _Answer:
+    """What every answer holds after its scores (the first field, from the result type's other base)."""
+
+    prediction: str
+    raw_answer: str
+    confidence: float
+    parse_rule: str
+    error: str | None = None
+    #: A transient failure: not stored, so a resumed job asks again.
+    retry: bool = False
+
+    @classmethod
+    def _failed(cls, scores, error: str, retry: bool):
+        """A question that could not be asked: ``scores`` (NaN) and the error that says why."""
+        return cls(scores, UNKNOWN, "", math.nan, "error", error, retry)
+
+
+@dataclass(frozen=True)
+class _YesNoScore:
+    p_yes: float
+
+
+@dataclass(frozen=True)
+class _OptionScores:
+    option_probs: tuple[float, ...]
+
+
+# A dataclass takes its bases' fields from the last base listed to the first: the score comes first, then
+# _Answer's fields, then the result's own (the order of the constructor's arguments and of the stored columns).
+@dataclass(frozen=True)
+class YesNoResult(_Answer, _YesNoScore):
     """One yes/no answer. Which numbers may be undefined (the rest are finite; :func:`score_problem`):
 
     - ``p_yes``: NaN where P(yes) is undefined: a text-scored answer (``parse_rule`` ``text:...``) that is
@@ -87,14 +117,6 @@ class YesNoResult:
     A result with ``error`` set is a question without an answer: its numbers are NaN and not checked.
     """
 
-    p_yes: float
-    prediction: str
-    raw_answer: str
-    confidence: float
-    parse_rule: str
-    error: str | None = None
-    #: A transient failure: not stored, so a resumed job asks again.
-    retry: bool = False
     #: logsumexp(z[yes]) - logsumexp(z[no]) at the first answer position (float64); None without logits.
     yes_margin: float | None = None
     #: VCD only: KL of the contrasted first-token distribution against the truncated plain one, and the
@@ -110,11 +132,11 @@ class YesNoResult:
     @classmethod
     def failed(cls, error: str, retry: bool = False) -> "YesNoResult":
         """The result of a question that could not be asked (the error says why)."""
-        return cls(math.nan, UNKNOWN, "", math.nan, "error", error, retry)
+        return cls._failed(math.nan, error, retry)
 
 
 @dataclass(frozen=True)
-class MultipleChoiceResult:
+class MultipleChoiceResult(_Answer, _OptionScores):
     """One multiple-choice answer; the rules of :class:`YesNoResult`, and:
 
     - ``option_probs``: one finite probability per option, or all NaN where undefined (no mass on any
@@ -122,21 +144,13 @@ class MultipleChoiceResult:
       letter's 0/1. Never a mix of finite and NaN, never infinite.
     """
 
-    option_probs: tuple[float, ...]
-    prediction: str
-    raw_answer: str
-    confidence: float
-    parse_rule: str
-    error: str | None = None
-    #: A transient failure: not stored, so a resumed job asks again.
-    retry: bool = False
     vcd_kl: float | None = None
     vcd_plausible: int | None = None
     vcd_kl_reverse: float | None = None
 
     @classmethod
     def failed(cls, n_options: int, error: str, retry: bool = False) -> "MultipleChoiceResult":
-        return cls((math.nan,) * n_options, UNKNOWN, "", math.nan, "error", error, retry)
+        return cls._failed((math.nan,) * n_options, error, retry)
 
 
 def score_problem(result) -> str | None:

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from verbmirage.benchmark.calibration import content_free_paths
-from verbmirage.benchmark.questions import QUESTION_SETS, content_hash
+from verbmirage.benchmark.questions import QUESTION_SETS
+from verbmirage.benchmark.sampling import content_hash
 from verbmirage.core.paths import file_digest
 from verbmirage.models.base import (
     NO,

@@ -91,7 +91,7 @@ def backend_settings(backend: str) -> frozenset[str] | None:
 
     Read from the source, not by importing it: the backends import torch and transformers, seconds that
     planning a run should not pay, and a misspelled setting should stop the plan, not a GPU job
-    (``inspect.signature`` needs the class imported; ``tests/test_models.py`` checks the two agree).
+    (``inspect.signature`` needs the class imported; ``tests/models/test_models.py`` checks the two agree).
     """
     types = backend_setting_types(backend)
     return None if types is None else frozenset(types)
@@ -118,7 +118,7 @@ def backend_summary(backend: str) -> str:
 
 
 #: Values a setting may take where its annotation (``str``) says too little; planning refuses any other.
-#: ``tests/test_models.py`` keeps ``dtype``'s equal to what the transformers backends accept.
+#: ``tests/models/test_models.py`` keeps ``dtype``'s equal to what the transformers backends accept.
 SETTING_CHOICES: dict[str, tuple[str, ...]] = {
     "dtype": ("float32", "bfloat16", "float16"),
     "scoring": ("logits", "text"),

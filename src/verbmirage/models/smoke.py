@@ -22,7 +22,7 @@ from pathlib import Path
 from verbmirage.models.base import Question
 from verbmirage.core.io import write_text
 from verbmirage.core.paths import file_digest
-from verbmirage.benchmark.questions import MC_STEM
+from verbmirage.benchmark.sampling import MC_STEM
 from verbmirage.models.registry import backend_class
 from verbmirage.models.registry import create_model
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from verbmirage.data.hico import hoi_vocabulary
-from verbmirage.benchmark.questions import MC_STEM
+from verbmirage.benchmark.sampling import MC_STEM
 from verbmirage.core.text import hoi_phrase, object_with_article, verb_phrase
 
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", "<image>"]

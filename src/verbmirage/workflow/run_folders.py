@@ -39,7 +39,7 @@ _NAME = re.compile(r"[A-Za-z0-9_.+-]+")
 #: Where a tree names the config files it belongs to.
 OWNER = ".owner.json"
 #: The first folders of a results tree (the demo's ``results/predictions/`` ...): no other config's tree may be
-#: one of them (tests/test_run_folders.py checks every artifact path of the plan starts with one).
+#: one of them (tests/fast/test_run_folders.py checks every artifact path of the plan starts with one).
 ARTIFACT_FOLDERS = frozenset({"analysis", "benchmark", "calibration", "figures", "frames", "images", "metrics",
                               "models", "predictions", "report", "shards", "tables", "training"})
 #: The checkout's own folders (and the logs'): a results folder there would mix results with the pipeline's

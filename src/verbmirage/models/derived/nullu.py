@@ -87,7 +87,7 @@ class NulluSettings:
             raise ValueError(f"{where}.embedding: {chosen.embedding!r} is not one of {list(EMBEDDINGS)}")
         if chosen.layers != "upper_half" and not (
             isinstance(chosen.layers, tuple) and chosen.layers
-            and all(isinstance(l, int) and not isinstance(l, bool) and l >= 0 for l in chosen.layers)
+            and all(isinstance(layer, int) and not isinstance(layer, bool) and layer >= 0 for layer in chosen.layers)
         ):
             raise ValueError(f"{where}.layers: {chosen.layers!r} is neither upper_half nor a list of layer indices")
         if chosen.pairs_file and not chosen.image_root:
@@ -275,7 +275,7 @@ def chosen_layers(layers: str | tuple[int, ...], count: int, where: str = "layer
     """The edited layer indices: ``upper_half`` = count // 2 .. count - 1 (Nullu's 16-31 of 32)."""
     if layers == "upper_half":
         return list(range(count // 2, count))
-    outside = [l for l in layers if not 0 <= l < count]
+    outside = [layer for layer in layers if not 0 <= layer < count]
     if outside:
         raise ValueError(f"{where}: layers {outside} are not decoder layers of this model (0..{count - 1})")
     return sorted(layers)
@@ -421,7 +421,7 @@ def nullu_edit(vlm, pairs, image_root: str | Path, settings: NulluSettings, wher
     layers = chosen_layers(settings.layers, count, f"{where}.layers")
     record = {"top_k": settings.top_k, "layers": layers, "decoder_layers": count, "embedding": settings.embedding,
               "pairs": len(pairs), "data_hash": pairs_digest(pairs), "edit_dtype": "float32",
-              "edited": [f"layers.{l}.mlp.down_proj.weight" for l in layers] if settings.top_k else []}
+              "edited": [f"layers.{layer}.mlp.down_proj.weight" for layer in layers] if settings.top_k else []}
     if settings.top_k == 0:  # nothing removed: the weights stay bit-identical
         return {**record, "singular_values": {}}
     differences, scale = difference_matrices(vlm, pairs, image_root, layers, settings.embedding,

@@ -68,7 +68,10 @@ class LogitsVLM(VisionLanguageModel):
     def _answer_token_ids(self):
         """Ids of every vocabulary token that spells yes / no / an option letter (see :func:`answer_token_ids`)."""
         yes, no, letters = answer_token_ids(self._vocabulary(), f"models.{self.name}")
-        to_tensor = lambda ids: torch.tensor(ids, dtype=torch.long)
+
+        def to_tensor(ids):
+            return torch.tensor(ids, dtype=torch.long)
+
         return to_tensor(yes), to_tensor(no), [to_tensor(ids) for ids in letters]
 
     def _vocabulary(self) -> list[str | None]:

@@ -1,0 +1,46 @@
+"""bench/projection.py: the paper config's prompts per decoding and the projected run times."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+
+import projection  # noqa: E402  (bench/ is not a package)
+
+
+def test_each_variant_maps_to_the_decoding_that_was_timed():
+    assert projection.decoding_of({}) == "greedy"
+    assert projection.decoding_of({"prompt_suffix": "x"}) == "greedy"
+    assert projection.decoding_of({"decoding": "beam", "num_beams": 5}) == "beam5"
+    assert projection.decoding_of({"decoding": "sample", "vcd": {}}) == "vcd_sample"
+    assert projection.decoding_of({"vcd": {"alpha": 1.0}}) == "vcd_greedy"
+    assert projection.decoding_of({"decoding": "opera", "num_beams": 5}) == "opera"
+
+
+def test_the_paper_config_mix_counts_its_engine_models_runs():
+    mix = projection.paper_mix()
+    assert mix["engine_models"] == ["instructblip_7b", "llava15_7b", "llava15_7b_nullu", "llava15_7b_pangea",
+                                    "qwen2_5_vl_7b", "qwen2_vl_7b"]
+    assert {"qwen_vl_chat", "molmo_7b_d", "gpt4_turbo", "prior"} <= set(mix["left_out"])
+    # LLaVA-1.5-7B's OPERA run (Table 8) asks the four verb sets, on clean images only
+    assert mix["prompts"]["opera"] == sum(projection.HICO_PROMPTS[q] for q in ("yn_obj", "yn_verb", "mc_obj", "mc_verb"))
+    assert mix["prompts"]["greedy"] > mix["prompts"]["opera"] and mix["prompts"]["vcd_greedy"] == 0
+    assert "hico/yn_ko" in mix["not_counted"]
+
+
+def test_projection_divides_each_decodings_prompts_by_its_rate():
+    mix = {"config": "configs/x.yaml", "prompts": {"greedy": 36_000, "beam5": 7_200, "opera": 0},
+           "engine_models": ["a"], "left_out": ["b"], "not_counted": []}
+    lines = projection.projection_lines(10.0, {"greedy": 1.0, "beam5": 5.0}, mix)
+    suite = sum(projection.HICO_PROMPTS.values())
+    assert lines[1] == f"  whole HICO suite, greedy: {suite:,} prompts in {suite / 10 / 60:.1f} min"
+    assert "43,200 prompts in 2.0 h" in lines[2]  # 36,000 / 10 / 3600 = 1 h, 7,200 x 5 / 10 / 3600 = 1 h
+    assert lines[3] == "    greedy 36,000 prompts 1.00 h, beam5 7,200 prompts 1.00 h"
+    assert "no prompt mix" in projection.projection_lines(10.0, {}, None)[-1]
+    with pytest.raises(KeyError):
+        projection.projection_lines(10.0, {}, {"prompts": {}})

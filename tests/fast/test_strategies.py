@@ -1,0 +1,211 @@
+"""Decodings as strategy objects (variants/strategies.py, vcd.py, opera.py, registry.py) and the shared rule
+that turns first-position numbers into result rows (models/answers.py).
+
+The strategies run here on toy steppers handed to them as the engine would (the ``DecodingRows`` protocol):
+no model is loaded. Their results on the real engine are the decoding oracles of ``test_decoding_variants.py``
+and ``test_opera.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from verbmirage.variants import registry, search
+from verbmirage.variants.settings import DECODINGS, Variant, question_seed
+
+VOCAB = 9
+
+
+class TableStepper:
+    """Next-token logits from a fixed table by the last fed token; records what it was fed."""
+
+    def __init__(self, rows: int, seed: int):
+        generator = torch.Generator().manual_seed(seed)
+        self.table = torch.randn(VOCAB, VOCAB, generator=generator) * 3
+        self.first = self.table[0].repeat(rows, 1)
+        self.fed: list[list[int]] = []
+
+    def advance(self, tokens):
+        self.fed.append(tokens.tolist())
+        return self.table[tokens]
+
+    def reorder(self, rows):
+        pass
+
+
+class Rows:
+    """What the engine hands a strategy: rows that open streams (clean, and noised for VCD)."""
+
+    def __init__(self, question_ids, streams: dict):
+        self.name, self.question_ids, self.streams, self.opened = "toy", question_ids, streams, []
+
+    def open(self, repeats, fresh=False):
+        self.opened.append(repeats)
+
+        def stream(noised):
+            stepper = self.streams[noised](len(self.question_ids) * repeats)
+            return stepper.first, stepper
+
+        return self.strategy.combine(stream)
+
+
+def _rows(strategy, n=2):
+    rows = Rows([f"q{i}" for i in range(n)], {False: lambda r: TableStepper(r, 0), True: lambda r: TableStepper(r, 1)})
+    rows.strategy = strategy
+    return rows
+
+
+@pytest.mark.parametrize("entry, kind, beams, streams, attention, spans_calls, joins, first_decides", [
+    ({}, "Greedy", 1, 1, False, True, True, True),
+    ({"decoding": "beam"}, "BeamSearch", 5, 1, False, False, True, False),
+    ({"decoding": "sample"}, "Sampling", 1, 1, False, False, True, False),
+    ({"decoding": "opera"}, "Opera", 5, 1, True, False, False, False),
+    ({"vcd": {}}, "ContrastiveDecoding", 1, 2, False, True, True, True),
+    ({"decoding": "beam", "num_beams": 3, "vcd": {}}, "ContrastiveDecoding", 3, 2, False, False, True, False),
+])
+def test_each_strategy_declares_what_it_needs_from_the_engine(entry, kind, beams, streams, attention, spans_calls,
+                                                               joins, first_decides):
+    strategy = Variant.from_config(entry).strategy()
+    assert type(strategy).__name__ == kind
+    assert (strategy.beams, strategy.streams, strategy.needs_last_attention, strategy.call_spans_batches,
+            strategy.joins_rows, strategy.decides_by_first_token) == (beams, streams, attention, spans_calls, joins,
+                                                                      first_decides)
+
+
+def test_every_decoding_a_variant_may_name_has_a_strategy_in_the_registry():
+    """The registry is the list of decodings: the variant settings and the config schema's enum follow it."""
+    from pathlib import Path
+
+    import yaml
+
+    schema = yaml.safe_load((Path(__file__).parents[2] / "schemas" / "config.schema.yaml").read_text())
+    assert schema["properties"]["variants"]["additionalProperties"]["properties"]["decoding"]["enum"] == \
+        list(registry.DECODINGS)
+    assert tuple(registry.DECODINGS) == DECODINGS
+    for name in DECODINGS:
+        assert registry.strategy_class(name).name == name
+    with pytest.raises(ValueError, match="decoding 'nucleus' is not one of"):
+        registry.strategy_class("nucleus")
+
+
+def test_openings_are_kept_where_a_decoding_follows_on_the_scoring_rows():
+    """Greedy keeps the undecided rows when it continues them; greedy VCD never (its first token is the
+    contrast's argmax, not the clean scoring argmax the rows were kept by); the others always."""
+    keeps = lambda entry, tokens: Variant.from_config(entry).strategy().keeps_openings(tokens)  # noqa: E731
+    assert keeps({}, 8) and not keeps({}, 0)
+    assert not keeps({"vcd": {}}, 8)
+    assert keeps({"decoding": "beam", "vcd": {}}, 0) and keeps({"decoding": "sample"}, 0) and keeps({"decoding": "opera"}, 0)
+
+
+@pytest.mark.parametrize("entry", [{}, {"decoding": "beam", "num_beams": 3}, {"decoding": "sample", "seed": 4}])
+def test_strategies_decode_the_rows_the_engine_hands_them_with_the_search_loops(entry):
+    variant = Variant.from_config({**entry, "max_new_tokens": 4})
+    strategy = variant.strategy()
+    rows = _rows(strategy)
+    got = strategy.decode(rows, 4, {8})
+    assert rows.opened == [strategy.beams]  # one opening, each row repeated per beam
+    stepper = TableStepper(2 * strategy.beams, 0)
+    if entry.get("decoding") == "beam":
+        expected = search.beam_search(stepper.first, stepper, 3, 4, {8}, variant.length_penalty)
+    elif entry.get("decoding") == "sample":
+        seeds = [question_seed(question_id, 4) for question_id in rows.question_ids]
+        expected = search.sample_search(stepper.first, stepper, 4, {8}, seeds, 1.0, 0, 1.0)
+    else:
+        expected = search.greedy_search(stepper.first, stepper, 4, {8})
+    assert got == expected
+
+
+def test_vcd_decodes_its_inner_search_on_the_contrast_of_two_streams():
+    variant = Variant.from_config({"decoding": "beam", "num_beams": 2, "vcd": {"alpha": 0.5}})
+    strategy = variant.strategy()
+    rows = _rows(strategy)
+    got = strategy.decode(rows, 3, {8})
+    clean, noised = TableStepper(4, 0), TableStepper(4, 1)
+    first = search.contrast(clean.first, noised.first, variant.vcd)
+    expected = search.beam_search(first, search.ContrastedStepper(clean, noised, variant.vcd), 2, 3, {8})
+    assert got == expected
+
+    contrasted, columns = strategy.contrast_first(clean.first[:2], noised.first[:2])
+    assert torch.equal(contrasted, first[:2])
+    assert set(columns[0]) == {"vcd_kl", "vcd_kl_reverse", "vcd_plausible"} and columns[0]["vcd_kl"] >= 0
+
+
+def test_opera_decodes_a_batch_whose_images_sit_apart_one_question_at_a_time(monkeypatch):
+    """OPERA's batch needs one image span: with two, each question decodes alone (opera_search), on rows
+    opened apart from the call's tokenization (``fresh``)."""
+    strategy = Variant.from_config({"decoding": "opera", "num_beams": 2}).strategy()
+    alone, columns = [], []
+
+    def opera_search(first, stepper, opera, beams, new_tokens, stop, span, prompt_columns, *args, **kwargs):
+        alone.append(first.shape[0])
+        columns.append(prompt_columns)
+        return search.Decoded([[1, 2]], [0.5]), []
+
+    monkeypatch.setattr(search, "opera_search", opera_search)
+
+    class Attending(Rows):
+        def image_spans(self):
+            return [(1, 4), (2, 5)][: len(self.question_ids)] if len(self.question_ids) > 1 else [(1, 4)]
+
+        def prompt_lengths(self):
+            return [10] * len(self.question_ids)
+
+        def attending(self, first, stepper):
+            # the second question's row was kept from a wider scoring batch: its decoded keys start at 14,
+            # past its 10 prompt tokens; the first was opened alone (the stepper does not say)
+            stepper.first, stepper.prompt_columns = first, 14 if self.question_ids == ["b"] else None
+            return stepper
+
+        def alone(self, row):
+            one = Attending([self.question_ids[row]], self.streams)
+            one.strategy = self.strategy
+            self.children.append(one)
+            return one
+
+    rows = Attending(["a", "b"], {False: lambda r: TableStepper(r, 0)})
+    rows.strategy, rows.children = strategy, []
+    assert strategy.decode(rows, 3, {8}) == search.Decoded([[1, 2], [1, 2]], [0.5, 0.5])
+    assert alone == [2, 2] and rows.opened == [] and [child.opened for child in rows.children] == [[2], [2]]
+    assert columns == [10, 14]  # where each row's decoded keys start: its prompt's end, or its stepper's word
+
+
+def test_the_variants_layer_imports_nothing_of_the_models():
+    """Strategies talk to the engine through protocols: importing them (and the registry) loads no model code."""
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys\nimport verbmirage.variants.strategies, verbmirage.variants.vcd, "
+         "verbmirage.variants.opera, verbmirage.variants.registry\n"
+         "print(sorted(m for m in sys.modules if m.startswith('verbmirage.models')))"],
+        capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"
+
+
+# ---- the answer rule both the engine and the remote-code adapters use ----------------------------------------
+def test_p_yes_is_the_ratio_in_the_dtype_the_backend_computed_its_mass_in():
+    from verbmirage.models.answers import yes_no_results
+
+    yes, no = np.array([0.7, 0.0], dtype=np.float32), np.array([0.2, 0.0], dtype=np.float32)
+    texts = [("Yes", None), ("maybe", "")]
+    rows = yes_no_results(yes, no, [1.25, math.inf], [0.6, 0.0], [0.7, 0.1], texts, [None, None], "greedy")
+    assert rows[0].p_yes == float(yes[0] / (yes[0] + no[0])) != 0.7 / (0.7 + 0.2)  # float32 arithmetic
+    assert (rows[0].prediction, rows[0].yes_margin, rows[0].yes_mass) == ("yes", 1.25, 0.6)
+    assert math.isnan(rows[1].p_yes) and rows[1].yes_margin is None and rows[1].prediction == "unknown"
+    wide = yes_no_results(np.array([0.7, 0.0]), np.array([0.2, 0.0]), [1.0, 1.0], [0.6, 0.0], [0.7, 0.1],
+                          texts, [None, "image x.png: broken"], "beam5", [{"vcd_kl": 0.5}, {}])
+    assert wide[0].p_yes == 0.7 / (0.7 + 0.2) and wide[0].vcd_kl == 0.5 and wide[0].parse_rule.startswith("beam5:")
+    assert wide[1].error == "image x.png: broken" and math.isnan(wide[1].p_yes)
+
+
+def test_option_probabilities_are_renormalised_over_each_questions_own_options():
+    from verbmirage.models.answers import choice_results
+
+    rows = choice_results([[0.2, 0.6, 0.1, 0.05], [0.0, 0.0, 0.3]], [0.6, 0.3], [("B", None), ("C", None)],
+                          [None, None], [("a", "b", "c"), ("a", "b")], "greedy")
+    assert rows[0].option_probs == pytest.approx((0.2 / 0.9, 0.6 / 0.9, 0.1 / 0.9)) and rows[0].prediction == "B"
+    assert all(math.isnan(p) for p in rows[1].option_probs) and len(rows[1].option_probs) == 2
+    assert rows[1].prediction == "unknown"  # "C" is not an option of a two-option question

@@ -1,0 +1,111 @@
+"""The test suite's own set-up: its tiers (tests/tiers.py) and its parallel runs (tools/test.sh, tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from tiers import TESTS, TIERS, build_once, claim_once, group_of, runs_snakemake, tier_of
+
+
+def test_each_file_is_one_xdist_group(request):
+    """Under ``--dist loadgroup`` the group must reach the scheduler as the node-id suffix; when it does not
+    (pytest 9.2 with pytest-xdist 3.8, pytest-dev/pytest-xdist#1386) the shared demo run is silently built
+    once per worker."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not request.config.getvalue("loadgroup"):
+        pytest.skip("not under pytest-xdist --dist loadgroup (tools/test.sh with workers)")
+    assert request.node.nodeid.endswith("@test_suite_grouping.py"), request.node.nodeid
+
+
+def test_every_test_has_exactly_one_tier(request):
+    """tests/tiers.py gives each test one of the tiers that tools/test.sh runs; none is left out or run twice."""
+    for item in request.session.items:
+        tiers = [mark.name for mark in item.iter_markers() if mark.name in TIERS]
+        assert len(tiers) == 1, (item.nodeid, tiers)
+
+
+@pytest.mark.parametrize("path, name, fixtures, tier", [
+    ("fast/test_metrics.py", "test_x", ["tmp_path"], "fast"),
+    ("fast/test_metrics.py", "test_x", ["tiny_dirs"], "models"),  # a fixture lifts a test out of its folder's tier
+    ("models/test_opera.py", "test_x", ["tmp_path"], "models"),
+    ("fast/test_derived.py", "test_adding_a_derived_model_plans_only_its_jobs", [], "workflow"),  # a dry run
+    ("fast/test_derived.py", "test_other", [], "fast"),
+    ("workflow/test_workflow_vcd.py", "test_x", ["vcd_demo", "request"], "workflow"),
+    ("cluster/test_slurm.py", "test_x", ["slurm_cluster"], "cluster"),
+])
+def test_a_tests_tier_is_the_highest_its_folder_name_and_fixtures_ask(path, name, fixtures, tier):
+    assert tier_of(path, name, fixtures) == tier
+
+
+@pytest.mark.parametrize("path", ["test_metrics.py", "slow/test_metrics.py", "fast/more/test_metrics.py"])
+def test_a_test_file_outside_the_tier_folders_is_refused_naming_them(path):
+    with pytest.raises(ValueError, match=rf"tests/{path}: .* tests/<tier>/ .*fast, models, workflow, cluster"):
+        tier_of(path, "test_x", [])
+
+
+def test_every_test_file_lies_in_its_tiers_folder():
+    """No test file outside the tier folders (it would fail the collection), and the folders hold test files only:
+    the helpers they share lie in tests/ itself."""
+    assert not list(TESTS.glob("test_*.py")), "test files belong in tests/<tier>/"
+    for tier in TIERS:
+        assert all(path.name.startswith("test_") for path in (TESTS / tier).glob("*.py")), tier
+
+
+def test_the_demo_run_is_read_by_one_group_only(request):
+    """``vcd_demo`` asks for the demo run inside its body: its tests join the demo group all the same (else a
+    second worker ran the whole demo again)."""
+    from tiers import DEMO_FIXTURES
+
+    assert group_of("test_workflow_vcd.py", ["vcd_demo", "request"]) == "demo_run"
+    assert group_of("test_workflow.py", ["tmp_path"]) == "test_workflow.py"  # its dry runs: any worker
+    for item in request.session.items:
+        reads = any(fixture in item.fixturenames for fixture in DEMO_FIXTURES)
+        assert (item.get_closest_marker("xdist_group").args[0] == "demo_run") is reads, item.nodeid
+
+
+@pytest.mark.parametrize("command, starts", [
+    ([sys.executable, "-m", "snakemake", "--dry-run"], True),
+    (["/x/.venv/bin/snakemake", "-n"], True),
+    ("snakemake --cores 1", True),
+    (["/x/.venv/bin/verbmirage", "check", "--configfile", "c.yaml"], True),
+    (["/x/.venv/bin/verbmirage", "--help"], False),
+    ([sys.executable, "tools/build_tiny_models.py", "snakemake"], False),
+    (["bash", "tools/demo.sh", "--help"], False),
+])
+def test_commands_that_start_snakemake_are_recognised(command, starts):
+    assert runs_snakemake(command) is starts
+
+
+def test_a_fast_test_that_starts_snakemake_fails_naming_the_tier_table(request):
+    assert request.node.get_closest_marker("fast")
+    with pytest.raises(RuntimeError, match=r"fast tier but starts Snakemake.*tests/tiers\.py"):
+        subprocess.run([sys.executable, "-m", "snakemake", "--version"], capture_output=True)
+    assert subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True, text=True).stdout == "1\n"
+
+
+def test_a_build_is_done_once_per_folder_and_again_after_a_failure(tmp_path):
+    calls = []
+
+    def build(folder):
+        calls.append(folder)
+        folder.mkdir()
+        (folder / "half").touch()
+        if len(calls) == 1:
+            raise OSError("disk full")
+        (folder / "weights").touch()
+
+    with pytest.raises(OSError):
+        build_once(tmp_path / "model", build)
+    assert build_once(tmp_path / "model", build) == tmp_path / "model"  # the half-built folder is built again
+    assert build_once(tmp_path / "model", build) == tmp_path / "model"
+    assert len(calls) == 2 and sorted(p.name for p in (tmp_path / "model").iterdir()) == ["half", "weights"]
+
+
+def test_a_second_claim_names_the_first_worker(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    assert claim_once(tmp_path, "demo_run") is None
+    assert claim_once(tmp_path, "demo_run") is None  # the same worker again: still its own
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    assert claim_once(tmp_path, "demo_run") == "gw0"

@@ -1,0 +1,81 @@
+"""The benchmark scripts run and print their figures (speed itself is not asserted: see bench/)."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def test_cpu_benchmark_prints_both_regimes_and_each_decodings_cost():
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "bench_scoring.py"), "--images", "1",
+                          "--max-new-tokens", "2", "--repeats", "1"], capture_output=True, text=True, timeout=600, check=True).stdout
+    random, decisive = out.split("random model (as built):")[1].split("decisive model (output layer biased to yes/no):")
+    shares = []
+    for regime in (random, decisive):
+        assert re.search(r"ratio engine / generate:\s+[\d.]+x", regime)
+        assert float(re.search(r"max \|P\(yes\) difference\|:\s+([\d.e+-]+)", regime).group(1)) < 1e-4
+        shares.append(float(re.search(r"answers continued past the first token:\s+([\d.]+)%", regime).group(1)))
+    assert shares[1] <= 5.0 < shares[0]  # the decisive model's first token decides (almost) every answer
+    costs = dict(re.findall(r"^  (\w+) +[\d.]+ prompts/s +([\d.]+)x greedy", out, re.M))
+    assert list(costs) == ["greedy", "beam5", "sample", "vcd_greedy", "vcd_sample", "vcd_beam5", "opera"]
+    assert float(costs["greedy"]) == 1.0 and all(float(cost) > 0 for cost in costs.values())
+    assert re.search(r"peak memory:\s+\d+ MiB", out)
+    targets = re.findall(r"^  (.+?) +([\d.]+)  \((at least|at most) ([\d.]+): (met|missed)\)$", out, re.M)
+    assert [what for what, *_ in targets][::3] == ["random: engine / generate", "beam-5 / greedy",
+                                                  "VCD beam-5 / beam-5"] and len(targets) == 8
+    for _, value, bound, target, verdict in targets:  # each verdict follows from its figure
+        held = float(value) >= float(target) if bound == "at least" else float(value) <= float(target)
+        assert verdict == ("met" if held else "missed")
+
+
+def test_the_device_check_runs_both_gpu_benchmarks_in_smoke_mode(tmp_path):
+    """bench/h200_check.sh, the one prepared device run: versions, the suite benchmark, each decoding and the
+    projected run times, each also in $OUT (here on a CPU with --smoke, the benchmarks' narrow model; the paper
+    config's prompt mix written as bench/h200_wheels.sh writes it)."""
+    mix = tmp_path / "paper_mix.json"
+    subprocess.run([sys.executable, str(REPO / "bench" / "projection.py"), "--write", str(mix)], check=True,
+                   timeout=300)
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
+    out = subprocess.run(["bash", str(REPO / "bench" / "h200_check.sh"), "--smoke", "--images", "1",
+                          "--decoding-images", "1", "--max-new-tokens", "2", "--mix", str(mix)], env=env,
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    assert re.search(r"torch [\w.+]+ \| transformers [\w.]+ \| cuda (True|False)", out)
+    assert re.search(r"suite ratio \(b / a\):\s+[\d.]+x", (tmp_path / "suite.txt").read_text())
+    decodings = (tmp_path / "decodings.txt").read_text()
+    assert re.search(r"whole suite, greedy \(\d+ prompts of 5 sets on 1 images\):\s+[\d.]+ prompts/s", decodings)
+    assert len(re.findall(r"^  \w+ +[\d.]+ prompts/s +[\d.]+x greedy", decodings, re.M)) == 7
+    assert re.search(r"whole HICO suite, greedy: 223,618 prompts in [\d.]+ min", decodings)
+    assert re.search(r"configs/paper.yaml, its \d+ transformers-engine models .*: [\d,]+ prompts in [\d.]+ h",
+                     decodings)
+
+
+def test_suite_benchmark_prints_both_rates_and_the_suite_ratio_per_call_size():
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "suite_scoring.py"), "--images", "1", "--repeats", "1",
+                          "--batch-size", "8", "64"], capture_output=True, text=True, timeout=600, check=True).stdout
+    reports = out.split(" prompts of 5 sets on 1 images")[1:]
+    assert len(reports) == 2
+    for size, text in zip((8, 64), reports):
+        assert f", batch {size}, {4 * size} questions per call)" in text  # a greedy LLaVA call: 4 batches
+        rates = [float(x) for x in re.findall(r"\(\w\) [\w ]+:\s+([\d.]+) prompts/s", text)]
+        assert len(rates) == 2 and all(rate > 0 for rate in rates)
+        ratio = float(re.search(r"suite ratio \(b / a\):\s+([\d.]+)x", text).group(1))
+        assert ratio == pytest.approx(rates[1] / rates[0], rel=0.01)  # one pair: its ratio is the rates' ratio
+        assert float(re.search(r"max \|score difference\|:\s+([\d.e+-]+)", text).group(1)) < 1e-4
+        assert re.search(r"peak memory:\s+\d+ MiB", text)
+
+
+def test_question_set_benchmark_prints_each_set_and_the_total(demo_roots):
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "question_sets.py"), str(demo_roots[0]), "--baseline"],
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    assert re.search(r"load anno.mat:\s+[\d.]+ s", out)
+    assert len(re.findall(r"^\s+\w+\s+alone:\s+[\d.]+ s\s+\d+ rows$", out, re.M)) == 5
+    assert re.search(r"five sets together, one process:\s+[\d.]+ s", out)
+    assert re.search(r"five sets together, 1 worker\(s\):\s+[\d.]+ s \(tables equal; ratio [\d.]+x\)", out)
+    assert re.search(r"total \(load \+ five sets on 1 worker\(s\)\):\s+[\d.]+ s", out)
+    assert "(tables equal)" in out and re.search(r"speed-up \(reference / together\):\s+[\d.]+x", out)
