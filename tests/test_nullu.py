@@ -210,7 +210,7 @@ def test_only_the_chosen_layers_down_proj_change(tiny4, pairs, demo_roots):
 
 def test_edited_matrices_give_nothing_along_the_removed_directions(tiny4, pairs, demo_roots):
     vlm = load(tiny4)
-    differences, scale = difference_matrices(vlm, pairs, demo_roots[0], [2, 3], "mean")
+    differences, scale = difference_matrices(vlm, pairs, demo_roots[0], [2, 3], "mean", batch_size=8)
     projections = {l: hallu_space(differences[l], 4, scale)[0] for l in (2, 3)}
     before = {l: decoder_layers(vlm.model)[l].mlp.down_proj.weight.detach().clone() for l in (2, 3)}
     edit_model(vlm.model, projections)

@@ -329,7 +329,7 @@ class AttentionProbe:
     model's own prediction at q and whether it is correct.
     """
 
-    def __init__(self, model, layers="all", batch_size: int = 8):
+    def __init__(self, model, layers, batch_size: int):
         from verbmirage.models.hf.tokens import decoder_layers, use_eager_language_model  # deferred: imports torch
 
         self.model = model
@@ -445,7 +445,7 @@ def sample_questions(questions: pd.DataFrame, sample: int, seed: int) -> pd.Data
 
 
 def run_attention(questions: pd.DataFrame, model, images, pairs: pd.DataFrame | None, layers, sample: int,
-                  seed: int = 0, batch_size: int = 8) -> pd.DataFrame:
+                  seed: int, batch_size: int) -> pd.DataFrame:
     """The attention table of one (question set, condition, model): one row per sampled question and layer.
 
     ``images`` resolves a question's ``image`` to the file the model sees

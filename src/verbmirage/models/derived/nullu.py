@@ -343,7 +343,7 @@ def _answer_starts(vlm, images, turns: list[str], full_ids, lengths):
 
 
 def difference_matrices(vlm, pairs, image_root: str | Path, layers: list[int], embedding: str,
-                        batch_size: int = 8):
+                        batch_size: int):
     """Per layer, D = (truthful - hallucinated) / 2 (pairs x hidden, float32), and the mean norm of the
     truthful embeddings (the scale a zero D is judged against)."""
     import torch
