@@ -217,9 +217,8 @@ def qwen_grid(image_grid_thw, merge_size: int, patch_size: int, width: int, heig
 
 def token_grid(model, encoded, row: int, width: int, height: int, n_visual: int) -> TokenGrid | str:
     """The model's grid for an image of ``width`` x ``height``, or the reason there is none."""
-    backend = getattr(model, "backend", "")
     config = model.model.config
-    if backend == "instructblip" or type(model.model).__name__.startswith("InstructBlip"):
+    if model.backend == "instructblip" or type(model.model).__name__.startswith("InstructBlip"):
         return NO_GRID_REASON
     image_processor = model.processor.image_processor
     if "image_grid_thw" in encoded:
@@ -229,7 +228,7 @@ def token_grid(model, encoded, row: int, width: int, height: int, n_visual: int)
     elif hasattr(config, "vision_config") and hasattr(config.vision_config, "image_size"):
         side = config.vision_config.image_size // config.vision_config.patch_size
         leading = 1 if getattr(config, "vision_feature_select_strategy", "default") == "full" else 0
-        grid = clip_style_grid(image_processor, width, height, side, leading, getattr(model, "image_mode", "crop"))
+        grid = clip_style_grid(image_processor, width, height, side, leading, model.image_mode)
     else:
         return f"no known token grid for {type(model.model).__name__}"
     if grid.size != n_visual:

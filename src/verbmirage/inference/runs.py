@@ -514,11 +514,11 @@ def answer_job(questions: pd.DataFrame, stores: dict[str, PartStore], tables: di
     model = None
     try:
         if not questions.empty:
-            reads_answers = getattr(backend_class(spec.model_settings["backend"]), "reads_answers", False)
+            reads_answers = backend_class(spec.model_settings["backend"]).reads_answers
             answers = dict(zip(questions.question_id, questions.answer)) if reads_answers else None
             model = create_model(spec.model_slug, spec.model_settings,
                                  ModelContext(dataset=spec.dataset, train_stats=spec.train_stats, answers=answers))
-            if hasattr(model, "continue_tokens"):  # backends that decode answers token by token
+            if model.continue_tokens is not None:  # backends that decode answers token by token
                 model.continue_tokens = spec.continue_tokens
             model.use_variant(variant, where=f"models.{spec.model_slug} with this variant")
             # calibrated decisions: the model as is unless the variant sets `decision`

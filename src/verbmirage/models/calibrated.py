@@ -145,7 +145,7 @@ class ContentFreeRule:
                 asked.append(replace(question, question_id=question_id, image=path))
                 flags.append(mc)
         # only the scores of the content-free answers are used: no decoding past the first answer token
-        continue_tokens = getattr(self.model, "continue_tokens", None)
+        continue_tokens = self.model.continue_tokens
         if continue_tokens is not None:
             self.model.continue_tokens = 0
         try:
@@ -191,9 +191,17 @@ class CalibratedModel(VisionLanguageModel):
 
     @property
     def mixed_kinds(self) -> bool:
-        return getattr(self.model, "mixed_kinds", False)
+        return self.model.mixed_kinds
 
-    def __getattr__(self, name):  # attributes the wrapper does not define (e.g. continue_tokens)
+    @property
+    def continue_tokens(self) -> int | None:
+        return self.model.continue_tokens
+
+    @continue_tokens.setter
+    def continue_tokens(self, value: int) -> None:
+        self.model.continue_tokens = value
+
+    def __getattr__(self, name):  # attributes the wrapper does not define (the engine's processor, ...)
         if name == "model":
             raise AttributeError(name)
         return getattr(self.model, name)
