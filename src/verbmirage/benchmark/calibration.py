@@ -21,7 +21,7 @@ from PIL import Image
 
 from verbmirage.benchmark.questions import QUESTION_SETS, QuestionSettings, build_question_set
 from verbmirage.core.imaging import open_rgb
-from verbmirage.core.io import atomic_path
+from verbmirage.core.paths import atomic_path
 from verbmirage.data.hico import NO_INTERACTION, HicoAnnotations
 
 

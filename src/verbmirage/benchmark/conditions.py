@@ -39,8 +39,8 @@ from PIL import Image
 from tqdm import tqdm
 
 from verbmirage.core.imaging import open_rgb
-from verbmirage.core.io import atomic_path, read_schema, read_table
-from verbmirage.core.paths import UnsafePathError, file_digest, inside, replace_entry, safe_relative_name
+from verbmirage.core.io import read_schema, read_table
+from verbmirage.core.paths import UnsafePathError, atomic_path, file_digest, inside, replace_entry, safe_relative_name
 
 MANIFEST = "manifest.parquet"
 SOURCE_ROOT_KEY = b"verbmirage.source_root"

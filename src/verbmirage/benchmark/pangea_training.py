@@ -29,11 +29,11 @@ from string import ascii_uppercase
 import numpy as np
 import pandas as pd
 
-from verbmirage.core.paths import UnsafePathError, safe_relative_name
+from verbmirage.core.paths import UnsafePathError, atomic_path, safe_relative_name, write_text
 from verbmirage.data.pangea import Pangea, PangeaFiles, load_pangea
 from verbmirage.benchmark.questions import MC_STEM, content_hash
 from verbmirage.data.hico import load_hico
-from verbmirage.core.io import atomic_path, write_table, write_text
+from verbmirage.core.io import write_table
 from verbmirage.benchmark.question_table import QUESTIONS
 from verbmirage.core.schemas import PANGEA_SOURCES
 

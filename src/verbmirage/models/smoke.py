@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verbmirage.models.base import Question
-from verbmirage.core.io import write_text
-from verbmirage.core.paths import file_digest
+from verbmirage.core.paths import file_digest, write_text
 from verbmirage.benchmark.questions import MC_STEM
 from verbmirage.models.registry import backend_class
 from verbmirage.models.registry import create_model

@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 from verbmirage.core.text import hoi_phrase
 from verbmirage.data.hico import NO_INTERACTION
-from verbmirage.core.paths import safe_relative_name
+from verbmirage.core.paths import safe_relative_name, write_text
 from verbmirage.core.imaging import open_rgb
 from verbmirage.models.derived import build_lock
 from verbmirage.data.hico import load_hico
-from verbmirage.core.io import write_table, write_text
+from verbmirage.core.io import write_table
 from verbmirage.core.schemas import NULLU_PAIRS
 from verbmirage.models import create_model
 
