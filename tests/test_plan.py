@@ -21,7 +21,7 @@ from snakemake.utils import validate
 from verbmirage.workflow.config import check_config
 from verbmirage.workflow.paths import LOGS, Paths, fill
 from verbmirage.workflow.plan import Group, Plan, Run, alternatives
-from verbmirage.workflow.report_pages import report_item
+from verbmirage.workflow.report_items import report_item
 from verbmirage.workflow.run_folders import run_folders
 
 REPO = Path(__file__).resolve().parents[1]

@@ -45,7 +45,7 @@ from verbmirage.core.text import object_name, verb_phrase
 from verbmirage.data.hico import hoi_vocabulary
 from verbmirage.models.parsing import decide_choice, decide_yes_no
 from verbmirage.models.base import Question
-from verbmirage.benchmark.questions import question_kind
+from verbmirage.benchmark.question_sets import question_kind
 from verbmirage.benchmark.conditions import ImageResolver
 from verbmirage.data.hico import read_hico_det
 from verbmirage.core.io import read_table, write_table

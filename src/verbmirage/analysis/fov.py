@@ -14,7 +14,7 @@ once on crops of several sizes, and finds that accuracy and token uncertainty ba
   being the first FOV condition (the full image); its interval is a percentile bootstrap over images
   (``metrics.score_with_interval``).
 - ``crop_area_frac``: the crop's area over the image's, from the same union box and
-  :func:`~verbmirage.benchmark.conditions.crop_box` the crop condition cuts with (1 for a full-image condition);
+  :func:`~verbmirage.benchmark.condition_types.crop_box` the crop condition cuts with (1 for a full-image condition);
   ``crop_area_frac_mean`` averages it over the shared images.
 """
 
@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import pandas as pd
 
 from verbmirage.analysis.uncertainty import confidence_rows, mean_from_sums
-from verbmirage.benchmark.conditions import CONDITIONS, crop_box, image_settings
+from verbmirage.benchmark.condition_types import CONDITIONS, crop_box, image_settings
 from verbmirage.core.errors import ConfigError
 from verbmirage.evaluation.metrics import BootstrapSettings, mc_group_correctness, score_with_interval
-from verbmirage.benchmark.questions import question_kind
+from verbmirage.benchmark.question_sets import question_kind
 
 log = logging.getLogger(__name__)
 

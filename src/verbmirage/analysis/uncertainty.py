@@ -32,7 +32,7 @@ import pandas as pd
 
 from verbmirage.core.errors import ConfigError
 from verbmirage.evaluation.metrics import BootstrapSettings, score_with_interval
-from verbmirage.benchmark.questions import question_kind
+from verbmirage.benchmark.question_sets import question_kind
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from verbmirage.analysis.figure_layout import (
     tick_rotation,
 )
 from verbmirage.analysis.paper_figures import Drawn, drawn_runs
-from verbmirage.benchmark.questions import question_kind
+from verbmirage.benchmark.question_sets import question_kind
 
 COLOURS = {True: "tab:blue", False: "tab:red"}
 LABELS = {True: "correct", False: "hallucinated"}

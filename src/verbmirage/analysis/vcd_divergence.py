@@ -42,7 +42,7 @@ import pandas as pd
 
 from verbmirage.analysis.figure_layout import legend_below, page_figure, page_style, save_figure
 from verbmirage.core.errors import ConfigError
-from verbmirage.benchmark.questions import question_kind
+from verbmirage.benchmark.question_sets import question_kind
 from verbmirage.variants.settings import Variant, model_variant_entry
 
 DEFAULT_QSETS = ("yn_obj", "yn_verb", "mc_obj", "mc_verb")

@@ -31,7 +31,8 @@ import pandas as pd
 
 from verbmirage.core.paths import UnsafePathError, atomic_path, safe_relative_name, write_text
 from verbmirage.data.pangea import Pangea, PangeaFiles, load_pangea
-from verbmirage.benchmark.questions import MC_STEM, content_hash
+from verbmirage.benchmark.questions import content_hash
+from verbmirage.benchmark.question_sets import MC_STEM
 from verbmirage.data.hico import load_hico
 from verbmirage.core.io import write_table
 from verbmirage.benchmark.question_table import QUESTIONS

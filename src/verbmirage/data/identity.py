@@ -46,7 +46,7 @@ import os
 from pathlib import Path
 
 from verbmirage.core.paths import atomic_path
-from verbmirage.data.hico import HICO_DET_MAT, hico_det_file
+from verbmirage.data.hico_files import HICO_DET_MAT, hico_det_file
 
 log = logging.getLogger(__name__)
 

@@ -57,7 +57,7 @@ from verbmirage.models.base import (
     YesNoResult,
     score_questions,
 )
-from verbmirage.benchmark.questions import question_kind
+from verbmirage.benchmark.question_sets import question_kind
 from verbmirage.benchmark.question_table import question_sample, sample_settings
 from verbmirage.variants.settings import Variant
 from verbmirage.inference.settings import INFERENCE_DEFAULTS, check_inference_settings

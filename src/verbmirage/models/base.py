@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import ascii_uppercase
 
-from verbmirage.core.imaging import open_rgb  # noqa: F401  (re-exported for the backends)
 from verbmirage.models.prompts import PromptTemplate
 from verbmirage.variants.settings import PLAIN_ONLY, Variant
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from verbmirage.benchmark.calibration import content_free_paths
-from verbmirage.benchmark.questions import QUESTION_SETS, content_hash
+from verbmirage.benchmark.questions import content_hash
+from verbmirage.benchmark.question_sets import calibration_qsets
 from verbmirage.core.paths import file_digest
 from verbmirage.models.base import (
     NO,
@@ -223,11 +224,6 @@ class CalibratedModel(VisionLanguageModel):
 
     def close(self) -> None:
         self.model.close()
-
-
-def calibration_qsets(dataset: str, qsets) -> list[str]:
-    """The sets among ``qsets`` that get a threshold: HICO's YN sets (CharadesEgo has no calibration set)."""
-    return [q for q in qsets if dataset == "hico" and q in QUESTION_SETS and QUESTION_SETS[q].kind == "yn"]
 
 
 def decision_model(model: VisionLanguageModel, variant: Variant, question_sets: Mapping[str, str],

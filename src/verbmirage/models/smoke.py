@@ -21,7 +21,7 @@ from pathlib import Path
 
 from verbmirage.models.base import Question
 from verbmirage.core.paths import file_digest, write_text
-from verbmirage.benchmark.questions import MC_STEM
+from verbmirage.benchmark.question_sets import MC_STEM
 from verbmirage.models.registry import backend_class
 from verbmirage.models.registry import create_model
 

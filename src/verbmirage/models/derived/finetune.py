@@ -46,7 +46,7 @@ from verbmirage.benchmark.pangea_training import TrainingQuestionSettings
 from verbmirage.core.io import read_table
 from verbmirage.benchmark.question_table import QUESTIONS
 from verbmirage.core.paths import atomic_path, inside
-from verbmirage.benchmark.questions import question_kind
+from verbmirage.benchmark.question_sets import question_kind
 from verbmirage.models.base import Question
 from verbmirage.models.registry import create_model
 from verbmirage.models.derived import build_lock
