@@ -18,7 +18,7 @@ from verbmirage.evaluation.mitigation_tables import (
     table8,
 )
 from verbmirage.evaluation.paper_methods import paper_method_pairs, paper_methods_from_config
-from verbmirage.benchmark.pangea_training import PAPER_MC_STEM
+from verbmirage.benchmark.pangea_settings import PAPER_MC_STEM
 from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_paper_numbers
 
 PAPER = load_paper_numbers(packaged_paper_numbers())

@@ -18,7 +18,6 @@ import torch
 
 from verbmirage.models.derived import build_derived
 from verbmirage.models.derived.nullu import (
-    NulluSettings,
     chosen_layers,
     decoder_layers,
     difference_matrices,
@@ -31,6 +30,7 @@ from verbmirage.models.derived.nullu import (
     project_out,
     sample_embeddings,
 )
+from verbmirage.models.derived.nullu_settings import NulluSettings
 from verbmirage.data.hico import NO_INTERACTION
 from verbmirage.core.imaging import open_rgb
 from verbmirage.core.io import read_table

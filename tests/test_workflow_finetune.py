@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from verbmirage.models.derived import DERIVED_FOLDER
-from verbmirage.models.derived.finetune import LANGUAGE_MODEL_LINEARS, TRAIN_LOG_FILE, checkpoint_folder
+from verbmirage.models.derived.finetune import TRAIN_LOG_FILE, checkpoint_folder
+from verbmirage.models.derived.finetune_settings import LANGUAGE_MODEL_LINEARS
 from verbmirage.data.hico import load_hico
 from verbmirage.core.io import read_table
 from verbmirage.benchmark.question_table import QUESTIONS

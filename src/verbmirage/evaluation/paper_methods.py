@@ -9,6 +9,8 @@ from collections.abc import Mapping
 
 from verbmirage.evaluation.paper_numbers import PAPER_VARIANT, paper_names_from_config
 from verbmirage.models.derived import method_settings
+from verbmirage.models.derived.finetune_settings import paper_departures
+from verbmirage.models.derived.nullu_settings import official_departures
 
 #: the paper's one Table 5 model
 TABLE5_MODEL = "LLaVA-1.5-7B"
@@ -26,11 +28,11 @@ def paper_methods_from_config(config: dict, derived: Mapping[str, dict] | None =
     A Pangea fine-tune built here (``derived``: slug -> ``derive`` block; else the entry's own ``derive``) whose
     recipe departs from the paper's (Appendix D: Yes:No about 1:19, "present at the image", 60K + 60K questions
     with four options, its YN prompt, Kinetics-700 and HAKE left out, lr 2e-5, batch 64;
-    ``derived/finetune.py`` ``paper_departures``) is named a variant of the paper's method, with the
+    ``derived/finetune_settings.py`` ``paper_departures``) is named a variant of the paper's method, with the
     departures, and is never paired with the paper's row; so is a Nullu built here whose HalluSpace data or
     settings are not the official Nullu's (LURE's caption pairs, top-k 4, layers 16-31, the mean embedding;
-    ``derived/nullu.py`` ``official_departures``): the paper does not say which data its Nullu row used, so a
-    Δ against it would compare different HalluSpaces. An adapter you bring is taken at its label.
+    ``derived/nullu_settings.py`` ``official_departures``): the paper does not say which data its Nullu row
+    used, so a Δ against it would compare different HalluSpaces. An adapter you bring is taken at its label.
     """
     methods = {}
     for slug, entry in config["models"].items():
@@ -43,25 +45,17 @@ def paper_methods_from_config(config: dict, derived: Mapping[str, dict] | None =
             raise ValueError(f"models.{slug}.paper_method: '{method}' is not a model row of the paper's Table 5"
                              f"{hint}; known: {list(TABLE5_MODEL_METHODS)}")
         derive = (derived or {}).get(slug) or entry.get("derive") or {}
-        if method in (PANGEA_METHOD, NULLU_METHOD) and derive:
-            own, kind, departures_of, name, reference = _built_here(method)
+        built = {PANGEA_METHOD: ("lora_finetune", "a LoRA fine-tune", paper_departures, "Pangea-LoRA",
+                                 "the paper's method"),
+                 NULLU_METHOD: ("nullu", "Nullu's projection", official_departures, "Nullu", "the official method")}
+        if method in built and derive:
+            own, kind, departures_of, name, reference = built[method]
             departures = ([f"built by {derive.get('method')}, not {kind}"] if derive.get("method") != own
                           else departures_of(method_settings(derive), f"models.{slug}.derive"))
             if departures:
                 method = f"{name} (variant of {reference}: {'; '.join(departures)})"
         methods[slug] = method
     return methods
-
-
-def _built_here(method: str) -> tuple:
-    """A Table 5 row the pipeline builds itself: the ``derive`` method that builds it, what that is, how a build's
-    settings depart from the published method's, the row's name and what it is compared with."""
-    # deferred: the methods' modules import pandas and numpy; only a config with a model built here reads them
-    from verbmirage.models.derived.finetune import paper_departures
-    from verbmirage.models.derived.nullu import official_departures
-
-    return {PANGEA_METHOD: ("lora_finetune", "a LoRA fine-tune", paper_departures, "Pangea-LoRA", "the paper's method"),
-            NULLU_METHOD: ("nullu", "Nullu's projection", official_departures, "Nullu", "the official method")}[method]
 
 
 def paper_method_pairs(config: dict, methods: Mapping[str, str], derived: Mapping[str, dict] | None = None
