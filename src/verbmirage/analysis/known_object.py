@@ -68,9 +68,6 @@ METRIC_OF = {"ap": "map", "ap_voc11": "map_voc11"}
 RECALL_POINTS = 11
 
 
-# ---- settings -----------------------------------------------------------------------------------
-
-
 # ---- scores and the per-HOI rankings ----------------------------------------------------------------
 def ranking_scores(questions: pd.DataFrame, predictions: pd.DataFrame, score: str = "margin"
                    ) -> tuple[np.ndarray, dict]:

@@ -48,8 +48,6 @@ PAPER_NUMBERS = {"mc_questions": 60_000, "yn_questions": 60_000, "yn_yes_share":
 
 
 # ---- training questions ----------------------------------------------------------------------------------------
-
-
 def normalise_label(label: str) -> str:
     """``unevenbar_cross`` -> ``unevenbar cross``; case and runs of spaces folded (one label, one spelling)."""
     return " ".join(label.replace("_", " ").split()).lower()
