@@ -42,7 +42,8 @@ from verbmirage.data.hico import load_hico  # noqa: E402
 from verbmirage.inference.runs import suite_order  # noqa: E402
 from verbmirage.models.base import score_questions
 from verbmirage.models import Question, create_model  # noqa: E402
-from verbmirage.benchmark.questions import QuestionSettings, build_question_set, question_kind  # noqa: E402
+from verbmirage.benchmark.questions import QuestionSettings, build_question_set  # noqa: E402
+from verbmirage.benchmark.question_sets import question_kind  # noqa: E402
 from verbmirage.models.tiny import build_tiny_llava  # noqa: E402
 
 HICO_SETS = ("yn_obj", "yn_verb", "mc_obj", "mc_verb", "obj_exist")

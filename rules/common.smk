@@ -26,7 +26,7 @@ from verbmirage.workflow.paths import (
     fill,
 )
 from verbmirage.workflow.plan import Plan, alternatives, figure_prints
-from verbmirage.workflow.report_pages import report_options
+from verbmirage.workflow.report_items import report_options
 from verbmirage.workflow.run_folders import RunFolderError, claim, run_folders
 from verbmirage.workflow.run_summary import save_summary
 
@@ -183,5 +183,5 @@ def get_derive_data(wildcards):
 # ---- the HTML report ------------------------------------------------------------------------------------------
 def reported(path):
     """``path`` marked for the report, with its category, its place in the paper's order and its caption
-    (verbmirage.workflow.report_pages.REPORT_ITEMS, the one list of them)."""
+    (verbmirage.workflow.report_items.REPORT_ITEMS, the one list of them)."""
     return report(path, **report_options(path))

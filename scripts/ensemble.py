@@ -12,7 +12,7 @@ from verbmirage.evaluation.ensembles import majority_vote
 from verbmirage.core.io import read_table, write_table
 from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.core.joblog import job_log
-from verbmirage.benchmark.questions import question_kind
+from verbmirage.benchmark.question_sets import question_kind
 
 with job_log(snakemake.log[0]):
     names, paths = snakemake.params.members, list(snakemake.input)

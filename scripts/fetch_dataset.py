@@ -15,7 +15,7 @@ import sys
 
 from verbmirage.data.download import Source, completion_record, prepare
 from verbmirage.data.archives import MAX_BYTES, MAX_MEMBERS
-from verbmirage.core.io import write_text
+from verbmirage.core.paths import write_text
 from verbmirage.core.joblog import job_log
 
 with job_log(snakemake.log[0]) as log:

@@ -13,7 +13,8 @@ from verbmirage.workflow.jobserver import delegate
 
 delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.analysis.object_reliance import RelianceSettings, object_reliance
+from verbmirage.analysis.object_reliance import object_reliance
+from verbmirage.analysis.object_reliance_settings import RelianceSettings
 from verbmirage.benchmark.conditions import condition_questions
 from verbmirage.data.hico import load_hico
 from verbmirage.core.io import read_table, write_table

@@ -19,7 +19,8 @@ from verbmirage.analysis.object_reliance import (
     table7,
     table_pages,
 )
-from verbmirage.core.io import read_table, write_table, write_text
+from verbmirage.core.io import read_table, write_table
+from verbmirage.core.paths import write_text
 from verbmirage.core.schemas import METRICS, OBJECT_RELIANCE, RELIANCE_TABLE6, RELIANCE_TABLE7, VERB_INFLUENCE
 from verbmirage.core.joblog import job_log
 

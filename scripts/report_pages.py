@@ -10,7 +10,8 @@ from verbmirage.workflow.jobserver import delegate
 
 delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.core.io import read_table, write_text
+from verbmirage.core.io import read_table
+from verbmirage.core.paths import write_text
 from verbmirage.core.joblog import job_log
 from verbmirage.workflow.report_pages import landing_html, run_facts_html
 

@@ -9,7 +9,8 @@ from verbmirage.workflow.jobserver import delegate
 
 delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
-from verbmirage.benchmark.pangea_training import TrainingQuestionSettings, write_training_questions
+from verbmirage.benchmark.pangea_training import write_training_questions
+from verbmirage.benchmark.pangea_settings import TrainingQuestionSettings
 from verbmirage.data.pangea import PangeaFiles
 from verbmirage.core.joblog import job_log
 

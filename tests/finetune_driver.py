@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from verbmirage.models.derived.finetune import FinetuneSettings, train
+from verbmirage.models.derived.finetune import train
+from verbmirage.models.derived.finetune_settings import FinetuneSettings
 
 spec = json.loads(Path(sys.argv[1]).read_text())
 logging.basicConfig(level=logging.INFO)  # "resumed at step N" reaches the log

@@ -147,7 +147,8 @@ def check_decision(result, options: tuple[str, ...] | None = None) -> None:
 def check_scores(model, images: list[Path], mc_image: Path, options: tuple[str, ...]):
     """Yes/no answers on ``images`` (their p_yes differ: the image reaches the model) and one multiple-choice
     question on ``mc_image``, all scored from logits with the decoded-answer rule; returns the MC result."""
-    from verbmirage.benchmark.sampling import MC_STEM, mc_prompt
+    from verbmirage.benchmark.question_sets import MC_STEM
+    from verbmirage.benchmark.sampling import mc_prompt
     from verbmirage.models import Question
 
     results = model.score_yes_no([Question(str(i), "Is someone riding a horse?", image=p) for i, p in enumerate(images)])

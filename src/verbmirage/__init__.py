@@ -9,7 +9,8 @@ call into it. Stages map one to one onto modules:
 - ``verbmirage.data.charades``: CharadesEgo annotations, frames, ego/exo questions, demo copy.
 - ``verbmirage.benchmark.questions``: build the HICO question sets (paper Appendix A; docs/questions.md).
 - ``verbmirage.benchmark.image_tags``: per-image HICO-DET tags (ambiguity rules, single instance).
-- ``verbmirage.benchmark.conditions``: image conditions (paper "High-Quality and Low-Quality Images"), crops included.
+- ``verbmirage.benchmark.condition_types``, ``verbmirage.benchmark.conditions``: image conditions (paper
+  "High-Quality and Low-Quality Images"), crops included: their types, and their images.
 - ``verbmirage.models``: the model interface, registry and backends; remote-code
   checkpoints run through ``models.remote_worker`` in their own environments.
 - ``verbmirage.models.tiny``: tiny random-weight models of the real classes, built offline.
@@ -19,9 +20,9 @@ call into it. Stages map one to one onto modules:
 - ``verbmirage.evaluation.tables``: the paper's tables from the long metrics table.
 - ``verbmirage.analysis``: analyses inside the model (attention) and their figures.
 - ``verbmirage.workflow.config``, ``verbmirage.core.io``, ``verbmirage.core.joblog``: config checks,
-  table schemas and atomic writes, job logs.
+  table schemas and their I/O, job logs.
 - ``verbmirage.core.paths``, ``verbmirage.core.imaging``: names and paths that stay inside
-  their roots; opening images safely (shared by conditions and backends).
+  their roots, files written whole; opening images safely (shared by conditions and backends).
 """
 
 __version__ = "0.1.0"

@@ -5,14 +5,13 @@ import pytest
 from PIL import Image
 
 from verbmirage.benchmark.conditions import (
-    CONDITIONS,
     ImageResolver,
     MissingImagesError,
     apply_condition,
     condition_rng,
     require_images,
-    salt_and_pepper,
 )
+from verbmirage.benchmark.condition_types import CONDITIONS, salt_and_pepper
 
 
 def test_salt_and_pepper_statistics():

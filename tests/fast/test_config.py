@@ -272,7 +272,7 @@ def test_condition_question_sets_default_to_all_and_crop_asks_hico_only(config):
 
 
 def test_qsets_never_reach_the_image_transform():
-    from verbmirage.benchmark.conditions import image_settings
+    from verbmirage.benchmark.condition_types import image_settings
 
     assert image_settings({"type": "crop", "margin": 0.2, "qsets": ["mc_obj"]}) == {"type": "crop", "margin": 0.2}
 

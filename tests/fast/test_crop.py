@@ -12,14 +12,8 @@ import pytest
 import yaml
 from PIL import Image
 
-from verbmirage.benchmark.conditions import (
-    MANIFEST,
-    ImageResolver,
-    apply_condition,
-    condition_questions,
-    crop_box,
-    crop_to_box,
-)
+from verbmirage.benchmark.conditions import MANIFEST, ImageResolver, apply_condition, condition_questions
+from verbmirage.benchmark.condition_types import crop_box, crop_to_box
 from verbmirage.workflow.config import check_config
 from verbmirage.core.errors import ConfigError
 from verbmirage.data.hico import read_hico_det

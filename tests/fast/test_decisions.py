@@ -27,17 +27,17 @@ from verbmirage.variants.decisions import (
     sigmoid,
     write_cuts,
 )
-from verbmirage.inference.calibration import decision_plan
+from verbmirage.variants.settings import Variant, decision_plan
 from verbmirage.models.calibrated import (
     CalibratedModel,
     ContentFreeRule,
     ThresholdRule,
     apply_threshold,
-    calibration_qsets,
     content_free_choice,
     content_free_yes_no,
     decision_model,
 )
+from verbmirage.benchmark.question_sets import calibration_qsets
 from verbmirage.benchmark.calibration import (
     BLANK_GREY,
     build_calibration_set,
@@ -48,7 +48,6 @@ from verbmirage.benchmark.calibration import (
 from verbmirage.models import Question, create_model
 from verbmirage.models.base import MultipleChoiceResult, YesNoResult
 from verbmirage.benchmark.questions import QuestionSettings, build_question_set
-from verbmirage.variants.settings import Variant
 
 
 def _yes_no(margin: float, prediction: str = "yes", rule: str = "greedy:first-token") -> YesNoResult:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib
 import re
 import subprocess
 import sys
@@ -122,6 +123,14 @@ def test_a_method_whose_module_is_missing_says_so(config, monkeypatch):
         check_config(config, REPO)
     with pytest.raises(DerivedModelError, match=message):
         build_derived("tuned", config["models"]["tuned"]["derive"], config["models"]["tiny_llava"], "out", {})
+
+
+def test_every_method_has_its_light_settings_module():
+    """The config check reads a method's settings from their own module, never from the build's (test_plan.py
+    checks that planning imports no heavy library)."""
+    assert set(derived.DERIVE_SETTINGS) == set(derived.DERIVE_METHODS)
+    for module in derived.DERIVE_SETTINGS.values():
+        assert callable(importlib.import_module(module).check_settings)
 
 
 def test_build_dispatches_to_the_method_with_its_settings(monkeypatch, tmp_path):

@@ -1,21 +1,28 @@
 """Every number, template and path a job takes is checked before any work, from every entry point.
 
 The workflow's plan checks the config against ``schemas/config.schema.yaml``; a job started by hand (the
-``verbmirage predict`` commands, :class:`RunSpec`) meets the same bounds, read from the same schema, and the
-config file itself cannot make a check run out of memory.
+``verbmirage predict`` commands, :class:`RunSpec`) meets the same bounds, which the package declares and the
+schema repeats, and the config file itself cannot make a check run out of memory.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 
+import verbmirage
 from verbmirage.core.errors import ConfigError
-from verbmirage.inference.runs import RunSpec
+from verbmirage.inference.runs import RunSpec, predict, predict_suite
+from verbmirage.inference.settings import INFERENCE_DEFAULTS, INFERENCE_SETTINGS
 from verbmirage.inference.store import _stream_table
 from verbmirage.workflow.cli import main
 from verbmirage.workflow.config import MAX_CONFIG_VALUES, check_schema, check_yaml_file
@@ -76,6 +83,38 @@ def test_the_commands_refuse_a_setting_out_of_its_bounds_naming_it(job_inputs, t
 def test_a_run_spec_checks_what_the_plan_checks(settings, message):
     with pytest.raises(ValueError, match=message):
         RunSpec(**{"model_slug": "m", "model_settings": {"backend": "random"}, "images_dir": ".", **settings})
+
+
+def test_the_package_declares_the_inference_settings_the_schema_documents():
+    """The schema's ``inference`` block (defaults filled into every config) is the package's, key for key."""
+    schema = yaml.safe_load(Path(SCHEMA).read_text())
+    assert schema["properties"]["inference"]["properties"] == INFERENCE_SETTINGS
+    spec = RunSpec("m", {"backend": "random"}, ".")
+    assert (spec.batch_size, spec.part_size, spec.max_error_share, spec.continue_tokens) == (64, 512, 0.05, 8)
+
+
+def test_a_run_spec_takes_its_defaults_without_a_checkout(tmp_path):
+    """Installed without the repository around it (a wheel), the package still knows how a job runs: it used to
+    read the defaults from ``schemas/`` beside ``src/`` and fail there."""
+    shutil.copytree(Path(verbmirage.__file__).parent, tmp_path / "site" / "verbmirage",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    probe = ("import verbmirage; from verbmirage.inference.runs import RunSpec; "
+             "spec = RunSpec('m', {'backend': 'random'}, '.'); "
+             "print(verbmirage.__file__, spec.batch_size, spec.part_size, spec.max_error_share, spec.continue_tokens)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(tmp_path / "site" / "verbmirage" / "__init__.py"), "64", "512", "0.05", "8"]
+
+
+def test_only_a_direct_call_has_default_run_settings():
+    """A suite job's batch, part size and error budget come from its spec, never from a default of its own."""
+    suite = inspect.signature(predict_suite).parameters
+    for name in ("batch_size", "part_size", "max_error_share"):
+        assert suite[name].default is inspect.Parameter.empty and suite[name].kind is inspect.Parameter.KEYWORD_ONLY
+    direct = inspect.signature(predict).parameters
+    assert (direct["batch_size"].default, direct["part_size"].default) == (INFERENCE_DEFAULTS["batch_size"],
+                                                                         INFERENCE_DEFAULTS["part_size"])
 
 
 def test_a_table_is_never_streamed_in_empty_row_groups(tmp_path):

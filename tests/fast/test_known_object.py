@@ -11,7 +11,6 @@ import pytest
 from sklearn.metrics import average_precision_score
 
 from verbmirage.analysis.known_object import (
-    KnownObjectError,
     _Rankings,
     ap_differences,
     average_precision,
@@ -20,10 +19,10 @@ from verbmirage.analysis.known_object import (
     grouped_average_precision,
     hico_det_rare,
     known_object_job,
-    known_object_settings,
     map_label,
     ranking_scores,
 )
+from verbmirage.analysis.known_object_settings import KnownObjectError, known_object_settings
 from verbmirage.data.hico import NO_INTERACTION
 from verbmirage.core.io import read_provenance, read_table, write_table
 from verbmirage.benchmark.question_table import QUESTIONS

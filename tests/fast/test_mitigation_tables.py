@@ -13,13 +13,12 @@ from verbmirage.evaluation.mitigation_tables import (
     PROMPT_GROUP,
     PROMPT_SUFFIX_METHOD,
     TABLE5_GROUP,
-    paper_method_pairs,
-    paper_methods_from_config,
     table5,
     table5_runs,
     table8,
 )
-from verbmirage.benchmark.pangea_training import PAPER_MC_STEM
+from verbmirage.evaluation.paper_methods import paper_method_pairs, paper_methods_from_config
+from verbmirage.benchmark.pangea_settings import PAPER_MC_STEM
 from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_paper_numbers
 
 PAPER = load_paper_numbers(packaged_paper_numbers())

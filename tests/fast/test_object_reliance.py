@@ -16,8 +16,6 @@ from verbmirage.analysis.object_reliance import (
     PAPER_FIG15,
     PAPER_TABLE6,
     PAPER_TABLE7,
-    RelianceError,
-    RelianceSettings,
     attribute_objects,
     draw_fig15,
     iou_matrix,
@@ -26,7 +24,6 @@ from verbmirage.analysis.object_reliance import (
     object_reliance,
     overlap_index,
     per_object,
-    reliance_plan,
     set_iou,
     table6,
     table7,
@@ -34,6 +31,7 @@ from verbmirage.analysis.object_reliance import (
     verb_influence,
     yes_no_units,
 )
+from verbmirage.analysis.object_reliance_settings import RelianceError, RelianceSettings, reliance_plan
 from verbmirage.data.hico import HicoAnnotations, hoi_vocabulary
 from verbmirage.core.io import read_table, write_table
 from verbmirage.core.schemas import OBJECT_RELIANCE, RELIANCE_TABLE6, RELIANCE_TABLE7, VERB_INFLUENCE

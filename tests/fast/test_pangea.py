@@ -18,7 +18,6 @@ from verbmirage.benchmark.pangea_training import (
     QSET_MC,
     QSET_YN,
     LeakageError,
-    TrainingQuestionSettings,
     allocate,
     build_training_questions,
     check_no_test_images,
@@ -28,6 +27,7 @@ from verbmirage.benchmark.pangea_training import (
     write_demo_pangea,
     write_training_questions,
 )
+from verbmirage.benchmark.pangea_settings import TrainingQuestionSettings
 from verbmirage.data.pangea import PangeaFiles, PangeaFormatError, UnsafePickleError, load_pangea, load_plain_pickle
 from verbmirage.core.io import read_table
 from verbmirage.benchmark.question_table import QUESTIONS

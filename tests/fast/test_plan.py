@@ -1,8 +1,9 @@
 """The run plan (verbmirage.workflow.plan) built directly from a config: runs, groups, jobs and paths per stage.
 
-No Snakemake run and no subprocess: the config is checked and filled with the schema's defaults as
-rules/common.smk does it, then planned. The job counts of the demo and of configs/paper.yaml are those a dry run
-of the workflow listed (rule by rule) before the plan moved into the package.
+No Snakemake run: the config is checked and filled with the schema's defaults as rules/common.smk does it, then
+planned (in this process; in a fresh one where a test checks what planning imports). The job counts of the demo
+and of configs/paper.yaml are those a dry run of the workflow listed (rule by rule) before the plan moved into
+the package.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import ast
 import copy
 import re
 import string
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -21,7 +24,7 @@ from snakemake.utils import validate
 from verbmirage.workflow.config import check_config
 from verbmirage.workflow.paths import LOGS, Paths, fill
 from verbmirage.workflow.plan import Group, Plan, Run, alternatives
-from verbmirage.workflow.report_pages import report_item
+from verbmirage.workflow.report_items import report_item
 from verbmirage.workflow.run_folders import run_folders
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,6 +75,39 @@ def test_the_plan_module_does_not_import_snakemake():
         imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
         imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
         assert not any(name.split(".")[0] == "snakemake" for name in imported), module
+
+
+#: Libraries that take seconds to import and that planning never needs: a Snakemake start (and every dry run)
+#: imports the plan, so they would cost each one.
+HEAVY_LIBRARIES = ("torch", "transformers", "pandas", "pyarrow", "scipy", "matplotlib", "PIL")
+
+
+def test_planning_imports_no_heavy_library():
+    """The package modules rules/common.smk imports (the plan, the config checks, the run folders and summary,
+    the report's items) load none of them, in a fresh interpreter, and neither does checking and planning the
+    demo and configs/paper.yaml. Importing the plan took 0.9 s and loaded pandas, pyarrow, scipy, Pillow and
+    matplotlib; it takes about 0.2 s now (bench/README.md, "Plan size")."""
+    common = (REPO / "rules" / "common.smk").read_text()
+    modules = sorted(set(re.findall(r"^from (verbmirage[\w.]*) import", common, re.MULTILINE)))
+    assert "verbmirage.workflow.plan" in modules and "verbmirage.workflow.config" in modules
+    heavy = f"sorted(m for m in {HEAVY_LIBRARIES!r} if m in sys.modules)"
+    probe = "\n".join([
+        "import importlib, sys",
+        f"for module in {modules!r}:",
+        "    importlib.import_module(module)",
+        f"print('imported', *{heavy})",
+        "sys.path.insert(0, 'tests/fast')",
+        "from test_plan import DEMO, plan_of",
+        "import yaml",
+        "paper = yaml.safe_load(open('configs/paper.yaml'))",
+        "paper['datasets'] = DEMO['datasets']",
+        "for config in (DEMO, paper):",
+        "    plan_of(config).targets",
+        f"print('planned', *{heavy})",
+    ])
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["imported", "planned"]
 
 
 # ---- the demo ----------------------------------------------------------------------------------------------

@@ -9,8 +9,8 @@ import pytest
 from question_reference import reference_question_set
 
 from verbmirage.benchmark import questions
+from verbmirage.benchmark.question_sets import QUESTION_SETS
 from verbmirage.benchmark.questions import (
-    QUESTION_SETS,
     QuestionSettings,
     build_question_set,
     build_question_sets,
@@ -93,14 +93,14 @@ def test_image_shares_are_contiguous_and_large_enough(monkeypatch):
 
 def test_a_forked_worker_s_error_reaches_the_caller(demo_anno, monkeypatch):
     monkeypatch.setattr(questions, "MIN_IMAGES_PER_WORKER", 1)
-    real_build, caller = questions.QUESTION_SETS["yn_obj"].build, os.getpid()
+    real_build, caller = questions.BUILDERS["yn_obj"], os.getpid()
 
     def fails_in_a_forked_worker(labels, *args):
         if os.getpid() != caller:
             raise RuntimeError(f"cannot draft {labels.image_id} in a worker")
         return real_build(labels, *args)
 
-    monkeypatch.setitem(questions.QUESTION_SETS, "yn_obj", questions.QuestionSet("yn", fails_in_a_forked_worker))
+    monkeypatch.setitem(questions.BUILDERS, "yn_obj", fails_in_a_forked_worker)
     with pytest.raises(RuntimeError, match="cannot draft .* in a worker"):
         build_question_sets(demo_anno, ["yn_obj"], QuestionSettings(), workers=2)
 

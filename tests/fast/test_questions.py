@@ -8,7 +8,7 @@ from verbmirage.data.hico import hoi_vocabulary
 from verbmirage.core.io import write_table
 from verbmirage.benchmark.question_table import QUESTIONS
 from verbmirage.benchmark.questions import (
-    QUESTION_SETS,
+    BUILDERS,
     ImageLabels,
     QuestionSettings,
     Vocabulary,
@@ -17,9 +17,15 @@ from verbmirage.benchmark.questions import (
     build_yn_obj,
     rare_hois,
 )
+from verbmirage.benchmark.question_sets import QUESTION_SETS
 from verbmirage.benchmark.question_table import question_counts
 
 SETTINGS = QuestionSettings()
+
+
+def test_every_question_set_has_its_builder():
+    """The sets' names and kinds (what planning reads) and their builders are two tables of the same sets."""
+    assert list(BUILDERS) == list(QUESTION_SETS)
 
 
 @pytest.fixture(scope="module", params=["demo", "real"])

@@ -1,4 +1,5 @@
-"""The HTML report's structure and its own pages (verbmirage.workflow.report_pages), without Snakemake."""
+"""The HTML report's structure (verbmirage.workflow.report_items) and its own pages (verbmirage.workflow.report_pages),
+without Snakemake."""
 
 from __future__ import annotations
 
@@ -13,16 +14,8 @@ import yaml
 
 from verbmirage.evaluation.tables import STAND_IN, stand_in_note
 from verbmirage.workflow import report_pages
-from verbmirage.workflow.report_pages import (
-    FIGURES,
-    REPORT_ITEMS,
-    TABLES,
-    landing_frame,
-    landing_html,
-    report_item,
-    report_options,
-    run_facts_html,
-)
+from verbmirage.workflow.report_items import FIGURES, REPORT_ITEMS, TABLES, report_item, report_options
+from verbmirage.workflow.report_pages import landing_frame, landing_html, run_facts_html
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,24 +10,17 @@ import pandas as pd
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from verbmirage.analysis.fov import (
-    crop_area_fractions,
-    fov_report_table,
-    fov_settings,
-    fov_tables,
-    shared_questions,
-)
+from verbmirage.analysis.fov import crop_area_fractions, fov_report_table, fov_tables, shared_questions
+from verbmirage.analysis.fov_settings import fov_settings
 from verbmirage.analysis.uncertainty import (
-    UncertaintySettings,
     auroc,
     bin_edges,
     confidence_rows,
     histogram_rows,
     read_runs,
-    token_probability_models,
-    uncertainty_settings,
     uncertainty_tables,
 )
+from verbmirage.analysis.uncertainty_settings import UncertaintySettings, token_probability_models, uncertainty_settings
 from verbmirage.analysis.uncertainty_figures import draw_fov_figure, draw_uncertainty_figures, uncertainty_roles
 from verbmirage.core.errors import ConfigError
 from verbmirage.core.io import read_table, write_table

@@ -12,9 +12,7 @@ from sklearn.metrics import confusion_matrix
 
 from verbmirage.analysis.vcd_divergence import (
     PAPER,
-    VCDDivergenceSettings,
     divergence_report_table,
-    divergence_runs,
     draw_vcd_divergence_figure,
     flip_statistics,
     histogram_rows,
@@ -22,9 +20,13 @@ from verbmirage.analysis.vcd_divergence import (
     kl_rows,
     kl_statistics,
     overall_rows,
+    vcd_divergence_tables,
+)
+from verbmirage.analysis.vcd_divergence_settings import (
+    VCDDivergenceSettings,
+    divergence_runs,
     plain_counterparts,
     vcd_divergence_settings,
-    vcd_divergence_tables,
     vcd_variants,
 )
 from verbmirage.core.errors import ConfigError

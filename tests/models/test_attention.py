@@ -9,20 +9,19 @@ from PIL import Image, ImageDraw
 
 from verbmirage.analysis.attention import (
     NO_GRID_REASON,
-    AttentionError,
     AttentionProbe,
     TokenGrid,
     TokenSets,
-    attention_models,
     clip_style_grid,
     head_shares,
     qwen_grid,
     question_shares,
     resolve_layers,
 )
+from verbmirage.analysis.attention_settings import AttentionError, attention_models, figure_models
 from sklearn.metrics import roc_auc_score
 
-from verbmirage.analysis.attention_figures import draw_attention_figures, figure_models
+from verbmirage.analysis.attention_figures import draw_attention_figures
 from verbmirage.analysis.attention_summary import bootstrap_difference, summarize_attention
 from verbmirage.core.io import read_table, write_table
 from verbmirage.core.schemas import ATTENTION, ATTENTION_SUMMARY

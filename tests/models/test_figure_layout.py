@@ -22,13 +22,16 @@ from test_uncertainty import NO_BOOTSTRAP, fov_fixture, mc_questions, prediction
 from test_vcd_divergence import _runs as vcd_runs
 
 from verbmirage.analysis import figure_layout as layout
-from verbmirage.analysis.attention_figures import draw_attention_figures, figure_models
+from verbmirage.analysis.attention_figures import draw_attention_figures
+from verbmirage.analysis.attention_settings import figure_models
 from verbmirage.analysis.fov import fov_tables
 from verbmirage.analysis.known_object import draw_known_object_figure
 from verbmirage.analysis.object_reliance import OBJECTS_PER_PANEL, draw_fig15
 from verbmirage.analysis.paper_figures import AMBIGUITY_RULES, DRAW, Drawn, draw_paper_figures
-from verbmirage.analysis.uncertainty import UncertaintySettings, uncertainty_tables
-from verbmirage.analysis.uncertainty_figures import draw_fov_figure, draw_uncertainty_figures, fov_pages
+from verbmirage.analysis.uncertainty import uncertainty_tables
+from verbmirage.analysis.uncertainty_settings import UncertaintySettings
+from verbmirage.analysis.uncertainty_figures import draw_fov_figure, draw_uncertainty_figures
+from verbmirage.analysis.fov_settings import fov_pages
 from verbmirage.analysis.vcd_divergence import draw_vcd_divergence_figure, vcd_divergence_tables
 from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_paper_numbers
 

@@ -20,11 +20,9 @@ import yaml
 
 from verbmirage.models.derived import DerivedBusyError
 from verbmirage.models.derived.finetune import (
-    LANGUAGE_MODEL_LINEARS,
     PREVIOUS_STATE_FILE,
     STATE_FILE,
     TRAIN_LOG_FILE,
-    FinetuneSettings,
     _load_checkpoint,
     _save_checkpoint,
     answer_loss_sum,
@@ -37,7 +35,9 @@ from verbmirage.models.derived.finetune import (
     train,
     training_batch,
 )
-from verbmirage.benchmark.pangea_training import TrainingQuestionSettings, build_training_questions, write_demo_pangea
+from verbmirage.models.derived.finetune_settings import LANGUAGE_MODEL_LINEARS, FinetuneSettings
+from verbmirage.benchmark.pangea_training import build_training_questions, write_demo_pangea
+from verbmirage.benchmark.pangea_settings import TrainingQuestionSettings
 from verbmirage.data.pangea import load_pangea
 from verbmirage.core.io import read_table, write_table
 from verbmirage.benchmark.question_table import QUESTIONS

@@ -2,6 +2,7 @@
 
 import re
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -62,6 +63,47 @@ def test_planned_variant_features_equal_each_backend_class_capabilities():
     assert set(VARIANT_FEATURES) == set(BACKENDS)
     for backend, planned in VARIANT_FEATURES.items():
         assert backend_class(backend).variant_features == planned, backend
+
+
+#: What a backend can do, declared on the base class with the default most backends have.
+CAPABILITIES = {"uses_images": True, "reads_answers": False, "mixed_kinds": False, "continue_tokens": None,
+                "prompts": None, "checks_scores": True}
+
+
+def test_every_capability_is_declared_on_the_base_class_and_read_directly():
+    """A backend declares only the capabilities it changes; no caller guesses one with getattr or hasattr."""
+    from verbmirage.models.base import VisionLanguageModel
+    from verbmirage.models.registry import backend_class
+
+    assert {name: getattr(VisionLanguageModel, name) for name in CAPABILITIES} == CAPABILITIES
+    assert [backend_class(name).reads_answers for name in ("oracle", "always_yes", "llava")] == [True, False, False]
+    assert backend_class("llava").mixed_kinds and backend_class("llava").continue_tokens == 8
+    src = Path(__file__).resolve().parents[1] / "src"
+    guessed = re.compile(r'(?:getattr|hasattr)\((?:self|model|self\.model|backend_class\([^)]*\)), "(\w+)"')
+    found = {f"{path.relative_to(src)}: {name}" for path in src.rglob("*.py")
+             for name in guessed.findall(path.read_text())
+             if name in CAPABILITIES or name in ("backend", "image_mode", "fingerprint_extra", "close")}
+    assert not found
+
+
+def test_a_decision_wrapper_passes_the_continuation_to_its_model():
+    """The job sets ``continue_tokens`` on whatever it loaded; a calibrated model's own model decodes."""
+    from verbmirage.models.base import VisionLanguageModel
+    from verbmirage.models.calibrated import CalibratedModel
+
+    class Decoding(VisionLanguageModel):
+        continue_tokens = 8
+
+        def _score_yes_no(self, questions):
+            raise NotImplementedError
+
+        _score_multiple_choice = _score_yes_no
+
+    inner = Decoding("m")
+    wrapper = CalibratedModel(inner, rule=None)
+    wrapper.continue_tokens = 3
+    assert (inner.continue_tokens, wrapper.continue_tokens) == (3, 3)
+    assert CalibratedModel(create_model("r", {"backend": "random"}), rule=None).continue_tokens is None
 
 
 def test_planned_setting_choices_are_what_the_backends_accept():

@@ -18,7 +18,6 @@ import torch
 
 from verbmirage.models.derived import build_derived
 from verbmirage.models.derived.nullu import (
-    NulluSettings,
     chosen_layers,
     decoder_layers,
     difference_matrices,
@@ -31,6 +30,7 @@ from verbmirage.models.derived.nullu import (
     project_out,
     sample_embeddings,
 )
+from verbmirage.models.derived.nullu_settings import NulluSettings
 from verbmirage.data.hico import NO_INTERACTION
 from verbmirage.core.imaging import open_rgb
 from verbmirage.core.io import read_table
@@ -211,7 +211,7 @@ def test_only_the_chosen_layers_down_proj_change(tiny4, pairs, demo_roots):
 
 def test_edited_matrices_give_nothing_along_the_removed_directions(tiny4, pairs, demo_roots):
     vlm = load(tiny4)
-    differences, scale = difference_matrices(vlm, pairs, demo_roots[0], [2, 3], "mean")
+    differences, scale = difference_matrices(vlm, pairs, demo_roots[0], [2, 3], "mean", batch_size=8)
     projections = {layer: hallu_space(differences[layer], 4, scale)[0] for layer in (2, 3)}
     before = {layer: decoder_layers(vlm.model)[layer].mlp.down_proj.weight.detach().clone() for layer in (2, 3)}
     edit_model(vlm.model, projections)

@@ -259,7 +259,7 @@ def test_a_job_resumed_after_any_call_answers_bit_identically(suite, tmp_path):
     def run(root, model):
         stores = {qset: PartStore(root / qset, "f") for qset in sets}
         try:
-            predict_suite(questions, model, resolver, stores, batch_size=24, part_size=4)
+            predict_suite(questions, model, resolver, stores, batch_size=24, part_size=4, max_error_share=1.0)
         finally:
             for store in stores.values():
                 store.close()
@@ -293,7 +293,8 @@ def test_non_finite_scores_of_the_engine_are_error_rows_and_fail_the_job(suite, 
         model.use_variant(variant)
         stores = {qset: PartStore(root / qset, "f") for qset in ("yn_obj", "mc_obj")}
         try:
-            predict_suite(questions, model, resolver, stores, batch_size=64, max_error_share=max_error_share)
+            predict_suite(questions, model, resolver, stores, batch_size=64, part_size=512,
+                          max_error_share=max_error_share)
         finally:
             for store in stores.values():
                 store.close()

@@ -51,7 +51,7 @@ def test_the_nullu_folder_is_the_edited_base(demo_run):
 def test_its_predictions_and_table5_row(demo_run):
     from workflow_run import derived_model_runs
 
-    from verbmirage.evaluation.mitigation_tables import paper_methods_from_config
+    from verbmirage.evaluation.paper_methods import paper_methods_from_config
 
     # its HalluSpace comes from HICO training pairs, not the official LURE captions: a variant of Nullu's row
     method = paper_methods_from_config(yaml.safe_load((demo_run / "config.yaml").read_text()))[SLUG]

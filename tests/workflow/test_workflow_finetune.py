@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from verbmirage.models.derived import DERIVED_FOLDER
-from verbmirage.models.derived.finetune import LANGUAGE_MODEL_LINEARS, TRAIN_LOG_FILE, checkpoint_folder
+from verbmirage.models.derived.finetune import TRAIN_LOG_FILE, checkpoint_folder
+from verbmirage.models.derived.finetune_settings import LANGUAGE_MODEL_LINEARS
 from verbmirage.data.hico import load_hico
 from verbmirage.core.io import read_table
 from verbmirage.benchmark.question_table import QUESTIONS
@@ -68,7 +69,7 @@ def test_the_training_questions_leave_hico_out(demo_run):
 def test_its_predictions_and_table5_row(demo_run):
     from workflow_run import derived_model_runs
 
-    from verbmirage.evaluation.mitigation_tables import paper_methods_from_config
+    from verbmirage.evaluation.paper_methods import paper_methods_from_config
 
     # the demo's small recipe is not the paper's: a variant of its method, never compared with its row
     method = paper_methods_from_config(yaml.safe_load((demo_run / "config.yaml").read_text()))[SLUG]

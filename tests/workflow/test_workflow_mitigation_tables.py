@@ -11,15 +11,8 @@ from verbmirage.models.derived import derived_entries
 from verbmirage.core.io import read_table
 from verbmirage.core.schemas import DECODING_TABLE8, METRICS, MITIGATION_TABLE5
 from verbmirage.models.entries import stand_ins
-from verbmirage.evaluation.mitigation_tables import (
-    PROMPT_SUFFIX_METHOD,
-    TABLE5_VARIANT_METHODS,
-    TABLE8_DECODINGS,
-    paper_method_pairs,
-    paper_methods_from_config,
-    table5,
-    table8,
-)
+from verbmirage.evaluation.mitigation_tables import PROMPT_SUFFIX_METHOD, TABLE8_DECODINGS, table5, table8
+from verbmirage.evaluation.paper_methods import TABLE5_VARIANT_METHODS, paper_method_pairs, paper_methods_from_config
 from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_paper_numbers, paper_names_from_config
 
 pytestmark = pytest.mark.slow

@@ -6,15 +6,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from verbmirage.analysis.object_reliance import (
-    IOU_METRIC,
-    OVERLAP_METRIC,
-    PAPER_TABLE6,
-    PAPER_TABLE7,
-    RELIANCE_QSETS,
-    object_reliance,
-    reliance_plan,
-)
+from verbmirage.analysis.object_reliance import IOU_METRIC, OVERLAP_METRIC, PAPER_TABLE6, PAPER_TABLE7, object_reliance
+from verbmirage.analysis.object_reliance_settings import RELIANCE_QSETS, reliance_plan
 from verbmirage.data.hico import load_hico
 from verbmirage.core.io import read_table
 from verbmirage.benchmark.question_table import QUESTIONS

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from verbmirage.analysis.vcd_divergence import plain_counterparts, vcd_divergence_settings, vcd_variants
+from verbmirage.analysis.vcd_divergence_settings import plain_counterparts, vcd_divergence_settings, vcd_variants
 from verbmirage.models.derived import effective_models
 from verbmirage.core.io import read_table
 from verbmirage.benchmark.question_table import QUESTIONS

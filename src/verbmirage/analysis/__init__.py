@@ -20,30 +20,22 @@ Public face:
 - :mod:`verbmirage.analysis.vcd_divergence`: why VCD barely moves the answers: the share of questions
   whose stored KL is exactly 0, its distribution, and the decisions VCD flips against the plain variant
   (:func:`~verbmirage.analysis.vcd_divergence.vcd_divergence_tables`).
+
+Each analysis reads its settings from the config in a light module of its own (``*_settings``), which the run
+plan imports; the names below are imported on first use, so that doing so loads neither numpy nor pandas.
 """
 
-from verbmirage.analysis.attention import (
-    AttentionError,
-    AttentionProbe,
-    TokenGrid,
-    TokenSets,
-    clip_style_grid,
-    head_shares,
-    qwen_grid,
-    question_shares,
-    run_attention,
-    token_grid,
-)
+from __future__ import annotations
 
-__all__ = [
-    "AttentionError",
-    "AttentionProbe",
-    "TokenGrid",
-    "TokenSets",
-    "clip_style_grid",
-    "head_shares",
-    "qwen_grid",
-    "question_shares",
-    "run_attention",
-    "token_grid",
-]
+import importlib
+
+_FACE = {**dict.fromkeys(["AttentionProbe", "TokenGrid", "TokenSets", "clip_style_grid", "head_shares", "qwen_grid",
+                          "question_shares", "run_attention", "token_grid"], "attention"),
+         "AttentionError": "attention_settings"}
+__all__ = sorted(_FACE)
+
+
+def __getattr__(name: str):
+    if name not in _FACE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_FACE[name]}"), name)

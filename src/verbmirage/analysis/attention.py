@@ -40,12 +40,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from verbmirage.analysis.attention_settings import AttentionError
 from verbmirage.core.imaging import size_field, square_input_side
 from verbmirage.core.text import object_name, verb_phrase
 from verbmirage.data.hico import hoi_vocabulary
 from verbmirage.models.parsing import decide_choice, decide_yes_no
 from verbmirage.models.base import Question
-from verbmirage.benchmark.questions import question_kind
+from verbmirage.benchmark.question_sets import question_kind
 from verbmirage.benchmark.conditions import ImageResolver
 from verbmirage.data.hico import read_hico_det
 from verbmirage.core.io import read_table, write_table
@@ -55,17 +56,11 @@ from verbmirage.models import create_model
 
 log = logging.getLogger(__name__)
 
-#: Backends whose language model this analysis can hook (transformers classes with a decoder stack).
-ATTENTION_BACKENDS = frozenset({"hf", "llava", "qwen2_vl", "qwen2_5_vl", "instructblip"})
 #: Question sets with a verb phrase and an object name in the prompt (Eq. 3).
 VERB_QSETS = frozenset({"yn_obj"})
 #: Question sets whose object is in the question, so its boxes are the key area (Fig. 7a).
 KEY_AREA_QSETS = frozenset({"yn_obj", "mc_obj"})
 NO_GRID_REASON = "no spatial grid: the language model sees Q-Former query tokens, not image patches"
-
-
-class AttentionError(ValueError):
-    """A question, config entry or model that the attention analysis cannot handle (the message names it)."""
 
 
 # ---- the measures ------------------------------------------------------------------------
@@ -217,9 +212,8 @@ def qwen_grid(image_grid_thw, merge_size: int, patch_size: int, width: int, heig
 
 def token_grid(model, encoded, row: int, width: int, height: int, n_visual: int) -> TokenGrid | str:
     """The model's grid for an image of ``width`` x ``height``, or the reason there is none."""
-    backend = getattr(model, "backend", "")
     config = model.model.config
-    if backend == "instructblip" or type(model.model).__name__.startswith("InstructBlip"):
+    if model.backend == "instructblip" or type(model.model).__name__.startswith("InstructBlip"):
         return NO_GRID_REASON
     image_processor = model.processor.image_processor
     if "image_grid_thw" in encoded:
@@ -229,7 +223,7 @@ def token_grid(model, encoded, row: int, width: int, height: int, n_visual: int)
     elif hasattr(config, "vision_config") and hasattr(config.vision_config, "image_size"):
         side = config.vision_config.image_size // config.vision_config.patch_size
         leading = 1 if getattr(config, "vision_feature_select_strategy", "default") == "full" else 0
-        grid = clip_style_grid(image_processor, width, height, side, leading, getattr(model, "image_mode", "crop"))
+        grid = clip_style_grid(image_processor, width, height, side, leading, model.image_mode)
     else:
         return f"no known token grid for {type(model.model).__name__}"
     if grid.size != n_visual:
@@ -329,7 +323,7 @@ class AttentionProbe:
     model's own prediction at q and whether it is correct.
     """
 
-    def __init__(self, model, layers="all", batch_size: int = 8):
+    def __init__(self, model, layers, batch_size: int):
         from verbmirage.models.hf.tokens import decoder_layers, use_eager_language_model  # deferred: imports torch
 
         self.model = model
@@ -445,7 +439,7 @@ def sample_questions(questions: pd.DataFrame, sample: int, seed: int) -> pd.Data
 
 
 def run_attention(questions: pd.DataFrame, model, images, pairs: pd.DataFrame | None, layers, sample: int,
-                  seed: int = 0, batch_size: int = 8) -> pd.DataFrame:
+                  seed: int, batch_size: int) -> pd.DataFrame:
     """The attention table of one (question set, condition, model): one row per sampled question and layer.
 
     ``images`` resolves a question's ``image`` to the file the model sees
@@ -468,41 +462,6 @@ def run_attention(questions: pd.DataFrame, model, images, pairs: pd.DataFrame | 
 
 
 # ---- the workflow's pieces -----------------------------------------------------------------------
-def attention_models(config: dict) -> dict[str, dict]:
-    """Slug -> model entry of every model in ``analysis.attention.models``.
-
-    A slug names a ``models:`` entry (its predictions are never read) or an
-    ``analysis.attention.extra_models`` entry (a model analysed only here).
-    """
-    settings = config.get("analysis", {}).get("attention") or {}
-    extra = settings.get("extra_models", {})
-    entries = {}
-    for index, slug in enumerate(settings.get("models", [])):
-        where = f"analysis.attention.models[{index}]"
-        if slug in extra and slug in config["models"]:
-            raise AttentionError(f"{where}: '{slug}' is both in models: and in analysis.attention.extra_models")
-        entry = extra.get(slug) or config["models"].get(slug)
-        if entry is None:
-            raise AttentionError(f"{where}: '{slug}' is neither in models: nor in analysis.attention.extra_models")
-        if entry.get("backend") not in ATTENTION_BACKENDS:
-            raise AttentionError(f"{where}: '{slug}' has backend '{entry.get('backend')}'; attention needs a "
-                                 f"transformers backend ({', '.join(sorted(ATTENTION_BACKENDS))})")
-        entries[slug] = entry
-    for slug in extra:
-        if slug not in entries:
-            raise AttentionError(f"analysis.attention.extra_models.{slug}: not listed in analysis.attention.models")
-    for figure, slug in (settings.get("figures") or {}).items():
-        if slug not in entries:
-            raise AttentionError(f"analysis.attention.figures.{figure}: '{slug}' is not one of the attention "
-                                 f"models {list(entries)}")
-    for index, condition in enumerate(settings.get("conditions", [])):
-        if "conditions" in config and condition not in config["conditions"]:
-            raise AttentionError(f"analysis.attention.conditions[{index}]: '{condition}' is not a configured "
-                                 f"condition {list(config['conditions'])}")
-    for index, qset in enumerate(settings.get("qsets", [])):
-        if "questions" in config and qset not in config["questions"].get("sets", [qset]):
-            raise AttentionError(f"analysis.attention.qsets[{index}]: '{qset}' is not in questions.sets")
-    return entries
 
 
 def attention_job(questions_paths, images_dir, det_root, model_slug: str, model_entry: dict, settings: dict,

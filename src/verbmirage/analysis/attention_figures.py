@@ -32,22 +32,6 @@ YN_SETS = ("yn_obj", "yn_verb", "obj_exist")
 MC_SETS = ("mc_obj", "mc_verb")
 
 
-def figure_models(models: list[str], backends: dict[str, str], chosen: dict | None = None) -> dict[int, str | None]:
-    """Which model each figure shows: ``chosen`` (config ``figures``) first, else the paper's roles.
-
-    Figs. 7, 8, 13 show the first LLaVA model (else the first model); Fig. 14 the first
-    InstructBLIP model (else the first model not already shown, else the first).
-    """
-    chosen = {int(str(k).removeprefix("fig")): v for k, v in (chosen or {}).items()}
-    llava = next((m for m in models if backends.get(m) == "llava"), models[0] if models else None)
-    blip = next((m for m in models if backends.get(m) == "instructblip"), None)
-    if blip is None:
-        blip = next((m for m in models if m != llava), llava)
-    roles = {7: llava, 8: llava, 13: llava, 14: blip}
-    roles.update({k: v for k, v in chosen.items() if k in roles})
-    return roles
-
-
 def _last_layer(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame.layer == frame.layer.max()] if len(frame) else frame
 

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import roc_auc_score
 
-from verbmirage.benchmark.questions import question_kind
+from verbmirage.benchmark.question_sets import question_kind
 from verbmirage.evaluation.metrics import BootstrapSettings, score_with_interval
 from verbmirage.core.schemas import ATTENTION_SUMMARY
 

@@ -34,7 +34,7 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
-from verbmirage.core.io import atomic_path
+from verbmirage.core.paths import atomic_path
 
 PAGE_WIDTH = 7.0  # inches: a two-column paper's full text width (178 mm)
 DPI = 250  # 7.0 in x 250 = 1,750 px (at most about 1,800 px wide)

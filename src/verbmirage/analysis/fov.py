@@ -9,12 +9,12 @@ once on crops of several sizes, and finds that accuracy and token uncertainty ba
 - Accuracy per condition: plain (rotation 0) and circular (every rotation) for MC; plain only for YN.
   Error rows count as wrong, as in the metrics.
 - Confidence u: the ``confidence`` column of the models that have a token probability
-  (:func:`~verbmirage.analysis.uncertainty.token_probability_models`), rows with an error dropped.
+  (:func:`~verbmirage.analysis.uncertainty_settings.token_probability_models`), rows with an error dropped.
   ``delta_conf_mean`` = mean over rows usable in both of u(condition) - u(reference), the reference
   being the first FOV condition (the full image); its interval is a percentile bootstrap over images
   (``metrics.score_with_interval``).
 - ``crop_area_frac``: the crop's area over the image's, from the same union box and
-  :func:`~verbmirage.benchmark.conditions.crop_box` the crop condition cuts with (1 for a full-image condition);
+  :func:`~verbmirage.benchmark.condition_types.crop_box` the crop condition cuts with (1 for a full-image condition);
   ``crop_area_frac_mean`` averages it over the shared images.
 """
 
@@ -23,15 +23,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
 import pandas as pd
 
 from verbmirage.analysis.uncertainty import confidence_rows, mean_from_sums
-from verbmirage.benchmark.conditions import CONDITIONS, crop_box, image_settings
-from verbmirage.core.errors import ConfigError
+from verbmirage.benchmark.condition_types import CONDITIONS, crop_box, image_settings
 from verbmirage.evaluation.metrics import BootstrapSettings, mc_group_correctness, score_with_interval
-from verbmirage.benchmark.questions import question_kind
+from verbmirage.benchmark.question_sets import question_kind
 
 log = logging.getLogger(__name__)
 
@@ -41,41 +39,6 @@ FOV_COLUMNS = ["model", "variant", "qset", "condition", "margin", "crop_area_fra
 ROW_COLUMNS = ["model", "variant", "qset", "condition", "question_id", "image_id", "group_id", "correct",
                "confidence"]
 PAPER_NOTE = "The paper gives Fig. 10 only (no numbers), so there is no published value to set beside these."
-
-
-@dataclass(frozen=True)
-class FovSettings:
-    """Config ``analysis.fov``: the question sets and conditions compared (the first is the reference)."""
-
-    qsets: tuple[str, ...] = ("mc_obj", "mc_verb")
-    conditions: tuple[str, ...] = ("clean", "crop")
-
-
-def fov_settings(config: dict, asked: Mapping[str, Iterable[str]]) -> FovSettings | None:
-    """The checked ``analysis.fov`` block, or None when it is absent.
-
-    ``asked``: condition -> the HICO question sets asked under it (``conditions.<slug>.qsets``).
-    """
-    block = (config.get("analysis") or {}).get("fov")
-    if block is None:
-        return None
-    settings = FovSettings(tuple(block.get("qsets", FovSettings.qsets)),
-                           tuple(block.get("conditions", FovSettings.conditions)))
-    if not config["datasets"]["hico"].get("det_root"):
-        raise ConfigError("analysis.fov: the field-of-view questions are the single-instance images of "
-                          "HICO-DET; set datasets.hico.det_root")
-    unknown = sorted(set(settings.conditions) - set(config["conditions"]))
-    if unknown:
-        raise ConfigError(f"analysis.fov.conditions: {unknown} are not in conditions: "
-                          f"(known: {sorted(config['conditions'])})")
-    if len(settings.conditions) < 2:
-        raise ConfigError("analysis.fov.conditions: name the full image (first) and at least one crop")
-    for condition in settings.conditions:
-        missing = [q for q in settings.qsets if q not in set(asked[condition])]
-        if missing:
-            raise ConfigError(f"analysis.fov.qsets: {missing} are not asked under condition {condition} "
-                              f"(conditions.{condition}.qsets)")
-    return settings
 
 
 def crop_area_fractions(tags: pd.DataFrame, settings: dict) -> pd.Series:

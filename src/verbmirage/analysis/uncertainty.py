@@ -10,8 +10,9 @@ change of its definition in the scoring code reaches every table here unchanged.
   ``pred_other`` for an answer that is neither, always hallucinated: ours), MC rows all together
   (``mc``). YN sets are pooled into one label (``yn_obj+yn_verb``) when ``pool_yn`` is set.
 - Only a token probability is a confidence here. The blind baselines' ``confidence`` is their own
-  prior and CLIP's a similarity score (:data:`NO_TOKEN_PROBABILITY_BACKENDS`), an ensemble's a vote
-  share: those models are skipped (:func:`token_probability_models`) and named in the figures.
+  prior and CLIP's a similarity score, an ensemble's a vote share
+  (:data:`~verbmirage.analysis.uncertainty_settings.NO_TOKEN_PROBABILITY_BACKENDS`): those models are skipped
+  (:func:`~verbmirage.analysis.uncertainty_settings.token_probability_models`) and named in the figures.
 - Rows with an ``error`` (or no finite confidence) are dropped from the distributions and counted
   (metric ``n_dropped``).
 
@@ -25,86 +26,29 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from verbmirage.benchmark.question_table import QUESTIONS
-from verbmirage.core.errors import ConfigError
 from verbmirage.core.io import read_table
 from verbmirage.core.schemas import PREDICTIONS
+from verbmirage.analysis.uncertainty_settings import UncertaintySettings
 from verbmirage.evaluation.metrics import BootstrapSettings, score_with_interval
-from verbmirage.benchmark.questions import question_kind
+from verbmirage.benchmark.question_sets import question_kind
 
 log = logging.getLogger(__name__)
 
-# Backends whose ``confidence`` is not the probability of an answer token: the blind baselines' own prior,
-# CLIP's similarity score. Every other backend (transformers, remote code, API log-probs) has one.
-NO_TOKEN_PROBABILITY_BACKENDS = frozenset({"always_yes", "random", "prior", "clip"})
 GROUPS = ("pred_yes", "pred_no", "pred_other", "mc")
 YN_GROUPS = {"yes": "pred_yes", "no": "pred_no"}
 OUTCOMES = {True: "correct", False: "hallucinated"}
-DEFAULT_QSETS = ("yn_obj", "yn_verb", "mc_obj", "mc_verb")
 # Values a float32 softmax may overshoot [0, 1] by; anything further out is a broken table.
 TOLERANCE = 1e-6
-
-
-@dataclass(frozen=True)
-class UncertaintySettings:
-    """Config ``analysis.uncertainty`` (defaults: the notes' proposal)."""
-
-    models: tuple[str, ...] = ()  # empty: every configured model (those without token probabilities skipped)
-    qsets: tuple[str, ...] = DEFAULT_QSETS
-    conditions: tuple[str, ...] = ("clean",)
-    pool_yn: bool = True
-    bins: int = 20
-    figures: tuple[tuple[int, str], ...] = ()  # (9 or 12, model): the model a figure shows instead of its role's
-
-
-def uncertainty_settings(config: dict) -> UncertaintySettings | None:
-    """The checked ``analysis.uncertainty`` block, or None when the analysis is off (key absent)."""
-    block = (config.get("analysis") or {}).get("uncertainty")
-    if block is None:
-        return None
-    settings = UncertaintySettings(
-        models=tuple(block.get("models") or ()),
-        qsets=tuple(block.get("qsets", DEFAULT_QSETS)),
-        conditions=tuple(block.get("conditions", ("clean",))),
-        pool_yn=bool(block.get("pool_yn", True)),
-        bins=int(block.get("bins", 20)),
-        figures=tuple((int(figure.removeprefix("fig")), model) for figure, model in (block.get("figures") or {}).items()),
-    )
-    unknown = sorted(set(settings.models) - set(config["models"]))
-    if unknown:
-        raise ConfigError(f"analysis.uncertainty.models: {unknown} are not in models: "
-                          f"(known: {sorted(config['models'])})")
-    unknown = sorted(set(settings.conditions) - set(config["conditions"]))
-    if unknown:
-        raise ConfigError(f"analysis.uncertainty.conditions: {unknown} are not in conditions: "
-                          f"(known: {sorted(config['conditions'])})")
-    unknown = sorted(set(settings.qsets) - set(config["questions"]["sets"]))
-    if unknown:
-        raise ConfigError(f"analysis.uncertainty.qsets: {unknown} are not in questions.sets")
-    for number, model in settings.figures:
-        if model not in config["models"] or (settings.models and model not in settings.models):
-            raise ConfigError(f"analysis.uncertainty.figures.fig{number}: '{model}' is not among the analysis's "
-                              f"models ({list(settings.models) or sorted(config['models'])})")
-        if config["models"][model].get("backend") in NO_TOKEN_PROBABILITY_BACKENDS:
-            raise ConfigError(f"analysis.uncertainty.figures.fig{number}: '{model}' has no token probability to draw")
-    if settings.bins < 1:
-        raise ConfigError(f"analysis.uncertainty.bins: {settings.bins} is not a positive number of bins")
-    return settings
 
 
 def bin_edges(bins: int) -> np.ndarray:
     """``bins`` equal bins on [0, 1], shared by every series (the last bin holds u = 1)."""
     return np.linspace(0.0, 1.0, bins + 1)
-
-
-def token_probability_models(models: dict[str, dict]) -> list[str]:
-    """The slugs (in order) whose predictions' ``confidence`` is an answer token's probability."""
-    return [slug for slug, entry in models.items() if entry["backend"] not in NO_TOKEN_PROBABILITY_BACKENDS]
 
 
 def read_runs(runs: Iterable[Mapping], keys: Sequence[str],

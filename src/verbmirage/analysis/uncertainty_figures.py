@@ -17,31 +17,28 @@ out for a page and saved as PNG, PDF and SVG by :mod:`verbmirage.analysis.figure
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from verbmirage.analysis.attention_figures import figure_models
+from verbmirage.analysis.attention_settings import figure_models
 from verbmirage.analysis.figure_layout import (
-    MAX_COLUMNS,
     fit_title,
     legend_below,
     page_figure,
     page_style,
-    rows_per_page,
     save_figure,
     tick_rotation,
 )
+from verbmirage.analysis.fov_settings import FOV_PANEL_HEIGHT, fov_columns, fov_pages
 from verbmirage.analysis.paper_figures import Drawn, drawn_runs
-from verbmirage.benchmark.questions import question_kind
+from verbmirage.benchmark.question_sets import question_kind
 
 COLOURS = {True: "tab:blue", False: "tab:red"}
 LABELS = {True: "correct", False: "hallucinated"}
 PAPER_ROLES = {9: "llava", 12: "instructblip"}
-FOV_PANEL_HEIGHT = 3.0  # inches: a panel of Fig. 10
 TITLES = {9: "Fig. 9: token uncertainty", 12: "Fig. 12: token uncertainty"}
 
 
@@ -142,22 +139,6 @@ def draw_uncertainty_figures(hist: pd.DataFrame, paths: dict[int, str | Path], m
                 _hist_panel(axis, bins, title)
             save_figure(figure, path)
     return roles
-
-
-def fov_columns(n_qsets: int) -> int:
-    """Fig. 10's columns: a model's question sets side by side, at most three a row, its rows equally full."""
-    n_qsets = max(1, n_qsets)
-    return math.ceil(n_qsets / math.ceil(n_qsets / MAX_COLUMNS))
-
-
-def fov_pages(models: Sequence[str], n_qsets: int) -> list[list[str]]:
-    """Fig. 10's pages: the models each shows, in order, as many as their rows (a model's ``n_qsets`` sets,
-    :func:`fov_columns` a row) fit a page (:func:`~verbmirage.analysis.figure_layout.rows_per_page`); one page
-    showing no model where there are none. The plan names a file per page from this (``fig10a_fov``, ...)."""
-    rows = math.ceil(max(1, n_qsets) / fov_columns(n_qsets))
-    per_page = max(1, rows_per_page(FOV_PANEL_HEIGHT) // rows)
-    models = list(models)
-    return [models[start:start + per_page] for start in range(0, len(models), per_page)] or [[]]
 
 
 def draw_fov_figure(fov: pd.DataFrame, rows: pd.DataFrame, paths: Sequence[str | Path], models: list[str],

@@ -20,9 +20,9 @@ Ours (read from a VCD variant's prediction table, never recomputed; ``io.PREDICT
   ours 0.1 is VCD's default, while the official VCD script for LLaVA-1.5 on POPE runs 0.2 (the paper gives
   none); a larger beta removes more tokens, so more one-token sets and more exact zeros.
 - Flips: the VCD variant's predictions against the same model's *plain counterpart*, the configured
-  variant whose settings equal the VCD variant's without ``vcd`` (:func:`plain_counterparts`;
-  ``analysis.vcd_divergence.pairs`` overrides). No counterpart: the flip columns are null and
-  ``plain_note`` says why.
+  variant whose settings equal the VCD variant's without ``vcd``
+  (:func:`~verbmirage.analysis.vcd_divergence_settings.plain_counterparts`; ``analysis.vcd_divergence.pairs``
+  overrides). No counterpart: the flip columns are null and ``plain_note`` says why.
 
 Unit: one question row (an MC rotation is one forward pass). Rows with an ``error`` (or no stored KL)
 are left out of the KL statistics and counted (``n_dropped``); a flip needs an answer without error in
@@ -34,18 +34,14 @@ bins shared by every series).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from verbmirage.analysis.figure_layout import legend_below, page_figure, page_style, save_figure
-from verbmirage.core.errors import ConfigError
-from verbmirage.benchmark.questions import question_kind
-from verbmirage.variants.settings import Variant, model_variant_entry
-
-DEFAULT_QSETS = ("yn_obj", "yn_verb", "mc_obj", "mc_verb")
+from verbmirage.benchmark.question_sets import question_kind
 
 
 @dataclass(frozen=True)
@@ -64,101 +60,6 @@ class PaperKL:
 PAPER = PaperKL()
 #: Tolerance for "a one-token plausibility set has KL 0": anything further is a broken table.
 SINGLETON_TOLERANCE = 1e-9
-
-
-@dataclass(frozen=True)
-class VCDDivergenceSettings:
-    """Config ``analysis.vcd_divergence`` (every key optional; the analysis runs whenever a VCD variant does)."""
-
-    qsets: tuple[str, ...] = DEFAULT_QSETS
-    conditions: tuple[str, ...] = ("clean",)
-    bins: int = 30
-    #: VCD variant -> the plain variant its flips are counted against (default: found from the settings).
-    pairs: dict[str, str] = field(default_factory=dict)
-
-
-def vcd_divergence_settings(config: dict) -> VCDDivergenceSettings:
-    """The checked ``analysis.vcd_divergence`` block (defaults when absent); errors name the key."""
-    block = (config.get("analysis") or {}).get("vcd_divergence") or {}
-    # The analysis runs without its block, so the default condition must exist: clean, else the first one.
-    default_conditions = ("clean",) if "clean" in config["conditions"] else tuple(config["conditions"])[:1]
-    settings = VCDDivergenceSettings(
-        qsets=tuple(block.get("qsets", DEFAULT_QSETS)),  # a set not asked is left out (divergence_runs)
-        conditions=tuple(block.get("conditions") or default_conditions),
-        bins=int(block.get("bins", 30)),
-        pairs=dict(block.get("pairs") or {}),
-    )
-    where = "analysis.vcd_divergence"
-    unknown = sorted(set(settings.conditions) - set(config["conditions"]))
-    if unknown:
-        raise ConfigError(f"{where}.conditions: {unknown} are not in conditions: (known: {sorted(config['conditions'])})")
-    if settings.bins < 1:
-        raise ConfigError(f"{where}.bins: {settings.bins} is not a positive number of bins")
-    variants = _variants(config)
-    for vcd, plain in settings.pairs.items():
-        if vcd not in variants or variants[vcd].vcd is None:
-            raise ConfigError(f"{where}.pairs: '{vcd}' is not a VCD variant (VCD variants: {vcd_variants(config)})")
-        if plain not in variants or variants[plain].vcd is not None:
-            raise ConfigError(f"{where}.pairs.{vcd}: '{plain}' is not a configured variant without vcd "
-                              f"(variants: {sorted(variants)})")
-    return settings
-
-
-def _variants(config: dict) -> dict[str, Variant]:
-    return {slug: Variant.from_config(entry, f"variants.{slug}") for slug, entry in config["variants"].items()}
-
-
-def vcd_variants(config: dict) -> list[str]:
-    """The configured variants that decode with VCD, in config order."""
-    return [slug for slug, variant in _variants(config).items() if variant.vcd is not None]
-
-
-def plain_counterparts(config: dict, pairs: dict[str, str] | None = None) -> dict[str, str | None]:
-    """VCD variant -> its plain counterpart: ``pairs`` where given, else the first configured variant whose
-    settings equal the VCD variant's without ``vcd`` (``paper_name`` aside); None when there is none."""
-    variants = _variants(config)
-    out = {}
-    for slug in vcd_variants(config):
-        if pairs and slug in pairs:
-            out[slug] = pairs[slug]
-            continue
-        wanted = {**variants[slug].settings(), "vcd": None}
-        out[slug] = next((other for other, variant in variants.items() if variant.settings() == wanted), None)
-    return out
-
-
-def divergence_runs(
-    config: dict,
-    model_variants: dict[str, list[str]],
-    asks: Callable[[str, str, str], bool],
-    settings: VCDDivergenceSettings,
-) -> list[dict]:
-    """Every (model, VCD variant, condition, set) the analysis reads, with the plain run it compares.
-
-    ``model_variants``: model -> the variants it runs (the workflow's plan); ``asks(condition, qset,
-    model)``: whether the run asks that set. Each run: ``model, variant, condition, qset, plain_variant``
-    (None without flips), ``plain_note`` (why there are none, else "") and ``beta`` (the plausibility cut the
-    model runs the variant with). Empty: nothing to plan.
-    """
-    counterparts = plain_counterparts(config, settings.pairs)
-    runs = []
-    for model, variants in model_variants.items():
-        for variant in [v for v in variants if v in counterparts]:
-            plain = counterparts[variant]
-            if plain is None:
-                note = f"no configured variant equals '{variant}' without vcd (analysis.vcd_divergence.pairs)"
-            elif plain not in variants:
-                note = f"{model} does not run the plain counterpart '{plain}'"
-            else:
-                note = ""
-            beta = Variant.from_config(model_variant_entry(config, model, variant)).vcd.beta
-            for condition in settings.conditions:
-                for qset in settings.qsets:
-                    if asks(condition, qset, model):
-                        runs.append({"model": model, "variant": variant, "condition": condition, "qset": qset,
-                                     "plain_variant": plain if not note else None, "plain_note": note,
-                                     "beta": beta})
-    return runs
 
 
 # ---- per-run statistics ----------------------------------------------------------------------------------
@@ -322,9 +223,9 @@ def vcd_divergence_tables(
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The summary (``io.VCD_DIVERGENCE``) and histogram (``io.VCD_KL_HIST``) tables.
 
-    ``runs``: :func:`divergence_runs` entries, each with ``predictions`` (the VCD run's table), ``plain``
-    (the counterpart's table or None), ``questions`` (the set's question table) and ``where`` (a path for
-    errors). ``bins``: log bins of the positive KLs (``analysis.vcd_divergence.bins``). Per (model, variant, condition): one row per set and, over two sets or more, one pooled row;
+    ``runs``: :func:`~verbmirage.analysis.vcd_divergence_settings.divergence_runs` entries, each with
+    ``predictions`` (the VCD run's table), ``plain`` (the counterpart's table or None), ``questions`` (the set's
+    question table) and ``where`` (a path for errors). ``bins``: log bins of the positive KLs (``analysis.vcd_divergence.bins``). Per (model, variant, condition): one row per set and, over two sets or more, one pooled row;
     the paper's numbers (pooled over its sets) sit on the pooled row, or on the only set's row.
     ``paper_names``: model slug -> ``models.<slug>.paper_name``, to say whether the model is the paper's.
     """

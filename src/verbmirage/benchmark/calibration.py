@@ -19,9 +19,10 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from verbmirage.benchmark.questions import QUESTION_SETS, QuestionSettings, build_question_set
+from verbmirage.benchmark.questions import QuestionSettings, build_question_set
+from verbmirage.benchmark.question_sets import QUESTION_SETS
 from verbmirage.core.imaging import open_rgb
-from verbmirage.core.io import atomic_path
+from verbmirage.core.paths import atomic_path
 from verbmirage.data.hico import NO_INTERACTION, HicoAnnotations
 
 

@@ -44,7 +44,6 @@ import numpy as np
 import pandas as pd
 
 from verbmirage.benchmark.sampling import Draft, circular, content_hash, draw, named_rng
-from verbmirage.data.charades import CHARADES_QUESTION_SETS
 from verbmirage.data.hico import NO_INTERACTION, HicoAnnotations
 from verbmirage.core.text import hoi_phrase, object_name, object_with_article, verb_phrase
 
@@ -286,40 +285,18 @@ def build_yn_ko(labels: ImageLabels, vocab: Vocabulary, s: QuestionSettings, rng
     return drafts
 
 
-@dataclass(frozen=True)
-class QuestionSet:
-    """A registered question set: its kind ("yn" or "mc"), its per-image builder and what it asks (one line)."""
-
-    kind: str
-    build: Callable[[ImageLabels, Vocabulary, QuestionSettings, np.random.Generator], list[Draft]]
-    description: str = ""
-
-
-QUESTION_SETS: dict[str, QuestionSet] = {
-    "yn_obj": QuestionSet("yn", build_yn_obj, "Is someone <verb>ing a/an <object>? (the object named; Table 1)"),
-    "yn_verb": QuestionSet("yn", build_yn_verb, "Is someone <verb>ing something? (the verb alone; Table 1)"),
-    "mc_obj": QuestionSet("mc", build_mc_obj, "which action is present: four <verb>ing <object> options"),
-    "mc_verb": QuestionSet("mc", build_mc_verb, "which action is present: four verb options, no object"),
-    "obj_exist": QuestionSet("yn", build_obj_exist, "Is there a/an <object> in the image? (Fig. 4b's control)"),
-    "yn_ko": QuestionSet("yn", build_yn_ko, "Known Object: every labelled HOI of a present object (Fig. 11's mAP)"),
+#: How each of HICO's sets (:data:`verbmirage.benchmark.question_sets.QUESTION_SETS`: its kind, what it asks)
+#: drafts one image's questions.
+BUILDERS: dict[str, Callable[[ImageLabels, Vocabulary, QuestionSettings, np.random.Generator], list[Draft]]] = {
+    "yn_obj": build_yn_obj,
+    "yn_verb": build_yn_verb,
+    "mc_obj": build_mc_obj,
+    "mc_verb": build_mc_verb,
+    "obj_exist": build_obj_exist,
+    "yn_ko": build_yn_ko,
 }
 
 
-#: Training questions (fine-tuning data such as Pangea's, derived/pangea.py, or any converted set): never
-#: asked as a benchmark set, but written and read under the same schema.
-TRAINING_QUESTION_SETS = {"train_yn": "yn", "train_mc": "mc"}
-
-
-def question_kind(qset: str) -> str:
-    """"yn" or "mc" for a registered question set (HICO's or CharadesEgo's)."""
-    if qset in QUESTION_SETS:
-        return QUESTION_SETS[qset].kind
-    if qset in CHARADES_QUESTION_SETS:
-        return CHARADES_QUESTION_SETS[qset]
-    if qset in TRAINING_QUESTION_SETS:
-        return TRAINING_QUESTION_SETS[qset]
-    raise KeyError(f"unknown question set '{qset}'; known: "
-                   f"{sorted(QUESTION_SETS) + sorted(CHARADES_QUESTION_SETS) + sorted(TRAINING_QUESTION_SETS)}")
 
 
 def rare_hois(train_labels: np.ndarray, vocab: Vocabulary, threshold: float) -> frozenset[int]:
@@ -369,8 +346,8 @@ def build_question_sets(
     """
     qsets = list(qsets)
     for qset in qsets:
-        if qset not in QUESTION_SETS:
-            raise KeyError(f"unknown question set '{qset}'; known: {sorted(QUESTION_SETS)}")
+        if qset not in BUILDERS:
+            raise KeyError(f"unknown question set '{qset}'; known: {sorted(BUILDERS)}")
     vocab = Vocabulary.from_hois(anno.hois)
     rare = rare_hois(anno.labels["train"], vocab, settings.rare_threshold)
     chosen = None if images is None else {anno.image_relpath(settings.split, name) for name in images}
@@ -438,7 +415,7 @@ def _question_frame(images: list[ImageLabels], vocab: Vocabulary, rare: frozense
                     settings: QuestionSettings, dataset: str) -> pd.DataFrame:
     """One set's rows on some images, image by image in split order, collected column by column (one dict per
     row costs more than the drafting itself at HICO's 100K+ rows)."""
-    builder = QUESTION_SETS[qset].build
+    builder = BUILDERS[qset]
     common = set(settings.common_verbs)
     columns: dict[str, list] = {name: [] for name in QUESTION_COLUMNS}
     question_ids, group_ids, image_ids, image_names = (columns[name] for name in

@@ -14,7 +14,7 @@ from string import ascii_uppercase
 
 import numpy as np
 
-MC_STEM = "Which of the following actions is present in the image?"
+from verbmirage.benchmark.question_sets import MC_STEM
 
 
 @dataclass

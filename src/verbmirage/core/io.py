@@ -3,22 +3,17 @@
 Every Parquet artifact of the workflow goes through :func:`write_table`: it
 checks the columns against the declared schema, stamps provenance (package
 version and the settings that produced the table) into the file metadata,
-and writes atomically (temporary file, fsync, rename), so a killed job or a
-crashed node never leaves a half-written table that a later job could read.
+and writes atomically (:func:`verbmirage.core.paths.atomic_path`: temporary file, fsync, rename), so a
+killed job or a crashed node never leaves a half-written table that a later job could read.
 Files get the user's umask (not ``mkstemp``'s 0600), so a shared cluster
 project can read them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import html
 import json
-import os
 import re
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -26,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from verbmirage import __version__
-from verbmirage.core.paths import user_file_mode
+from verbmirage.core.paths import atomic_path, write_text
 from verbmirage.core.schemas import DECODING_TABLE8, MITIGATION_TABLE5, PREDICTIONS
 
 
@@ -90,46 +85,6 @@ def write_table(
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
     with atomic_path(path, replace=not exclusive) as tmp:
         pq.write_table(table, tmp)
-
-
-def fsync_directory(directory: str | Path) -> None:
-    """Make a rename or link inside ``directory`` durable (a node crash cannot undo it)."""
-    handle = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(handle)
-    finally:
-        os.close(handle)
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | Path, replace: bool = True) -> Iterator[Path]:
-    """A temporary path beside ``path`` to write to; on success it becomes ``path``.
-
-    The data is fsynced before the rename and the directory after it. With
-    ``replace=False`` an existing ``path`` is never overwritten (the file is
-    published with a hard link, which fails if the name exists:
-    ``FileExistsError``). Leftover temporary files of earlier, killed writers
-    of the same ``path`` are removed first; a failed write leaves none.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
-        stale.unlink(missing_ok=True)
-    handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
-    tmp = Path(name)
-    try:
-        yield tmp
-        with tmp.open("rb+") as written:
-            os.fsync(written.fileno())
-        os.chmod(tmp, user_file_mode())
-        if replace:
-            os.replace(tmp, path)
-        else:
-            os.link(tmp, path)
-        fsync_directory(path.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def read_table(path: str | Path, schema: pa.Schema | None = None) -> pd.DataFrame:
@@ -237,12 +192,6 @@ def read_provenance(path: str | Path) -> dict:
     """The settings stamped into a table by :func:`write_table`."""
     metadata = read_schema(path).metadata or {}
     return json.loads(metadata.get(b"verbmirage.provenance", b"{}"))
-
-
-def write_text(path: str | Path, text: str) -> None:
-    """Write a small text file atomically (fsynced, user's umask)."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
 
 
 def write_parquet(frame: pd.DataFrame, path: str | Path) -> None:

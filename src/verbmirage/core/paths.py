@@ -7,17 +7,22 @@ the pipeline would then link, overwrite or upload a file outside its folders.
 Every loader checks names with :func:`safe_name` / :func:`safe_relative_name`,
 and every place that opens or writes a file checks the resolved path with
 :func:`inside`.
+
+A file the pipeline writes appears whole or not at all (:func:`atomic_path`, :func:`write_text`): a killed job
+or a crashed node never leaves half a file that a later job could read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import glob
 import hashlib
 import os
 import re
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 # letters, digits, "_", "." and "-" only: what HICO and Charades names use
@@ -134,6 +139,52 @@ def replace_entry(destination: str | Path, create: Callable[[Path], object]) -> 
     finally:
         if os.path.lexists(tmp):
             tmp.unlink()
+
+
+def fsync_directory(directory: str | Path) -> None:
+    """Make a rename or link inside ``directory`` durable (a node crash cannot undo it)."""
+    handle = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, replace: bool = True) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write to; on success it becomes ``path``.
+
+    The data is fsynced before the rename and the directory after it. With
+    ``replace=False`` an existing ``path`` is never overwritten (the file is
+    published with a hard link, which fails if the name exists:
+    ``FileExistsError``). Leftover temporary files of earlier, killed writers
+    of the same ``path`` are removed first; a failed write leaves none.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        stale.unlink(missing_ok=True)
+    handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(handle)
+    tmp = Path(name)
+    try:
+        yield tmp
+        with tmp.open("rb+") as written:
+            os.fsync(written.fileno())
+        os.chmod(tmp, user_file_mode())
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+        fsync_directory(path.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write a small text file atomically (fsynced, user's umask)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
 
 
 def file_digests(path: str | Path, algorithms: list[str] | tuple[str, ...]) -> dict[str, str]:

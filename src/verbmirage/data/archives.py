@@ -23,8 +23,7 @@ import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-from verbmirage.core.io import write_text
-from verbmirage.core.paths import file_digest
+from verbmirage.core.paths import file_digest, write_text
 
 log = logging.getLogger(__name__)
 

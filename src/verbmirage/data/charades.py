@@ -274,7 +274,6 @@ def write_demo_charadesego(root: str | Path, pairs: int = 12, seed: int = 0) -> 
 
 # ---- frames and question sets (paper: Egocentric and Exocentric Images; Appendix A) ----
 VIEWS = ("exo", "ego")
-CHARADES_QUESTION_SETS = {"yn_exo": "yn", "yn_ego": "yn", "mc_exo": "mc", "mc_ego": "mc"}
 
 
 def frame_table(pairs: pd.DataFrame) -> pd.DataFrame:

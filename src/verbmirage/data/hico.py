@@ -19,12 +19,11 @@ import pandas as pd
 import scipy.io
 
 from verbmirage.core.paths import UnsafePathError, safe_name, safe_relative_name
+from verbmirage.data.hico_files import HICO_DET_JSON, HICO_DET_MAT, hico_det_file
 
 NO_INTERACTION = "no_interaction"
 SPLITS = ("train", "test")
 LIST_ACTION_FIELDS = ("nname", "vname", "vname_ing", "syn", "def", "synset", "add_def")
-HICO_DET_MAT = "anno_bbox.mat"
-HICO_DET_JSON = "instances_{split}2015.json"  # fredzzhang/hicodet layout
 
 
 class AnnotationFormatError(ValueError):
@@ -373,14 +372,6 @@ def load_hico_det_json(det_root: str | Path, split: str = "test") -> HicoDetBoxe
                              "instance": instance, "human_box": human, "object_box": obj,
                              "n_humans": distinct_h, "n_objects": distinct_o, "invis": 0})
     return HicoDetBoxes(path, pd.DataFrame(rows, columns=list(PAIR_COLUMNS)), pd.DataFrame(images), False)
-
-
-def hico_det_file(det_root: str | Path, split: str = "test") -> Path | None:
-    """The HICO-DET file ``det_root`` holds: ``anno_bbox.mat`` first, else the split's instances JSON."""
-    for name in (HICO_DET_MAT, HICO_DET_JSON.format(split=split)):
-        if (Path(det_root) / name).is_file():
-            return Path(det_root) / name
-    return None
 
 
 def read_hico_det(det_root: str | Path, split: str = "test") -> HicoDetBoxes:

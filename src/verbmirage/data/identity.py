@@ -45,8 +45,8 @@ import logging
 import os
 from pathlib import Path
 
-from verbmirage.core.io import atomic_path
-from verbmirage.data.hico import HICO_DET_MAT, hico_det_file
+from verbmirage.core.paths import atomic_path
+from verbmirage.data.hico_files import HICO_DET_MAT, hico_det_file
 
 log = logging.getLogger(__name__)
 

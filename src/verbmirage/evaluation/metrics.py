@@ -30,7 +30,7 @@ from verbmirage.benchmark.conditions import condition_questions
 from verbmirage.core.io import read_table
 from verbmirage.benchmark.question_table import QUESTIONS
 from verbmirage.core.schemas import PREDICTIONS
-from verbmirage.benchmark.questions import question_kind
+from verbmirage.benchmark.question_sets import question_kind
 from verbmirage.core.io import read_provenance
 from verbmirage.benchmark.question_table import question_sample, sample_settings
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
 
 COLUMNS = ("table", "model", "variant", "qset", "condition", "metric", "value")
 
@@ -28,6 +30,8 @@ PAPER_VARIANT = "beam5"
 
 
 def empty_paper_numbers() -> pd.DataFrame:
+    import pandas as pd  # deferred: the run plan reads the pairing rule below, never the numbers
+
     return pd.DataFrame({column: pd.Series(dtype=float if column == "value" else str) for column in COLUMNS})
 
 
@@ -36,6 +40,8 @@ def load_paper_numbers(path: str | Path | None) -> pd.DataFrame:
 
     A file that is there but malformed is an error naming the file and the row.
     """
+    import pandas as pd  # deferred: the run plan reads the pairing rule below, never the numbers
+
     if not path or not Path(path).is_file():
         return empty_paper_numbers()
     frame = pd.read_csv(path, dtype=str, keep_default_na=False)

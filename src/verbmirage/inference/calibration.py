@@ -72,22 +72,3 @@ def calibrate(questions_paths: Mapping[str, str | Path], answers_dir: str | Path
     write_cuts(cuts_path, fits, {"model": model_slug, "method": "threshold", "metric": settings.metric,
                                  "calibration_images": settings.calibration_images, **(about or {})})
     return fits
-
-
-def decision_plan(config: dict) -> dict:
-    """Which variants decide how, and the one number of calibration images they share.
-
-    One calibration set per question set (``results/benchmark/hico/calibration/<qset>.parquet``) and one mean
-    image serve every decision variant, so they must agree on ``calibration_images``.
-    """
-    variants = {slug: Variant.from_config(entry, f"variants.{slug}") for slug, entry in config["variants"].items()}
-    decisions = {slug: v.decision for slug, v in variants.items() if v.decision is not None}
-    counts = {slug: d.calibration_images for slug, d in decisions.items()}
-    if len(set(counts.values())) > 1:
-        raise ValueError(f"variants.*.decision.calibration_images: every decision variant must use the same number "
-                         f"(one calibration set per question set), got {counts}")
-    return {
-        "threshold": [slug for slug, d in decisions.items() if d.method == "threshold"],
-        "content_free": [slug for slug, d in decisions.items() if d.method == "content_free"],
-        "calibration_images": next(iter(counts.values()), DecisionSettings("threshold").calibration_images),
-    }

@@ -43,7 +43,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import pandas as pd
-import yaml
 from tqdm import tqdm
 
 from verbmirage.benchmark.conditions import ImageResolver, condition_questions
@@ -58,9 +57,10 @@ from verbmirage.models.base import (
     YesNoResult,
     score_questions,
 )
-from verbmirage.benchmark.questions import question_kind
+from verbmirage.benchmark.question_sets import question_kind
 from verbmirage.benchmark.question_table import question_sample, sample_settings
-from verbmirage.variants.settings import Variant, non_finite_numbers
+from verbmirage.variants.settings import Variant
+from verbmirage.inference.settings import INFERENCE_DEFAULTS, check_inference_settings
 from verbmirage.inference.store import (
     PartStore,
     _latest_part_of,
@@ -211,9 +211,9 @@ def predict(
     questions: pd.DataFrame,
     model: VisionLanguageModel,
     resolver: ImageResolver | None,
-    batch_size: int = 16,
+    batch_size: int = INFERENCE_DEFAULTS["batch_size"],
     store: PartStore | None = None,
-    part_size: int = 512,
+    part_size: int = INFERENCE_DEFAULTS["part_size"],
     max_error_share: float = 1.0,
 ) -> pd.DataFrame:
     """One prediction row per question (schema ``verbmirage.core.schemas.PREDICTIONS``), in question order.
@@ -225,7 +225,9 @@ def predict(
     With a ``store``, rows already in it are not asked again (stored error rows are: the cause may be fixed),
     new rows are appended every ``part_size`` rows, and whatever was answered is flushed before any exception
     (SIGTERM included) ends the call. Transient failures (``retry``) are never stored; if any remain at the end
-    the call raises :class:`IncompleteShardError` so a rerun asks them again.
+    the call raises :class:`IncompleteShardError` so a rerun asks them again. ``batch_size`` and ``part_size``
+    default to the config's (:data:`~verbmirage.inference.settings.INFERENCE_DEFAULTS`); ``max_error_share`` to
+    1, no budget: called directly, every failed question is a row.
     """
     if questions.empty:
         raise ValueError("no questions to score")
@@ -233,8 +235,8 @@ def predict(
         if store is None:
             store = PartStore(Path(cleanup.enter_context(tempfile.TemporaryDirectory())) / "parts")
             cleanup.callback(store.close)
-        predict_suite(questions, model, resolver, dict.fromkeys(questions.qset.unique(), store), batch_size,
-                      part_size, max_error_share)
+        predict_suite(questions, model, resolver, dict.fromkeys(questions.qset.unique(), store),
+                      batch_size=batch_size, part_size=part_size, max_error_share=max_error_share)
         frame = store.rows()
     return _in_question_order(frame[frame.question_id.isin(set(questions.question_id))], questions)
 
@@ -333,9 +335,10 @@ def predict_suite(
     model: VisionLanguageModel,
     resolver: ImageResolver | None,
     stores: dict[str, PartStore],
-    batch_size: int = 16,
-    part_size: int = 512,
-    max_error_share: float = 1.0,
+    *,
+    batch_size: int,
+    part_size: int,
+    max_error_share: float,
 ) -> dict[str, int]:
     """Answer the questions of several sets (column ``qset``) into each set's store; how many rows each got now.
 
@@ -447,56 +450,11 @@ def suite_table(output: str | Path, qset: str) -> Path:
     return Path(output) / f"{qset}.parquet"
 
 
-SCHEMA = Path(__file__).resolve().parents[3] / "schemas" / "config.schema.yaml"
-
-
-@functools.cache
-def _inference_schema() -> dict:
-    """The config schema's ``inference`` keys (batch_size, part_size, max_error_share, continue_tokens, shards),
-    each with its type, bounds and default: the one place they are written down."""
-    try:
-        schema = yaml.safe_load(SCHEMA.read_text())
-    except OSError as error:
-        raise RuntimeError(f"{SCHEMA}: the config schema is missing ({error}); run from a checkout") from None
-    return schema["properties"]["inference"]["properties"]
-
-
-def inference_defaults() -> dict:
-    """The config's ``inference`` defaults, read from the schema."""
-    return {key: value["default"] for key, value in _inference_schema().items()}
-
-
-def inference_problem(key: str, value) -> str | None:
-    """Why ``value`` cannot be config key ``inference.<key>`` (the schema's type and bounds, or not a finite
-    number), in the words of the config check; None when it can.
-
-    A job started by hand (the CLI, :class:`RunSpec`) meets the bounds a planned one does: a ``part_size``
-    of 0 would write an empty row group forever, a ``batch_size`` of 0 or less asks nothing.
-    """
-    import jsonschema
-
-    where = f"inference.{key}"
-    problems = non_finite_numbers(value, where)
-    if problems:
-        return problems[0]
-    schema = _inference_schema()[key]
-    error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(value))
-    return None if error is None else f"{where}: {error.message}"
-
-
-def check_inference_settings(**values) -> None:
-    """:func:`inference_problem` for each ``key=value``: a ``ValueError`` naming the first key that is wrong."""
-    for key, value in values.items():
-        problem = inference_problem(key, value)
-        if problem:
-            raise ValueError(problem)
-
-
 @dataclass(frozen=True)
 class RunSpec:
     """Everything one inference job needs besides its questions: the model, the variant, the images, the shard,
-    and how to run (batch, part size, error budget, continuation). Fields left at None take the config
-    schema's ``inference`` defaults (:func:`inference_defaults`)."""
+    and how to run (batch, part size, error budget, continuation). The run settings default to the config's
+    ``inference`` defaults (:data:`~verbmirage.inference.settings.INFERENCE_DEFAULTS`)."""
 
     model_slug: str
     model_settings: dict
@@ -508,18 +466,14 @@ class RunSpec:
     train_stats: str | Path | None = None
     condition_settings: dict | None = None
     decision_input: str | Path | None = None  # a decision variant's cuts file or content-free images folder
-    batch_size: int | None = None
-    part_size: int | None = None
-    max_error_share: float | None = None
-    continue_tokens: int | None = None
+    batch_size: int = INFERENCE_DEFAULTS["batch_size"]
+    part_size: int = INFERENCE_DEFAULTS["part_size"]
+    max_error_share: float = INFERENCE_DEFAULTS["max_error_share"]
+    continue_tokens: int = INFERENCE_DEFAULTS["continue_tokens"]
 
     def __post_init__(self):
-        """Missing run settings take the schema's defaults; every one is checked against the schema's bounds, and
-        the model entry's settings as planning checks them (:func:`verbmirage.models.registry.setting_problems`)."""
-        defaults = inference_defaults()
-        for name in ("batch_size", "part_size", "max_error_share", "continue_tokens"):
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, defaults[name])
+        """Every run setting is checked against the config's bounds, and the model entry's settings as planning
+        checks them (:func:`verbmirage.models.registry.setting_problems`)."""
         check_inference_settings(batch_size=self.batch_size, part_size=self.part_size,
                                  max_error_share=self.max_error_share, continue_tokens=self.continue_tokens,
                                  shards=self.n_shards)
@@ -560,11 +514,11 @@ def answer_job(questions: pd.DataFrame, stores: dict[str, PartStore], tables: di
     model = None
     try:
         if not questions.empty:
-            reads_answers = getattr(backend_class(spec.model_settings["backend"]), "reads_answers", False)
+            reads_answers = backend_class(spec.model_settings["backend"]).reads_answers
             answers = dict(zip(questions.question_id, questions.answer)) if reads_answers else None
             model = create_model(spec.model_slug, spec.model_settings,
                                  ModelContext(dataset=spec.dataset, train_stats=spec.train_stats, answers=answers))
-            if hasattr(model, "continue_tokens"):  # backends that decode answers token by token
+            if model.continue_tokens is not None:  # backends that decode answers token by token
                 model.continue_tokens = spec.continue_tokens
             model.use_variant(variant, where=f"models.{spec.model_slug} with this variant")
             # calibrated decisions: the model as is unless the variant sets `decision`
@@ -574,8 +528,8 @@ def answer_job(questions: pd.DataFrame, stores: dict[str, PartStore], tables: di
             for qset, store in stores.items():
                 store.use_fingerprint(fingerprint(questions[questions.qset.eq(qset)],
                                                   {**settings, "loaded": loaded, "qset": qset}))
-            predict_suite(questions, model, ImageResolver(spec.images_dir), stores, spec.batch_size,
-                          spec.part_size, spec.max_error_share)
+            predict_suite(questions, model, ImageResolver(spec.images_dir), stores, batch_size=spec.batch_size,
+                          part_size=spec.part_size, max_error_share=spec.max_error_share)
         answers = {}  # every set checked complete before any table is written
         for qset, store in stores.items():
             wanted = questions[questions.qset.eq(qset)]

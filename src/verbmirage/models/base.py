@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import ascii_uppercase
 
-from verbmirage.core.imaging import open_rgb  # noqa: F401  (re-exported for the backends)
+from verbmirage.models.prompts import PromptTemplate
 from verbmirage.variants.settings import PLAIN_ONLY, Variant
 
 YES, NO, UNKNOWN = "yes", "no", "unknown"
@@ -252,11 +252,27 @@ def option_letter(index: int) -> str:
 
 
 class VisionLanguageModel(ABC):
-    """Base class of every backend. Subclasses set ``backend`` and implement the private methods."""
+    """Base class of every backend. Subclasses set ``backend`` and implement the private methods.
+
+    What a backend can do is declared here, each with the default most backends have; a backend that differs
+    sets its own (``uses_images``, ``reads_answers``, ``mixed_kinds``, ``continue_tokens``, ``prompts``,
+    ``checks_scores``, ``variant_features``).
+    """
 
     backend: str = ""
     #: Whether the backend reads images; blind baselines set False.
     uses_images: bool = True
+    #: Whether the backend is given every question's correct answer (``ModelContext.answers``): the oracle only.
+    reads_answers: bool = False
+    #: Whether the backend has a ``score_mixed(questions, multiple_choice)`` that scores yes/no and multiple-choice
+    #: questions in one pass (:func:`score_questions`; the transformers engine: each image's prefix once).
+    mixed_kinds: bool = False
+    #: New tokens decoded greedily past a first answer token that decides nothing (``inference.continue_tokens``,
+    #: set by the job); None for a backend that does not decode its answers token by token.
+    continue_tokens: int | None = None
+    #: The prompts the backend words its questions with (:meth:`use_variant` adds the variant's suffix); None for a
+    #: backend that renders no prompt of ours (baselines, CLIP).
+    prompts: PromptTemplate | None = None
 
     def __init__(self, name: str):
         self.name = name
@@ -310,9 +326,8 @@ class VisionLanguageModel(ABC):
             raise ValueError(f"{where}: backend '{self.backend}' ({self.name}) cannot run {sorted(variant.features())}"
                              f"; it lacks {missing}")
         self.variant = variant
-        prompts = getattr(self, "prompts", None)
-        if prompts is not None:
-            self.prompts = dataclasses.replace(prompts, suffix=variant.prompt_suffix)
+        if self.prompts is not None:
+            self.prompts = dataclasses.replace(self.prompts, suffix=variant.prompt_suffix)
 
     def use_batch_size(self, batch_size: int) -> int:
         """Forwards hold at most ``batch_size`` questions from now on (the config's ``batch_size``, sized for the
@@ -366,7 +381,7 @@ class VisionLanguageModel(ABC):
 def score_questions(model: VisionLanguageModel, questions: list[Question], multiple_choice: list[bool]) -> list:
     """One result per question, YN and MC mixed: one pass where the backend can (:meth:`score_mixed`: each
     image's prefix once), else one call per kind (baselines, CLIP, APIs, remote adapters)."""
-    if getattr(model, "mixed_kinds", False) and len(set(multiple_choice)) > 1:
+    if model.mixed_kinds and len(set(multiple_choice)) > 1:
         return model.score_mixed(questions, list(multiple_choice))
     results: list = [None] * len(questions)
     for flag in (False, True):

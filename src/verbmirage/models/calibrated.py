@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from verbmirage.benchmark.calibration import content_free_paths
-from verbmirage.benchmark.questions import QUESTION_SETS
+from verbmirage.benchmark.question_sets import calibration_qsets
 from verbmirage.benchmark.sampling import content_hash
 from verbmirage.core.paths import file_digest
 from verbmirage.models.base import (
@@ -146,7 +146,7 @@ class ContentFreeRule:
                 asked.append(replace(question, question_id=question_id, image=path))
                 flags.append(mc)
         # only the scores of the content-free answers are used: no decoding past the first answer token
-        continue_tokens = getattr(self.model, "continue_tokens", None)
+        continue_tokens = self.model.continue_tokens
         if continue_tokens is not None:
             self.model.continue_tokens = 0
         try:
@@ -192,9 +192,17 @@ class CalibratedModel(VisionLanguageModel):
 
     @property
     def mixed_kinds(self) -> bool:
-        return getattr(self.model, "mixed_kinds", False)
+        return self.model.mixed_kinds
 
-    def __getattr__(self, name):  # attributes the wrapper does not define (e.g. continue_tokens)
+    @property
+    def continue_tokens(self) -> int | None:
+        return self.model.continue_tokens
+
+    @continue_tokens.setter
+    def continue_tokens(self, value: int) -> None:
+        self.model.continue_tokens = value
+
+    def __getattr__(self, name):  # attributes the wrapper does not define (the engine's processor, ...)
         if name == "model":
             raise AttributeError(name)
         return getattr(self.model, name)
@@ -216,11 +224,6 @@ class CalibratedModel(VisionLanguageModel):
 
     def close(self) -> None:
         self.model.close()
-
-
-def calibration_qsets(dataset: str, qsets) -> list[str]:
-    """The sets among ``qsets`` that get a threshold: HICO's YN sets (CharadesEgo has no calibration set)."""
-    return [q for q in qsets if dataset == "hico" and q in QUESTION_SETS and QUESTION_SETS[q].kind == "yn"]
 
 
 def decision_model(model: VisionLanguageModel, variant: Variant, question_sets: Mapping[str, str],

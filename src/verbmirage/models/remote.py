@@ -53,10 +53,10 @@ from verbmirage.models.base import (
     VisionLanguageModel,
     YesNoResult,
     allow_remote_code,
-    open_rgb,
     option_letter,
     yes_no_margin,
 )
+from verbmirage.core.imaging import open_rgb
 from verbmirage.models.hf.tokens import answer_token_ids
 from verbmirage.models.parsing import decide_choice, parse_choice, parse_yes_no, yes_no_token
 from verbmirage.models.prompts import PromptTemplate

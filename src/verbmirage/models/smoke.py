@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verbmirage.models.base import Question
-from verbmirage.core.io import write_text
-from verbmirage.core.paths import file_digest
-from verbmirage.benchmark.sampling import MC_STEM
+from verbmirage.core.paths import file_digest, write_text
+from verbmirage.benchmark.question_sets import MC_STEM
 from verbmirage.models.registry import backend_class
 from verbmirage.models.registry import create_model
 
@@ -86,11 +85,6 @@ def ask(model, images: list[Path], max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS)
         text = model.generate([Question(f"{image.name}|text", TEXT_QUESTION, image=image)], max_new_tokens)[0]
         answers[f"{image.name}|text"] = {"text": text}
     return answers
-
-
-def fingerprint(model) -> dict:
-    extra = getattr(model, "fingerprint_extra", None)
-    return extra() if extra else {}
 
 
 @dataclass
@@ -236,16 +230,15 @@ def run_smoke(config: dict, images_dir: str | Path, goldens_path: str | Path, up
             reports.append(Report(slug, [f"could not load: {type(error).__name__}: {error}"], failed=True))
             continue
         try:
-            current = {"images": digests, "answers": ask(model, images, max_new_tokens), "fingerprint": fingerprint(model),
+            current = {"images": digests, "answers": ask(model, images, max_new_tokens),
+                       "fingerprint": model.fingerprint_extra(),
                        "settings": {k: entry.get(k) for k in ("path", "revision", "dtype", "env", "python")},
                        "stored_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         except Exception as error:  # noqa: BLE001
             reports.append(Report(slug, [f"failed while answering: {type(error).__name__}: {error}"], failed=True))
             continue
         finally:
-            close = getattr(model, "close", None)
-            if close:
-                close()
+            model.close()
         log(f"{slug}: {len(current['answers'])} answers in {time.monotonic() - started:.0f} s")
         errors = [f"{key}: {record['error']}" for key, record in current["answers"].items() if record.get("error")]
         if errors:

@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from verbmirage.data.hico import hoi_vocabulary
-from verbmirage.benchmark.sampling import MC_STEM
+from verbmirage.benchmark.question_sets import MC_STEM
 from verbmirage.core.text import hoi_phrase, object_with_article, verb_phrase
 
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", "<image>"]
@@ -37,6 +36,8 @@ LLAVA_CHAT_TEMPLATE = (
 
 def _corpus() -> list[str]:
     """Sentences the tokenizer must encode compactly: every question and answer of the benchmark."""
+    from verbmirage.data.hico import hoi_vocabulary  # deferred: imports pandas and scipy (the plan reads BUILDERS)
+
     vocab = hoi_vocabulary()
     lines = ["USER: ASSISTANT: Yes No yes no A B C D", MC_STEM]
     lines += [f"Is someone {hoi_phrase(v, o)}? Is someone {verb_phrase(v)} something?" for v, o in zip(vocab.verb, vocab.object)]

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from verbmirage.core.io import atomic_path
+from verbmirage.core.paths import atomic_path
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from verbmirage.benchmark.conditions import CONDITIONS
-from verbmirage.benchmark.questions import QUESTION_SETS
-from verbmirage.data.charades import CHARADES_QUESTION_SETS
+from verbmirage.benchmark.condition_types import CONDITIONS
+from verbmirage.benchmark.question_sets import CHARADES_QUESTION_SETS, QUESTION_SETS
 from verbmirage.models.registry import BACKENDS, backend_summary
 from verbmirage.variants.registry import DECODINGS, strategy_summary
 from verbmirage.workflow.config import check_yaml_file

@@ -27,7 +27,8 @@ import sys
 from pathlib import Path
 
 from verbmirage import __version__
-from verbmirage.inference.runs import RunSpec, inference_defaults, inference_problem, run_shard, run_suite
+from verbmirage.inference.runs import RunSpec, run_shard, run_suite
+from verbmirage.inference.settings import INFERENCE_DEFAULTS, inference_problem
 from verbmirage.workflow.catalog import SECTIONS, listing
 from verbmirage.workflow.paths import LOGS
 from verbmirage.workflow.run_summary import SUMMARY_LATER, print_saved_summary
@@ -171,7 +172,6 @@ def _parser() -> argparse.ArgumentParser:
                          help="one section (default: all)")
     listing.add_argument("--configfile", help="the config whose models and variants to list (default: config.yaml)")
 
-    defaults = inference_defaults()  # the config schema's `inference` defaults
     predict = commands.add_parser("predict", help="answer one question set on one image shard",
                                   description="Answer one question set on one image shard, as a workflow job "
                                   "does (resumable from OUTPUT.parts/).")
@@ -195,14 +195,15 @@ def _parser() -> argparse.ArgumentParser:
                              "for the language-prior baseline")
         command.add_argument("--condition", default="null", help="the image condition's settings as JSON")
         for name in ("batch_size", "part_size", "max_error_share", "continue_tokens"):
-            command.add_argument(f"--{name.replace('_', '-')}", type=_inference_option(name, type(defaults[name])),
-                                 default=defaults[name], help=f"inference.{name} (default {defaults[name]})")
+            default = INFERENCE_DEFAULTS[name]
+            command.add_argument(f"--{name.replace('_', '-')}", type=_inference_option(name, type(default)),
+                                 default=default, help=f"inference.{name} (default {default})")
     return parser
 
 
 def _inference_option(key: str, kind: type):
     """An argparse type: the option's text as ``kind``, refused (one line naming the option and the config key)
-    outside the bounds the config schema gives ``inference.<key>``."""
+    outside the bounds the config gives ``inference.<key>`` (:mod:`verbmirage.inference.settings`)."""
     def parse(text: str):
         try:
             value = kind(text)

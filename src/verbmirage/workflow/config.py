@@ -22,10 +22,10 @@ from pathlib import Path
 import yaml
 
 from verbmirage.core.errors import ConfigError
-from verbmirage.benchmark.conditions import CONDITIONS, PLANNING_KEYS
+from verbmirage.benchmark.condition_types import CONDITIONS, PLANNING_KEYS
 from verbmirage.models.derived import DERIVED_FOLDER, effective_models
 from verbmirage.models.tiny import BUILDERS as TINY_BUILDERS
-from verbmirage.data.hico import hico_det_file
+from verbmirage.data.hico_files import hico_det_file
 from verbmirage.models.base import allow_remote_code
 from verbmirage.models.registry import (
     BACKENDS,
@@ -37,8 +37,7 @@ from verbmirage.models.registry import (
 )
 from verbmirage.variants.settings import Variant, check_model_variant_settings, model_variants, non_finite_numbers
 from verbmirage.models.remote_drivers import DRIVERS
-from verbmirage.data.charades import CHARADES_QUESTION_SETS
-from verbmirage.benchmark.questions import QUESTION_SETS
+from verbmirage.benchmark.question_sets import CHARADES_QUESTION_SETS, QUESTION_SETS
 from verbmirage.models.api import DEFAULT_API_KEY_ENV, DEFAULT_BASE_URL, check_endpoint
 
 # The demo's roots (a root pointing there need not exist yet) and the downloads folder: verbmirage.workflow.paths

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from verbmirage.benchmark.conditions import CONDITIONS as CONDITION_TYPES
-from verbmirage.benchmark.conditions import image_settings
-from verbmirage.data.charades import CHARADES_QUESTION_SETS
-from verbmirage.evaluation.mitigation_tables import paper_method_pairs, paper_methods_from_config
+from verbmirage.benchmark.condition_types import CONDITIONS as CONDITION_TYPES
+from verbmirage.benchmark.condition_types import image_settings
+from verbmirage.benchmark.question_sets import CHARADES_QUESTION_SETS
+from verbmirage.evaluation.paper_methods import paper_method_pairs, paper_methods_from_config
 from verbmirage.evaluation.paper_numbers import paper_names_from_config
 from verbmirage.models.derived import derived_entries, effective_models
 from verbmirage.models.entries import model_question_sets, model_variant_list
@@ -35,7 +35,7 @@ from verbmirage.models.tiny import BUILDERS as TINY_BUILDERS
 from verbmirage.variants.settings import Variant, model_variant_entry
 from verbmirage.workflow.config import condition_question_sets
 from verbmirage.workflow.paths import Paths
-from verbmirage.workflow.report_pages import is_reported
+from verbmirage.workflow.report_items import is_reported
 from verbmirage.workflow.run_folders import RunFolders
 from verbmirage.models.entries import stand_ins
 from verbmirage.workflow.plan_analyses import AnalysesPlan

@@ -8,15 +8,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict
 
-from verbmirage.analysis.attention import attention_models
-from verbmirage.analysis.attention_figures import figure_models
+from verbmirage.analysis.attention_settings import attention_models, figure_models
 from verbmirage.analysis.figure_layout import part_names
-from verbmirage.analysis.fov import fov_settings
-from verbmirage.analysis.known_object import known_object_settings
-from verbmirage.analysis.object_reliance import RELIANCE_QSETS, reliance_plan
-from verbmirage.analysis.uncertainty import token_probability_models, uncertainty_settings
-from verbmirage.analysis.uncertainty_figures import fov_pages
-from verbmirage.analysis.vcd_divergence import divergence_runs, vcd_divergence_settings
+from verbmirage.analysis.fov_settings import fov_pages, fov_settings
+from verbmirage.analysis.known_object_settings import known_object_settings
+from verbmirage.analysis.object_reliance_settings import RELIANCE_QSETS, reliance_plan
+from verbmirage.analysis.uncertainty_settings import token_probability_models, uncertainty_settings
+from verbmirage.analysis.vcd_divergence_settings import divergence_runs, vcd_divergence_settings
 from verbmirage.core.errors import ConfigError
 from verbmirage.evaluation.paper_numbers import PAPER_VARIANT
 from verbmirage.workflow import paths as P
@@ -230,7 +228,7 @@ class AnalysesPlan:
     @property
     def fov_files(self) -> dict:
         """The FOV tables, Fig. 10's boxes (``rows``) and Fig. 10's pages (``figures``: ``fig10a_fov``, ...,
-        :func:`~verbmirage.analysis.uncertainty_figures.fov_pages`)."""
+        :func:`~verbmirage.analysis.fov_settings.fov_pages`)."""
         p = self.paths
         pages = fov_pages(self.fov_figure_models, len(self.fov.qsets)) if self.fov else [[]]
         return {"summary": p.analysis("fov.parquet"), "rows": p.analysis("fov_rows.parquet"),  # Fig. 10's boxes

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from verbmirage.core.io import atomic_path
+from verbmirage.core.paths import atomic_path
 
 #: The demo's config file, and the folders its runs write to.
 DEMO_CONFIG = "config.yaml"

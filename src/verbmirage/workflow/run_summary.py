@@ -19,6 +19,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from verbmirage.core.paths import write_text
 from verbmirage.workflow.jobserver import KILLED
 
 #: Table 1's columns shown as headline numbers (tables.table1_columns), with their short names.
@@ -329,8 +330,6 @@ def save_summary(path: str | Path, arguments: Mapping) -> None:
     """Keep the arguments of :func:`success_summary` (the run's outputs, metrics, report ...) at ``path`` (JSON,
     when they changed), where :func:`print_saved_summary` reads them: written when the run is planned, so they
     are there also after a run that had nothing to do (Snakemake calls no hook then)."""
-    from verbmirage.core.io import write_text  # deferred: only planning needs it
-
     def plain(value):  # Snakemake's lists, paths
         return str(value) if isinstance(value, Path) else list(value)
 

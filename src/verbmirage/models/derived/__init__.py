@@ -13,9 +13,9 @@ weights) or as ``adapter`` on the base's ``path`` (a LoRA fine-tune: a peft fold
 Each method is a ``build(slug, settings, base_entry, output, inputs)`` function in its own module, imported
 only when a model is built (:func:`build_derived`): ``settings`` is the ``derive`` block without ``method``
 and ``base``, ``base_entry`` the base's entry as its jobs load it, ``output`` the folder to write and
-``inputs`` the paths of the data the method reads (Nullu: HICO's root or a LURE-format pairs file). A
-method module may define ``check_settings(settings, where)`` (called while the config is checked, so keep
-its top-level imports light: torch inside functions).
+``inputs`` the paths of the data the method reads (Nullu: HICO's root or a LURE-format pairs file). Its
+settings live in a light module of their own (:data:`DERIVE_SETTINGS`), whose ``check_settings(settings,
+where)`` runs while the config is checked: planning imports no torch, pandas or image library.
 """
 
 from __future__ import annotations
@@ -31,6 +31,12 @@ from verbmirage.models.registry import BACKENDS
 DERIVE_METHODS = {
     "nullu": "verbmirage.models.derived.nullu:build",
     "lora_finetune": "verbmirage.models.derived.finetune:build",
+}
+#: method -> the module of its ``derive`` settings, with ``check_settings(settings, where)`` (imported when the
+#: config is checked, so its imports stay light).
+DERIVE_SETTINGS = {
+    "nullu": "verbmirage.models.derived.nullu_settings",
+    "lora_finetune": "verbmirage.models.derived.finetune_settings",
 }
 #: method -> the key of the effective entry the built folder fills: full weights or a peft adapter on the base.
 OUTPUT_KEYS = {"nullu": "path", "lora_finetune": "adapter"}
@@ -105,13 +111,12 @@ def check_derived(config: dict) -> None:
                 f"{where}.base: '{base}' already loads an adapter ({models[base]['adapter']}); a fine-tune's "
                 "adapter goes on a plain base (merge the first adapter into a checkpoint and point path at it)"
             )
-        module = _method_module(method, where)
-        check = getattr(module, "check_settings", None)
-        if check is not None:
-            try:
-                check(method_settings(derive), where)
-            except (TypeError, ValueError) as error:
-                raise DerivedModelError(str(error)) from None
+        _require_method(method, where)
+        check = importlib.import_module(DERIVE_SETTINGS[method]).check_settings
+        try:
+            check(method_settings(derive), where)
+        except (TypeError, ValueError) as error:
+            raise DerivedModelError(str(error)) from None
 
 
 def method_settings(derive: dict) -> dict:
@@ -143,13 +148,19 @@ def effective_models(config: dict, folder: str = DERIVED_FOLDER) -> dict[str, di
 
 
 def _method_module(method: str, where: str):
-    """The module of ``method``'s build; a clear error when it is not part of this installation."""
+    """The module of ``method``'s build, imported; a clear error when it is not part of this installation."""
+    return importlib.import_module(_require_method(method, where))
+
+
+def _require_method(method: str, where: str) -> str:
+    """The name of the module of ``method``'s build (not imported); a clear error when it is not part of this
+    installation."""
     module_name = DERIVE_METHODS[method].partition(":")[0]
     if importlib.util.find_spec(module_name) is None:
         raise DerivedModelError(
             f"{where}.method: '{method}' is not available in this installation (module {module_name} not found)"
         )
-    return importlib.import_module(module_name)
+    return module_name
 
 
 def build_derived(slug: str, derive: dict, base_entry: dict, output: str | Path, inputs: dict) -> None:

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from verbmirage.core.imaging import expand_to_square, square_input_side
-from verbmirage.models.base import Question, open_rgb
+from verbmirage.core.imaging import expand_to_square, open_rgb, square_input_side
+from verbmirage.models.base import Question
 from verbmirage.models.prompts import CHAT_TEMPLATE, CONVERSATIONS
 
 
