@@ -8,14 +8,20 @@ with the schema's defaults, and decides:
 - how the runs are grouped into jobs: one inference job per image shard of a run, one merge rule per group
   of runs asking the same sets (:attr:`Plan.merge_groups`), one vote rule per ensemble group, one metric job
   per scored run (:attr:`Plan.scored`), one consistency job per pair (:attr:`Plan.consistency`), one
-  calibration job per threshold run (:attr:`Plan.calibration_runs`), one build per derived model;
-- what each analysis reads (attention, VCD divergence, Known-Object mAP, uncertainty and field of view,
-  object reliance, the paper's tables and figures) and rule ``all``'s targets (:attr:`Plan.targets`).
+  calibration job per threshold run (``Plan.calibration.runs``), one build per derived model;
+- the paper's tables and rule ``all``'s targets (:attr:`Plan.targets`).
+
+What the jobs read besides the runs' tables is planned by collaborators the plan builds from its facts
+(:class:`~verbmirage.workflow.plan_base.PlanFacts`), one per concern, each reached as ``PLAN.<part>.<member>``
+from the rules: the data (``data``) and the model builds (``builds``) in :mod:`.plan_inputs`, with the
+calibrated decisions (``calibration``); the paper figures and the variant each figure draws (``figures``) in
+:mod:`.plan_figures`; one per analysis (``attention``, ``vcd_divergence``, ``known_object``, ``uncertainty``,
+``fov``, ``reliance``) in :mod:`.plan_analyses`.
 
 Every path comes from :class:`verbmirage.workflow.paths.Paths`. Nothing here imports Snakemake: the rules'
 input functions in ``rules/common.smk`` call these methods with their wildcards' values, and the tests
 build the plan of any config directly. Per-analysis settings stay with their analysis
-(``verbmirage.analysis.*``: ``*_settings``, ``*_plan``, ``*_runs``) and are called from here.
+(``verbmirage.analysis.*_settings``) and are called from the analysis's collaborator.
 """
 
 from __future__ import annotations
@@ -115,13 +121,10 @@ class Plan:
     def check(self) -> None:
         """Plan every analysis now, so that a config error stops the run before any job, naming its key
         (an unknown ``paper_method``, an analysis's settings, a threshold run that cannot be calibrated)."""
-        for part, name in (("data", "hico_det_boxes"), (None, "paper_names"), (None, "method_pairs"),
-                           (None, "planned_cells"), (None, "merge_groups"), (None, "ensemble_groups"),
-                           ("attention", "models"), ("vcd_divergence", "runs"), ("known_object", "settings"),
-                           ("uncertainty", "settings"), ("fov", "settings"), ("figures", "variants"),
-                           ("uncertainty", "figure_variants"), ("fov", "figure_variants"), ("reliance", "resolved"),
-                           ("calibration", "runs")):
-            getattr(getattr(self, part) if part else self, name)
+        (self.data.hico_det_boxes, self.paper_names, self.method_pairs, self.planned_cells, self.merge_groups,
+         self.ensemble_groups, self.attention.models, self.vcd_divergence.runs, self.known_object.settings,
+         self.uncertainty.settings, self.fov.settings, self.figures.variants, self.uncertainty.figure_variants,
+         self.fov.figure_variants, self.reliance.resolved, self.calibration.runs)
 
     # ---- the collaborators -----------------------------------------------------------------------------------
     @cached_property
