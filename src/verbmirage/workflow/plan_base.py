@@ -77,9 +77,10 @@ class CalibrationRun:
 
 
 class PlanFacts(Protocol):
-    """What the plan's collaborators (the data, builds, calibration and each analysis) read of the runs:
-    :class:`~verbmirage.workflow.plan.Plan` is one. A collaborator takes it, and the other collaborators it
-    reads, when the plan builds it; it keeps no state of the plan's."""
+    """What the plan's collaborators (the calibration, the figures, each analysis) may read of the plan:
+    :class:`~verbmirage.workflow.plan.Plan` is one. The plan builds each with itself and the other collaborators
+    it reads; a collaborator reads, never sets (the data and the builds take only the facts they read).
+    ``tests/fast/test_plan.py`` checks that a collaborator reads nothing this does not name."""
 
     config: dict
     paths: Paths
