@@ -5,19 +5,19 @@ rule attention:
     never predictions: it can be added to a finished run.
     """
     input:
-        questions=lambda wildcards: PLAN.questions(wildcards.dataset, PLAN.attention_qsets),
+        questions=lambda wildcards: PLAN.questions(wildcards.dataset, PLAN.attention.qsets),
         images=PATHS.condition_images,
-        boxes=PLAN.hico_det_boxes,
+        boxes=PLAN.data.hico_det_boxes,
         model_files=get_attention_model_files,
     output:
         PATHS.attention_part,
     wildcard_constraints:
         dataset="hico",
-        model=alternatives(PLAN.attention_models),
+        model=alternatives(PLAN.attention.models),
     params:
-        model=lambda wildcards: PLAN.attention_models[wildcards.model],
-        settings=PLAN.attention_settings,
-        det_root=lambda wildcards: PLAN.hico_det_root,  # the folder (its file may come from a download)
+        model=lambda wildcards: PLAN.attention.models[wildcards.model],
+        settings=PLAN.attention.settings,
+        det_root=lambda wildcards: PLAN.data.hico_det_root,  # the folder (its file may come from a download)
         identity=identity("hico_boxes"),
     resources:
         gpu=attention_resource("gpu", 0),
@@ -37,19 +37,19 @@ rule attention:
 rule attention_figures:
     """The attention table, its correct-vs-hallucinated summary and the paper's Figs. 7, 8, 13, 14 drawn from it."""
     input:
-        parts=PLAN.attention_parts,
+        parts=PLAN.attention.parts,
     output:
         table=PATHS.analysis("attention.parquet"),
-        summary=PLAN.attention_summary[0],
-        summary_html=reported(PLAN.attention_summary[1]),
-        figures=[reported(path) for path in PLAN.attention_figures.values()],
-        figure_prints=figure_prints(*PLAN.attention_figures.values()),  # the same figures as PDF and SVG
+        summary=PLAN.attention.summary[0],
+        summary_html=reported(PLAN.attention.summary[1]),
+        figures=[reported(path) for path in PLAN.attention.figures.values()],
+        figure_prints=figure_prints(*PLAN.attention.figures.values()),  # the same figures as PDF and SVG
     params:
-        qsets=PLAN.attention_qsets,  # the table's rows set by set, in this order
-        models=PLAN.attention_models,
-        roles=PLAN.attention_figure_roles,
-        figures=PLAN.attention_figures,
-        condition=lambda wildcards: (PLAN.attention_conditions or ["clean"])[0],
+        qsets=PLAN.attention.qsets,  # the table's rows set by set, in this order
+        models=PLAN.attention.models,
+        roles=PLAN.attention.figure_roles,
+        figures=PLAN.attention.figures,
+        condition=PLAN.attention.figure_condition,
         bootstrap=config["metrics"],
     log:
         PATHS.log("attention_figures"),
@@ -64,19 +64,19 @@ rule vcd_divergence:
     decisions VCD flips against the plain counterpart, from the VCD runs' stored vcd_kl and vcd_plausible.
     Reads prediction tables only (no inference); planned only when a model runs a VCD variant."""
     input:
-        questions=sorted({run["questions"] for run in PLAN.vcd_divergence_runs}),
-        predictions=PLAN.vcd_divergence_predictions,
+        questions=PLAN.vcd_divergence.questions,
+        predictions=PLAN.vcd_divergence.predictions,
     output:
-        table=PLAN.vcd_divergence_files["table"],
-        html=reported(PLAN.vcd_divergence_files["html"]),
-        hist=PLAN.vcd_divergence_files["hist"],
-        figure=reported(PLAN.vcd_divergence_files["figure"]),
-        figure_prints=figure_prints(PLAN.vcd_divergence_files["figure"]),  # the same figure as PDF and SVG
+        table=PLAN.vcd_divergence.files["table"],
+        html=reported(PLAN.vcd_divergence.files["html"]),
+        hist=PLAN.vcd_divergence.files["hist"],
+        figure=reported(PLAN.vcd_divergence.files["figure"]),
+        figure_prints=figure_prints(PLAN.vcd_divergence.files["figure"]),  # the same figure as PDF and SVG
     params:
-        runs=PLAN.vcd_divergence_runs,
-        bins=PLAN.vcd_divergence_settings.bins,
+        runs=PLAN.vcd_divergence.runs,
+        bins=PLAN.vcd_divergence.settings.bins,
         paper_names=PLAN.paper_names,
-        notes=PLAN.vcd_divergence_notes,
+        notes=PLAN.vcd_divergence.notes,
     log:
         PATHS.log("vcd_divergence"),
     conda:

@@ -1,16 +1,16 @@
 rule charades_frames:
     """Middle frame of every action of the ego/exo pairs, in both views (PyAV)."""
     input:
-        annotations=PLAN.charades_csv,
-        videos=PLAN.charades_videos,
+        annotations=PLAN.data.charades_csv,
+        videos=PLAN.data.charades_videos,
     output:
         frames=directory(PATHS.charades_frames),
         table=PATHS.charades_frame_table,
     params:
-        root=lambda wildcards: PLAN.charades_root,
-        videos=lambda wildcards: PLAN.charades_video_folder,
+        root=lambda wildcards: PLAN.data.charades_root,
+        videos=lambda wildcards: PLAN.data.charades_video_folder,
         identity=identity("charadesego"),  # root, CharadesEgo/'s files' digests, the videos' listing
-        split=PLAN.charades_split,
+        split=PLAN.data.charades_split,
     log:
         PATHS.log("charades_frames"),
     conda:
@@ -28,7 +28,7 @@ rule charades_question_set:
     wildcard_constraints:
         qset=alternatives(PLAN.dataset_qsets["charadesego"]),
     params:
-        root=lambda wildcards: PLAN.charades_root,
+        root=lambda wildcards: PLAN.data.charades_root,
         identity=identity("charadesego"),
         seed=config["questions"]["seed"],
         mc_options=config["questions"]["mc_options"],
@@ -43,11 +43,11 @@ rule charades_question_set:
 rule charades_train_stats:
     """Class frequencies of the CharadesEgo training split (the language prior's knowledge)."""
     input:
-        annotations=PLAN.charades_csv,
+        annotations=PLAN.data.charades_csv,
     output:
         fill(PATHS.train_stats, dataset="charadesego"),
     params:
-        root=lambda wildcards: PLAN.charades_root,
+        root=lambda wildcards: PLAN.data.charades_root,
         identity=identity("charadesego"),
     log:
         PATHS.log("charades_train_stats"),

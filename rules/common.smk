@@ -79,15 +79,15 @@ wildcard_constraints:
 # `wildcards` only (not one of `input`) and calls it again just before its job runs, so data the run itself
 # brings (the demo, a download) is recorded as built.
 def identity(*parts):
-    return lambda wildcards: PLAN.identity(*parts)
+    return lambda wildcards: PLAN.data.identity(*parts)
 
 
 def get_image_identity(wildcards):
-    return PLAN.image_identity(wildcards.dataset)
+    return PLAN.data.image_identity(wildcards.dataset)
 
 
 def get_derive_identity(wildcards):
-    return PLAN.derive_identity(wildcards.model)
+    return PLAN.builds.derive_identity(wildcards.model)
 
 
 # ---- resources: from the model entry's `resources` --------------------------------------------------------
@@ -96,17 +96,17 @@ def model_resource(key, default):
 
 
 def attention_resource(key, default):
-    return lambda wildcards: PLAN.attention_resource(wildcards.model, key, default)
+    return lambda wildcards: PLAN.attention.resource(wildcards.model, key, default)
 
 
 # ---- input functions ------------------------------------------------------------------------------------------
 def get_model_files(wildcards):
     """A tiny or derived model the workflow builds, and a LoRA adapter folder: inputs of the jobs loading it."""
-    return PLAN.model_files(config["models"][wildcards.model])
+    return PLAN.builds.model_files(config["models"][wildcards.model])
 
 
 def get_attention_model_files(wildcards):
-    return PLAN.model_files(PLAN.attention_models[wildcards.model])
+    return PLAN.builds.model_files(PLAN.attention.models[wildcards.model])
 
 
 def get_run_qsets(wildcards):
@@ -150,34 +150,34 @@ def get_dataset_questions(wildcards):
 
 
 def get_frame_tables(wildcards):
-    return PLAN.frame_tables(wildcards.dataset)
+    return PLAN.data.frame_tables(wildcards.dataset)
 
 
 def get_decision_input(wildcards):
     w = wildcards
-    return PLAN.decision_input(w.dataset, w.condition, w.model, w.variant)
+    return PLAN.calibration.decision_input(w.dataset, w.condition, w.model, w.variant)
 
 
 def get_calibration_qsets(wildcards):
     w = wildcards
-    return PLAN.calibration_qsets(w.dataset, w.condition, w.model, w.variant)
+    return PLAN.calibration.qsets(w.dataset, w.condition, w.model, w.variant)
 
 
 def get_calibration_tables(wildcards):
     w = wildcards
-    return PLAN.calibration_tables(w.dataset, w.condition, w.model, w.variant)
+    return PLAN.calibration.tables(w.dataset, w.condition, w.model, w.variant)
 
 
 def get_calibration_condition_tables(wildcards):
-    return PLAN.calibration_condition_tables(wildcards.dataset, wildcards.condition)
+    return PLAN.calibration.condition_tables(wildcards.dataset, wildcards.condition)
 
 
 def get_derive_inputs(wildcards):
-    return PLAN.derive_inputs(wildcards.model)
+    return PLAN.builds.derive_inputs(wildcards.model)
 
 
 def get_derive_data(wildcards):
-    return PLAN.derive_data(wildcards.model)
+    return PLAN.builds.derive_data(wildcards.model)
 
 
 # ---- the HTML report ------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ rule tiny_model:
     output:
         directory(TINY_MODEL),
     wildcard_constraints:
-        family=alternatives(PLAN.tiny_families),
+        family=alternatives(PLAN.builds.tiny_families),
     log:
         PATHS.log("tiny_model"),
     conda:
@@ -55,8 +55,8 @@ rule fetch_dataset:
     output:
         DOWNLOAD_DONE,
     params:
-        entry=lambda wildcards: PLAN.downloads[wildcards.download],
-        archive=lambda wildcards: ARCHIVE.format(archive=PLAN.downloads[wildcards.download]["archive"]),
+        entry=lambda wildcards: PLAN.data.downloads[wildcards.download],
+        archive=lambda wildcards: ARCHIVE.format(archive=PLAN.data.downloads[wildcards.download]["archive"]),
         target=DOWNLOADED,
     log:
         PATHS.log("fetch_dataset"),

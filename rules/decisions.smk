@@ -6,16 +6,16 @@
 rule calibration_question_set:
     """One YN set's calibration questions: the benchmark's protocol on seeded training images (never test)."""
     input:
-        anno=PLAN.hico_anno,
+        anno=PLAN.data.hico_anno,
     output:
         PATHS.calibration_questions,
     wildcard_constraints:
         dataset="hico",
     params:
-        root=lambda wildcards: PLAN.hico_root,
+        root=lambda wildcards: PLAN.data.hico_root,
         identity=identity("hico_annotations"),
         settings=config["questions"],
-        images=PLAN.decisions["calibration_images"],
+        images=PLAN.calibration.decisions["calibration_images"],
     log:
         PATHS.log("calibration_question_set"),
     conda:
@@ -27,14 +27,14 @@ rule calibration_question_set:
 rule calibration_images:
     """The calibration training images as a model sees them under one condition (+ manifest.parquet)."""
     input:
-        source=PLAN.hico_images,
+        source=PLAN.data.hico_images,
         questions=get_calibration_condition_tables,
     output:
         directory(PATHS.calibration_images),
     wildcard_constraints:
         dataset="hico",
     params:
-        root=lambda wildcards: PLAN.hico_root,
+        root=lambda wildcards: PLAN.data.hico_root,
         identity=identity("hico_images"),
         settings=lambda wildcards: PLAN.condition_settings(wildcards.condition),
         seed=config["condition_seed"],
@@ -60,7 +60,7 @@ rule calibrate_decision:
     wildcard_constraints:
         dataset="hico",
         model=alternatives(PLAN.models),
-        variant=alternatives(PLAN.decisions["threshold"]),
+        variant=alternatives(PLAN.calibration.decisions["threshold"]),
     params:
         qsets=get_calibration_qsets,
         model=lambda wildcards: PLAN.model_settings(wildcards.model),
@@ -87,16 +87,16 @@ rule calibrate_decision:
 rule content_free_images:
     """The content-free images of contextual calibration: grey blank and the mean of the calibration images."""
     input:
-        anno=PLAN.hico_anno,
-        images=PLAN.hico_images,
+        anno=PLAN.data.hico_anno,
+        images=PLAN.data.hico_images,
     output:
         directory(PATHS.content_free_images),
     wildcard_constraints:
         dataset="hico",
     params:
-        root=lambda wildcards: PLAN.hico_root,
+        root=lambda wildcards: PLAN.data.hico_root,
         identity=identity("hico_annotations", "hico_images"),
-        images=PLAN.decisions["calibration_images"],
+        images=PLAN.calibration.decisions["calibration_images"],
         seed=config["questions"]["seed"],
     log:
         PATHS.log("content_free_images"),

@@ -7,16 +7,16 @@ rule paper_figures:
     input:
         metrics=PATHS.metrics,
     output:
-        [reported(path) for path in PLAN.paper_figures.values()],
-        prints=figure_prints(*PLAN.paper_figures.values()),  # the same figures as PDF and SVG
+        [reported(path) for path in PLAN.figures.files.values()],
+        prints=figure_prints(*PLAN.figures.files.values()),  # the same figures as PDF and SVG
     params:
-        figures=PLAN.paper_figures,
+        figures=PLAN.figures.files,
         paper_names=PLAN.paper_names,  # slug -> the paper's model (models.<slug>.paper_name), as in the tables
         models=PLAN.models + list(PLAN.ensembles),
         model_entries=config["models"],
-        variants=PLAN.paper_figure_variants,  # figure -> model -> the variant its bars draw (analysis.figures)
+        variants=PLAN.figures.variants,  # figure -> model -> the variant its bars draw (analysis.figures)
         variant_entries=config["variants"],  # how the legends name each decoding, and the marks' decoding
-        pair=PLAN.paper_figure_pair,
+        pair=PLAN.figures.pair,
         image_free=PLAN.image_free_models,  # blind baselines and the oracle: kappa 100 by construction (Fig. 4(b))
     log:
         PATHS.log("paper_figures"),

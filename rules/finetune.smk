@@ -26,20 +26,20 @@ rule training_questions:
     per-source counts and node coverage beside the paper's; fails if a HICO test image is among them."""
     priority: 15
     input:
-        **PLAN.pangea_files,
-        images=PLAN.pangea_images or [],
-        hico_anno=PLAN.hico_anno,
-        hico_images=PLAN.hico_images,
+        **PLAN.data.pangea_files,
+        images=PLAN.data.pangea_images or [],
+        hico_anno=PLAN.data.hico_anno,
+        hico_images=PLAN.data.hico_images,
     output:
         questions=PATHS.training_questions,
         sources=PATHS.training_sources,
         summary=PATHS.training_summary,
     wildcard_constraints:
-        model=alternatives(PLAN.pangea_finetunes),
+        model=alternatives(PLAN.builds.pangea_finetunes),
     params:
-        pangea=PLAN.pangea,
+        pangea=PLAN.data.pangea,
         settings=lambda wildcards: PLAN.derived[wildcards.model].get("pangea", {}),
-        hico_root=lambda wildcards: PLAN.hico_root,  # the folder (its files may come from a download)
+        hico_root=lambda wildcards: PLAN.data.hico_root,  # the folder (its files may come from a download)
         identity=identity("pangea", "hico_annotations", "hico_images"),
     log:
         PATHS.log("training_questions"),

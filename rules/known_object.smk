@@ -5,19 +5,19 @@ rule known_object:
     starts only this rule, the figure and the metrics collection.
     """
     input:
-        questions=PLAN.known_object_questions,
-        predictions=list(PLAN.known_object_runs.values()),
-        boxes=PLAN.hico_det_boxes,  # HICO-DET's rare HOIs (without boxes: the question table's rare flag)
-        images=list(PLAN.known_object_partial_images.values()),  # crop: only the questions on its images
+        questions=PLAN.known_object.questions,
+        predictions=list(PLAN.known_object.runs.values()),
+        boxes=PLAN.data.hico_det_boxes,  # HICO-DET's rare HOIs (without boxes: the question table's rare flag)
+        images=list(PLAN.known_object.partial_images.values()),  # crop: only the questions on its images
     output:
         ap=PATHS.known_object_ap,
         metrics=PATHS.analysis_metric_part("known_object"),
     params:
-        runs=PLAN.known_object_runs,
-        settings=PLAN.known_object_params,
-        det_root=lambda wildcards: PLAN.hico_det_root,  # the folder (its file may come from a download)
+        runs=PLAN.known_object.runs,
+        settings=PLAN.known_object.params,
+        det_root=lambda wildcards: PLAN.data.hico_det_root,  # the folder (its file may come from a download)
         identity=identity("hico_boxes"),
-        images=PLAN.known_object_partial_images,
+        images=PLAN.known_object.partial_images,
     log:
         PATHS.log("known_object"),
     conda:
@@ -32,12 +32,12 @@ rule known_object_figure:
         ap=PATHS.known_object_ap,
         metrics=PATHS.analysis_metric_part("known_object"),
     output:
-        reported(PLAN.known_object_figure),
-        prints=figure_prints(PLAN.known_object_figure),  # the same figure as PDF and SVG
+        reported(PLAN.known_object.figure),
+        prints=figure_prints(PLAN.known_object.figure),  # the same figure as PDF and SVG
     params:
-        reference=PLAN.known_object_params.get("reference_model"),
-        metric=PLAN.known_object_params.get("figure_metric"),
-        models=PLAN.known_object_model_entries,
+        reference=PLAN.known_object.params.get("reference_model"),
+        metric=PLAN.known_object.params.get("figure_metric"),
+        models=PLAN.known_object.model_entries,
         paper_names=PLAN.paper_names,  # the paper's mAP beside a model whose paper_name it published
     log:
         PATHS.log("known_object_figure"),

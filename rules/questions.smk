@@ -2,13 +2,13 @@ rule question_set:
     """One HICO question set; reads annotations only, never images."""
     priority: 20
     input:
-        anno=PLAN.hico_anno,
+        anno=PLAN.data.hico_anno,
     output:
         PATHS.questions,
     wildcard_constraints:
         dataset="hico",
     params:
-        root=lambda wildcards: PLAN.hico_root,  # the dataset folder (its files may come from a download)
+        root=lambda wildcards: PLAN.data.hico_root,  # the dataset folder (its files may come from a download)
         identity=identity("hico_annotations"),  # root and anno.mat's digest: replaced data reruns the job
         settings=config["questions"],
     log:
@@ -22,13 +22,13 @@ rule question_set:
 rule train_stats:
     """Training-split label frequencies (the language-prior baseline's knowledge)."""
     input:
-        anno=PLAN.hico_anno,
+        anno=PLAN.data.hico_anno,
     output:
         PATHS.train_stats,
     wildcard_constraints:
         dataset="hico",
     params:
-        root=lambda wildcards: PLAN.hico_root,  # the dataset folder (its files may come from a download)
+        root=lambda wildcards: PLAN.data.hico_root,  # the dataset folder (its files may come from a download)
         identity=identity("hico_annotations"),
     log:
         PATHS.log("train_stats"),

@@ -2,14 +2,14 @@ rule uncertainty:
     """Token uncertainty (Figs. 9, 12): histograms of the answer token's probability, correct vs hallucinated,
     and their metric rows (a part of the metrics table). Reads prediction tables only: no inference."""
     input:
-        questions=sorted({run["questions"] for run in PLAN.uncertainty_runs}),
-        predictions=[run["predictions"] for run in PLAN.uncertainty_runs],
+        questions=PLAN.uncertainty.questions,
+        predictions=PLAN.uncertainty.predictions,
     output:
         hist=PATHS.analysis("uncertainty_hist.parquet"),
         metrics=PATHS.analysis_metric_part("uncertainty"),
     params:
-        runs=PLAN.uncertainty_runs,
-        settings=PLAN.uncertainty,
+        runs=PLAN.uncertainty.runs,
+        settings=PLAN.uncertainty.settings,
         bootstrap=config["metrics"],
     log:
         PATHS.log("uncertainty"),
@@ -24,18 +24,18 @@ rule uncertainty_figures:
     input:
         PATHS.analysis("uncertainty_hist.parquet"),
     output:
-        [reported(path) for path in PLAN.uncertainty_figures.values()],
-        prints=figure_prints(*PLAN.uncertainty_figures.values()),  # the same figures as PDF and SVG
+        [reported(path) for path in PLAN.uncertainty.figures.values()],
+        prints=figure_prints(*PLAN.uncertainty.figures.values()),  # the same figures as PDF and SVG
     params:
-        figures=PLAN.uncertainty_figures,
-        models=PLAN.uncertainty_models,
-        skipped=PLAN.uncertainty_skipped,
+        figures=PLAN.uncertainty.figures,
+        models=PLAN.uncertainty.models,
+        skipped=PLAN.uncertainty.skipped,
         backends=PLAN.model_backends,
         notes=PLAN.stand_in_notes,
-        variants=PLAN.uncertainty_figure_variants,  # model -> the variant drawn (analysis.figures)
+        variants=PLAN.uncertainty.figure_variants,  # model -> the variant drawn (analysis.figures)
         variant_entries=config["variants"],  # how the headings name its decoding
-        condition=PLAN.uncertainty.conditions[0] if PLAN.uncertainty else "clean",
-        chosen=dict(PLAN.uncertainty.figures) if PLAN.uncertainty else {},  # analysis.uncertainty.figures
+        condition=PLAN.uncertainty.figure_condition,
+        chosen=PLAN.uncertainty.chosen_figures,  # analysis.uncertainty.figures
     log:
         PATHS.log("uncertainty_figures"),
     conda:
@@ -49,14 +49,14 @@ rule fov:
     full image vs each crop, with paired image-bootstrap intervals. Reads prediction tables only."""
     input:
         tags=PATHS.image_tags,
-        questions=sorted({run["questions"] for run in PLAN.fov_runs}),
-        predictions=[path for run in PLAN.fov_runs for path in run["predictions"].values()],
+        questions=PLAN.fov.questions,
+        predictions=PLAN.fov.predictions,
     output:
-        summary=PLAN.fov_files["summary"],
-        rows=PLAN.fov_files["rows"],
+        summary=PLAN.fov.files["summary"],
+        rows=PLAN.fov.files["rows"],
     params:
-        runs=PLAN.fov_runs,
-        conditions={c: config["conditions"][c] for c in PLAN.fov.conditions} if PLAN.fov else {},
+        runs=PLAN.fov.runs,
+        conditions=PLAN.fov.conditions,
         token_models=PLAN.token_models,  # the others get accuracies only
         bootstrap=config["metrics"],
     log:
@@ -71,20 +71,20 @@ rule fov_report:
     """The FOV table (full image beside each crop) and Fig. 10 (a page per few models), drawn from the FOV
     tables."""
     input:
-        summary=PLAN.fov_files["summary"],
-        rows=PLAN.fov_files["rows"],
+        summary=PLAN.fov.files["summary"],
+        rows=PLAN.fov.files["rows"],
     output:
-        table=PLAN.fov_files["parquet"],
-        markdown=PLAN.fov_files["md"],
-        html=reported(PLAN.fov_files["html"]),
-        figures=[reported(path) for path in PLAN.fov_files["figures"]],
-        figure_prints=figure_prints(*PLAN.fov_files["figures"]),  # the same figures as PDF and SVG
+        table=PLAN.fov.files["parquet"],
+        markdown=PLAN.fov.files["md"],
+        html=reported(PLAN.fov.files["html"]),
+        figures=[reported(path) for path in PLAN.fov.files["figures"]],
+        figure_prints=figure_prints(*PLAN.fov.files["figures"]),  # the same figures as PDF and SVG
     params:
-        models=PLAN.fov_figure_models,
-        qsets=PLAN.fov.qsets if PLAN.fov else [],
+        models=PLAN.fov.figure_models,
+        qsets=PLAN.fov.qsets,
         skipped=PLAN.no_token_models,
         notes=PLAN.stand_in_notes,
-        variants=PLAN.fov_figure_variants,  # model -> the variant drawn (analysis.figures)
+        variants=PLAN.fov.figure_variants,  # model -> the variant drawn (analysis.figures)
         variant_entries=config["variants"],  # how the panels name its decoding
     log:
         PATHS.log("fov_report"),

@@ -53,7 +53,7 @@ def bin_edges(bins: int) -> np.ndarray:
 
 def read_runs(runs: Iterable[Mapping], keys: Sequence[str],
               where: bool = False) -> list[tuple[dict, pd.DataFrame, object]]:
-    """The tables of a plan's analysis runs (``Plan.uncertainty_runs``, ``Plan.fov_runs``), as
+    """The tables of a plan's analysis runs (``Plan.uncertainty.runs``, ``Plan.fov.runs``), as
     :func:`uncertainty_tables` and :func:`~verbmirage.analysis.fov.fov_tables` take them: per run, the ``keys``
     of its dict (with ``where: True`` also ``where``, its predictions' file, named in errors), its question table
     (each file read once) and its prediction table, or ``{condition: table}`` where it names one per condition."""

@@ -8,37 +8,50 @@ with the schema's defaults, and decides:
 - how the runs are grouped into jobs: one inference job per image shard of a run, one merge rule per group
   of runs asking the same sets (:attr:`Plan.merge_groups`), one vote rule per ensemble group, one metric job
   per scored run (:attr:`Plan.scored`), one consistency job per pair (:attr:`Plan.consistency`), one
-  calibration job per threshold run (:attr:`Plan.calibration_runs`), one build per derived model;
-- what each analysis reads (attention, VCD divergence, Known-Object mAP, uncertainty and field of view,
-  object reliance, the paper's tables and figures) and rule ``all``'s targets (:attr:`Plan.targets`).
+  calibration job per threshold run (``Plan.calibration.runs``), one build per derived model;
+- the paper's tables and rule ``all``'s targets (:attr:`Plan.targets`).
+
+What the jobs read besides the runs' tables is planned by collaborators the plan builds from its facts
+(:class:`~verbmirage.workflow.plan_base.PlanFacts`), one per concern, each reached as ``PLAN.<part>.<member>``
+from the rules: the data (``data``) and the model builds (``builds``) in :mod:`.plan_inputs`, with the
+calibrated decisions (``calibration``); the paper figures and the variant each figure draws (``figures``) in
+:mod:`.plan_figures`; one per analysis (``attention``, ``vcd_divergence``, ``known_object``, ``uncertainty``,
+``fov``, ``reliance``) in :mod:`.plan_analyses`.
 
 Every path comes from :class:`verbmirage.workflow.paths.Paths`. Nothing here imports Snakemake: the rules'
 input functions in ``rules/common.smk`` call these methods with their wildcards' values, and the tests
 build the plan of any config directly. Per-analysis settings stay with their analysis
-(``verbmirage.analysis.*``: ``*_settings``, ``*_plan``, ``*_runs``) and are called from here.
+(``verbmirage.analysis.*_settings``) and are called from the analysis's collaborator.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 
+from verbmirage.analysis.uncertainty_settings import token_probability_models
 from verbmirage.benchmark.condition_types import CONDITIONS as CONDITION_TYPES
 from verbmirage.benchmark.condition_types import image_settings
 from verbmirage.benchmark.question_sets import CHARADES_QUESTION_SETS
 from verbmirage.evaluation.paper_methods import paper_method_pairs, paper_methods_from_config
 from verbmirage.evaluation.paper_numbers import paper_names_from_config
 from verbmirage.models.derived import derived_entries, effective_models
-from verbmirage.models.entries import model_question_sets, model_variant_list
+from verbmirage.models.entries import model_question_sets, model_variant_list, stand_ins
 from verbmirage.models.registry import PLANNING_KEYS as MODEL_PLANNING_KEYS
 from verbmirage.models.registry import backend_uses_images
-from verbmirage.models.tiny import BUILDERS as TINY_BUILDERS
 from verbmirage.variants.settings import Variant, model_variant_entry
 from verbmirage.workflow.config import condition_question_sets
 from verbmirage.workflow.paths import Paths
 from verbmirage.workflow.report_items import is_reported
 from verbmirage.workflow.run_folders import RunFolders
-from verbmirage.models.entries import stand_ins
-from verbmirage.workflow.plan_analyses import AnalysesPlan
+from verbmirage.workflow.plan_analyses import (
+    AttentionPlan,
+    FovPlan,
+    KnownObjectPlan,
+    ReliancePlan,
+    UncertaintyPlan,
+    VcdDivergencePlan,
+)
 from verbmirage.workflow.plan_base import (
     LABEL_KEYS,
     CalibrationRun,
@@ -48,14 +61,19 @@ from verbmirage.workflow.plan_base import (
     alternatives,
     figure_prints,
 )
-from verbmirage.workflow.plan_inputs import InputsPlan
+from verbmirage.workflow.plan_figures import FiguresPlan
+from verbmirage.workflow.plan_inputs import CalibrationPlan, DataInputs, ModelBuilds
 
 __all__ = ["CalibrationRun", "Group", "PairRun", "Plan", "Run", "alternatives", "figure_prints"]
 
 
 @dataclass(repr=False)  # a config's whole plan: too long to print
-class Plan(InputsPlan, AnalysesPlan):
-    """Everything the workflow runs for one checked config, and every path it reads or writes."""
+class Plan:
+    """Everything the workflow runs for one checked config, and every path it reads or writes: the runs and
+    their jobs here; the data, the model builds, the calibrated decisions, the paper figures and each analysis
+    in a collaborator built from the plan's facts (:class:`~verbmirage.workflow.plan_base.PlanFacts`):
+    :attr:`data`, :attr:`builds`, :attr:`calibration`, :attr:`figures`, :attr:`attention`,
+    :attr:`vcd_divergence`, :attr:`known_object`, :attr:`uncertainty`, :attr:`fov`, :attr:`reliance`."""
 
     config: dict  # the checked config, ``models`` with derived entries resolved (:func:`effective_models`)
     paths: Paths
@@ -103,26 +121,61 @@ class Plan(InputsPlan, AnalysesPlan):
     def check(self) -> None:
         """Plan every analysis now, so that a config error stops the run before any job, naming its key
         (an unknown ``paper_method``, an analysis's settings, a threshold run that cannot be calibrated)."""
-        for name in ("hico_det_boxes", "paper_names", "method_pairs", "planned_cells", "merge_groups",
-                     "ensemble_groups", "attention_models", "vcd_divergence_runs", "known_object", "uncertainty",
-                     "fov", "paper_figure_variants", "uncertainty_figure_variants", "fov_figure_variants",
-                     "reliance", "calibration_runs"):
-            getattr(self, name)
+        (self.data.hico_det_boxes, self.paper_names, self.method_pairs, self.planned_cells, self.merge_groups,
+         self.ensemble_groups, self.attention.models, self.vcd_divergence.runs, self.known_object.settings,
+         self.uncertainty.settings, self.fov.settings, self.figures.variants, self.uncertainty.figure_variants,
+         self.fov.figure_variants, self.reliance.resolved, self.calibration.runs)
+
+    # ---- the collaborators -----------------------------------------------------------------------------------
+    @cached_property
+    def data(self) -> DataInputs:
+        """The datasets' roots and files, and their identities."""
+        return DataInputs(self.config, self.paths)
+
+    @cached_property
+    def builds(self) -> ModelBuilds:
+        """The tiny and derived models the workflow builds, and what each build reads."""
+        return ModelBuilds(self.config, self.paths, self.derived, self.data)
+
+    @cached_property
+    def calibration(self) -> CalibrationPlan:
+        """The calibrated decisions: threshold runs, their calibration sets, what a prediction job decides by."""
+        return CalibrationPlan(self)
+
+    @cached_property
+    def figures(self) -> FiguresPlan:
+        """The paper's Figs. 1, 3-6, and the variant each figure draws of a model."""
+        return FiguresPlan(self)
+
+    @cached_property
+    def attention(self) -> AttentionPlan:
+        return AttentionPlan(self)
+
+    @cached_property
+    def vcd_divergence(self) -> VcdDivergencePlan:
+        return VcdDivergencePlan(self)
+
+    @cached_property
+    def known_object(self) -> KnownObjectPlan:
+        return KnownObjectPlan(self)
+
+    @cached_property
+    def uncertainty(self) -> UncertaintyPlan:
+        return UncertaintyPlan(self, self.figures)
+
+    @cached_property
+    def fov(self) -> FovPlan:
+        return FovPlan(self, self.figures)
+
+    @cached_property
+    def reliance(self) -> ReliancePlan:
+        return ReliancePlan(self)
 
     # ---- what runs -------------------------------------------------------------------------------------------
     @property
     def qsets(self) -> list[str]:
         """HICO's question sets (``questions.sets``)."""
         return self.dataset_qsets["hico"]
-
-    @property
-    def tiny_families(self) -> list[str]:
-        """The transformers families rule tiny_model builds a random-weight model of."""
-        return list(TINY_BUILDERS)
-
-    @property
-    def charades(self) -> dict | None:
-        return self.config["datasets"].get("charadesego")  # optional: Table 4 (ego vs exo)
 
     def variants_under(self, model: str, condition: str, dataset: str = "hico") -> list[str]:
         """The variants ``model`` (or an ensemble) runs under ``condition`` on ``dataset``
@@ -245,6 +298,44 @@ class Plan(InputsPlan, AnalysesPlan):
         own shards and batch size, so that only a change of these settings rebuilds."""
         return {k: v for k, v in self.model_settings(base).items() if k not in ("shards", "batch_size")}
 
+    # ---- per-job inputs ----------------------------------------------------------------------------------------
+    def questions(self, dataset: str, qsets) -> list[str]:
+        """The question tables of ``qsets``, in that order."""
+        return [self.paths.questions.format(dataset=dataset, qset=q) for q in qsets]
+
+    def dataset_questions(self, dataset: str) -> list[str]:
+        return self.questions(dataset, self.dataset_qsets[dataset])
+
+    def predictions(self, dataset: str, qsets, condition: str, model: str, variant: str) -> list[str]:
+        """The prediction tables of one run's ``qsets``, in that order."""
+        return [self.paths.predictions.format(dataset=dataset, qset=q, condition=condition, model=model,
+                                              variant=variant) for q in qsets]
+
+    def run_shards(self, dataset: str, condition: str, model: str, variant: str) -> list[str]:
+        """The output folders of a run's inference jobs (one per image shard)."""
+        return [self.paths.suite_shard.format(dataset=dataset, condition=condition, model=model, variant=variant,
+                                              shard=shard) for shard in range(self.n_shards(model))]
+
+    def partial_images(self, dataset: str, condition: str) -> str | list:
+        """A box condition's folder (crop): its manifest names the images, so the questions, it covers; none
+        for the other conditions."""
+        if condition not in self.box_conditions:
+            return []
+        return self.paths.condition_images.format(dataset=dataset, condition=condition)
+
+    def pair_partial_images(self, dataset: str, reference: str, other: str) -> list[str]:
+        """The folders of the box conditions of an error-consistency pair (their questions are the shared ones)."""
+        return [self.paths.condition_images.format(dataset=dataset, condition=c)
+                for c in (reference, other) if c in self.box_conditions]
+
+    def condition_tags(self, condition: str) -> str | list:
+        """The image tags a box condition takes its single-instance union boxes from."""
+        return self.paths.image_tags if condition in self.box_conditions else []
+
+    def metric_tags(self, dataset: str) -> str | list:
+        """The tags a HICO metric job turns into image subsets; none without boxes or for other datasets."""
+        return self.paths.image_tags if dataset == "hico" and self.data.hico_det_root else []
+
     # ---- metrics and the paper's tables (rules/metrics.smk, rules/tables.smk) ------------------------------
     @property
     def metric_parts(self) -> list[str]:
@@ -252,11 +343,11 @@ class Plan(InputsPlan, AnalysesPlan):
         p = self.paths
         return ([p.metric_part.format(**{**asdict(r), "qsets": None}) for r in self.scored]
                 + [p.consistency_part.format(**asdict(r)) for r in self.consistency]
-                + self.reliance_metric_parts + self.uncertainty_metric_parts + self.known_object_metric_parts)
+                + self.reliance.metric_parts + self.uncertainty.metric_parts + self.known_object.metric_parts)
 
     @property
     def table_numbers(self) -> list[int]:
-        return [1, 2, 3] + ([4] if self.charades else [])
+        return [1, 2, 3] + ([4] if self.data.charades else [])  # Table 4: CharadesEgo (ego vs exo)
 
     @property
     def tables(self) -> list[str]:
@@ -296,6 +387,25 @@ class Plan(InputsPlan, AnalysesPlan):
         return blind + [e for e, members in self.ensembles.items() if set(members) <= set(blind)]
 
     @property
+    def token_models(self) -> list[str]:
+        """Models whose ``confidence`` is an answer token's probability (not blind baselines, CLIP)."""
+        return self._once("token_models",
+                          lambda: token_probability_models({m: self.config["models"][m] for m in self.models}))
+
+    @property
+    def no_token_models(self) -> list[str]:
+        return [m for m in self.models if m not in self.token_models]
+
+    @property
+    def model_backends(self) -> dict[str, str]:
+        return {slug: entry["backend"] for slug, entry in self.config["models"].items()}
+
+    @property
+    def stand_in_notes(self) -> dict[str, str]:
+        """A note for the figures of a stand-in (``models.<slug>.stand_in``: random weights, an oracle)."""
+        return {slug: f"stand-in ({reason}): not a model's result" for slug, reason in self.stand_ins.items()}
+
+    @property
     def paper_names(self) -> dict[str, str]:
         """slug -> the paper's model name: ``models.<slug>.paper_name``; an ensemble of the paper's three
         members is its ensemble."""
@@ -327,16 +437,16 @@ class Plan(InputsPlan, AnalysesPlan):
         mitigation = [path for paths in self.mitigation_tables.values() for path in paths]
         return [self.paths.metrics, *self.tables, *self.tables_html, *mitigation, *self.question_counts,
                 *self.report_pages.values(),
-                *self.attention_outputs, *self.vcd_divergence_outputs, *self.known_object_outputs,
-                *self.uncertainty_outputs, *self.reliance_outputs, *self.paper_figures.values(),
-                *self.decision_outputs, *self.derived_models, *self.finetune_outputs]
+                *self.attention.outputs, *self.vcd_divergence.outputs, *self.known_object.outputs,
+                *self.uncertainty.outputs, *self.fov.outputs, *self.reliance.outputs, *self.figures.files.values(),
+                *self.calibration.outputs, *self.builds.derived_models, *self.builds.finetune_outputs]
 
     def wildcard_constraints(self) -> dict[str, str]:
         """The workflow's global wildcard constraints: each wildcard matches one configured slug."""
         conditions = alternatives(self.conditions)
         return {
             "dataset": alternatives(self.datasets),
-            "download": alternatives(self.downloads),
+            "download": alternatives(self.data.downloads),
             "qset": alternatives(self.qsets + list(CHARADES_QUESTION_SETS)),
             "condition": conditions,
             "reference": conditions,

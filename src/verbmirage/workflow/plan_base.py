@@ -1,11 +1,16 @@
-"""The run plan's records (a run, a pair of conditions, a group of runs, a calibration run) and the small
-helpers its parts share (:mod:`verbmirage.workflow.plan`)."""
+"""The run plan's records (a run, a pair of conditions, a group of runs, a calibration run), the small helpers
+its parts share, and what its collaborators read of it (:class:`PlanFacts`; :mod:`verbmirage.workflow.plan`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from verbmirage.analysis.figure_layout import companion_paths
+
+if TYPE_CHECKING:
+    from verbmirage.workflow.paths import Paths
+    from verbmirage.workflow.plan_inputs import DataInputs
 
 #: Variant entry keys that plan or label a run without changing any answer: kept out of the inference params
 #: and fingerprint.
@@ -23,7 +28,6 @@ def alternatives(names) -> str:
 def figure_prints(*pngs: str) -> list[str]:
     """The PDF and SVG each figure is saved as beside its PNG (for papers), declared as the rule's outputs."""
     return [str(path) for png in pngs for path in companion_paths(png)]
-
 
 
 @dataclass(frozen=True)
@@ -70,3 +74,41 @@ class CalibrationRun:
     condition: str
     model: str
     variant: str
+
+
+class PlanFacts(Protocol):
+    """What the plan's collaborators (the calibration, the figures, each analysis) may read of the plan:
+    :class:`~verbmirage.workflow.plan.Plan` is one. The plan builds each with itself and the other collaborators
+    it reads; a collaborator reads, never sets (the data and the builds take only the facts they read).
+    ``tests/fast/test_plan.py`` checks that a collaborator reads nothing this does not name."""
+
+    config: dict
+    paths: Paths
+    datasets: list[str]
+    dataset_qsets: dict[str, list[str]]
+    conditions: list[str]
+    box_conditions: list[str]
+    models: list[str]
+    variants: list[str]
+    ensembles: dict[str, list[str]]
+    model_variants: dict[str, list[str]]
+    consistency_pairs: list[tuple[str, str]]
+
+    @property
+    def data(self) -> DataInputs: ...
+    @property
+    def scored(self) -> list[Run]: ...
+    @property
+    def consistency(self) -> list[PairRun]: ...
+    @property
+    def stand_ins(self) -> dict[str, str]: ...
+    @property
+    def token_models(self) -> list[str]: ...
+    @property
+    def variant_paper_names(self) -> dict[str, str]: ...
+    def variants_under(self, model: str, condition: str, dataset: str = "hico") -> list[str]: ...
+    def condition_qsets(self, dataset: str, condition: str) -> list[str]: ...
+    def dataset_conditions(self, dataset: str) -> list[str]: ...
+    def asks(self, dataset: str, condition: str, qset: str, model: str, variant: str | None = None) -> bool: ...
+    def questions(self, dataset: str, qsets) -> list[str]: ...
+    def partial_images(self, dataset: str, condition: str) -> str | list: ...

@@ -1,27 +1,34 @@
-"""What the run plan's jobs read: data roots and files, dataset identities, derived models' inputs, the
-calibration runs of decision variants (a part of :class:`verbmirage.workflow.plan.Plan`).
+"""What the run plan's jobs read besides the runs' own tables, as three collaborators of
+:class:`verbmirage.workflow.plan.Plan`: the data (:class:`DataInputs`: roots, files, dataset identities), the
+builds of models (:class:`ModelBuilds`: tiny and derived models, their inputs) and the calibrated decisions
+(:class:`CalibrationPlan`: the calibration runs of threshold variants, what a prediction job decides by).
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from verbmirage.benchmark.question_sets import calibration_qsets
 from verbmirage.data import identity as data_identity
 from verbmirage.data.hico_files import hico_det_file
-from verbmirage.variants.settings import decision_plan
-from verbmirage.benchmark.question_sets import calibration_qsets
 from verbmirage.models.tiny import BUILDERS as TINY_BUILDERS
+from verbmirage.variants.settings import decision_plan
 from verbmirage.workflow import paths as P
-from verbmirage.workflow.plan_base import PANGEA_FILE_KEYS, CalibrationRun
+from verbmirage.workflow.paths import Paths
+from verbmirage.workflow.plan_base import PANGEA_FILE_KEYS, CalibrationRun, PlanFacts
 
 
-class InputsPlan:
-    """The data, derived-model and calibration inputs of :class:`~verbmirage.workflow.plan.Plan` (it supplies
-    ``config``, ``paths`` and the runs)."""
+@dataclass(repr=False)
+class DataInputs:
+    """The datasets' roots and files a job reads (or the download that brings them), and their identities
+    (``datasets:``, ``downloads:``)."""
 
-    # ---- the data a run reads ------------------------------------------------------------------------------
+    config: dict
+    paths: Paths
+
+    # ---- HICO and HICO-DET ---------------------------------------------------------------------------------
     @property
     def hico_root(self) -> str:
         return self.config["datasets"]["hico"]["root"]
@@ -63,6 +70,11 @@ class InputsPlan:
             return P.DEMO_HICO_FILES["bbox"]
         return self.produced_by_download(root) or str(hico_det_file(root) or P.hico_det_boxes(root))
 
+    # ---- CharadesEgo (optional: Table 4) ---------------------------------------------------------------------
+    @property
+    def charades(self) -> dict | None:
+        return self.config["datasets"].get("charadesego")
+
     @property
     def charades_root(self) -> str:
         return self.charades["root"] if self.charades else ""
@@ -80,11 +92,6 @@ class InputsPlan:
         return (self.produced_by_download(self.charades_root)
                 or P.charades_annotations(self.charades_root, self.charades_split))
 
-    def frame_tables(self, dataset: str) -> list[str]:
-        """The frame table a dataset's question counts read (CharadesEgo: how each ego frame's time was chosen);
-        none for HICO."""
-        return [self.paths.charades_frame_table] if dataset == "charadesego" else []
-
     @property
     def charades_video_folder(self) -> str:
         if not self.charades:
@@ -98,6 +105,7 @@ class InputsPlan:
             return []
         return self.produced_by_download(self.charades_video_folder) or self.charades_video_folder
 
+    # ---- Pangea (the training questions of a fine-tune) -------------------------------------------------------
     @property
     def pangea(self) -> dict | None:
         """``datasets.pangea``: the training questions of a fine-tune that names no ``questions`` table."""
@@ -126,6 +134,7 @@ class InputsPlan:
         """Pangea's image folder (what a build reads)."""
         return f"{self.pangea_root}/{self.pangea['images']}" if self.pangea else ""
 
+    # ---- identities and image folders ------------------------------------------------------------------------
     def identity(self, *parts: str) -> dict:
         """The ``identity`` param of a job that reads the named parts of a dataset (``verbmirage.data.identity``):
         root, content digests of the annotation files, listings of the image and video folders."""
@@ -155,43 +164,31 @@ class InputsPlan:
     def image_root(self, dataset: str) -> str:
         return self.hico_root if dataset == "hico" else self.paths.charades_frames
 
-    # ---- per-job inputs ----------------------------------------------------------------------------------------
-    def questions(self, dataset: str, qsets) -> list[str]:
-        """The question tables of ``qsets``, in that order."""
-        return [self.paths.questions.format(dataset=dataset, qset=q) for q in qsets]
+    def frame_tables(self, dataset: str) -> list[str]:
+        """The frame table a dataset's question counts read (CharadesEgo: how each ego frame's time was chosen);
+        none for HICO."""
+        return [self.paths.charades_frame_table] if dataset == "charadesego" else []
 
-    def dataset_questions(self, dataset: str) -> list[str]:
-        return self.questions(dataset, self.dataset_qsets[dataset])
 
-    def predictions(self, dataset: str, qsets, condition: str, model: str, variant: str) -> list[str]:
-        """The prediction tables of one run's ``qsets``, in that order."""
-        return [self.paths.predictions.format(dataset=dataset, qset=q, condition=condition, model=model,
-                                              variant=variant) for q in qsets]
+@dataclass(repr=False)
+class ModelBuilds:
+    """The models the workflow builds (tiny random-weight models, derived models: rules/data.smk,
+    rules/derived.smk, rules/finetune.smk) and what each build reads."""
 
-    def run_shards(self, dataset: str, condition: str, model: str, variant: str) -> list[str]:
-        """The output folders of a run's inference jobs (one per image shard)."""
-        return [self.paths.suite_shard.format(dataset=dataset, condition=condition, model=model, variant=variant,
-                                              shard=shard) for shard in range(self.n_shards(model))]
+    config: dict  # the plan's: ``models`` with the derived entries resolved
+    paths: Paths
+    derived: dict[str, dict]  # slug -> its ``derive`` block
+    data: DataInputs
 
-    def partial_images(self, dataset: str, condition: str) -> str | list:
-        """A box condition's folder (crop): its manifest names the images, so the questions, it covers; none
-        for the other conditions."""
-        if condition not in self.box_conditions:
-            return []
-        return self.paths.condition_images.format(dataset=dataset, condition=condition)
+    @property
+    def tiny_families(self) -> list[str]:
+        """The transformers families rule tiny_model builds a random-weight model of."""
+        return list(TINY_BUILDERS)
 
-    def pair_partial_images(self, dataset: str, reference: str, other: str) -> list[str]:
-        """The folders of the box conditions of an error-consistency pair (their questions are the shared ones)."""
-        return [self.paths.condition_images.format(dataset=dataset, condition=c)
-                for c in (reference, other) if c in self.box_conditions]
-
-    def condition_tags(self, condition: str) -> str | list:
-        """The image tags a box condition takes its single-instance union boxes from."""
-        return self.paths.image_tags if condition in self.box_conditions else []
-
-    def metric_tags(self, dataset: str) -> str | list:
-        """The tags a HICO metric job turns into image subsets; none without boxes or for other datasets."""
-        return self.paths.image_tags if dataset == "hico" and self.hico_det_root else []
+    @property
+    def derived_models(self) -> list[str]:
+        """The folder each derived model is built into: built even when no run asks the model (rule all)."""
+        return [self.paths.derived_model.format(model=slug) for slug in self.derived]
 
     def model_files(self, entry: dict) -> list[str]:
         """The folders of a model entry that the workflow builds (tiny models, derived models) or that hold its
@@ -199,12 +196,6 @@ class InputsPlan:
         path = entry.get("path", "")
         built = [P.TINY_MODEL.format(family=family) for family in TINY_BUILDERS] + self.derived_models
         return ([path] if path in built else []) + ([entry["adapter"]] if entry.get("adapter") else [])
-
-    # ---- derived models (rules/derived.smk, rules/finetune.smk) --------------------------------------------
-    @property
-    def derived_models(self) -> list[str]:
-        """The folder each derived model is built into: built even when no run asks the model (rule all)."""
-        return [self.paths.derived_model.format(model=slug) for slug in self.derived]
 
     @property
     def pangea_finetunes(self) -> list[str]:
@@ -220,12 +211,13 @@ class InputsPlan:
     def derive_files(self, derive: dict) -> tuple[dict, dict]:
         """(input files of rule derive_model, the paths its build reads as ``inputs``) of a derive block: one
         branch per method (``models.<slug>.derive.method``)."""
+        data = self.data
         if derive["method"] == "nullu":
             # Nullu's pairs: a LURE-format file (images under ``image_root``), else HICO's training labels, images
             if derive.get("pairs_file"):
                 files = {"pairs_file": derive["pairs_file"]}
                 return files, {**files, "image_root": derive.get("image_root", "")}
-            return {"anno": self.hico_anno, "images": self.hico_images}, {"hico_root": self.hico_root}
+            return {"anno": data.hico_anno, "images": data.hico_images}, {"hico_root": data.hico_root}
         # lora_finetune: its `questions` table and `images` folder, else the Pangea questions built for it and
         # Pangea's images. A Pangea table depends on the derive block only, so equal blocks share the first's.
         if derive.get("questions"):
@@ -233,8 +225,8 @@ class InputsPlan:
                     {"questions": derive["questions"], "images": derive["images"]})
         slug = next(slug for slug, other in self.derived.items() if other == derive)
         table = self.paths.training_questions.format(model=slug)
-        return ({"questions": table, "train_images": self.pangea_images},
-                {"questions": table, "images": self.pangea_image_root})
+        return ({"questions": table, "train_images": data.pangea_images},
+                {"questions": table, "images": data.pangea_image_root})
 
     def derive_inputs(self, model: str) -> dict:
         """A derived model's inputs: its base's built folders (tiny model, adapter) and its method's data."""
@@ -251,66 +243,73 @@ class InputsPlan:
         own questions); a user's pairs file or question table is tracked by its modification time only."""
         derive = self.derived[model]
         if derive["method"] == "nullu" and not derive.get("pairs_file"):
-            return self.identity("hico_annotations", "hico_images")
+            return self.data.identity("hico_annotations", "hico_images")
         if derive["method"] == "lora_finetune" and not derive.get("questions"):
-            return self.identity("pangea")
+            return self.data.identity("pangea")
         return {}
 
-    # ---- calibrated decisions (rules/decisions.smk) --------------------------------------------------------
-    @property
+
+@dataclass(repr=False)
+class CalibrationPlan:
+    """The calibrated decisions (rules/decisions.smk): which variants decide by a threshold or by content-free
+    images, the threshold runs with a calibration set, and what a prediction job decides by."""
+
+    plan: PlanFacts
+
+    @functools.cached_property
     def decisions(self) -> dict:
         """Threshold / content_free variant slugs; the number of calibration images they share."""
-        return self._once("decisions", lambda: decision_plan(self.config))
+        return decision_plan(self.plan.config)
 
-    def calibration_qsets(self, dataset: str, condition: str, model: str, variant: str | None = None) -> list[str]:
+    def qsets(self, dataset: str, condition: str, model: str, variant: str | None = None) -> list[str]:
         """The sets a threshold run fits a cut for: the HICO YN sets it asks (MC and CharadesEgo keep plain
         decisions)."""
-        return calibration_qsets(dataset, [q for q in self.dataset_qsets[dataset]
-                                           if self.asks(dataset, condition, q, model, variant)])
+        r = self.plan
+        return calibration_qsets(dataset, [q for q in r.dataset_qsets[dataset]
+                                           if r.asks(dataset, condition, q, model, variant)])
 
-    @property
-    def calibration_runs(self) -> list[CalibrationRun]:
-        """Every threshold run with a calibration set (one cuts file each)."""
-        return self._once("calibration_runs", self._calibration_runs)
-
-    def _calibration_runs(self) -> list[CalibrationRun]:
-        runs = []
-        for m in self.models:
-            for d in self.datasets:
-                for c in self.dataset_conditions(d):
-                    for v in [v for v in self.variants_under(m, c, d) if v in self.decisions["threshold"]]:
-                        if not self.calibration_qsets(d, c, m, v):
+    @functools.cached_property
+    def runs(self) -> list[CalibrationRun]:
+        """Every threshold run with a calibration set (one cuts file each); a threshold run under a box
+        condition stops the plan (its training images have no boxes to calibrate on)."""
+        found, r = [], self.plan
+        for m in r.models:
+            for d in r.datasets:
+                for c in r.dataset_conditions(d):
+                    for v in [v for v in r.variants_under(m, c, d) if v in self.decisions["threshold"]]:
+                        if not self.qsets(d, c, m, v):
                             continue
-                        if c in self.box_conditions:
+                        if c in r.box_conditions:
                             raise ValueError(
                                 f"conditions.{c}.qsets: model '{m}' with threshold variant '{v}' asks YN sets "
                                 f"under '{c}', but its training images have no HICO-DET boxes to calibrate on; "
                                 f"ask only MC sets under '{c}', or list models.{m}.variants without '{v}'"
                             )
-                        runs.append(CalibrationRun(d, c, m, v))
-        return runs
+                        found.append(CalibrationRun(d, c, m, v))
+        return found
 
-    def calibration_tables(self, dataset: str, condition: str, model: str, variant: str) -> list[str]:
-        """The calibration tables one threshold run asks, in :meth:`calibration_qsets` order."""
-        return [self.paths.calibration_questions.format(dataset=dataset, qset=q)
-                for q in self.calibration_qsets(dataset, condition, model, variant)]
+    def tables(self, dataset: str, condition: str, model: str, variant: str) -> list[str]:
+        """The calibration tables one threshold run asks, in :meth:`qsets` order."""
+        return [self.plan.paths.calibration_questions.format(dataset=dataset, qset=q)
+                for q in self.qsets(dataset, condition, model, variant)]
 
-    def calibration_condition_tables(self, dataset: str, condition: str) -> list[str]:
+    def condition_tables(self, dataset: str, condition: str) -> list[str]:
         """Every calibration table asked under a condition (its images folder covers them all)."""
-        qsets = {q for run in self.calibration_runs if (run.dataset, run.condition) == (dataset, condition)
-                 for q in self.calibration_qsets(run.dataset, run.condition, run.model, run.variant)}
-        return [self.paths.calibration_questions.format(dataset=dataset, qset=q) for q in sorted(qsets)]
+        qsets = {q for run in self.runs if (run.dataset, run.condition) == (dataset, condition)
+                 for q in self.qsets(run.dataset, run.condition, run.model, run.variant)}
+        return [self.plan.paths.calibration_questions.format(dataset=dataset, qset=q) for q in sorted(qsets)]
 
     def decision_input(self, dataset: str, condition: str, model: str, variant: str) -> str | list:
         """What a prediction job decides by: its run's cuts (threshold; none for a run without a calibration
         set) or the content-free images (content_free); nothing for the other variants."""
+        paths = self.plan.paths
         if variant in self.decisions["threshold"]:
             run = CalibrationRun(dataset, condition, model, variant)
-            return self.paths.calibration_cuts.format(**asdict(run)) if run in self.calibration_runs else []
+            return paths.calibration_cuts.format(**asdict(run)) if run in self.runs else []
         if variant in self.decisions["content_free"]:
-            return self.paths.content_free_images.format(dataset="hico")  # HICO's, for every dataset
+            return paths.content_free_images.format(dataset="hico")  # HICO's, for every dataset
         return []
 
     @property
-    def decision_outputs(self) -> list[str]:
-        return [self.paths.calibration_cuts.format(**asdict(run)) for run in self.calibration_runs]
+    def outputs(self) -> list[str]:
+        return [self.plan.paths.calibration_cuts.format(**asdict(run)) for run in self.runs]
