@@ -55,7 +55,7 @@ def test_defaults_follow_the_methods():
 @pytest.mark.parametrize("entry, message", [
     ({"decoding": "nucleus"}, r"variants.v.decoding: 'nucleus'"),
     ({"decoding": "greedy", "num_beams": 3}, r"variants.v.num_beams: greedy decoding keeps one sequence"),
-    ({"decoding": "beam", "opera": {}}, r"variants.v.opera: settings for OPERA need decoding: opera"),
+    ({"decoding": "beam", "opera": {}}, r"variants.v.opera: settings for opera need decoding: opera"),
     ({"decoding": "opera", "vcd": {}}, r"variants.v.vcd: VCD combines with greedy, beam or sample"),
     ({"vcd": {"gamma": 1}}, r"variants.v.vcd: unknown key\(s\) \['gamma'\]"),
     ({"decision": {"method": "platt"}}, r"variants.v.decision.method: 'platt'"),
