@@ -79,3 +79,90 @@ def test_a_decoding_key_that_is_no_variant_field_lives_in_its_settings_and_only_
     assert Variant.from_config({"decoding": "beam"}).settings() == before
     with pytest.raises(ValueError, match=r"v.repetition_penalty: settings for greedy_rp need decoding: greedy_rp"):
         Variant.from_config({"decoding": "beam", "repetition_penalty": 1.3}, "v")
+
+
+# ---- backends --------------------------------------------------------------------------------------------------
+
+from verbmirage.models import registry as backends  # noqa: E402
+
+
+@pytest.mark.parametrize("name", list(backends.BACKENDS))
+def test_every_backend_row_is_complete(name):
+    """Its class imports and declares the features the row plans with; a transformers backend has image modes
+    (its default first), a tiny model builder (the generic ``hf`` aside: any checkpoint, no family of its own)
+    and the transformers names it loads; a remote-code backend names a worker environment that envs/ holds."""
+    import transformers
+
+    from verbmirage.variants.settings import FEATURES
+
+    row = backends.BACKENDS[name]
+    assert row.kind in backends.KINDS, name
+    cls = backends.backend_class(name)
+    assert cls.variant_features == row.features and "decoding:greedy" in row.features <= FEATURES, name
+    if row.kind == "transformers":
+        assert row.image_modes and len(set(row.image_modes)) == len(row.image_modes), name
+        assert (row.tiny is None) == (name == "hf") and (bool(row.preload) or name == "hf"), name
+    else:
+        assert not row.image_modes, f"{name}: image modes are the transformers engine's"
+    if row.tiny is not None:
+        assert callable(backends.tiny_builder(name)) and name in backends.TINY_FAMILIES, name
+    for attribute in row.preload:
+        assert getattr(transformers, attribute) is not None, f"{name}: transformers.{attribute}"
+    assert (row.environment is not None) == (row.kind == "remote"), name
+    if row.environment is not None:
+        from verbmirage.models.remote_drivers import DRIVERS
+
+        assert (REPO / "envs" / f"{row.environment}.txt").is_file(), f"{name}: envs/{row.environment}.txt"
+        assert cls.driver in DRIVERS, f"{name}: its driver '{cls.driver}' is not in remote_drivers.DRIVERS"
+
+
+def test_every_worker_environment_belongs_to_a_backend_row():
+    """envs/remote-<name>.txt is the worker environment of a row (remote-transformers5 serves the drivers' tests
+    on transformers 5: docs/models.md), so a new remote family's environment is not forgotten in its row."""
+    shared = {"remote-transformers5"}
+    files = {path.stem for path in (REPO / "envs").glob("remote-*.txt")}
+    assert files - shared == {row.environment for row in backends.BACKENDS.values() if row.environment}
+
+
+def _literal_backend_lists(path: Path) -> list[str]:
+    """Each list, tuple, set or dict literal of ``path`` that holds two or more backend names as strings."""
+    import ast
+
+    names = set(backends.BACKENDS)
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        items = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None)
+        if not isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)) or items is None:
+            continue
+        named = {item.value for item in items if isinstance(item, ast.Constant) and item.value in names}
+        if len(named) >= 2:
+            found.append(f"{path.relative_to(REPO)}:{node.lineno} {sorted(named)}")
+    return found
+
+
+def test_no_list_outside_the_registry_names_backends():
+    """What is known about a backend is in its row: a hand-kept list of backend names elsewhere in the package,
+    the scripts, the tools or the benchmarks would fall out of step when a backend is added."""
+    models = REPO / "src" / "verbmirage" / "models"
+    # remote_drivers.DRIVERS is the worker's table of drivers: the worker loads that file alone, in the model's
+    # own environment, where the registry cannot be imported; each remote row's class names its driver (above).
+    exempt = {models / "registry.py", models / "remote_drivers.py"}
+    files = [path for folder in ("src", "scripts", "tools", "bench") for path in (REPO / folder).rglob("*.py")
+             if path not in exempt]
+    assert not [hit for path in files for hit in _literal_backend_lists(path)]
+
+
+def test_the_worked_backend_lists_are_views_of_the_rows():
+    """The readers that once kept their own lists read the rows."""
+    from verbmirage.analysis.attention_settings import ATTENTION_BACKENDS
+    from verbmirage.analysis.object_reliance_settings import BASELINE_BACKENDS
+    from verbmirage.analysis.uncertainty_settings import NO_TOKEN_PROBABILITY_BACKENDS
+    from verbmirage.models.derived import TRANSFORMERS_BACKENDS
+    from verbmirage.workflow import jobserver
+
+    assert ATTENTION_BACKENDS == TRANSFORMERS_BACKENDS == {"hf", "llava", "instructblip", "qwen2_vl", "qwen2_5_vl"}
+    assert BASELINE_BACKENDS == {"always_yes", "random", "prior"}
+    assert NO_TOKEN_PROBABILITY_BACKENDS == {"always_yes", "random", "prior", "clip"}
+    assert backends.TINY_FAMILIES == ("llava", "instructblip", "qwen2_vl", "qwen2_5_vl", "clip")
+    assert not set(backends.preload_names()) & set(jobserver.TRANSFORMERS_NAMES)
+    assert {"LlavaForConditionalGeneration", "Qwen2_5_VLProcessor", "CLIPModel"} <= set(backends.preload_names())

@@ -18,10 +18,11 @@ import torch
 from verbmirage.models import Question, create_model
 from verbmirage.models.parsing import decide_choice, decide_yes_no
 from verbmirage.benchmark.questions import QuestionSettings, build_question_set
-from verbmirage.models.tiny import BUILDERS
+from verbmirage.models.registry import BACKENDS, TINY_FAMILIES
 
 TOLERANCE = 1e-4
-FAMILIES = sorted(f for f in BUILDERS if f != "clip")  # instructblip, llava, qwen2_5_vl, qwen2_vl
+# instructblip, llava, qwen2_5_vl, qwen2_vl: the transformers families with a tiny model
+FAMILIES = sorted(f for f in TINY_FAMILIES if BACKENDS[f].kind == "transformers")
 
 
 @pytest.fixture(scope="session")

@@ -38,15 +38,7 @@ FEATURES = frozenset(
 PLAIN_ONLY = frozenset({"decoding:greedy"})
 #: Transformers backends: everything.
 ALL_FEATURES = FEATURES
-#: Scorers that return P(yes) (CLIP, remote-code adapters): greedy answers, prompt suffix, calibrated decisions.
-SCORING = frozenset({"decoding:greedy", "prompt_suffix", "decision:threshold", "decision:content_free"})
-#: OpenAI-compatible APIs: the server samples; the prompt and the decision rule are ours.
-API = SCORING | {"decoding:sample"}
-#: Remote-code checkpoints: scored from logits, decoded by their own ``generate`` (beam search, sampling); no VCD
-#: or OPERA, which need the engine's steps.
-REMOTE = SCORING | {"decoding:beam", "decoding:sample"}
-#: Molmo's ``generate_from_batch`` cannot run beam search (its caches have no reordering).
-REMOTE_NO_BEAM = SCORING | {"decoding:sample"}
+#: The feature sets of the other backends are theirs, in their registry rows (``verbmirage.models.registry``).
 
 #: Appendix F of the paper: the ad-hoc prompt it tried.
 PAPER_PROMPT_SUFFIX = " Pay attention to the verb in question."

@@ -31,7 +31,7 @@ from verbmirage.models.derived import derived_entries, effective_models
 from verbmirage.models.entries import model_question_sets, model_variant_list
 from verbmirage.models.registry import PLANNING_KEYS as MODEL_PLANNING_KEYS
 from verbmirage.models.registry import backend_uses_images
-from verbmirage.models.tiny import BUILDERS as TINY_BUILDERS
+from verbmirage.models.registry import TINY_FAMILIES as TINY_BUILDERS
 from verbmirage.variants.settings import Variant, model_variant_entry
 from verbmirage.workflow.config import condition_question_sets
 from verbmirage.workflow.paths import Paths
