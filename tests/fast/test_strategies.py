@@ -193,24 +193,3 @@ def test_option_probabilities_are_renormalised_over_each_questions_own_options()
     assert rows[0].option_probs == pytest.approx((0.2 / 0.9, 0.6 / 0.9, 0.1 / 0.9)) and rows[0].prediction == "B"
     assert all(math.isnan(p) for p in rows[1].option_probs) and len(rows[1].option_probs) == 2
     assert rows[1].prediction == "unknown"  # "C" is not an option of a two-option question
-
-
-def test_greedy_with_a_repetition_penalty_is_greedy_at_one_and_transformers_penalty_otherwise():
-    from transformers import RepetitionPenaltyLogitsProcessor
-
-    def decoded(entry):
-        strategy = Variant.from_config({**entry, "max_new_tokens": 6}).strategy()
-        return strategy.decode(_rows(strategy), 6, {8}).tokens
-
-    plain = TableStepper(2, 0)
-    assert decoded({"decoding": "greedy_rp"}) == search.greedy_search(plain.first, plain, 6, {8}).tokens
-    penalised = decoded({"decoding": "greedy_rp", "repetition_penalty": 5.0})
-    table, processor, expected = TableStepper(1, 0).table, RepetitionPenaltyLogitsProcessor(5.0), [0]
-    for _ in range(6):  # by hand: the penalty on the answer's tokens so far, then the argmax
-        logits = table[expected[-1]][None] if len(expected) > 1 else table[0][None]
-        tokens = torch.tensor([expected[1:]], dtype=torch.long)
-        token = int((processor(tokens, logits.clone()) if tokens.shape[1] else logits).argmax())
-        expected.append(token)
-        if token == 8:
-            break
-    assert penalised[0] == [t for t in expected[1:] if t != 8] == penalised[1] != decoded({"decoding": "greedy_rp"})[0]

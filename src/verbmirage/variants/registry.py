@@ -50,14 +50,6 @@ class SampleSettings:
 
 
 @dataclass(frozen=True)
-class RepetitionPenaltySettings:
-    """Greedy with a repetition penalty (transformers' ``RepetitionPenaltyLogitsProcessor``; 1.0: none)."""
-
-    repetition_penalty: float = 1.0
-    max_new_tokens: int = 10
-
-
-@dataclass(frozen=True)
 class OperaSettings:
     """OPERA's over-trust penalty and retrospection (Huang et al. 2024; docs/variants.md, "OPERA").
 
@@ -135,10 +127,6 @@ DECODINGS: dict[str, DecodingRow] = {
          "top_k": {"type": "integer", "minimum": 0},
          "seed": {"type": "integer"},
          "max_new_tokens": _NEW_TOKENS},
-    ),
-    "greedy_rp": DecodingRow(
-        "verbmirage.variants.strategies:GreedyRepetitionPenalty", RepetitionPenaltySettings,
-        {"repetition_penalty": {"type": "number", "exclusiveMinimum": 0}, "max_new_tokens": _NEW_TOKENS},
     ),
     "opera": DecodingRow(
         "verbmirage.variants.opera:Opera", OperaDecodingSettings,

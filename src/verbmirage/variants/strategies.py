@@ -140,25 +140,6 @@ class BeamSearch(Decoding):
         return search.beam_search(first, stepper, self.beams, new_tokens, stop, self.variant.length_penalty)
 
 
-class GreedyRepetitionPenalty(Decoding):
-    """Greedy with transformers' repetition penalty on the answer's own tokens (``repetition_penalty``); every
-    answer is decoded in full."""
-
-    name = "greedy_rp"
-
-    def search(self, first, stepper, rows, new_tokens, stop):
-        from transformers import RepetitionPenaltyLogitsProcessor
-
-        penalty = RepetitionPenaltyLogitsProcessor(self.variant.decoding_settings.repetition_penalty)
-
-        def argmax(tokens, logits):
-            logits = penalty(tokens, logits.float().cpu()) if tokens.shape[1] else logits.float().cpu()
-            chosen = logits.argmax(-1)
-            return chosen, torch.softmax(logits, dim=-1).gather(-1, chosen[:, None])[:, 0]
-
-        return search._one_token_per_row(first, stepper, new_tokens, stop, argmax)
-
-
 class Sampling(Decoding):
     """Temperature, top-k and top-p, each question drawing from its own generator (seeded by its id)."""
 
