@@ -83,10 +83,6 @@ BACKENDS: dict[str, Backend] = {
     # llava-hf: short side to 336, then the centre 336 x 336
     "llava": Backend("verbmirage.models.hf.families:LlavaVLM", "transformers", ALL_FEATURES, ("crop", "pad", "resize"),
                      tiny="verbmirage.models.tiny:build_tiny_llava", preload=_LLAVA),
-    # as llava
-    "vipllava": Backend("verbmirage.models.hf.families:VipLlavaVLM", "transformers", ALL_FEATURES,
-                        ("crop", "pad", "resize"), tiny="verbmirage.models.tiny:build_tiny_vipllava",
-                        preload=("VipLlavaForConditionalGeneration", "VipLlavaConfig", *_LLAVA)),
     # its processor squashes to 224 x 224: nothing is cropped
     "instructblip": Backend("verbmirage.models.hf.families:InstructBlipVLM", "transformers", ALL_FEATURES,
                             ("resize", "pad"), tiny="verbmirage.models.tiny:build_tiny_instructblip",

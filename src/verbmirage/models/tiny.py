@@ -182,27 +182,6 @@ def build_tiny_llava(
     return out_dir
 
 
-def build_tiny_vipllava(out_dir: str | Path, seed: int = 0, image_size: int = 32, patch_size: int = 8) -> Path:
-    """VipLlavaForConditionalGeneration (its projector on vision layers -2 and -1) + LlavaProcessor."""
-    import torch
-    from transformers import LlavaForConditionalGeneration, VipLlavaConfig, VipLlavaForConditionalGeneration
-
-    out_dir = build_tiny_llava(out_dir, seed, image_size, patch_size)  # the processor and the two configs
-    llava = LlavaForConditionalGeneration.from_pretrained(out_dir).config
-    config = VipLlavaConfig(vision_config=llava.vision_config, text_config=llava.text_config,
-                            image_token_index=llava.image_token_index, image_seq_length=llava.image_seq_length,
-                            vision_feature_layer=[-2, -1])
-    torch.manual_seed(seed)
-    model = VipLlavaForConditionalGeneration(config).eval()
-    from transformers import AutoTokenizer
-
-    lean_to_answers(model, AutoTokenizer.from_pretrained(out_dir))
-    for stale in out_dir.glob("model*.safetensors*"):
-        stale.unlink()
-    model.save_pretrained(out_dir)
-    return out_dir
-
-
 def build_tiny_instructblip(out_dir: str | Path, seed: int = 0, image_size: int = 32, patch_size: int = 8) -> Path:
     """InstructBlipForConditionalGeneration (Llama text model) + InstructBlipProcessor with a Q-Former tokenizer."""
     import torch

@@ -31,14 +31,6 @@ class LlavaVLM(TransformersVLM):
     conversations = (CHAT_TEMPLATE, *CONVERSATIONS)
 
 
-class VipLlavaVLM(LlavaVLM):
-    """ViP-LLaVA (``VipLlavaForConditionalGeneration`` + ``LlavaProcessor``): LLaVA-1.5's prompt and image tokens,
-    its projector reading several vision layers."""
-
-    backend = "vipllava"
-    model_class = "VipLlavaForConditionalGeneration"
-
-
 class InstructBlipVLM(TransformersVLM):
     """InstructBLIP: its Q-Former reads the question, so no prefix can be shared; batched full forwards."""
 
