@@ -94,7 +94,8 @@ BACKENDS: dict[str, Backend] = {
     "qwen2_5_vl": Backend("verbmirage.models.hf.families:QwenVLM", "transformers", ALL_FEATURES, ("native",),
                           tiny="verbmirage.models.tiny:build_tiny_qwen2_5_vl",
                           preload=("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor", *_QWEN2_VL)),
-    "clip": Backend("verbmirage.models.clip:ClipModel", "clip", PLAIN_ONLY, tiny="verbmirage.models.tiny:build_tiny_clip",
+    "clip": Backend("verbmirage.models.clip:ClipModel", "clip", PLAIN_ONLY,
+                    tiny="verbmirage.models.tiny:build_tiny_clip",
                     preload=("CLIPModel", "CLIPProcessor", "CLIPTokenizer", "CLIPTokenizerFast"),
                     token_probabilities=False),
     # trust_remote_code checkpoints (docs/models.md), each in its worker environment
