@@ -71,7 +71,8 @@ def test_a_decoding_key_that_is_no_variant_field_lives_in_its_settings_and_only_
 
     before = Variant.from_config({"decoding": "beam"}).settings()
     row = decodings.DecodingRow("verbmirage.variants.strategies:Greedy", PenaltySettings,
-                                {"repetition_penalty": {"type": "number"}, "max_new_tokens": {"type": "integer"}})
+                                {"repetition_penalty": {"type": "number", "exclusiveMinimum": 0},
+                                 "max_new_tokens": {"type": "integer"}})
     monkeypatch.setitem(decodings.DECODINGS, "greedy_rp", row)
     variant = Variant.from_config({"decoding": "greedy_rp", "repetition_penalty": 1.3, "max_new_tokens": 4})
     assert variant.decoding_settings == PenaltySettings(1.3, 4) and variant.max_new_tokens == 4
@@ -79,6 +80,8 @@ def test_a_decoding_key_that_is_no_variant_field_lives_in_its_settings_and_only_
     assert Variant.from_config({"decoding": "beam"}).settings() == before
     with pytest.raises(ValueError, match=r"v.repetition_penalty: settings for greedy_rp need decoding: greedy_rp"):
         Variant.from_config({"decoding": "beam", "repetition_penalty": 1.3}, "v")
+    with pytest.raises(ValueError, match=r"v.repetition_penalty: 0 is less than or equal to the minimum of 0"):
+        Variant.from_config({"decoding": "greedy_rp", "repetition_penalty": 0}, "v")  # a job started by hand
 
 
 # ---- backends --------------------------------------------------------------------------------------------------

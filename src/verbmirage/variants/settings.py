@@ -140,6 +140,8 @@ class Variant:
                 default = spec.default if spec.default is not MISSING else spec.default_factory()
                 block = type(default) if is_dataclass(default) else None
                 value = entry.pop(name)
+                if name not in _VARIANT_FIELDS:  # a key of its own: its row's schema bounds it, planned or not
+                    _check_against(value, row.schema.get(name), f"{where}.{name}")
                 values[name] = block(**_checked(value or {}, block, f"{where}.{name}")) if block else value
         settings = row.settings(**values)
         entry.update({name: getattr(settings, name) for name in own if name in _VARIANT_FIELDS})
@@ -235,6 +237,18 @@ def _check_unread(key: str, value, decoding: str, where: str) -> None:
             raise ValueError(f"{where}.num_beams: {decoding} decoding keeps one sequence; use decoding: {takers}")
     elif key not in _VARIANT_FIELDS or isinstance(value, dict):
         raise ValueError(f"{where}.{key}: settings for {takers} need decoding: {takers} (got '{decoding}')")
+
+
+def _check_against(value, schema: dict | None, where: str) -> None:
+    """A ``ValueError`` naming ``where`` when ``value`` does not meet its JSON ``schema`` (a job started by hand
+    never meets the config schema)."""
+    if not schema:
+        return
+    import jsonschema  # deferred: only decodings with keys of their own need it
+
+    error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(value))
+    if error is not None:
+        raise ValueError(f"{where}: {error.message}")
 
 
 def _checked(values: dict, settings_class, where: str) -> dict:
