@@ -26,8 +26,6 @@ REPO = Path(__file__).resolve().parents[1]
 HICO_PROMPTS = {"yn_obj": 40_749, "yn_verb": 40_731, "mc_obj": 59_516, "mc_verb": 59_852, "obj_exist": 22_770}
 #: The same on the single-instance images (1,400 images), what a crop condition asks (docs/questions.md).
 SINGLE_INSTANCE_PROMPTS = {"yn_obj": 6_042, "mc_obj": 4 * 2_357, "mc_verb": 4 * 2_357}
-#: The backends the transformers engine serves (verbmirage.models.registry.BACKENDS).
-ENGINE_BACKENDS = ("llava", "instructblip", "qwen2_vl", "qwen2_5_vl", "hf")
 #: The decodings bench/bench_scoring.py and bench/gpu_scoring.py time, by these names.
 DECODING_NAMES = ("greedy", "beam5", "sample", "vcd_greedy", "vcd_sample", "vcd_beam5", "opera")
 
@@ -47,8 +45,11 @@ def paper_mix(config_path: Path = REPO / "configs" / "paper.yaml") -> dict:
     from snakemake.utils import validate
 
     sys.path.insert(0, str(REPO / "src"))
+    from verbmirage.models.registry import backends_of_kind
     from verbmirage.workflow.plan import Plan
     from verbmirage.workflow.run_folders import run_folders
+
+    engine_backends = backends_of_kind("transformers")  # the backends the transformers engine serves
 
     config = yaml.safe_load(config_path.read_text())
     demo = yaml.safe_load((REPO / "config.yaml").read_text())
@@ -59,7 +60,7 @@ def paper_mix(config_path: Path = REPO / "configs" / "paper.yaml") -> dict:
     engine, left_out, unknown_sets = set(), set(), set()
     for run in plan.scored:
         entry = plan.config["models"].get(run.model)
-        if entry is None or entry.get("backend") not in ENGINE_BACKENDS:
+        if entry is None or entry.get("backend") not in engine_backends:
             left_out.add(run.model)
             continue
         engine.add(run.model)

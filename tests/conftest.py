@@ -42,10 +42,10 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     """Every tiny random-weight model (real transformers classes), built once per test run: the first
     pytest-xdist worker that needs them builds them, the others wait and read the same folders (the builders
     are seeded, so any worker would build the same weights)."""
-    from verbmirage.models.tiny import BUILDERS
+    from verbmirage.models.registry import TINY_FAMILIES, tiny_builder
 
     base = run_root(tmp_path_factory) / "models"
-    return {family: build_once(base / f"tiny_{family}", build) for family, build in BUILDERS.items()}
+    return {family: build_once(base / f"tiny_{family}", tiny_builder(family)) for family in TINY_FAMILIES}
 
 
 @pytest.fixture(scope="session")

@@ -11,15 +11,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from verbmirage.models.tiny import BUILDERS  # noqa: E402
+from verbmirage.models.registry import TINY_FAMILIES, tiny_builder  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=f"families: {', '.join(BUILDERS)}")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=f"families: {', '.join(TINY_FAMILIES)}")
     parser.add_argument("out", nargs="?", default="resources/models", type=Path, help="the folder to build into")
     args = parser.parse_args(argv)
-    for family, build in BUILDERS.items():
-        print(f"tiny_{family}: {build(args.out / f'tiny_{family}')}")
+    for family in TINY_FAMILIES:
+        print(f"tiny_{family}: {tiny_builder(family)(args.out / f'tiny_{family}')}")
     return 0
 
 

@@ -33,9 +33,9 @@ GROUPS = {
              "importlinter", "verbmirage.core", "verbmirage.data", "verbmirage.benchmark", "verbmirage.evaluation",
              "verbmirage.analysis", "verbmirage.workflow"),
 }
-#: The transformers model families the backends and the tiny models load (their modules load lazily).
-TRANSFORMERS_FAMILIES = ("auto", "llava", "clip", "llama", "instructblip", "blip_2", "qwen2_vl", "qwen2", "bert",
-                         "siglip", "t5")
+#: The transformers model families the backends' own classes build on (their language models and vision towers;
+#: their modules load lazily). The backends' own classes are warmed through their registry rows' ``preload`` names.
+TRANSFORMERS_FAMILIES = ("auto", "llama", "blip_2", "qwen2", "bert", "siglip", "t5")
 
 
 def names_of(group: str) -> list[str]:
@@ -63,6 +63,14 @@ def warm(group: str) -> list[str]:
             importlib.import_module(name)
         except Exception:
             failed.append(name)
+    if group == "torch" and "transformers" in sys.modules:
+        from verbmirage.models.registry import preload_names
+
+        for attribute in preload_names():  # touching a lazily loaded class imports its modules
+            try:
+                getattr(sys.modules["transformers"], attribute)
+            except Exception:
+                failed.append(f"transformers.{attribute}")
     return failed
 
 

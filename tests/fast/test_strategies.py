@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from verbmirage.variants import registry, search
-from verbmirage.variants.settings import DECODINGS, Variant, question_seed
+from verbmirage.variants import search
+from verbmirage.variants.settings import Variant, question_seed
 
 VOCAB = 9
 
@@ -76,22 +76,6 @@ def test_each_strategy_declares_what_it_needs_from_the_engine(entry, kind, beams
     assert (strategy.beams, strategy.streams, strategy.needs_last_attention, strategy.call_spans_batches,
             strategy.joins_rows, strategy.decides_by_first_token) == (beams, streams, attention, spans_calls, joins,
                                                                       first_decides)
-
-
-def test_every_decoding_a_variant_may_name_has_a_strategy_in_the_registry():
-    """The registry is the list of decodings: the variant settings and the config schema's enum follow it."""
-    from pathlib import Path
-
-    import yaml
-
-    schema = yaml.safe_load((Path(__file__).parents[2] / "schemas" / "config.schema.yaml").read_text())
-    assert schema["properties"]["variants"]["additionalProperties"]["properties"]["decoding"]["enum"] == \
-        list(registry.DECODINGS)
-    assert tuple(registry.DECODINGS) == DECODINGS
-    for name in DECODINGS:
-        assert registry.strategy_class(name).name == name
-    with pytest.raises(ValueError, match="decoding 'nucleus' is not one of"):
-        registry.strategy_class("nucleus")
 
 
 def test_openings_are_kept_where_a_decoding_follows_on_the_scoring_rows():

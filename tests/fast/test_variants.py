@@ -11,7 +11,7 @@ from verbmirage.workflow.config import check_config
 from verbmirage.core.errors import ConfigError
 from verbmirage.models import create_model
 from verbmirage.models.prompts import PromptTemplate
-from verbmirage.models.registry import BACKENDS, VARIANT_FEATURES
+from verbmirage.models.registry import BACKENDS, variant_features
 from verbmirage.variants.settings import (
     FEATURES,
     PAPER_PROMPT_SUFFIX,
@@ -55,7 +55,7 @@ def test_defaults_follow_the_methods():
 @pytest.mark.parametrize("entry, message", [
     ({"decoding": "nucleus"}, r"variants.v.decoding: 'nucleus'"),
     ({"decoding": "greedy", "num_beams": 3}, r"variants.v.num_beams: greedy decoding keeps one sequence"),
-    ({"decoding": "beam", "opera": {}}, r"variants.v.opera: settings for OPERA need decoding: opera"),
+    ({"decoding": "beam", "opera": {}}, r"variants.v.opera: settings for opera need decoding: opera"),
     ({"decoding": "opera", "vcd": {}}, r"variants.v.vcd: VCD combines with greedy, beam or sample"),
     ({"vcd": {"gamma": 1}}, r"variants.v.vcd: unknown key\(s\) \['gamma'\]"),
     ({"decision": {"method": "platt"}}, r"variants.v.decision.method: 'platt'"),
@@ -68,22 +68,21 @@ def test_bad_entries_name_the_key(entry, message):
 
 
 def test_every_backend_declares_what_it_runs():
-    assert set(VARIANT_FEATURES) == set(BACKENDS)
-    for backend, offered in VARIANT_FEATURES.items():
-        assert "decoding:greedy" in offered and offered <= FEATURES, backend
-    assert VARIANT_FEATURES["always_yes"] == {"decoding:greedy"}
-    assert VARIANT_FEATURES["llava"] == FEATURES
-    assert {"decoding:sample", "prompt_suffix", "decision:threshold"} <= VARIANT_FEATURES["openai"]
-    assert "decoding:beam" not in VARIANT_FEATURES["openai"]
+    for backend in BACKENDS:
+        assert "decoding:greedy" in variant_features(backend) and variant_features(backend) <= FEATURES, backend
+    assert variant_features("always_yes") == {"decoding:greedy"}
+    assert variant_features("llava") == FEATURES
+    assert {"decoding:sample", "prompt_suffix", "decision:threshold"} <= variant_features("openai")
+    assert "decoding:beam" not in variant_features("openai")
 
 
 def test_models_get_the_variants_their_backend_runs(config):
     config["variants"] = {"default": {}, "beam5": {"decoding": "beam"}, "suffix": {"prompt_suffix": "x"}}
-    assert model_variants(config, "tiny_llava", VARIANT_FEATURES["llava"]) == ["default", "beam5", "suffix"]
-    assert model_variants(config, "random", VARIANT_FEATURES["random"]) == ["default"]
+    assert model_variants(config, "tiny_llava", variant_features("llava")) == ["default", "beam5", "suffix"]
+    assert model_variants(config, "random", variant_features("random")) == ["default"]
     assert model_variants(config, "tiny_llava", None) == ["default"]  # a custom backend: plain variants only
     config["models"]["tiny_llava"]["variants"] = ["beam5"]
-    assert model_variants(config, "tiny_llava", VARIANT_FEATURES["llava"]) == ["beam5"]
+    assert model_variants(config, "tiny_llava", variant_features("llava")) == ["beam5"]
 
 
 @pytest.mark.parametrize("variants, message", [

@@ -18,10 +18,11 @@ import torch
 from verbmirage.models import Question, create_model
 from verbmirage.models.parsing import decide_choice, decide_yes_no
 from verbmirage.benchmark.questions import QuestionSettings, build_question_set
-from verbmirage.models.tiny import BUILDERS
+from verbmirage.models.registry import BACKENDS, TINY_FAMILIES
 
 TOLERANCE = 1e-4
-FAMILIES = sorted(f for f in BUILDERS if f != "clip")  # instructblip, llava, qwen2_5_vl, qwen2_vl
+# instructblip, llava, qwen2_5_vl, qwen2_vl: the transformers families with a tiny model
+FAMILIES = sorted(f for f in TINY_FAMILIES if BACKENDS[f].kind == "transformers")
 
 
 @pytest.fixture(scope="session")
@@ -113,9 +114,10 @@ def test_prefix_reuse_embeds_each_image_once(tiny_models, family, demo_anno, ima
     embedded, vision_calls = [], []
     hooks = [
         model.model.get_input_embeddings().register_forward_hook(lambda m, args, out: embedded.append(args[0].numel())),
-        # images through the vision tower: LLaVA embeds the images of a call as one batch, Qwen one per call
+        # images through the vision tower: a family whose images batch across prompts (LLaVA's) embeds the images
+        # of a call as one batch, Qwen one per call
         _vision_tower(model.model).register_forward_hook(
-            lambda m, args, out: vision_calls.append(args[0].shape[0] if family == "llava" else 1)),
+            lambda m, args, out: vision_calls.append(args[0].shape[0] if model.cross_image_batches else 1)),
     ]
     questions = _questions(demo_anno, images, "yn_obj", 30)
     model.continue_tokens = 0  # the scoring pass only

@@ -21,7 +21,7 @@ from verbmirage.workflow.config import check_config
 from verbmirage.core.errors import ConfigError
 from verbmirage.models.derived import effective_models
 from verbmirage.models import create_model
-from verbmirage.models.registry import IMAGE_MODES
+from verbmirage.models.registry import BACKENDS
 
 WIDTH, HEIGHT = 640, 480  # the most common HICO size
 
@@ -88,7 +88,7 @@ def test_the_key_area_grid_follows_the_mode(tiny_dirs):
 
 
 def test_a_mode_the_backend_does_not_have_is_refused_when_planned(tiny_dirs):
-    assert IMAGE_MODES["qwen2_vl"] == ("native",) and "crop" not in IMAGE_MODES["instructblip"]
+    assert BACKENDS["qwen2_vl"].image_modes == ("native",) and "crop" not in BACKENDS["instructblip"].image_modes
     with pytest.raises(ValueError, match=r"models.tiny.image_mode: 'square' is not one of \['crop', 'pad', 'resize'\]"):
         _llava(tiny_dirs, "square")
 

@@ -56,15 +56,6 @@ def test_damaged_training_statistics_are_named(tmp_path):
         create_model("prior", {"backend": "prior"}, ModelContext(train_stats=tmp_path / "train_stats.parquet"))
 
 
-def test_planned_variant_features_equal_each_backend_class_capabilities():
-    """The planning table (read without importing a backend) says what each backend class declares it runs."""
-    from verbmirage.models.registry import VARIANT_FEATURES, backend_class
-
-    assert set(VARIANT_FEATURES) == set(BACKENDS)
-    for backend, planned in VARIANT_FEATURES.items():
-        assert backend_class(backend).variant_features == planned, backend
-
-
 #: What a backend can do, declared on the base class with the default most backends have.
 CAPABILITIES = {"uses_images": True, "reads_answers": False, "mixed_kinds": False, "continue_tokens": None,
                 "prompts": None, "checks_scores": True}

@@ -20,6 +20,7 @@ from PIL import Image
 
 from verbmirage.models import Question, create_model
 from verbmirage.models.base import PLACEHOLDER_REVISION, FatalBackendError
+from verbmirage.models.registry import BACKENDS, backends_of_kind
 from verbmirage.models.hf import LogitsVLM, answer_token_ids
 from verbmirage.models.remote import (
     InProcessClient,
@@ -365,10 +366,10 @@ def test_minicpm_chat_gets_the_processor_and_explicit_decoding(tmp_path):
 def test_paper_config_pins_every_remote_model():
     """a revision and a worker env per remote entry; the placeholder is refused until replaced."""
     paper = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "paper.yaml").read_text())["models"]
-    remote = {slug: e for slug, e in paper.items() if e.get("backend") in ("qwen_vl_chat", "molmo", "minicpm_v", "mplug_owl2")}
+    remote = {slug: e for slug, e in paper.items() if e.get("backend") in backends_of_kind("remote")}
     assert len(remote) == 4
     for slug, entry in remote.items():
-        assert entry["revision"] and entry["env"] == f"remote-{entry['backend']}", slug
+        assert entry["revision"] and entry["env"] == BACKENDS[entry["backend"]].environment, slug
         assert (Path(__file__).resolve().parents[2] / "envs" / f"{entry['env']}.txt").is_file(), slug
     with pytest.raises(ValueError, match="models.m.revision: 'REPLACE-WITH-HF-COMMIT' is a placeholder"):
         create_model("m", {"backend": "molmo", "path": "allenai/Molmo-7B-D-0924", "trust_remote_code": True,

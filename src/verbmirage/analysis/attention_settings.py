@@ -5,8 +5,10 @@ models and which one each figure shows. The run plan imports this; the measures 
 
 from __future__ import annotations
 
-#: Backends whose language model this analysis can hook (transformers classes with a decoder stack).
-ATTENTION_BACKENDS = frozenset({"hf", "llava", "qwen2_vl", "qwen2_5_vl", "instructblip"})
+from verbmirage.models.registry import backends_of_kind
+
+#: Backends whose language model this analysis can hook (the transformers engine's: a decoder stack).
+ATTENTION_BACKENDS = backends_of_kind("transformers")
 
 
 class AttentionError(ValueError):

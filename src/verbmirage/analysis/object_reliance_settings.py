@@ -10,9 +10,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
 from verbmirage.models.entries import model_question_sets, model_variant_list
+from verbmirage.models.registry import backends_of_kind
 
 RELIANCE_QSETS = ("yn_obj", "yn_verb", "mc_obj", "mc_verb")
-BASELINE_BACKENDS = frozenset({"always_yes", "random", "prior"})
+BASELINE_BACKENDS = backends_of_kind("baseline")
 
 
 class RelianceError(ValueError):

@@ -8,10 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from verbmirage.core.errors import ConfigError
+from verbmirage.models.registry import BACKENDS
 
-# Backends whose ``confidence`` is not the probability of an answer token: the blind baselines' own prior,
-# CLIP's similarity score. Every other backend (transformers, remote code, API log-probs) has one.
-NO_TOKEN_PROBABILITY_BACKENDS = frozenset({"always_yes", "random", "prior", "clip"})
+# Backends whose ``confidence`` is not the probability of an answer token (their rows' ``token_probabilities``):
+# the blind baselines' own prior, CLIP's similarity score. Every other backend (transformers, remote code, API
+# log-probs) has one.
+NO_TOKEN_PROBABILITY_BACKENDS = frozenset(name for name, row in BACKENDS.items() if not row.token_probabilities)
 DEFAULT_QSETS = ("yn_obj", "yn_verb", "mc_obj", "mc_verb")
 
 

@@ -63,7 +63,7 @@ from verbmirage.models.base import (
 )
 from verbmirage.models.parsing import letter_token, parse_choice, parse_yes_no, yes_no_token
 from verbmirage.models.prompts import PromptTemplate
-from verbmirage.variants.settings import API
+from verbmirage.models.registry import API
 
 log = logging.getLogger(__name__)
 DEFAULT_BASE_URL = "https://api.openai.com/v1"

@@ -308,7 +308,7 @@ class VisionLanguageModel(ABC):
     #: a wrapper whose results are another model's, already checked there, passed through a decision rule
     #: (``decisions.CalibratedModel``: a text-scored answer keeps its NaN confidence under a new ``parse_rule``).
     checks_scores: bool = True
-    #: Variant features this backend offers (its capabilities; the registry's ``VARIANT_FEATURES`` repeats them for
+    #: Variant features this backend offers (its capabilities; its registry row's ``features`` repeats them for
     #: planning without importing a backend, and a test keeps the two equal).
     variant_features: frozenset[str] = PLAIN_ONLY
     #: The variant this model answers with (:meth:`use_variant`); plain greedy until told otherwise.

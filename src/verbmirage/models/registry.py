@@ -1,7 +1,11 @@
-"""Backends by name, imported lazily so a CPU user never imports a GPU stack.
+"""Backends by name: one row per backend, read without importing it (a CPU user never imports a GPU stack).
 
-A config entry ``models: {slug: {backend: NAME, ...settings}}`` becomes
-``create_model(slug, settings, context)``. Adding a backend is one line here.
+A config entry ``models: {slug: {backend: NAME, ...settings}}`` becomes ``create_model(slug, settings,
+context)``. Everything the package knows about a backend before it is imported is its :class:`Backend` row in
+:data:`BACKENDS`: its class, the variant features it offers, how its images reach its processor, its tiny test
+model, the transformers names the job server preloads for it and the worker environment it runs in. Adding a
+backend is its class and one row here (docs/architecture.md, "Adding things"); ``tests/fast/test_registry.py``
+checks that every row is complete and that no list elsewhere names a backend.
 """
 
 from __future__ import annotations
@@ -13,60 +17,120 @@ import importlib.machinery
 import importlib.util
 import inspect
 import re
+from dataclasses import dataclass
 
 from verbmirage.core.sources import class_constant, class_summary, source_file
 from verbmirage.models.base import ModelContext, VisionLanguageModel
-from verbmirage.variants.settings import ALL_FEATURES, API, PLAIN_ONLY, REMOTE, REMOTE_NO_BEAM
+from verbmirage.variants.settings import ALL_FEATURES, PLAIN_ONLY
 
-BACKENDS: dict[str, str] = {
-    "always_yes": "verbmirage.models.baselines:AlwaysYes",
-    "random": "verbmirage.models.baselines:RandomGuess",
-    "prior": "verbmirage.models.baselines:LanguagePrior",
-    "oracle": "verbmirage.models.oracle:NoisyOracle",  # a stand-in with a stated accuracy (the demo's signal)
-    "openai": "verbmirage.models.api:OpenAIChatModel",
-    "hf": "verbmirage.models.hf.engine:TransformersVLM",
-    "llava": "verbmirage.models.hf.families:LlavaVLM",
-    "instructblip": "verbmirage.models.hf.families:InstructBlipVLM",
-    "qwen2_vl": "verbmirage.models.hf.families:QwenVLM",
-    "qwen2_5_vl": "verbmirage.models.hf.families:QwenVLM",
-    "clip": "verbmirage.models.clip:ClipModel",
-    # trust_remote_code checkpoints (docs/models.md)
-    "qwen_vl_chat": "verbmirage.models.remote:QwenVLChat",
-    "molmo": "verbmirage.models.remote:MolmoVLM",
-    "minicpm_v": "verbmirage.models.remote:MiniCPMV",
-    "mplug_owl2": "verbmirage.models.remote:MplugOwl2",
+#: Scorers that return P(yes) (CLIP, remote-code adapters): greedy answers, prompt suffix, calibrated decisions.
+SCORING = frozenset({"decoding:greedy", "prompt_suffix", "decision:threshold", "decision:content_free"})
+#: OpenAI-compatible APIs: the server samples; the prompt and the decision rule are ours.
+API = SCORING | {"decoding:sample"}
+#: Remote-code checkpoints: scored from logits, decoded by their own ``generate`` (beam search, sampling); no VCD
+#: or OPERA, which need the engine's steps.
+REMOTE = SCORING | {"decoding:beam", "decoding:sample"}
+#: Molmo's ``generate_from_batch`` cannot run beam search (its caches have no reordering).
+REMOTE_NO_BEAM = SCORING | {"decoding:sample"}
+
+#: The kinds of backend: the transformers engine (``models/hf/``), remote-code checkpoints (``models/remote.py``),
+#: an API, a blind baseline, a stand-in with a stated accuracy, CLIP.
+KINDS = ("transformers", "remote", "api", "baseline", "stand_in", "clip")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """All the package knows about one backend before it is imported."""
+
+    #: ``module:Class`` of its :class:`~verbmirage.models.base.VisionLanguageModel` (imported when a model is
+    #: built; its constructor's settings are read from the source while planning).
+    target: str
+    #: One of :data:`KINDS`.
+    kind: str
+    #: The variant features it offers (:mod:`verbmirage.variants.settings`): planning reads them here; the class
+    #: declares the same as ``variant_features`` (a test keeps them equal).
+    features: frozenset[str]
+    #: How its images reach its processor (``image_mode``; docs/models.md, "Image processing"): the first is the
+    #: default, the checkpoint's processor as shipped. ``pad`` expands the image to a square in the processor's
+    #: mean colour first (the original LLaVA-1.5's ``image_aspect_ratio: pad``); ``resize`` squashes it to the
+    #: processor's square input first (OPERA's LLaVA processor), so nothing is cropped. Transformers backends only.
+    image_modes: tuple[str, ...] = ()
+    #: ``module:function`` writing its tiny random-weight model to a folder (rule ``tiny_model``; the tests' and
+    #: the demo's models): one per transformers family.
+    tiny: str | None = None
+    #: The transformers names its classes load lazily, which the job server touches before it serves.
+    preload: tuple[str, ...] = ()
+    #: The worker environment its entries run in (``env:``, built from ``envs/<environment>.txt`` by
+    #: ``tools/make_envs.sh``); remote-code backends.
+    environment: str | None = None
+    #: Whether its ``confidence`` is the probability of an answer token (the uncertainty analysis).
+    token_probabilities: bool = True
+
+
+_LLAVA = ("LlavaForConditionalGeneration", "LlavaProcessor", "LlavaConfig", "LlamaConfig", "CLIPVisionConfig",
+          "CLIPImageProcessor")
+_QWEN2_VL = ("Qwen2VLForConditionalGeneration", "Qwen2VLProcessor", "Qwen2VLImageProcessor")
+
+BACKENDS: dict[str, Backend] = {
+    "always_yes": Backend("verbmirage.models.baselines:AlwaysYes", "baseline", PLAIN_ONLY, token_probabilities=False),
+    "random": Backend("verbmirage.models.baselines:RandomGuess", "baseline", PLAIN_ONLY, token_probabilities=False),
+    "prior": Backend("verbmirage.models.baselines:LanguagePrior", "baseline", PLAIN_ONLY, token_probabilities=False),
+    # a stand-in with a stated accuracy (the demo's signal)
+    "oracle": Backend("verbmirage.models.oracle:NoisyOracle", "stand_in", PLAIN_ONLY),
+    "openai": Backend("verbmirage.models.api:OpenAIChatModel", "api", API),
+    # whatever the checkpoint's processor does
+    "hf": Backend("verbmirage.models.hf.engine:TransformersVLM", "transformers", ALL_FEATURES, ("native", "pad")),
+    # llava-hf: short side to 336, then the centre 336 x 336
+    "llava": Backend("verbmirage.models.hf.families:LlavaVLM", "transformers", ALL_FEATURES, ("crop", "pad", "resize"),
+                     tiny="verbmirage.models.tiny:build_tiny_llava", preload=_LLAVA),
+    # its processor squashes to 224 x 224: nothing is cropped
+    "instructblip": Backend("verbmirage.models.hf.families:InstructBlipVLM", "transformers", ALL_FEATURES,
+                            ("resize", "pad"), tiny="verbmirage.models.tiny:build_tiny_instructblip",
+                            preload=("InstructBlipForConditionalGeneration", "InstructBlipProcessor",
+                                     "BlipImageProcessor", "BertTokenizerFast")),
+    # dynamic resolution: the whole image at its own aspect ratio
+    "qwen2_vl": Backend("verbmirage.models.hf.families:QwenVLM", "transformers", ALL_FEATURES, ("native",),
+                        tiny="verbmirage.models.tiny:build_tiny_qwen2_vl", preload=_QWEN2_VL),
+    "qwen2_5_vl": Backend("verbmirage.models.hf.families:QwenVLM", "transformers", ALL_FEATURES, ("native",),
+                          tiny="verbmirage.models.tiny:build_tiny_qwen2_5_vl",
+                          preload=("Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor", *_QWEN2_VL)),
+    "clip": Backend("verbmirage.models.clip:ClipModel", "clip", PLAIN_ONLY,
+                    tiny="verbmirage.models.tiny:build_tiny_clip",
+                    preload=("CLIPModel", "CLIPProcessor", "CLIPTokenizer", "CLIPTokenizerFast"),
+                    token_probabilities=False),
+    # trust_remote_code checkpoints (docs/models.md), each in its worker environment
+    "qwen_vl_chat": Backend("verbmirage.models.remote:QwenVLChat", "remote", REMOTE, environment="remote-qwen_vl_chat"),
+    "molmo": Backend("verbmirage.models.remote:MolmoVLM", "remote", REMOTE_NO_BEAM, environment="remote-molmo"),
+    "minicpm_v": Backend("verbmirage.models.remote:MiniCPMV", "remote", REMOTE, environment="remote-minicpm_v"),
+    "mplug_owl2": Backend("verbmirage.models.remote:MplugOwl2", "remote", REMOTE, environment="remote-mplug_owl2"),
 }
 
-# What each backend can run (verbmirage.variants.settings): read while planning, so no backend module is imported.
-VARIANT_FEATURES: dict[str, frozenset[str]] = {
-    "always_yes": PLAIN_ONLY,
-    "random": PLAIN_ONLY,
-    "prior": PLAIN_ONLY,
-    "oracle": PLAIN_ONLY,
-    "openai": API,
-    "hf": ALL_FEATURES,
-    "llava": ALL_FEATURES,
-    "instructblip": ALL_FEATURES,
-    "qwen2_vl": ALL_FEATURES,
-    "qwen2_5_vl": ALL_FEATURES,
-    "clip": PLAIN_ONLY,
-    "qwen_vl_chat": REMOTE,
-    "molmo": REMOTE_NO_BEAM,
-    "minicpm_v": REMOTE,
-    "mplug_owl2": REMOTE,
-}
+#: Backend -> its image modes, for the transformers engine (a view of :data:`BACKENDS`).
+IMAGE_MODES: dict[str, tuple[str, ...]] = {name: row.image_modes for name, row in BACKENDS.items() if row.image_modes}
+#: The families with a tiny test model, in table order (rule ``tiny_model``'s ``{family}``; a view of the rows).
+TINY_FAMILIES: tuple[str, ...] = tuple(name for name, row in BACKENDS.items() if row.tiny)
 
-# How a transformers backend's images reach its processor (``image_mode``; docs/models.md, "Image processing"):
-# the first value is the default, the checkpoint's processor as shipped. ``pad`` expands the image to a square
-# in the processor's mean colour first (the original LLaVA-1.5's ``image_aspect_ratio: pad``); ``resize`` squashes
-# it to the processor's square input size first (OPERA's LLaVA processor), so nothing is cropped.
-IMAGE_MODES: dict[str, tuple[str, ...]] = {
-    "llava": ("crop", "pad", "resize"),  # llava-hf: short side to 336, then the centre 336 x 336
-    "instructblip": ("resize", "pad"),  # its processor squashes to 224 x 224: nothing is cropped
-    "qwen2_vl": ("native",),  # dynamic resolution: the whole image at its own aspect ratio
-    "qwen2_5_vl": ("native",),
-    "hf": ("native", "pad"),  # whatever the checkpoint's processor does
-}
+
+def backends_of_kind(*kinds: str) -> frozenset[str]:
+    """The registered backends of the given kinds (:data:`KINDS`)."""
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        raise ValueError(f"unknown backend kind(s) {unknown}; known: {list(KINDS)}")
+    return frozenset(name for name, row in BACKENDS.items() if row.kind in kinds)
+
+
+def tiny_builder(family: str):
+    """The function that writes family ``family``'s tiny model to a folder (imports ``models.tiny``)."""
+    if family not in TINY_FAMILIES:
+        raise KeyError(f"no tiny model for '{family}'; families: {list(TINY_FAMILIES)}")
+    module, _, name = BACKENDS[family].tiny.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def preload_names() -> tuple[str, ...]:
+    """The transformers names every registered backend loads lazily (for the job server), each once."""
+    return tuple(dict.fromkeys(name for row in BACKENDS.values() for name in row.preload))
+
 
 # Keys of a model entry that belong to the workflow, not to the backend.
 WORKFLOW_KEYS = frozenset({"backend", "batch_size", "shards", "resources", "qsets", "paper_name", "variants",
@@ -82,7 +146,7 @@ PLANNING_KEYS = frozenset({"qsets", "paper_name", "paper_method", "resources", "
 
 def variant_features(backend: str) -> frozenset[str] | None:
     """The variant features a backend offers; None for a custom ``module:Class`` (unknown until imported)."""
-    return VARIANT_FEATURES.get(backend)
+    return BACKENDS[backend].features if backend in BACKENDS else None
 
 
 def backend_settings(backend: str) -> frozenset[str] | None:
@@ -102,19 +166,19 @@ def backend_setting_types(backend: str) -> dict[str, str | None] | None:
     the source like :func:`backend_settings`; None where it takes any setting or cannot be read."""
     if backend not in BACKENDS:
         return None
-    module, _, name = BACKENDS[backend].partition(":")
+    module, _, name = BACKENDS[backend].target.partition(":")
     return _constructor_settings(module, name)
 
 
 def backend_uses_images(backend: str) -> bool:
     """Whether a backend's answers look at the image (its class's ``uses_images``, read from the source; a custom
     ``module:Class`` counts as looking)."""
-    return backend not in BACKENDS or bool(class_constant(BACKENDS[backend], "uses_images", True))
+    return backend not in BACKENDS or bool(class_constant(BACKENDS[backend].target, "uses_images", True))
 
 
 def backend_summary(backend: str) -> str:
     """The first paragraph of a registered backend class's docstring, read from its source (nothing imported)."""
-    return class_summary(BACKENDS[backend])
+    return class_summary(BACKENDS[backend].target)
 
 
 #: Values a setting may take where its annotation (``str``) says too little; planning refuses any other.
@@ -205,7 +269,7 @@ def backend_class(backend: str) -> type[VisionLanguageModel]:
     if ":" in backend:
         target = backend
     elif backend in BACKENDS:
-        target = BACKENDS[backend]
+        target = BACKENDS[backend].target
     else:
         raise KeyError(f"unknown backend '{backend}'; known: {sorted(BACKENDS)} or 'module:Class'")
     module, _, name = target.partition(":")

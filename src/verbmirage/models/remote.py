@@ -60,7 +60,8 @@ from verbmirage.core.imaging import open_rgb
 from verbmirage.models.hf.tokens import answer_token_ids
 from verbmirage.models.parsing import decide_choice, parse_choice, parse_yes_no, yes_no_token
 from verbmirage.models.prompts import PromptTemplate
-from verbmirage.variants.settings import REMOTE, REMOTE_NO_BEAM, question_seed
+from verbmirage.models.registry import REMOTE, REMOTE_NO_BEAM
+from verbmirage.variants.settings import question_seed
 
 WORKER_SCRIPT = Path(remote_worker.__file__).resolve()
 

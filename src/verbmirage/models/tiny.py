@@ -9,6 +9,7 @@ answers are meaningless; what they test is the loading, prompting and
 scoring code. Random weights differ across torch versions, so tests check
 properties (batched == unbatched), never values.
 
+Each family's backend row names its builder (``verbmirage.models.registry``, ``tiny``);
 ``python tools/build_tiny_models.py OUT`` writes all of them.
 """
 
@@ -36,7 +37,7 @@ LLAVA_CHAT_TEMPLATE = (
 
 def _corpus() -> list[str]:
     """Sentences the tokenizer must encode compactly: every question and answer of the benchmark."""
-    from verbmirage.data.hico import hoi_vocabulary  # deferred: imports pandas and scipy (the plan reads BUILDERS)
+    from verbmirage.data.hico import hoi_vocabulary  # deferred: imports pandas and scipy (the job server preloads this module)
 
     vocab = hoi_vocabulary()
     lines = ["USER: ASSISTANT: Yes No yes no A B C D", MC_STEM]
@@ -320,12 +321,3 @@ def build_tiny_clip(out_dir: str | Path, seed: int = 0, image_size: int = 32, pa
     processor.save_pretrained(out_dir)
     return out_dir
 
-
-# Family name -> builder; rule `tiny_model` and tools/build_tiny_models.py use this table.
-BUILDERS = {
-    "llava": build_tiny_llava,
-    "instructblip": build_tiny_instructblip,
-    "qwen2_vl": build_tiny_qwen2_vl,
-    "qwen2_5_vl": build_tiny_qwen2_5_vl,
-    "clip": build_tiny_clip,
-}

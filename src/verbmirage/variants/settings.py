@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields, is_dataclass
 
-from verbmirage.variants.registry import DECODINGS as _STRATEGIES
-from verbmirage.variants.registry import decoding_strategy
+from verbmirage.variants.registry import DECODINGS as _ROWS
+from verbmirage.variants.registry import OperaSettings, decoding_row, decoding_strategy, readers
 
-#: The decodings a variant may name: one per strategy in the registry (variants/registry.py).
-DECODINGS = tuple(_STRATEGIES)
+#: The decodings a variant may name: one per row of the registry (variants/registry.py).
+DECODINGS = tuple(_ROWS)
 DECISION_METHODS = ("threshold", "content_free")
 
 #: Every feature a variant may need. ``decoding:<name>`` per decoding; the rest are switches.
@@ -38,15 +38,7 @@ FEATURES = frozenset(
 PLAIN_ONLY = frozenset({"decoding:greedy"})
 #: Transformers backends: everything.
 ALL_FEATURES = FEATURES
-#: Scorers that return P(yes) (CLIP, remote-code adapters): greedy answers, prompt suffix, calibrated decisions.
-SCORING = frozenset({"decoding:greedy", "prompt_suffix", "decision:threshold", "decision:content_free"})
-#: OpenAI-compatible APIs: the server samples; the prompt and the decision rule are ours.
-API = SCORING | {"decoding:sample"}
-#: Remote-code checkpoints: scored from logits, decoded by their own ``generate`` (beam search, sampling); no VCD
-#: or OPERA, which need the engine's steps.
-REMOTE = SCORING | {"decoding:beam", "decoding:sample"}
-#: Molmo's ``generate_from_batch`` cannot run beam search (its caches have no reordering).
-REMOTE_NO_BEAM = SCORING | {"decoding:sample"}
+#: The feature sets of the other backends are theirs, in their registry rows (``verbmirage.models.registry``).
 
 #: Appendix F of the paper: the ad-hoc prompt it tried.
 PAPER_PROMPT_SUFFIX = " Pay attention to the verb in question."
@@ -62,26 +54,8 @@ class VCDSettings:
 
 
 @dataclass(frozen=True)
-class OperaSettings:
-    """OPERA's over-trust penalty and retrospection (Huang et al. 2024; notes section 3).
-
-    ``float16_scores`` and ``full_length_normalisation`` keep two quirks of the
-    official code (scores stored in float16; beam scores divided by the whole
-    sequence length, prompt included); set them false for the clean version.
-    """
-
-    scale_factor: float = 50.0
-    threshold: int = 15
-    num_attn_candidates: int = 5
-    penalty_weights: float = 1.0
-    reward_tokens: int = 10
-    float16_scores: bool = True
-    full_length_normalisation: bool = True
-
-
-@dataclass(frozen=True)
 class DecisionSettings:
-    """A calibrated decision rule on the model's scores (beyond the paper; notes section 8).
+    """A calibrated decision rule on the model's scores (beyond the paper; docs/variants.md, "Calibrated decisions").
 
     ``threshold``: the yes/no cut on ``yes_margin`` that maximises ``metric`` on a
     calibration set built like the benchmark from ``calibration_images``
@@ -119,37 +93,65 @@ class Variant:
     datasets: tuple[str, ...] = ()
     #: The question sets this variant asks (empty: every set its model asks). Plans runs only.
     qsets: tuple[str, ...] = ()
+    #: Every key its decoding reads, defaults filled (an instance of its registry row's settings type): the
+    #: search knobs above where the decoding reads them, and the keys of its own (filled when built).
+    decoding_settings: object = None
+
+    def __post_init__(self):
+        row = decoding_row(self.decoding)
+        given = self.decoding_settings
+        values = {}
+        for name in _field_names(row.settings):
+            if name in _VARIANT_FIELDS:  # a knob kept on the variant: its value wins (dataclasses.replace)
+                if getattr(self, name) is not None:
+                    values[name] = getattr(self, name)
+            elif given is not None and hasattr(given, name):
+                values[name] = getattr(given, name)
+        object.__setattr__(self, "decoding_settings", row.settings(**values))
 
     @classmethod
     def from_config(cls, entry: dict | None, where: str = "variants") -> "Variant":
         """The variant of one config entry; errors name ``where`` and the key.
 
-        A non-finite number (``.nan``, ``.inf``) is refused here too, not only when the run is planned: a job
-        started from the command line (JSON admits ``NaN`` and ``Infinity``) never sees the plan.
+        The keys a decoding reads, their defaults and the keys it refuses come from its registry row
+        (:mod:`verbmirage.variants.registry`). A non-finite number (``.nan``, ``.inf``) is refused here too, not
+        only when the run is planned: a job started from the command line (JSON admits ``NaN`` and
+        ``Infinity``) never sees the plan.
         """
         entry = dict(entry or {})
         problems = non_finite_numbers(entry, where)
         if problems:
             raise ValueError("; ".join(problems))
-        known = {f.name for f in fields(cls)}
+        decoding_keys = {name for row in _ROWS.values() for name in _field_names(row.settings)}
+        known = (_VARIANT_FIELDS | decoding_keys) - {"decoding_settings"}
         unknown = sorted(set(entry) - known)
         if unknown:
             raise ValueError(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")
         decoding = entry.get("decoding", "greedy")
-        if decoding not in DECODINGS:
-            raise ValueError(f"{where}.decoding: '{decoding}' is not one of {list(DECODINGS)}")
-        if "num_beams" not in entry:
-            entry["num_beams"] = 5 if decoding in ("beam", "opera") else 1
-        if decoding in ("greedy", "sample") and entry["num_beams"] != 1:
-            raise ValueError(f"{where}.num_beams: {decoding} decoding keeps one sequence; use decoding: beam")
-        if decoding == "opera":
-            entry["opera"] = OperaSettings(**_checked(entry.get("opera") or {}, OperaSettings, f"{where}.opera"))
-        elif entry.get("opera") is not None:
-            raise ValueError(f"{where}.opera: settings for OPERA need decoding: opera (got '{decoding}')")
+        if decoding not in _ROWS:
+            raise ValueError(f"{where}.decoding: '{decoding}' is not one of {list(_ROWS)}")
+        row = decoding_row(decoding)
+        own = {f.name: f for f in fields(row.settings)}
+        for key in sorted(set(entry) & decoding_keys - set(own)):
+            _check_unread(key, entry[key], decoding, where)
+        values = {}
+        for name, spec in own.items():
+            if name in entry:
+                default = spec.default if spec.default is not MISSING else spec.default_factory()
+                block = type(default) if is_dataclass(default) else None
+                value = entry.pop(name)
+                if name not in _VARIANT_FIELDS:  # a key of its own: its row's schema bounds it, planned or not
+                    _check_against(value, row.schema.get(name), f"{where}.{name}")
+                values[name] = block(**_checked(value or {}, block, f"{where}.{name}")) if block else value
+        settings = row.settings(**values)
+        entry.update({name: getattr(settings, name) for name in own if name in _VARIANT_FIELDS})
+        entry["decoding_settings"] = settings
         if entry.get("vcd") is not None:
             entry["vcd"] = VCDSettings(**_checked(entry["vcd"], VCDSettings, f"{where}.vcd"))
-            if decoding == "opera":
-                raise ValueError(f"{where}.vcd: VCD combines with greedy, beam or sample decoding, not OPERA")
+            if not row.contrasts:
+                contrasting = [name for name, other in _ROWS.items() if other.contrasts]
+                raise ValueError(f"{where}.vcd: VCD combines with {', '.join(contrasting[:-1])} or {contrasting[-1]} "
+                                 f"decoding, not {decoding}")
         if entry.get("decision") is not None:
             settings = _checked(entry["decision"], DecisionSettings, f"{where}.decision")
             if settings.get("method") not in DECISION_METHODS:
@@ -197,11 +199,14 @@ class Variant:
 
     def settings(self) -> dict:
         """Every setting the answers depend on (for fingerprints and provenance): no ``paper_name`` and no
-        planning key (``conditions``, ``datasets``, ``qsets``)."""
+        planning key (``conditions``, ``datasets``, ``qsets``). The keys of its decoding that are not fields of
+        the variant are added flat, so that a decoding with a key of its own leaves every other variant's
+        settings (and fingerprint) as they were."""
         values = asdict(self)
+        own = values.pop("decoding_settings")
         for planning in ("paper_name", "conditions", "datasets", "qsets"):
             values.pop(planning)
-        return values
+        return {**values, **{name: value for name, value in own.items() if name not in _VARIANT_FIELDS}}
 
     def strategy(self):
         """The decoding strategy this variant answers with (:mod:`verbmirage.variants.registry`; imports torch)."""
@@ -209,9 +214,41 @@ class Variant:
 
     @property
     def label(self) -> str:
-        """How ``parse_rule`` names the decoding: ``greedy``, ``beam5``, ``sample``, ``opera``, ``+vcd``."""
-        name = f"beam{self.num_beams}" if self.decoding == "beam" else self.decoding
-        return name + ("+vcd" if self.vcd is not None else "")
+        """How ``parse_rule`` names the decoding (its registry row's ``label``): ``greedy``, ``beam5``,
+        ``sample``, ``opera``, ``+vcd``."""
+        values = {**{name: getattr(self.decoding_settings, name) for name in _field_names(self.decoding_settings)},
+                  **{name: getattr(self, name) for name in _VARIANT_FIELDS}}
+        return decoding_row(self.decoding).label.format(**values) + ("+vcd" if self.vcd is not None else "")
+
+
+_VARIANT_FIELDS = frozenset(f.name for f in fields(Variant))
+
+
+def _field_names(settings) -> list[str]:
+    return [f.name for f in fields(settings)]
+
+
+def _check_unread(key: str, value, decoding: str, where: str) -> None:
+    """Refuse key ``key`` of another decoding that ``decoding`` does not read, unless it is a search knob left
+    unused (a ``temperature`` beside beam search is ignored, as transformers' ``GenerationConfig`` ignores it)."""
+    takers = " or ".join(readers(key))
+    if key == "num_beams":
+        if value != 1:
+            raise ValueError(f"{where}.num_beams: {decoding} decoding keeps one sequence; use decoding: {takers}")
+    elif key not in _VARIANT_FIELDS or isinstance(value, dict):
+        raise ValueError(f"{where}.{key}: settings for {takers} need decoding: {takers} (got '{decoding}')")
+
+
+def _check_against(value, schema: dict | None, where: str) -> None:
+    """A ``ValueError`` naming ``where`` when ``value`` does not meet its JSON ``schema`` (a job started by hand
+    never meets the config schema)."""
+    if not schema:
+        return
+    import jsonschema  # deferred: only decodings with keys of their own need it
+
+    error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(value))
+    if error is not None:
+        raise ValueError(f"{where}: {error.message}")
 
 
 def _checked(values: dict, settings_class, where: str) -> dict:

@@ -24,12 +24,11 @@ import yaml
 from verbmirage.core.errors import ConfigError
 from verbmirage.benchmark.condition_types import CONDITIONS, PLANNING_KEYS
 from verbmirage.models.derived import DERIVED_FOLDER, effective_models
-from verbmirage.models.tiny import BUILDERS as TINY_BUILDERS
 from verbmirage.data.hico_files import hico_det_file
 from verbmirage.models.base import allow_remote_code
 from verbmirage.models.registry import (
     BACKENDS,
-    IMAGE_MODES,
+    TINY_FAMILIES,
     WORKFLOW_KEYS,
     backend_settings,
     setting_problems,
@@ -197,8 +196,8 @@ def _check_backend_settings(slug: str, entry: dict) -> None:
     if problems:
         raise ConfigError(f"models.{slug}.{problems[0]}" + "".join(f"; models.{slug}.{p}" for p in problems[1:])
                           + f" (backend '{entry['backend']}'; docs/models.md, \"Backends\")")
-    modes = IMAGE_MODES.get(entry["backend"])
-    if "image_mode" in entry and modes is not None and entry["image_mode"] not in modes:
+    modes = BACKENDS[entry["backend"]].image_modes if entry["backend"] in BACKENDS else ()
+    if "image_mode" in entry and modes and entry["image_mode"] not in modes:
         raise ConfigError(f"models.{slug}.image_mode: {entry['image_mode']!r} is not one of {list(modes)} for "
                           f"backend '{entry['backend']}' (docs/models.md, \"Image processing\")")
 
@@ -337,7 +336,7 @@ def check_config(config: dict, workdir: str | Path = ".") -> None:
     workdir = Path(workdir)
     _check_pangea(config, workdir)
     _check_sampled_models(config)
-    built = {TINY_MODEL.format(family=family) for family in TINY_BUILDERS}  # rules tiny_model and derive_model
+    built = {TINY_MODEL.format(family=family) for family in TINY_FAMILIES}  # rules tiny_model and derive_model
     built |= {DERIVED_FOLDER.format(model=slug) for slug, entry in config["models"].items() if "derive" in entry}
     try:  # a derived entry (models.<slug>.derive) is checked as the entry its jobs load
         config = {**config, "models": effective_models(config)}

@@ -67,15 +67,11 @@ PRELOAD = (
     "peft",
     "verbmirage.*",
 )
-#: transformers loads these lazily by attribute; touching them imports their modules.
+#: transformers loads these lazily by attribute; touching them imports their modules. These serve every backend;
+#: each backend's own (its model and processor classes) are in its registry row (``models.registry``, ``preload``).
 TRANSFORMERS_NAMES = (
     "AutoConfig", "AutoProcessor", "AutoTokenizer", "AutoImageProcessor", "PreTrainedTokenizerFast",
-    "LlavaForConditionalGeneration", "LlavaProcessor", "LlavaConfig", "LlamaConfig", "CLIPVisionConfig",
-    "CLIPImageProcessor", "CLIPModel", "CLIPProcessor", "CLIPTokenizer",
-    "CLIPTokenizerFast", "InstructBlipForConditionalGeneration", "InstructBlipProcessor", "BlipImageProcessor",
-    "BertTokenizerFast", "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor", "Qwen2VLImageProcessor",
-    "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor", "LogitsProcessorList", "TemperatureLogitsWarper",
-    "TopKLogitsWarper", "TopPLogitsWarper", "Trainer",
+    "LogitsProcessorList", "TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "Trainer",
 )
 _STATUS = struct.Struct("!i")  # a job's exit status; minus the signal that killed it (sent by the server)
 _PID = struct.Struct("!i")
@@ -261,9 +257,15 @@ def _read_struct(connection: socket.socket, layout: struct.Struct) -> int | None
 # ---- the server's side --------------------------------------------------------------------------------------
 
 
-def preload(names=PRELOAD, transformers_names=TRANSFORMERS_NAMES) -> list[str]:
-    """Import ``names`` (``pkg.*``: the package and all its modules); return the ones that failed."""
+def preload(names=PRELOAD, transformers_names=None) -> list[str]:
+    """Import ``names`` (``pkg.*``: the package and all its modules), then touch ``transformers_names`` (default:
+    :data:`TRANSFORMERS_NAMES` and every backend's own); return the ones that failed."""
     import pkgutil
+
+    if transformers_names is None:
+        from verbmirage.models.registry import preload_names  # deferred: jobs import this module first, light
+
+        transformers_names = TRANSFORMERS_NAMES + preload_names()
 
     failed = []
     for name in names:

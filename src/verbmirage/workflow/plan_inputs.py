@@ -13,7 +13,7 @@ from pathlib import Path
 from verbmirage.benchmark.question_sets import calibration_qsets
 from verbmirage.data import identity as data_identity
 from verbmirage.data.hico_files import hico_det_file
-from verbmirage.models.tiny import BUILDERS as TINY_BUILDERS
+from verbmirage.models.registry import TINY_FAMILIES as TINY_BUILDERS
 from verbmirage.variants.settings import decision_plan
 from verbmirage.workflow import paths as P
 from verbmirage.workflow.paths import Paths

@@ -25,7 +25,7 @@ import importlib.util
 from pathlib import Path
 
 from verbmirage.core.locks import BusyError, WriterLock
-from verbmirage.models.registry import BACKENDS
+from verbmirage.models.registry import backends_of_kind
 
 #: method -> "module:function" of its build (imported lazily).
 DERIVE_METHODS = {
@@ -44,7 +44,7 @@ OUTPUT_KEYS = {"nullu": "path", "lora_finetune": "adapter"}
 #: config with its own tree passes its folder (``verbmirage.workflow.paths.Paths.derived_model``).
 DERIVED_FOLDER = "results/models/{model}"
 #: Backends a method can derive from: the transformers ones (their weights load with from_pretrained).
-TRANSFORMERS_BACKENDS = frozenset(name for name, target in BACKENDS.items() if target.startswith("verbmirage.models.hf."))
+TRANSFORMERS_BACKENDS = backends_of_kind("transformers")
 #: Keys of the base entry a derived entry does not inherit: labels and planning of the base's own runs (its
 #: own settings of the variants it runs, too: a derived entry runs its own list and sets its own).
 NOT_INHERITED = frozenset({"paper_name", "paper_method", "qsets", "variants", "variant_settings"})
