@@ -4,9 +4,9 @@
 
 An estimate on the safe side, not a measurement: every term is what the engine may hold at its peak.
 
-- A question's rows (``per_row``), one per beam and per VCD stream: their cache (keys and values of every layer)
-  over the suffix and the tokens it decodes, and over the image prefix too where rows copy it (without prefix
-  reuse, or a family whose steps do not read prefixes in place); one layer's transient over the suffix (the
+- A question's rows (``per_row``), one per beam and per VCD stream: their cache (keys and values of every layer,
+  :data:`CACHE_COPIES` times) over the suffix and the tokens it decodes, and over the image prefix too where rows
+  copy it (without prefix reuse, or a family whose steps do not read prefixes in place); one layer's transient over the suffix (the
   MLP's three intermediate tensors, four hidden-size tensors, the attention products over prefix and suffix in
   float32); the suffix's logits (model dtype and a float32 copy); OPERA's attention record (every head, every
   decoded token, over the whole sequence, float32).
@@ -32,6 +32,10 @@ HEADER_TOKENS = 64
 #: about 400 after merging; this leaves room for larger images).
 DYNAMIC_IMAGE_TOKENS = 1024
 FLOAT32 = 4
+#: Copies of a decoding row's cache at a step's peak: the grown (beam search: reordered) cache is written beside
+#: the old one. With it the estimate meets the peaks measured on an H200 at batch 64 (bench/README.md: beam5
+#: ~100 MiB per beam row of LLaVA-1.5-7B in bf16, vcd_beam5 ~110 MiB per beam and stream).
+CACHE_COPIES = 2
 
 
 def image_tokens(config) -> int:
@@ -104,7 +108,7 @@ def engine_memory_costs(vlm) -> MemoryCosts:
     own_tokens = suffix + new + (prefix if copies_prefix else 0)
     forward_tokens = suffix if reused else prefix + suffix  # without reuse a row runs its whole prompt
     # each beam holds its cache and its step's logits; the scoring forward runs once per question and stream
-    beam = per_token * own_tokens + text["vocab"] * (itemsize + FLOAT32)
+    beam = CACHE_COPIES * per_token * own_tokens + text["vocab"] * (itemsize + FLOAT32)
     if strategy.needs_last_attention:  # OPERA: the last layer's attention of every decoded token, every head
         beam += text["heads"] * new * whole * FLOAT32
     scoring = _layer_transient(text, forward_tokens, whole, itemsize) + suffix * text["vocab"] * (itemsize + FLOAT32)
