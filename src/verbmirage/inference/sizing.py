@@ -85,7 +85,7 @@ def sized_batch(costs: MemoryCosts, free: int, total: int, per_image_rows: float
             f"{name}: not even a batch of 1 fits on {costs.device}: one question needs "
             f"{(costs.per_row + costs.per_image) / GIB:.2f} GiB, {budget / GIB:.2f} GiB are usable "
             f"({free / GIB:.2f} GiB free of {total / GIB:.2f} GiB, {margin:.0%} kept free; the weights hold "
-            f"{costs.weights / GIB:.2f} GiB). Use a smaller dtype, a GPU with more memory, or another job's GPU")
+            f"{costs.weights / GIB:.2f} GiB). Run it on a GPU with more free memory, or in a smaller dtype")
     return min(cap, 1 << (rows.bit_length() - 1))
 
 
