@@ -83,6 +83,17 @@ def test_the_engine_counts_what_each_decoding_holds_per_question(job):
     assert model.memory_costs().per_row < greedy.per_row
 
 
+@pytest.mark.parametrize("family", ["llava", "instructblip", "qwen2_vl", "qwen2_5_vl"])
+def test_every_engine_family_tells_its_memory(tiny_dirs, family):
+    """Each family's config gives the figures (Qwen2-VL's dynamic resolution included); InstructBLIP, whose
+    Q-Former reads the question, keeps no image prefix: each row runs its own image."""
+    model = create_model(family, {"backend": family, "path": str(tiny_dirs[family]), "local_files_only": True})
+    costs = model.memory_costs()
+    assert costs.weights > 0 and costs.per_row > 0 and costs.device == "cpu"
+    assert (costs.per_image == 0) == (family == "instructblip")
+    assert sized_batch(costs, TOTAL, TOTAL) >= 1
+
+
 def _reading(costs: MemoryCosts, per_image_rows: float, batch: int):
     """A fake device whose free memory fits a sized batch of exactly ``batch``."""
     unit = costs.per_row + costs.call_batches * costs.per_image / per_image_rows
