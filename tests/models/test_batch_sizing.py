@@ -9,10 +9,10 @@ import logging
 import pandas as pd
 import pytest
 
-from verbmirage.benchmark.conditions import apply_condition
+from test_suite_inference import suite  # noqa: F401  (the fixture: five HICO sets on six demo images)
+
 from verbmirage.benchmark.question_table import QUESTIONS
-from verbmirage.benchmark.questions import QuestionSettings, build_question_set
-from verbmirage.core.io import read_provenance, read_table, write_table
+from verbmirage.core.io import read_provenance, read_table
 from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.inference.runs import (
     IncompleteShardError,
@@ -35,18 +35,12 @@ TOTAL = 8 * 2**30  # the fake device's memory
 
 
 @pytest.fixture(scope="module")
-def job(demo_anno, demo_roots, tmp_path_factory):
-    """Two HICO sets on the demo's first five images, a clean condition and a tiny LLaVA entry."""
-    base = tmp_path_factory.mktemp("sizing")
-    tables = {qset: build_question_set(demo_anno, qset, QuestionSettings()) for qset in SETS}
-    images = sorted(set().union(*(set(t.image) for t in tables.values())))[:5]
-    paths = {}
-    for qset, table in tables.items():
-        paths[qset] = base / f"{qset}.parquet"
-        write_table(table[table.image.isin(images)].reset_index(drop=True), paths[qset], QUESTIONS)
-    apply_condition(demo_roots[0], images, base / "clean", "clean", {"type": "clean"})
-    entry = {"backend": "llava", "path": str(build_tiny_llava(base / "tiny_llava")), "local_files_only": True}
-    return base, paths, entry
+def job(suite, tmp_path_factory):  # noqa: F811  (the imported fixture)
+    """Two HICO sets of test_suite_inference's suite (six demo images, a clean condition) and a tiny LLaVA."""
+    base, paths = suite
+    entry = {"backend": "llava", "path": str(build_tiny_llava(tmp_path_factory.mktemp("llava") / "tiny_llava")),
+             "local_files_only": True}
+    return base, {qset: paths[qset] for qset in SETS}, entry
 
 
 def _greedy_model(entry):
