@@ -6,10 +6,10 @@ An estimate on the safe side, not a measurement: every term is what the engine m
 
 - A question's rows (``per_row``), one per beam and per VCD stream: their cache (keys and values of every layer,
   :data:`CACHE_COPIES` times) over the suffix and the tokens it decodes, and over the image prefix too where rows
-  copy it (without prefix reuse, or a family whose steps do not read prefixes in place); one layer's transient over the suffix (the
-  MLP's three intermediate tensors, four hidden-size tensors, the attention products over prefix and suffix in
-  float32); the suffix's logits (model dtype and a float32 copy); OPERA's attention record (every head, every
-  decoded token, over the whole sequence, float32).
+  copy it (without prefix reuse, or a family whose steps do not read prefixes in place); one layer's transient
+  over the suffix (the MLP's three intermediate tensors, four hidden-size tensors, the attention products over
+  prefix and suffix in float32); the suffix's logits (model dtype and a float32 copy); OPERA's attention record
+  (every head, every decoded token, over the whole sequence, float32).
 - An image of a call (``per_image``), per stream: its prefix's cache, kept while the call's questions run,
   and its prefix's forward: one language-model layer's transient over the prefix and the vision tower (the
   hidden state of every layer, kept by ``output_hidden_states``, and one layer's transient).
