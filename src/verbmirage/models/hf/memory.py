@@ -5,11 +5,12 @@
 An estimate on the safe side, not a measurement: every term is what the engine may hold at its peak.
 
 - A question's rows (``per_row``), one per beam and per VCD stream: their cache (keys and values of every layer,
-  :data:`CACHE_COPIES` times) over the suffix and the tokens it decodes, and over the image prefix too where rows
-  copy it (without prefix reuse, or a family whose steps do not read prefixes in place); one layer's transient
-  over the suffix (the MLP's three intermediate tensors, four hidden-size tensors, the attention products over
-  prefix and suffix in float32); the suffix's logits (model dtype and a float32 copy); OPERA's attention record
-  (every head, every decoded token, over the whole sequence, float32).
+  :data:`CACHE_COPIES` times, OPERA once more for the snapshot it rolls back to) over the suffix and the tokens it
+  decodes, and over the image prefix too where rows copy it (without prefix reuse, or a family whose steps do not
+  read prefixes in place); the scoring row kept as the decoding's opening; one layer's transient over the suffix
+  (the MLP's three intermediate tensors, four hidden-size tensors, the attention products over prefix and suffix
+  in float32); the suffix's logits (model dtype and a float32 copy); OPERA's attention record (every head, every
+  decoded token, over the whole sequence, float32).
 - An image of a call (``per_image``), per stream: its prefix's cache, kept while the call's questions run,
   and its prefix's forward: one language-model layer's transient over the prefix and the vision tower (the
   hidden state of every layer, kept by ``output_hidden_states``, and one layer's transient).
@@ -33,8 +34,8 @@ HEADER_TOKENS = 64
 DYNAMIC_IMAGE_TOKENS = 1024
 FLOAT32 = 4
 #: Copies of a decoding row's cache at a step's peak: the grown (beam search: reordered) cache is written beside
-#: the old one. With it the estimate meets the peaks measured on an H200 at batch 64 (bench/README.md: beam5
-#: ~100 MiB per beam row of LLaVA-1.5-7B in bf16, vcd_beam5 ~110 MiB per beam and stream).
+#: the old one. With it, the scoring row kept as the decoding's opening and OPERA's rollback snapshot, the estimate
+#: is at or above every peak an H200 measured at batch 64 (bench/README.md, "Batches sized for the device").
 CACHE_COPIES = 2
 
 
@@ -107,11 +108,16 @@ def engine_memory_costs(vlm) -> MemoryCosts:
     copies_prefix = not reused or not vlm._reads_prefix_in_place()
     own_tokens = suffix + new + (prefix if copies_prefix else 0)
     forward_tokens = suffix if reused else prefix + suffix  # without reuse a row runs its whole prompt
-    # each beam holds its cache and its step's logits; the scoring forward runs once per question and stream
-    beam = CACHE_COPIES * per_token * own_tokens + text["vocab"] * (itemsize + FLOAT32)
+    # each beam holds its cache (twice at a step's peak; OPERA a third time: the snapshot it rolls back to) and its
+    # step's logits; the scoring forward runs once per question and stream, and its row is kept as the opening of
+    # the decoding that follows where the strategy keeps openings
+    copies = CACHE_COPIES + (1 if strategy.needs_last_attention else 0)
+    beam = copies * per_token * own_tokens + text["vocab"] * (itemsize + FLOAT32)
     if strategy.needs_last_attention:  # OPERA: the last layer's attention of every decoded token, every head
         beam += text["heads"] * new * whole * FLOAT32
     scoring = _layer_transient(text, forward_tokens, whole, itemsize) + suffix * text["vocab"] * (itemsize + FLOAT32)
+    if reused and strategy.keeps_openings(vlm.continue_tokens or 0):
+        scoring += per_token * (suffix + new)
     vision = _vision_bytes(config, itemsize, image_tokens(config))
     if reused:
         image = per_token * prefix + _layer_transient(text, prefix, prefix, itemsize) + vision
