@@ -44,7 +44,7 @@ def test_schema_problems_are_listed_one_per_line_key_first(config):
     assert str(raised.value).splitlines()[1:] == [
         "  (top level): Additional properties are not allowed ('modles' was unexpected)",
         "  conditions.clean.qsets: 'yn_obj' is not of type 'array'",
-        "  models.random.batch_size: 'large' is not of type 'integer'",
+        "  models.random.batch_size: 'large' is not an integer >= 1 or 'auto'",
     ]
 
 

@@ -55,7 +55,8 @@ def test_a_part_size_of_0_is_refused_before_the_job_starts(job_inputs, tmp_path)
 @pytest.mark.parametrize("option, value, message", [
     ("--batch-size", "0", "inference.batch_size: 0 is less than the minimum of 1"),
     ("--batch-size", "-5", "inference.batch_size: -5 is less than the minimum of 1"),
-    ("--batch-size", "8.5", "'8.5' is not a whole number (inference.batch_size)"),
+    ("--batch-size", "8.5", "'8.5' is not a whole number or auto (inference.batch_size)"),
+    ("--batch-size", "big", "'big' is not a whole number or auto (inference.batch_size)"),
     ("--continue-tokens", "-1", "inference.continue_tokens: -1 is less than the minimum of 0"),
     ("--max-error-share", "1.5", "inference.max_error_share: 1.5 is greater than the maximum of 1"),
     ("--max-error-share", "nan", "inference.max_error_share: .nan is not a finite number"),
@@ -73,7 +74,8 @@ def test_the_commands_refuse_a_setting_out_of_its_bounds_naming_it(job_inputs, t
 @pytest.mark.parametrize("settings, message", [
     ({"part_size": 0}, r"^inference.part_size: 0 is less than the minimum of 1$"),
     ({"batch_size": -5}, r"^inference.batch_size: -5 is less than the minimum of 1$"),
-    ({"batch_size": True}, r"^inference.batch_size: True is not of type 'integer'$"),
+    ({"batch_size": True}, r"^inference.batch_size: True is neither a whole number >= 1 nor 'auto'$"),
+    ({"batch_size": "big"}, r"^inference.batch_size: 'big' is neither a whole number >= 1 nor 'auto'$"),
     ({"n_shards": 0}, r"^inference.shards: 0 is less than the minimum of 1$"),
     ({"model_settings": {"backend": "clip", "path": "m", "template": "a photo"}},
      r"^models.m.template: 'a photo' is not a text with \{caption\} where the caption goes$"),
@@ -90,7 +92,7 @@ def test_the_package_declares_the_inference_settings_the_schema_documents():
     schema = yaml.safe_load(Path(SCHEMA).read_text())
     assert schema["properties"]["inference"]["properties"] == INFERENCE_SETTINGS
     spec = RunSpec("m", {"backend": "random"}, ".")
-    assert (spec.batch_size, spec.part_size, spec.max_error_share, spec.continue_tokens) == (64, 512, 0.05, 8)
+    assert (spec.batch_size, spec.part_size, spec.max_error_share, spec.continue_tokens) == ("auto", 512, 0.05, 8)
 
 
 def test_a_run_spec_takes_its_defaults_without_a_checkout(tmp_path):
@@ -104,7 +106,7 @@ def test_a_run_spec_takes_its_defaults_without_a_checkout(tmp_path):
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == [str(tmp_path / "site" / "verbmirage" / "__init__.py"), "64", "512", "0.05", "8"]
+    assert result.stdout.split() == [str(tmp_path / "site" / "verbmirage" / "__init__.py"), "auto", "512", "0.05", "8"]
 
 
 def test_only_a_direct_call_has_default_run_settings():

@@ -53,6 +53,13 @@ def test_the_device_check_runs_both_gpu_benchmarks_in_smoke_mode(tmp_path):
     assert re.search(r"whole HICO suite, greedy: 223,618 prompts in [\d.]+ min", decodings)
     assert re.search(r"configs/paper.yaml, its \d+ transformers-engine models .*: [\d,]+ prompts in [\d.]+ h",
                      decodings)
+    flips = (tmp_path / "batch_flips.txt").read_text()
+    assert re.search(r"sized: batch \d+, \d+ questions per call \(1.0 GiB free of 2.0 GiB \(a fake reading\)", flips)
+    for model in ("random (as built)", "decisive"):
+        assert re.search(rf"{re.escape(model)}: batch 64 +[\d.]+ prompts/s, batch \d+ +[\d.]+ prompts/s", flips)
+    assert len(re.findall(r"answers that differ \(prediction\): +\d+ of \d+ \([\d.]+%; YN \d+ of \d+, MC \d+ of \d+\)",
+                          flips)) == 2
+    assert len(re.findall(r"max \|score difference\|: +[\d.e+-]+$", flips, re.M)) == 2
 
 
 def test_suite_benchmark_prints_both_rates_and_the_suite_ratio_per_call_size():

@@ -61,6 +61,7 @@ from verbmirage.benchmark.question_sets import question_kind
 from verbmirage.benchmark.question_table import question_sample, sample_settings
 from verbmirage.variants.settings import Variant
 from verbmirage.inference.settings import INFERENCE_DEFAULTS, check_inference_settings
+from verbmirage.inference.sizing import MemoryReading, choose_batching
 from verbmirage.inference.store import (
     PartStore,
     _latest_part_of,
@@ -211,10 +212,11 @@ def predict(
     questions: pd.DataFrame,
     model: VisionLanguageModel,
     resolver: ImageResolver | None,
-    batch_size: int = INFERENCE_DEFAULTS["batch_size"],
+    batch_size: int | str = INFERENCE_DEFAULTS["batch_size"],
     store: PartStore | None = None,
     part_size: int = INFERENCE_DEFAULTS["part_size"],
     max_error_share: float = 1.0,
+    memory: MemoryReading | None = None,
 ) -> pd.DataFrame:
     """One prediction row per question (schema ``verbmirage.core.schemas.PREDICTIONS``), in question order.
 
@@ -227,7 +229,8 @@ def predict(
     (SIGTERM included) ends the call. Transient failures (``retry``) are never stored; if any remain at the end
     the call raises :class:`IncompleteShardError` so a rerun asks them again. ``batch_size`` and ``part_size``
     default to the config's (:data:`~verbmirage.inference.settings.INFERENCE_DEFAULTS`); ``max_error_share`` to
-    1, no budget: called directly, every failed question is a row.
+    1, no budget: called directly, every failed question is a row. ``memory``: the device's memory reading
+    that sizes an ``auto`` batch (:mod:`verbmirage.inference.sizing`; default: the model's GPU, none on the CPU).
     """
     if questions.empty:
         raise ValueError("no questions to score")
@@ -236,7 +239,7 @@ def predict(
             store = PartStore(Path(cleanup.enter_context(tempfile.TemporaryDirectory())) / "parts")
             cleanup.callback(store.close)
         predict_suite(questions, model, resolver, dict.fromkeys(questions.qset.unique(), store),
-                      batch_size=batch_size, part_size=part_size, max_error_share=max_error_share)
+                      batch_size=batch_size, part_size=part_size, max_error_share=max_error_share, memory=memory)
         frame = store.rows()
     return _in_question_order(frame[frame.question_id.isin(set(questions.question_id))], questions)
 
@@ -336,9 +339,10 @@ def predict_suite(
     resolver: ImageResolver | None,
     stores: dict[str, PartStore],
     *,
-    batch_size: int,
+    batch_size: int | str,
     part_size: int,
     max_error_share: float,
+    memory: MemoryReading | None = None,
 ) -> dict[str, int]:
     """Answer the questions of several sets (column ``qset``) into each set's store; how many rows each got now.
 
@@ -347,7 +351,9 @@ def predict_suite(
     rows at once, at the end of a call) and before any exception (SIGTERM included) ends the call, more than
     ``max_error_share`` error rows of all the questions stop it (at the end of the call that passed the limit),
     and transient failures are never stored (:class:`IncompleteShardError` at the end).
-    Only a part's worth of rows per set is held in memory.
+    Only a part's worth of rows per set is held in memory. The batch and call sizes are the configured
+    ``batch_size``'s, or sized from ``memory`` where it is ``auto`` (:func:`~verbmirage.inference.sizing.choose_batching`);
+    those kept with the stores' answers are reused, and the chosen ones kept with them.
     """
     if questions.empty:
         raise ValueError("no questions to score")
@@ -378,7 +384,13 @@ def predict_suite(
             log.info("%s: asking %d questions again whose stored answer was an error", qset, int((~fine).sum()))
         answered |= kept
     ordered = suite_order(questions)
-    per_call = model.use_batch_size(batch_size)  # questions per model call (a batch, or more: the model's)
+    # questions per model call (a batch, or more: the model's); kept with the answers, reused on a resume
+    kept = next((store.batching for store in stores.values() if store.batching is not None), None)
+    batching = choose_batching(model, batch_size, kept, ordered.image.tolist(), memory)
+    for store in stores.values():
+        if batching.record is not None and store.batching != batching.record:
+            store.keep_batching(batching.record)
+    per_call = batching.per_call
     calls = suite_calls(ordered.image.tolist(), per_call)  # cut over every question: see suite_calls
     unanswered = ~ordered.question_id.isin(answered).to_numpy()
     calls = [[i for i in call if unanswered[i]] for call in calls]
@@ -466,7 +478,7 @@ class RunSpec:
     train_stats: str | Path | None = None
     condition_settings: dict | None = None
     decision_input: str | Path | None = None  # a decision variant's cuts file or content-free images folder
-    batch_size: int = INFERENCE_DEFAULTS["batch_size"]
+    batch_size: int | str = INFERENCE_DEFAULTS["batch_size"]
     part_size: int = INFERENCE_DEFAULTS["part_size"]
     max_error_share: float = INFERENCE_DEFAULTS["max_error_share"]
     continue_tokens: int = INFERENCE_DEFAULTS["continue_tokens"]
@@ -499,8 +511,8 @@ def read_questions(questions_paths: dict[str, str | Path], spec: RunSpec) -> pd.
     return select_suite_shard(pd.concat(frames, ignore_index=True), spec.shard, spec.n_shards)
 
 
-def answer_job(questions: pd.DataFrame, stores: dict[str, PartStore], tables: dict[str, Path], spec: RunSpec
-               ) -> dict[str, int]:
+def answer_job(questions: pd.DataFrame, stores: dict[str, PartStore], tables: dict[str, Path], spec: RunSpec,
+               memory: MemoryReading | None = None) -> dict[str, int]:
     """The one inference path: load the model once, answer ``questions`` (any sets) into each set's store,
     and write each set's table (``tables``: qset -> path) once every set answers each of its questions exactly
     once; nothing is written otherwise. Returns the rows per set.
@@ -508,6 +520,8 @@ def answer_job(questions: pd.DataFrame, stores: dict[str, PartStore], tables: di
     A calibrated-decision variant decides by ``spec.decision_input``
     (:func:`verbmirage.models.calibrated.decision_model`). The finished answers stay in the stores (hard
     links), fingerprinted per set: a rerun with another list of sets asks only the sets it has no answers for.
+    A table's provenance holds the job's batch and call sizes (``batching``) where they were sized or kept
+    (a GPU; ``memory``: :func:`predict_suite`'s).
     """
     variant = Variant.from_config(spec.variant_settings, where=f"variants (run of {spec.model_slug})")
     settings = run_settings(spec.model_settings, variant.settings(), spec.condition_settings, spec.continue_tokens)
@@ -529,7 +543,7 @@ def answer_job(questions: pd.DataFrame, stores: dict[str, PartStore], tables: di
                 store.use_fingerprint(fingerprint(questions[questions.qset.eq(qset)],
                                                   {**settings, "loaded": loaded, "qset": qset}))
             predict_suite(questions, model, ImageResolver(spec.images_dir), stores, batch_size=spec.batch_size,
-                          part_size=spec.part_size, max_error_share=spec.max_error_share)
+                          part_size=spec.part_size, max_error_share=spec.max_error_share, memory=memory)
         answers = {}  # every set checked complete before any table is written
         for qset, store in stores.items():
             wanted = questions[questions.qset.eq(qset)]
@@ -538,7 +552,10 @@ def answer_job(questions: pd.DataFrame, stores: dict[str, PartStore], tables: di
             answers[qset] = (parts, owner)
         for qset, (parts, owner) in answers.items():
             tables[qset].parent.mkdir(parents=True, exist_ok=True)
-            _stream_table(parts, owner, tables[qset], {**spec.provenance, "qset": qset}, spec.part_size)
+            batching = stores[qset].batching  # none on the CPU: the table as it always was
+            _stream_table(parts, owner, tables[qset],
+                          {**spec.provenance, "qset": qset, **({"batching": batching} if batching else {})},
+                          spec.part_size)
     except BaseException:
         for store in stores.values():
             store.close()
@@ -551,15 +568,17 @@ def answer_job(questions: pd.DataFrame, stores: dict[str, PartStore], tables: di
     return {qset: len(owner) for qset, (_, owner) in answers.items()}
 
 
-def run_suite(questions_paths: dict[str, str | Path], output: str | Path, spec: RunSpec) -> dict[str, int]:
+def run_suite(questions_paths: dict[str, str | Path], output: str | Path, spec: RunSpec,
+              memory: MemoryReading | None = None) -> dict[str, int]:
     """Answer every set of ``questions_paths`` (qset -> question table) on the spec's image shard; the output
     folder gets ``<qset>.parquet`` per set (:func:`suite_table`), resumable per set from
-    ``<output>.parts/<qset>/``. One model load and one prefix per image for all sets (:func:`answer_job`)."""
+    ``<output>.parts/<qset>/``. One model load and one prefix per image for all sets (:func:`answer_job`;
+    ``memory``: its device reading)."""
     output = Path(output)
     questions = read_questions(questions_paths, spec)
     # the locks first: a second writer fails before loading a model
     stores = {qset: PartStore(parts_directory(output) / qset) for qset in questions_paths}
-    return answer_job(questions, stores, {qset: suite_table(output, qset) for qset in questions_paths}, spec)
+    return answer_job(questions, stores, {qset: suite_table(output, qset) for qset in questions_paths}, spec, memory)
 
 
 def run_shard(questions_path: str | Path, output: str | Path, spec: RunSpec) -> pd.DataFrame:
@@ -591,11 +610,22 @@ def merge_suite_shards(questions: pd.DataFrame, shard_outputs: list[str | Path],
 
 
 def shard_provenance(output: str | Path, qset: str) -> dict:
-    """The settings stamped into a suite shard's table of ``qset``, less ``shard`` and ``qset``: what the merged
-    table is stamped with. A missing or damaged table is a :class:`DamagedShardError` (:func:`merge_suite_shards`)."""
+    """The settings stamped into a suite shard's table of ``qset``, less ``shard``, ``qset`` and ``batching`` (each
+    shard's own: :func:`shards_batching`): what the merged table is stamped with. A missing or damaged table is a
+    :class:`DamagedShardError` (:func:`merge_suite_shards`)."""
     with _shard_damage(output, qset):
         stamped = read_provenance(suite_table(output, qset))
-    return {key: value for key, value in stamped.items() if key not in ("shard", "qset")}
+    return {key: value for key, value in stamped.items() if key not in ("shard", "qset", "batching")}
+
+
+def shards_batching(shard_outputs: list[str | Path], qset: str) -> dict:
+    """``{"batching": [each shard's batch and call sizes]}`` for a merged table's provenance where any shard was
+    sized (a GPU: each job sizes its own, on its own device), else nothing."""
+    found = []
+    for output in shard_outputs:
+        with _shard_damage(output, qset):
+            found.append(read_provenance(suite_table(output, qset)).get("batching"))
+    return {"batching": found} if any(found) else {}
 
 
 @contextmanager

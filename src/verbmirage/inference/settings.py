@@ -12,7 +12,8 @@ from verbmirage.variants.settings import non_finite_numbers
 
 #: ``inference.<key>`` -> its JSON schema (type, bounds, default).
 INFERENCE_SETTINGS: dict[str, dict] = {
-    "batch_size": {"type": "integer", "minimum": 1, "default": 64},
+    # rows per forward; auto: sized from a GPU's free memory, 64 on the CPU (verbmirage.inference.sizing)
+    "batch_size": {"anyOf": [{"type": "integer", "minimum": 1}, {"const": "auto"}], "default": "auto"},
     "shards": {"type": "integer", "minimum": 1, "default": 1},
     "part_size": {"type": "integer", "minimum": 1, "default": 512},
     "max_error_share": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.05},
@@ -37,6 +38,8 @@ def inference_problem(key: str, value) -> str | None:
         return problems[0]
     schema = INFERENCE_SETTINGS[key]
     error = jsonschema.exceptions.best_match(jsonschema.validators.validator_for(schema)(schema).iter_errors(value))
+    if error is not None and error.validator == "anyOf":  # batch_size: a number or auto
+        return f"{where}: {value!r} is neither a whole number >= 1 nor 'auto'"
     return None if error is None else f"{where}: {error.message}"
 
 

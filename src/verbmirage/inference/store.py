@@ -147,6 +147,22 @@ class PartStore:
             with atomic_path(stamp) as tmp:
                 tmp.write_text(json.dumps({"fingerprint": fingerprint}))
 
+    @property
+    def batching(self) -> dict | None:
+        """The batch and call sizes these parts were asked with (:mod:`verbmirage.inference.sizing`), kept beside
+        their fingerprint (a new fingerprint drops them with the parts); None where none were kept."""
+        try:
+            kept = json.loads((self.directory / FINGERPRINT).read_text()).get("batching")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return kept if isinstance(kept, dict) else None
+
+    def keep_batching(self, record: dict) -> None:
+        """Keep ``record`` (the job's batch and call sizes) with the parts, for a resume to reuse."""
+        stamp = self.directory / FINGERPRINT
+        with atomic_path(stamp) as tmp:
+            tmp.write_text(json.dumps({"fingerprint": self._read_stamp(stamp), "batching": record}, sort_keys=True))
+
     def _acquire_lock(self) -> WriterLock:
         return WriterLock(self.directory / LOCK, str(self.directory), ShardBusyError, this="this shard")
 

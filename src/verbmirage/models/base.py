@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import ascii_uppercase
 
+from verbmirage.models.memory import MemoryCosts
 from verbmirage.models.prompts import PromptTemplate
 from verbmirage.variants.settings import PLAIN_ONLY, Variant
 
@@ -333,6 +334,12 @@ class VisionLanguageModel(ABC):
         """Forwards hold at most ``batch_size`` questions from now on (the config's ``batch_size``, sized for the
         GPU's memory); returns how many questions to hand the model per call. Most backends: one batch."""
         return batch_size
+
+    def memory_costs(self) -> MemoryCosts | None:
+        """What the loaded model needs of its device's memory per question and per image
+        (:class:`~verbmirage.models.memory.MemoryCosts`), for a job to size its batches from; None where the
+        backend cannot say (its batch size is then the configured one: docs/models.md, "Batch sizes")."""
+        return None
 
     def fingerprint_extra(self) -> dict:
         """What the answers depend on beyond the config entry, known once loaded (code, environment).

@@ -219,6 +219,9 @@ class CalibratedModel(VisionLanguageModel):
     def use_batch_size(self, batch_size: int) -> int:
         return self.model.use_batch_size(batch_size)
 
+    def memory_costs(self):
+        return self.model.memory_costs()
+
     def fingerprint_extra(self) -> dict:
         return {**self.model.fingerprint_extra(), "decision": self.rule.fingerprint}
 

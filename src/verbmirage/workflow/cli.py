@@ -196,9 +196,15 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--condition", default="null", help="the image condition's settings as JSON")
         for name in ("batch_size", "part_size", "max_error_share", "continue_tokens"):
             default = INFERENCE_DEFAULTS[name]
-            command.add_argument(f"--{name.replace('_', '-')}", type=_inference_option(name, type(default)),
+            kind = _whole_or_auto if name == "batch_size" else type(default)
+            command.add_argument(f"--{name.replace('_', '-')}", type=_inference_option(name, kind),
                                  default=default, help=f"inference.{name} (default {default})")
     return parser
+
+
+def _whole_or_auto(text: str) -> int | str:
+    """``--batch-size``: a whole number, or ``auto`` (sized from a GPU's memory)."""
+    return text if text == "auto" else int(text)
 
 
 def _inference_option(key: str, kind: type):
@@ -208,8 +214,8 @@ def _inference_option(key: str, kind: type):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'a whole number' if kind is int else 'a number'} "
-                                             f"(inference.{key})") from None
+            what = {int: "a whole number", _whole_or_auto: "a whole number or auto"}.get(kind, "a number")
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what} (inference.{key})") from None
         problem = inference_problem(key, value)
         if problem:
             raise argparse.ArgumentTypeError(problem)

@@ -59,9 +59,21 @@ def check_schema(config: dict, schema_path: str | Path) -> None:
     validator = jsonschema.validators.validator_for(schema)(schema)
     problems = sorted(validator.iter_errors(config), key=lambda error: list(map(str, error.absolute_path)))
     if problems:
-        lines = [f"{'.'.join(map(str, error.absolute_path)) or '(top level)'}: {_shortened(error.message)}"
+        lines = [f"{'.'.join(map(str, error.absolute_path)) or '(top level)'}: {_shortened(_message(error))}"
                  for error in problems]
         raise ConfigError("the config does not match schemas/config.schema.yaml:\n  " + "\n  ".join(lines))
+
+
+def _message(error) -> str:
+    """jsonschema's words, except for a value that may be one of a few kinds (``batch_size``: a number or
+    ``auto``), whose message would name none of them."""
+    branches = error.validator_value if error.validator == "anyOf" else None
+    if branches and all(branch and set(branch) <= {"type", "minimum", "const"} for branch in branches):
+        kinds = [repr(branch["const"]) if "const" in branch else
+                 f"{'an' if branch['type'][0] in 'aeiou' else 'a'} {branch['type']}"
+                 + (f" >= {branch['minimum']}" if "minimum" in branch else "") for branch in branches]
+        return f"{error.instance!r} is not {' or '.join(kinds)}"
+    return error.message
 
 
 def _shortened(message: str, limit: int = 300) -> str:

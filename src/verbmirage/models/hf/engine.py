@@ -48,6 +48,7 @@ from verbmirage.models.adapters import attach_adapter
 from verbmirage.models.base import Question, allow_remote_code
 from verbmirage.models.hf.decode import Decoder
 from verbmirage.models.hf.inputs import PromptInputs
+from verbmirage.models.hf.memory import engine_memory_costs
 from verbmirage.models.hf.prefix_cache import Prefix, PrefixCache
 from verbmirage.models.hf.scoring import LogitsVLM
 from verbmirage.models.hf.tokens import DTYPES, decoder_layers, is_out_of_memory, use_eager_language_model
@@ -309,6 +310,10 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
         """
         self.batch_size = batch_size
         return batch_size * self.CALL_BATCHES if self._calls_span_batches() else batch_size
+
+    def memory_costs(self):
+        """The memory a question and an image of a call need under the current variant (``hf/memory.py``)."""
+        return engine_memory_costs(self)
 
     def _noised_inputs(self, encoded: dict, image_path) -> dict:
         """``encoded`` with VCD's diffusion noise on the pixel tensor, the same noise for every row of the image

@@ -1,0 +1,168 @@
+"""How many questions a job's forwards (the batch) and model calls hold: the configured ``batch_size``, or, where
+it is ``auto`` and the model runs on a GPU, a batch sized from the device's free memory and the model's memory
+costs (:class:`~verbmirage.models.memory.MemoryCosts`). docs/models.md, "Batch sizes", tells the whole rule.
+
+- Measured once per job, after the model is loaded, logged, and kept with the job's answers
+  (:meth:`~verbmirage.inference.store.PartStore.keep_batching`) and in its tables' provenance (``batching``).
+- Reused on a resume: in reduced precision a score depends on what it is batched with, so a job resumed on
+  another GPU (other free memory) keeps the sizes its answers were asked with. Where it cannot (the kept batch
+  does not fit this device, or the config now names another batch size), the log and the record say so.
+- On the CPU, or for a backend that cannot tell its memory costs, ``auto`` is :data:`DEFAULT_BATCH_SIZE`, and
+  nothing is recorded: a job answers as it always has.
+- Out of memory inside a call still halves that call's batches (the engine's ``_with_shrinking_batches``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from verbmirage.models.memory import MemoryCosts
+
+log = logging.getLogger(__name__)
+
+#: The ``batch_size`` value that asks for a sized batch.
+AUTO = "auto"
+#: ``auto`` where nothing is sized (a CPU, a backend without memory costs): the batch jobs have always had.
+DEFAULT_BATCH_SIZE = 64
+#: The largest sized batch (rows per forward).
+MAX_BATCH = 1024
+#: Share of the device's total memory left free by a sized batch (fragmentation, the estimate's errors).
+MARGIN = 0.10
+#: A device's memory as (free, total) bytes; the free bytes read with the model loaded.
+MemoryReading = Callable[[], tuple[int, int]]
+
+GIB = 2**30
+
+
+class DeviceMemoryError(RuntimeError):
+    """Not even one question fits the device's free memory (the message names the model, the batch, the memory)."""
+
+
+def cuda_memory(device: str) -> MemoryReading | None:
+    """The reading of a CUDA device: the driver's free bytes plus what PyTorch's allocator holds unused, and the
+    total; None for any other device."""
+    import torch  # deferred: only a model on a GPU reads it
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+
+    def read() -> tuple[int, int]:
+        free, total = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device), total
+
+    return read
+
+
+def rows_per_image(images: list[str]) -> float:
+    """Questions per image a call can count on: the 10th percentile over the job's images (at least 1), so that
+    a call of images with few questions still fits."""
+    if not images:
+        return 1.0
+    _, counts = np.unique(np.asarray(images, dtype=object), return_counts=True)
+    return max(1.0, float(np.percentile(counts, 10)))
+
+
+def sized_batch(costs: MemoryCosts, free: int, total: int, per_image_rows: float = 1.0, name: str = "model",
+                margin: float = MARGIN, cap: int = MAX_BATCH) -> int:
+    """The largest batch (a power of two, at most ``cap``) whose call fits ``free`` bytes less ``margin`` of
+    ``total``.
+
+    A call holds ``call_batches`` batches' worth of questions and so about that many over ``per_image_rows``
+    images, one more where an image is cut: ``batch * per_row + (call_batches * batch / per_image_rows + 1) *
+    per_image`` must fit. :class:`DeviceMemoryError` where not even one question does.
+    """
+    budget = free - margin * total
+    unit = costs.per_row + costs.call_batches * costs.per_image / per_image_rows
+    rows = math.floor((budget - costs.per_image) / unit) if unit > 0 else cap
+    if rows < 1:
+        raise DeviceMemoryError(
+            f"{name}: not even a batch of 1 fits on {costs.device}: one question needs "
+            f"{(costs.per_row + costs.per_image) / GIB:.2f} GiB, {budget / GIB:.2f} GiB are usable "
+            f"({free / GIB:.2f} GiB free of {total / GIB:.2f} GiB, {margin:.0%} kept free; the weights hold "
+            f"{costs.weights / GIB:.2f} GiB). Run it on a GPU with more free memory, or in a smaller dtype")
+    return min(cap, 1 << (rows.bit_length() - 1))
+
+
+@dataclass(frozen=True)
+class Batching:
+    """A job's batch (rows per forward) and call size (questions per model call), how they were chosen, and
+    whether they are kept with its answers (``record``: None where nothing was sized, as on the CPU)."""
+
+    batch_size: int
+    per_call: int
+    record: dict | None = None
+
+
+def choose_batching(model, batch_size: int | str, kept: dict | None, images: list[str],
+                    memory: MemoryReading | None = None) -> Batching:
+    """The batch and call sizes of a job of ``model`` (loaded, its variant set) over questions on ``images``.
+
+    ``batch_size``: the config's (a number wins; ``auto``: sized). ``kept``: the record kept with the job's
+    answers by an earlier run, if any (reused unless it does not fit). ``memory``: the device's reading (default:
+    the model's CUDA device; none on the CPU). Sets the model's batch (``use_batch_size``).
+    """
+    costs = model.memory_costs()
+    reading = memory or (cuda_memory(costs.device) if costs is not None else None)
+    measured, sized = None, None
+    if reading is not None and costs is not None:
+        free, total = reading()
+        measured = {"free_bytes": int(free), "total_bytes": int(total), **costs.record(),
+                    "rows_per_image": rows_per_image(images)}
+        sized = (sized_batch if batch_size == AUTO else _sized_or_none)(costs, free, total,
+                                                                          measured["rows_per_image"], model.name)
+        measured["sized_batch"] = sized
+    if batch_size != AUTO:
+        chosen, source = batch_size, "config"
+        if sized is not None and batch_size > sized:
+            log.warning("%s: the config's batch_size %d is above the %d this device's memory fits (%s); out of "
+                        "memory will halve it", model.name, batch_size, sized, _memory_words(measured))
+    elif kept is not None and (sized is None or kept["batch_size"] <= sized):
+        chosen, source = kept["batch_size"], kept.get("source", "sized")
+    elif sized is not None:
+        chosen, source = sized, "sized"
+    else:
+        chosen, source = DEFAULT_BATCH_SIZE, "default"
+        if costs is None:
+            log.info("%s: batch_size auto is %d: backend '%s' gives no memory costs to size a batch from",
+                     model.name, chosen, model.backend)
+    per_call = model.use_batch_size(chosen)
+    if kept is not None and (kept["batch_size"], kept["per_call"]) == (chosen, per_call):
+        log.info("%s: batch %d, %d questions per call, as kept with the job's answers%s", model.name, chosen,
+                 per_call, f"; here {_memory_words(measured)}" if measured else "")
+        return Batching(chosen, per_call, kept)
+    if measured is None and kept is None:  # the CPU: nothing sized, nothing to keep, as jobs always ran
+        return Batching(chosen, per_call)
+    record = {"batch_size": chosen, "per_call": per_call, "source": source}
+    if measured is not None:
+        record["measured"] = measured
+    if kept is not None:
+        why = (f"the config's batch_size is now {batch_size}" if batch_size != AUTO
+               else f"it does not fit this device (sized {sized})")
+        record["note"] = (f"the answers kept from an earlier run were asked at batch {kept['batch_size']} "
+                          f"({kept['per_call']} per call), not reused because {why}; the rest at batch {chosen} "
+                          f"({per_call} per call): scores may differ with the batch in reduced precision")
+        log.warning("%s: %s", model.name, record["note"])
+    else:
+        log.info("%s: batch %d (%s), %d questions per call; %s", model.name, chosen, source, per_call,
+                 _memory_words(measured))
+    return Batching(chosen, per_call, record)
+
+
+def _sized_or_none(costs, free, total, per_image_rows, name) -> int | None:
+    """The sized batch where one question fits, else None (an explicit batch size is the config's to answer for)."""
+    try:
+        return sized_batch(costs, free, total, per_image_rows, name)
+    except DeviceMemoryError:
+        return None
+
+
+def _memory_words(measured: dict) -> str:
+    return (f"{measured['free_bytes'] / GIB:.1f} GiB free of {measured['total_bytes'] / GIB:.1f} GiB on "
+            f"{measured['device']}, weights {measured['weights'] / GIB:.2f} GiB, "
+            f"{measured['per_row'] / 2**20:.1f} MiB per question, {measured['per_image'] / 2**20:.1f} MiB per image")

@@ -1,0 +1,113 @@
+"""A job's batch sized from the device's memory (verbmirage.inference.sizing), read through a fake reading: the
+arithmetic, the record kept with a job's answers, and the CPU's unchanged default."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from verbmirage.inference.sizing import (
+    AUTO,
+    DEFAULT_BATCH_SIZE,
+    MARGIN,
+    MAX_BATCH,
+    DeviceMemoryError,
+    choose_batching,
+    rows_per_image,
+    sized_batch,
+)
+from verbmirage.inference.store import FINGERPRINT, PartStore
+from verbmirage.models import create_model
+from verbmirage.models.memory import MemoryCosts
+
+GIB, MIB = 2**30, 2**20
+H200 = 140 * GIB
+
+
+def _needs(costs: MemoryCosts, batch: int, per_image_rows: float) -> float:
+    """What a call of ``batch``-row forwards holds, as the sizing counts it."""
+    return batch * costs.per_row + (costs.call_batches * batch / per_image_rows + 1) * costs.per_image
+
+
+def _usable(free: int, total: int) -> float:
+    return free - MARGIN * total
+
+
+@pytest.mark.parametrize("costs, free, rows", [
+    (MemoryCosts(weights=14 * GIB, per_row=140 * MIB, per_image=500 * MIB, call_batches=4), 126 * GIB, 20.0),
+    (MemoryCosts(weights=14 * GIB, per_row=560 * MIB, per_image=500 * MIB), 126 * GIB, 20.0),  # beam search
+    (MemoryCosts(weights=14 * GIB, per_row=1100 * MIB, per_image=1000 * MIB), 126 * GIB, 20.0),  # VCD + beams
+    (MemoryCosts(weights=14 * GIB, per_row=140 * MIB, per_image=500 * MIB, call_batches=4), 60 * GIB, 1.0),
+    (MemoryCosts(weights=2 * GIB, per_row=3 * MIB, per_image=9 * MIB, call_batches=4), 20 * GIB, 7.5),
+])
+def test_the_sized_batch_is_the_largest_power_of_two_whose_call_fits(costs, free, rows):
+    batch = sized_batch(costs, free, H200, rows)
+    assert batch & (batch - 1) == 0 and 1 <= batch <= MAX_BATCH
+    assert _needs(costs, batch, rows) <= _usable(free, H200)  # fits, the margin kept free
+    assert batch == MAX_BATCH or _needs(costs, 2 * batch, rows) > _usable(free, H200)  # twice would not
+
+
+def test_more_free_memory_fewer_beams_and_more_questions_per_image_give_larger_batches():
+    greedy = MemoryCosts(weights=14 * GIB, per_row=140 * MIB, per_image=500 * MIB, call_batches=4)
+    beams = MemoryCosts(weights=14 * GIB, per_row=5 * 140 * MIB, per_image=500 * MIB)
+    assert sized_batch(greedy, 120 * GIB, H200, 20) > sized_batch(greedy, 40 * GIB, H200, 20)
+    assert sized_batch(greedy, 120 * GIB, H200, 20) > sized_batch(beams, 120 * GIB, H200, 20)
+    assert sized_batch(greedy, 120 * GIB, H200, 30) > sized_batch(greedy, 120 * GIB, H200, 1)
+
+
+def test_the_sized_batch_is_capped():
+    tiny = MemoryCosts(weights=MIB, per_row=1000, per_image=4000, call_batches=4)
+    assert sized_batch(tiny, H200, H200, 30) == MAX_BATCH
+    assert sized_batch(tiny, H200, H200, 30, cap=256) == 256
+
+
+def test_a_device_that_cannot_hold_one_question_fails_naming_the_model_the_batch_and_the_memory():
+    costs = MemoryCosts(weights=14 * GIB, per_row=600 * MIB, per_image=500 * MIB, device="cuda:0")
+    free = int(MARGIN * 16 * GIB + GIB)  # one GiB past the margin: less than a question and its image
+    with pytest.raises(DeviceMemoryError) as raised:
+        sized_batch(costs, free, 16 * GIB, 1.0, name="llava15_7b")
+    message = str(raised.value)
+    for words in ("llava15_7b", "batch of 1", "cuda:0", "1.07 GiB", "2.60 GiB free of 16.00 GiB", "weights hold 14.00"):
+        assert words in message, message
+
+
+def test_rows_per_image_counts_on_the_images_with_fewest_questions():
+    images = ["a"] * 30 + ["b"] * 30 + ["c"] * 2
+    assert rows_per_image(images) == pytest.approx(7.6)  # the 10th percentile of (2, 30, 30)
+    assert rows_per_image(["a"]) == 1.0 and rows_per_image([]) == 1.0
+
+
+def test_the_batching_kept_with_a_stores_answers_goes_when_its_fingerprint_changes(tmp_path):
+    store = PartStore(tmp_path / "parts", "first")
+    assert store.batching is None
+    record = {"batch_size": 256, "per_call": 1024, "source": "sized", "measured": {"free_bytes": 1}}
+    store.keep_batching(record)
+    store.append([{"question_id": "q1", "raw_answer": "yes", "prediction": "yes", "parse_rule": "first_token",
+                   "p_yes": 0.9, "option_probs": None, "confidence": 0.9, "error": None}])
+    store.close()
+    again = PartStore(tmp_path / "parts", "first")  # a resume: the same fingerprint keeps parts and batching
+    assert again.batching == record and len(again.rows()) == 1
+    assert json.loads((tmp_path / "parts" / FINGERPRINT).read_text())["fingerprint"] == "first"
+    again.use_fingerprint("second")  # other settings: the parts and the sizes they were asked with go
+    assert again.batching is None and again.rows().empty
+    again.close()
+
+
+def test_on_the_cpu_auto_is_the_old_default_and_nothing_is_recorded():
+    """Without a device reading (the CPU) a job answers as it always has: batch 64, nothing kept or stamped; a
+    number in the config wins."""
+    model = create_model("random", {"backend": "random", "seed": 0})
+    chosen = choose_batching(model, AUTO, None, ["a", "b"])
+    assert (chosen.batch_size, chosen.per_call, chosen.record) == (DEFAULT_BATCH_SIZE, DEFAULT_BATCH_SIZE, None)
+    assert choose_batching(model, 8, None, ["a"]).batch_size == 8
+
+
+def test_a_backend_without_memory_costs_keeps_the_default_on_a_gpu_and_says_so(caplog):
+    """A fake reading stands for a GPU: a backend that cannot tell its memory (the random baseline, an API, a
+    remote-code model) is not sized."""
+    model = create_model("random", {"backend": "random", "seed": 0})
+    with caplog.at_level("INFO"):
+        chosen = choose_batching(model, AUTO, None, ["a"], memory=lambda: (100 * GIB, H200))
+    assert chosen.batch_size == DEFAULT_BATCH_SIZE and chosen.record is None
+    assert "gives no memory costs" in caplog.text
