@@ -336,9 +336,7 @@ class VisionLanguageModel(ABC):
         return batch_size
 
     def memory_costs(self) -> MemoryCosts | None:
-        """What the loaded model needs of its device's memory per question and per image
-        (:class:`~verbmirage.models.memory.MemoryCosts`), for a job to size its batches from; None where the
-        backend cannot say (its batch size is then the configured one: docs/models.md, "Batch sizes")."""
+        """Memory per question and per image (docs/models.md, "Batch sizes"); None: the configured batch size."""
         return None
 
     def fingerprint_extra(self) -> dict:

@@ -283,7 +283,7 @@ class Plan:
         """What a condition's images and answers depend on: its entry without ``qsets``."""
         return image_settings(self.config["conditions"][condition])
 
-    def batch_size(self, model: str) -> int:
+    def batch_size(self, model: str) -> int | str:
         return self.config["models"][model].get("batch_size", self.config["inference"]["batch_size"])
 
     def n_shards(self, model: str) -> int:

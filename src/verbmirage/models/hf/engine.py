@@ -299,21 +299,13 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
 
     def use_batch_size(self, batch_size: int) -> int:
         """Greedy variants on a model whose images share suffix batches (LLaVA): ``CALL_BATCHES`` batches' worth
-        of questions per call, each forward still at most ``batch_size`` rows (:attr:`batch_rows`).
-
-        A call's images run their prefixes as one batch and its suffixes are cut where padding costs least,
-        so larger calls mean fuller forwards (bench/suite_scoring.py on the CPU: 64-question calls ~340
-        prompts/s, 256 ~420). The memory that grows with the call is small on this path: the prefixes of its
-        images (those of a 64-question call already number 2-3) and, for greedy continuation, the undecided
-        rows' openings. Beam search, sampling and OPERA keep every scoring row as an opening for the decoding
-        that follows, which grows with the call as a batch does, so they keep one batch per call.
-        """
+        of questions per call (fuller forwards; bench/README.md, "Calls of several batches"), each forward still
+        at most ``batch_size`` rows. Beam search, sampling and OPERA keep every scoring row as an opening for
+        their decoding, which grows with the call as a batch does: one batch per call."""
         self.batch_size = batch_size
         return batch_size * self.CALL_BATCHES if self._calls_span_batches() else batch_size
 
-    def memory_costs(self):
-        """The memory a question and an image of a call need under the current variant (``hf/memory.py``)."""
-        return engine_memory_costs(self)
+    memory_costs = engine_memory_costs  # a question's and an image's memory under the variant (hf/memory.py)
 
     def _noised_inputs(self, encoded: dict, image_path) -> dict:
         """``encoded`` with VCD's diffusion noise on the pixel tensor, the same noise for every row of the image
