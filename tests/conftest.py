@@ -16,6 +16,12 @@ REPO = Path(__file__).resolve().parents[1]
 # Test files import fixtures and data from each other by module name, across the tier folders (test_yes_margin.py
 # takes test_api_backend.py's fake API server); the helpers in tests/ itself are on the path as this file's folder.
 sys.path[:0] = [str(TESTS / tier) for tier in TIERS]
+_NAMES: dict[str, list[str]] = {}
+for _file in sorted(TESTS.glob("*/*.py")):
+    _NAMES.setdefault(_file.name, []).append(str(_file.relative_to(TESTS)))
+_TWICE = {name: files for name, files in _NAMES.items() if len(files) > 1 and name != "__init__.py"}
+if _TWICE:  # one module name, two files: whichever imports first shadows the other in every tier
+    raise RuntimeError(f"test modules share a name across tier folders: {_TWICE}; give each its own name")
 SHARED_DATA = REPO.parent / "shared" / "data"
 REAL_HICO = SHARED_DATA / "hico_20150920"
 REAL_HICO_DET_JSON = SHARED_DATA / "hicodet" / "instances_test2015.json"
