@@ -5,9 +5,10 @@ On a GPU a scoring pass at batch 64 spent most of its wall time launching small 
 continuations off; bench/suite_scoring.py (b)) on a random-weight model of LLaVA-1.5-7B's depth (32 language
 layers, 24 vision layers, 576 image tokens) made narrow, under ``torch.profiler``; every ATen operator call that
 calls no other ATen operator (a leaf: what would be a kernel launch) and is not a view (a view launches
-nothing) is counted, divided by the prompts scored.
+nothing) is counted, divided by the prompts scored. ``--path cuda`` runs the shared-prefix attention as on CUDA
+(FlexAttention, here eager), each region that is one fused kernel there counted as one.
 
-    python bench/launches.py [--images 16] [--batch-size 256] [--top 15]
+    python bench/launches.py [--images 16] [--batch-size 256] [--top 15] [--path cpu cuda]
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_scoring import RandomLlava7B  # noqa: E402
 from suite_scoring import all_sets_per_call, hico_suite  # noqa: E402
+from verbmirage.models.hf.shared_prefix import FUSED_REGION, use_kernel  # noqa: E402
 from verbmirage.models.tiny import build_tiny_llava  # noqa: E402
 
 #: LLaVA-1.5-7B's depth and image geometry, narrow widths (the count of launches does not depend on widths)
@@ -58,24 +60,37 @@ def _launches(event) -> bool:
 
 def count_launches(events) -> collections.Counter:
     """Per operator name, the calls among profiler ``events`` that launch a kernel: ATen operators that are not
-    views or mere allocations (:data:`FREE`) and call no such operator themselves (the innermost ones)."""
+    views or mere allocations (:data:`FREE`) and call no such operator themselves (the innermost ones). A region
+    that runs as one fused kernel on CUDA (``shared_prefix.FUSED_REGION``: FlexAttention, the compiled merge)
+    counts as one, whatever it runs here."""
 
     def inner(event) -> bool:  # whether a descendant launches
         return any(_launches(child) or inner(child) for child in event.cpu_children)
 
+    def fused(event) -> bool:  # inside a fused region
+        parent = event.cpu_parent
+        while parent is not None:
+            if parent.name == FUSED_REGION:
+                return True
+            parent = parent.cpu_parent
+        return False
+
     counts: collections.Counter = collections.Counter()
     for event in events:
-        if _launches(event) and not inner(event):
+        if event.name == FUSED_REGION and not fused(event):
+            counts[FUSED_REGION] += 1
+        elif _launches(event) and not inner(event) and not fused(event):
             counts[event.name] += 1
     return counts
 
 
-def launches_per_prompt(model, suite, batch_size: int) -> tuple[float, collections.Counter]:
-    """(launches per prompt, launches by operator) of one whole-suite scoring pass."""
+def launches_per_prompt(model, suite, batch_size: int, kernel: str) -> tuple[float, collections.Counter]:
+    """(launches per prompt, launches by operator) of one whole-suite scoring pass, the shared-prefix attention
+    on ``kernel`` (shared_prefix.KERNELS)."""
     from torch.profiler import ProfilerActivity, profile
 
     model.forget_prefixes()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with use_kernel(kernel), profile(activities=[ProfilerActivity.CPU]) as prof:
         all_sets_per_call(model, suite, batch_size)
     counts = count_launches(prof.events())
     return sum(counts.values()) / len(suite), counts
@@ -95,17 +110,22 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--top", type=int, default=15, help="operators to list, most calls first")
+    parser.add_argument("--path", choices=("cpu", "cuda"), nargs="+", default=["cpu", "cuda"],
+                        help="the CPU's attention path (cpu_flash) and CUDA's (FlexAttention, counted here eagerly)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model = deep_narrow_model(work)
         suite = hico_suite(args.images, work)
-        all_sets_per_call(model, suite[:8], args.batch_size)  # warm-up
-        per_prompt, counts = launches_per_prompt(model, suite, args.batch_size)
-    print(f"{len(suite)} prompts on {args.images} images, batch {args.batch_size}: "
-          f"{per_prompt:.1f} launches per prompt ({sum(counts.values())} in all)")
-    for name, count in counts.most_common(args.top):
-        print(f"  {name:40s} {count:7d}  {count / len(suite):6.2f} per prompt")
+        for path in args.path:
+            kernel = {"cpu": "cpu_flash", "cuda": "flex"}[path]
+            with use_kernel(kernel):
+                all_sets_per_call(model, suite[:8], args.batch_size)  # warm-up
+            per_prompt, counts = launches_per_prompt(model, suite, args.batch_size, kernel)
+            print(f"{path} path ({kernel}): {len(suite)} prompts on {args.images} images, batch {args.batch_size}: "
+                  f"{per_prompt:.1f} launches per prompt ({sum(counts.values())} in all)")
+            for name, count in counts.most_common(args.top):
+                print(f"  {name:40s} {count:7d}  {count / len(suite):6.2f} per prompt")
 
 
 if __name__ == "__main__":

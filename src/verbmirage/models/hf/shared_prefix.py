@@ -125,8 +125,8 @@ class _Active:
     def stacked_prefixes(self, block: _Block, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         key = (layer, tuple(id(prefix) for prefix in block.prefixes))
         if key not in self.stacked:
-            self.stacked[key] = (torch.cat([prefix[layer][0] for prefix in block.prefixes]),
-                                 torch.cat([prefix[layer][1] for prefix in block.prefixes]))
+            self.stacked[key] = (_stacked([prefix[layer][0] for prefix in block.prefixes]),
+                                 _stacked([prefix[layer][1] for prefix in block.prefixes]))
         return self.stacked[key]
 
     def masks_for(self, length: int, columns: int, group: int, kernel: str, dtype, device) -> tuple:
@@ -144,6 +144,17 @@ class _Active:
                 prepared = _own_block_mask(length, columns, group, self.own_mask, device)
             self.masks[key] = (mask, prepared)
         return self.masks[key]
+
+
+def _stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``tensors`` (batch 1 each) concatenated: a view where they already lie one after another in one storage
+    (the prefixes of one prefix or header forward, in order: no copy, no launch), else a copy."""
+    first = tensors[0]
+    step, start, storage = first.stride(0), first.storage_offset(), first.untyped_storage().data_ptr()
+    if all(tensor.untyped_storage().data_ptr() == storage and tensor.stride() == first.stride()
+           and tensor.storage_offset() == start + j * step for j, tensor in enumerate(tensors)):
+        return first.as_strided((len(tensors), *first.shape[1:]), first.stride(), start)
+    return torch.cat(tensors)
 
 
 class AttentionRecord:
@@ -274,30 +285,39 @@ def _own_block_mask(length: int, columns: int, group: int, valid: torch.Tensor |
         def seen(batch, head, query, key):
             return valid[batch, query % length, key]
     rows = None if valid is None else valid.shape[0]
-    with torch.profiler.record_function(FUSED_REGION):
-        return create_block_mask(seen, rows, None, group * length, columns, device=device)
+    return create_block_mask(seen, rows, None, group * length, columns, device=device)
 
 
-def _merge(seen, seen_lse, mine, mine_lse):
-    """The attention over a row's prefix and over its own columns, merged by their log-sum-exps: exactly the
-    attention over both (flash attention's split of the keys), float32."""
-    seen, mine = seen.float(), mine.float()
-    total = torch.logaddexp(seen_lse, mine_lse)
-    return seen * torch.exp(seen_lse - total)[..., None] + mine * torch.exp(mine_lse - total)[..., None]
+def _merge(seen, seen_lse, own, own_lse, rows: torch.Tensor | None, picked: torch.Tensor | None):
+    """One block's attention over its rows' prefixes and over their own columns, merged by the log-sum-exps:
+    exactly the attention over both (flash attention's split of the keys), float32 [block rows, ...].
+
+    ``seen``/``seen_lse``: the block's prefix attention, its rows in order, or (``picked``: the real rows'
+    positions, :class:`_Block`) laid out [prefixes, padded rows, ...]; ``own``/``own_lse``: the rows' own
+    attention, the block's rows ``rows`` of them (indices; None: all)."""
+    if picked is not None:
+        seen = seen.reshape(-1, *seen.shape[2:]).index_select(0, picked)
+        seen_lse = seen_lse.reshape(-1, *seen_lse.shape[2:]).index_select(0, picked)
+    if rows is not None:
+        own, own_lse = own[rows], own_lse[rows]
+    seen, own = seen.float(), own.float()
+    total = torch.logaddexp(seen_lse, own_lse)
+    return seen * torch.exp(seen_lse - total)[..., None] + own * torch.exp(own_lse - total)[..., None]
 
 
 @functools.cache
 def _compiled_merge():
-    """:func:`_merge` compiled: one kernel for its eight elementwise operations (on CUDA)."""
+    """:func:`_merge` compiled: its gathers and eight elementwise operations in one kernel (on CUDA)."""
     return torch.compile(_merge, dynamic=True)
 
 
-def _merged(seen, seen_lse, mine, mine_lse, kernel: str):
-    """:func:`_merge`, compiled where the kernel is compiled (``flex`` on CUDA)."""
-    if kernel == "flex" and seen.device.type == "cuda":
-        with torch.profiler.record_function(FUSED_REGION):
-            return _compiled_merge()(seen, seen_lse, mine, mine_lse)
-    return _merge(seen, seen_lse, mine, mine_lse)
+def _merged(kernel: str, *args):
+    """:func:`_merge` of ``args``, compiled where the attention is (``flex`` on CUDA; eager elsewhere, marked as
+    the one kernel it is there)."""
+    if kernel != "flex":
+        return _merge(*args)
+    with torch.profiler.record_function(FUSED_REGION):  # one kernel on CUDA
+        return (_compiled_merge() if args[0].device.type == "cuda" else _merge)(*args)
 
 
 def _own_mask(length: int, columns: int, group: int, valid: torch.Tensor | None, device) -> torch.Tensor:
@@ -368,9 +388,12 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
             chosen = block.padded_rows(query)  # [prefixes, padded rows, kv heads, folded, d]
             seen, seen_lse = _attend(chosen.transpose(1, 2).reshape(count, kv_heads, width * folded, dim), keys,
                                      values, scale, None, kernel)
-            seen = block.real_rows(seen.reshape(count, kv_heads, width, folded, dim).transpose(1, 2))
-            seen_lse = block.real_rows(seen_lse.reshape(count, kv_heads, width, folded).transpose(1, 2))
-        merged = _merged(seen, seen_lse, own[block.rows], own_lse[block.rows], kernel)
+            seen = seen.reshape(count, kv_heads, width, folded, dim).transpose(1, 2)  # [prefixes, padded rows, ...]
+            seen_lse = seen_lse.reshape(count, kv_heads, width, folded).transpose(1, 2)
+        if isinstance(block.rows, slice):  # a view of those rows
+            merged = _merged(kernel, seen, seen_lse, own[block.rows], own_lse[block.rows], None, block.picked)
+        else:
+            merged = _merged(kernel, seen, seen_lse, own, own_lse, block.rows, block.picked)
         if isinstance(block.rows, slice) and block.rows == slice(None):  # every row, one prefix: the output
             output = merged
         else:
