@@ -126,3 +126,22 @@ def test_tiny_llava_on_cuda_scores_as_on_the_cpu(mixed, tmp_path):
         assert gpu._reads_prefix_in_place() and shared_prefix.kernel_for(torch.device("cuda"), 16) == "flex"
         scores, _ = _answers(gpu, questions, None)
         np.testing.assert_allclose(scores, reference, atol=tolerance)
+
+
+def test_prefixes_of_one_forward_stack_as_a_view_in_storage_order():
+    """The CUDA path reads a block's prefixes, when one forward computed them, as a view of that forward's cache
+    (no copy per layer); others are copied. Either way the stack equals their concatenation."""
+    from verbmirage.models.hf.shared_prefix import _blocks, _stacked
+
+    cache = torch.randn(4, 2, 5, 8)
+    prefixes = [cache[j : j + 1] for j in range(4)]
+    view = _stacked(prefixes[1:3])
+    assert view.data_ptr() == prefixes[1].data_ptr() and torch.equal(view, torch.cat(prefixes[1:3]))
+    copied = _stacked([prefixes[2], prefixes[1]])  # out of order: a copy
+    assert copied.data_ptr() != prefixes[2].data_ptr() and torch.equal(copied, torch.cat([prefixes[2], prefixes[1]]))
+    members = [([(prefixes[2], prefixes[2])], [0, 1]), ([(prefixes[0], prefixes[0])], [2, 3, 4])]
+    ordered = _blocks(members, in_storage_order=True)
+    assert len(ordered) == 1 and [p[0][0].data_ptr() for p in ordered[0].prefixes] == [
+        prefixes[0].data_ptr(), prefixes[2].data_ptr()]
+    kept = _blocks(members)  # the CPU path keeps the order its reference results came in
+    assert [p[0][0].data_ptr() for p in kept[0].prefixes] == [prefixes[2].data_ptr(), prefixes[0].data_ptr()]

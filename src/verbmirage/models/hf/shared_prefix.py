@@ -394,12 +394,16 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
             merged = _merged(kernel, seen, seen_lse, own[block.rows], own_lse[block.rows], None, block.picked)
         else:
             merged = _merged(kernel, seen, seen_lse, own, own_lse, block.rows, block.picked)
+        merged = merged.reshape(-1, heads, length, dim).transpose(1, 2)  # as transformers takes it (a view)
         if isinstance(block.rows, slice) and block.rows == slice(None):  # every row, one prefix: the output
-            output = merged
-        else:
-            output = merged.new_empty((rows, *merged.shape[1:])) if output is None else output
-            output[block.rows] = merged
-    return output.to(value.dtype).reshape(rows, heads, length, dim).transpose(1, 2).contiguous(), None
+            return merged.to(value.dtype, memory_format=torch.contiguous_format), None  # one copy
+        if output is None:
+            output = value.new_empty((rows, length, heads, dim))
+        if isinstance(block.rows, slice):
+            output[block.rows] = merged  # its rows, cast and laid out in one copy
+        else:  # indexed writes take the output's dtype
+            output[block.rows] = merged.to(value.dtype)
+    return output, None
 
 
 AttentionInterface.register(NAME, _attention)
@@ -420,9 +424,11 @@ def _as_slice(rows: list[int], device) -> slice | torch.Tensor:
 BLOCK_CALL_COST = 2**17
 
 
-def _blocks(members: list[tuple[list, list[int]]]) -> list[_Block]:
+def _blocks(members: list[tuple[list, list[int]]], in_storage_order: bool = False) -> list[_Block]:
     """``members`` ((prefix, its rows) each) as blocks (:class:`_Block`) of one prefix length each, cut where
-    padding costs least (:data:`BLOCK_CALL_COST`), their indices on the prefixes' device."""
+    padding costs least (:data:`BLOCK_CALL_COST`), their indices on the prefixes' device. ``in_storage_order``:
+    a block's prefixes in the order they lie in memory, so that those of one forward stack as a view
+    (:func:`_stacked`; the CPU path keeps the order of its reference results)."""
     by_length: dict[int, list] = {}
     for prefix, rows in members:
         by_length.setdefault(prefix[0][0].shape[-2], []).append((prefix, rows))
@@ -432,7 +438,11 @@ def _blocks(members: list[tuple[list, list[int]]]) -> list[_Block]:
         _, kv_heads, length, dim = group[0][0][0][0].shape
         cuts = cheapest_cuts([len(rows) for _, rows in group], max(1, BLOCK_CALL_COST // (kv_heads * length * dim)))
         for start, stop in zip([0] + cuts, cuts + [len(group)]):
-            blocks.append(_block(group[start:stop]))
+            chosen = group[start:stop]
+            if in_storage_order:
+                chosen = sorted(chosen, key=lambda member: (member[0][0][0].untyped_storage().data_ptr(),
+                                                            member[0][0][0].storage_offset()))
+            blocks.append(_block(chosen))
     return blocks
 
 
@@ -464,7 +474,9 @@ def shared_prefix_attention(text_config, prefixes: list, image_of_row: list[int]
         rows_of: dict[int, list[int]] = {}
         for row, j in enumerate(image_of_row):
             rows_of.setdefault(j, []).append(row)
-        blocks = _blocks([(prefixes[j], rows) for j, rows in sorted(rows_of.items())])  # unread prefixes skipped
+        keys = prefixes[image_of_row[0]][0][0]
+        blocks = _blocks([(prefixes[j], rows) for j, rows in sorted(rows_of.items())],  # unread prefixes skipped
+                         kernel_for(keys.device, keys.shape[-1]) != "cpu_flash")
     token = _ACTIVE.set(_Active(blocks, valid, record, {} if stacked is None else stacked))
     before = text_config._attn_implementation_internal
     text_config._attn_implementation_internal = NAME  # no mask is built for an unregistered mask type
