@@ -137,6 +137,8 @@ def test_prefixes_of_one_forward_stack_as_a_view_in_storage_order():
     prefixes = [cache[j : j + 1] for j in range(4)]
     view = _stacked(prefixes[1:3])
     assert view.data_ptr() == prefixes[1].data_ptr() and torch.equal(view, torch.cat(prefixes[1:3]))
+    every_other = _stacked(prefixes[::2])  # rows 0 and 2 of one cache: a view too
+    assert every_other.data_ptr() == prefixes[0].data_ptr() and torch.equal(every_other, torch.cat(prefixes[::2]))
     copied = _stacked([prefixes[2], prefixes[1]])  # out of order: a copy
     assert copied.data_ptr() != prefixes[2].data_ptr() and torch.equal(copied, torch.cat([prefixes[2], prefixes[1]]))
     members = [([(prefixes[2], prefixes[2])], [0, 1]), ([(prefixes[0], prefixes[0])], [2, 3, 4])]

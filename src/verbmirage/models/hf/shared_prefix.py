@@ -147,13 +147,15 @@ class _Active:
 
 
 def _stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """``tensors`` (batch 1 each) concatenated: a view where they already lie one after another in one storage
-    (the prefixes of one prefix or header forward, in order: no copy, no launch), else a copy."""
+    """``tensors`` (batch 1 each) concatenated: a view where they lie at even steps in one storage (rows of one
+    prefix or header forward's cache, in order, every k-th: no copy, no launch), else a copy."""
     first = tensors[0]
-    step, start, storage = first.stride(0), first.storage_offset(), first.untyped_storage().data_ptr()
-    if all(tensor.untyped_storage().data_ptr() == storage and tensor.stride() == first.stride()
-           and tensor.storage_offset() == start + j * step for j, tensor in enumerate(tensors)):
-        return first.as_strided((len(tensors), *first.shape[1:]), first.stride(), start)
+    start, storage = first.storage_offset(), first.untyped_storage().data_ptr()
+    step = tensors[1].storage_offset() - start if len(tensors) > 1 else first.stride(0)
+    if step > 0 and step % first.stride(0) == 0 and all(
+            tensor.untyped_storage().data_ptr() == storage and tensor.stride() == first.stride()
+            and tensor.storage_offset() == start + j * step for j, tensor in enumerate(tensors)):
+        return first.as_strided((len(tensors), *first.shape[1:]), (step, *first.stride()[1:]), start)
     return torch.cat(tensors)
 
 
