@@ -275,17 +275,20 @@ def _own_block_mask(length: int, columns: int, group: int, valid: torch.Tensor |
     columns], or ``valid`` [rows, length, columns] as given."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    offset = columns - length  # the queries are the last ``length`` columns
+    # the sizes as tensors, not Python numbers: compiled FlexAttention then takes them as inputs instead of
+    # compiling anew for each suffix length
+    length_t = torch.tensor(length, device=device)
+    offset = torch.tensor(columns - length, device=device)  # the queries are the last ``length`` columns
 
     if valid is None:
         def seen(batch, head, query, key):
-            return key <= query % length + offset
+            return key <= query % length_t + offset
     elif valid.dim() == 2:
         def seen(batch, head, query, key):
-            return valid[batch, key] & (key <= query % length + offset)
+            return valid[batch, key] & (key <= query % length_t + offset)
     else:
         def seen(batch, head, query, key):
-            return valid[batch, query % length, key]
+            return valid[batch, query % length_t, key]
     rows = None if valid is None else valid.shape[0]
     return create_block_mask(seen, rows, None, group * length, columns, device=device)
 
