@@ -259,14 +259,17 @@ def _flex(query, key, value, scale: float, block_mask):
     """FlexAttention of ``query`` on ``key``/``value`` (same batch and heads) under ``block_mask`` (None: every
     key): (output in the query's dtype, its log-sum-exp in float32). Compiled on CUDA; elsewhere eager (the
     same arithmetic unfused: the tests check it on the CPU)."""
-    from torch.nn.attention.flex_attention import AuxRequest, flex_attention
+    from torch.nn.attention import flex_attention as flex
 
-    function = _compiled_flex() if query.device.type == "cuda" else flex_attention
+    function = _compiled_flex() if query.device.type == "cuda" else flex.flex_attention
     with torch.profiler.record_function(FUSED_REGION), warnings.catch_warnings():
         warnings.filterwarnings("ignore", "flex_attention called without torch.compile", UserWarning)
-        output, aux = function(query, key, value, block_mask=block_mask, scale=scale,
-                               return_aux=AuxRequest(lse=True))
-    return output, aux.lse.float()
+        if hasattr(flex, "AuxRequest"):  # torch >= 2.9
+            output, aux = function(query, key, value, block_mask=block_mask, scale=scale,
+                                   return_aux=flex.AuxRequest(lse=True))
+            return output, aux.lse.float()
+        output, lse = function(query, key, value, block_mask=block_mask, scale=scale, return_lse=True)
+    return output, lse.float()
 
 
 def _own_block_mask(length: int, columns: int, group: int, valid: torch.Tensor | None, device):
