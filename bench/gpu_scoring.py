@@ -7,12 +7,17 @@ prefix reuse and batching, and prints prompts/s. Target: >= 250 prompts/s on
 one H200.
 
     python bench/gpu_scoring.py [--images 64] [--batch-size 64]
-    python bench/gpu_scoring.py --suite [--images 64]   # all five HICO sets: one set per call vs all sets of an image
+    python bench/gpu_scoring.py --suite [--images 64] [--sized-batch 256]   # all five HICO sets: one set per
+                                                        # call vs all sets of an image; (b) at the sized batch
     python bench/gpu_scoring.py --decodings [--images 64] [--decoding-images 16]   # each decoding, projections
     python bench/gpu_scoring.py --smoke --images 2      # on a CPU: checks the script runs
 
 ``--suite`` is bench/suite_scoring.py at LLaVA-1.5-7B size: the whole HICO suite (about 225K prompts with 4
 MC rotations) must take at most 15 GPU-minutes on one H200, i.e. (b) >= 250 prompts/s.
+
+``--sized-batch`` also times (b) at the batch the device's memory sizes (given here until the workflow's
+sizing of batches from free memory can be asked for it) and counts the decisions that differ from batch
+``--batch-size``'s (in bf16 a prompt's score depends on what it is batched with).
 
 ``--decodings`` makes the model decisive (bench/bench_scoring.py, ``make_decisive``: its first answer token
 decides, as a trained model's does), times the whole suite greedily as a job answers it (continuations on),
@@ -37,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_scoring import DECODINGS, engine_pass, hico_like_questions, make_decisive  # noqa: E402
 from projection import projection_lines  # noqa: E402
-from suite_scoring import all_sets_per_call, hico_suite, report, time_both  # noqa: E402
+from suite_scoring import all_sets_per_call, hico_suite, report, score_difference, time_both  # noqa: E402
 from verbmirage.variants.settings import Variant  # noqa: E402
 from verbmirage.models.hf.families import LlavaVLM  # noqa: E402
 from verbmirage.models.tiny import build_tiny_llava  # noqa: E402
@@ -81,7 +86,7 @@ def decodings(model, work: Path, args, dtype: str, parameters: float, synchroniz
 
     make_decisive(model)
     cuda = torch.cuda.is_available() and next(model.model.parameters()).is_cuda
-    suite = hico_suite(args.images, work)
+    suite = hico_suite(args.images, work)[: args.max_prompts]
     print(f"{parameters:.2f}B parameters, {dtype}, decisive (output layer biased to yes/no)")
     all_sets_per_call(model, suite[:8], args.batch_size)  # warm-up
     synchronize()
@@ -90,7 +95,7 @@ def decodings(model, work: Path, args, dtype: str, parameters: float, synchroniz
     synchronize()
     suite_rate = len(suite) / (time.perf_counter() - start)
     print(f"whole suite, greedy ({len(suite)} prompts of 5 sets on {args.images} images): {suite_rate:8.1f} prompts/s")
-    questions = hico_like_questions(args.decoding_images, work / "yn")
+    questions = hico_like_questions(args.decoding_images, work / "yn")[: args.max_prompts]
     per_call = model.use_batch_size(args.batch_size)
     print(f"decodings ({len(questions)} YN questions, {args.max_new_tokens} new tokens per decoded answer):")
     seconds = {}
@@ -106,10 +111,24 @@ def decodings(model, work: Path, args, dtype: str, parameters: float, synchroniz
               f"{seconds[slug] / seconds['greedy']:6.2f}x greedy  {memory}")
     mix = json.loads(args.mix.read_text()) if args.mix.is_file() else None
     costs = {slug: seconds[slug] / seconds["greedy"] for slug in seconds}
-    for line in projection_lines(suite_rate, costs, mix):
+    for line in projection_lines(suite_rate, costs, mix, args.generate_rate):
         print(line)
     if cuda:
         print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB (the last decoding's)")
+
+
+def sized_batch(model, suite, batch_size: int, reference: dict, reference_batch: int, synchronize) -> None:
+    """(b) at ``batch_size`` (the device-sized batch): prompts/s, and the decisions that differ from
+    ``reference`` (the same pass at ``reference_batch``)."""
+    synchronize()
+    start = time.perf_counter()
+    results = all_sets_per_call(model, suite, batch_size)
+    synchronize()
+    rate = len(suite) / (time.perf_counter() - start)
+    flipped = sum(results[key].prediction != reference[key].prediction for key in reference)
+    print(f"(b) at the sized batch {batch_size}:  {rate:8.2f} prompts/s ({model.use_batch_size(batch_size)} questions "
+          f"per call); decisions differing from batch {reference_batch}: {flipped} of {len(reference)}; "
+          f"max |score difference| {score_difference(reference, results):.2e}")
 
 
 def main() -> None:
@@ -121,6 +140,14 @@ def main() -> None:
     parser.add_argument("--decodings", action="store_true", help="each decoding's cost and the projected run times")
     parser.add_argument("--decoding-images", type=int, default=16, help="images whose YN questions each decoding answers")
     parser.add_argument("--max-new-tokens", type=int, default=8, help="tokens each decoding decodes per answer")
+    parser.add_argument("--max-prompts", type=int, default=None,
+                        help="--suite/--decodings: at most this many of the suite's prompts and of the YN questions "
+                             "(the smoke check)")
+    parser.add_argument("--sized-batch", type=int, default=256,
+                        help="--suite: (b) also at this batch (the size the device's memory gives; 0: not timed)")
+    parser.add_argument("--generate-rate", type=float, default=None,
+                        help="--decodings: prompts/s of generate at batch 1 (bench/gen_vs_engine.py), to project the "
+                             "remote-code models one question at a time")
     parser.add_argument("--mix", type=Path, default=Path(__file__).resolve().parents[1] / ".whl" / "paper_mix.json",
                         help="the paper config's prompts per decoding (bench/projection.py --write)")
     args = parser.parse_args()
@@ -138,11 +165,13 @@ def main() -> None:
             return
         if args.suite:
             model.continue_tokens = 0  # the scoring pass (see bench/suite_scoring.py)
-            suite = hico_suite(args.images, work)
+            suite = hico_suite(args.images, work)[: args.max_prompts]
             print(f"{parameters:.2f}B parameters, {dtype}")
             model.score_yes_no([q for s, q in suite if s == "yn_obj"][:2])  # warm-up
-            report(len(suite), args.images, time_both(model, suite, args.batch_size, synchronize), args.batch_size,
-                   model.use_batch_size(args.batch_size))
+            timing = time_both(model, suite, args.batch_size, synchronize)
+            report(len(suite), args.images, timing, args.batch_size, model.use_batch_size(args.batch_size))
+            if args.sized_batch and args.sized_batch != args.batch_size:
+                sized_batch(model, suite, args.sized_batch, timing.results, args.batch_size, synchronize)
             if device == "cuda":
                 print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
             return

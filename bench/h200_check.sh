@@ -1,24 +1,50 @@
 #!/usr/bin/env bash
-# The GPU figures in one device run (an H200 lent through the `device` tool), prepared so that a session that
-# draws a GPU spends its minutes measuring, not setting up (under 9 minutes in all):
+# Every GPU figure of bench/README.md ("On a GPU") in one device run (an H200 lent through the `device` tool),
+# prepared so that a session that draws a GPU spends its minutes measuring, not setting up (at most 6 minutes
+# of steps, each under its own time limit):
 #
-#   here, once per checkout:  bash bench/h200_wheels.sh          # transformers as pinned + the paper config's
-#                                                                # prompt mix, into .whl (ignored)
-#   on the device:            run(command="bash bench/h200_check.sh", carry=[".whl"], timeout_s=540)
+#   here, once per checkout:  bash bench/h200_wheels.sh          # transformers as pinned, pytest, and the paper
+#                                                                # config's prompt mix, into .whl (ignored)
+#   on the device:            run(command="bash bench/h200_check.sh", carry=[".whl"], timeout_s=480)
 #
 # The device image's python3 holds torch, pandas, pyarrow, scipy and Pillow; its transformers is older than the
-# pin, so the pinned wheel travels in .whl. Prints the GPU and versions, then, on a random-weight model of
-# LLaVA-1.5-7B's size in bf16 (bench/gpu_scoring.py): --suite, the whole-suite ratio (target (b) >= 250
-# prompts/s), and --decodings, the whole suite as a job answers it, each decoding's prompts/s, cost relative to
-# greedy and peak GPU memory, and the projected time of the whole HICO suite and of configs/paper.yaml. Each log
-# is also written to $OUT. Then bench/batch_flips.py: the batch this GPU sizes (batch_size: auto) and how many
-# answers move between batch 64 and it. Extra arguments go to every run (`--smoke --images 1` checks the script on
-# a CPU).
+# pin, so the pinned wheel travels in .whl. On a random-weight model of LLaVA-1.5-7B's size in bf16
+# (bench/gpu_scoring.py) it prints, in order:
+#   1. engine vs transformers generate at batch 1, bf16 and float32 (bench/gen_vs_engine.py);
+#   2. bench/batch_flips.py: the batch a job sizes from this GPU's free memory (batch_size: auto; docs/models.md,
+#      "Batch sizes") and the answers that move between batch 64 and it, on the random and the decisive model;
+#   3. --suite: one set per call vs all sets of an image at batch 64, then all sets at the batch step 2 sized
+#      (or --sized-batch N) and the decisions that differ between the two;
+#   4. the GPU-busy share of a profiled scoring pass and its kernels per prompt (bench/profile_gpu.py);
+#   5. --decodings: the whole suite greedily as a job answers it, each decoding's cost relative to greedy and
+#      peak memory, and the projected GPU-hours of the whole HICO suite and of configs/paper.yaml, every GPU model
+#      (the remote-code models at the engine's rates and one question at a time at generate's rate of step 1);
+#   6. the GPU tests: pytest -m gpu (fused attention against the CPU path, and any other gpu-marked test).
+# Each log is also written to $OUT. `--smoke` runs every step on the CPU with the narrow model and a few prompts
+# (float32 on the CPU: the second comparison is left out; CI does: tests/models/test_bench.py); other arguments
+# go to gpu_scoring.py's runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-$(mktemp -d)}
 export PYTHONUNBUFFERED=1
+SIZED=
+SMOKE=()
+ARGS=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --sized-batch) SIZED=$2; shift 2 ;;
+        --smoke) SMOKE=(--smoke); shift ;;
+        *) ARGS+=("$1"); shift ;;
+    esac
+done
+if [ ${#SMOKE[@]} -gt 0 ]; then  # the narrow model on the CPU, tiny sizes: checks every step runs
+    GEN=(--smoke --images 1 --engine-images 1 --max-prompts 4) PROFILE=(--smoke --images 1 --max-prompts 8)
+    FLIPS=(--smoke --images 1) SUITE=(--images 1 --max-prompts 12) DECODE=(--images 1 --decoding-images 1 --max-new-tokens 2 --max-prompts 6)
+else
+    GEN=(--images 2 --engine-images 16) PROFILE=(--images 16) FLIPS=(--images 16) SUITE=(--images 32)
+    DECODE=(--images 32 --decoding-images 8)
+fi
 if compgen -G ".whl/*.whl" > /dev/null; then
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/h200_site \
         .whl/*.whl || exit 1
@@ -30,8 +56,23 @@ fi
 '| cuda', torch.cuda.is_available())"
 } 2>&1 | tee "$OUT/env.txt"
 status=0
-timeout 200 "$PYTHON" bench/gpu_scoring.py --suite "$@" 2>&1 | tee "$OUT/suite.txt" || status=1
-timeout 240 "$PYTHON" bench/gpu_scoring.py --decodings "$@" 2>&1 | tee "$OUT/decodings.txt" || status=1
-timeout 120 "$PYTHON" bench/batch_flips.py "$@" 2>&1 | tee "$OUT/batch_flips.txt" || status=1
+step() {  # step NAME SECONDS COMMAND...: run it under its limit, its log in $OUT/NAME.txt
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name"
+    timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt" || { status=1; echo "== $name failed or ran past ${limit} s"; }
+}
+step generate 75 "$PYTHON" bench/gen_vs_engine.py "${GEN[@]}" --dtype bfloat16
+[ ${#SMOKE[@]} -gt 0 ] || step generate_float32 45 "$PYTHON" bench/gen_vs_engine.py "${GEN[@]}" --dtype float32
+step flips 45 "$PYTHON" bench/batch_flips.py "${FLIPS[@]}"
+[ -n "$SIZED" ] || SIZED=$(sed -n 's/^.*sized: batch \([0-9]*\),.*$/\1/p' "$OUT/flips.txt" | head -n 1)
+step suite 60 "$PYTHON" bench/gpu_scoring.py --suite "${SMOKE[@]}" "${SUITE[@]}" --sized-batch "${SIZED:-256}" "${ARGS[@]}"
+step profile 30 "$PYTHON" bench/profile_gpu.py "${PROFILE[@]}"
+rate=$(sed -n 's/^generate rate: \([0-9.]*\) prompts\/s$/\1/p' "$OUT/generate.txt")
+step decodings 80 "$PYTHON" bench/gpu_scoring.py --decodings "${SMOKE[@]}" "${DECODE[@]}" \
+    ${rate:+--generate-rate "$rate"} "${ARGS[@]}"
+gpu_tests=$(grep -rl "pytest.mark.gpu" tests --include="test_*.py" | sort)
+step gpu_tests 25 env PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider \
+    $gpu_tests
 echo "logs in $OUT"
 exit $status

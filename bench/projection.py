@@ -4,9 +4,12 @@ The prompts are the real HICO question counts (docs/questions.md, "Counts on the
 default protocol; an MC question once per rotation of its options), and on the single-instance images for a
 crop condition (same page, "Counts on the real test instances"). The paper config's runs come from its plan
 (configs/paper.yaml through verbmirage.workflow.plan): every run of a model the transformers engine serves adds
-its sets' prompts to its variant's decoding. Remote-code models (their own ``generate``), API models, baselines
-and CLIP are named but not projected; nor are the CharadesEgo sets and the Known-Object set, whose real counts
-are not measured here.
+its sets' prompts to its variant's decoding, and every run of a remote-code model (its own code on a GPU,
+docs/models.md) likewise to the remote-code models' mix. The remote-code models are projected twice: at the
+engine's rates (what batching them like the engine aims at) and one question at a time (at the measured rate
+of transformers ``generate`` at batch 1, when given: how they run today). API models, baselines and CLIP are
+named but not projected; nor are the CharadesEgo sets and the Known-Object set, whose real counts are not
+measured here.
 
     python bench/projection.py [--config configs/paper.yaml] [--write MIX.json]   # the paper config's prompt mix
     bench/gpu_scoring.py --decodings reads the mix (computed here, where Snakemake's schema check is installed,
@@ -40,7 +43,8 @@ def decoding_of(variant: dict) -> str:
 
 
 def paper_mix(config_path: Path = REPO / "configs" / "paper.yaml") -> dict:
-    """The config's prompts per decoding over its transformers-engine models, and the models left out."""
+    """The config's prompts per decoding over its transformers-engine models and over its remote-code models,
+    and the models left out."""
     import yaml
     from snakemake.utils import validate
 
@@ -50,48 +54,70 @@ def paper_mix(config_path: Path = REPO / "configs" / "paper.yaml") -> dict:
     from verbmirage.workflow.run_folders import run_folders
 
     engine_backends = backends_of_kind("transformers")  # the backends the transformers engine serves
+    remote_backends = backends_of_kind("remote")  # remote-code checkpoints, their own code on a GPU
 
     config = yaml.safe_load(config_path.read_text())
     demo = yaml.safe_load((REPO / "config.yaml").read_text())
     config["datasets"] = copy.deepcopy(demo["datasets"])  # the real data need not be here: only the runs count
     validate(config, str(REPO / "schemas" / "config.schema.yaml"))  # the schema's defaults, as the workflow fills
     plan = Plan.from_config(config, run_folders(config["results_dir"], [str(config_path)], REPO, REPO))
-    prompts = dict.fromkeys(DECODING_NAMES, 0)
-    engine, left_out, unknown_sets = set(), set(), set()
+    prompts, remote_prompts = dict.fromkeys(DECODING_NAMES, 0), dict.fromkeys(DECODING_NAMES, 0)
+    engine, remote, left_out, unknown_sets = set(), set(), set(), set()
     for run in plan.scored:
-        entry = plan.config["models"].get(run.model)
-        if entry is None or entry.get("backend") not in engine_backends:
+        entry = plan.config["models"].get(run.model) or {}
+        if entry.get("backend") in engine_backends:
+            engine.add(run.model)
+            counted = prompts
+        elif entry.get("backend") in remote_backends:
+            remote.add(run.model)
+            counted = remote_prompts
+        else:
             left_out.add(run.model)
             continue
-        engine.add(run.model)
         crop = plan.config["conditions"].get(run.condition, {}).get("type") == "crop"
         counts = SINGLE_INSTANCE_PROMPTS if crop else HICO_PROMPTS
         for qset in run.qsets:
             if run.dataset == "hico" and qset in counts:
-                prompts[decoding_of(plan.config["variants"][run.variant])] += counts[qset]
+                counted[decoding_of(plan.config["variants"][run.variant])] += counts[qset]
             else:
                 unknown_sets.add(f"{run.dataset}/{qset}")
     return {"config": str(config_path.relative_to(REPO)), "prompts": prompts, "engine_models": sorted(engine),
-            "left_out": sorted(left_out), "not_counted": sorted(unknown_sets)}
+            "remote_prompts": remote_prompts, "remote_models": sorted(remote), "left_out": sorted(left_out),
+            "not_counted": sorted(unknown_sets)}
 
 
-def projection_lines(greedy_suite_rate: float, costs: dict[str, float], mix: dict | None) -> list[str]:
+def projection_lines(greedy_suite_rate: float, costs: dict[str, float], mix: dict | None,
+                     generate_rate: float | None = None) -> list[str]:
     """The projected times: the whole HICO suite at the greedy suite rate (prompts/s); the mix's prompts of each
-    decoding at that rate divided by the decoding's cost relative to greedy (``costs``)."""
+    decoding at that rate divided by the decoding's cost relative to greedy (``costs``); the remote-code models'
+    prompts at those rates and, with ``generate_rate`` (prompts/s of ``generate`` at batch 1, greedy), one
+    question at a time at that rate over the same costs; the whole config's GPU-hours."""
     suite = sum(HICO_PROMPTS.values())
     lines = ["projection (real HICO counts, docs/questions.md; rates measured above):",
              f"  whole HICO suite, greedy: {suite:,} prompts in {suite / greedy_suite_rate / 60:.1f} min"]
     if mix is None:
         return lines + ["  paper config: no prompt mix (bench/projection.py --write; bench/h200_wheels.sh does it)"]
-    hours = {name: count * costs.get(name, float("nan")) / greedy_suite_rate / 3600
-             for name, count in mix["prompts"].items() if count}
-    total = sum(hours.values())
+
+    def hours(prompts: dict, rate: float) -> dict:
+        return {name: count * costs.get(name, float("nan")) / rate / 3600 for name, count in prompts.items() if count}
+
+    engine = hours(mix["prompts"], greedy_suite_rate)
     lines.append(f"  {mix['config']}, its {len(mix['engine_models'])} transformers-engine models "
                  f"({', '.join(mix['engine_models'])}), each at these LLaVA-1.5-7B rates: "
-                 f"{sum(mix['prompts'].values()):,} prompts in {total:.1f} h")
-    lines.append("    " + ", ".join(f"{name} {count:,} prompts {hours[name]:.2f} h"
+                 f"{sum(mix['prompts'].values()):,} prompts in {sum(engine.values()):.1f} h")
+    lines.append("    " + ", ".join(f"{name} {count:,} prompts {engine[name]:.2f} h"
                                       for name, count in mix["prompts"].items() if count))
-    lines.append(f"  not projected: {', '.join(mix['left_out'])} (remote code, API, baselines, CLIP); sets without "
+    remote_prompts = mix.get("remote_prompts", {})
+    batched = hours(remote_prompts, greedy_suite_rate)
+    total = sum(engine.values()) + sum(batched.values())
+    if remote_prompts:
+        lines.append(f"  its {len(mix['remote_models'])} remote-code models ({', '.join(mix['remote_models'])}): "
+                     f"{sum(remote_prompts.values()):,} prompts in {sum(batched.values()):.1f} h at the engine's "
+                     "rates (batched like the engine)" + (
+                         f", {sum(hours(remote_prompts, generate_rate).values()):.1f} h one question at a time "
+                         f"(generate at batch 1, {generate_rate:.2f} prompts/s)" if generate_rate else ""))
+    lines.append(f"  whole config, every GPU model: {total:.1f} GPU-hours (target <= 10)")
+    lines.append(f"  not projected: {', '.join(mix['left_out'])} (API, baselines, CLIP); sets without "
                  f"real counts here: {', '.join(mix['not_counted']) or 'none'}")
     return lines
 

@@ -122,6 +122,7 @@ class Timing:
     together: float
     ratios: list[float]
     difference: float
+    results: dict  # (b)'s results of the last run, by question id
 
     @property
     def ratio(self) -> float:
@@ -147,7 +148,7 @@ def time_both(model, suite, batch_size: int, synchronize=lambda: None, repeats: 
         together_seconds.append(seconds["b"])
         ratios.append(seconds["a"] / seconds["b"])
     return Timing(len(suite) / min(per_set_seconds), len(suite) / min(together_seconds), ratios,
-                  score_difference(per_set, together))
+                  score_difference(per_set, together), together)
 
 
 def report(n_prompts: int, n_images: int, timing: Timing, batch_size: int | None = None,

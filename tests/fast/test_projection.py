@@ -26,7 +26,9 @@ def test_the_paper_config_mix_counts_its_engine_models_runs():
     mix = projection.paper_mix()
     assert mix["engine_models"] == ["instructblip_7b", "llava15_7b", "llava15_7b_nullu", "llava15_7b_pangea",
                                     "qwen2_5_vl_7b", "qwen2_vl_7b"]
-    assert {"qwen_vl_chat", "molmo_7b_d", "gpt4_turbo", "prior"} <= set(mix["left_out"])
+    assert mix["remote_models"] == ["minicpm_llama3_v25", "molmo_7b_d", "mplug_owl2", "qwen_vl_chat"]
+    assert {"gpt4_turbo", "prior", "clip_l14"} <= set(mix["left_out"]) and "molmo_7b_d" not in mix["left_out"]
+    assert mix["remote_prompts"]["greedy"] > 0  # the remote-code models' runs count too
     # LLaVA-1.5-7B's OPERA run (Table 8) asks the four verb sets, on clean images only
     assert mix["prompts"]["opera"] == sum(projection.HICO_PROMPTS[q] for q in ("yn_obj", "yn_verb", "mc_obj", "mc_verb"))
     assert mix["prompts"]["greedy"] > mix["prompts"]["opera"] and mix["prompts"]["vcd_greedy"] == 0
@@ -41,6 +43,12 @@ def test_projection_divides_each_decodings_prompts_by_its_rate():
     assert lines[1] == f"  whole HICO suite, greedy: {suite:,} prompts in {suite / 10 / 60:.1f} min"
     assert "43,200 prompts in 2.0 h" in lines[2]  # 36,000 / 10 / 3600 = 1 h, 7,200 x 5 / 10 / 3600 = 1 h
     assert lines[3] == "    greedy 36,000 prompts 1.00 h, beam5 7,200 prompts 1.00 h"
+    assert lines[-2] == "  whole config, every GPU model: 2.0 GPU-hours (target <= 10)"
+    remote = {**mix, "remote_prompts": {"greedy": 3_600, "beam5": 0}, "remote_models": ["r"]}
+    lines = projection.projection_lines(10.0, {"greedy": 1.0, "beam5": 5.0}, remote, generate_rate=1.0)
+    assert "  its 1 remote-code models (r): 3,600 prompts in 0.1 h at the engine's rates (batched like the engine), "\
+        "1.0 h one question at a time (generate at batch 1, 1.00 prompts/s)" in lines
+    assert lines[-2] == "  whole config, every GPU model: 2.1 GPU-hours (target <= 10)"
     assert "no prompt mix" in projection.projection_lines(10.0, {}, None)[-1]
     with pytest.raises(KeyError):
         projection.projection_lines(10.0, {}, {"prompts": {}})

@@ -34,32 +34,43 @@ def test_cpu_benchmark_prints_both_regimes_and_each_decodings_cost():
         assert verdict == ("met" if held else "missed")
 
 
-def test_the_device_check_runs_both_gpu_benchmarks_in_smoke_mode(tmp_path):
-    """bench/h200_check.sh, the one prepared device run: versions, the suite benchmark, each decoding and the
-    projected run times, each also in $OUT (here on a CPU with --smoke, the benchmarks' narrow model; the paper
-    config's prompt mix written as bench/h200_wheels.sh writes it)."""
+def test_the_device_check_runs_every_step_in_smoke_mode(tmp_path):
+    """bench/h200_check.sh, the one prepared device run: versions, engine vs generate, the suite benchmark at batch
+    64 and at the sized batch, the profiled pass, each decoding and the projected run times of every GPU model,
+    the GPU tests; each also in $OUT (here on a CPU with --smoke: the benchmarks' narrow model, a few prompts;
+    the paper config's prompt mix written as bench/h200_wheels.sh writes it)."""
     mix = tmp_path / "paper_mix.json"
     subprocess.run([sys.executable, str(REPO / "bench" / "projection.py"), "--write", str(mix)], check=True,
                    timeout=300)
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
-    out = subprocess.run(["bash", str(REPO / "bench" / "h200_check.sh"), "--smoke", "--images", "1",
-                          "--decoding-images", "1", "--max-new-tokens", "2", "--mix", str(mix)], env=env,
-                         capture_output=True, text=True, timeout=600, check=True).stdout
+    out = subprocess.run(["bash", str(REPO / "bench" / "h200_check.sh"), "--smoke", "--mix",
+                          str(mix)], env=env, capture_output=True, text=True, timeout=600, check=True).stdout
     assert re.search(r"torch [\w.+]+ \| transformers [\w.]+ \| cuda (True|False)", out)
-    assert re.search(r"suite ratio \(b / a\):\s+[\d.]+x", (tmp_path / "suite.txt").read_text())
+    generate = (tmp_path / "generate.txt").read_text()
+    assert len(re.findall(r"^float32 (random|decisive): generate b1 [\d.]+ prompts/s .* ratio [\d.]+x .* decisions "
+                          r"agree \d+/\d+$", generate, re.M)) == 2
+    suite = (tmp_path / "suite.txt").read_text()
+    assert re.search(r"suite ratio \(b / a\):\s+[\d.]+x", suite)
+    flips = (tmp_path / "flips.txt").read_text()
+    sized = re.search(r"sized: batch (\d+), \d+ questions per call \(1.0 GiB free of 2.0 GiB \(a fake reading\)", flips)
+    assert sized, flips  # the suite step scores at the batch the sizing step chose
+    assert re.search(rf"\(b\) at the sized batch {sized[1]}: +[\d.]+ prompts/s .*decisions differing from batch 64: "
+                     r"\d+ of 12", suite)
+    assert re.search(r"GPU busy \d+%; [\d.]+ kernels per prompt", (tmp_path / "profile.txt").read_text())
     decodings = (tmp_path / "decodings.txt").read_text()
     assert re.search(r"whole suite, greedy \(\d+ prompts of 5 sets on 1 images\):\s+[\d.]+ prompts/s", decodings)
     assert len(re.findall(r"^  \w+ +[\d.]+ prompts/s +[\d.]+x greedy", decodings, re.M)) == 7
     assert re.search(r"whole HICO suite, greedy: 223,618 prompts in [\d.]+ min", decodings)
     assert re.search(r"configs/paper.yaml, its \d+ transformers-engine models .*: [\d,]+ prompts in [\d.]+ h",
                      decodings)
-    flips = (tmp_path / "batch_flips.txt").read_text()
-    assert re.search(r"sized: batch \d+, \d+ questions per call \(1.0 GiB free of 2.0 GiB \(a fake reading\)", flips)
     for model in ("random (as built)", "decisive"):
         assert re.search(rf"{re.escape(model)}: batch 64 +[\d.]+ prompts/s, batch \d+ +[\d.]+ prompts/s", flips)
     assert len(re.findall(r"answers that differ \(prediction\): +\d+ of \d+ \([\d.]+%; YN \d+ of \d+, MC \d+ of \d+\)",
                           flips)) == 2
     assert len(re.findall(r"max \|score difference\|: +[\d.e+-]+$", flips, re.M)) == 2
+    assert re.search(r"its 4 remote-code models .*, [\d.]+ h one question at a time \(generate at batch 1", decodings)
+    assert re.search(r"whole config, every GPU model: [\d.]+ GPU-hours", decodings)
+    assert re.search(r"\d+ skipped", (tmp_path / "gpu_tests.txt").read_text())  # no CUDA here: gpu tests skip
 
 
 def test_suite_benchmark_prints_both_rates_and_the_suite_ratio_per_call_size():

@@ -13,19 +13,15 @@ import torch
 from PIL import Image
 
 from verbmirage.models import Question, create_model
-from verbmirage.models.hf.shared_prefix import _attend, _attention, cheapest_cuts, shared_prefix_attention
+from verbmirage.models.hf.shared_prefix import KERNELS, _attention, cheapest_cuts, shared_prefix_attention, use_kernel
 
 
 class _Layer(torch.nn.Module):
     layer_idx = 0
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_attention_on_shared_prefixes_equals_attention_on_each_rows_whole_sequence(fused, monkeypatch):
-    import verbmirage.models.hf.shared_prefix as module
-
-    if not fused:  # the plain-product path other devices take
-        monkeypatch.setattr(module, "_attend", lambda *args, **kwargs: _attend(*args, **{**kwargs, "fused": False}))
+@pytest.mark.parametrize("kernel", KERNELS)  # the CPU's, CUDA's (FlexAttention, here eager) and other devices'
+def test_attention_on_shared_prefixes_equals_attention_on_each_rows_whole_sequence(kernel):
     generator = torch.Generator().manual_seed(0)
     rows, heads, kv_heads, length, dim = 5, 4, 2, 6, 8
     prefixes = [[tuple(torch.randn(1, kv_heads, size, dim, generator=generator) for _ in "kv")] for size in (7, 7)]
@@ -36,7 +32,7 @@ def test_attention_on_shared_prefixes_equals_attention_on_each_rows_whole_sequen
     class Config:
         _attn_implementation_internal = "sdpa"
 
-    with shared_prefix_attention(Config, prefixes, image_of_row):
+    with use_kernel(kernel), shared_prefix_attention(Config, prefixes, image_of_row):
         ours, _ = _attention(_Layer(), query, key, value, None, scaling=0.3)
     for row, image in enumerate(image_of_row):
         prefix_keys, prefix_values = prefixes[image][0]
@@ -186,14 +182,10 @@ def test_a_greedy_call_holds_several_batches_and_each_forward_at_most_one(llava,
         model.batch_size, model.continue_tokens = None, 0
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_attention_on_own_columns_with_padding_sees_only_each_rows_real_keys(fused, monkeypatch):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_attention_on_own_columns_with_padding_sees_only_each_rows_real_keys(kernel):
     """A decoding step (RowCache): the queries are the last columns of each row's own keys, some of whose earlier
     columns are padding (``valid`` False); the result equals attention on the prefix and the real keys alone."""
-    import verbmirage.models.hf.shared_prefix as module
-
-    if not fused:
-        monkeypatch.setattr(module, "_attend", lambda *args, **kwargs: _attend(*args, **{**kwargs, "fused": False}))
     generator = torch.Generator().manual_seed(1)
     rows, heads, kv_heads, columns, length, dim = 4, 4, 2, 9, 2, 8
     prefixes = [[tuple(torch.randn(1, kv_heads, size, dim, generator=generator) for _ in "kv")] for size in (5, 5)]
@@ -207,7 +199,7 @@ def test_attention_on_own_columns_with_padding_sees_only_each_rows_real_keys(fus
     class Config:
         _attn_implementation_internal = "sdpa"
 
-    with shared_prefix_attention(Config, prefixes, image_of_row, valid):
+    with use_kernel(kernel), shared_prefix_attention(Config, prefixes, image_of_row, valid):
         ours, _ = _attention(_Layer(), query, key, value, None, scaling=0.3)
     for row, image in enumerate(image_of_row):
         real = torch.nonzero(valid[row]).flatten()

@@ -22,9 +22,12 @@ OPERA's last-layer attention rows come from the same computation (:class:`Attent
 Prefixes of one length are attended to in one call per layer where that costs less than padding their rows
 (:func:`cheapest_cuts`, which also cuts the suffix batches of ``prefix_cache.py``).
 
-Hand-written because transformers has no attention over a shared prefix (its caches hold one row each). On
-the CPU both parts run in PyTorch's fused flash-attention kernel, which returns the log-sum-exp; on other
-devices in plain matrix products with a float32 softmax (the same values, no fused kernel).
+Hand-written because transformers has no attention over a shared prefix (its caches hold one row each). Each
+part runs in a kernel that returns the log-sum-exp (:data:`KERNELS`, chosen by device: :func:`kernel_for`): on
+the CPU PyTorch's fused flash-attention kernel (the reference: its results are what the demo records); on CUDA
+FlexAttention compiled to one fused kernel per part, in the model's dtype with float32 accumulation, the rows'
+own columns under a block mask built once per forward and the merge compiled to one kernel; elsewhere plain
+matrix products with a float32 softmax (the same values, no fused kernel).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
+import warnings
 
 import numpy as np
 import torch
@@ -43,6 +48,45 @@ NAME = "verbmirage_shared_prefix"
 
 #: the block's :class:`_Active` (set by :func:`shared_prefix_attention`)
 _ACTIVE: contextvars.ContextVar = contextvars.ContextVar("verbmirage_shared_prefix", default=None)
+
+#: The kernels that attend a part (:func:`_attend`): ``cpu_flash``, PyTorch's CPU flash-attention kernel with an
+#: additive mask; ``flex``, FlexAttention (compiled on CUDA, eager and unfused elsewhere) with a block mask;
+#: ``plain``, matrix products and a float32 softmax.
+KERNELS = ("cpu_flash", "flex", "plain")
+
+#: a kernel chosen for every device within :func:`use_kernel` (None: by device, :func:`kernel_for`)
+_KERNEL: contextvars.ContextVar = contextvars.ContextVar("verbmirage_shared_prefix_kernel", default=None)
+
+#: the profiler's name of a region that runs as one fused kernel on CUDA (bench/launches.py counts it as one)
+FUSED_REGION = "verbmirage::fused"
+
+
+#: the smallest head dimension compiled FlexAttention takes (smaller ones, tiny test models, attend plainly)
+FLEX_MIN_DIM = 16
+
+
+def kernel_for(device: torch.device, dim: int = FLEX_MIN_DIM) -> str:
+    """The kernel of :data:`KERNELS` that attends on ``device`` with heads of ``dim`` (or the one
+    :func:`use_kernel` set)."""
+    chosen = _KERNEL.get()
+    if chosen is not None:
+        return chosen
+    if device.type == "cuda":
+        return "flex" if dim >= FLEX_MIN_DIM else "plain"
+    return "cpu_flash" if device.type == "cpu" else "plain"
+
+
+@contextlib.contextmanager
+def use_kernel(kernel: str):
+    """Within the block, every device attends with ``kernel`` (:data:`KERNELS`): the tests compare them on one
+    device, and bench/launches.py counts the CUDA path's operations on the CPU."""
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown attention kernel {kernel!r}; one of {', '.join(KERNELS)}")
+    token = _KERNEL.set(kernel)
+    try:
+        yield
+    finally:
+        _KERNEL.reset(token)
 
 
 @dataclasses.dataclass
@@ -81,17 +125,38 @@ class _Active:
     def stacked_prefixes(self, block: _Block, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         key = (layer, tuple(id(prefix) for prefix in block.prefixes))
         if key not in self.stacked:
-            self.stacked[key] = (torch.cat([prefix[layer][0] for prefix in block.prefixes]),
-                                 torch.cat([prefix[layer][1] for prefix in block.prefixes]))
+            self.stacked[key] = (_stacked([prefix[layer][0] for prefix in block.prefixes]),
+                                 _stacked([prefix[layer][1] for prefix in block.prefixes]))
         return self.stacked[key]
 
-    def masks_for(self, length: int, columns: int, group: int, dtype, device) -> tuple:
-        """(:func:`_own_mask`, its additive form for the fused kernel), built once per forward."""
-        key = (length, columns, group, dtype)
+    def masks_for(self, length: int, columns: int, group: int, kernel: str, dtype, device) -> tuple:
+        """(:func:`_own_mask`, the form ``kernel`` takes it in: additive for ``cpu_flash``, a block mask for
+        ``flex``; each None where not needed), built once per forward and read by every layer."""
+        key = (length, columns, group, kernel, dtype)
         if key not in self.masks:
-            mask = _own_mask(length, columns, group, self.own_mask, device)
-            self.masks[key] = (mask, _additive(mask, dtype))
+            mask = None
+            if kernel != "flex" or self.record is not None:
+                mask = _own_mask(length, columns, group, self.own_mask, device)
+            prepared = None
+            if kernel == "cpu_flash":
+                prepared = _additive(mask, dtype)
+            elif kernel == "flex":
+                prepared = _own_block_mask(length, columns, group, self.own_mask, device)
+            self.masks[key] = (mask, prepared)
         return self.masks[key]
+
+
+def _stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``tensors`` (batch 1 each) concatenated: a view where they lie at even steps in one storage (rows of one
+    prefix or header forward's cache, in order, every k-th: no copy, no launch), else a copy."""
+    first = tensors[0]
+    start, storage = first.storage_offset(), first.untyped_storage().data_ptr()
+    step = tensors[1].storage_offset() - start if len(tensors) > 1 else first.stride(0)
+    if step > 0 and step % first.stride(0) == 0 and all(
+            tensor.untyped_storage().data_ptr() == storage and tensor.stride() == first.stride()
+            and tensor.storage_offset() == start + j * step for j, tensor in enumerate(tensors)):
+        return first.as_strided((len(tensors), *first.shape[1:]), (step, *first.stride()[1:]), start)
+    return torch.cat(tensors)
 
 
 class AttentionRecord:
@@ -158,13 +223,19 @@ def _additive(mask: torch.Tensor | None, dtype) -> torch.Tensor | None:
         ~mask, float("-inf"))
 
 
-def _attend(query, key, value, scale: float, mask: torch.Tensor | None, fused: bool | None = None,
-            additive: torch.Tensor | None = None):
-    """(output, log-sum-exp over the keys) of one attention; ``mask``: True where a query may see a key
-    (``additive``: its :func:`_additive` form, when already built). ``fused``: PyTorch's CPU flash kernel
-    (default on the CPU) or plain products."""
-    if query.device.type == "cpu" if fused is None else fused:  # the kernel takes an additive mask
-        additive = _additive(mask, query.dtype) if additive is None else additive
+def _attend(query, key, value, scale: float, mask: torch.Tensor | None, kernel: str | None = None,
+            prepared=None):
+    """(output, log-sum-exp over the keys, float32) of one attention; ``mask``: True where a query may see a key,
+    None: every key (``prepared``: the form ``kernel`` takes it in, :meth:`_Active.masks_for`, when already
+    built). ``kernel``: one of :data:`KERNELS` (default: :func:`kernel_for` the query's device). The ``flex``
+    kernel returns its output in the model's dtype (the merge casts it)."""
+    kernel = kernel_for(query.device) if kernel is None else kernel
+    if kernel == "flex":
+        if mask is not None and prepared is None:
+            raise ValueError("the flex kernel takes its mask as a block mask (_own_block_mask)")
+        return _flex(query, key, value, scale, prepared)
+    if kernel == "cpu_flash":  # the kernel takes an additive mask
+        additive = _additive(mask, query.dtype) if prepared is None else prepared
         output, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             query, key, value, 0.0, False, attn_mask=additive, scale=scale)
         return output.float(), lse.float()
@@ -173,6 +244,88 @@ def _attend(query, key, value, scale: float, mask: torch.Tensor | None, fused: b
         scores = scores.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     return torch.matmul(torch.exp(scores - lse[..., None]), value.float()), lse
+
+
+@functools.cache
+def _compiled_flex():
+    """FlexAttention compiled (one fused kernel per call; shapes dynamic, so that batches of other sizes reuse
+    the compiled kernel instead of compiling again)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=True)
+
+
+def _flex(query, key, value, scale: float, block_mask):
+    """FlexAttention of ``query`` on ``key``/``value`` (same batch and heads) under ``block_mask`` (None: every
+    key): (output in the query's dtype, its log-sum-exp in float32). Compiled on CUDA; elsewhere eager (the
+    same arithmetic unfused: the tests check it on the CPU)."""
+    from torch.nn.attention import flex_attention as flex
+
+    function = _compiled_flex() if query.device.type == "cuda" else flex.flex_attention
+    with torch.profiler.record_function(FUSED_REGION), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "flex_attention called without torch.compile", UserWarning)
+        if hasattr(flex, "AuxRequest"):  # torch >= 2.9
+            output, aux = function(query, key, value, block_mask=block_mask, scale=scale,
+                                   return_aux=flex.AuxRequest(lse=True))
+            return output, aux.lse.float()
+        output, lse = function(query, key, value, block_mask=block_mask, scale=scale, return_lse=True)
+    return output, lse.float()
+
+
+def _own_block_mask(length: int, columns: int, group: int, valid: torch.Tensor | None, device):
+    """:func:`_own_mask` as FlexAttention's block mask over the folded queries (query f is position
+    ``f % length``): causal alone (``valid`` None, one mask for every row), causal and ``valid`` [rows,
+    columns], or ``valid`` [rows, length, columns] as given."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    # the sizes as tensors, not Python numbers: compiled FlexAttention then takes them as inputs instead of
+    # compiling anew for each suffix length
+    length_t = torch.tensor(length, device=device)
+    offset = torch.tensor(columns - length, device=device)  # the queries are the last ``length`` columns
+
+    if valid is None:
+        def seen(batch, head, query, key):
+            return key <= query % length_t + offset
+    elif valid.dim() == 2:
+        def seen(batch, head, query, key):
+            return valid[batch, key] & (key <= query % length_t + offset)
+    else:
+        def seen(batch, head, query, key):
+            return valid[batch, query % length_t, key]
+    rows = None if valid is None else valid.shape[0]
+    return create_block_mask(seen, rows, None, group * length, columns, device=device)
+
+
+def _merge(seen, seen_lse, own, own_lse, rows: torch.Tensor | None, picked: torch.Tensor | None):
+    """One block's attention over its rows' prefixes and over their own columns, merged by the log-sum-exps:
+    exactly the attention over both (flash attention's split of the keys), float32 [block rows, ...].
+
+    ``seen``/``seen_lse``: the block's prefix attention, its rows in order, or (``picked``: the real rows'
+    positions, :class:`_Block`) laid out [prefixes, padded rows, ...]; ``own``/``own_lse``: the rows' own
+    attention, the block's rows ``rows`` of them (indices; None: all)."""
+    if picked is not None:
+        seen = seen.reshape(-1, *seen.shape[2:]).index_select(0, picked)
+        seen_lse = seen_lse.reshape(-1, *seen_lse.shape[2:]).index_select(0, picked)
+    if rows is not None:
+        own, own_lse = own[rows], own_lse[rows]
+    seen, own = seen.float(), own.float()
+    total = torch.logaddexp(seen_lse, own_lse)
+    return seen * torch.exp(seen_lse - total)[..., None] + own * torch.exp(own_lse - total)[..., None]
+
+
+@functools.cache
+def _compiled_merge():
+    """:func:`_merge` compiled: its gathers and eight elementwise operations in one kernel (on CUDA)."""
+    return torch.compile(_merge, dynamic=True)
+
+
+def _merged(kernel: str, *args):
+    """:func:`_merge` of ``args``, compiled where the attention is (``flex`` on CUDA; eager elsewhere, marked as
+    the one kernel it is there)."""
+    if kernel != "flex":
+        return _merge(*args)
+    with torch.profiler.record_function(FUSED_REGION):  # one kernel on CUDA
+        return (_compiled_merge() if args[0].device.type == "cuda" else _merge)(*args)
 
 
 def _own_mask(length: int, columns: int, group: int, valid: torch.Tensor | None, device) -> torch.Tensor:
@@ -221,11 +374,12 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     folded = heads // kv_heads * length  # a kv head's query heads, one after another
     scale = scaling if scaling is not None else dim ** -0.5
     query = query.reshape(rows, kv_heads, folded, dim)
-    mask, additive = active.masks_for(length, key.shape[-2], heads // kv_heads, query.dtype, query.device)
+    kernel = kernel_for(query.device, dim)
+    mask, prepared = active.masks_for(length, key.shape[-2], heads // kv_heads, kernel, query.dtype, query.device)
     if active.record is not None and active.record.layer == module.layer_idx:
         active.record.weights = _attention_weights(query, key, mask, active, module.layer_idx, scale, heads,
                                                    value.dtype)
-    own, own_lse = _attend(query, key, value, scale, mask, additive=additive)
+    own, own_lse = _attend(query, key, value, scale, mask, kernel, prepared)
     output = None
     for block in active.blocks:
         if block.index is None:  # one prefix: its rows fold into its query length
@@ -233,7 +387,7 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
             chosen = query[block.rows]
             count = chosen.shape[0]
             seen, seen_lse = _attend(chosen.transpose(0, 1).reshape(1, kv_heads, count * folded, dim), keys, values,
-                                     scale, None)
+                                     scale, None, kernel)
             seen = seen.reshape(kv_heads, count, folded, dim).transpose(0, 1)
             seen_lse = seen_lse.reshape(kv_heads, count, folded).transpose(0, 1)
         else:  # one call for the block's prefixes, each with its rows folded into its query length
@@ -241,18 +395,23 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
             count, width = block.index.shape
             chosen = block.padded_rows(query)  # [prefixes, padded rows, kv heads, folded, d]
             seen, seen_lse = _attend(chosen.transpose(1, 2).reshape(count, kv_heads, width * folded, dim), keys,
-                                     values, scale, None)
-            seen = block.real_rows(seen.reshape(count, kv_heads, width, folded, dim).transpose(1, 2))
-            seen_lse = block.real_rows(seen_lse.reshape(count, kv_heads, width, folded).transpose(1, 2))
-        mine, mine_lse = own[block.rows], own_lse[block.rows]
-        total = torch.logaddexp(seen_lse, mine_lse)
-        merged = seen * torch.exp(seen_lse - total)[..., None] + mine * torch.exp(mine_lse - total)[..., None]
-        if isinstance(block.rows, slice) and block.rows == slice(None):  # every row, one prefix: the output
-            output = merged
+                                     values, scale, None, kernel)
+            seen = seen.reshape(count, kv_heads, width, folded, dim).transpose(1, 2)  # [prefixes, padded rows, ...]
+            seen_lse = seen_lse.reshape(count, kv_heads, width, folded).transpose(1, 2)
+        if isinstance(block.rows, slice):  # a view of those rows
+            merged = _merged(kernel, seen, seen_lse, own[block.rows], own_lse[block.rows], None, block.picked)
         else:
-            output = torch.empty_like(own) if output is None else output
-            output[block.rows] = merged
-    return output.to(value.dtype).reshape(rows, heads, length, dim).transpose(1, 2).contiguous(), None
+            merged = _merged(kernel, seen, seen_lse, own, own_lse, block.rows, block.picked)
+        merged = merged.reshape(-1, heads, length, dim).transpose(1, 2)  # as transformers takes it (a view)
+        if isinstance(block.rows, slice) and block.rows == slice(None):  # every row, one prefix: the output
+            return merged.to(value.dtype, memory_format=torch.contiguous_format), None  # one copy
+        if output is None:
+            output = value.new_empty((rows, length, heads, dim))
+        if isinstance(block.rows, slice):
+            output[block.rows] = merged  # its rows, cast and laid out in one copy
+        else:  # indexed writes take the output's dtype
+            output[block.rows] = merged.to(value.dtype)
+    return output, None
 
 
 AttentionInterface.register(NAME, _attention)
@@ -273,9 +432,11 @@ def _as_slice(rows: list[int], device) -> slice | torch.Tensor:
 BLOCK_CALL_COST = 2**17
 
 
-def _blocks(members: list[tuple[list, list[int]]]) -> list[_Block]:
+def _blocks(members: list[tuple[list, list[int]]], in_storage_order: bool = False) -> list[_Block]:
     """``members`` ((prefix, its rows) each) as blocks (:class:`_Block`) of one prefix length each, cut where
-    padding costs least (:data:`BLOCK_CALL_COST`), their indices on the prefixes' device."""
+    padding costs least (:data:`BLOCK_CALL_COST`), their indices on the prefixes' device. ``in_storage_order``:
+    a block's prefixes in the order they lie in memory, so that those of one forward stack as a view
+    (:func:`_stacked`; the CPU path keeps the order of its reference results)."""
     by_length: dict[int, list] = {}
     for prefix, rows in members:
         by_length.setdefault(prefix[0][0].shape[-2], []).append((prefix, rows))
@@ -285,7 +446,11 @@ def _blocks(members: list[tuple[list, list[int]]]) -> list[_Block]:
         _, kv_heads, length, dim = group[0][0][0][0].shape
         cuts = cheapest_cuts([len(rows) for _, rows in group], max(1, BLOCK_CALL_COST // (kv_heads * length * dim)))
         for start, stop in zip([0] + cuts, cuts + [len(group)]):
-            blocks.append(_block(group[start:stop]))
+            chosen = group[start:stop]
+            if in_storage_order:
+                chosen = sorted(chosen, key=lambda member: (member[0][0][0].untyped_storage().data_ptr(),
+                                                            member[0][0][0].storage_offset()))
+            blocks.append(_block(chosen))
     return blocks
 
 
@@ -317,7 +482,9 @@ def shared_prefix_attention(text_config, prefixes: list, image_of_row: list[int]
         rows_of: dict[int, list[int]] = {}
         for row, j in enumerate(image_of_row):
             rows_of.setdefault(j, []).append(row)
-        blocks = _blocks([(prefixes[j], rows) for j, rows in sorted(rows_of.items())])  # unread prefixes skipped
+        keys = prefixes[image_of_row[0]][0][0]
+        blocks = _blocks([(prefixes[j], rows) for j, rows in sorted(rows_of.items())],  # unread prefixes skipped
+                         kernel_for(keys.device, keys.shape[-1]) != "cpu_flash")
     token = _ACTIVE.set(_Active(blocks, valid, record, {} if stacked is None else stacked))
     before = text_config._attn_implementation_internal
     text_config._attn_implementation_internal = NAME  # no mask is built for an unregistered mask type

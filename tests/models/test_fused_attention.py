@@ -1,0 +1,149 @@
+"""The shared-prefix attention's CUDA path (models/hf/shared_prefix.py: FlexAttention, a block mask per forward,
+the log-sum-exp merge) against the CPU path, the reference: on the CPU, FlexAttention runs eagerly and must give
+the CPU path's scores and answers within float32 rounding; on CUDA (``pytest -m gpu``, bench/h200_check.sh) the
+compiled kernels must give them within bf16 rounding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from verbmirage.models import Question
+from verbmirage.models.hf import shared_prefix
+from verbmirage.models.hf.shared_prefix import _attention, shared_prefix_attention, use_kernel
+
+from test_shared_prefix import llava  # noqa: F401, F811  (the fixture)
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _mixed_questions(questions):
+    return questions + [Question(f"yn{i}", f"Is the person {verb} the horse?", questions[i].image)
+                        for i, verb in zip((0, 5, 2), ("riding", "feeding a very small", "washing"))]
+
+
+def _answers(model, questions, kernel: str | None, entry: dict | None = None):
+    """P(yes) or option probabilities and raw answers of ``questions`` with every attention on ``kernel``."""
+    from verbmirage.variants.settings import Variant
+
+    flags = [bool(q.options) for q in questions]
+    model.use_variant(Variant.from_config(entry or {}))
+    try:
+        model.forget_prefixes()
+        if kernel is None:
+            results = model.score_mixed(questions, flags)
+        else:
+            with use_kernel(kernel):
+                results = model.score_mixed(questions, flags)
+    finally:
+        model.use_variant(Variant())
+    scores = np.concatenate([np.atleast_1d(r.option_probs if hasattr(r, "option_probs") else r.p_yes)
+                             for r in results])
+    return scores, [r.raw_answer for r in results]
+
+
+@pytest.fixture(scope="module")
+def mixed(llava):  # noqa: F811
+    """test_shared_prefix.py's tiny LLaVA and its MC questions on two images, with YN questions beside them."""
+    model, questions = llava
+    return model, _mixed_questions(questions)
+
+
+@pytest.mark.parametrize("entry", [{}, {"decoding": "beam", "num_beams": 2, "max_new_tokens": 4}])
+def test_flex_attention_scores_and_decodes_as_the_cpu_path_on_tiny_llava(mixed, entry, monkeypatch):
+    """Scoring (suffix batches over two images' prefixes and shared headers) and decoding steps (RowCache, a
+    mask of each row's own columns) with FlexAttention equal the CPU flash kernel's within 1e-5; the block mask
+    is built once per forward, not per layer."""
+    model, questions = mixed
+    model.continue_tokens = 4
+    try:
+        reference, reference_answers = _answers(model, questions, None, entry)
+        built = []
+        real = shared_prefix._own_block_mask
+        monkeypatch.setattr(shared_prefix, "_own_block_mask", lambda *args: built.append(args) or real(*args))
+        forwards = []
+        real_forward = model.model.forward
+        monkeypatch.setattr(model.model, "forward", lambda *a, **k: forwards.append(1) or real_forward(*a, **k))
+        flex, flex_answers = _answers(model, questions, "flex", entry)
+    finally:
+        model.continue_tokens = 0
+    np.testing.assert_allclose(flex, reference, atol=1e-5)
+    assert flex_answers == reference_answers
+    layers = model.model.config.get_text_config().num_hidden_layers
+    assert layers > 1 and 0 < len(built) <= len(forwards)  # at most one block mask per forward
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_attention_on_cuda_equals_the_cpu_path(dtype):
+    """The compiled FlexAttention path on CUDA (prefixes of two lengths, rows folded, padding in the rows' own
+    columns) equals the CPU path (float32, CPU flash kernel) within the dtype's rounding."""
+    generator = torch.Generator().manual_seed(0)
+    rows, heads, kv_heads, columns, length, dim = 6, 8, 2, 24, 24, 64
+    prefixes = [[tuple(torch.randn(1, kv_heads, size, dim, generator=generator) for _ in "kv")]
+                for size in (40, 40, 33)]
+    image_of_row = [0, 1, 1, 0, 2, 2]
+    valid = torch.ones(rows, columns, dtype=torch.bool)
+    valid[1, 20:] = False
+    query = torch.randn(rows, heads, length, dim, generator=generator)
+    key, value = (torch.randn(rows, kv_heads, columns, dim, generator=generator) for _ in "kv")
+
+    class Config:
+        _attn_implementation_internal = "sdpa"
+
+    class Layer(torch.nn.Module):
+        layer_idx = 0
+
+    with shared_prefix_attention(Config, prefixes, image_of_row, valid):
+        expected, _ = _attention(Layer(), query, key, value, None, scaling=0.125)
+    on_cuda = [[tuple(t.to("cuda", dtype) for t in layer) for layer in prefix] for prefix in prefixes]
+    with shared_prefix_attention(Config, on_cuda, image_of_row, valid.cuda()):
+        assert shared_prefix.kernel_for(torch.device("cuda")) == "flex"
+        ours, _ = _attention(Layer(), *(t.to("cuda", dtype) for t in (query, key, value)), None, scaling=0.125)
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    torch.testing.assert_close(ours.float().cpu(), expected, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.gpu
+@cuda
+def test_tiny_llava_on_cuda_scores_as_on_the_cpu(mixed, tmp_path):
+    """A tiny LLaVA (heads of 16, the least compiled FlexAttention takes) in bf16 on CUDA scores as in float32
+    on the CPU within bf16 rounding, and in float32 on CUDA within 1e-4."""
+    from verbmirage.models import create_model
+    from verbmirage.models.tiny import build_tiny_llava
+
+    _, questions = mixed
+    path = str(build_tiny_llava(tmp_path / "llava", hidden_size=64))
+    cpu = create_model("cpu", {"backend": "llava", "path": path, "local_files_only": True})
+    cpu.continue_tokens = 0
+    reference, _ = _answers(cpu, questions, None)
+    for dtype, tolerance in (("bfloat16", 3e-2), ("float32", 1e-4)):
+        gpu = create_model("gpu", {"backend": "llava", "path": path, "device": "cuda", "dtype": dtype,
+                                   "local_files_only": True})
+        gpu.continue_tokens = 0
+        assert gpu._reads_prefix_in_place() and shared_prefix.kernel_for(torch.device("cuda"), 16) == "flex"
+        scores, _ = _answers(gpu, questions, None)
+        np.testing.assert_allclose(scores, reference, atol=tolerance)
+
+
+def test_prefixes_of_one_forward_stack_as_a_view_in_storage_order():
+    """The CUDA path reads a block's prefixes, when one forward computed them, as a view of that forward's cache
+    (no copy per layer); others are copied. Either way the stack equals their concatenation."""
+    from verbmirage.models.hf.shared_prefix import _blocks, _stacked
+
+    cache = torch.randn(4, 2, 5, 8)
+    prefixes = [cache[j : j + 1] for j in range(4)]
+    view = _stacked(prefixes[1:3])
+    assert view.data_ptr() == prefixes[1].data_ptr() and torch.equal(view, torch.cat(prefixes[1:3]))
+    every_other = _stacked(prefixes[::2])  # rows 0 and 2 of one cache: a view too
+    assert every_other.data_ptr() == prefixes[0].data_ptr() and torch.equal(every_other, torch.cat(prefixes[::2]))
+    copied = _stacked([prefixes[2], prefixes[1]])  # out of order: a copy
+    assert copied.data_ptr() != prefixes[2].data_ptr() and torch.equal(copied, torch.cat([prefixes[2], prefixes[1]]))
+    members = [([(prefixes[2], prefixes[2])], [0, 1]), ([(prefixes[0], prefixes[0])], [2, 3, 4])]
+    ordered = _blocks(members, in_storage_order=True)
+    assert len(ordered) == 1 and [p[0][0].data_ptr() for p in ordered[0].prefixes] == [
+        prefixes[0].data_ptr(), prefixes[2].data_ptr()]
+    kept = _blocks(members)  # the CPU path keeps the order its reference results came in
+    assert [p[0][0].data_ptr() for p in kept[0].prefixes] == [prefixes[2].data_ptr(), prefixes[0].data_ptr()]
