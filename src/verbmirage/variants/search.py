@@ -168,6 +168,21 @@ def _cut_at_stop(tokens: list[int], stop: set[int]) -> list[int]:
     return tokens
 
 
+#: Per-step logit adjustments (a decoding's :meth:`~.strategies.Decoding.logits_processors`): callables
+#: ``(tokens, scores) -> scores`` with transformers' ``LogitsProcessor`` signature, ``tokens`` [rows, step] each row's
+#: answer so far (not its prompt), applied in order.
+Processors = Sequence
+
+
+def adjusted(processors: Processors, tokens: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """``scores`` [rows, vocab] through each of ``processors`` in turn (``tokens``: each row's answer so far)."""
+    if processors:
+        tokens = tokens.to(scores.device)
+        for processor in processors:
+            scores = processor(tokens, scores)
+    return scores
+
+
 def _one_token_per_row(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int],
                        choose) -> Decoded:
     """Rows decoded one token per step by ``choose(tokens so far, logits) -> (next tokens, each one's probability in
@@ -190,9 +205,11 @@ def _one_token_per_row(first: torch.Tensor, stepper: Stepper, max_new_tokens: in
     return Decoded([_cut_at_stop(row, stop) for row in tokens.tolist()], first_probability)
 
 
-def greedy_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int]) -> Decoded:
-    """Argmax decoding of every row from its first-position logits."""
+def greedy_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int],
+                  processors: Processors = ()) -> Decoded:
+    """Argmax decoding of every row from its first-position logits, after ``processors`` (:func:`adjusted`)."""
     def argmax(tokens, logits):  # on the logits' device: only the chosen tokens and their probabilities move
+        logits = adjusted(processors, tokens, logits)
         chosen = logits.argmax(-1)
         return chosen.cpu(), torch.softmax(logits.float(), dim=-1).gather(-1, chosen[:, None])[:, 0].cpu()
 
@@ -200,13 +217,14 @@ def greedy_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, st
 
 
 def sample_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int],
-                  seeds: list[int], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Decoded:
+                  seeds: list[int], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                  processors: Processors = ()) -> Decoded:
     """Multinomial sampling, one generator per row seeded with ``seeds[row]``: a row's tokens do not depend on
-    which rows share its batch. Warpers (transformers' own) are applied to the logits in the order of
-    ``generate``: temperature, top-k, top-p."""
+    which rows share its batch. ``processors`` (:func:`adjusted`) and then the warpers (transformers' own) are
+    applied to the logits in the order of ``generate``: processors, temperature, top-k, top-p."""
     from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-    warpers = LogitsProcessorList()
+    warpers = LogitsProcessorList(processors)
     if temperature != 1.0:
         warpers.append(TemperatureLogitsWarper(temperature))
     if top_k:
@@ -253,6 +271,11 @@ class BeamBook:
         #: after :meth:`step`: the row each running beam continues from, and the token it feeds next
         self.rows = torch.arange(batch * k)
         self.tokens = torch.zeros(batch * k, dtype=torch.long)
+
+    def answers(self, step: int) -> torch.Tensor:
+        """The running beams' tokens before step ``step`` [batch * K, step], in the order of the rows that step's
+        logits come from (what :func:`adjusted` hands the processors)."""
+        return self.running[:, :, :step].reshape(self.batch * self.k, step)
 
     def _length(self, generated: int) -> float | torch.Tensor:
         length = (generated + self.length_offset) ** self.length_penalty
@@ -302,8 +325,9 @@ class BeamBook:
 
 
 def beam_search(first: torch.Tensor, stepper: Stepper, num_beams: int, max_new_tokens: int, stop: set[int],
-                length_penalty: float = 1.0) -> Decoded:
-    """Beam search with the semantics of transformers 5.x ``generate(num_beams=K, do_sample=False)``.
+                length_penalty: float = 1.0, processors: Processors = ()) -> Decoded:
+    """Beam search with the semantics of transformers 5.x ``generate(num_beams=K, do_sample=False)``, its
+    ``processors`` (:func:`adjusted`) applied to each step's log-probabilities as ``generate`` applies them.
 
     ``first``: [questions * K, vocab] (each question's rows repeated K times, question-major; the stepper
     holds the same rows); bookkeeping in :class:`BeamBook`. Stops when no running beam can beat the worst
@@ -313,7 +337,8 @@ def beam_search(first: torch.Tensor, stepper: Stepper, num_beams: int, max_new_t
     book = BeamBook(first.shape[0] // num_beams, num_beams, max_new_tokens, stop, length_penalty)
     logits = first
     for step in range(max_new_tokens):
-        if not book.step(torch.log_softmax(logits.float().cpu(), dim=-1), step):
+        scores = adjusted(processors, book.answers(step), torch.log_softmax(logits.float().cpu(), dim=-1))
+        if not book.step(scores, step):
             break
         stepper.reorder(book.rows)
         logits = stepper.advance(book.tokens)
@@ -380,7 +405,7 @@ def _opera_advance(stepper: AttentionStepper, book: BeamBook, history: torch.Ten
 
 def opera_search(first: torch.Tensor, stepper: AttentionStepper, settings, num_beams: int, max_new_tokens: int,
                  stop: set[int], image_span: tuple[int, int], prompt_length: int, reopen,
-                 length_penalty: float = 1.0, normalised_length: int | None = None
+                 length_penalty: float = 1.0, normalised_length: int | None = None, processors: Processors = ()
                  ) -> tuple[Decoded, list[tuple[int, int]]]:
     """OPERA's beam search for ONE question (``first``: its K rows): (its best tokens as one :class:`Decoded` row,
     rollbacks as (step, position)). The first token's probability is the first step's: the softmax over its
@@ -440,7 +465,7 @@ def opera_search(first: torch.Tensor, stepper: AttentionStepper, settings, num_b
                     stepper.advance(book.running[0, :, position])
                 step, retake = target, True
                 continue
-        more = book.step(torch.log_softmax(step_logits, dim=-1), step)
+        more = book.step(adjusted(processors, book.answers(step), torch.log_softmax(step_logits, dim=-1)), step)
         chosen[step] = list(zip(book.rows.tolist(), book.tokens.tolist()))
         retake = False
         if not more:
@@ -452,7 +477,7 @@ def opera_search(first: torch.Tensor, stepper: AttentionStepper, settings, num_b
 
 def opera_batch(first: torch.Tensor, stepper: AttentionStepper, settings, num_beams: int, max_new_tokens: int,
                 stop: set[int], image_span: tuple[int, int], prompt_columns: int, prompt_lengths: list[int],
-                length_penalty: float = 1.0) -> list[Decoded | None]:
+                length_penalty: float = 1.0, processors: Processors = ()) -> list[Decoded | None]:
     """OPERA for several questions at once (``first``: K rows per question, question-major), each decoded as
     :func:`opera_search` decodes it alone (one :class:`Decoded` row each), up to its retrospection: a question
     whose retrospection would roll back gets None (decode it alone; rollbacks need 10+ generated tokens, so they
@@ -483,7 +508,7 @@ def opera_batch(first: torch.Tensor, stepper: AttentionStepper, settings, num_be
             own = [columns[q * k : (q + 1) * k] for columns in locs]
             if _rollback_target(own[-1], own, settings, {}, step) is not None:
                 active[q] = False
-        book.step(torch.log_softmax(step_logits, dim=-1), step)
+        book.step(adjusted(processors, book.answers(step), torch.log_softmax(step_logits, dim=-1)), step)
         done = active & ~(book.improvable[:, 0] & ~book.ends.all(dim=-1) & (step + 1 < max_new_tokens))
         best = book.decoded(stop, first_step) if bool(done.any()) else None
         for q in torch.nonzero(done).flatten().tolist():

@@ -15,7 +15,6 @@ from verbmirage.models.base import Question
 from verbmirage.models.hf.prefix_cache import Rows
 from verbmirage.models.hf.scoring import DecodedAnswer
 from verbmirage.models.hf.steppers import AttendingStepper, FullStepper, InPlaceStepper, PrefixStepper
-from verbmirage.variants.registry import strategy_class
 from verbmirage.variants.search import Decoded
 
 
@@ -123,9 +122,10 @@ class Decoder:
         return self._decode(questions, multiple_choice, self.strategy)
 
     def continue_answers(self, questions: list[Question], multiple_choice: bool) -> list[str]:
-        """Greedy decoding of ``continue_tokens`` more tokens after the first (the scoring argmax), on the
-        cached image prefix like every other decoding."""
-        return [answer.text for answer in self._decode(questions, multiple_choice, "greedy")]
+        """``continue_tokens`` more tokens after the first (the scoring argmax), decoded by the variant's own
+        strategy (greedy, or a subclass of it: its :meth:`~verbmirage.variants.strategies.Decoding.
+        logits_processors` included), on the cached image prefix like every other decoding."""
+        return [answer.text for answer in self._decode(questions, multiple_choice, self.strategy)]
 
     @torch.inference_mode()
     def _decode(self, questions: list[Question], multiple_choice: bool, strategy) -> list[DecodedAnswer]:
@@ -133,10 +133,7 @@ class Decoder:
         :attr:`cross_image_batches`), expanded per row and beam: the prompts' own tokens run once more to open
         the rows. Without a shared prefix (InstructBLIP), one batch per image and prompt length.
 
-        ``strategy``: a :class:`~verbmirage.variants.strategies.Decoding`, or a decoding's name (its strategy on
-        the current variant, without VCD)."""
-        if isinstance(strategy, str):
-            strategy = strategy_class(strategy)(self.variant)
+        ``strategy``: the :class:`~verbmirage.variants.strategies.Decoding` that decodes them."""
         new_tokens = strategy.new_tokens(self.continue_tokens)
         answers: list[DecodedAnswer] = [DecodedAnswer(None, "", math.nan)] * len(questions)
         texts = [self.render(q, multiple_choice) for q in questions]
