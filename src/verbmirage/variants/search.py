@@ -235,8 +235,14 @@ def sample_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, st
 
     def draw(tokens, logits):
         probabilities = torch.softmax(warpers(tokens, logits.float().cpu()), dim=-1)
-        chosen = torch.stack([torch.multinomial(row, 1, generator=generator)[0]
-                              for row, generator in zip(probabilities, generators)])
+        if not bool(torch.isfinite(probabilities).all()):
+            raise ValueError("sampling: a row's probabilities are not finite (every token masked?)")
+        # torch.multinomial(row, 1, generator) is argmax(row / q), q ~ Exp(1) drawn from the row's generator: the
+        # same draws and tokens, with one call per row (its own generator) instead of a multinomial each
+        noise = torch.empty_like(probabilities)
+        for row, generator in zip(noise, generators):
+            row.exponential_(generator=generator)
+        chosen = (probabilities / noise).argmax(dim=-1)
         return chosen, probabilities.gather(-1, chosen[:, None])[:, 0]
 
     return _one_token_per_row(first, stepper, max_new_tokens, stop, draw)
