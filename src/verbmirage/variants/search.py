@@ -160,6 +160,14 @@ class ContrastedStepper:
         else:
             self.both.reorder(torch.cat([rows, rows + len(rows)]))
 
+    def repeat(self, times: int) -> None:
+        """Each row ``times`` times in a row (the beams of a question), in both streams."""
+        if self.both is None:
+            self.clean.repeat(times)
+            self.noised.repeat(times)
+        else:  # [clean rows, noised rows], each repeated in place: the halves stay clean and noised
+            self.both.repeat(times)
+
 
 def _cut_at_stop(tokens: list[int], stop: set[int]) -> list[int]:
     for position, token in enumerate(tokens):
@@ -257,26 +265,29 @@ class BeamBook:
     ``max_new_tokens``) among the best K join the finished hypotheses with score / length **
     ``length_penalty`` (length = generated tokens + ``length_offset``: 0 as in transformers 5.x, the prompt
     length for the official OPERA code's full-length normalisation); the best K unfinished continue.
+
+    The book lives on ``device``, the step logits' (beam search keeps a GPU's logits there: no copy of the
+    vocabulary-wide scores to the CPU per step).
     """
 
     def __init__(self, batch: int, k: int, max_new_tokens: int, stop: set[int], length_penalty: float = 1.0,
-                 length_offset: int = 0):
+                 length_offset: int = 0, device: torch.device | str = "cpu"):
         self.batch, self.k, self.max_new_tokens = batch, k, max_new_tokens
         self.length_penalty, self.length_offset = length_penalty, length_offset
         self.keep = max(2, 1 + len(stop)) * k
-        self.stop_ids = torch.tensor(sorted(stop), dtype=torch.long)
-        self.running = torch.full((batch, k, max_new_tokens), -1, dtype=torch.long)
-        self.running_scores = torch.zeros((batch, k))
+        self.stop_ids = torch.tensor(sorted(stop), dtype=torch.long, device=device)
+        self.running = torch.full((batch, k, max_new_tokens), -1, dtype=torch.long, device=device)
+        self.running_scores = torch.zeros((batch, k), device=device)
         self.running_scores[:, 1:] = -1e9
         self.finished = self.running.clone()
-        self.finished_scores = torch.full((batch, k), -1e9)
-        self.is_finished = torch.zeros((batch, k), dtype=torch.bool)
-        self.improvable = torch.ones((batch, 1), dtype=torch.bool)
-        self.among_best = torch.arange(self.keep) < k
-        self.offsets = torch.arange(batch)[:, None] * k
+        self.finished_scores = torch.full((batch, k), -1e9, device=device)
+        self.is_finished = torch.zeros((batch, k), dtype=torch.bool, device=device)
+        self.improvable = torch.ones((batch, 1), dtype=torch.bool, device=device)
+        self.among_best = torch.arange(self.keep, device=device) < k
+        self.offsets = torch.arange(batch, device=device)[:, None] * k
         #: after :meth:`step`: the row each running beam continues from, and the token it feeds next
-        self.rows = torch.arange(batch * k)
-        self.tokens = torch.zeros(batch * k, dtype=torch.long)
+        self.rows = torch.arange(batch * k, device=device)
+        self.tokens = torch.zeros(batch * k, dtype=torch.long, device=device)
 
     def answers(self, step: int) -> torch.Tensor:
         """The running beams' tokens before step ``step`` [batch * K, step], in the order of the rows that step's
@@ -314,8 +325,7 @@ class BeamBook:
         self.is_finished = torch.take_along_dim(torch.cat([self.is_finished, new], dim=1), best, dim=1)
         self.finished_scores = torch.take_along_dim(merged_scores, best, dim=1)
         best_possible = self.running_scores[:, :1] / self._length(step + 1)  # can a running beam still win?
-        worst = torch.where(self.is_finished, self.finished_scores.min(dim=1, keepdim=True).values,
-                            torch.tensor(-1e9))
+        worst = torch.where(self.is_finished, self.finished_scores.min(dim=1, keepdim=True).values, -1e9)
         self.improvable = self.improvable & (best_possible > worst).any(dim=-1, keepdim=True)
         return bool(self.improvable.any()) and not bool(ends.all()) and step + 1 < self.max_new_tokens
 
@@ -340,10 +350,11 @@ def beam_search(first: torch.Tensor, stepper: Stepper, num_beams: int, max_new_t
     finished one (``early_stopping=False`` heuristic) or every continuation has stopped. Returns the best
     finished hypothesis of each question.
     """
-    book = BeamBook(first.shape[0] // num_beams, num_beams, max_new_tokens, stop, length_penalty)
+    book = BeamBook(first.shape[0] // num_beams, num_beams, max_new_tokens, stop, length_penalty,
+                    device=first.device)
     logits = first
     for step in range(max_new_tokens):
-        scores = adjusted(processors, book.answers(step), torch.log_softmax(logits.float().cpu(), dim=-1))
+        scores = adjusted(processors, book.answers(step), torch.log_softmax(logits.float(), dim=-1))
         if not book.step(scores, step):
             break
         stepper.reorder(book.rows)

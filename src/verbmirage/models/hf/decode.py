@@ -85,18 +85,26 @@ class Decoder:
             self._answer_token_sets = {True: ids(self._letter_ids), False: ids((self._yes_ids, self._no_ids))}
         return self._answer_token_sets[multiple_choice]
 
-    def _take_opening(self, items: list[tuple], noised: bool):
-        """A stepper on ``items`` from the call's kept openings, or None: the rows of one scoring batch, or of
-        several joined (:meth:`PrefixStepper.joined`; not for OPERA, which needs one prompt width, nor where
-        a prefix carries more than its keys and values, such as Qwen's rope delta)."""
+    def _take_opening(self, items: list[tuple], noised: bool, repeats: int = 1):
+        """A stepper on ``items``, each row ``repeats`` times (its beams), from the call's kept openings, or None:
+        the rows of one scoring batch, or of several joined (:meth:`PrefixStepper.joined`; not for OPERA, which
+        needs one prompt width, nor where a prefix carries more than its keys and values, such as Qwen's rope
+        delta). The rows are copied once, beams included, and leave the kept openings: the decoding owns them now,
+        so the scoring batches' rows free as their questions are taken."""
         kept = (self._openings or {}).get(noised)
         found = [kept.get((path, text)) for path, _, text in items] if kept else [None]
         if any(entry is None for entry in found):
             return None
         steppers = {id(stepper): stepper for stepper, _ in found}
         if len(steppers) == 1:
-            return found[0][0].subset([row for _, row in found])
-        return type(found[0][0]).joined(found) if all(map(self._joins, steppers.values())) else None
+            stepper = found[0][0].subset([row for _, row in found for _ in range(repeats)], repeats)
+        elif all(map(self._joins, steppers.values())):
+            stepper = type(found[0][0]).joined([pick for pick in found for _ in range(repeats)], repeats)
+        else:
+            return None
+        for path, _, text in items:
+            kept.pop((path, text), None)
+        return stepper
 
     def _prefix_stepper(self, opened: Rows, rows: list[int]):
         """A stepper opened on ``rows`` of ``opened`` (all on cached prefixes): prefixes read in place where the
@@ -208,18 +216,26 @@ class Decoder:
         tokenized, as rows of an :meth:`_open_rows` result of the clean (noised) images. Both come from the same
         items, so the noised rows split into prefix and suffix where the clean ones do (a shared text header is
         chosen over all the items: opened again on a batch's rows alone, its rows could differ in prefix length)."""
-        def stream(noised: bool):
-            return self._stream(items, repeats, noised=noised, opened=opened_noised if noised else opened)
+        strategy = strategy or self.strategy
+        # several streams (VCD) with beams: the streams open one row per question and join (one forward for both),
+        # and then the joined rows repeat per beam: one copy of the beams' rows, not one per stream and a joined one
+        times = repeats if strategy.streams > 1 else 1
 
-        return (strategy or self.strategy).combine(stream)
+        def stream(noised: bool):
+            return self._stream(items, repeats // times, noised=noised, opened=opened_noised if noised else opened)
+
+        first, stepper = strategy.combine(stream)
+        if times > 1:
+            stepper.repeat(times)
+            first = first.repeat_interleave(times, dim=0)
+        return first, stepper
 
     def _stream(self, items: list[tuple], repeats: int, noised: bool,
                 opened: tuple[Rows, list[int]] | None = None):
         """A stepper over ``items``: the scoring pass's (kept openings), else on the cached image prefixes (any
         prompt lengths), else whole prompts."""
-        stepper = self._take_opening(items, noised)
+        stepper = self._take_opening(items, noised, repeats)
         if stepper is not None:
-            stepper.repeat(repeats)
             return stepper.first, stepper
         opened, rows = opened or (self._open_rows(items, noised), list(range(len(items))))
         if not any(opened.suffix[i] is None for i in rows):
