@@ -283,7 +283,8 @@ def test_decoding_from_the_scoring_pass_equals_opening_the_prompts_again(tiny_di
     joined = []
     for stepper_class in (InPlaceStepper, PrefixStepper):
         monkeypatch.setattr(stepper_class, "joined", classmethod(
-            lambda cls, picks, real=stepper_class.joined.__func__: joined.append(len(picks)) or real(cls, picks)))
+            lambda cls, picks, *times, real=stepper_class.joined.__func__: joined.append(len(picks))
+            or real(cls, picks, *times)))
     questions = yes_no_questions(scene, n=6) + [
         Question(f"m{i}", f"Which action{' do you see' * (i // 2)}?\nA. riding\nB. holding\nC. eating\nD. washing",
                  scene[i % 2], ("riding", "holding", "eating", "washing")) for i in (2, 0, 3, 1)]  # batches interleaved
@@ -292,7 +293,8 @@ def test_decoding_from_the_scoring_pass_equals_opening_the_prompts_again(tiny_di
     taken = []
     real_take = TransformersVLM._take_opening
     monkeypatch.setattr(TransformersVLM, "_take_opening",
-                        lambda self, items, noised: taken.append(real_take(self, items, noised)) or taken[-1])
+                        lambda self, items, noised, *repeats: taken.append(real_take(self, items, noised, *repeats))
+                        or taken[-1])
     kept = model.score_mixed(questions, flags)
     # decodings started from scoring rows: YN and MC (greedy: the MC answers, whose first token is "No")
     assert sum(stepper is not None for stepper in taken) >= (1 if entry["decoding"] == "greedy" else 2)
@@ -300,7 +302,7 @@ def test_decoding_from_the_scoring_pass_equals_opening_the_prompts_again(tiny_di
         assert not any(model._openings[noised] for noised in (False, True)), model._openings
     assert (len(joined) > 0) == (entry["decoding"] != "opera"), joined
 
-    monkeypatch.setattr(TransformersVLM, "_take_opening", lambda self, items, noised: None)
+    monkeypatch.setattr(TransformersVLM, "_take_opening", lambda self, items, noised, *repeats: None)
     monkeypatch.setattr(TransformersVLM, "_kept_opening",
                         lambda self, opened, batch, items, noised: self._suffix_batch(opened, batch))
     model.forget_prefixes()
