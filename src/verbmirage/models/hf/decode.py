@@ -175,8 +175,9 @@ class Decoder:
             # every beam (and VCD's second stream) holds its own cache: copies of the prefix (PrefixStepper) allow
             # at most as many rows as a batch has questions (the call's, or batch_rows when the call is larger),
             # the memory it was chosen for; rows that read their prefixes in place (InPlaceStepper) hold only
-            # their own columns, a tenth of a copy or less (LLaVA: a 577-token prefix, 20-80 own columns), so
-            # all the batch's questions decode together
+            # their own columns, a tenth of a copy or less (LLaVA: a 577-token prefix, 20-80 own columns; a beam
+            # only its decoded ones, its question's prompt columns shared), so all the batch's questions decode
+            # together
             size = min(len(questions), self.batch_rows or len(questions))
             if not self._reads_prefix_in_place():
                 size //= strategy.beams * strategy.streams
