@@ -521,7 +521,8 @@ def opera_batch(first: torch.Tensor, stepper: AttentionStepper, settings, num_be
         if step == 0:
             first_step = torch.softmax(step_logits[::k], dim=-1)
         locs.append(beam_columns)
-        for q in torch.nonzero(active).flatten().tolist():  # retrospection: leave that question to opera_search
+        # retrospection (leave that question to opera_search) needs an over-trust column >= 10: none before step 10
+        for q in torch.nonzero(active).flatten().tolist() if step >= ROLLBACK_COLUMN else []:
             own = [columns[q * k : (q + 1) * k] for columns in locs]
             if _rollback_target(own[-1], own, settings, {}, step) is not None:
                 active[q] = False
@@ -537,11 +538,16 @@ def opera_batch(first: torch.Tensor, stepper: AttentionStepper, settings, num_be
         step += 1
 
 
+#: The first over-trust column retrospection returns to (the official code's ``loc >= 10``); a column of step s's
+#: window is at most s.
+ROLLBACK_COLUMN = 10
+
+
 def _rollback_target(beam_columns: torch.Tensor, locs: list[torch.Tensor], settings, revisits: dict[int, int],
                      step: int) -> int | None:
     """The position OPERA's retrospection returns to, or None (see :func:`opera_search`)."""
     column = int(beam_columns.mode().values)
-    if column < 10:
+    if column < ROLLBACK_COLUMN:
         return None
     seen = torch.stack(locs).eq(column).sum(dim=0)  # per beam: steps whose over-trust column was this one
     if not bool((seen > settings.threshold).all()):

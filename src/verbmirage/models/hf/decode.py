@@ -158,8 +158,9 @@ class Decoder:
         batches: dict[tuple, list[int]] = {}
         for i, item in enumerate(items):
             if (item[0], item[2]) in kept:  # rows of the scoring batches: the decoding starts from them
-                stepper = kept[item[0], item[2]][0]
-                key = ("kept",) if self._joins(stepper) else ("kept", id(stepper))
+                source = kept[item[0], item[2]][0]  # (no local name keeps it: its rows free once taken)
+                key = ("kept",) if self._joins(source) else ("kept", id(source))
+                del source
             elif opened.suffix[i] is None:  # whole prompts: one batch per image and token length
                 key = ("full", item[0], opened.length[i])
             else:
