@@ -193,3 +193,19 @@ def test_option_probabilities_are_renormalised_over_each_questions_own_options()
     assert rows[0].option_probs == pytest.approx((0.2 / 0.9, 0.6 / 0.9, 0.1 / 0.9)) and rows[0].prediction == "B"
     assert all(math.isnan(p) for p in rows[1].option_probs) and len(rows[1].option_probs) == 2
     assert rows[1].prediction == "unknown"  # "C" is not an option of a two-option question
+
+
+def test_batched_sampling_draws_what_a_multinomial_per_row_draws():
+    """sample_search draws every row in one batched step: the tokens torch.multinomial draws from each row's own
+    generator, row by row (the per-row loop it replaced)."""
+    stepper = TableStepper(5, 3)
+    seeds = [11, 12, 13, 14, 15]
+    drawn = search.sample_search(stepper.first, stepper, 6, set(), seeds, temperature=0.7)
+    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+    logits, expected = stepper.first, []
+    for _ in range(6):
+        probabilities = torch.softmax(logits / 0.7, dim=-1)
+        chosen = torch.stack([torch.multinomial(row, 1, generator=g)[0] for row, g in zip(probabilities, generators)])
+        expected.append(chosen)
+        logits = stepper.table[chosen]
+    assert drawn.tokens == torch.stack(expected, dim=1).tolist()

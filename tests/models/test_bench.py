@@ -97,3 +97,13 @@ def test_question_set_benchmark_prints_each_set_and_the_total(demo_roots):
     assert re.search(r"five sets together, 1 worker\(s\):\s+[\d.]+ s \(tables equal; ratio [\d.]+x\)", out)
     assert re.search(r"total \(load \+ five sets on 1 worker\(s\)\):\s+[\d.]+ s", out)
     assert "(tables equal)" in out and re.search(r"speed-up \(reference / together\):\s+[\d.]+x", out)
+
+
+def test_decoding_proxy_prints_each_decodings_operators_and_peak_memory_over_greedy():
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "decoding_proxy.py"), "--smoke"], capture_output=True,
+                         text=True, timeout=600, check=True).stdout
+    rows = re.findall(r"^  (\w+) +([\d.]+) ops/prompt +([\d.]+)x greedy +peak +([\d.]+) MiB +([\d.]+)x greedy", out,
+                      re.M)
+    assert [row[0] for row in rows] == ["greedy", "beam5", "sample", "vcd_greedy", "vcd_sample", "vcd_beam5", "opera"]
+    assert rows[0][2] == rows[0][4] == "1.00" and all(float(row[1]) > 0 and float(row[3]) > 0 for row in rows)
+    assert float(rows[1][2]) > 1.0  # beam search decodes every answer: more operators than greedy's scoring

@@ -46,7 +46,8 @@ class Opera(Decoding):
         span = spans.pop()
         decoded = search.opera_batch(
             first, attending, variant.opera, beams, new_tokens, stop, span, stepper.prompt_columns,
-            [placeholder_length(n, span) for n in stepper.prompt_lengths[::beams]], variant.length_penalty)
+            [placeholder_length(n, span) for n in stepper.prompt_lengths[::beams]], variant.length_penalty,
+            self.logits_processors())
         return search.Decoded.joined([row if row is not None else self.decode_alone(rows.alone(i), new_tokens, stop)
                                       for i, row in enumerate(decoded)])
 
@@ -66,7 +67,8 @@ class Opera(Decoding):
         columns = opened.prompt_columns if opened.prompt_columns is not None else length
         decoded, rollbacks = search.opera_search(
             opened.first, opened, variant.opera, beams, new_tokens, stop, span, columns, reopen,
-            variant.length_penalty, normalised_length=placeholder_length(length, span))
+            variant.length_penalty, normalised_length=placeholder_length(length, span),
+            processors=self.logits_processors())
         if rollbacks:
             log.info("%s: OPERA rolled back %d time(s): %s", one.name, len(rollbacks), rollbacks)
         return decoded

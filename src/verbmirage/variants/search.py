@@ -160,12 +160,35 @@ class ContrastedStepper:
         else:
             self.both.reorder(torch.cat([rows, rows + len(rows)]))
 
+    def repeat(self, times: int) -> None:
+        """Each row ``times`` times in a row (the beams of a question), in both streams."""
+        if self.both is None:
+            self.clean.repeat(times)
+            self.noised.repeat(times)
+        else:  # [clean rows, noised rows], each repeated in place: the halves stay clean and noised
+            self.both.repeat(times)
+
 
 def _cut_at_stop(tokens: list[int], stop: set[int]) -> list[int]:
     for position, token in enumerate(tokens):
         if token in stop:
             return tokens[:position]
     return tokens
+
+
+#: Per-step logit adjustments (a decoding's :meth:`~.strategies.Decoding.logits_processors`): callables
+#: ``(tokens, scores) -> scores`` with transformers' ``LogitsProcessor`` signature, ``tokens`` [rows, step] each row's
+#: answer so far (not its prompt), applied in order.
+Processors = Sequence
+
+
+def adjusted(processors: Processors, tokens: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """``scores`` [rows, vocab] through each of ``processors`` in turn (``tokens``: each row's answer so far)."""
+    if processors:
+        tokens = tokens.to(scores.device)
+        for processor in processors:
+            scores = processor(tokens, scores)
+    return scores
 
 
 def _one_token_per_row(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int],
@@ -190,9 +213,11 @@ def _one_token_per_row(first: torch.Tensor, stepper: Stepper, max_new_tokens: in
     return Decoded([_cut_at_stop(row, stop) for row in tokens.tolist()], first_probability)
 
 
-def greedy_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int]) -> Decoded:
-    """Argmax decoding of every row from its first-position logits."""
+def greedy_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int],
+                  processors: Processors = ()) -> Decoded:
+    """Argmax decoding of every row from its first-position logits, after ``processors`` (:func:`adjusted`)."""
     def argmax(tokens, logits):  # on the logits' device: only the chosen tokens and their probabilities move
+        logits = adjusted(processors, tokens, logits)
         chosen = logits.argmax(-1)
         return chosen.cpu(), torch.softmax(logits.float(), dim=-1).gather(-1, chosen[:, None])[:, 0].cpu()
 
@@ -200,13 +225,14 @@ def greedy_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, st
 
 
 def sample_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int],
-                  seeds: list[int], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> Decoded:
+                  seeds: list[int], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                  processors: Processors = ()) -> Decoded:
     """Multinomial sampling, one generator per row seeded with ``seeds[row]``: a row's tokens do not depend on
-    which rows share its batch. Warpers (transformers' own) are applied to the logits in the order of
-    ``generate``: temperature, top-k, top-p."""
+    which rows share its batch. ``processors`` (:func:`adjusted`) and then the warpers (transformers' own) are
+    applied to the logits in the order of ``generate``: processors, temperature, top-k, top-p."""
     from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-    warpers = LogitsProcessorList()
+    warpers = LogitsProcessorList(processors)
     if temperature != 1.0:
         warpers.append(TemperatureLogitsWarper(temperature))
     if top_k:
@@ -217,8 +243,14 @@ def sample_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, st
 
     def draw(tokens, logits):
         probabilities = torch.softmax(warpers(tokens, logits.float().cpu()), dim=-1)
-        chosen = torch.stack([torch.multinomial(row, 1, generator=generator)[0]
-                              for row, generator in zip(probabilities, generators)])
+        if not bool(torch.isfinite(probabilities).all()):
+            raise ValueError("sampling: a row's probabilities are not finite (every token masked?)")
+        # torch.multinomial(row, 1, generator) is argmax(row / q), q ~ Exp(1) drawn from the row's generator: the
+        # same draws and tokens, with one call per row (its own generator) instead of a multinomial each
+        noise = torch.empty_like(probabilities)
+        for row, generator in zip(noise, generators):
+            row.exponential_(generator=generator)
+        chosen = (probabilities / noise).argmax(dim=-1)
         return chosen, probabilities.gather(-1, chosen[:, None])[:, 0]
 
     return _one_token_per_row(first, stepper, max_new_tokens, stop, draw)
@@ -233,26 +265,34 @@ class BeamBook:
     ``max_new_tokens``) among the best K join the finished hypotheses with score / length **
     ``length_penalty`` (length = generated tokens + ``length_offset``: 0 as in transformers 5.x, the prompt
     length for the official OPERA code's full-length normalisation); the best K unfinished continue.
+
+    The book lives on ``device``, the step logits' (beam search keeps a GPU's logits there: no copy of the
+    vocabulary-wide scores to the CPU per step).
     """
 
     def __init__(self, batch: int, k: int, max_new_tokens: int, stop: set[int], length_penalty: float = 1.0,
-                 length_offset: int = 0):
+                 length_offset: int = 0, device: torch.device | str = "cpu"):
         self.batch, self.k, self.max_new_tokens = batch, k, max_new_tokens
         self.length_penalty, self.length_offset = length_penalty, length_offset
         self.keep = max(2, 1 + len(stop)) * k
-        self.stop_ids = torch.tensor(sorted(stop), dtype=torch.long)
-        self.running = torch.full((batch, k, max_new_tokens), -1, dtype=torch.long)
-        self.running_scores = torch.zeros((batch, k))
+        self.stop_ids = torch.tensor(sorted(stop), dtype=torch.long, device=device)
+        self.running = torch.full((batch, k, max_new_tokens), -1, dtype=torch.long, device=device)
+        self.running_scores = torch.zeros((batch, k), device=device)
         self.running_scores[:, 1:] = -1e9
         self.finished = self.running.clone()
-        self.finished_scores = torch.full((batch, k), -1e9)
-        self.is_finished = torch.zeros((batch, k), dtype=torch.bool)
-        self.improvable = torch.ones((batch, 1), dtype=torch.bool)
-        self.among_best = torch.arange(self.keep) < k
-        self.offsets = torch.arange(batch)[:, None] * k
+        self.finished_scores = torch.full((batch, k), -1e9, device=device)
+        self.is_finished = torch.zeros((batch, k), dtype=torch.bool, device=device)
+        self.improvable = torch.ones((batch, 1), dtype=torch.bool, device=device)
+        self.among_best = torch.arange(self.keep, device=device) < k
+        self.offsets = torch.arange(batch, device=device)[:, None] * k
         #: after :meth:`step`: the row each running beam continues from, and the token it feeds next
-        self.rows = torch.arange(batch * k)
-        self.tokens = torch.zeros(batch * k, dtype=torch.long)
+        self.rows = torch.arange(batch * k, device=device)
+        self.tokens = torch.zeros(batch * k, dtype=torch.long, device=device)
+
+    def answers(self, step: int) -> torch.Tensor:
+        """The running beams' tokens before step ``step`` [batch * K, step], in the order of the rows that step's
+        logits come from (what :func:`adjusted` hands the processors)."""
+        return self.running[:, :, :step].reshape(self.batch * self.k, step)
 
     def _length(self, generated: int) -> float | torch.Tensor:
         length = (generated + self.length_offset) ** self.length_penalty
@@ -285,8 +325,7 @@ class BeamBook:
         self.is_finished = torch.take_along_dim(torch.cat([self.is_finished, new], dim=1), best, dim=1)
         self.finished_scores = torch.take_along_dim(merged_scores, best, dim=1)
         best_possible = self.running_scores[:, :1] / self._length(step + 1)  # can a running beam still win?
-        worst = torch.where(self.is_finished, self.finished_scores.min(dim=1, keepdim=True).values,
-                            torch.tensor(-1e9))
+        worst = torch.where(self.is_finished, self.finished_scores.min(dim=1, keepdim=True).values, -1e9)
         self.improvable = self.improvable & (best_possible > worst).any(dim=-1, keepdim=True)
         return bool(self.improvable.any()) and not bool(ends.all()) and step + 1 < self.max_new_tokens
 
@@ -302,18 +341,21 @@ class BeamBook:
 
 
 def beam_search(first: torch.Tensor, stepper: Stepper, num_beams: int, max_new_tokens: int, stop: set[int],
-                length_penalty: float = 1.0) -> Decoded:
-    """Beam search with the semantics of transformers 5.x ``generate(num_beams=K, do_sample=False)``.
+                length_penalty: float = 1.0, processors: Processors = ()) -> Decoded:
+    """Beam search with the semantics of transformers 5.x ``generate(num_beams=K, do_sample=False)``, its
+    ``processors`` (:func:`adjusted`) applied to each step's log-probabilities as ``generate`` applies them.
 
     ``first``: [questions * K, vocab] (each question's rows repeated K times, question-major; the stepper
     holds the same rows); bookkeeping in :class:`BeamBook`. Stops when no running beam can beat the worst
     finished one (``early_stopping=False`` heuristic) or every continuation has stopped. Returns the best
     finished hypothesis of each question.
     """
-    book = BeamBook(first.shape[0] // num_beams, num_beams, max_new_tokens, stop, length_penalty)
+    book = BeamBook(first.shape[0] // num_beams, num_beams, max_new_tokens, stop, length_penalty,
+                    device=first.device)
     logits = first
     for step in range(max_new_tokens):
-        if not book.step(torch.log_softmax(logits.float().cpu(), dim=-1), step):
+        scores = adjusted(processors, book.answers(step), torch.log_softmax(logits.float(), dim=-1))
+        if not book.step(scores, step):
             break
         stepper.reorder(book.rows)
         logits = stepper.advance(book.tokens)
@@ -380,7 +422,7 @@ def _opera_advance(stepper: AttentionStepper, book: BeamBook, history: torch.Ten
 
 def opera_search(first: torch.Tensor, stepper: AttentionStepper, settings, num_beams: int, max_new_tokens: int,
                  stop: set[int], image_span: tuple[int, int], prompt_length: int, reopen,
-                 length_penalty: float = 1.0, normalised_length: int | None = None
+                 length_penalty: float = 1.0, normalised_length: int | None = None, processors: Processors = ()
                  ) -> tuple[Decoded, list[tuple[int, int]]]:
     """OPERA's beam search for ONE question (``first``: its K rows): (its best tokens as one :class:`Decoded` row,
     rollbacks as (step, position)). The first token's probability is the first step's: the softmax over its
@@ -440,7 +482,7 @@ def opera_search(first: torch.Tensor, stepper: AttentionStepper, settings, num_b
                     stepper.advance(book.running[0, :, position])
                 step, retake = target, True
                 continue
-        more = book.step(torch.log_softmax(step_logits, dim=-1), step)
+        more = book.step(adjusted(processors, book.answers(step), torch.log_softmax(step_logits, dim=-1)), step)
         chosen[step] = list(zip(book.rows.tolist(), book.tokens.tolist()))
         retake = False
         if not more:
@@ -452,7 +494,7 @@ def opera_search(first: torch.Tensor, stepper: AttentionStepper, settings, num_b
 
 def opera_batch(first: torch.Tensor, stepper: AttentionStepper, settings, num_beams: int, max_new_tokens: int,
                 stop: set[int], image_span: tuple[int, int], prompt_columns: int, prompt_lengths: list[int],
-                length_penalty: float = 1.0) -> list[Decoded | None]:
+                length_penalty: float = 1.0, processors: Processors = ()) -> list[Decoded | None]:
     """OPERA for several questions at once (``first``: K rows per question, question-major), each decoded as
     :func:`opera_search` decodes it alone (one :class:`Decoded` row each), up to its retrospection: a question
     whose retrospection would roll back gets None (decode it alone; rollbacks need 10+ generated tokens, so they
@@ -479,11 +521,12 @@ def opera_batch(first: torch.Tensor, stepper: AttentionStepper, settings, num_be
         if step == 0:
             first_step = torch.softmax(step_logits[::k], dim=-1)
         locs.append(beam_columns)
-        for q in torch.nonzero(active).flatten().tolist():  # retrospection: leave that question to opera_search
+        # retrospection (leave that question to opera_search) needs an over-trust column >= 10: none before step 10
+        for q in torch.nonzero(active).flatten().tolist() if step >= ROLLBACK_COLUMN else []:
             own = [columns[q * k : (q + 1) * k] for columns in locs]
             if _rollback_target(own[-1], own, settings, {}, step) is not None:
                 active[q] = False
-        book.step(torch.log_softmax(step_logits, dim=-1), step)
+        book.step(adjusted(processors, book.answers(step), torch.log_softmax(step_logits, dim=-1)), step)
         done = active & ~(book.improvable[:, 0] & ~book.ends.all(dim=-1) & (step + 1 < max_new_tokens))
         best = book.decoded(stop, first_step) if bool(done.any()) else None
         for q in torch.nonzero(done).flatten().tolist():
@@ -495,11 +538,16 @@ def opera_batch(first: torch.Tensor, stepper: AttentionStepper, settings, num_be
         step += 1
 
 
+#: The first over-trust column retrospection returns to (the official code's ``loc >= 10``); a column of step s's
+#: window is at most s.
+ROLLBACK_COLUMN = 10
+
+
 def _rollback_target(beam_columns: torch.Tensor, locs: list[torch.Tensor], settings, revisits: dict[int, int],
                      step: int) -> int | None:
     """The position OPERA's retrospection returns to, or None (see :func:`opera_search`)."""
     column = int(beam_columns.mode().values)
-    if column < 10:
+    if column < ROLLBACK_COLUMN:
         return None
     seen = torch.stack(locs).eq(column).sum(dim=0)  # per beam: steps whose over-trust column was this one
     if not bool((seen > settings.threshold).all()):

@@ -94,6 +94,17 @@ class Decoding:
         """Whether the scoring pass's rows should be kept as the openings of the decoding that follows it."""
         return True
 
+    def logits_processors(self) -> search.Processors:
+        """The hook for per-step logit adjustments (a repetition penalty and the like): transformers'
+        ``LogitsProcessor`` objects, or any callable ``(tokens, scores) -> scores``, that every step of this
+        decoding applies in order, where ``generate`` applies its ``logits_processor``: greedy and sampling to the
+        logits (before sampling's temperature, top-k and top-p), beam search and OPERA to the log-probabilities;
+        with VCD on top, to the contrast. ``tokens`` [rows, step] are each row's answer so far, not its prompt.
+        The engine's greedy continuation of an undecided answer decodes with this decoding, processors included;
+        its first token stays the scoring pass's argmax (where :attr:`decides_by_first_token`, a processor that
+        would change the first step must not be used). None by default."""
+        return ()
+
     def combine(self, stream: Stream) -> tuple[torch.Tensor, Stepper]:
         """The first-position logits and stepper of a batch from its streams (one: the clean image)."""
         return stream(False)
@@ -124,7 +135,7 @@ class Greedy(Decoding):
         return continue_tokens > 0
 
     def search(self, first, stepper, rows, new_tokens, stop):
-        return search.greedy_search(first, stepper, new_tokens, stop)
+        return search.greedy_search(first, stepper, new_tokens, stop, self.logits_processors())
 
 
 class BeamSearch(Decoding):
@@ -137,7 +148,8 @@ class BeamSearch(Decoding):
         return self.variant.num_beams
 
     def search(self, first, stepper, rows, new_tokens, stop):
-        return search.beam_search(first, stepper, self.beams, new_tokens, stop, self.variant.length_penalty)
+        return search.beam_search(first, stepper, self.beams, new_tokens, stop, self.variant.length_penalty,
+                                  self.logits_processors())
 
 
 class Sampling(Decoding):
@@ -149,4 +161,4 @@ class Sampling(Decoding):
         variant = self.variant
         seeds = [question_seed(question_id, variant.seed) for question_id in rows.question_ids]
         return search.sample_search(first, stepper, new_tokens, stop, seeds, variant.temperature, variant.top_k,
-                                    variant.top_p)
+                                    variant.top_p, self.logits_processors())

@@ -37,6 +37,10 @@ class ContrastiveDecoding(Decoding):
     def new_tokens(self, continue_tokens: int) -> int:
         return self.inner.new_tokens(continue_tokens)
 
+    def logits_processors(self):
+        """The inner decoding's, applied to the contrast (the official code applies its processors after it)."""
+        return self.inner.logits_processors()
+
     def keeps_openings(self, continue_tokens: int) -> bool:
         """Not for greedy: the scoring pass keeps the rows its clean argmax leaves undecided, while VCD's first
         token is the contrast's argmax."""

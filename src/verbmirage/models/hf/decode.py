@@ -15,7 +15,6 @@ from verbmirage.models.base import Question
 from verbmirage.models.hf.prefix_cache import Rows
 from verbmirage.models.hf.scoring import DecodedAnswer
 from verbmirage.models.hf.steppers import AttendingStepper, FullStepper, InPlaceStepper, PrefixStepper
-from verbmirage.variants.registry import strategy_class
 from verbmirage.variants.search import Decoded
 
 
@@ -56,6 +55,28 @@ class DecodeRows:
         return DecodeRows(self.vlm, self.strategy, [self.items[row]], [self.question_ids[row]])
 
 
+def take_opening(kept: dict | None, items: list[tuple], repeats: int, joins) -> object | None:
+    """A stepper on ``items``, each row ``repeats`` times (its beams), from ``kept`` (a call's kept openings of
+    one stream: (image path, prompt) -> (stepper, row)), or None: the rows of one scoring batch, or of several
+    joined where ``joins`` allows each stepper (:meth:`PrefixStepper.joined`; not for OPERA, which needs one
+    prompt width, nor where a prefix carries more than its keys and values, such as Qwen's rope delta). The rows
+    are copied once, beams included, and leave ``kept``: the decoding owns them now, so the scoring batches' rows
+    free as their questions are taken."""
+    found = [kept.get((path, text)) for path, _, text in items] if kept else [None]
+    if any(entry is None for entry in found):
+        return None
+    steppers = {id(stepper): stepper for stepper, _ in found}
+    if len(steppers) == 1:
+        stepper = found[0][0].subset([row for _, row in found for _ in range(repeats)], repeats)
+    elif all(map(joins, steppers.values())):
+        stepper = type(found[0][0]).joined([pick for pick in found for _ in range(repeats)], repeats)
+    else:
+        return None
+    for path, _, text in items:
+        kept.pop((path, text), None)
+    return stepper
+
+
 class Decoder:
     """Decoding past the first answer token (a mixin of ``TransformersVLM``)."""
 
@@ -86,18 +107,9 @@ class Decoder:
             self._answer_token_sets = {True: ids(self._letter_ids), False: ids((self._yes_ids, self._no_ids))}
         return self._answer_token_sets[multiple_choice]
 
-    def _take_opening(self, items: list[tuple], noised: bool):
-        """A stepper on ``items`` from the call's kept openings, or None: the rows of one scoring batch, or of
-        several joined (:meth:`PrefixStepper.joined`; not for OPERA, which needs one prompt width, nor where
-        a prefix carries more than its keys and values, such as Qwen's rope delta)."""
-        kept = (self._openings or {}).get(noised)
-        found = [kept.get((path, text)) for path, _, text in items] if kept else [None]
-        if any(entry is None for entry in found):
-            return None
-        steppers = {id(stepper): stepper for stepper, _ in found}
-        if len(steppers) == 1:
-            return found[0][0].subset([row for _, row in found])
-        return type(found[0][0]).joined(found) if all(map(self._joins, steppers.values())) else None
+    def _take_opening(self, items: list[tuple], noised: bool, repeats: int = 1):
+        """A stepper on ``items`` from the call's kept openings (:func:`take_opening`), or None."""
+        return take_opening((self._openings or {}).get(noised), items, repeats, self._joins)
 
     def _prefix_stepper(self, opened: Rows, rows: list[int]):
         """A stepper opened on ``rows`` of ``opened`` (all on cached prefixes): prefixes read in place where the
@@ -123,9 +135,10 @@ class Decoder:
         return self._decode(questions, multiple_choice, self.strategy)
 
     def continue_answers(self, questions: list[Question], multiple_choice: bool) -> list[str]:
-        """Greedy decoding of ``continue_tokens`` more tokens after the first (the scoring argmax), on the
-        cached image prefix like every other decoding."""
-        return [answer.text for answer in self._decode(questions, multiple_choice, "greedy")]
+        """``continue_tokens`` more tokens after the first (the scoring argmax), decoded by the variant's own
+        strategy (greedy, or a subclass of it: its :meth:`~verbmirage.variants.strategies.Decoding.
+        logits_processors` included), on the cached image prefix like every other decoding."""
+        return [answer.text for answer in self._decode(questions, multiple_choice, self.strategy)]
 
     @torch.inference_mode()
     def _decode(self, questions: list[Question], multiple_choice: bool, strategy) -> list[DecodedAnswer]:
@@ -133,10 +146,7 @@ class Decoder:
         :attr:`cross_image_batches`), expanded per row and beam: the prompts' own tokens run once more to open
         the rows. Without a shared prefix (InstructBLIP), one batch per image and prompt length.
 
-        ``strategy``: a :class:`~verbmirage.variants.strategies.Decoding`, or a decoding's name (its strategy on
-        the current variant, without VCD)."""
-        if isinstance(strategy, str):
-            strategy = strategy_class(strategy)(self.variant)
+        ``strategy``: the :class:`~verbmirage.variants.strategies.Decoding` that decodes them."""
         new_tokens = strategy.new_tokens(self.continue_tokens)
         answers: list[DecodedAnswer] = [DecodedAnswer(None, "", math.nan)] * len(questions)
         texts = [self.render(q, multiple_choice) for q in questions]
@@ -153,8 +163,9 @@ class Decoder:
         batches: dict[tuple, list[int]] = {}
         for i, item in enumerate(items):
             if (item[0], item[2]) in kept:  # rows of the scoring batches: the decoding starts from them
-                stepper = kept[item[0], item[2]][0]
-                key = ("kept",) if self._joins(stepper) else ("kept", id(stepper))
+                source = kept[item[0], item[2]][0]  # (no local name keeps it: its rows free once taken)
+                key = ("kept",) if self._joins(source) else ("kept", id(source))
+                del source
             elif opened.suffix[i] is None:  # whole prompts: one batch per image and token length
                 key = ("full", item[0], opened.length[i])
             else:
@@ -170,8 +181,9 @@ class Decoder:
             # every beam (and VCD's second stream) holds its own cache: copies of the prefix (PrefixStepper) allow
             # at most as many rows as a batch has questions (the call's, or batch_rows when the call is larger),
             # the memory it was chosen for; rows that read their prefixes in place (InPlaceStepper) hold only
-            # their own columns, a tenth of a copy or less (LLaVA: a 577-token prefix, 20-80 own columns), so
-            # all the batch's questions decode together
+            # their own columns, a tenth of a copy or less (LLaVA: a 577-token prefix, 20-80 own columns; a beam
+            # only its decoded ones, its question's prompt columns shared), so all the batch's questions decode
+            # together
             size = min(len(questions), self.batch_rows or len(questions))
             if not self._reads_prefix_in_place():
                 size //= strategy.beams * strategy.streams
@@ -211,18 +223,26 @@ class Decoder:
         tokenized, as rows of an :meth:`_open_rows` result of the clean (noised) images. Both come from the same
         items, so the noised rows split into prefix and suffix where the clean ones do (a shared text header is
         chosen over all the items: opened again on a batch's rows alone, its rows could differ in prefix length)."""
-        def stream(noised: bool):
-            return self._stream(items, repeats, noised=noised, opened=opened_noised if noised else opened)
+        strategy = strategy or self.strategy
+        # several streams (VCD) with beams: the streams open one row per question and join (one forward for both),
+        # and then the joined rows repeat per beam: one copy of the beams' rows, not one per stream and a joined one
+        times = repeats if strategy.streams > 1 else 1
 
-        return (strategy or self.strategy).combine(stream)
+        def stream(noised: bool):
+            return self._stream(items, repeats // times, noised=noised, opened=opened_noised if noised else opened)
+
+        first, stepper = strategy.combine(stream)
+        if times > 1:
+            stepper.repeat(times)
+            first = first.repeat_interleave(times, dim=0)
+        return first, stepper
 
     def _stream(self, items: list[tuple], repeats: int, noised: bool,
                 opened: tuple[Rows, list[int]] | None = None):
         """A stepper over ``items``: the scoring pass's (kept openings), else on the cached image prefixes (any
         prompt lengths), else whole prompts."""
-        stepper = self._take_opening(items, noised)
+        stepper = self._take_opening(items, noised, repeats)
         if stepper is not None:
-            stepper.repeat(repeats)
             return stepper.first, stepper
         opened, rows = opened or (self._open_rows(items, noised), list(range(len(items))))
         if not any(opened.suffix[i] is None for i in rows):

@@ -15,6 +15,7 @@ protocols). Each holds ``vlm``, the engine (``TransformersVLM``), whose forwards
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
 
 from verbmirage.models.hf import shared_prefix
 from verbmirage.models.hf.tokens import padded
@@ -52,11 +53,14 @@ class InPlaceStepper:
         input_ids, lengths = padded(suffixes, vlm.tokenizer.pad_token_id or 0, device)
         width = input_ids.shape[1]
         self.used, capacity = 0, width + max(1, reserve)
-        sample = prefixes[0].tensors
-        self.keys = [layer_keys.new_zeros((rows, layer_keys.shape[1], capacity, layer_keys.shape[-1]))
-                     for layer_keys, _ in sample]
-        self.values = [layer_values.new_zeros((rows, layer_values.shape[1], capacity, layer_values.shape[-1]))
-                       for _, layer_values in sample]
+        keys = prefixes[0].tensors[0][0]
+        #: every layer's own keys and values in one buffer [2 (keys, values), layers, rows, kv heads, capacity,
+        #: head dim]: moving rows (beams) or growing is one operation for all layers, not one per layer and tensor
+        self._store = keys.new_zeros((2, len(prefixes[0].tensors), rows, keys.shape[1], capacity, keys.shape[-1]))
+        #: rows come in groups of this many (a question's beams, :meth:`repeat`) that share their first ``_fixed``
+        #: own columns (their prompt's): ``_store`` then holds one row per group and only those columns, and
+        #: ``_beams`` [2, layers, rows, kv heads, capacity - _fixed, head dim] each row's columns after them
+        self._group, self._fixed, self._beams = 1, 0, None
         columns = torch.arange(capacity, device=device)
         self.valid = columns[None] < lengths[:, None]
         starts = torch.tensor(prefix_lengths, device=device)
@@ -73,15 +77,27 @@ class InPlaceStepper:
         self.prompt_lengths = self.next_position.tolist()
         self.prompt_columns = prefix_lengths[0] + width if len(set(prefix_lengths)) == 1 else None
 
+    @property
+    def keys(self) -> list[torch.Tensor]:
+        """Each layer's own keys [rows, kv heads, capacity, head dim] (views of the one buffer)."""
+        return [self._store[0, layer] for layer in range(self._store.shape[1])]  # (unbind's views refuse writes)
+
+    @property
+    def values(self) -> list[torch.Tensor]:
+        return [self._store[1, layer] for layer in range(self._store.shape[1])]
+
     def _forward(self, input_ids, positions, keep, mask: torch.Tensor | None) -> torch.Tensor:
         """Logits of ``input_ids`` fed at the next columns of the rows' buffers; ``mask``: which own columns the
         queries see (:func:`~.shared_prefix.shared_prefix_attention`'s ``valid``; None: causality alone, as in
         the opening). With :attr:`records_attention`, the last layer's weights go to ``self._weights``."""
         width = input_ids.shape[1]
         self._make_room(self.used + width)
-        cache = shared_prefix.RowCache(self.text, self.keys, self.values, self.used)
+        if self._beams is not None:
+            cache = _SharedPromptCache(self.text, self._store, self._beams, self._group, self.used - self._fixed)
+        else:
+            cache = shared_prefix.RowCache(self.text, self.keys, self.values, self.used)
         slots = torch.arange(self.used, self.used + width, device=input_ids.device)
-        record = shared_prefix.AttentionRecord(len(self.keys) - 1) if self.records_attention else None
+        record = shared_prefix.AttentionRecord(self._store.shape[1] - 1) if self.records_attention else None
         with shared_prefix.shared_prefix_attention(self.text, [p.tensors for p in self.prefixes], self.image_of_row,
                                                    mask, record, self._stacked):
             logits = self.vlm._suffix_forward(input_ids, None, cache, slots, positions, self.extra, keep=keep)
@@ -90,20 +106,21 @@ class InPlaceStepper:
         return logits
 
     def _make_room(self, columns: int) -> None:
-        capacity = self.keys[0].shape[-2]
+        capacity = self.valid.shape[1]
         if columns <= capacity:
             return
         grown = max(columns, 2 * capacity)
-        self.keys = [self._widen(k, grown) for k in self.keys]
-        self.values = [self._widen(v, grown) for v in self.values]
+        if self._beams is None:
+            store = self._store.new_zeros((*self._store.shape[:-2], grown, self._store.shape[-1]))
+            store[..., : self.used, :] = self._store[..., : self.used, :]
+            self._store = store
+        else:
+            beams = self._beams.new_zeros((*self._beams.shape[:-2], grown - self._fixed, self._beams.shape[-1]))
+            beams[..., : self.used - self._fixed, :] = self._beams[..., : self.used - self._fixed, :]
+            self._beams = beams
         valid = self.valid.new_zeros((self.valid.shape[0], grown))
         valid[:, :capacity] = self.valid
         self.valid = valid
-
-    def _widen(self, buffer: torch.Tensor, capacity: int) -> torch.Tensor:
-        other = buffer.new_zeros((*buffer.shape[:2], capacity, buffer.shape[-1]))
-        other[:, :, : self.used] = buffer[:, :, : self.used]
-        return other
 
     def advance(self, tokens: torch.Tensor) -> torch.Tensor:
         device = self.vlm.device
@@ -136,34 +153,65 @@ class InPlaceStepper:
     def _take(self, rows: torch.Tensor) -> None:
         """Keep ``rows`` (indices, repeats allowed) in this order, dropping the rest."""
         rows = rows.to(self.vlm.device)
-        self.keys = [buffer.index_select(0, rows) for buffer in self.keys]
-        self.values = [buffer.index_select(0, rows) for buffer in self.values]
+        self._ungroup()
+        self._store = self._store.index_select(2, rows)
         self.valid, self.next_position = self.valid[rows], self.next_position[rows]
         chosen = rows.tolist()
         self.image_of_row = [self.image_of_row[row] for row in chosen]
         self.prompt_lengths = [self.prompt_lengths[row] for row in chosen]
 
     def reorder(self, rows: torch.Tensor) -> None:
-        """A decoding step's rows (beams moving): the opening's logits (``first``) no longer match them."""
-        self._take(rows)
+        """A decoding step's rows (beams moving): the opening's logits (``first``) no longer match them. Beams
+        that move within their question (:meth:`repeat`'s groups) copy only their decoded columns, in place:
+        their prompt's columns, mask and positions are the group's."""
         self.first = None
+        group = self._group
+        if group > 1 and torch.equal(rows.cpu() // group, torch.arange(len(rows)) // group):
+            decoded = self._beams[..., : self.used - self._fixed, :]
+            decoded.copy_(decoded.index_select(2, rows.to(self._beams.device)))
+            return
+        self._take(rows)
 
     def repeat(self, times: int) -> None:
-        """Each row ``times`` times in a row (beams of one question)."""
+        """Each row ``times`` times in a row (beams of one question), sharing its columns so far."""
+        self._grouped(times)
+
+    def _grouped(self, times: int) -> None:
+        """Each row becomes ``times`` rows in a row (a question's beams) that share its own columns so far: they
+        stay one row of ``_store``, and each beam gets room for the columns after them (``_beams``)."""
         if times == 1:
             return
+        self._ungroup()
         rows = torch.arange(len(self.image_of_row), device=self.vlm.device).repeat_interleave(times)
-        self._take(rows)
-        self.first = self.first[rows.to(self.first.device)]
+        shape = self._store.shape
+        self._beams = self._store.new_zeros((*shape[:2], shape[2] * times, shape[3], shape[4] - self.used,
+                                             shape[5]))
+        self._store = self._store[..., : self.used, :]
+        self._group, self._fixed = times, self.used
+        self.valid, self.next_position = self.valid[rows], self.next_position[rows]
+        self.image_of_row = [row for row in self.image_of_row for _ in range(times)]
+        self.prompt_lengths = [length for length in self.prompt_lengths for _ in range(times)]
+        if self.first is not None:
+            self.first = self.first[rows.to(self.first.device)]
 
-    def subset(self, rows: list[int]) -> "InPlaceStepper":
-        """A new stepper on ``rows`` of this one (copies of their own columns; this one is unchanged)."""
+    def _ungroup(self) -> None:
+        """Every row with all its own columns in ``_store`` again (rows leaving their groups)."""
+        if self._beams is None:
+            return
+        shared = self._store.repeat_interleave(self._group, dim=2)
+        self._store = torch.cat([shared, self._beams], dim=-2)
+        self._group, self._fixed, self._beams = 1, 0, None
+
+    def subset(self, rows: list[int], times: int = 1) -> "InPlaceStepper":
+        """A new stepper on ``rows`` of this one (copies of their own columns; this one is unchanged); ``times``:
+        ``rows`` holds each row that many times in a row (its beams, as :meth:`repeat` makes them)."""
         other = object.__new__(InPlaceStepper)
         other.__dict__.update(self.__dict__)
         other._stacked = {}  # its own: a subset may read fewer prefixes, and the parent's copies can go with it
-        index = torch.tensor(rows, device=self.vlm.device)
+        index = torch.tensor(rows[::times], device=self.vlm.device)
         other._take(index)
         other.first = self.first[index.to(self.first.device)]
+        other._grouped(times)
         return other
 
     def stepped_with(self, other) -> "InPlaceStepper | None":
@@ -175,21 +223,25 @@ class InPlaceStepper:
         return InPlaceStepper.joined([(self, row) for row in rows] + [(other, row) for row in rows])
 
     @classmethod
-    def joined(cls, picks: list[tuple["InPlaceStepper", int]]) -> "InPlaceStepper":
+    def joined(cls, picks: list[tuple["InPlaceStepper", int]], times: int = 1) -> "InPlaceStepper":
         """One stepper over rows of several, in the order of ``picks`` ((stepper, row) each): their prefixes
         together, their own columns side by side (right-padded to the widest, the padding not valid), so that
-        rows of different prefixes and prompt lengths decode in one batch."""
+        rows of different prefixes and prompt lengths decode in one batch. ``times``: as :meth:`subset`'s."""
+        picks = picks[::times]
         sample, rows = picks[0][0], len(picks)
         steppers = list({id(stepper): stepper for stepper, _ in picks}.values())
+        for stepper in steppers:
+            stepper._ungroup()
         prefixes = list({id(prefix): prefix for stepper in steppers for prefix in stepper.prefixes}.values())
         where = {id(prefix): j for j, prefix in enumerate(prefixes)}
         used = max(stepper.used for stepper in steppers)
-        capacity = max(used + stepper.keys[0].shape[-2] - stepper.used for stepper in steppers)
+        capacity = max(used + stepper._store.shape[-2] - stepper.used for stepper in steppers)
         other = object.__new__(cls)
         other.vlm, other.text, other.extra, other.prefixes, other.used = sample.vlm, sample.text, sample.extra, \
             prefixes, used
-        blank = lambda like: like.new_zeros((rows, like.shape[1], capacity, like.shape[-1]))  # noqa: E731
-        other.keys, other.values = [blank(k) for k in sample.keys], [blank(v) for v in sample.values]
+        shape = sample._store.shape
+        other._store = sample._store.new_zeros((*shape[:2], rows, shape[3], capacity, shape[-1]))
+        other._group, other._fixed, other._beams = 1, 0, None
         other.valid = sample.valid.new_zeros((rows, capacity))
         other.next_position = sample.next_position.new_empty(rows)
         other.first = sample.first.new_empty((rows, *sample.first.shape[1:]))
@@ -200,15 +252,38 @@ class InPlaceStepper:
             put = torch.tensor([position for position, _ in members], device=sample.valid.device)
             take = torch.tensor([row for _, row in members], device=sample.valid.device)
             width = stepper.used
-            for mine, theirs in zip(other.keys + other.values, stepper.keys + stepper.values):
-                mine[put, :, :width] = theirs.index_select(0, take)[:, :, :width]
+            other._store[:, :, put, :, :width] = stepper._store[:, :, take, :, :width]
             other.valid[put, :width] = stepper.valid[take, :width]
             other.next_position[put] = stepper.next_position[take]
             other.first[put] = stepper.first[take.to(stepper.first.device)]
             for position, row in members:
                 other.image_of_row[position] = where[id(stepper.prefixes[stepper.image_of_row[row]])]
                 other.prompt_lengths[position] = stepper.prompt_lengths[row]
+        other._grouped(times)
         return other
+
+
+class _SharedPromptCache(DynamicCache):
+    """The own keys and values of rows in groups (a question's beams) that share their prompt's columns
+    (``prompt`` [2, layers, groups, kv heads, prompt columns, head dim]), each row's later columns in ``beams``
+    [2, layers, rows, kv heads, capacity, head dim], written from column ``start``; a layer attends to the group's
+    prompt columns and then the row's own, joined for that layer alone (the rows never hold copies of their
+    prompt). The counterpart of :class:`~.shared_prefix.RowCache` for :class:`InPlaceStepper`'s groups."""
+
+    def __init__(self, config, prompt: torch.Tensor, beams: torch.Tensor, group: int, start: int):
+        super().__init__(config=config)
+        self.prompt, self.beams, self.group, self.start = prompt, beams, group, start
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        stop = self.start + key_states.shape[-2]
+        beams = self.beams[:, layer_idx]
+        beams[0, :, :, self.start : stop] = key_states
+        beams[1, :, :, self.start : stop] = value_states
+        groups = self.prompt.shape[2]
+        shared = self.prompt[:, layer_idx, :, None].expand(-1, -1, self.group, -1, -1, -1)
+        own = beams[:, :, :, :stop].unflatten(1, (groups, self.group))
+        both = torch.cat([shared, own], dim=-2).flatten(1, 2)
+        return both[0], both[1]
 
 
 class PrefixStepper:
@@ -237,7 +312,7 @@ class PrefixStepper:
                                          keep=1)[:, -1].float()
 
     @classmethod
-    def joined(cls, picks: list[tuple["PrefixStepper", int]]) -> "PrefixStepper":
+    def joined(cls, picks: list[tuple["PrefixStepper", int]], times: int = 1) -> "PrefixStepper":
         """One stepper over rows of several, in the order of ``picks`` ((stepper, row) each; a row may be picked
         twice): their caches side by side, right-padded to the longest with the padding masked out, so that rows
         of different prefix and prompt lengths decode in one batch. A step attends to every unmasked key
@@ -273,8 +348,9 @@ class PrefixStepper:
         other.cache = sample.vlm._cache_of(data)
         return other
 
-    def subset(self, rows: list[int]) -> "PrefixStepper":
-        """A new stepper on ``rows`` of this one (copies of their cache rows; this one is unchanged)."""
+    def subset(self, rows: list[int], times: int = 1) -> "PrefixStepper":
+        """A new stepper on ``rows`` of this one (copies of their cache rows; this one is unchanged). ``times``:
+        how often ``rows`` repeats each row (its beams; each holds its own copy)."""
         index = torch.tensor(rows, device=self.vlm.device)
         other = object.__new__(PrefixStepper)
         other.vlm, other.extra, other.length, other.prompt_columns = self.vlm, self.extra, self.length, \
@@ -337,6 +413,13 @@ class FullStepper:
     def reorder(self, rows: torch.Tensor) -> None:
         self.cache.reorder_cache(rows.to(self.vlm.device))
         self.mask = self.mask[rows.to(self.mask.device)]
+
+    def repeat(self, times: int) -> None:
+        """Each row ``times`` times in a row (beams of one question), cache included."""
+        rows = torch.arange(len(self.prompt_lengths)).repeat_interleave(times)
+        self.reorder(rows)
+        self.first = self.first[rows.to(self.first.device)]
+        self.prompt_lengths = [length for length in self.prompt_lengths for _ in range(times)]
 
     def undo(self) -> None:
         self.mask = self.mask[:, :-1]

@@ -1,0 +1,129 @@
+"""CPU proxy of each decoding's GPU cost and memory relative to greedy.
+
+On a GPU a decoding's time is mostly its launches (one per operator), and its memory its caches; neither shows
+on a CPU's clock. So this script counts them: on a random-weight model of LLaVA-1.5-7B's depth (32 language
+layers, 24 vision layers, 576 image tokens) made narrow so that it runs on a CPU, each decoding of the paper's
+tables answers the YN questions of ``--images`` images as a job does (the variant first, then its calls of
+``--batch-size``; the model decisive, as in bench/gpu_scoring.py), and the script prints per decoding
+
+- **ops/prompt**: operator calls per question, counted with ``torch.profiler``: the ``aten::`` operators that
+  call no other ``aten::`` operator (the kernel-like leaves), views not counted (they launch nothing);
+- **peak**: the most bytes of tensors alive at once during the pass (the profiler's allocation events; the
+  weights, allocated before, not counted);
+
+each also relative to greedy. The targets are the GPU's (docs/models.md, "Speed"): beam-5, sampling, VCD sampling
+and VCD beam-5 at most 2x greedy, OPERA at most 3x. The narrow model's caches are smaller against its logits
+than a 7B model's (hidden 256: 64 KiB of keys and values per token over 32 layers, 512 KiB in the 7B's bf16),
+so the memory ratios here understate what copies of caches cost on the GPU.
+
+    python bench/decoding_proxy.py [--images 4] [--batch-size 64] [--max-new-tokens 8]
+    python bench/decoding_proxy.py --smoke   # 1 image, 1 layer: checks the script (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_scoring import DECODINGS, engine_pass, hico_like_questions, make_decisive  # noqa: E402
+from gpu_scoring import RandomLlava7B  # noqa: E402
+from verbmirage.models.tiny import build_tiny_llava  # noqa: E402
+from verbmirage.variants.settings import Variant  # noqa: E402
+
+#: LLaVA-1.5-7B's depth and image geometry, narrow widths (head size 128 as in the 7B).
+NARROW = {"vision_hidden": 64, "vision_layers": 24, "vision_heads": 2, "hidden": 256, "intermediate": 512,
+          "layers": 32, "heads": 2}
+SMOKE = {**NARROW, "vision_layers": 1, "layers": 1}
+#: Each decoding's target over greedy on the GPU.
+TARGETS = {"beam5": 2.0, "sample": 2.0, "vcd_sample": 2.0, "vcd_beam5": 2.0, "opera": 3.0}
+
+#: aten operators that only make views (no kernel, no memory).
+VIEWS = frozenset({
+    "view", "_unsafe_view", "reshape", "expand", "expand_as", "as_strided", "slice", "select", "transpose", "t",
+    "permute", "unsqueeze", "squeeze", "alias", "detach", "narrow", "split", "split_with_sizes", "chunk", "unbind",
+    "diagonal", "view_as", "unflatten", "flatten", "lift_fresh", "_reshape_alias", "movedim", "numpy_T", "unfold",
+    "contiguous", "to", "_to_copy_view", "real", "imag", "_conj", "resolve_conj", "resolve_neg", "result_type",
+    "empty_like", "empty", "empty_strided", "is_nonzero", "item", "_local_scalar_dense", "size", "stride",
+    "dim", "numel", "is_floating_point", "_has_compatible_shallow_copy_type",
+})
+
+
+def leaf_operators(prof) -> int:
+    """``aten::`` events of ``prof`` that contain no other ``aten::`` event and make more than a view."""
+    count = 0
+    for event in prof.events():
+        if not event.name.startswith("aten::") or event.name[6:] in VIEWS:
+            continue
+        if not any(child.name.startswith("aten::") for child in event.cpu_children):
+            count += 1
+    return count
+
+
+def peak_bytes(prof) -> int:
+    """The largest sum of live allocations over the profiled span (allocation events in time order)."""
+    changes = sorted((event.start_ns(), event.nbytes()) for event in prof.profiler.kineto_results.events()
+                     if event.name() == "[memory]")
+    live = peak = 0
+    for _, change in changes:
+        live += change
+        peak = max(peak, live)
+    return peak
+
+
+def measure(model, questions, entry: dict, batch_size: int, max_new_tokens: int) -> tuple[int, int]:
+    """(leaf operator calls, peak live bytes) of one pass over ``questions`` with the variant ``entry``."""
+    settings = {**entry, "max_new_tokens": max_new_tokens} if entry.get("decoding") else entry
+    model.use_variant(Variant.from_config(settings))
+    per_call = model.use_batch_size(batch_size)  # as a job sizes its calls: after its variant
+    model.score_yes_no(questions[:2])  # warm-up
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        engine_pass(model, questions, per_call, lambda: None)
+    return leaf_operators(prof), peak_bytes(prof)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=8, help="tokens each decoding decodes per answer")
+    parser.add_argument("--only", nargs="*", default=None, help="these decodings only (greedy is always run)")
+    parser.add_argument("--smoke", action="store_true", help="1 image, 1 layer, 2 new tokens: checks the script runs")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    RandomLlava7B.size = SMOKE if args.smoke else NARROW
+    images = 1 if args.smoke else args.images
+    if args.smoke:
+        args.max_new_tokens = 2
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        processor_dir = build_tiny_llava(work / "processor", image_size=336, patch_size=14)
+        model = RandomLlava7B("llava7b_narrow", str(processor_dir), dtype="float32", device="cpu",
+                              local_files_only=True)
+        make_decisive(model)
+        questions = hico_like_questions(images, work / "yn")
+        size = RandomLlava7B.size
+        print(f"{size['layers']} language layers (hidden {size['hidden']}), {size['vision_layers']} vision layers, "
+              f"576 image tokens; {len(questions)} YN questions on {images} images, batch {args.batch_size}, "
+              f"{args.max_new_tokens} new tokens per decoded answer")
+        figures = {}
+        for slug, entry in DECODINGS.items():
+            if args.only is not None and slug != "greedy" and slug not in args.only:
+                continue
+            operators, peak = measure(model, questions, entry, args.batch_size, args.max_new_tokens)
+            figures[slug] = (operators / len(questions), peak)
+            ops, base_peak = figures[slug][0], figures["greedy"][1]
+            target = f"(target <= {TARGETS[slug]:g}x)" if slug in TARGETS else ""
+            print(f"  {slug:11s} {ops:9.0f} ops/prompt {ops / figures['greedy'][0]:6.2f}x greedy   "
+                  f"peak {peak / 2**20:8.1f} MiB {peak / base_peak:6.2f}x greedy  {target}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
