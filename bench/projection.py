@@ -4,9 +4,10 @@ The prompts are the real HICO question counts (docs/questions.md, "Counts on the
 default protocol; an MC question once per rotation of its options), and on the single-instance images for a
 crop condition (same page, "Counts on the real test instances"). The paper config's runs come from its plan
 (configs/paper.yaml through verbmirage.workflow.plan): every run of a model the transformers engine serves adds
-its sets' prompts to its variant's decoding. Remote-code models (their own ``generate``), API models, baselines
-and CLIP are named but not projected; nor are the CharadesEgo sets and the Known-Object set, whose real counts
-are not measured here.
+its sets' prompts to its variant's decoding. Every run of a remote-code model (Qwen-VL-Chat, MiniCPM-Llama3-V-2.5,
+mPLUG-Owl2, Molmo: their own code in a worker) adds its prompts to that model's decoding, projected at the
+model's own rate (:func:`remote_rates`). API models, baselines and CLIP are named but not projected; nor are the
+CharadesEgo sets and the Known-Object set, whose real counts are not measured here.
 
     python bench/projection.py [--config configs/paper.yaml] [--write MIX.json]   # the paper config's prompt mix
     bench/gpu_scoring.py --decodings reads the mix (computed here, where Snakemake's schema check is installed,
@@ -28,6 +29,15 @@ HICO_PROMPTS = {"yn_obj": 40_749, "yn_verb": 40_731, "mc_obj": 59_516, "mc_verb"
 SINGLE_INSTANCE_PROMPTS = {"yn_obj": 6_042, "mc_obj": 4 * 2_357, "mc_verb": 4 * 2_357}
 #: The backends the transformers engine serves (verbmirage.models.registry.BACKENDS).
 ENGINE_BACKENDS = ("llava", "instructblip", "qwen2_vl", "qwen2_5_vl", "hf")
+#: The remote-code backends (verbmirage.models.remote), projected per model.
+REMOTE_BACKENDS = ("qwen_vl_chat", "minicpm_v", "mplug_owl2", "molmo")
+#: H200 prompts/s of one question per forward: transformers ``generate`` at batch 1 (5 new tokens) on a
+#: LLaVA-1.5-7B-size model, bf16 (bench/README.md, "On one H200": 5.2-5.4): how the remote-code models ran
+#: before batching (a full forward with the vision tower per question; a 7B language model each).
+ONE_AT_A_TIME_RATE = 5.3
+#: Scoring speed-up of batches over one question at a time, per backend: the CPU proxies of
+#: bench/remote_batching.py at real geometry (bench/README.md, "Remote-code models batched").
+REMOTE_SCORING_SPEEDUP = {"qwen_vl_chat": 1.0, "minicpm_v": 1.0, "mplug_owl2": 1.0, "molmo": 1.0}
 #: The decodings bench/bench_scoring.py and bench/gpu_scoring.py time, by these names.
 DECODING_NAMES = ("greedy", "beam5", "sample", "vcd_greedy", "vcd_sample", "vcd_beam5", "opera")
 
@@ -56,22 +66,43 @@ def paper_mix(config_path: Path = REPO / "configs" / "paper.yaml") -> dict:
     validate(config, str(REPO / "schemas" / "config.schema.yaml"))  # the schema's defaults, as the workflow fills
     plan = Plan.from_config(config, run_folders(config["results_dir"], [str(config_path)], REPO, REPO))
     prompts = dict.fromkeys(DECODING_NAMES, 0)
-    engine, left_out, unknown_sets = set(), set(), set()
+    engine, left_out, unknown_sets, remote = set(), set(), set(), {}
     for run in plan.scored:
         entry = plan.config["models"].get(run.model)
-        if entry is None or entry.get("backend") not in ENGINE_BACKENDS:
+        backend = (entry or {}).get("backend")
+        if backend in REMOTE_BACKENDS:
+            target = remote.setdefault(run.model, {"backend": backend, "prompts": {}})["prompts"]
+        elif backend in ENGINE_BACKENDS:
+            engine.add(run.model)
+            target = prompts
+        else:
             left_out.add(run.model)
             continue
-        engine.add(run.model)
         crop = plan.config["conditions"].get(run.condition, {}).get("type") == "crop"
         counts = SINGLE_INSTANCE_PROMPTS if crop else HICO_PROMPTS
+        decoding = decoding_of(plan.config["variants"][run.variant])
         for qset in run.qsets:
             if run.dataset == "hico" and qset in counts:
-                prompts[decoding_of(plan.config["variants"][run.variant])] += counts[qset]
+                target[decoding] = target.get(decoding, 0) + counts[qset]
             else:
                 unknown_sets.add(f"{run.dataset}/{qset}")
     return {"config": str(config_path.relative_to(REPO)), "prompts": prompts, "engine_models": sorted(engine),
-            "left_out": sorted(left_out), "not_counted": sorted(unknown_sets)}
+            "remote_models": dict(sorted(remote.items())), "left_out": sorted(left_out),
+            "not_counted": sorted(unknown_sets)}
+
+
+def remote_rates(backend: str, costs: dict[str, float]) -> dict[str, float]:
+    """Projected H200 prompts/s of a remote-code backend per decoding.
+
+    greedy (scoring from the first answer position, batched on each image's prefix): the one-at-a-time rate
+    times the backend's CPU-proxy scoring speed-up. A decoding through the checkpoint's own batched ``generate``
+    (beam5): that rate divided by the decoding's cost relative to greedy as measured for the engine (``costs``;
+    an estimate: the remote models' own decodings are not timed on a GPU yet). sample: each question draws
+    with its own seed, one ``generate`` at a time: the one-at-a-time rate.
+    """
+    batched = ONE_AT_A_TIME_RATE * REMOTE_SCORING_SPEEDUP[backend]
+    rates = {name: batched / costs.get(name, float("nan")) for name in DECODING_NAMES if name != "sample"}
+    return {**rates, "greedy": batched, "sample": ONE_AT_A_TIME_RATE}
 
 
 def projection_lines(greedy_suite_rate: float, costs: dict[str, float], mix: dict | None) -> list[str]:
@@ -90,7 +121,17 @@ def projection_lines(greedy_suite_rate: float, costs: dict[str, float], mix: dic
                  f"{sum(mix['prompts'].values()):,} prompts in {total:.1f} h")
     lines.append("    " + ", ".join(f"{name} {count:,} prompts {hours[name]:.2f} h"
                                       for name, count in mix["prompts"].items() if count))
-    lines.append(f"  not projected: {', '.join(mix['left_out'])} (remote code, API, baselines, CLIP); sets without "
+    remote_hours = 0.0
+    for model, runs in mix.get("remote_models", {}).items():
+        rates = remote_rates(runs["backend"], costs)
+        hours = {name: count / rates[name] / 3600 for name, count in runs["prompts"].items() if count}
+        remote_hours += sum(hours.values())
+        lines.append(f"  {model} (remote code, {rates['greedy']:.1f} prompts/s scoring): "
+                     + ", ".join(f"{name} {count:,} prompts {hours[name]:.2f} h"
+                                 for name, count in runs["prompts"].items() if count))
+    if mix.get("remote_models"):
+        lines.append(f"  the whole config, every model projected: {total + remote_hours:.1f} h")
+    lines.append(f"  not projected: {', '.join(mix['left_out'])} (API, baselines, CLIP); sets without "
                  f"real counts here: {', '.join(mix['not_counted']) or 'none'}")
     return lines
 

@@ -26,7 +26,7 @@ def test_the_paper_config_mix_counts_its_engine_models_runs():
     mix = projection.paper_mix()
     assert mix["engine_models"] == ["instructblip_7b", "llava15_7b", "llava15_7b_nullu", "llava15_7b_pangea",
                                     "qwen2_5_vl_7b", "qwen2_vl_7b"]
-    assert {"qwen_vl_chat", "molmo_7b_d", "gpt4_turbo", "prior"} <= set(mix["left_out"])
+    assert {"gpt4_turbo", "prior"} <= set(mix["left_out"]) and "qwen_vl_chat" not in mix["left_out"]
     # LLaVA-1.5-7B's OPERA run (Table 8) asks the four verb sets, on clean images only
     assert mix["prompts"]["opera"] == sum(projection.HICO_PROMPTS[q] for q in ("yn_obj", "yn_verb", "mc_obj", "mc_verb"))
     assert mix["prompts"]["greedy"] > mix["prompts"]["opera"] and mix["prompts"]["vcd_greedy"] == 0
@@ -44,3 +44,23 @@ def test_projection_divides_each_decodings_prompts_by_its_rate():
     assert "no prompt mix" in projection.projection_lines(10.0, {}, None)[-1]
     with pytest.raises(KeyError):
         projection.projection_lines(10.0, {}, {"prompts": {}})
+
+
+def test_the_remote_code_models_are_projected_at_their_own_rates():
+    """Each remote-code model's runs count at its rate: greedy at the one-at-a-time rate times its batching
+    speed-up, beam5 that divided by beam5's cost, sampling one question at a time."""
+    mix = projection.paper_mix()
+    remote = mix["remote_models"]
+    assert set(remote) == {"qwen_vl_chat", "molmo_7b_d", "minicpm_llama3_v25", "mplug_owl2"}
+    assert remote["molmo_7b_d"] == {"backend": "molmo", "prompts": {"greedy": 503_804}}  # no beams: greedy only
+    assert set(remote["qwen_vl_chat"]["prompts"]) == {"greedy", "beam5", "sample"}
+    rates = projection.remote_rates("mplug_owl2", {"beam5": 2.0})
+    speedup = projection.REMOTE_SCORING_SPEEDUP["mplug_owl2"]
+    assert rates["greedy"] == pytest.approx(projection.ONE_AT_A_TIME_RATE * speedup)
+    assert rates["beam5"] == pytest.approx(rates["greedy"] / 2) and rates["sample"] == projection.ONE_AT_A_TIME_RATE
+    small = {"config": "configs/x.yaml", "prompts": {"greedy": 36_000}, "engine_models": ["a"], "left_out": [],
+             "not_counted": [], "remote_models": {"m": {"backend": "mplug_owl2", "prompts": {"greedy": 36_000}}}}
+    lines = projection.projection_lines(10.0, {"greedy": 1.0}, small)
+    hours = 36_000 / rates["greedy"] / 3600
+    assert f"greedy 36,000 prompts {hours:.2f} h" in lines[4]
+    assert lines[5] == f"  the whole config, every model projected: {1 + hours:.1f} h"

@@ -184,8 +184,20 @@ class QwenVLChatDriver(Driver):
         import torch
 
         ids, _, lengths = pad_rows(rows, self.tokenizer.eod_id)
-        logits = self.model(input_ids=ids.to(self.device), past_key_values=expand_cache(past, len(rows)),
-                            use_cache=True).logits
+        transformer = self.model.transformer
+        build = transformer._prepare_decoder_attention_mask
+        done = past[0][0].shape[1]  # its cache is (batch, sequence, heads, dim)
+
+        def causal_mask(attention_mask, input_shape, inputs_embeds, past_length):
+            # the checkpoint reads the cached length off size(-2), the heads axis: its own builder gets the true one
+            return build(attention_mask, input_shape, inputs_embeds, done)
+
+        transformer._prepare_decoder_attention_mask = causal_mask
+        try:
+            logits = self.model(input_ids=ids.to(self.device), past_key_values=expand_cache(past, len(rows)),
+                                use_cache=True).logits
+        finally:
+            del transformer._prepare_decoder_attention_mask
         return logits[torch.arange(len(rows)), lengths - 1]
 
     def decode_batch(self, items, max_new_tokens, num_beams, repetition_penalty, sampling):
