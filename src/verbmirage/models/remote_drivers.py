@@ -368,10 +368,14 @@ class MolmoDriver(Driver):
                                       "its worker env (env: remote-molmo); scores from logits work here")
 
     def _generation_config(self, max_new_tokens, repetition_penalty, sampling):
+        """The model card's settings; its stop string ``<|endoftext|>`` is one token, stopped at by id (the same
+        stop; transformers' stop-string check embeds the ids before a row's new tokens, and batches pad with -1)."""
         from transformers import GenerationConfig
 
-        return GenerationConfig(max_new_tokens=int(max_new_tokens), stop_strings="<|endoftext|>", use_cache=True,
-                                repetition_penalty=float(repetition_penalty), **generation_settings(sampling))
+        end = self.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+        return GenerationConfig(max_new_tokens=int(max_new_tokens), eos_token_id=end, pad_token_id=end,
+                                use_cache=True, repetition_penalty=float(repetition_penalty),
+                                **generation_settings(sampling))
 
     def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0, sampling=None):
         import torch
