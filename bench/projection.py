@@ -32,8 +32,8 @@ ENGINE_BACKENDS = ("llava", "instructblip", "qwen2_vl", "qwen2_5_vl", "hf")
 #: The remote-code backends (verbmirage.models.remote), projected per model.
 REMOTE_BACKENDS = ("qwen_vl_chat", "minicpm_v", "mplug_owl2", "molmo")
 #: H200 prompts/s of one question per forward: transformers ``generate`` at batch 1 (5 new tokens) on a
-#: LLaVA-1.5-7B-size model, bf16 (bench/README.md, "On one H200": 5.2-5.4): how the remote-code models ran
-#: before batching (a full forward with the vision tower per question; a 7B language model each).
+#: LLaVA-1.5-7B-size model, bf16, measured at 5.17-5.35 (bench/README.md, "Remote-code models batched"): how the
+#: remote-code models ran before batching (a full forward with the vision tower per question; 7B each).
 ONE_AT_A_TIME_RATE = 5.3
 #: Scoring speed-up of batches over one question at a time, per backend: the CPU proxies of
 #: bench/remote_batching.py at real geometry (bench/README.md, "Remote-code models batched").

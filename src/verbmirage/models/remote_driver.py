@@ -97,6 +97,28 @@ def trim_after_end(tokens: list[int], ends) -> list[int]:
     return tokens if cut is None else tokens[: cut + 1]
 
 
+#: What a forward costs beyond its rows, in token positions (where :func:`length_batches` cuts).
+FORWARD_COST = 64
+
+
+def length_batches(lengths: list[int], size: int | None) -> list[list[int]]:
+    """Indices of rows of these ``lengths`` in batches of at most ``size``: sorted by length and cut where the
+    padding saved outweighs another forward (least sum of rows x longest row + :data:`FORWARD_COST` per batch)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    cap = max(1, int(size or len(order) or 1))
+    best, cut = [0] + [None] * len(order), [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        for start in range(max(0, end - cap), end):
+            cost = best[start] + (end - start) * lengths[order[end - 1]] + FORWARD_COST
+            if best[end] is None or cost < best[end]:
+                best[end], cut[end] = cost, start
+    batches, end = [], len(order)
+    while end:
+        batches.append(order[cut[end] : end])
+        end = cut[end]
+    return batches[::-1]
+
+
 def chunks(items: list, size: int | None):
     """``items`` in slices of at most ``size`` (all at once when ``size`` is None)."""
     size = max(1, int(size or len(items) or 1))
@@ -257,12 +279,14 @@ class Driver:
         cut = min(common_prefix(ids), min(len(row) for row in ids) - 1)  # every row keeps a token of its own
         if cut < self.image_end(ids[0], state):
             raise ValueError(f"the prompts share {cut} tokens, fewer than the image prefix")
-        rows = []
+        suffixes = [row[cut:] for row in ids]
+        rows: list = [None] * len(suffixes)
         with torch.inference_mode():
             past = self.prefix_cache(ids[0][:cut], state)
             self.forwards["prefix"] += 1
-            for chunk in chunks([row[cut:] for row in ids], batch_size):
-                rows.extend(self.suffix_logits(chunk, past).float().cpu())
+            for batch in length_batches([len(row) for row in suffixes], batch_size):
+                for i, row in zip(batch, self.suffix_logits([suffixes[i] for i in batch], past).float().cpu()):
+                    rows[i] = row
                 self.forwards["suffix"] += 1
         return rows
 
