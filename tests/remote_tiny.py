@@ -201,8 +201,8 @@ BATCH_QUESTIONS = ("Is someone riding a horse?", "Is it?",
 
 
 def check_batches_equal_one_at_a_time(model, images: list[Path], beams: int | None = 3) -> None:
-    """Questions of different lengths on several images (interleaved), scored in batches of 2 on each image's
-    prefix cache and all at once, equal the same questions one at a time (1e-5 in float32); decoded greedily
+    """Questions of different lengths on several images (interleaved), scored in batches of at most 2 on each
+    image's prefix cache and all at once, equal the same questions one at a time (1e-5 in float32); decoded greedily
     (and with ``beams``) in batches, their texts and tokens equal one-at-a-time decoding exactly. The worker's
     forward counts show that the batched paths ran (one image prefix per image, no one-question fallback)."""
     from verbmirage.models import Question
@@ -224,7 +224,8 @@ def check_batches_equal_one_at_a_time(model, images: list[Path], beams: int | No
             assert row["argmax_id"] == single["argmax_id"]
     after = together["forwards"]
     assert after["prefix"] - before["prefix"] == 2 * len(images)  # one image prefix per image and call
-    assert after["suffix"] - before["suffix"] == 3 * len(images), (before, after)  # 3 questions: 2 + 1, then 3
+    # rows batched: fewer suffix forwards than rows (cut by length: up to 2 per image and call here)
+    assert 2 * len(images) <= after["suffix"] - before["suffix"] <= 4 * len(images) < 2 * len(items), (before, after)
     assert after["single"] == before["single"]
     for num_beams in (1, beams) if beams else (1,):
         alone = [model.client.request("generate", max_new_tokens=4, num_beams=num_beams, repetition_penalty=1.0,
