@@ -138,15 +138,15 @@ def measure(model: str, folder: Path, images: int, per_image: int, single: int, 
     prompts = questions(per_image)
     items = [(str(path), prompt) for path in paths for prompt in prompts]
     driver.logits(*items[0])  # warm-up: first-call costs (lazy imports, allocations) count for neither side
+    picked = sorted({round(i * (len(items) - 1) / max(1, single - 1)) for i in range(single)})  # first to last
     start = time.perf_counter()
-    alone = [driver.logits(*item) for item in items[:: max(1, len(items) // single)][:single]]
+    alone = [driver.logits(*items[i]) for i in picked]
     per_question = (time.perf_counter() - start) / len(alone)
     start = time.perf_counter()
     together = driver.logits_batch(items, batch_size)
     batched = time.perf_counter() - start
     assert not any(isinstance(row, Exception) for row in together), together
-    difference = max(float((row - one).abs().max()) for row, one in
-                     zip(together[:: max(1, len(items) // single)][:single], alone))
+    difference = max(float((together[i] - one).abs().max()) for i, one in zip(picked, alone))
     ids = driver.batch_inputs(items[0][0], prompts)[0]
     return {"model": model, "images": images, "per_image": per_image, "questions": len(items),
             "single_measured": len(alone), "single_s_per_question": per_question,
