@@ -6,7 +6,8 @@
 For each model a random-weight checkpoint is built from its own code (``../shared/remote_code``, or
 ``$VERBMIRAGE_REMOTE_CODE``) in its worker env (``tools/make_envs.sh``), with the real config's widths,
 vocabulary, image resolution and image-token counts and only the depth cut (:data:`PROXY_DEPTH`: every
-language-model and vision stack to 2 layers, the mPLUG-Owl2 abstractor to 1), then timed through our driver
+language-model and vision stack to 2 layers, Molmo's vision to 9 (it reads layers -2 and -9), the mPLUG-Owl2
+abstractor to 1), then timed through our driver
 in that env, float32 on this CPU:
 
 - one at a time: ``Driver.logits`` per question (what the adapter did before batching); its time per question
@@ -43,7 +44,7 @@ MODELS = {"qwen_vl_chat": ("qwen_vl_chat", "remote-qwen_vl_chat"),
 PROXY_DEPTH = {
     "qwen_vl_chat": "Qwen-7B LM 32 -> 2 layers, ViT-bigG 48 -> 2 layers (width 1664, 448 px, 256 image tokens)",
     "minicpm_v": "Llama-3-8B LM 32 -> 2 layers, SigLIP 27 -> 2 layers (width 1152; slices of 448 px, 96 tokens each)",
-    "molmo": "Qwen2-7B LM 28 -> 2 layers, CLIP ViT-L 23 -> 2 layers (336 px crops, up to 12 + 1)",
+    "molmo": "Qwen2-7B LM 28 -> 2 layers, CLIP ViT-L 23 -> 9 layers (336 px crops, up to 12 + 1)",
     "mplug_owl2": "LLaMA-2-7B LM 32 -> 2 layers, ViT-L 24 -> 2 layers, abstractor 6 -> 1 layer (448 px, 64 queries)",
 }
 PROXY_LAYERS = 2
@@ -102,7 +103,8 @@ def build(model: str, target: Path, smoke: bool) -> None:
         if "import tensorflow" in (target / "image_preprocessing_molmo.py").read_text():
             tiny.use_torchvision_resize(target / "image_preprocessing_molmo.py")
         modeling = target / "modeling_molmo.py"
-        modeling.write_text(modeling.read_text().replace("image_num_layers=23,", f"image_num_layers={PROXY_LAYERS},"))
+        # its image features are read from layers -2 and -9 (vit_layers): 9 is the fewest that runs
+        modeling.write_text(modeling.read_text().replace("image_num_layers=23,", "image_num_layers=9,"))
     if model == "minicpm_v":
         tiny.write_stand_in_llama3_tokenizer(target)
         sys.path.insert(0, str(REPO / "src" / "verbmirage" / "models"))
@@ -167,7 +169,7 @@ def run(model: str, args, work: Path) -> dict:
                    stdout=subprocess.DEVNULL)
     result = subprocess.run([*here, "measure", model, str(folder), "--images", str(args.images), "--per-image",
                              str(args.per_image), "--single", str(args.single), "--batch-size", str(args.batch_size)],
-                            check=True, capture_output=True, text=True)
+                            check=True, stdout=subprocess.PIPE, text=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
