@@ -37,7 +37,7 @@ REMOTE_BACKENDS = ("qwen_vl_chat", "minicpm_v", "mplug_owl2", "molmo")
 ONE_AT_A_TIME_RATE = 5.3
 #: Scoring speed-up of batches over one question at a time, per backend: the CPU proxies of
 #: bench/remote_batching.py at real geometry (bench/README.md, "Remote-code models batched").
-REMOTE_SCORING_SPEEDUP = {"qwen_vl_chat": 1.0, "minicpm_v": 1.0, "mplug_owl2": 1.0, "molmo": 1.0}
+REMOTE_SCORING_SPEEDUP = {"qwen_vl_chat": 7.1, "minicpm_v": 5.0, "mplug_owl2": 3.8, "molmo": 9.0}
 #: The decodings bench/bench_scoring.py and bench/gpu_scoring.py time, by these names.
 DECODING_NAMES = ("greedy", "beam5", "sample", "vcd_greedy", "vcd_sample", "vcd_beam5", "opera")
 
