@@ -79,3 +79,17 @@ def test_question_set_benchmark_prints_each_set_and_the_total(demo_roots):
     assert re.search(r"five sets together, 1 worker\(s\):\s+[\d.]+ s \(tables equal; ratio [\d.]+x\)", out)
     assert re.search(r"total \(load \+ five sets on 1 worker\(s\)\):\s+[\d.]+ s", out)
     assert "(tables equal)" in out and re.search(r"speed-up \(reference / together\):\s+[\d.]+x", out)
+
+
+def test_remote_batching_benchmark_runs_in_smoke_mode():
+    """bench/remote_batching.py --smoke on mPLUG-Owl2's tiny model in its worker env: one row per model, the
+    batched path ran (one image prefix per image, no one-question fallback) and its logits equal one at a time."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from remote_tiny import worker_env
+
+    worker_env("mplug_owl2")  # skip (or fail where the envs are required) without the code or the env
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "remote_batching.py"), "--smoke", "--models",
+                          "mplug_owl2"], capture_output=True, text=True, timeout=600, check=True).stdout
+    row = re.search(r"^mplug_owl2 +tiny \(smoke\) +6 +([\d.]+) +([\d.]+) +([\d.]+)x +([\d.e+-]+)$", out, re.M)
+    assert row and float(row.group(3)) > 0 and float(row.group(4)) < 1e-5, out
+    assert '"forwards": {"prefix": 2' in out and '"single": 0}' in out
