@@ -18,7 +18,9 @@ import yaml
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
-REMOTE_CODE = REPO.parent / "shared" / "remote_code"
+#: The checkpoints' code: ``../shared/remote_code`` beside the repository, or ``$VERBMIRAGE_REMOTE_CODE`` (a
+#: worktree kept elsewhere).
+REMOTE_CODE = Path(os.environ.get("VERBMIRAGE_REMOTE_CODE", REPO.parent / "shared" / "remote_code"))
 BUILDER = Path(__file__).resolve().parent / "remote_tiny_build.py"
 CODE_FOLDERS = {"qwen_vl_chat": "qwen_vl_chat", "molmo": "molmo_7b_d", "minicpm_v": "minicpm_llama3_v2_5",
                 "mplug_owl2": "mplug_owl2"}
@@ -191,3 +193,64 @@ def check_beam_and_sampling(model, image: Path, prompt: str = YES_NO_PROMPT, bea
     assert drawn[0] == drawn[1] and drawn[0].parse_rule.startswith("sample:") and drawn[0].error is None
     assert drawn[0].p_yes == plain.p_yes
     model.use_variant(Variant.from_config({}))
+
+
+#: Yes/no questions of different lengths (the batch tests ask each on every image).
+BATCH_QUESTIONS = ("Is someone riding a horse?", "Is it?",
+                   "Is a person in a red coat holding an umbrella next to a small dog in the rain?")
+
+
+def check_batches_equal_one_at_a_time(model, images: list[Path], beams: int | None = 3) -> None:
+    """Questions of different lengths on several images (interleaved), scored in batches of at most 2 on each
+    image's prefix cache and all at once, equal the same questions one at a time (1e-5 in float32); decoded greedily
+    (and with ``beams``) in batches, their texts and tokens equal one-at-a-time decoding exactly. The worker's
+    forward counts show that the batched paths ran (one image prefix per image, no one-question fallback)."""
+    from verbmirage.models import Question
+
+    prompts = [question + "\nAnswer yes or no." for question in BATCH_QUESTIONS]
+    items = [{"image": str(image), "prompt": prompt} for prompt in prompts for image in images]
+    asked = model._yes_ids + model._no_ids
+    alone = [model.client.request("score", token_ids=asked, **item) for item in items]
+    assert all(row["ok"] for row in alone), alone
+    before = model.client.request("score_batch", items=[], batch_size=2)["forwards"]
+    for batch_size in (2, None):
+        together = model.client.request("score_batch", items=[{**item, "token_ids": asked} for item in items],
+                                        batch_size=batch_size)
+        assert together["ok"], together
+        for row, single in zip(together["rows"], alone):
+            assert "error" not in row, row
+            assert row["logits"] == pytest.approx(single["logits"], abs=1e-5)
+            assert row["logsumexp"] == pytest.approx(single["logsumexp"], abs=1e-5)
+            assert row["argmax_id"] == single["argmax_id"]
+    after = together["forwards"]
+    assert after["prefix"] - before["prefix"] == 2 * len(images)  # one image prefix per image and call
+    # rows batched: fewer suffix forwards than rows (cut by length); at most 2 rows a forward: 2 or more for 3
+    assert 3 * len(images) <= after["suffix"] - before["suffix"] <= 4 * len(images) < 2 * len(items), (before, after)
+    assert after["single"] == before["single"]
+    for num_beams in (1, beams) if beams else (1,):
+        alone = [model.client.request("generate", max_new_tokens=4, num_beams=num_beams, repetition_penalty=1.0,
+                                      **item) for item in items]
+        together = model.client.request("generate_batch", items=items, max_new_tokens=4, num_beams=num_beams,
+                                        repetition_penalty=1.0, batch_size=4)
+        assert together["ok"] and together["forwards"]["single"] == after["single"], together
+        for reply, single in zip(together["replies"], alone):
+            assert single["ok"] and "error" not in reply, (reply, single)
+            assert (reply["text"], reply["token_ids"], reply["decoding"]) == \
+                (single["text"], single["token_ids"], single["decoding"])
+    # the adapter: a call of several questions (the job's batch size caps a forward) answers as one at a time
+    questions = [Question(f"{i}", item["prompt"].split("\n")[0], image=Path(item["image"]))
+                 for i, item in enumerate(items)]
+    # 4 new tokens, as above: further on, a random tiny model's logits come within 1e-4 of a tie (seen on
+    # MiniCPM's 6th token), which any other order of float sums may break the other way
+    model.use_batch_size(4)
+    continue_tokens, model.continue_tokens = model.continue_tokens, 4
+    try:
+        batched = model.score_yes_no(questions)
+        singles = [model.score_yes_no([question])[0] for question in questions]
+    finally:
+        model.continue_tokens = continue_tokens
+    for result, single in zip(batched, singles):
+        assert result.error is None and (result.prediction, result.raw_answer, result.parse_rule) == \
+            (single.prediction, single.raw_answer, single.parse_rule)
+        assert result.p_yes == pytest.approx(single.p_yes, abs=1e-5)
+        assert result.confidence == pytest.approx(single.confidence, abs=1e-5)

@@ -150,6 +150,9 @@ def test_no_list_outside_the_registry_names_backends():
     # remote_drivers.DRIVERS is the worker's table of drivers: the worker loads that file alone, in the model's
     # own environment, where the registry cannot be imported; each remote row's class names its driver (above).
     exempt = {models / "registry.py", models / "remote_drivers.py"}
+    # The remote-code benchmark's figures measured per backend (its proxies' depths and speed-ups, and the
+    # projection's rates from them): measurements, not what a backend can do; a new backend is not measured yet.
+    exempt |= {REPO / "bench" / "remote_batching.py", REPO / "bench" / "projection.py"}
     files = [path for folder in ("src", "scripts", "tools", "bench") for path in (REPO / folder).rglob("*.py")
              if path not in exempt]
     assert not [hit for path in files for hit in _literal_backend_lists(path)]

@@ -107,3 +107,17 @@ def test_decoding_proxy_prints_each_decodings_operators_and_peak_memory_over_gre
     assert [row[0] for row in rows] == ["greedy", "beam5", "sample", "vcd_greedy", "vcd_sample", "vcd_beam5", "opera"]
     assert rows[0][2] == rows[0][4] == "1.00" and all(float(row[1]) > 0 and float(row[3]) > 0 for row in rows)
     assert float(rows[1][2]) > 1.0  # beam search decodes every answer: more operators than greedy's scoring
+
+
+def test_remote_batching_benchmark_runs_in_smoke_mode():
+    """bench/remote_batching.py --smoke on mPLUG-Owl2's tiny model in its worker env: one row per model, the
+    batched path ran (one image prefix per image, no one-question fallback) and its logits equal one at a time."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from remote_tiny import worker_env
+
+    worker_env("mplug_owl2")  # skip (or fail where the envs are required) without the code or the env
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "remote_batching.py"), "--smoke", "--models",
+                          "mplug_owl2"], capture_output=True, text=True, timeout=600, check=True).stdout
+    row = re.search(r"^mplug_owl2 +tiny \(smoke\) +6 +([\d.]+) +([\d.]+) +([\d.]+)x +([\d.e+-]+)$", out, re.M)
+    assert row and float(row.group(3)) > 0 and float(row.group(4)) < 1e-5, out
+    assert '"forwards": {"prefix": 2' in out and '"single": 0}' in out

@@ -219,7 +219,7 @@ def test_a_failed_question_does_not_stop_the_worker(tmp_path, images):
 
 def test_a_crashed_worker_is_named_with_its_stderr(tmp_path, images):
     model = _model(tmp_path)
-    with pytest.raises(FatalBackendError, match=r"models.m: the worker .* died during 'score' \(exit status 3\)") as info:
+    with pytest.raises(FatalBackendError, match=r"models.m: the worker .* died during 'score_batch' \(exit status 3\)") as info:
         model.score_yes_no([Question("1", "Did it die?", image=images["bench"])])
     assert "fake driver loaded (this line must not reach stdout)" in str(info.value)
 
@@ -228,7 +228,7 @@ def test_load_failure_and_timeout_are_clear(tmp_path, images):
     with pytest.raises(WorkerError, match=r"models.m: 'load' failed: RuntimeError: cannot load"):
         _model(tmp_path, options={"crash_on_load": True})
     model = _model(tmp_path, timeout=3)
-    with pytest.raises(WorkerError, match="gave no answer to 'score' within 3 s"):
+    with pytest.raises(WorkerError, match="gave no answer to 'score_batch' within 3 s"):
         model.score_yes_no([Question("1", "Will it hang?", image=images["bench"])])
     assert model.client.process.poll() is not None  # the hung worker was killed
 

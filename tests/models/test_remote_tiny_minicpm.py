@@ -10,7 +10,7 @@ embedding followed by the language model on ``inputs_embeds``.
 from __future__ import annotations
 
 
-from remote_tiny import check_beam_and_sampling, check_scores, first_greedy_answer, module_images, module_model
+from remote_tiny import check_batches_equal_one_at_a_time, check_beam_and_sampling, check_scores, first_greedy_answer, module_images, module_model
 from verbmirage.models import Question
 
 BEGIN, START_HEADER, END_HEADER, EOT = 128000, 128006, 128007, 128009
@@ -66,3 +66,8 @@ def test_logits_argmax_is_the_first_greedy_token_and_chat_agrees(minicpm, images
 
 def test_beam_search_and_sampling_are_the_checkpoints_own(minicpm, images):
     check_beam_and_sampling(minicpm, images[0])
+
+
+def test_batches_answer_as_one_question_at_a_time(minicpm, images):
+    """Scores on one image prefix per image, and decoding: left-padded rows through its generate, image bounds shifted with them."""
+    check_batches_equal_one_at_a_time(minicpm, images)

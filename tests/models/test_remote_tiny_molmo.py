@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from remote_tiny import (
+    check_batches_equal_one_at_a_time,
     TRANSFORMERS5_ENV,
     check_beam_and_sampling,
     check_scores,
@@ -102,3 +103,8 @@ def test_sampling_runs_and_beam_search_is_refused(molmo, images):
     with pytest.raises(ValueError, match=r"backend 'molmo' .* lacks \['decoding:beam'\]"):
         molmo.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 5}))
     check_beam_and_sampling(molmo, images[0], beams=False)
+
+
+def test_batches_answer_as_one_question_at_a_time(molmo, images):
+    """Scores on one image prefix per image, and decoding: generate_from_batch on right-padded rows of one image (greedy: it has no beam search)."""
+    check_batches_equal_one_at_a_time(molmo, images, beams=None)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from remote_tiny import (
+    check_batches_equal_one_at_a_time,
     REMOTE_CODE,
     check_beam_and_sampling,
     check_scores,
@@ -195,3 +196,8 @@ def test_a_missing_package_says_how_to_provide_it(tmp_path):
 
 def test_beam_search_and_sampling_are_the_checkpoints_own(mplug, images):
     check_beam_and_sampling(mplug, images[0])
+
+
+def test_batches_answer_as_one_question_at_a_time(mplug, images):
+    """Scores on one image prefix per image, and decoding: prompts of one length batched through its generate (it cannot pad)."""
+    check_batches_equal_one_at_a_time(mplug, images)

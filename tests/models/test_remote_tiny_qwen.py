@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 
 from remote_tiny import (
+    check_batches_equal_one_at_a_time,
     TRANSFORMERS5_ENV,
     check_beam_and_sampling,
     check_scores,
@@ -118,3 +119,8 @@ def test_in_process_path_on_transformers5_equals_the_official_stack(qwen, images
 
 def test_beam_search_and_sampling_are_the_checkpoints_own(qwen, images):
     check_beam_and_sampling(qwen, images[0])
+
+
+def test_batches_answer_as_one_question_at_a_time(qwen, images):
+    """Scores on one image prefix per image, and decoding: left-padded rows through its generate (its rotary positions count the padding: a shift that leaves attention unchanged)."""
+    check_batches_equal_one_at_a_time(qwen, images)

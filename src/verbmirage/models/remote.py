@@ -334,39 +334,72 @@ class RemoteCodeVLM(VisionLanguageModel):
             raise ValueError(f"{self.where}: {reply.get('error')}")
         return reply["text"]
 
-    def _score(self, question: Question, prompt: str, token_ids: list[int]) -> tuple[dict | None, str | None]:
-        """The first answer position's logits of ``token_ids`` (with logsumexp and argmax), checked, or an error
-        naming the model, the question and the image: a reply with a non-finite number (a float16 overflow comes
-        back as null) or of the wrong shape is an error row, never a score."""
-        image, error = self._image(question)
-        if error:
-            return None, error
-        reply = self.client.request("score", image=image, prompt=prompt, token_ids=token_ids)
-        if not reply.get("ok"):
-            return None, f"{self.where}: {reply.get('error')}"
-        problem = _score_problem(reply, len(token_ids), self.tokenizer_size)
-        if problem:
-            return None, f"{self.where}: question {question.question_id} on {question.image}: the worker's scores " \
-                         f"are unusable ({problem})"
-        return reply, None
+    def use_batch_size(self, batch_size: int) -> int:
+        """The job's batch size caps the questions of one forward in the worker (one call: one batch)."""
+        self.batch_size = int(batch_size)
+        return batch_size
 
-    def _reply_text(self, question: Question, prompt: str, max_new_tokens: int,
-                    greedy: bool = False) -> tuple[str, list[int], str | None]:
-        """(text, token ids, error): the checkpoint's answer under the variant's decoding (beam search or
-        sampling), else the entry's (``num_beams``, ``repetition_penalty``), or plain greedy (``greedy``)."""
-        image, error = self._image(question)
-        if error:
-            return "", [], error
-        beams, penalty, sampling = (1, 1.0, {}) if greedy else self._decoding_request(question)
-        reply = self.client.request("generate", image=image, prompt=prompt, max_new_tokens=max_new_tokens,
-                                    num_beams=beams, repetition_penalty=penalty, sampling=sampling)
-        if not reply.get("ok"):
-            return "", [], f"{self.where}: {reply.get('error')}"
-        text, ids = reply.get("text"), reply.get("token_ids", [])
-        if not isinstance(text, str) or not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-            return "", [], (f"{self.where}: question {question.question_id} on {question.image}: the worker's "
-                            f"'generate' reply has no text and token ids: {str(reply)[:200]}")
-        return text, ids, None
+    #: At most this many questions per forward in the worker (:meth:`use_batch_size`); None: a call's questions.
+    batch_size: int | None = None
+
+    def _items(self, questions: list[Question], fields: list[dict]) -> tuple[list, list[dict], list[int]]:
+        """(per question: None or the image error, the request items of the questions whose image opens, their
+        indices)."""
+        errors, items, where = [None] * len(questions), [], []
+        for i, (question, extra) in enumerate(zip(questions, fields)):
+            image, errors[i] = self._image(question)
+            if image is not None:
+                items.append({"image": image, **extra})
+                where.append(i)
+        return errors, items, where
+
+    def _batch(self, op: str, key: str, questions: list[Question], fields: list[dict], **settings) -> list:
+        """One batch request for ``questions``: per question (reply, None) or (None, error naming the model)."""
+        errors, items, where = self._items(questions, fields)
+        out = [(None, error) for error in errors]
+        if not items:
+            return out
+        reply = self.client.request(op, items=items, batch_size=self.batch_size, **settings)
+        answers = reply.get(key) if reply.get("ok") else None
+        if not isinstance(answers, list) or len(answers) != len(items):
+            problem = reply.get("error") if not reply.get("ok") else f"{key} do not match the {len(items)} questions"
+            return [(None, error or f"{self.where}: {problem}") for error in errors]
+        for i, answer in zip(where, answers):
+            ok = isinstance(answer, dict) and "error" not in answer
+            out[i] = (answer, None) if ok else (None, f"{self.where}: {answer.get('error') if isinstance(answer, dict) else answer}")
+        return out
+
+    def _scores(self, questions: list[Question], prompts: list[str], token_ids: list[list[int]]) -> list:
+        """Per question (score row, None) or (None, error): the first answer position's logits of its
+        ``token_ids`` (with logsumexp and argmax), checked; a reply with a non-finite number (a float16 overflow
+        comes back as null) or of the wrong shape is an error naming the question and the image, never a score."""
+        fields = [{"prompt": prompt, "token_ids": ids} for prompt, ids in zip(prompts, token_ids)]
+        out = self._batch("score_batch", "rows", questions, fields)
+        for i, ((row, error), question) in enumerate(zip(out, questions)):
+            problem = None if error else _score_problem(row, len(token_ids[i]), self.tokenizer_size)
+            if problem:
+                out[i] = (None, f"{self.where}: question {question.question_id} on {question.image}: the worker's "
+                                f"scores are unusable ({problem})")
+        return out
+
+    def _texts(self, questions: list[Question], prompts: list[str], max_new_tokens: int,
+               greedy: bool = False) -> list[tuple[str, list[int], str | None]]:
+        """Per question (text, token ids, error): the checkpoint's answer under the variant's decoding (beam search
+        or sampling), else the entry's (``num_beams``, ``repetition_penalty``), or plain greedy (``greedy``)."""
+        requests = [(1, 1.0, {}) if greedy else self._decoding_request(q) for q in questions]
+        beams, penalty = requests[0][:2] if requests else (1, 1.0)
+        fields = [{"prompt": prompt, "sampling": sampling} for prompt, (_, _, sampling) in zip(prompts, requests)]
+        out = []
+        for (reply, error), question in zip(self._batch("generate_batch", "replies", questions, fields,
+                                                        max_new_tokens=max_new_tokens, num_beams=beams,
+                                                        repetition_penalty=penalty), questions):
+            text, ids = (reply or {}).get("text"), (reply or {}).get("token_ids", [])
+            if error is None and (not isinstance(text, str) or not isinstance(ids, list)
+                                  or not all(isinstance(i, int) for i in ids)):
+                error = (f"{self.where}: question {question.question_id} on {question.image}: the worker's "
+                         f"'generate' reply has no text and token ids: {str(reply)[:200]}")
+            out.append(("", [], error) if error else (text, ids, None))
+        return out
 
     def _decoding_request(self, question: Question) -> tuple[int, float, dict]:
         """(num_beams, repetition_penalty, sampling settings) of a ``generate`` request: the variant's beam search
@@ -383,58 +416,73 @@ class RemoteCodeVLM(VisionLanguageModel):
         token = self.vocabulary[token_id] if 0 <= token_id < len(self.vocabulary) else None
         return token or ""
 
-    def _answer(self, question: Question, prompt: str, first_id: int, decides) -> tuple[str, str | None]:
-        """(first token text, greedy answer text or None) for the parsers: the text when the first token (the
-        scoring argmax) decides nothing; ("", "") when it ends the answer (an empty answer is unknown)."""
-        if first_id in self.stop_ids:
-            return "", ""
-        first_token = self._token_text(first_id)
-        if decides(first_token) or self.continue_tokens <= 0:
-            return first_token, None
-        text, _, error = self._reply_text(question, prompt, self.continue_tokens, greedy=True)
-        return first_token, None if error else text
-
     @property
     def _decodes(self) -> bool:
         """Whether answers come from the variant's decoding (beam search, sampling), not the first argmax."""
         return self.variant.decoding in ("beam", "sample")
 
-    def _decoded(self, question: Question, prompt: str, token_ids: list[int]):
-        """A decoding variant's answer: (text, its first token's id or None: it ended at once, score row, its
-        confidence, error). The score row is asked for ``token_ids`` plus the first generated token (an end
-        token too), whose probability is the answer's confidence."""
-        text, ids, error = self._reply_text(question, prompt, self.variant.max_new_tokens)
-        if error:
-            return text, None, None, math.nan, error
-        generated = ids[0] if ids and 0 <= ids[0] < self.tokenizer_size else None
-        row, error = self._score(question, prompt, token_ids + ([generated] if generated is not None else []))
-        if error:
-            return text, None, None, math.nan, error
-        # the generated first token's probability (no token came back: the argmax's, the end token greedy takes)
-        value = row["logits"][len(token_ids)] if generated is not None else row["argmax_logit"]
-        first = None if generated in self.stop_ids else generated
-        return text, first, row, math.exp(value - row["logsumexp"]), None
+    def _answers(self, questions: list[Question], prompts: list[str], token_ids: list[list[int]], decides) -> list:
+        """Per question (score row of ``token_ids``, (first token text, answer text or None), confidence, error);
+        ``decides(question, token text)``: whether a first token is the answer.
+
+        Under a decoding variant the answer is its decoded text, and the row also holds the first generated
+        token (an end token too), whose probability is the confidence; ("", "") when it ended at once. Else the
+        first (argmax) token, continued greedily (one batch) when it decides nothing; ("", "") when it ends
+        the answer (an empty answer is unknown)."""
+        if self._decodes:
+            decoded = self._texts(questions, prompts, self.variant.max_new_tokens)
+            firsts = [ids[0] if ids and 0 <= ids[0] < self.tokenizer_size else None for _, ids, _ in decoded]
+            asked = [ids + ([first] if first is not None else []) for ids, first in zip(token_ids, firsts)]
+            out = []
+            for (row, error), (text, _, failed), first, ids in zip(self._scores(questions, prompts, asked), decoded,
+                                                                   firsts, token_ids):
+                if failed or error:
+                    out.append((None, None, math.nan, failed or error))
+                    continue
+                # the generated first token's probability (none came back: the argmax's, the end greedy takes)
+                value = row["logits"][len(ids)] if first is not None else row["argmax_logit"]
+                texts = ("", "") if first is None or first in self.stop_ids else (self._token_text(first), text)
+                out.append((row, texts, math.exp(value - row["logsumexp"]), None))
+            return out
+        out, pending = [], []
+        for i, (row, error) in enumerate(self._scores(questions, prompts, token_ids)):
+            if error:
+                out.append((None, None, math.nan, error))
+                continue
+            confidence = math.exp(row["argmax_logit"] - row["logsumexp"])
+            first = row["argmax_id"]
+            if first in self.stop_ids:
+                texts = ("", "")
+            else:
+                texts = (self._token_text(first), None)
+                if not decides(questions[i], texts[0]) and self.continue_tokens > 0:
+                    pending.append(i)
+            out.append((row, texts, confidence, None))
+        if pending:
+            continued = self._texts([questions[i] for i in pending], [prompts[i] for i in pending],
+                                    self.continue_tokens, greedy=True)
+            for i, (text, _, error) in zip(pending, continued):
+                row, texts, confidence, _ = out[i]
+                out[i] = (row, (texts[0], None if error else text), confidence, None)
+        return out
 
     # ---- results ----------------------------------------------------------------------------------
     def _score_yes_no(self, questions):
-        results = []
-        ids = self._yes_ids + self._no_ids
-        label = self.variant.label
-        for question in questions:
-            prompt = self.prompts.render(question.prompt, False)
-            if self.scoring == "text" and not self._decodes:
-                text, _, error = self._reply_text(question, prompt, self.max_new_tokens)
+        prompts = [self.prompts.render(question.prompt, False) for question in questions]
+        if self.scoring == "text" and not self._decodes:
+            results = []
+            for text, _, error in self._texts(questions, prompts, self.max_new_tokens):
                 if error:
                     results.append(YesNoResult.failed(error))
                     continue
                 answer, rule = parse_yes_no(text)
                 p_yes = {YES: 1.0, NO: 0.0}.get(answer, math.nan)
                 results.append(YesNoResult(p_yes, answer, text, math.nan, f"text:{self.decoding}:{rule}"))
-                continue
-            if self._decodes:
-                text, first, row, confidence, error = self._decoded(question, prompt, ids)
-            else:
-                row, error = self._score(question, prompt, ids)
+            return results
+        ids = self._yes_ids + self._no_ids
+        results = []
+        for row, texts, confidence, error in self._answers(questions, prompts, [ids] * len(questions),
+                                                           lambda q, t: yes_no_token(t) is not None):
             if error:
                 results.append(YesNoResult.failed(error))
                 continue
@@ -442,56 +490,40 @@ class RemoteCodeVLM(VisionLanguageModel):
             probs = [math.exp(v - row["logsumexp"]) for v in values]
             yes, no = sum(probs[: len(self._yes_ids)]), sum(probs[len(self._yes_ids):])
             margin = yes_no_margin(values[: len(self._yes_ids)], values[len(self._yes_ids):])
-            if self._decodes:  # as the transformers engine: a deciding first token, else the parsed text
-                texts = ("", "") if first is None else (self._token_text(first), text)
-            else:
-                texts = self._answer(question, prompt, row["argmax_id"], lambda t: yes_no_token(t) is not None)
-                confidence = math.exp(row["argmax_logit"] - row["logsumexp"])
             results += answers.yes_no_results(np.array([yes]), np.array([no]), [margin], [yes], [confidence],
-                                              [texts], [None], label)
+                                              [texts], [None], self.variant.label)
         return results
 
     def _score_multiple_choice(self, questions):
-        results = []
-        label = self.variant.label
-        for question in questions:
-            n = len(question.options)
-            prompt = self.prompts.render(question.prompt, True)
-            if self.scoring == "text" and not self._decodes:
-                text, _, error = self._reply_text(question, prompt, self.max_new_tokens)
+        prompts = [self.prompts.render(question.prompt, True) for question in questions]
+        if self.scoring == "text" and not self._decodes:
+            results = []
+            for question, (text, _, error) in zip(questions, self._texts(questions, prompts, self.max_new_tokens)):
+                n = len(question.options)
                 if error:
                     results.append(MultipleChoiceResult.failed(n, error))
                     continue
                 letter, rule = parse_choice(text, question.options)
                 probs = tuple(1.0 if letter == option_letter(i) else 0.0 for i in range(n))
                 results.append(MultipleChoiceResult(probs, letter, text, math.nan, f"text:{self.decoding}:{rule}"))
-                continue
-            groups = self._letter_ids[:n]
-            asked = [i for group in groups for i in group]
-            if self._decodes:
-                text, first, row, confidence, error = self._decoded(question, prompt, asked)
-            else:
-                row, error = self._score(question, prompt, asked)
+            return results
+        groups = [self._letter_ids[: len(question.options)] for question in questions]
+        asked = [[i for group in letters for i in group] for letters in groups]
+        results = []
+        for question, letters, ids, (row, texts, confidence, error) in zip(
+                questions, groups, asked, self._answers(questions, prompts, asked,
+                                                                lambda q, t: decide_choice(t, None, q.options)[0] != UNKNOWN)):
             if error:
-                results.append(MultipleChoiceResult.failed(n, error))
+                results.append(MultipleChoiceResult.failed(len(question.options), error))
                 continue
-            values = iter(math.exp(v - row["logsumexp"]) for v in row["logits"][: len(asked)])
-            mass = [sum(next(values) for _ in group) for group in groups]
-            if self._decodes:
-                texts = ("", "") if first is None else (self._token_text(first), text)
-            else:
-                texts = self._answer(question, prompt, row["argmax_id"],
-                                     lambda t: decide_choice(t, None, question.options)[0] != UNKNOWN)
-                confidence = math.exp(row["argmax_logit"] - row["logsumexp"])
-            results += answers.choice_results([mass], [confidence], [texts], [None], [question.options], label)
+            values = iter(math.exp(v - row["logsumexp"]) for v in row["logits"][: len(ids)])
+            mass = [sum(next(values) for _ in group) for group in letters]
+            results += answers.choice_results([mass], [confidence], [texts], [None], [question.options],
+                                              self.variant.label)
         return results
 
     def _generate(self, questions, max_new_tokens):
-        texts = []
-        for question in questions:
-            text, _, error = self._reply_text(question, question.prompt, max_new_tokens)
-            texts.append(text if error is None else "")
-        return texts
+        return [text for text, _, _ in self._texts(questions, [q.prompt for q in questions], max_new_tokens)]
 
 
 class QwenVLChat(RemoteCodeVLM):

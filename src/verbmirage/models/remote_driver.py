@@ -55,6 +55,84 @@ def decode_or_none(decode, token_id: int):
     return text if isinstance(text, str) else None
 
 
+def attempt(call, *args, **kwargs):
+    """``call``'s answer, or its exception (one item of a batch; the others keep theirs)."""
+    try:
+        return call(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - the item's failure, reported in its place
+        return error
+
+
+def common_prefix(rows: list[list[int]]) -> int:
+    """Length of the longest prefix all ``rows`` share."""
+    shortest = min(len(row) for row in rows)
+    for i in range(shortest):
+        if any(row[i] != rows[0][i] for row in rows[1:]):
+            return i
+    return shortest
+
+
+def expand_cache(past, size: int):
+    """A batch-1 key/value cache of plain tuples (batch first) seen as ``size`` rows, without copying."""
+    return tuple(tuple(t.expand(size, *t.shape[1:]) for t in layer) for layer in past)
+
+
+def pad_rows(rows: list[list[int]], value: int, left: bool = False):
+    """(LongTensor of ``rows`` padded with ``value`` to the longest, 0/1 attention mask, lengths)."""
+    import torch
+
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), int(value), dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        span = slice(width - len(row), width) if left else slice(0, len(row))
+        ids[i, span] = torch.tensor(row, dtype=torch.long)
+        mask[i, span] = 1
+    return ids, mask, torch.tensor([len(row) for row in rows])
+
+
+def trim_after_end(tokens: list[int], ends) -> list[int]:
+    """New tokens up to and including the first end token (a batch row goes on with padding after it)."""
+    cut = next((i for i, token in enumerate(tokens) if token in ends), None)
+    return tokens if cut is None else tokens[: cut + 1]
+
+
+#: What a forward costs beyond its rows, in token positions (where :func:`length_batches` cuts).
+FORWARD_COST = 64
+
+
+def length_batches(lengths: list[int], size: int | None) -> list[list[int]]:
+    """Indices of rows of these ``lengths`` in batches of at most ``size``: sorted by length and cut where the
+    padding saved outweighs another forward (least sum of rows x longest row + :data:`FORWARD_COST` per batch)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    cap = max(1, int(size or len(order) or 1))
+    best, cut = [0] + [None] * len(order), [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        for start in range(max(0, end - cap), end):
+            cost = best[start] + (end - start) * lengths[order[end - 1]] + FORWARD_COST
+            if best[end] is None or cost < best[end]:
+                best[end], cut[end] = cost, start
+    batches, end = [], len(order)
+    while end:
+        batches.append(order[cut[end] : end])
+        end = cut[end]
+    return batches[::-1]
+
+
+def chunks(items: list, size: int | None):
+    """``items`` in slices of at most ``size`` (all at once when ``size`` is None)."""
+    size = max(1, int(size or len(items) or 1))
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def by_key(keys: list) -> list[tuple[object, list[int]]]:
+    """(key, indices) groups of ``keys``, in first-seen order."""
+    groups: dict = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    return list(groups.items())
+
+
 def code_hashes(folder: str | Path) -> dict[str, str]:
     """sha256 of the ``*.py`` and ``*.json`` files of a checkpoint's code folder (what really runs)."""
     out = {}
@@ -157,6 +235,104 @@ class Driver:
 
     #: Token ids of the last :meth:`generate` (new tokens only), for tests that compare with the logits' argmax.
     last_token_ids: list[int] = []
+
+    # ---- batches -------------------------------------------------------------------------------------
+    # A driver that defines the four hooks below scores the questions of one image together: the prompt ids
+    # of each question (``batch_inputs``), one forward over the ids all of them share, image included, kept
+    # as a key/value cache (``prefix_cache``), then the questions' own tokens as right-padded rows on that
+    # cache (``suffix_logits``). Padding after a row's last token is never seen by it (causal attention), so
+    # each row's logits are those of its question alone. Without the hooks, one question per forward.
+    batch_inputs = prefix_cache = suffix_logits = image_end = None
+
+    def logits_batch(self, items: list[tuple[str, str]], batch_size: int | None = None) -> list:
+        """Logits rows (as :meth:`logits`) of ``items`` ((image, question) pairs), or the exception of an item
+        that failed; at most ``batch_size`` questions per forward. ``self.forwards`` counts what ran."""
+        rows: list = [None] * len(items)
+        for image, indices in by_key([image for image, _ in items]):
+            questions = [items[i][1] for i in indices]
+            try:
+                answered = self._image_logits(image, questions, batch_size)
+            except Exception as error:  # noqa: BLE001 - retried one by one so that the error names its question
+                print(f"{self.name}: batch on {image} failed ({type(error).__name__}: {error}); one by one",
+                      file=sys.stderr)
+                self.forwards["single"] += len(questions)
+                answered = [attempt(self.logits, image, question) for question in questions]
+            for i, row in zip(indices, answered):
+                rows[i] = row
+        return rows
+
+    @property
+    def forwards(self) -> dict:
+        """How the questions were run: ``prefix`` forwards (one per image group), ``suffix`` forwards (batches
+        on a prefix cache), ``single`` forwards (one question each)."""
+        if "_forwards" not in vars(self):
+            self._forwards = {"prefix": 0, "suffix": 0, "single": 0}
+        return self._forwards
+
+    def _image_logits(self, image: str, questions: list[str], batch_size: int | None) -> list:
+        if self.batch_inputs is None:
+            self.forwards["single"] += len(questions)
+            return [self.logits(image, question) for question in questions]
+        import torch
+
+        ids, state = self.batch_inputs(image, questions)
+        cut = min(common_prefix(ids), min(len(row) for row in ids) - 1)  # every row keeps a token of its own
+        if cut < self.image_end(ids[0], state):
+            raise ValueError(f"the prompts share {cut} tokens, fewer than the image prefix")
+        suffixes = [row[cut:] for row in ids]
+        rows: list = [None] * len(suffixes)
+        with torch.inference_mode():
+            past = self.prefix_cache(ids[0][:cut], state)
+            self.forwards["prefix"] += 1
+            for batch in length_batches([len(row) for row in suffixes], batch_size):
+                for i, row in zip(batch, self.suffix_logits([suffixes[i] for i in batch], past).float().cpu()):
+                    rows[i] = row
+                self.forwards["suffix"] += 1
+        return rows
+
+    def generate_batch(self, items: list[tuple[str, str]], max_new_tokens: int, num_beams: int = 1,
+                       repetition_penalty: float = 1.0, sampling: list[dict] | None = None,
+                       batch_size: int | None = None) -> list:
+        """(text, tag, new token ids) of each (image, question) item, or the item's exception: the checkpoint's
+        own ``generate`` on batches of at most ``batch_size`` where :meth:`decode_batch` is defined, else (and
+        always when sampling: each question draws with its own seed) one question at a time."""
+        sampling = sampling or [{}] * len(items)
+        if self.decode_batch is None or any(settings.get("do_sample") for settings in sampling) or len(items) < 2:
+            return self._generate_each(items, max_new_tokens, num_beams, repetition_penalty, sampling)
+        tag = sampling_tag(num_beams, repetition_penalty, sampling[0])
+        out: list = [None] * len(items)
+        for _, indices in by_key([self.decode_group(image, question) for image, question in items]):
+            for chunk in chunks(indices, batch_size):
+                try:
+                    answers = [(text, tag, tokens) for text, tokens in self.decode_batch(
+                        [items[i] for i in chunk], int(max_new_tokens), int(num_beams), float(repetition_penalty),
+                        sampling[chunk[0]])]
+                    self.forwards["suffix"] += 1
+                except Exception as error:  # noqa: BLE001 - retried one by one so that the error names its question
+                    print(f"{self.name}: batched decoding failed ({type(error).__name__}: {error}); one by one",
+                          file=sys.stderr)
+                    answers = self._generate_each([items[i] for i in chunk], max_new_tokens, num_beams,
+                                                  repetition_penalty, [sampling[i] for i in chunk])
+                for i, answer in zip(chunk, answers):
+                    out[i] = answer
+        return out
+
+    def _generate_each(self, items, max_new_tokens, num_beams, repetition_penalty, sampling) -> list:
+        out = []
+        for (image, question), settings in zip(items, sampling):
+            result = attempt(self.generate, image, question, max_new_tokens, num_beams=num_beams,
+                               repetition_penalty=repetition_penalty, sampling=settings)
+            out.append(result if isinstance(result, Exception) else (*result, list(self.last_token_ids)))
+            self.forwards["single"] += 1
+        return out
+
+    #: ``decode_batch(items, max_new_tokens, num_beams, repetition_penalty, sampling)`` -> [(text, new token
+    #: ids)]: one call of the checkpoint's ``generate`` on items of one :meth:`decode_group`; None: no batches.
+    decode_batch = None
+
+    def decode_group(self, image: str, question: str):
+        """Items that can share a ``generate`` call have the same group (by default: all)."""
+        return None
 
 
 def check_buffers(model, where: str) -> None:

@@ -20,8 +20,11 @@ if __package__:  # imported as verbmirage.models.remote_drivers
         _open_rgb,
         _transformers_major,
         check_buffers,
+        expand_cache,
         generation_settings,
+        pad_rows,
         sampling_tag,
+        trim_after_end,
     )
 else:  # beside remote_worker.py in a remote-code environment (this folder on sys.path)
     from remote_driver import (  # type: ignore[no-redef]
@@ -30,8 +33,11 @@ else:  # beside remote_worker.py in a remote-code environment (this folder on sy
         _open_rgb,
         _transformers_major,
         check_buffers,
+        expand_cache,
         generation_settings,
+        pad_rows,
         sampling_tag,
+        trim_after_end,
     )
 
 
@@ -161,6 +167,62 @@ class QwenVLChatDriver(Driver):
         with torch.inference_mode():
             return self.model(input_ids=ids).logits[0, -1].float().cpu()
 
+    # batches: the image's prompt up to ``</img>`` (and what the questions share after it) runs once; its cache is
+    # a tuple per layer, batch first, which the model's forward takes back as ``past_key_values``
+    def batch_inputs(self, image_path, questions):
+        return [self.prompt_ids(image_path, question) for question in questions], None
+
+    def image_end(self, ids, state):
+        return ids.index(self.model.config.visual["image_start_id"] + 1) + 1
+
+    def prefix_cache(self, ids, state):
+        import torch
+
+        return self.model(input_ids=torch.tensor([ids], device=self.device), use_cache=True).past_key_values
+
+    def suffix_logits(self, rows, past):
+        import torch
+
+        ids, _, lengths = pad_rows(rows, self.tokenizer.eod_id)
+        transformer = self.model.transformer
+        build = transformer._prepare_decoder_attention_mask
+        done = past[0][0].shape[1]  # its cache is (batch, sequence, heads, dim)
+
+        def causal_mask(attention_mask, input_shape, inputs_embeds, past_length):
+            # the checkpoint reads the cached length off size(-2), the heads axis: its own builder gets the true one
+            return build(attention_mask, input_shape, inputs_embeds, done)
+
+        transformer._prepare_decoder_attention_mask = causal_mask
+        try:
+            logits = self.model(input_ids=ids.to(self.device), past_key_values=expand_cache(past, len(rows)),
+                                use_cache=True).logits
+        finally:
+            del transformer._prepare_decoder_attention_mask
+        return logits[torch.arange(len(rows)), lengths - 1]
+
+    def decode_batch(self, items, max_new_tokens, num_beams, repetition_penalty, sampling):
+        """Left-padded rows (``<|endoftext|>``, masked) through the checkpoint's ``generate``; its rotary positions
+        count the padding, which shifts every position of a row alike and so leaves its attention unchanged."""
+        import torch
+
+        ids, mask, _ = pad_rows([self.prompt_ids(image, question) for image, question in items],
+                                self.tokenizer.eod_id, left=True)
+        stop = self._utils.get_stop_words_ids("chatml", self.tokenizer)
+        settings = {"top_p": None, "top_k": None, **generation_settings(sampling)}
+        with torch.inference_mode():
+            output = self.model.generate(
+                ids.to(self.device), attention_mask=mask.to(self.device), stop_words_ids=stop,
+                max_new_tokens=max_new_tokens, num_beams=num_beams, repetition_penalty=repetition_penalty,
+                pad_token_id=self.tokenizer.eod_id, use_cache=_transformers_major() < 5, **settings,
+            )
+        return [self._answer(output[i, ids.shape[1]:].tolist()) for i in range(len(items))]
+
+    def _answer(self, new: list[int]) -> tuple[str, list[int]]:
+        ends = set(self.stop_ids())
+        new = trim_after_end(new, ends)
+        cut = next((i for i, token in enumerate(new) if token in ends), len(new))
+        return self.tokenizer.decode(new[:cut], errors="replace").strip(), new
+
     def reference_text(self, image_path, question, max_new_tokens, num_beams=1):
         """The checkpoint's own ``chat()`` with sampling switched off (what ``generate`` must agree with)."""
         query = self.tokenizer.from_list_format([{"image": qwen_image_path(image_path)}, {"text": question}])
@@ -180,11 +242,8 @@ class QwenVLChatDriver(Driver):
                 ids, stop_words_ids=stop, max_new_tokens=max_new_tokens, num_beams=int(num_beams),
                 repetition_penalty=float(repetition_penalty), use_cache=_transformers_major() < 5, **settings,
             )
-        new = output[0, ids.shape[1]:].tolist()
-        self.last_token_ids = new
-        ends = set(self.stop_ids())
-        cut = next((i for i, token in enumerate(new) if token in ends), len(new))
-        return self.tokenizer.decode(new[:cut], errors="replace").strip(), tag
+        text, self.last_token_ids = self._answer(output[0, ids.shape[1]:].tolist())
+        return text, tag
 
     def stop_ids(self):
         """ChatML's turn marks end an answer too."""
@@ -249,24 +308,86 @@ class MolmoDriver(Driver):
         with torch.inference_mode():
             return self.model(**self._inputs(image_path, question)).logits[0, -1].float().cpu()
 
-    def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0, sampling=None):
-        import torch
-        from transformers import GenerationConfig
+    # batches: BOS and the image tokens come first; the forward with the image keeps its cache (a tuple per
+    # layer, batch first), then the questions' own tokens run on it with explicit positions and mask
+    def batch_inputs(self, image_path, questions):
+        image = _open_rgb(image_path)
+        processed = [self.processor.process(images=[image], text=question) for question in questions]
+        return [inputs["input_ids"].tolist() for inputs in processed], processed[0]
 
+    def image_end(self, ids, state):
+        return int(state["image_input_idx"].max()) + 1
+
+    def prefix_cache(self, ids, state):
+        import torch
+
+        batch = {key: value.to(self.device).unsqueeze(0) for key, value in state.items()}
+        batch["input_ids"] = torch.tensor([ids], device=self.device)
+        batch["images"] = batch["images"].to(self.model.dtype)
+        return self.model(**batch, use_cache=True).past_key_values
+
+    def suffix_logits(self, rows, past):
+        import torch
+
+        ids, mask, lengths = pad_rows(rows, -1)
+        done = past[0][0].shape[-2]
+        mask = torch.cat([torch.ones((len(rows), done), dtype=mask.dtype), mask], dim=1)
+        positions = torch.arange(done, done + ids.shape[1]).expand(len(rows), -1)
+        logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                            position_ids=positions.to(self.device), past_key_values=expand_cache(past, len(rows)),
+                            use_cache=True).logits
+        return logits[torch.arange(len(rows)), lengths - 1]
+
+    def decode_group(self, image_path, question):
+        return image_path  # rows of one image: the same crops, no image padding
+
+    def decode_batch(self, items, max_new_tokens, num_beams, repetition_penalty, sampling):
+        """``generate_from_batch`` as built for batches: ids right-padded with -1, the last real logits first."""
+        import torch
+
+        self._refuse_decoding(num_beams)
+        ids, state = self.batch_inputs(items[0][0], [question for _, question in items])
+        batch = {key: value.to(self.device).unsqueeze(0).expand(len(items), *value.shape).contiguous()
+                 for key, value in state.items() if key != "input_ids"}
+        batch["images"] = batch["images"].to(self.model.dtype)
+        batch["input_ids"] = pad_rows(ids, -1)[0].to(self.device)
+        with torch.inference_mode():
+            output = self.model.generate_from_batch(batch, self._generation_config(max_new_tokens, repetition_penalty,
+                                                                                   sampling), tokenizer=self.tokenizer)
+        return [self._answer(output[i, batch["input_ids"].shape[1]:].tolist()) for i in range(len(items))]
+
+    def _answer(self, new: list[int]) -> tuple[str, list[int]]:
+        new = trim_after_end(new, set(self.stop_ids()))
+        return self.tokenizer.decode(new, skip_special_tokens=True).strip(), new
+
+    def _refuse_decoding(self, num_beams):
         if int(num_beams) != 1:  # its caches are plain tuples and the class has no _reorder_cache for beams
             raise ValueError("molmo: generate_from_batch cannot run beam search (num_beams=1 only)")
         if _transformers_major() >= 5:
             raise NotImplementedError("molmo: generate_from_batch does not run on transformers 5.x; decode text in "
                                       "its worker env (env: remote-molmo); scores from logits work here")
+
+    def _generation_config(self, max_new_tokens, repetition_penalty, sampling):
+        """The model card's settings; its stop string ``<|endoftext|>`` is one token, stopped at by id (the same
+        stop; transformers' stop-string check embeds the ids before a row's new tokens, and batches pad with -1)."""
+        from transformers import GenerationConfig
+
+        end = self.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+        return GenerationConfig(max_new_tokens=int(max_new_tokens), eos_token_id=end, pad_token_id=end,
+                                use_cache=True, repetition_penalty=float(repetition_penalty),
+                                **generation_settings(sampling))
+
+    def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0, sampling=None):
+        import torch
+
+        self._refuse_decoding(num_beams)
         tag = sampling_tag(num_beams, repetition_penalty, sampling)
         inputs = self._inputs(image_path, question)
-        config = GenerationConfig(max_new_tokens=int(max_new_tokens), stop_strings="<|endoftext|>", use_cache=True,
-                                  repetition_penalty=float(repetition_penalty), **generation_settings(sampling))
+        config = self._generation_config(max_new_tokens, repetition_penalty, sampling)
         with torch.inference_mode():
             output = self.model.generate_from_batch(inputs, config, tokenizer=self.tokenizer)
-        new = output[0, inputs["input_ids"].shape[1]:].tolist()
-        self.last_token_ids = new
-        return self.tokenizer.decode(new, skip_special_tokens=True).strip(), tag
+        text, self.last_token_ids = self._answer(output[0, inputs["input_ids"].shape[1]:].tolist())
+        return text, tag
 
 
 # ---- MiniCPM-Llama3-V-2.5 ---------------------------------------------------------------------------
@@ -360,6 +481,61 @@ class MiniCPMVDriver(Driver):
                                          **generation_settings(sampling))
         self.last_token_ids = output[0].tolist()
         return self.model._decode_text(output, self.tokenizer)[0], tag
+
+    # batches: the processor's own steps (image slices once per image, then each question's text with the
+    # slice placeholders); the vision embedding runs on the shared ids, the LLM's cache (tuples) is reused
+    def batch_inputs(self, image_path, questions):
+        pixels = self.processor.image_processor([_open_rgb(image_path)], do_pad=True, return_tensors="pt")
+        inputs = [self.processor._convert_images_texts_to_inputs(pixels, self.prompt_text(image_path, question),
+                                                                 max_length=2048) for question in questions]
+        return [row["input_ids"][0].tolist() for row in inputs], inputs[0]
+
+    def image_end(self, ids, state):
+        return int(state["image_bound"][0][:, 1].max()) + 1
+
+    def prefix_cache(self, ids, state):
+        import torch
+
+        inputs = dict(state.to(self.device))
+        inputs["input_ids"] = torch.tensor([ids], dtype=state["input_ids"].dtype, device=self.device)
+        inputs["pixel_values"] = [[p.to(self.device) for p in row] for row in state["pixel_values"]]
+        embeddings, _ = self.model.get_vllm_embedding(inputs)
+        return self.model.llm(inputs_embeds=embeddings, use_cache=True).past_key_values
+
+    def suffix_logits(self, rows, past):
+        import torch
+
+        ids, _, lengths = pad_rows(rows, 0)
+        embeddings = self.model.llm.model.embed_tokens(ids.to(self.device))
+        if hasattr(self.model.llm.config, "scale_emb"):  # as get_vllm_embedding
+            embeddings = embeddings * self.model.llm.config.scale_emb
+        logits = self.model.llm(inputs_embeds=embeddings, past_key_values=expand_cache(past, len(rows)),
+                                use_cache=True).logits
+        return logits[torch.arange(len(rows)), lengths - 1]
+
+    def decode_batch(self, items, max_new_tokens, num_beams, repetition_penalty, sampling):
+        """The model's ``generate`` on a batch: ids left-padded (id 0, masked; the image bounds shifted with them),
+        pixel slices per row, the attention mask handed on to the LLM's ``generate``."""
+        import torch
+
+        inputs = [self._inputs(image, question) for image, question in items]
+        rows = [row["input_ids"][0].tolist() for row in inputs]
+        ids, mask, lengths = pad_rows(rows, 0, left=True)
+        shifts = ids.shape[1] - lengths
+        batch = {"input_ids": ids.to(self.device), "pixel_values": [row["pixel_values"][0] for row in inputs],
+                 "tgt_sizes": [row["tgt_sizes"][0] for row in inputs],
+                 "image_bound": [row["image_bound"][0] + int(shift) for row, shift in zip(inputs, shifts)]}
+        with torch.inference_mode():
+            output = self.model.generate(batch, tokenizer=self.tokenizer, max_new_tokens=max_new_tokens,
+                                         num_beams=num_beams, repetition_penalty=repetition_penalty,
+                                         decode_text=False, attention_mask=mask.to(self.device),
+                                         **generation_settings(sampling))
+        ends = set(self.stop_ids()) | {self.tokenizer.convert_tokens_to_ids("<|eot_id|>")}
+        out = []
+        for row in output:
+            new = trim_after_end(row.tolist(), ends)
+            out.append((self.model._decode_text(row[: len(new)].unsqueeze(0), self.tokenizer)[0], new))
+        return out
 
     def reference_text(self, image_path, question, max_new_tokens, num_beams=1):
         """The checkpoint's own ``chat()`` (sampling off), with the processor loaded once."""
@@ -475,9 +651,58 @@ class MplugOwl2Driver(Driver):
                 max_new_tokens=int(max_new_tokens), use_cache=True, pad_token_id=self.tokenizer.eos_token_id,
                 **generation_settings(sampling),
             )
-        new = output[0, ids.shape[1]:].tolist()
-        self.last_token_ids = new
-        return self.tokenizer.decode(new, skip_special_tokens=True).strip(), tag
+        text, self.last_token_ids = self._answer(output[0, ids.shape[1]:].tolist())
+        return text, tag
+
+    # batches: BOS, ``USER: `` and the image run once through the model's multimodal forward (its cache is a
+    # tuple per layer, batch first); the questions' own tokens are text, run on that cache with images=None
+    def batch_inputs(self, image_path, questions):
+        from mplug_owl2.mm_utils import process_images
+
+        pixels = process_images([_open_rgb(image_path)], self.image_processor)
+        return [self.prompt_ids(image_path, question) for question in questions], pixels
+
+    def image_end(self, ids, state):
+        from mplug_owl2.constants import IMAGE_TOKEN_INDEX
+
+        return ids.index(IMAGE_TOKEN_INDEX) + 1
+
+    def prefix_cache(self, ids, state):
+        import torch
+
+        return self.model(input_ids=torch.tensor([ids], device=self.device), use_cache=True,
+                          images=state.to(self.device, dtype=self.model.dtype)).past_key_values
+
+    def suffix_logits(self, rows, past):
+        import torch
+
+        ids, _, lengths = pad_rows(rows, self.tokenizer.eos_token_id)
+        logits = self.model(input_ids=ids.to(self.device), past_key_values=expand_cache(past, len(rows)),
+                            use_cache=True).logits
+        return logits[torch.arange(len(rows)), lengths - 1]
+
+    def decode_group(self, image_path, question):
+        """Prompts of one length: the package's multimodal preparation pads on the right and its later steps
+        reset the attention mask, so padded rows would not answer as alone; equal lengths need no padding."""
+        return len(self.prompt_ids(image_path, question))
+
+    def decode_batch(self, items, max_new_tokens, num_beams, repetition_penalty, sampling):
+        import torch
+
+        inputs = [self._inputs(image, question) for image, question in items]
+        ids = torch.cat([row[0] for row in inputs])
+        pixels = torch.cat([row[1] for row in inputs])
+        with torch.inference_mode():
+            output = self.model.generate(
+                ids, images=pixels, num_beams=num_beams, repetition_penalty=repetition_penalty,
+                max_new_tokens=max_new_tokens, use_cache=True, pad_token_id=self.tokenizer.eos_token_id,
+                **generation_settings(sampling),
+            )
+        return [self._answer(output[i, ids.shape[1]:].tolist()) for i in range(len(items))]
+
+    def _answer(self, new: list[int]) -> tuple[str, list[int]]:
+        new = trim_after_end(new, set(self.stop_ids()))
+        return self.tokenizer.decode(new, skip_special_tokens=True).strip(), new
 
     def reference_text(self, image_path, question, max_new_tokens, num_beams=1):
         """The package README's inference (its stopping criterion and decode), sampling switched off."""

@@ -27,6 +27,13 @@ this file finds them beside itself (:data:`FILES`). Protocol (one JSON object pe
         -> {"ok": true, "logits": [...], "logsumexp", "argmax_id", "argmax_logit"}
     {"op": "generate", "image", "prompt", "max_new_tokens", "num_beams", "repetition_penalty"[, "sampling"]}
         -> {"ok": true, "text", "decoding", "token_ids"}
+    {"op": "score_batch", "items": [{"image", "prompt", "token_ids"}, ...], "batch_size"}
+        -> {"ok": true, "rows": [score reply or {"error"}, ...], "forwards"}
+    {"op": "generate_batch", "items": [{"image", "prompt"[, "sampling"]}, ...], "max_new_tokens", "num_beams",
+     "repetition_penalty", "batch_size"}
+        -> {"ok": true, "replies": [generate reply or {"error"}, ...], "forwards"}
+    (the batch ops answer the questions of one image from one image prefix, at most ``batch_size`` per forward;
+    ``forwards`` counts the prefix, suffix and one-question forwards the driver ran so far)
     {"op": "prompt", "image", "prompt"}       -> {"ok": true, "text"[, "ids"]}
     {"op": "reference", "image", "prompt", "max_new_tokens"}
         -> {"ok": true, "text"}  (the checkpoint's own chat function, sampling off: a check, not a path)
@@ -49,10 +56,10 @@ import traceback
 from pathlib import Path
 
 if __package__:  # imported as verbmirage.models.remote_worker
-    from verbmirage.models.remote_driver import code_hashes, environment
+    from verbmirage.models.remote_driver import attempt, code_hashes, environment
     from verbmirage.models.remote_drivers import DRIVERS
 else:  # run as a script (or imported from this folder) in a remote-code environment
-    from remote_driver import code_hashes, environment  # type: ignore[no-redef]
+    from remote_driver import attempt, code_hashes, environment  # type: ignore[no-redef]
     from remote_drivers import DRIVERS  # type: ignore[no-redef]
 
 PROTOCOL_VERSION = 2  # 2: replies echo the request's id, on their own descriptor
@@ -116,6 +123,23 @@ class Worker:
         if op == "score":
             return {"ok": True, **score_row(self.driver.logits(request["image"], request["prompt"]),
                                             request["token_ids"], self.driver.tokenizer_size)}
+        if op == "score_batch":
+            items = request["items"]
+            answered = batch_logits(self.driver, [(item["image"], item["prompt"]) for item in items],
+                                    request.get("batch_size"))
+            rows = [_item_error(row) if isinstance(row, Exception) else _scored(row, item, self.driver.tokenizer_size)
+                    for row, item in zip(answered, items)]
+            return {"ok": True, "rows": rows, "forwards": dict(getattr(self.driver, "forwards", {}))}
+        if op == "generate_batch":
+            items = request["items"]
+            answered = batch_generate(self.driver, [(item["image"], item["prompt"]) for item in items],
+                                      int(request["max_new_tokens"]), int(request.get("num_beams", 1)),
+                                      float(request.get("repetition_penalty", 1.0)),
+                                      [item.get("sampling") or {} for item in items], request.get("batch_size"))
+            replies = [_item_error(reply) if isinstance(reply, Exception)
+                       else {"text": reply[0], "decoding": reply[1], "token_ids": list(reply[2])}
+                       for reply in answered]
+            return {"ok": True, "replies": replies, "forwards": dict(getattr(self.driver, "forwards", {}))}
         if op == "generate":
             sampling = {"sampling": request["sampling"]} if request.get("sampling") else {}
             text, tag = self.driver.generate(request["image"], request["prompt"], int(request["max_new_tokens"]),
@@ -124,6 +148,38 @@ class Worker:
                                              **sampling)
             return {"ok": True, "text": text, "decoding": tag, "token_ids": list(self.driver.last_token_ids)}
         raise ValueError(f"unknown op '{op}'")
+
+
+def batch_logits(driver, items: list[tuple[str, str]], batch_size) -> list:
+    """The driver's ``logits_batch``; for a driver without one (your own), its ``logits`` question by question."""
+    if hasattr(driver, "logits_batch"):
+        return driver.logits_batch(items, batch_size)
+    return [attempt(driver.logits, image, question) for image, question in items]
+
+
+def batch_generate(driver, items, max_new_tokens, num_beams, repetition_penalty, sampling, batch_size) -> list:
+    """The driver's ``generate_batch``; for a driver without one, its ``generate`` question by question."""
+    if hasattr(driver, "generate_batch"):
+        return driver.generate_batch(items, max_new_tokens, num_beams, repetition_penalty, sampling, batch_size)
+    out = []
+    for (image, question), settings in zip(items, sampling):
+        extra = {"sampling": settings} if settings else {}
+        reply = attempt(driver.generate, image, question, max_new_tokens, num_beams=num_beams,
+                      repetition_penalty=repetition_penalty, **extra)
+        out.append(reply if isinstance(reply, Exception) else (*reply, list(driver.last_token_ids)))
+    return out
+
+
+def _item_error(error: Exception) -> dict:
+    """One item's failure inside a batch reply (the other items keep their answers)."""
+    return {"error": f"{type(error).__name__}: {error}"}
+
+
+def _scored(row, item: dict, tokenizer_size: int) -> dict:
+    try:
+        return score_row(row, item["token_ids"], tokenizer_size)
+    except Exception as error:  # noqa: BLE001 - the item's failure
+        return _item_error(error)
 
 
 def score_row(row, token_ids: list[int], tokenizer_size: int) -> dict:
