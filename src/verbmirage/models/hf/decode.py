@@ -12,6 +12,7 @@ import math
 import torch
 
 from verbmirage.models.base import Question
+from verbmirage.models.hf.handoff import Openings
 from verbmirage.models.hf.prefix_cache import Rows
 from verbmirage.models.hf.scoring import DecodedAnswer
 from verbmirage.models.hf.steppers import AttendingStepper, FullStepper, InPlaceStepper, PrefixStepper
@@ -22,17 +23,21 @@ class DecodeRows:
     """The questions of one decoding batch as a strategy sees them
     (:class:`~verbmirage.variants.strategies.AttendingRows`): ``items`` are (image path, image, prompt text);
     ``opened`` (``opened_noised``): the call's tokenization of the clean (noised) images and these rows' indices
-    in it."""
+    in it; ``openings``: the scoring call's hand-off, whose kept rows these questions start from where it has
+    them."""
 
     def __init__(self, vlm, strategy, items: list[tuple], question_ids: list[str],
-                 opened: tuple[Rows, list[int]] | None = None, opened_noised: tuple[Rows, list[int]] | None = None):
+                 opened: tuple[Rows, list[int]] | None = None, opened_noised: tuple[Rows, list[int]] | None = None,
+                 openings: Openings | None = None):
         self.vlm, self.strategy, self.items, self.question_ids = vlm, strategy, items, question_ids
         self.opened, self.opened_noised, self.name = opened, opened_noised, vlm.name
+        self.openings = openings
 
     def open(self, repeats: int, fresh: bool = False):
         if fresh:
-            return self.vlm._open_stepper(self.items, repeats, None, None, self.strategy)
-        return self.vlm._open_stepper(self.items, repeats, self.opened, self.opened_noised, self.strategy)
+            return self.vlm._open_stepper(self.items, repeats, None, None, self.strategy, self.openings)
+        return self.vlm._open_stepper(self.items, repeats, self.opened, self.opened_noised, self.strategy,
+                                      self.openings)
 
     def attending(self, first: torch.Tensor, stepper):
         """``stepper`` reading the last layer's attention: an :class:`InPlaceStepper` computes it itself; other
@@ -52,64 +57,24 @@ class DecodeRows:
                 for _, image, text in self.items]
 
     def alone(self, row: int) -> "DecodeRows":
-        return DecodeRows(self.vlm, self.strategy, [self.items[row]], [self.question_ids[row]])
-
-
-def take_opening(kept: dict | None, items: list[tuple], repeats: int, joins) -> object | None:
-    """A stepper on ``items``, each row ``repeats`` times (its beams), from ``kept`` (a call's kept openings of
-    one stream: (image path, prompt) -> (stepper, row)), or None: the rows of one scoring batch, or of several
-    joined where ``joins`` allows each stepper (:meth:`PrefixStepper.joined`; not for OPERA, which needs one
-    prompt width, nor where a prefix carries more than its keys and values, such as Qwen's rope delta). The rows
-    are copied once, beams included, and leave ``kept``: the decoding owns them now, so the scoring batches' rows
-    free as their questions are taken."""
-    found = [kept.get((path, text)) for path, _, text in items] if kept else [None]
-    if any(entry is None for entry in found):
-        return None
-    steppers = {id(stepper): stepper for stepper, _ in found}
-    if len(steppers) == 1:
-        stepper = found[0][0].subset([row for _, row in found for _ in range(repeats)], repeats)
-    elif all(map(joins, steppers.values())):
-        stepper = type(found[0][0]).joined([pick for pick in found for _ in range(repeats)], repeats)
-    else:
-        return None
-    for path, _, text in items:
-        kept.pop((path, text), None)
-    return stepper
+        return DecodeRows(self.vlm, self.strategy, [self.items[row]], [self.question_ids[row]],
+                          openings=self.openings)
 
 
 class Decoder:
-    """Decoding past the first answer token (a mixin of ``TransformersVLM``)."""
+    """Decoding past the first answer token (a mixin of ``TransformersVLM``), from the rows its scoring call kept
+    (``openings``: the :class:`~.handoff.Openings` it returned), else from the prompts."""
 
-    #: (scoring before a decoding) noised -> {(image path, prompt): (stepper, row)}: the decoding takes its rows
-    #: from these steppers instead of running the prompts again; None when no decoding follows
-    _openings: dict | None = None
-
-    def _kept_opening(self, opened: Rows, batch: list[int], items: list[tuple], noised: bool) -> torch.Tensor:
-        """Scores a suffix batch as :meth:`_suffix_batch` does, as the opening of a decoding, and keeps it."""
+    def _kept_opening(self, opened: Rows, batch: list[int], items: list[tuple], noised: bool,
+                      openings: Openings) -> torch.Tensor:
+        """Scores a suffix batch as :meth:`_suffix_batch` does, as the opening of a decoding kept in ``openings``
+        (greedy: the rows whose first token cannot decide their kind)."""
         stepper = self._prefix_stepper(opened, batch)
         values = stepper.first.cpu()
-        rows = list(range(len(batch)))
-        if self.strategy.decides_by_first_token:  # continued: only rows whose first token cannot decide their kind
-            tokens = self._real_tokens(values).argmax(dim=-1).tolist()
-            kinds = [self._multiple_choice_of.get((items[i][0], items[i][2]), False) for i in batch]
-            rows = [row for row, (token, kind) in enumerate(zip(tokens, kinds))
-                    if token not in self._answer_tokens(kind)]
-            stepper = stepper.subset(rows) if rows else None
-        kept = self._openings[noised]
-        for position, row in enumerate(rows):
-            kept[items[batch[row]][0], items[batch[row]][2]] = (stepper, position)
+        deciding = self._deciding_tokens if self.strategy.decides_by_first_token else None
+        openings.keep(noised, stepper, [(items[i][0], items[i][2]) for i in batch],
+                      deciding and self._real_tokens(values).argmax(dim=-1).tolist(), deciding)
         return values
-
-    def _answer_tokens(self, multiple_choice: bool) -> frozenset[int]:
-        """Token ids a first token can decide an answer with: the option letters (MC), yes and no (YN)."""
-        if getattr(self, "_answer_token_sets", None) is None:
-            ids = lambda groups: frozenset(int(i) for group in groups for i in group.tolist())  # noqa: E731
-            self._answer_token_sets = {True: ids(self._letter_ids), False: ids((self._yes_ids, self._no_ids))}
-        return self._answer_token_sets[multiple_choice]
-
-    def _take_opening(self, items: list[tuple], noised: bool, repeats: int = 1):
-        """A stepper on ``items`` from the call's kept openings (:func:`take_opening`), or None."""
-        return take_opening((self._openings or {}).get(noised), items, repeats, self._joins)
 
     def _prefix_stepper(self, opened: Rows, rows: list[int]):
         """A stepper opened on ``rows`` of ``opened`` (all on cached prefixes): prefixes read in place where the
@@ -129,24 +94,29 @@ class Decoder:
         return self.strategy.joins_rows and stepper.extra is None
 
 
-    def decode_answers(self, questions: list[Question], multiple_choice: bool) -> list[DecodedAnswer]:
+    def decode_answers(self, questions: list[Question], multiple_choice: bool,
+                       openings: Openings | None = None) -> list[DecodedAnswer]:
         """Each question decoded with the variant's strategy (greedy, beam, sampling, OPERA; VCD on top): (first
-        token, text, the first token's probability in the distribution the first step drew it from)."""
-        return self._decode(questions, multiple_choice, self.strategy)
+        token, text, the first token's probability in the distribution the first step drew it from), continued
+        from ``openings`` (their scoring call's hand-off) or without it from the prompts, to the same answers."""
+        return self._decode(questions, multiple_choice, self.strategy, openings)
 
-    def continue_answers(self, questions: list[Question], multiple_choice: bool) -> list[str]:
+    def continue_answers(self, questions: list[Question], multiple_choice: bool,
+                         openings: Openings | None = None) -> list[str]:
         """``continue_tokens`` more tokens after the first (the scoring argmax), decoded by the variant's own
         strategy (greedy, or a subclass of it: its :meth:`~verbmirage.variants.strategies.Decoding.
-        logits_processors` included), on the cached image prefix like every other decoding."""
-        return [answer.text for answer in self._decode(questions, multiple_choice, self.strategy)]
+        logits_processors` included), like :meth:`decode_answers`."""
+        return [answer.text for answer in self._decode(questions, multiple_choice, self.strategy, openings)]
 
     @torch.inference_mode()
-    def _decode(self, questions: list[Question], multiple_choice: bool, strategy) -> list[DecodedAnswer]:
+    def _decode(self, questions: list[Question], multiple_choice: bool, strategy,
+                openings: Openings | None = None) -> list[DecodedAnswer]:
         """Questions decode in one batch per image on its cached prefix (all images of the call together with
         :attr:`cross_image_batches`), expanded per row and beam: the prompts' own tokens run once more to open
         the rows. Without a shared prefix (InstructBLIP), one batch per image and prompt length.
 
         ``strategy``: the :class:`~verbmirage.variants.strategies.Decoding` that decodes them."""
+        openings = openings or Openings()  # no hand-off: every row opens from its prompt
         new_tokens = strategy.new_tokens(self.continue_tokens)
         answers: list[DecodedAnswer] = [DecodedAnswer(None, "", math.nan)] * len(questions)
         texts = [self.render(q, multiple_choice) for q in questions]
@@ -155,9 +125,9 @@ class Decoder:
             if error is not None:
                 raise ValueError(error)
         stop = self._stop_tokens()
-        kept = (self._openings or {}).get(False) or {}
+        kept = openings.rows(False)
         opened = None if all((path, text) in kept for path, _, text in items) else self._open_rows(items, False)
-        kept_noised = (self._openings or {}).get(True) or {}
+        kept_noised = openings.rows(True)
         opened_noised = self._open_rows(items, True) if strategy.streams > 1 and opened is not None \
             and not all((path, text) in kept_noised for path, _, text in items) else None
         batches: dict[tuple, list[int]] = {}
@@ -174,7 +144,7 @@ class Decoder:
 
         def run(rows: list[int]) -> Decoded:
             decoding = DecodeRows(self, strategy, [items[i] for i in rows], [questions[i].question_id for i in rows],
-                                  opened and (opened, rows), opened_noised and (opened_noised, rows))
+                                  opened and (opened, rows), opened_noised and (opened_noised, rows), openings)
             return strategy.decode(decoding, new_tokens, stop)
 
         for rows in batches.values():
@@ -187,10 +157,9 @@ class Decoder:
             size = min(len(questions), self.batch_rows or len(questions))
             if not self._reads_prefix_in_place():
                 size //= strategy.beams * strategy.streams
-            self._record(answers, rows, self._with_shrinking_batches(run, rows, size, combine=Decoded.joined))
-        for kept_rows in (self._openings or {}).values():  # decoded: their scoring rows are no longer needed
-            for path, _, text in items:
-                kept_rows.pop((path, text), None)
+            self._record(answers, rows, self._with_shrinking_batches(run, rows, size, combine=Decoded.joined,
+                                                                     openings=openings))
+        openings.forget([(path, text) for path, _, text in items])  # decoded: their scoring rows are not needed
         return answers
 
     def _record(self, answers: list, rows: list[int], decoded: Decoded) -> None:
@@ -215,7 +184,8 @@ class Decoder:
         return stop
 
     def _open_stepper(self, items: list[tuple], repeats: int, opened: tuple[Rows, list[int]] | None = None,
-                      opened_noised: tuple[Rows, list[int]] | None = None, strategy=None):
+                      opened_noised: tuple[Rows, list[int]] | None = None, strategy=None,
+                      openings: Openings | None = None):
         """First-position logits [rows, vocab] and the stepper of ``items`` ((image path, image, text): prompts
         on one prefix length, or of one image and one token length), each row repeated ``repeats`` times;
         the streams combined by ``strategy`` (default: the variant's; VCD: the contrasted pair of a clean and a
@@ -229,7 +199,8 @@ class Decoder:
         times = repeats if strategy.streams > 1 else 1
 
         def stream(noised: bool):
-            return self._stream(items, repeats // times, noised=noised, opened=opened_noised if noised else opened)
+            return self._stream(items, repeats // times, noised=noised, opened=opened_noised if noised else opened,
+                                openings=openings)
 
         first, stepper = strategy.combine(stream)
         if times > 1:
@@ -238,10 +209,10 @@ class Decoder:
         return first, stepper
 
     def _stream(self, items: list[tuple], repeats: int, noised: bool,
-                opened: tuple[Rows, list[int]] | None = None):
-        """A stepper over ``items``: the scoring pass's (kept openings), else on the cached image prefixes (any
+                opened: tuple[Rows, list[int]] | None = None, openings: Openings | None = None):
+        """A stepper over ``items``: the scoring pass's (kept in ``openings``), else on the cached image prefixes (any
         prompt lengths), else whole prompts."""
-        stepper = self._take_opening(items, noised, repeats)
+        stepper = openings.take(noised, items, repeats, self._joins) if openings else None
         if stepper is not None:
             return stepper.first, stepper
         opened, rows = opened or (self._open_rows(items, noised), list(range(len(items))))

@@ -47,6 +47,7 @@ from PIL import Image
 from verbmirage.models.adapters import attach_adapter
 from verbmirage.models.base import Question, allow_remote_code
 from verbmirage.models.hf.decode import Decoder
+from verbmirage.models.hf.handoff import Openings
 from verbmirage.models.hf.inputs import PromptInputs
 from verbmirage.models.hf.memory import engine_memory_costs
 from verbmirage.models.hf.prefix_cache import Prefix, PrefixCache
@@ -153,13 +154,12 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
         self._prefixes.clear()
         self._encoded_images.clear()
         self._opened = {}
-        self._openings = None
 
     @torch.inference_mode()
-    def answer_logits(self, questions: list[Question], multiple_choice) -> tuple[torch.Tensor, list, list[dict]]:
+    def answer_logits(self, questions: list[Question], multiple_choice) -> tuple[torch.Tensor, list, list, Openings]:
         """``multiple_choice``: one flag for all questions, or one per question (YN and MC of an image together).
         The third element holds each question's VCD statistics (``vcd_kl``, ``vcd_kl_reverse``, ``vcd_plausible``;
-        VCD only)."""
+        VCD only); the fourth is the hand-off to the decoding of these questions (:class:`~.handoff.Openings`)."""
         flags = multiple_choice if isinstance(multiple_choice, (list, tuple)) else [multiple_choice] * len(questions)
         texts = [self.render(q, flag) for q, flag in zip(questions, flags)]
         logits = torch.full((len(questions), self.model.config.get_text_config().vocab_size), math.nan)
@@ -167,21 +167,23 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
         # beam search, sampling and OPERA decode every question of the call next, greedy decoding (without VCD)
         # the questions whose first token decides nothing: they start from the scoring pass's rows
         strategy = self.strategy
-        self._openings = {False: {}, True: {}} if self.prefix_reuse and strategy.keeps_openings(self.continue_tokens) \
-            else None
-        self._multiple_choice_of = {(item[0], item[2]): flag for item, flag in zip(items, flags) if item is not None}
+        kinds = {(item[0], item[2]): flag for item, flag in zip(items, flags) if item is not None}
+        openings = Openings.keeping(kinds) if self.prefix_reuse and strategy.keeps_openings(self.continue_tokens) \
+            else Openings(kinds)
         columns: list[dict] = [{}] * len(questions)
         valid = [i for i, error in enumerate(errors) if error is None]
         if valid:
-            method = self._prefix_logits if self.prefix_reuse else self._full_logits
-            values = self._with_shrinking_batches(method, [items[i] for i in valid])
+            method = functools.partial(self._prefix_logits, openings=openings) if self.prefix_reuse \
+                else self._full_logits
+            values = self._with_shrinking_batches(method, [items[i] for i in valid], openings=openings)
             if strategy.streams > 1:  # the same questions on the noised images, then VCD's contrast
-                noised = self._with_shrinking_batches(functools.partial(method, noised=True), [items[i] for i in valid])
+                noised = self._with_shrinking_batches(functools.partial(method, noised=True), [items[i] for i in valid],
+                                                      openings=openings)
                 values, contrast_columns = strategy.contrast_first(values, noised)
                 for i, own in zip(valid, contrast_columns):
                     columns[i] = own
             logits[valid] = values
-        return logits, errors, columns
+        return logits, errors, columns, openings
 
     def _open_items(self, questions: list[Question], texts: list[str], new_call: bool = False) -> tuple[list, list]:
         """Per question: an error (its image does not open) or the item (image path, image, prompt text).
@@ -218,9 +220,10 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
             del self._encoded_images[key]
         return errors, items
 
-    def _with_shrinking_batches(self, method, items: list, size: int | None = None, combine=torch.cat):
+    def _with_shrinking_batches(self, method, items: list, size: int | None = None, combine=torch.cat,
+                                openings: Openings | None = None):
         """Run ``method`` on chunks of ``items`` (at most ``size``; default all); on out-of-memory halve the
-        chunk and retry. ``combine`` joins the chunks' results."""
+        chunk and retry, kept prefixes and ``openings`` freed. ``combine`` joins the chunks' results."""
         size, start, parts = max(1, size or len(items)), 0, []
         while start < len(items):
             chunk = items[start : start + size]
@@ -232,6 +235,7 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
                     raise
                 size = max(1, size // 2)
                 self.forget_prefixes()
+                openings and openings.drop()
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
                 log.warning("%s: out of memory, batch halved to %d", self.name, size)
@@ -262,13 +266,15 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
             result[indices] = values
         return result
 
-    def _prefix_logits(self, items: list[tuple], noised: bool = False) -> torch.Tensor:
+    def _prefix_logits(self, items: list[tuple], noised: bool = False, openings: Openings | None = None) \
+            -> torch.Tensor:
         """Each image's prefix once (kept for the next call), then the suffixes in length-sorted batches.
 
         The prefix ends right after the image tokens: every prompt of an image (YN and MC, any question
         set, any batch) has that same prefix, so it is computed once per image however the questions are
         batched. Where images share one prefix length (:attr:`cross_image_batches`), their prefixes run as
-        one batch and their questions share suffix batches, each row on its own image's prefix.
+        one batch and their questions share suffix batches, each row on its own image's prefix (kept in ``openings``
+        as the openings of a decoding, where it keeps them).
         """
         opened = self._open_rows(items, noised)
         result = None
@@ -277,8 +283,8 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
             result = torch.empty(len(items), values.shape[1])
             result[opened.fallback] = values
         for batch in opened.batches(self.BATCH_COST, self.cross_image_batches, self.batch_rows):
-            values = self._suffix_batch(opened, batch) if self._openings is None else \
-                self._kept_opening(opened, batch, items, noised)
+            values = self._suffix_batch(opened, batch) if openings is None or openings.kept is None else \
+                self._kept_opening(opened, batch, items, noised, openings)
             result = torch.empty(len(items), values.shape[1]) if result is None else result
             result[batch] = values
         return result
