@@ -20,6 +20,7 @@ from PIL import Image
 from transformers import LogitsProcessor, LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 from verbmirage.models import create_model
+from verbmirage.models.hf.decode import Decoder
 from verbmirage.variants import search as decoding
 from verbmirage.models.base import Question
 from verbmirage.variants.settings import Variant, VCDSettings
@@ -252,8 +253,8 @@ def test_decoding_holds_at_most_the_calls_rows_and_halves_on_out_of_memory(tiny_
     questions = yes_no_questions(scene, n=6)
     model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 3, "max_new_tokens": 4}))
     opened = []
-    real = type(model)._open_stepper
-    monkeypatch.setattr(type(model), "_open_stepper", lambda self, items, repeats, *rows:
+    real = Decoder.open_stepper
+    monkeypatch.setattr(Decoder, "open_stepper", lambda self, items, repeats, *rows:
                         opened.append(len(items)) or real(self, items, repeats, *rows))
     expected = model.decode_answers(questions, False)
     assert opened == ([6] if in_place else [2, 2, 2])
@@ -263,7 +264,7 @@ def test_decoding_holds_at_most_the_calls_rows_and_halves_on_out_of_memory(tiny_
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(self, items, repeats, *rows)
 
-    monkeypatch.setattr(type(model), "_open_stepper", tight)
+    monkeypatch.setattr(Decoder, "open_stepper", tight)
     with caplog.at_level("WARNING"):
         assert alike(model.decode_answers(questions, False), expected)
     assert any("batch halved to 1" in record.getMessage() for record in caplog.records)
@@ -279,7 +280,6 @@ def test_decoding_from_the_scoring_pass_equals_opening_the_prompts_again(tiny_di
     """Greedy continuations, beam search, sampling (with VCD) and OPERA start from the scoring pass's rows (kept
     openings) instead of running the prompts again: the same results as without them, YN and MC of both images
     in one call. Suffix batches cut at every length here, so a decoding joins rows of several (not OPERA)."""
-    from verbmirage.models.hf.engine import TransformersVLM
     from verbmirage.models.hf.handoff import Openings
     from verbmirage.models.hf.steppers import InPlaceStepper, PrefixStepper
 
@@ -310,8 +310,8 @@ def test_decoding_from_the_scoring_pass_equals_opening_the_prompts_again(tiny_di
     assert (len(joined) > 0) == (entry["decoding"] != "opera"), joined
 
     monkeypatch.setattr(Openings, "take", lambda self, *args: None)
-    monkeypatch.setattr(TransformersVLM, "_kept_opening",
-                        lambda self, opened, batch, items, noised, openings: self._suffix_batch(opened, batch))
+    monkeypatch.setattr(Decoder, "kept_opening",
+                        lambda self, opened, batch, items, noised, openings: model._suffix_batch(opened, batch))
     model.forget_prefixes()
     again = model.score_mixed(questions, flags)
     for ours, theirs in zip(kept, again):

@@ -2,12 +2,13 @@
 from the scoring pass's kept rows, or from whole prompts), hands them to the strategy
 (:mod:`verbmirage.variants.strategies`) as :class:`DecodeRows`, and records the answers.
 
-:class:`Decoder` is a mixin of :class:`~verbmirage.models.hf.engine.TransformersVLM`.
+:class:`Decoder` is a collaborator of :class:`~verbmirage.models.hf.engine.TransformersVLM`.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any, Protocol
 
 import torch
 
@@ -26,17 +27,18 @@ class DecodeRows:
     in it; ``openings``: the scoring call's hand-off, whose kept rows these questions start from where it has
     them."""
 
-    def __init__(self, vlm, strategy, items: list[tuple], question_ids: list[str],
+    def __init__(self, decoder: Decoder, strategy, items: list[tuple], question_ids: list[str],
                  opened: tuple[Rows, list[int]] | None = None, opened_noised: tuple[Rows, list[int]] | None = None,
                  openings: Openings | None = None):
-        self.vlm, self.strategy, self.items, self.question_ids = vlm, strategy, items, question_ids
-        self.opened, self.opened_noised, self.name = opened, opened_noised, vlm.name
+        self.decoder, self.vlm = decoder, decoder.engine
+        self.strategy, self.items, self.question_ids = strategy, items, question_ids
+        self.opened, self.opened_noised, self.name = opened, opened_noised, self.vlm.name
         self.openings = openings
 
     def open(self, repeats: int, fresh: bool = False):
         if fresh:
-            return self.vlm._open_stepper(self.items, repeats, None, None, self.strategy, self.openings)
-        return self.vlm._open_stepper(self.items, repeats, self.opened, self.opened_noised, self.strategy,
+            return self.decoder.open_stepper(self.items, repeats, None, None, self.strategy, self.openings)
+        return self.decoder.open_stepper(self.items, repeats, self.opened, self.opened_noised, self.strategy,
                                       self.openings)
 
     def attending(self, first: torch.Tensor, stepper):
@@ -50,66 +52,82 @@ class DecodeRows:
         return AttendingStepper(self.vlm, stepper, first)
 
     def image_spans(self) -> list[tuple[int, int]]:
-        return [self.vlm._image_span(image, text) for _, image, text in self.items]
+        return [self.decoder.image_span(image, text) for _, image, text in self.items]
 
     def prompt_lengths(self) -> list[int]:
         return [int(self.vlm.encode_shared_image([text], image)["attention_mask"].sum())
                 for _, image, text in self.items]
 
     def alone(self, row: int) -> "DecodeRows":
-        return DecodeRows(self.vlm, self.strategy, [self.items[row]], [self.question_ids[row]],
+        return DecodeRows(self.decoder, self.strategy, [self.items[row]], [self.question_ids[row]],
                           openings=self.openings)
 
 
-class Decoder:
-    """Decoding past the first answer token (a mixin of ``TransformersVLM``), from the rows its scoring call kept
-    (``openings``: the :class:`~.handoff.Openings` it returned), else from the prompts."""
+class DecoderHost(Protocol):
+    """What :class:`Decoder` and its :class:`DecodeRows` need of their engine
+    (:class:`~verbmirage.models.hf.engine.TransformersVLM`); the steppers they open get the engine itself."""
 
-    def _kept_opening(self, opened: Rows, batch: list[int], items: list[tuple], noised: bool,
+    name: str
+    tokenizer: Any
+    strategy: Any
+    continue_tokens: int
+    batch_rows: int | None
+    cross_image_batches: bool
+    _deciding_tokens: dict[bool, frozenset[int]]
+
+    def render(self, question: Question, multiple_choice: bool | None) -> str: ...
+    def encode_shared_image(self, texts: list[str], image) -> dict: ...
+    def keep_last_attention(self) -> None: ...
+    def _open_items(self, questions: list[Question], texts: list[str], new_call: bool = False) -> tuple: ...
+    def _open_rows(self, items: list[tuple], noised: bool) -> Rows: ...
+    def _reads_prefix_in_place(self) -> bool: ...
+    def _rows_cache(self, prefixes: list, image_of_row: list[int]): ...
+    def _with_shrinking_batches(self, method, items: list, size: int | None = None, combine=..., openings=None): ...
+    def _real_tokens(self, logits: torch.Tensor) -> torch.Tensor: ...
+    def _noised_inputs(self, encoded: dict, image_path) -> dict: ...
+    def _image_token_id(self) -> int: ...
+    def _stop_tokens(self) -> set[int]: ...
+
+
+class Decoder:
+    """Decoding past the first answer token, a collaborator of the transformers engine (its ``decoder``): from
+    the rows a scoring call kept (``openings``: the :class:`~.handoff.Openings` it returned), else from the
+    prompts. It reads of the engine only what :class:`DecoderHost` declares."""
+
+    def __init__(self, engine: DecoderHost):
+        self.engine = engine
+
+    def kept_opening(self, opened: Rows, batch: list[int], items: list[tuple], noised: bool,
                       openings: Openings) -> torch.Tensor:
         """Scores a suffix batch as :meth:`_suffix_batch` does, as the opening of a decoding kept in ``openings``
         (greedy: the rows whose first token cannot decide their kind)."""
-        stepper = self._prefix_stepper(opened, batch)
+        stepper = self.prefix_stepper(opened, batch)
         values = stepper.first.cpu()
-        deciding = self._deciding_tokens if self.strategy.decides_by_first_token else None
+        deciding = self.engine._deciding_tokens if self.engine.strategy.decides_by_first_token else None
         openings.keep(noised, stepper, [(items[i][0], items[i][2]) for i in batch],
-                      deciding and self._real_tokens(values).argmax(dim=-1).tolist(), deciding)
+                      deciding and self.engine._real_tokens(values).argmax(dim=-1).tolist(), deciding)
         return values
 
-    def _prefix_stepper(self, opened: Rows, rows: list[int]):
+    def prefix_stepper(self, opened: Rows, rows: list[int]):
         """A stepper opened on ``rows`` of ``opened`` (all on cached prefixes): prefixes read in place where the
         family allows it (:meth:`_reads_prefix_in_place`), else a copy of its prefix per row."""
         prefixes, image_of_row = opened.prefixes_of(rows)
         suffixes = [opened.suffix[i] for i in rows]
-        if self._reads_prefix_in_place():
-            return InPlaceStepper(self, prefixes, image_of_row, [opened.prefix_length[i] for i in rows], suffixes,
-                                  reserve=self.strategy.new_tokens(self.continue_tokens))
+        if self.engine._reads_prefix_in_place():
+            return InPlaceStepper(self.engine, prefixes, image_of_row, [opened.prefix_length[i] for i in rows], suffixes,
+                                  reserve=self.engine.strategy.new_tokens(self.engine.continue_tokens))
         lengths = sorted({opened.prefix_length[i] for i in rows})
         if len(lengths) != 1:  # the copies share one cache width: callers group rows by prefix length
-            raise ValueError(f"models.{self.name}: a copied-prefix batch needs one prefix length, not {lengths}")
-        return PrefixStepper(self, self._rows_cache(prefixes, image_of_row), lengths[0], suffixes, prefixes[0].extra)
+            raise ValueError(f"models.{self.engine.name}: a copied-prefix batch needs one prefix length, not {lengths}")
+        return PrefixStepper(self.engine, self.engine._rows_cache(prefixes, image_of_row), lengths[0], suffixes, prefixes[0].extra)
 
     def _joins(self, stepper) -> bool:
         """Whether the rows of this kept opening may decode joined with those of others."""
-        return self.strategy.joins_rows and stepper.extra is None
+        return self.engine.strategy.joins_rows and stepper.extra is None
 
-
-    def decode_answers(self, questions: list[Question], multiple_choice: bool,
-                       openings: Openings | None = None) -> list[DecodedAnswer]:
-        """Each question decoded with the variant's strategy (greedy, beam, sampling, OPERA; VCD on top): (first
-        token, text, the first token's probability in the distribution the first step drew it from), continued
-        from ``openings`` (their scoring call's hand-off) or without it from the prompts, to the same answers."""
-        return self._decode(questions, multiple_choice, self.strategy, openings)
-
-    def continue_answers(self, questions: list[Question], multiple_choice: bool,
-                         openings: Openings | None = None) -> list[str]:
-        """``continue_tokens`` more tokens after the first (the scoring argmax), decoded by the variant's own
-        strategy (greedy, or a subclass of it: its :meth:`~verbmirage.variants.strategies.Decoding.
-        logits_processors` included), like :meth:`decode_answers`."""
-        return [answer.text for answer in self._decode(questions, multiple_choice, self.strategy, openings)]
 
     @torch.inference_mode()
-    def _decode(self, questions: list[Question], multiple_choice: bool, strategy,
+    def decode(self, questions: list[Question], multiple_choice: bool, strategy,
                 openings: Openings | None = None) -> list[DecodedAnswer]:
         """Questions decode in one batch per image on its cached prefix (all images of the call together with
         :attr:`cross_image_batches`), expanded per row and beam: the prompts' own tokens run once more to open
@@ -117,18 +135,18 @@ class Decoder:
 
         ``strategy``: the :class:`~verbmirage.variants.strategies.Decoding` that decodes them."""
         openings = openings or Openings()  # no hand-off: every row opens from its prompt
-        new_tokens = strategy.new_tokens(self.continue_tokens)
+        new_tokens = strategy.new_tokens(self.engine.continue_tokens)
         answers: list[DecodedAnswer] = [DecodedAnswer(None, "", math.nan)] * len(questions)
-        texts = [self.render(q, multiple_choice) for q in questions]
-        errors, items = self._open_items(questions, texts)
+        texts = [self.engine.render(q, multiple_choice) for q in questions]
+        errors, items = self.engine._open_items(questions, texts)
         for i, error in enumerate(errors):
             if error is not None:
                 raise ValueError(error)
-        stop = self._stop_tokens()
+        stop = self.engine._stop_tokens()
         kept = openings.rows(False)
-        opened = None if all((path, text) in kept for path, _, text in items) else self._open_rows(items, False)
+        opened = None if all((path, text) in kept for path, _, text in items) else self.engine._open_rows(items, False)
         kept_noised = openings.rows(True)
-        opened_noised = self._open_rows(items, True) if strategy.streams > 1 and opened is not None \
+        opened_noised = self.engine._open_rows(items, True) if strategy.streams > 1 and opened is not None \
             and not all((path, text) in kept_noised for path, _, text in items) else None
         batches: dict[tuple, list[int]] = {}
         for i, item in enumerate(items):
@@ -139,7 +157,7 @@ class Decoder:
             elif opened.suffix[i] is None:  # whole prompts: one batch per image and token length
                 key = ("full", item[0], opened.length[i])
             else:
-                key = ("prefix", opened.prefix_length[i] if self.cross_image_batches else opened.prefix_key[i])
+                key = ("prefix", opened.prefix_length[i] if self.engine.cross_image_batches else opened.prefix_key[i])
             batches.setdefault(key, []).append(i)
 
         def run(rows: list[int]) -> Decoded:
@@ -154,36 +172,28 @@ class Decoder:
             # their own columns, a tenth of a copy or less (LLaVA: a 577-token prefix, 20-80 own columns; a beam
             # only its decoded ones, its question's prompt columns shared), so all the batch's questions decode
             # together
-            size = min(len(questions), self.batch_rows or len(questions))
-            if not self._reads_prefix_in_place():
+            size = min(len(questions), self.engine.batch_rows or len(questions))
+            if not self.engine._reads_prefix_in_place():
                 size //= strategy.beams * strategy.streams
-            self._record(answers, rows, self._with_shrinking_batches(run, rows, size, combine=Decoded.joined,
+            self._record(answers, rows, self.engine._with_shrinking_batches(run, rows, size, combine=Decoded.joined,
                                                                      openings=openings))
         openings.forget([(path, text) for path, _, text in items])  # decoded: their scoring rows are not needed
         return answers
 
     def _record(self, answers: list, rows: list[int], decoded: Decoded) -> None:
         for i, row, probability in zip(rows, decoded.tokens, decoded.first_probability):
-            answers[i] = DecodedAnswer(row[0] if row else None, self.tokenizer.decode(row, skip_special_tokens=True),
+            answers[i] = DecodedAnswer(row[0] if row else None, self.engine.tokenizer.decode(row, skip_special_tokens=True),
                                        probability)
 
-    def _image_span(self, image, text: str) -> tuple[int, int]:
+    def image_span(self, image, text: str) -> tuple[int, int]:
         """First and last position of the image tokens in the prompt."""
-        ids = self.encode_shared_image([text], image)["input_ids"][0]
-        positions = torch.nonzero(ids == self._image_token_id()).flatten()
+        ids = self.engine.encode_shared_image([text], image)["input_ids"][0]
+        positions = torch.nonzero(ids == self.engine._image_token_id()).flatten()
         if len(positions) == 0:
-            raise ValueError(f"models.{self.name}: OPERA needs the image tokens in the prompt, found none")
+            raise ValueError(f"models.{self.engine.name}: OPERA needs the image tokens in the prompt, found none")
         return int(positions[0]), int(positions[-1])
 
-    def _stop_tokens(self) -> set[int]:
-        """Token ids that end an answer: the tokenizer's and the generation config's end of sequence."""
-        stop = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
-        configured = getattr(self.model.generation_config, "eos_token_id", None)
-        stop |= set(configured if isinstance(configured, (list, tuple)) else [configured] if configured is not None
-                    else [])
-        return stop
-
-    def _open_stepper(self, items: list[tuple], repeats: int, opened: tuple[Rows, list[int]] | None = None,
+    def open_stepper(self, items: list[tuple], repeats: int, opened: tuple[Rows, list[int]] | None = None,
                       opened_noised: tuple[Rows, list[int]] | None = None, strategy=None,
                       openings: Openings | None = None):
         """First-position logits [rows, vocab] and the stepper of ``items`` ((image path, image, text): prompts
@@ -193,7 +203,7 @@ class Decoder:
         tokenized, as rows of an :meth:`_open_rows` result of the clean (noised) images. Both come from the same
         items, so the noised rows split into prefix and suffix where the clean ones do (a shared text header is
         chosen over all the items: opened again on a batch's rows alone, its rows could differ in prefix length)."""
-        strategy = strategy or self.strategy
+        strategy = strategy or self.engine.strategy
         # several streams (VCD) with beams: the streams open one row per question and join (one forward for both),
         # and then the joined rows repeat per beam: one copy of the beams' rows, not one per stream and a joined one
         times = repeats if strategy.streams > 1 else 1
@@ -215,25 +225,19 @@ class Decoder:
         stepper = openings.take(noised, items, repeats, self._joins) if openings else None
         if stepper is not None:
             return stepper.first, stepper
-        opened, rows = opened or (self._open_rows(items, noised), list(range(len(items))))
+        opened, rows = opened or (self.engine._open_rows(items, noised), list(range(len(items))))
         if not any(opened.suffix[i] is None for i in rows):
-            stepper = self._prefix_stepper(opened, rows)
+            stepper = self.prefix_stepper(opened, rows)
             stepper.repeat(repeats)  # each prompt runs once; its beams start from copies of its cache
             return stepper.first, stepper
         image_path, image, _ = items[0]
-        encoded = self.encode_shared_image([text for *_, text in items], image)
+        encoded = self.engine.encode_shared_image([text for *_, text in items], image)
         if noised:
-            encoded = self._noised_inputs(encoded, image_path)
+            encoded = self.engine._noised_inputs(encoded, image_path)
         repeated = {key: value.repeat_interleave(repeats, 0) if isinstance(value, torch.Tensor) else value
                     for key, value in encoded.items()}
         if "image_grid_thw" in encoded:  # Qwen: patches are rows of pixel_values, one grid per image
             repeated["pixel_values"] = encoded["pixel_values"].repeat(repeats, 1)
             repeated["image_grid_thw"] = encoded["image_grid_thw"].repeat(repeats, 1)
-        stepper = FullStepper(self, repeated)
+        stepper = FullStepper(self.engine, repeated)
         return stepper.first, stepper
-
-    def _step_forward(self, input_ids, attention_mask, cache) -> torch.Tensor:
-        """Logits of one more token per row on a cache that already holds the image (no pixels again)."""
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True,
-                          **{self._cache_argument: cache}).logits
-

@@ -27,9 +27,10 @@ Results equal an unbatched full forward pass (tested to 1e-4 on every tiny
 model).
 
 The engine's parts, by concern: :mod:`.inputs` (prompts and processor inputs), :mod:`.prefix_cache` (the
-cached prefixes and suffix batches), :mod:`.decode` and :mod:`.steppers` (the rows a decoding strategy
-advances; the strategies themselves are :mod:`verbmirage.variants.strategies`), :mod:`.scoring` (logits to
-answers) and :mod:`.families` (LLaVA, InstructBLIP, Qwen2-VL).
+cached prefixes and suffix batches), :mod:`.decode` (the engine's ``decoder``, a collaborator; what a scoring
+call hands it: :mod:`.handoff`) and :mod:`.steppers` (the rows a decoding strategy advances; the strategies
+themselves are :mod:`verbmirage.variants.strategies`), :mod:`.scoring` (logits to answers) and :mod:`.families`
+(LLaVA, InstructBLIP, Qwen2-VL).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from verbmirage.models.hf.handoff import Openings
 from verbmirage.models.hf.inputs import PromptInputs
 from verbmirage.models.hf.memory import engine_memory_costs
 from verbmirage.models.hf.prefix_cache import Prefix, PrefixCache
-from verbmirage.models.hf.scoring import LogitsVLM
+from verbmirage.models.hf.scoring import DecodedAnswer, LogitsVLM
 from verbmirage.models.hf.tokens import DTYPES, decoder_layers, is_out_of_memory, use_eager_language_model
 from verbmirage.models.prompts import CHAT_TEMPLATE, PromptTemplate
 from verbmirage.models.registry import IMAGE_MODES
@@ -60,7 +61,7 @@ from verbmirage.variants.settings import ALL_FEATURES
 log = logging.getLogger(__name__)
 
 
-class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
+class TransformersVLM(PromptInputs, PrefixCache, LogitsVLM):
     """Any model that loads with ``AutoModelForImageTextToText`` + ``AutoProcessor`` and has a chat template."""
 
     backend = "hf"
@@ -124,6 +125,7 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
         # transformers 5.2x renamed the cache argument `past_key_values` -> `cache`.
         parameters = inspect.signature(self.model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
+        self.decoder = Decoder(self)  # decodings past the first answer token (hf/decode.py)
 
     # ---- loading (override per family) ------------------------------------
     def _load_processor(self, path: str, load: dict):
@@ -284,7 +286,7 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
             result[opened.fallback] = values
         for batch in opened.batches(self.BATCH_COST, self.cross_image_batches, self.batch_rows):
             values = self._suffix_batch(opened, batch) if openings is None or openings.kept is None else \
-                self._kept_opening(opened, batch, items, noised, openings)
+                self.decoder.kept_opening(opened, batch, items, noised, openings)
             result = torch.empty(len(items), values.shape[1]) if result is None else result
             result[batch] = values
         return result
@@ -344,6 +346,33 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
                 self._last_attention = None if weights is None else weights[:, :, -1, :].float().amax(dim=1)
 
             self._attention_hook = last.register_forward_hook(keep_last_row)
+
+    def decode_answers(self, questions: list[Question], multiple_choice: bool,
+                       openings: Openings | None = None) -> list[DecodedAnswer]:
+        """Each question decoded with the variant's strategy (greedy, beam, sampling, OPERA; VCD on top): (first
+        token, text, the first token's probability in the distribution the first step drew it from), continued
+        from ``openings`` (their scoring call's hand-off) or without it from the prompts, to the same answers."""
+        return self.decoder.decode(questions, multiple_choice, self.strategy, openings)
+
+    def continue_answers(self, questions: list[Question], multiple_choice: bool,
+                         openings: Openings | None = None) -> list[str]:
+        """``continue_tokens`` more tokens after the first (the scoring argmax), decoded by the variant's own
+        strategy (greedy, or a subclass of it: its :meth:`~verbmirage.variants.strategies.Decoding.
+        logits_processors` included), like :meth:`decode_answers`."""
+        return [answer.text for answer in self.decoder.decode(questions, multiple_choice, self.strategy, openings)]
+
+    def _stop_tokens(self) -> set[int]:
+        """Token ids that end an answer: the tokenizer's and the generation config's end of sequence."""
+        stop = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
+        configured = getattr(self.model.generation_config, "eos_token_id", None)
+        stop |= set(configured if isinstance(configured, (list, tuple)) else [configured] if configured is not None
+                    else [])
+        return stop
+
+    def _step_forward(self, input_ids, attention_mask, cache) -> torch.Tensor:
+        """Logits of one more token per row on a cache that already holds the image (no pixels again)."""
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True,
+                          **{self._cache_argument: cache}).logits
 
     @torch.inference_mode()
     def _generate(self, questions: list[Question], max_new_tokens: int) -> list[str]:
