@@ -371,6 +371,7 @@ def test_rows_read_in_place_keep_their_attention_when_the_model_turns_eager_mid_
 
     steady.shared_prefix_attention = False  # copies its prefixes; no hook keeps attention rows
     image = steady.open_image(picture)
-    first, inner = steady.decoder.open_stepper([(picture, image, steady.render(Question("q", "Is it?", picture), False))], 1)
+    text = steady.render(Question("q", "Is it?", picture), False)
+    first, inner = steady.decoder.open_stepper([(picture, image, text)], 1)
     with pytest.raises(RuntimeError, match="no attention weights"):
         AttendingStepper(steady, inner, first).advance(torch.tensor([5]))

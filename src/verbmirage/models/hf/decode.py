@@ -39,7 +39,7 @@ class DecodeRows:
         if fresh:
             return self.decoder.open_stepper(self.items, repeats, None, None, self.strategy, self.openings)
         return self.decoder.open_stepper(self.items, repeats, self.opened, self.opened_noised, self.strategy,
-                                      self.openings)
+                                         self.openings)
 
     def attending(self, first: torch.Tensor, stepper):
         """``stepper`` reading the last layer's attention: an :class:`InPlaceStepper` computes it itself; other
@@ -98,7 +98,7 @@ class Decoder:
         self.engine = engine
 
     def kept_opening(self, opened: Rows, batch: list[int], items: list[tuple], noised: bool,
-                      openings: Openings) -> torch.Tensor:
+                     openings: Openings) -> torch.Tensor:
         """Scores a suffix batch as :meth:`_suffix_batch` does, as the opening of a decoding kept in ``openings``
         (greedy: the rows whose first token cannot decide their kind)."""
         stepper = self.prefix_stepper(opened, batch)
@@ -111,24 +111,25 @@ class Decoder:
     def prefix_stepper(self, opened: Rows, rows: list[int]):
         """A stepper opened on ``rows`` of ``opened`` (all on cached prefixes): prefixes read in place where the
         family allows it (:meth:`_reads_prefix_in_place`), else a copy of its prefix per row."""
+        engine = self.engine
         prefixes, image_of_row = opened.prefixes_of(rows)
         suffixes = [opened.suffix[i] for i in rows]
-        if self.engine._reads_prefix_in_place():
-            return InPlaceStepper(self.engine, prefixes, image_of_row, [opened.prefix_length[i] for i in rows], suffixes,
-                                  reserve=self.engine.strategy.new_tokens(self.engine.continue_tokens))
+        if engine._reads_prefix_in_place():
+            return InPlaceStepper(engine, prefixes, image_of_row, [opened.prefix_length[i] for i in rows], suffixes,
+                                  reserve=engine.strategy.new_tokens(engine.continue_tokens))
         lengths = sorted({opened.prefix_length[i] for i in rows})
         if len(lengths) != 1:  # the copies share one cache width: callers group rows by prefix length
-            raise ValueError(f"models.{self.engine.name}: a copied-prefix batch needs one prefix length, not {lengths}")
-        return PrefixStepper(self.engine, self.engine._rows_cache(prefixes, image_of_row), lengths[0], suffixes, prefixes[0].extra)
+            raise ValueError(f"models.{engine.name}: a copied-prefix batch needs one prefix length, not {lengths}")
+        return PrefixStepper(engine, engine._rows_cache(prefixes, image_of_row), lengths[0], suffixes,
+                             prefixes[0].extra)
 
     def _joins(self, stepper) -> bool:
         """Whether the rows of this kept opening may decode joined with those of others."""
         return self.engine.strategy.joins_rows and stepper.extra is None
 
-
     @torch.inference_mode()
     def decode(self, questions: list[Question], multiple_choice: bool, strategy,
-                openings: Openings | None = None) -> list[DecodedAnswer]:
+               openings: Openings | None = None) -> list[DecodedAnswer]:
         """Questions decode in one batch per image on its cached prefix (all images of the call together with
         :attr:`cross_image_batches`), expanded per row and beam: the prompts' own tokens run once more to open
         the rows. Without a shared prefix (InstructBLIP), one batch per image and prompt length.
@@ -144,7 +145,8 @@ class Decoder:
                 raise ValueError(error)
         stop = self.engine._stop_tokens()
         kept = openings.rows(False)
-        opened = None if all((path, text) in kept for path, _, text in items) else self.engine._open_rows(items, False)
+        opened = None if all((path, text) in kept for path, _, text in items) \
+            else self.engine._open_rows(items, False)
         kept_noised = openings.rows(True)
         opened_noised = self.engine._open_rows(items, True) if strategy.streams > 1 and opened is not None \
             and not all((path, text) in kept_noised for path, _, text in items) else None
@@ -157,7 +159,8 @@ class Decoder:
             elif opened.suffix[i] is None:  # whole prompts: one batch per image and token length
                 key = ("full", item[0], opened.length[i])
             else:
-                key = ("prefix", opened.prefix_length[i] if self.engine.cross_image_batches else opened.prefix_key[i])
+                key = ("prefix", opened.prefix_length[i] if self.engine.cross_image_batches
+                       else opened.prefix_key[i])
             batches.setdefault(key, []).append(i)
 
         def run(rows: list[int]) -> Decoded:
@@ -182,8 +185,8 @@ class Decoder:
 
     def _record(self, answers: list, rows: list[int], decoded: Decoded) -> None:
         for i, row, probability in zip(rows, decoded.tokens, decoded.first_probability):
-            answers[i] = DecodedAnswer(row[0] if row else None, self.engine.tokenizer.decode(row, skip_special_tokens=True),
-                                       probability)
+            text = self.engine.tokenizer.decode(row, skip_special_tokens=True)
+            answers[i] = DecodedAnswer(row[0] if row else None, text, probability)
 
     def image_span(self, image, text: str) -> tuple[int, int]:
         """First and last position of the image tokens in the prompt."""

@@ -4,8 +4,8 @@ The scoring pass of the transformers engine (:meth:`~verbmirage.models.hf.engine
 runs every prompt up to its first answer position. Where a decoding follows on those questions (beam search,
 sampling, OPERA; greedy answers whose first token decides nothing), it can continue from the scoring pass's rows
 instead of running the prompts again. Those rows travel in an :class:`Openings` that the scoring call returns and
-the decoding takes as an argument (:meth:`~verbmirage.models.hf.engine.TransformersVLM.decode_answers`); nothing of one call
-stays on the model for the next. A decoding without one opens its rows from the prompts (on the cached image
+the decoding takes as an argument (:meth:`~verbmirage.models.hf.engine.TransformersVLM.decode_answers`); nothing
+of one call stays on the model for the next. A decoding without one opens its rows from the prompts (on the cached image
 prefixes where they are kept), with the same answers.
 """
 

@@ -119,7 +119,8 @@ class LogitsVLM(VisionLanguageModel):
         return {eos} if eos is not None else set()
 
     def _decisions(self, questions: list[Question], errors: list, best: torch.Tensor, multiple_choice: bool,
-                   decided, openings: Openings | None = None) -> tuple[list[int | None], dict[int, str], dict[int, float]]:
+                   decided, openings: Openings | None = None) \
+            -> tuple[list[int | None], dict[int, str], dict[int, float]]:
         """The first answer token of each question (None: the answer ended at once), where needed its decoded
         text, and the first token's probability of each answer a decoding strategy decoded
         (:attr:`DecodedAnswer.probability`).
