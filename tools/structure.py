@@ -28,10 +28,10 @@ MODULE_AIM = 600
 #: A class that grows past its figure, or gets under the limit while still listed here, fails the check. The
 #: transformers engine and its families wait for their engine to be split into collaborators.
 PENDING = {
-    "verbmirage.models.hf.engine.TransformersVLM": 1185,
-    "verbmirage.models.hf.families.LlavaVLM": 1198,
-    "verbmirage.models.hf.families.InstructBlipVLM": 1220,
-    "verbmirage.models.hf.families.QwenVLM": 1245,
+    "verbmirage.models.hf.engine.TransformersVLM": 1037,
+    "verbmirage.models.hf.families.LlavaVLM": 1050,
+    "verbmirage.models.hf.families.InstructBlipVLM": 1072,
+    "verbmirage.models.hf.families.QwenVLM": 1097,
 }
 
 

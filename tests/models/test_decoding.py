@@ -60,7 +60,7 @@ class DesignedLogits(LogitsVLM):
     def answer_logits(self, questions, multiple_choice):
         return self.logits[: len(questions)], [None] * len(questions)
 
-    def continue_answers(self, questions, multiple_choice):
+    def continue_answers(self, questions, multiple_choice, openings=None):
         self.asked += [q.question_id for q in questions]
         return None if self.continuation is None else self.continuation[: len(questions)]
 
@@ -158,7 +158,7 @@ class DesignedDecoding(DesignedLogits):
         super().__init__(logits, None)
         self.decoded = decoded
 
-    def decode_answers(self, questions, multiple_choice):
+    def decode_answers(self, questions, multiple_choice, openings=None):
         return self.decoded[: len(questions)]
 
 

@@ -20,6 +20,7 @@ from PIL import Image
 from transformers import LogitsProcessor, LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 from verbmirage.models import create_model
+from verbmirage.models.hf.decode import Decoder
 from verbmirage.variants import search as decoding
 from verbmirage.models.base import Question
 from verbmirage.variants.settings import Variant, VCDSettings
@@ -252,8 +253,8 @@ def test_decoding_holds_at_most_the_calls_rows_and_halves_on_out_of_memory(tiny_
     questions = yes_no_questions(scene, n=6)
     model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 3, "max_new_tokens": 4}))
     opened = []
-    real = type(model)._open_stepper
-    monkeypatch.setattr(type(model), "_open_stepper", lambda self, items, repeats, *rows:
+    real = Decoder.open_stepper
+    monkeypatch.setattr(Decoder, "open_stepper", lambda self, items, repeats, *rows:
                         opened.append(len(items)) or real(self, items, repeats, *rows))
     expected = model.decode_answers(questions, False)
     assert opened == ([6] if in_place else [2, 2, 2])
@@ -263,7 +264,7 @@ def test_decoding_holds_at_most_the_calls_rows_and_halves_on_out_of_memory(tiny_
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(self, items, repeats, *rows)
 
-    monkeypatch.setattr(type(model), "_open_stepper", tight)
+    monkeypatch.setattr(Decoder, "open_stepper", tight)
     with caplog.at_level("WARNING"):
         assert alike(model.decode_answers(questions, False), expected)
     assert any("batch halved to 1" in record.getMessage() for record in caplog.records)
@@ -279,7 +280,7 @@ def test_decoding_from_the_scoring_pass_equals_opening_the_prompts_again(tiny_di
     """Greedy continuations, beam search, sampling (with VCD) and OPERA start from the scoring pass's rows (kept
     openings) instead of running the prompts again: the same results as without them, YN and MC of both images
     in one call. Suffix batches cut at every length here, so a decoding joins rows of several (not OPERA)."""
-    from verbmirage.models.hf.engine import TransformersVLM
+    from verbmirage.models.hf.handoff import Openings
     from verbmirage.models.hf.steppers import InPlaceStepper, PrefixStepper
 
     model = tiny(tiny_dirs, "llava")
@@ -296,21 +297,21 @@ def test_decoding_from_the_scoring_pass_equals_opening_the_prompts_again(tiny_di
                  scene[i % 2], ("riding", "holding", "eating", "washing")) for i in (2, 0, 3, 1)]  # batches interleaved
     questions.insert(7, replace(questions[6], question_id="m2_again"))  # one prompt asked twice of an image
     flags = [q.options is not None and len(q.options) > 0 for q in questions]
-    taken = []
-    real_take = TransformersVLM._take_opening
-    monkeypatch.setattr(TransformersVLM, "_take_opening",
-                        lambda self, items, noised, *repeats: taken.append(real_take(self, items, noised, *repeats))
-                        or taken[-1])
+    taken, handed = [], []
+    real_take = Openings.take
+    monkeypatch.setattr(Openings, "take", lambda self, *args: handed.append(self)
+                        or taken.append(real_take(self, *args)) or taken[-1])
     kept = model.score_mixed(questions, flags)
     # decodings started from scoring rows: YN and MC (greedy: the MC answers, whose first token is "No")
     assert sum(stepper is not None for stepper in taken) >= (1 if entry["decoding"] == "greedy" else 2)
+    assert len({id(openings) for openings in handed}) == 1  # the call's one hand-off
     if entry["decoding"] != "greedy":  # every question decoded: no kept row is left
-        assert not any(model._openings[noised] for noised in (False, True)), model._openings
+        assert not any(handed[0].rows(noised) for noised in (False, True)), handed[0]
     assert (len(joined) > 0) == (entry["decoding"] != "opera"), joined
 
-    monkeypatch.setattr(TransformersVLM, "_take_opening", lambda self, items, noised, *repeats: None)
-    monkeypatch.setattr(TransformersVLM, "_kept_opening",
-                        lambda self, opened, batch, items, noised: self._suffix_batch(opened, batch))
+    monkeypatch.setattr(Openings, "take", lambda self, *args: None)
+    monkeypatch.setattr(Decoder, "kept_opening",
+                        lambda self, opened, batch, items, noised, openings: model._suffix_batch(opened, batch))
     model.forget_prefixes()
     again = model.score_mixed(questions, flags)
     for ours, theirs in zip(kept, again):
@@ -319,6 +320,46 @@ def test_decoding_from_the_scoring_pass_equals_opening_the_prompts_again(tiny_di
         for name in ("p_yes", "confidence"):
             if getattr(ours, name, None) is not None:
                 assert getattr(ours, name) == pytest.approx(getattr(theirs, name), abs=1e-5, nan_ok=True)
+
+
+@pytest.mark.parametrize("entry", [
+    {"decoding": "beam", "num_beams": 2, "max_new_tokens": 4},
+    {"decoding": "sample", "seed": 3, "max_new_tokens": 4, "vcd": {}},  # the noised stream's rows too
+])
+def test_a_decoding_continues_from_the_hand_off_it_is_given(tiny_dirs, scene, tmp_path, monkeypatch, entry):
+    """The scoring call returns what its decoding continues from (``Openings``); the model keeps none of it.
+    Scoring another batch in between changes nothing: the first batch decodes from its own hand-off, every row
+    taken from it (no prompt opened again), to the answers it decodes right after its own scoring. Without a
+    hand-off the decoding opens its rows from the prompts, to the same answers."""
+    model = tiny(tiny_dirs, "llava")
+    model.use_variant(Variant.from_config(entry))
+    first = yes_no_questions(scene, n=4)
+    other = Image.fromarray(np.random.default_rng(7).integers(0, 255, (40, 56, 3), dtype=np.uint8))
+    other.save(tmp_path / "other.png")
+    second = [Question(f"o{i}", f"Is the person {verb} the dog?", tmp_path / "other.png")
+              for i, verb in enumerate(("walking", "feeding"))]
+    opened = []
+    real_open = type(model)._open_rows
+    monkeypatch.setattr(type(model), "_open_rows", lambda self, items, noised: opened.append(len(items))
+                        or real_open(self, items, noised))
+
+    handoff = model.answer_logits(first, False)[3]
+    opened.clear()  # the scoring pass's own
+    right_after = model.decode_answers(first, False, handoff)
+    assert opened == [], opened  # every row from the hand-off
+
+    model.forget_prefixes()
+    handoff = model.answer_logits(first, False)[3]
+    assert all(len(handoff.rows(noised)) == len(first) for noised in (False, True)[: 1 + bool(entry.get("vcd"))])
+    model.answer_logits(second, False)  # another call in between: its hand-off is its own
+    opened.clear()
+    assert alike(model.decode_answers(first, False, handoff), right_after)
+    assert opened == [], opened
+    assert not any(handoff.rows(noised) for noised in (False, True))  # taken: the rows are the decoding's
+
+    without = model.decode_answers(first, False)  # no hand-off: whole prompts, on the image prefixes
+    assert opened, "a decoding without a hand-off opens its rows from the prompts"
+    assert alike(without, right_after)
 
 
 @pytest.mark.parametrize("entry", [

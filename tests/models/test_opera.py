@@ -162,7 +162,7 @@ def test_opera_on_the_tiny_models(tiny_dirs, picture, family):
     text = model.render(questions[0], False)
     image = model.open_image(picture)
     model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 3, "max_new_tokens": 4}))
-    first, stepper = model._open_stepper([(picture, image, text)], 3)
+    first, stepper = model.decoder.open_stepper([(picture, image, text)], 3)
     masked = TopCandidates(stepper, 3)
     expected = decoding.beam_search(masked.first, masked, 3, 4, model._stop_tokens()).tokens[0]
     model.use_variant(Variant.from_config({
@@ -311,10 +311,10 @@ def test_attention_rows_read_in_place_equal_eager_attention_on_copied_prefixes(t
     texts = [m.render(Question("q", prompt, picture), False) for m, prompt in
              zip(models, ["Is the person riding the horse?", "Is someone washing the horse near the table?"])]
     items = [(picture, image, text) for text in texts]
-    first, ours = in_place._open_stepper(items, 2)
+    first, ours = in_place.decoder.open_stepper(items, 2)
     assert isinstance(ours, InPlaceStepper)
     ours.records_attention = True
-    eager_first, inner = eager._open_stepper([(picture, eager.open_image(picture), text) for text in texts], 2)
+    eager_first, inner = eager.decoder.open_stepper([(picture, eager.open_image(picture), text) for text in texts], 2)
     theirs = AttendingStepper(eager, inner, eager_first)
     torch.testing.assert_close(first, eager_first, atol=1e-5, rtol=1e-5)
     assert len(set(ours.prompt_lengths)) == 2  # prompts of two lengths: padding in both layouts
@@ -352,7 +352,7 @@ def test_rows_read_in_place_keep_their_attention_when_the_model_turns_eager_mid_
         image = model.open_image(picture)
         texts = [model.render(Question("q", p, picture), False) for p in ["Is the person riding the horse?",
                                                                           "Is someone feeding the horse?"]]
-        first, stepper = model._open_stepper([(picture, image, text) for text in texts], 2)
+        first, stepper = model.decoder.open_stepper([(picture, image, text) for text in texts], 2)
         assert isinstance(stepper, InPlaceStepper)
         stepper.records_attention = True
         return stepper
@@ -371,6 +371,7 @@ def test_rows_read_in_place_keep_their_attention_when_the_model_turns_eager_mid_
 
     steady.shared_prefix_attention = False  # copies its prefixes; no hook keeps attention rows
     image = steady.open_image(picture)
-    first, inner = steady._open_stepper([(picture, image, steady.render(Question("q", "Is it?", picture), False))], 1)
+    text = steady.render(Question("q", "Is it?", picture), False)
+    first, inner = steady.decoder.open_stepper([(picture, image, text)], 1)
     with pytest.raises(RuntimeError, match="no attention weights"):
         AttendingStepper(steady, inner, first).advance(torch.tensor([5]))

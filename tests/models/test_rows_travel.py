@@ -139,4 +139,4 @@ def test_the_end_lift_makes_the_engine_stop_at_once(ends_at_once, scene):
     """The fixture's premise, checked: greedy decoding of the lifted model emits nothing."""
     question = _questions(scene)[0][0]
     ends_at_once.use_variant(Variant.from_config({}))
-    assert [answer[:2] for answer in ends_at_once._decode([question], False, ends_at_once.strategy)] == [(None, "")]
+    assert [answer[:2] for answer in ends_at_once.decoder.decode([question], False, ends_at_once.strategy)] == [(None, "")]

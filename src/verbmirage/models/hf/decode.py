@@ -2,16 +2,18 @@
 from the scoring pass's kept rows, or from whole prompts), hands them to the strategy
 (:mod:`verbmirage.variants.strategies`) as :class:`DecodeRows`, and records the answers.
 
-:class:`Decoder` is a mixin of :class:`~verbmirage.models.hf.engine.TransformersVLM`.
+:class:`Decoder` is a collaborator of :class:`~verbmirage.models.hf.engine.TransformersVLM`.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any, Protocol
 
 import torch
 
 from verbmirage.models.base import Question
+from verbmirage.models.hf.handoff import Openings
 from verbmirage.models.hf.prefix_cache import Rows
 from verbmirage.models.hf.scoring import DecodedAnswer
 from verbmirage.models.hf.steppers import AttendingStepper, FullStepper, InPlaceStepper, PrefixStepper
@@ -22,17 +24,22 @@ class DecodeRows:
     """The questions of one decoding batch as a strategy sees them
     (:class:`~verbmirage.variants.strategies.AttendingRows`): ``items`` are (image path, image, prompt text);
     ``opened`` (``opened_noised``): the call's tokenization of the clean (noised) images and these rows' indices
-    in it."""
+    in it; ``openings``: the scoring call's hand-off, whose kept rows these questions start from where it has
+    them."""
 
-    def __init__(self, vlm, strategy, items: list[tuple], question_ids: list[str],
-                 opened: tuple[Rows, list[int]] | None = None, opened_noised: tuple[Rows, list[int]] | None = None):
-        self.vlm, self.strategy, self.items, self.question_ids = vlm, strategy, items, question_ids
-        self.opened, self.opened_noised, self.name = opened, opened_noised, vlm.name
+    def __init__(self, decoder: Decoder, strategy, items: list[tuple], question_ids: list[str],
+                 opened: tuple[Rows, list[int]] | None = None, opened_noised: tuple[Rows, list[int]] | None = None,
+                 openings: Openings | None = None):
+        self.decoder, self.vlm = decoder, decoder.engine
+        self.strategy, self.items, self.question_ids = strategy, items, question_ids
+        self.opened, self.opened_noised, self.name = opened, opened_noised, self.vlm.name
+        self.openings = openings
 
     def open(self, repeats: int, fresh: bool = False):
         if fresh:
-            return self.vlm._open_stepper(self.items, repeats, None, None, self.strategy)
-        return self.vlm._open_stepper(self.items, repeats, self.opened, self.opened_noised, self.strategy)
+            return self.decoder.open_stepper(self.items, repeats, None, None, self.strategy, self.openings)
+        return self.decoder.open_stepper(self.items, repeats, self.opened, self.opened_noised, self.strategy,
+                                         self.openings)
 
     def attending(self, first: torch.Tensor, stepper):
         """``stepper`` reading the last layer's attention: an :class:`InPlaceStepper` computes it itself; other
@@ -45,120 +52,103 @@ class DecodeRows:
         return AttendingStepper(self.vlm, stepper, first)
 
     def image_spans(self) -> list[tuple[int, int]]:
-        return [self.vlm._image_span(image, text) for _, image, text in self.items]
+        return [self.decoder.image_span(image, text) for _, image, text in self.items]
 
     def prompt_lengths(self) -> list[int]:
         return [int(self.vlm.encode_shared_image([text], image)["attention_mask"].sum())
                 for _, image, text in self.items]
 
     def alone(self, row: int) -> "DecodeRows":
-        return DecodeRows(self.vlm, self.strategy, [self.items[row]], [self.question_ids[row]])
+        return DecodeRows(self.decoder, self.strategy, [self.items[row]], [self.question_ids[row]],
+                          openings=self.openings)
 
 
-def take_opening(kept: dict | None, items: list[tuple], repeats: int, joins) -> object | None:
-    """A stepper on ``items``, each row ``repeats`` times (its beams), from ``kept`` (a call's kept openings of
-    one stream: (image path, prompt) -> (stepper, row)), or None: the rows of one scoring batch, or of several
-    joined where ``joins`` allows each stepper (:meth:`PrefixStepper.joined`; not for OPERA, which needs one
-    prompt width, nor where a prefix carries more than its keys and values, such as Qwen's rope delta). The rows
-    are copied once, beams included, and leave ``kept``: the decoding owns them now, so the scoring batches' rows
-    free as their questions are taken."""
-    found = [kept.get((path, text)) for path, _, text in items] if kept else [None]
-    if any(entry is None for entry in found):
-        return None
-    steppers = {id(stepper): stepper for stepper, _ in found}
-    if len(steppers) == 1:
-        stepper = found[0][0].subset([row for _, row in found for _ in range(repeats)], repeats)
-    elif all(map(joins, steppers.values())):
-        stepper = type(found[0][0]).joined([pick for pick in found for _ in range(repeats)], repeats)
-    else:
-        return None
-    for path, _, text in items:
-        kept.pop((path, text), None)
-    return stepper
+class DecoderHost(Protocol):
+    """What :class:`Decoder` and its :class:`DecodeRows` need of their engine
+    (:class:`~verbmirage.models.hf.engine.TransformersVLM`); the steppers they open get the engine itself."""
+
+    name: str
+    tokenizer: Any
+    strategy: Any
+    continue_tokens: int
+    batch_rows: int | None
+    cross_image_batches: bool
+    _deciding_tokens: dict[bool, frozenset[int]]
+
+    def render(self, question: Question, multiple_choice: bool | None) -> str: ...
+    def encode_shared_image(self, texts: list[str], image) -> dict: ...
+    def keep_last_attention(self) -> None: ...
+    def _open_items(self, questions: list[Question], texts: list[str], new_call: bool = False) -> tuple: ...
+    def _open_rows(self, items: list[tuple], noised: bool) -> Rows: ...
+    def _reads_prefix_in_place(self) -> bool: ...
+    def _rows_cache(self, prefixes: list, image_of_row: list[int]): ...
+    def _with_shrinking_batches(self, method, items: list, size: int | None = None, combine=..., openings=None): ...
+    def _real_tokens(self, logits: torch.Tensor) -> torch.Tensor: ...
+    def _noised_inputs(self, encoded: dict, image_path) -> dict: ...
+    def _image_token_id(self) -> int: ...
+    def _stop_tokens(self) -> set[int]: ...
 
 
 class Decoder:
-    """Decoding past the first answer token (a mixin of ``TransformersVLM``)."""
+    """Decoding past the first answer token, a collaborator of the transformers engine (its ``decoder``): from
+    the rows a scoring call kept (``openings``: the :class:`~.handoff.Openings` it returned), else from the
+    prompts. It reads of the engine only what :class:`DecoderHost` declares."""
 
-    #: (scoring before a decoding) noised -> {(image path, prompt): (stepper, row)}: the decoding takes its rows
-    #: from these steppers instead of running the prompts again; None when no decoding follows
-    _openings: dict | None = None
+    def __init__(self, engine: DecoderHost):
+        self.engine = engine
 
-    def _kept_opening(self, opened: Rows, batch: list[int], items: list[tuple], noised: bool) -> torch.Tensor:
-        """Scores a suffix batch as :meth:`_suffix_batch` does, as the opening of a decoding, and keeps it."""
-        stepper = self._prefix_stepper(opened, batch)
+    def kept_opening(self, opened: Rows, batch: list[int], items: list[tuple], noised: bool,
+                     openings: Openings) -> torch.Tensor:
+        """Scores a suffix batch as :meth:`_suffix_batch` does, as the opening of a decoding kept in ``openings``
+        (greedy: the rows whose first token cannot decide their kind)."""
+        stepper = self.prefix_stepper(opened, batch)
         values = stepper.first.cpu()
-        rows = list(range(len(batch)))
-        if self.strategy.decides_by_first_token:  # continued: only rows whose first token cannot decide their kind
-            tokens = self._real_tokens(values).argmax(dim=-1).tolist()
-            kinds = [self._multiple_choice_of.get((items[i][0], items[i][2]), False) for i in batch]
-            rows = [row for row, (token, kind) in enumerate(zip(tokens, kinds))
-                    if token not in self._answer_tokens(kind)]
-            stepper = stepper.subset(rows) if rows else None
-        kept = self._openings[noised]
-        for position, row in enumerate(rows):
-            kept[items[batch[row]][0], items[batch[row]][2]] = (stepper, position)
+        deciding = self.engine._deciding_tokens if self.engine.strategy.decides_by_first_token else None
+        openings.keep(noised, stepper, [(items[i][0], items[i][2]) for i in batch],
+                      deciding and self.engine._real_tokens(values).argmax(dim=-1).tolist(), deciding)
         return values
 
-    def _answer_tokens(self, multiple_choice: bool) -> frozenset[int]:
-        """Token ids a first token can decide an answer with: the option letters (MC), yes and no (YN)."""
-        if getattr(self, "_answer_token_sets", None) is None:
-            ids = lambda groups: frozenset(int(i) for group in groups for i in group.tolist())  # noqa: E731
-            self._answer_token_sets = {True: ids(self._letter_ids), False: ids((self._yes_ids, self._no_ids))}
-        return self._answer_token_sets[multiple_choice]
-
-    def _take_opening(self, items: list[tuple], noised: bool, repeats: int = 1):
-        """A stepper on ``items`` from the call's kept openings (:func:`take_opening`), or None."""
-        return take_opening((self._openings or {}).get(noised), items, repeats, self._joins)
-
-    def _prefix_stepper(self, opened: Rows, rows: list[int]):
+    def prefix_stepper(self, opened: Rows, rows: list[int]):
         """A stepper opened on ``rows`` of ``opened`` (all on cached prefixes): prefixes read in place where the
         family allows it (:meth:`_reads_prefix_in_place`), else a copy of its prefix per row."""
+        engine = self.engine
         prefixes, image_of_row = opened.prefixes_of(rows)
         suffixes = [opened.suffix[i] for i in rows]
-        if self._reads_prefix_in_place():
-            return InPlaceStepper(self, prefixes, image_of_row, [opened.prefix_length[i] for i in rows], suffixes,
-                                  reserve=self.strategy.new_tokens(self.continue_tokens))
+        if engine._reads_prefix_in_place():
+            return InPlaceStepper(engine, prefixes, image_of_row, [opened.prefix_length[i] for i in rows], suffixes,
+                                  reserve=engine.strategy.new_tokens(engine.continue_tokens))
         lengths = sorted({opened.prefix_length[i] for i in rows})
         if len(lengths) != 1:  # the copies share one cache width: callers group rows by prefix length
-            raise ValueError(f"models.{self.name}: a copied-prefix batch needs one prefix length, not {lengths}")
-        return PrefixStepper(self, self._rows_cache(prefixes, image_of_row), lengths[0], suffixes, prefixes[0].extra)
+            raise ValueError(f"models.{engine.name}: a copied-prefix batch needs one prefix length, not {lengths}")
+        return PrefixStepper(engine, engine._rows_cache(prefixes, image_of_row), lengths[0], suffixes,
+                             prefixes[0].extra)
 
     def _joins(self, stepper) -> bool:
         """Whether the rows of this kept opening may decode joined with those of others."""
-        return self.strategy.joins_rows and stepper.extra is None
-
-
-    def decode_answers(self, questions: list[Question], multiple_choice: bool) -> list[DecodedAnswer]:
-        """Each question decoded with the variant's strategy (greedy, beam, sampling, OPERA; VCD on top): (first
-        token, text, the first token's probability in the distribution the first step drew it from)."""
-        return self._decode(questions, multiple_choice, self.strategy)
-
-    def continue_answers(self, questions: list[Question], multiple_choice: bool) -> list[str]:
-        """``continue_tokens`` more tokens after the first (the scoring argmax), decoded by the variant's own
-        strategy (greedy, or a subclass of it: its :meth:`~verbmirage.variants.strategies.Decoding.
-        logits_processors` included), on the cached image prefix like every other decoding."""
-        return [answer.text for answer in self._decode(questions, multiple_choice, self.strategy)]
+        return self.engine.strategy.joins_rows and stepper.extra is None
 
     @torch.inference_mode()
-    def _decode(self, questions: list[Question], multiple_choice: bool, strategy) -> list[DecodedAnswer]:
+    def decode(self, questions: list[Question], multiple_choice: bool, strategy,
+               openings: Openings | None = None) -> list[DecodedAnswer]:
         """Questions decode in one batch per image on its cached prefix (all images of the call together with
         :attr:`cross_image_batches`), expanded per row and beam: the prompts' own tokens run once more to open
         the rows. Without a shared prefix (InstructBLIP), one batch per image and prompt length.
 
         ``strategy``: the :class:`~verbmirage.variants.strategies.Decoding` that decodes them."""
-        new_tokens = strategy.new_tokens(self.continue_tokens)
+        openings = openings or Openings()  # no hand-off: every row opens from its prompt
+        new_tokens = strategy.new_tokens(self.engine.continue_tokens)
         answers: list[DecodedAnswer] = [DecodedAnswer(None, "", math.nan)] * len(questions)
-        texts = [self.render(q, multiple_choice) for q in questions]
-        errors, items = self._open_items(questions, texts)
+        texts = [self.engine.render(q, multiple_choice) for q in questions]
+        errors, items = self.engine._open_items(questions, texts)
         for i, error in enumerate(errors):
             if error is not None:
                 raise ValueError(error)
-        stop = self._stop_tokens()
-        kept = (self._openings or {}).get(False) or {}
-        opened = None if all((path, text) in kept for path, _, text in items) else self._open_rows(items, False)
-        kept_noised = (self._openings or {}).get(True) or {}
-        opened_noised = self._open_rows(items, True) if strategy.streams > 1 and opened is not None \
+        stop = self.engine._stop_tokens()
+        kept = openings.rows(False)
+        opened = None if all((path, text) in kept for path, _, text in items) \
+            else self.engine._open_rows(items, False)
+        kept_noised = openings.rows(True)
+        opened_noised = self.engine._open_rows(items, True) if strategy.streams > 1 and opened is not None \
             and not all((path, text) in kept_noised for path, _, text in items) else None
         batches: dict[tuple, list[int]] = {}
         for i, item in enumerate(items):
@@ -169,12 +159,13 @@ class Decoder:
             elif opened.suffix[i] is None:  # whole prompts: one batch per image and token length
                 key = ("full", item[0], opened.length[i])
             else:
-                key = ("prefix", opened.prefix_length[i] if self.cross_image_batches else opened.prefix_key[i])
+                key = ("prefix", opened.prefix_length[i] if self.engine.cross_image_batches
+                       else opened.prefix_key[i])
             batches.setdefault(key, []).append(i)
 
         def run(rows: list[int]) -> Decoded:
             decoding = DecodeRows(self, strategy, [items[i] for i in rows], [questions[i].question_id for i in rows],
-                                  opened and (opened, rows), opened_noised and (opened_noised, rows))
+                                  opened and (opened, rows), opened_noised and (opened_noised, rows), openings)
             return strategy.decode(decoding, new_tokens, stop)
 
         for rows in batches.values():
@@ -184,38 +175,30 @@ class Decoder:
             # their own columns, a tenth of a copy or less (LLaVA: a 577-token prefix, 20-80 own columns; a beam
             # only its decoded ones, its question's prompt columns shared), so all the batch's questions decode
             # together
-            size = min(len(questions), self.batch_rows or len(questions))
-            if not self._reads_prefix_in_place():
+            size = min(len(questions), self.engine.batch_rows or len(questions))
+            if not self.engine._reads_prefix_in_place():
                 size //= strategy.beams * strategy.streams
-            self._record(answers, rows, self._with_shrinking_batches(run, rows, size, combine=Decoded.joined))
-        for kept_rows in (self._openings or {}).values():  # decoded: their scoring rows are no longer needed
-            for path, _, text in items:
-                kept_rows.pop((path, text), None)
+            self._record(answers, rows, self.engine._with_shrinking_batches(run, rows, size, combine=Decoded.joined,
+                                                                     openings=openings))
+        openings.forget([(path, text) for path, _, text in items])  # decoded: their scoring rows are not needed
         return answers
 
     def _record(self, answers: list, rows: list[int], decoded: Decoded) -> None:
         for i, row, probability in zip(rows, decoded.tokens, decoded.first_probability):
-            answers[i] = DecodedAnswer(row[0] if row else None, self.tokenizer.decode(row, skip_special_tokens=True),
-                                       probability)
+            text = self.engine.tokenizer.decode(row, skip_special_tokens=True)
+            answers[i] = DecodedAnswer(row[0] if row else None, text, probability)
 
-    def _image_span(self, image, text: str) -> tuple[int, int]:
+    def image_span(self, image, text: str) -> tuple[int, int]:
         """First and last position of the image tokens in the prompt."""
-        ids = self.encode_shared_image([text], image)["input_ids"][0]
-        positions = torch.nonzero(ids == self._image_token_id()).flatten()
+        ids = self.engine.encode_shared_image([text], image)["input_ids"][0]
+        positions = torch.nonzero(ids == self.engine._image_token_id()).flatten()
         if len(positions) == 0:
-            raise ValueError(f"models.{self.name}: OPERA needs the image tokens in the prompt, found none")
+            raise ValueError(f"models.{self.engine.name}: OPERA needs the image tokens in the prompt, found none")
         return int(positions[0]), int(positions[-1])
 
-    def _stop_tokens(self) -> set[int]:
-        """Token ids that end an answer: the tokenizer's and the generation config's end of sequence."""
-        stop = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
-        configured = getattr(self.model.generation_config, "eos_token_id", None)
-        stop |= set(configured if isinstance(configured, (list, tuple)) else [configured] if configured is not None
-                    else [])
-        return stop
-
-    def _open_stepper(self, items: list[tuple], repeats: int, opened: tuple[Rows, list[int]] | None = None,
-                      opened_noised: tuple[Rows, list[int]] | None = None, strategy=None):
+    def open_stepper(self, items: list[tuple], repeats: int, opened: tuple[Rows, list[int]] | None = None,
+                      opened_noised: tuple[Rows, list[int]] | None = None, strategy=None,
+                      openings: Openings | None = None):
         """First-position logits [rows, vocab] and the stepper of ``items`` ((image path, image, text): prompts
         on one prefix length, or of one image and one token length), each row repeated ``repeats`` times;
         the streams combined by ``strategy`` (default: the variant's; VCD: the contrasted pair of a clean and a
@@ -223,13 +206,14 @@ class Decoder:
         tokenized, as rows of an :meth:`_open_rows` result of the clean (noised) images. Both come from the same
         items, so the noised rows split into prefix and suffix where the clean ones do (a shared text header is
         chosen over all the items: opened again on a batch's rows alone, its rows could differ in prefix length)."""
-        strategy = strategy or self.strategy
+        strategy = strategy or self.engine.strategy
         # several streams (VCD) with beams: the streams open one row per question and join (one forward for both),
         # and then the joined rows repeat per beam: one copy of the beams' rows, not one per stream and a joined one
         times = repeats if strategy.streams > 1 else 1
 
         def stream(noised: bool):
-            return self._stream(items, repeats // times, noised=noised, opened=opened_noised if noised else opened)
+            return self._stream(items, repeats // times, noised=noised, opened=opened_noised if noised else opened,
+                                openings=openings)
 
         first, stepper = strategy.combine(stream)
         if times > 1:
@@ -238,31 +222,25 @@ class Decoder:
         return first, stepper
 
     def _stream(self, items: list[tuple], repeats: int, noised: bool,
-                opened: tuple[Rows, list[int]] | None = None):
-        """A stepper over ``items``: the scoring pass's (kept openings), else on the cached image prefixes (any
+                opened: tuple[Rows, list[int]] | None = None, openings: Openings | None = None):
+        """A stepper over ``items``: the scoring pass's (kept in ``openings``), else on the cached image prefixes (any
         prompt lengths), else whole prompts."""
-        stepper = self._take_opening(items, noised, repeats)
+        stepper = openings.take(noised, items, repeats, self._joins) if openings else None
         if stepper is not None:
             return stepper.first, stepper
-        opened, rows = opened or (self._open_rows(items, noised), list(range(len(items))))
+        opened, rows = opened or (self.engine._open_rows(items, noised), list(range(len(items))))
         if not any(opened.suffix[i] is None for i in rows):
-            stepper = self._prefix_stepper(opened, rows)
+            stepper = self.prefix_stepper(opened, rows)
             stepper.repeat(repeats)  # each prompt runs once; its beams start from copies of its cache
             return stepper.first, stepper
         image_path, image, _ = items[0]
-        encoded = self.encode_shared_image([text for *_, text in items], image)
+        encoded = self.engine.encode_shared_image([text for *_, text in items], image)
         if noised:
-            encoded = self._noised_inputs(encoded, image_path)
+            encoded = self.engine._noised_inputs(encoded, image_path)
         repeated = {key: value.repeat_interleave(repeats, 0) if isinstance(value, torch.Tensor) else value
                     for key, value in encoded.items()}
         if "image_grid_thw" in encoded:  # Qwen: patches are rows of pixel_values, one grid per image
             repeated["pixel_values"] = encoded["pixel_values"].repeat(repeats, 1)
             repeated["image_grid_thw"] = encoded["image_grid_thw"].repeat(repeats, 1)
-        stepper = FullStepper(self, repeated)
+        stepper = FullStepper(self.engine, repeated)
         return stepper.first, stepper
-
-    def _step_forward(self, input_ids, attention_mask, cache) -> torch.Tensor:
-        """Logits of one more token per row on a cache that already holds the image (no pixels again)."""
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True,
-                          **{self._cache_argument: cache}).logits
-

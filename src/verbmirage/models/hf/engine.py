@@ -27,9 +27,10 @@ Results equal an unbatched full forward pass (tested to 1e-4 on every tiny
 model).
 
 The engine's parts, by concern: :mod:`.inputs` (prompts and processor inputs), :mod:`.prefix_cache` (the
-cached prefixes and suffix batches), :mod:`.decode` and :mod:`.steppers` (the rows a decoding strategy
-advances; the strategies themselves are :mod:`verbmirage.variants.strategies`), :mod:`.scoring` (logits to
-answers) and :mod:`.families` (LLaVA, InstructBLIP, Qwen2-VL).
+cached prefixes and suffix batches), :mod:`.decode` (the engine's ``decoder``, a collaborator; what a scoring
+call hands it: :mod:`.handoff`) and :mod:`.steppers` (the rows a decoding strategy advances; the strategies
+themselves are :mod:`verbmirage.variants.strategies`), :mod:`.scoring` (logits to answers) and :mod:`.families`
+(LLaVA, InstructBLIP, Qwen2-VL).
 """
 
 from __future__ import annotations
@@ -47,10 +48,11 @@ from PIL import Image
 from verbmirage.models.adapters import attach_adapter
 from verbmirage.models.base import Question, allow_remote_code
 from verbmirage.models.hf.decode import Decoder
+from verbmirage.models.hf.handoff import Openings
 from verbmirage.models.hf.inputs import PromptInputs
 from verbmirage.models.hf.memory import engine_memory_costs
 from verbmirage.models.hf.prefix_cache import Prefix, PrefixCache
-from verbmirage.models.hf.scoring import LogitsVLM
+from verbmirage.models.hf.scoring import DecodedAnswer, LogitsVLM
 from verbmirage.models.hf.tokens import DTYPES, decoder_layers, is_out_of_memory, use_eager_language_model
 from verbmirage.models.prompts import CHAT_TEMPLATE, PromptTemplate
 from verbmirage.models.registry import IMAGE_MODES
@@ -59,7 +61,7 @@ from verbmirage.variants.settings import ALL_FEATURES
 log = logging.getLogger(__name__)
 
 
-class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
+class TransformersVLM(PromptInputs, PrefixCache, LogitsVLM):
     """Any model that loads with ``AutoModelForImageTextToText`` + ``AutoProcessor`` and has a chat template."""
 
     backend = "hf"
@@ -123,6 +125,7 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
         # transformers 5.2x renamed the cache argument `past_key_values` -> `cache`.
         parameters = inspect.signature(self.model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
+        self.decoder = Decoder(self)  # decodings past the first answer token (hf/decode.py)
 
     # ---- loading (override per family) ------------------------------------
     def _load_processor(self, path: str, load: dict):
@@ -153,13 +156,12 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
         self._prefixes.clear()
         self._encoded_images.clear()
         self._opened = {}
-        self._openings = None
 
     @torch.inference_mode()
-    def answer_logits(self, questions: list[Question], multiple_choice) -> tuple[torch.Tensor, list, list[dict]]:
+    def answer_logits(self, questions: list[Question], multiple_choice) -> tuple[torch.Tensor, list, list, Openings]:
         """``multiple_choice``: one flag for all questions, or one per question (YN and MC of an image together).
         The third element holds each question's VCD statistics (``vcd_kl``, ``vcd_kl_reverse``, ``vcd_plausible``;
-        VCD only)."""
+        VCD only); the fourth is the hand-off to the decoding of these questions (:class:`~.handoff.Openings`)."""
         flags = multiple_choice if isinstance(multiple_choice, (list, tuple)) else [multiple_choice] * len(questions)
         texts = [self.render(q, flag) for q, flag in zip(questions, flags)]
         logits = torch.full((len(questions), self.model.config.get_text_config().vocab_size), math.nan)
@@ -167,21 +169,23 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
         # beam search, sampling and OPERA decode every question of the call next, greedy decoding (without VCD)
         # the questions whose first token decides nothing: they start from the scoring pass's rows
         strategy = self.strategy
-        self._openings = {False: {}, True: {}} if self.prefix_reuse and strategy.keeps_openings(self.continue_tokens) \
-            else None
-        self._multiple_choice_of = {(item[0], item[2]): flag for item, flag in zip(items, flags) if item is not None}
+        kinds = {(item[0], item[2]): flag for item, flag in zip(items, flags) if item is not None}
+        openings = Openings.keeping(kinds) if self.prefix_reuse and strategy.keeps_openings(self.continue_tokens) \
+            else Openings(kinds)
         columns: list[dict] = [{}] * len(questions)
         valid = [i for i, error in enumerate(errors) if error is None]
         if valid:
-            method = self._prefix_logits if self.prefix_reuse else self._full_logits
-            values = self._with_shrinking_batches(method, [items[i] for i in valid])
+            method = functools.partial(self._prefix_logits, openings=openings) if self.prefix_reuse \
+                else self._full_logits
+            values = self._with_shrinking_batches(method, [items[i] for i in valid], openings=openings)
             if strategy.streams > 1:  # the same questions on the noised images, then VCD's contrast
-                noised = self._with_shrinking_batches(functools.partial(method, noised=True), [items[i] for i in valid])
+                noised = self._with_shrinking_batches(functools.partial(method, noised=True), [items[i] for i in valid],
+                                                      openings=openings)
                 values, contrast_columns = strategy.contrast_first(values, noised)
                 for i, own in zip(valid, contrast_columns):
                     columns[i] = own
             logits[valid] = values
-        return logits, errors, columns
+        return logits, errors, columns, openings
 
     def _open_items(self, questions: list[Question], texts: list[str], new_call: bool = False) -> tuple[list, list]:
         """Per question: an error (its image does not open) or the item (image path, image, prompt text).
@@ -218,9 +222,10 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
             del self._encoded_images[key]
         return errors, items
 
-    def _with_shrinking_batches(self, method, items: list, size: int | None = None, combine=torch.cat):
+    def _with_shrinking_batches(self, method, items: list, size: int | None = None, combine=torch.cat,
+                                openings: Openings | None = None):
         """Run ``method`` on chunks of ``items`` (at most ``size``; default all); on out-of-memory halve the
-        chunk and retry. ``combine`` joins the chunks' results."""
+        chunk and retry, kept prefixes and ``openings`` freed. ``combine`` joins the chunks' results."""
         size, start, parts = max(1, size or len(items)), 0, []
         while start < len(items):
             chunk = items[start : start + size]
@@ -232,6 +237,7 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
                     raise
                 size = max(1, size // 2)
                 self.forget_prefixes()
+                openings and openings.drop()
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
                 log.warning("%s: out of memory, batch halved to %d", self.name, size)
@@ -262,13 +268,15 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
             result[indices] = values
         return result
 
-    def _prefix_logits(self, items: list[tuple], noised: bool = False) -> torch.Tensor:
+    def _prefix_logits(self, items: list[tuple], noised: bool = False, openings: Openings | None = None) \
+            -> torch.Tensor:
         """Each image's prefix once (kept for the next call), then the suffixes in length-sorted batches.
 
         The prefix ends right after the image tokens: every prompt of an image (YN and MC, any question
         set, any batch) has that same prefix, so it is computed once per image however the questions are
         batched. Where images share one prefix length (:attr:`cross_image_batches`), their prefixes run as
-        one batch and their questions share suffix batches, each row on its own image's prefix.
+        one batch and their questions share suffix batches, each row on its own image's prefix (kept in ``openings``
+        as the openings of a decoding, where it keeps them).
         """
         opened = self._open_rows(items, noised)
         result = None
@@ -277,8 +285,8 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
             result = torch.empty(len(items), values.shape[1])
             result[opened.fallback] = values
         for batch in opened.batches(self.BATCH_COST, self.cross_image_batches, self.batch_rows):
-            values = self._suffix_batch(opened, batch) if self._openings is None else \
-                self._kept_opening(opened, batch, items, noised)
+            values = self._suffix_batch(opened, batch) if openings is None or openings.kept is None else \
+                self.decoder.kept_opening(opened, batch, items, noised, openings)
             result = torch.empty(len(items), values.shape[1]) if result is None else result
             result[batch] = values
         return result
@@ -338,6 +346,33 @@ class TransformersVLM(PromptInputs, PrefixCache, Decoder, LogitsVLM):
                 self._last_attention = None if weights is None else weights[:, :, -1, :].float().amax(dim=1)
 
             self._attention_hook = last.register_forward_hook(keep_last_row)
+
+    def decode_answers(self, questions: list[Question], multiple_choice: bool,
+                       openings: Openings | None = None) -> list[DecodedAnswer]:
+        """Each question decoded with the variant's strategy (greedy, beam, sampling, OPERA; VCD on top): (first
+        token, text, the first token's probability in the distribution the first step drew it from), continued
+        from ``openings`` (their scoring call's hand-off) or without it from the prompts, to the same answers."""
+        return self.decoder.decode(questions, multiple_choice, self.strategy, openings)
+
+    def continue_answers(self, questions: list[Question], multiple_choice: bool,
+                         openings: Openings | None = None) -> list[str]:
+        """``continue_tokens`` more tokens after the first (the scoring argmax), decoded by the variant's own
+        strategy (greedy, or a subclass of it: its :meth:`~verbmirage.variants.strategies.Decoding.
+        logits_processors` included), like :meth:`decode_answers`."""
+        return [answer.text for answer in self.decoder.decode(questions, multiple_choice, self.strategy, openings)]
+
+    def _stop_tokens(self) -> set[int]:
+        """Token ids that end an answer: the tokenizer's and the generation config's end of sequence."""
+        stop = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
+        configured = getattr(self.model.generation_config, "eos_token_id", None)
+        stop |= set(configured if isinstance(configured, (list, tuple)) else [configured] if configured is not None
+                    else [])
+        return stop
+
+    def _step_forward(self, input_ids, attention_mask, cache) -> torch.Tensor:
+        """Logits of one more token per row on a cache that already holds the image (no pixels again)."""
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True,
+                          **{self._cache_argument: cache}).logits
 
     @torch.inference_mode()
     def _generate(self, questions: list[Question], max_new_tokens: int) -> list[str]:

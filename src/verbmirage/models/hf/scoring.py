@@ -16,6 +16,7 @@ import torch
 
 from verbmirage.models import answers
 from verbmirage.models.base import UNKNOWN, MultipleChoiceResult, Question, VisionLanguageModel, YesNoResult
+from verbmirage.models.hf.handoff import Openings
 from verbmirage.models.hf.tokens import answer_token_ids, decode_or_none
 from verbmirage.models.parsing import decide_choice, yes_no_token
 
@@ -50,7 +51,7 @@ class LogitsVLM(VisionLanguageModel):
     def answer_logits(self, questions: list[Question], multiple_choice: bool) -> tuple:
         """Float32 logits [N, vocab] at each question's first answer position, per-question errors and,
         optionally, per-question extra result fields (a list of dicts, one per question: VCD's statistics),
-        each in the order of ``questions``."""
+        each in the order of ``questions``, and optionally their decoding's hand-off (:class:`~.handoff.Openings`)."""
         raise NotImplementedError
 
     @property
@@ -64,6 +65,8 @@ class LogitsVLM(VisionLanguageModel):
 
     def _find_answer_tokens(self) -> None:
         self._yes_ids, self._no_ids, self._letter_ids = self._answer_token_ids()
+        ids = lambda groups: frozenset(int(i) for group in groups for i in group.tolist())  # noqa: E731
+        self._deciding_tokens = {True: ids(self._letter_ids), False: ids((self._yes_ids, self._no_ids))}
 
     def _answer_token_ids(self):
         """Ids of every vocabulary token that spells yes / no / an option letter (see :func:`answer_token_ids`)."""
@@ -87,7 +90,8 @@ class LogitsVLM(VisionLanguageModel):
         return decode_or_none(self.tokenizer, token_id) or ""
 
     # ---- decoding past the first token ---------------------------------------------
-    def continue_answers(self, questions: list[Question], multiple_choice: bool) -> list[str] | None:
+    def continue_answers(self, questions: list[Question], multiple_choice: bool,
+                         openings: Openings | None = None) -> list[str] | None:
         """The greedy answer text of each question, first token included (``continue_tokens`` new tokens).
 
         Asked only for answers whose first token decides nothing (neither yes/no nor an
@@ -95,15 +99,17 @@ class LogitsVLM(VisionLanguageModel):
         """
         return None
 
-    def _continued(self, questions: list[Question], rows: list[int], multiple_choice: bool) -> dict[int, str]:
+    def _continued(self, questions: list[Question], rows: list[int], multiple_choice: bool,
+                   openings: Openings | None = None) -> dict[int, str]:
         if not rows or self.continue_tokens <= 0:
             return {}
-        texts = self.continue_answers([questions[i] for i in rows], multiple_choice)
+        texts = self.continue_answers([questions[i] for i in rows], multiple_choice, openings=openings)
         return {} if texts is None else dict(zip(rows, texts))
 
-    def decode_answers(self, questions: list[Question], multiple_choice: bool) -> list[DecodedAnswer]:
+    def decode_answers(self, questions: list[Question], multiple_choice: bool,
+                       openings: Openings | None = None) -> list[DecodedAnswer]:
         """The variant's decoded answer of each question. Backends that run beam search, sampling or VCD implement
-        it (:class:`TransformersVLM`)."""
+        it (:class:`TransformersVLM`), continuing from the scoring call's hand-off ``openings`` where given."""
         raise NotImplementedError(f"backend '{self.backend}' decodes greedily only")
 
     def _stop_tokens(self) -> set[int]:
@@ -113,7 +119,8 @@ class LogitsVLM(VisionLanguageModel):
         return {eos} if eos is not None else set()
 
     def _decisions(self, questions: list[Question], errors: list, best: torch.Tensor, multiple_choice: bool,
-                   decided) -> tuple[list[int | None], dict[int, str], dict[int, float]]:
+                   decided, openings: Openings | None = None) \
+            -> tuple[list[int | None], dict[int, str], dict[int, float]]:
         """The first answer token of each question (None: the answer ended at once), where needed its decoded
         text, and the first token's probability of each answer a decoding strategy decoded
         (:attr:`DecodedAnswer.probability`).
@@ -130,13 +137,13 @@ class LogitsVLM(VisionLanguageModel):
             undecided = [i for i, error in enumerate(errors) if error is None and first_ids[i] is not None
                          and not decided(i, self._token_text(first_ids[i]))]
             if strategy.streams == 1:  # plain greedy: the scoring argmax stays the first token
-                return first_ids, self._continued(questions, undecided, multiple_choice), {}
+                return first_ids, self._continued(questions, undecided, multiple_choice, openings), {}
             rows = undecided if self.continue_tokens > 0 else []
         else:
             rows = [i for i, error in enumerate(errors) if error is None]
         if not rows:
             return first_ids, {}, {}
-        decoded = dict(zip(rows, self.decode_answers([questions[i] for i in rows], multiple_choice)))
+        decoded = dict(zip(rows, self.decode_answers([questions[i] for i in rows], multiple_choice, openings)))
         for i, answer in decoded.items():
             first_ids[i] = answer.first  # None: the decoding ended at once (its rows stop before the end token)
         return first_ids, {i: a.text for i, a in decoded.items()}, {i: a.probability for i, a in decoded.items()}
@@ -181,31 +188,32 @@ class LogitsVLM(VisionLanguageModel):
             kinds[bool(flag)].append(index)
         for flag, indices in kinds.items():
             self._check([questions[i] for i in indices], multiple_choice=flag)
-        logits, errors, columns = self._logits(questions, [bool(flag) for flag in multiple_choice])
+        logits, errors, columns, openings = self._logits(questions, [bool(flag) for flag in multiple_choice])
         results: list = [None] * len(questions)
         for flag, indices in kinds.items():
             if not indices:
                 continue
             decide = self._multiple_choice_results if flag else self._yes_no_results
             chosen = decide([questions[i] for i in indices], logits[indices], [errors[i] for i in indices],
-                            [columns[i] for i in indices])
+                            [columns[i] for i in indices], openings)
             for i, result in zip(indices, chosen):
                 results[i] = result
         self._check_results(questions, results)
         return results
 
-    def _logits(self, questions: list[Question], multiple_choice) -> tuple[torch.Tensor, list, list[dict]]:
-        """:meth:`answer_logits`, with its per-question columns (``[{}] * n`` where it returns none)."""
+    def _logits(self, questions: list[Question], multiple_choice) -> tuple[torch.Tensor, list, list[dict], Openings]:
+        """:meth:`answer_logits`, with its per-question columns (``[{}] * n`` where it returns none) and hand-off."""
         answer = self.answer_logits(questions, multiple_choice)
         logits, errors = answer[0], answer[1]
-        return logits, errors, answer[2] if len(answer) > 2 else [{}] * len(questions)
+        return (logits, errors, answer[2] if len(answer) > 2 else [{}] * len(questions),
+                answer[3] if len(answer) > 3 else Openings())
 
     def _score_yes_no(self, questions: list[Question]) -> list[YesNoResult]:
         """Score (P(yes), ``yes_margin``) from the first answer position; decision from the decoded answer."""
         return self._yes_no_results(questions, *self._logits(questions, multiple_choice=False))
 
     def _yes_no_results(self, questions: list[Question], logits: torch.Tensor, errors: list,
-                        columns: list[dict]) -> list[YesNoResult]:
+                        columns: list[dict], openings: Openings | None = None) -> list[YesNoResult]:
         """``columns``: each question's extra result fields from its logits pass (VCD's statistics)."""
         probs = torch.softmax(self._real_tokens(logits), dim=-1)
         yes, no = probs[:, self._yes_ids].sum(-1), probs[:, self._no_ids].sum(-1)
@@ -216,7 +224,7 @@ class LogitsVLM(VisionLanguageModel):
         # the yes mass over the vocabulary, float64 too: in float32 a confident model's rows all tie at 1.0
         masses = (yes_log_mass - torch.logsumexp(real, -1)).exp().tolist()
         first_ids, continued, decoded = self._decisions(questions, errors, probs.argmax(dim=-1), False,
-                                                        lambda i, text: yes_no_token(text) is not None)
+                                                        lambda i, text: yes_no_token(text) is not None, openings)
         texts = self._answer_texts(first_ids, continued)
         return answers.yes_no_results(yes.numpy(), no.numpy(), margins.tolist(), masses,
                                       self._confidences(probs, first_ids, decoded), texts, errors,
@@ -227,11 +235,11 @@ class LogitsVLM(VisionLanguageModel):
         return self._multiple_choice_results(questions, *self._logits(questions, multiple_choice=True))
 
     def _multiple_choice_results(self, questions: list[Question], logits: torch.Tensor, errors: list,
-                                 columns: list[dict]) -> list[MultipleChoiceResult]:
+                                 columns: list[dict], openings: Openings | None = None) -> list[MultipleChoiceResult]:
         probs = torch.softmax(self._real_tokens(logits), dim=-1)
         first_ids, continued, decoded = self._decisions(
             questions, errors, probs.argmax(dim=-1), True,
-            lambda i, text: decide_choice(text, None, questions[i].options)[0] != UNKNOWN)
+            lambda i, text: decide_choice(text, None, questions[i].options)[0] != UNKNOWN, openings)
         texts = self._answer_texts(first_ids, continued)
         letters = max((len(question.options) for question in questions), default=0)
         masses = torch.stack([probs[:, ids].sum(-1) for ids in self._letter_ids[:letters]], dim=1).tolist() \
