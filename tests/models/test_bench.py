@@ -42,7 +42,10 @@ def test_the_device_check_runs_every_step_in_smoke_mode(tmp_path):
     mix = tmp_path / "paper_mix.json"
     subprocess.run([sys.executable, str(REPO / "bench" / "projection.py"), "--write", str(mix)], check=True,
                    timeout=300)
-    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path)}
+    # the device has no pytest settings of ours: this run's own (CI's PYTEST_ADDOPTS, xdist's) stay out of its
+    # GPU-test step, whose summary line a second -q would drop
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}, "PYTHON": sys.executable,
+           "OUT": str(tmp_path)}
     out = subprocess.run(["bash", str(REPO / "bench" / "h200_check.sh"), "--smoke", "--mix",
                           str(mix)], env=env, capture_output=True, text=True, timeout=600, check=True).stdout
     assert re.search(r"torch [\w.+]+ \| transformers [\w.]+ \| cuda (True|False)", out)
