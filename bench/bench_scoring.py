@@ -118,9 +118,9 @@ class Counted:
     def __init__(self, model):
         self.count, original = 0, model.continue_answers
 
-        def continue_answers(questions, multiple_choice):
+        def continue_answers(questions, multiple_choice, **handoff):  # the scoring pass's openings, passed on
             self.count += len(questions)
-            return original(questions, multiple_choice)
+            return original(questions, multiple_choice, **handoff)
 
         model.continue_answers = continue_answers
 
