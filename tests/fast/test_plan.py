@@ -78,7 +78,7 @@ def test_the_plan_module_does_not_import_snakemake():
 
 
 #: The modules of the plan's collaborators (the data, builds, calibration, figures, each analysis).
-COLLABORATOR_MODULES = ("plan_inputs", "plan_figures", "plan_analyses")
+COLLABORATOR_MODULES = ("plan_data", "plan_inputs", "plan_figures", "plan_analyses")
 
 
 def _facts_read(tree: ast.Module) -> dict[str, set[str]]:

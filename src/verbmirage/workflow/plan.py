@@ -62,7 +62,8 @@ from verbmirage.workflow.plan_base import (
     figure_prints,
 )
 from verbmirage.workflow.plan_figures import FiguresPlan
-from verbmirage.workflow.plan_inputs import CalibrationPlan, DataInputs, ModelBuilds
+from verbmirage.workflow.plan_data import DataInputs
+from verbmirage.workflow.plan_inputs import CalibrationPlan, ModelBuilds
 
 __all__ = ["CalibrationRun", "Group", "PairRun", "Plan", "Run", "alternatives", "figure_prints"]
 

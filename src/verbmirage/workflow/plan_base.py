@@ -10,14 +10,11 @@ from verbmirage.analysis.figure_layout import companion_paths
 
 if TYPE_CHECKING:
     from verbmirage.workflow.paths import Paths
-    from verbmirage.workflow.plan_inputs import DataInputs
+    from verbmirage.workflow.plan_data import DataInputs
 
 #: Variant entry keys that plan or label a run without changing any answer: kept out of the inference params
 #: and fingerprint.
 LABEL_KEYS = ("qsets", "paper_name", "paper_method")
-#: Pangea's pickles a fine-tune reads (Label2Node: optional, not an input).
-PANGEA_FILE_KEYS = ("samples", "topology", "node_index")
-
 
 def alternatives(names) -> str:
     """A regex matching exactly one of ``names`` (config slugs are [a-z0-9_]); one that matches nothing for
