@@ -10,7 +10,8 @@ from verbmirage.workflow.jobserver import delegate
 delegate()  # a local run's warm job server runs this job when there is one (verbmirage.workflow.jobserver)
 
 from verbmirage.benchmark.conditions import condition_questions
-from verbmirage.inference.runs import asked_questions, merge_suite_shards, shard_provenance, shards_batching
+from verbmirage.inference.runs import asked_questions
+from verbmirage.inference.shards import merge_suite_shards, shard_provenance, shards_batching
 from verbmirage.core.io import read_table, write_table
 from verbmirage.benchmark.question_table import QUESTIONS
 from verbmirage.core.schemas import PREDICTIONS

@@ -30,14 +30,13 @@ from verbmirage.inference.runs import (
     DamagedShardError,
     RunSpec,
     IncompleteShardError,
-    merge_suite_shards,
     predict,
     run_shard,
     run_suite,
-    shard_provenance,
     suite_calls,
     suite_order,
 )
+from verbmirage.inference.shards import merge_suite_shards, shard_provenance
 from verbmirage.inference.store import PartStore, ShardBusyError, fingerprint, parts_directory, run_settings
 from verbmirage.core.io import read_table, write_table
 from verbmirage.benchmark.question_table import QUESTIONS

@@ -19,11 +19,11 @@ from verbmirage.inference.runs import (
     IncompleteShardError,
     RunSpec,
     run_suite,
-    shards_batching,
     suite_calls,
     suite_order,
     suite_table,
 )
+from verbmirage.inference.shards import shards_batching
 from verbmirage.inference.sizing import AUTO, MARGIN, choose_batching, rows_per_image, sized_batch
 from verbmirage.inference.store import PartStore, parts_directory
 from verbmirage.models import create_model

@@ -19,7 +19,6 @@ from verbmirage.inference.runs import (
     RunSpec,
     IncompleteShardError,
     image_shard,
-    merge_suite_shards,
     predict_suite,
     run_shard,
     run_suite,
@@ -28,6 +27,7 @@ from verbmirage.inference.runs import (
     suite_order,
     suite_table,
 )
+from verbmirage.inference.shards import merge_suite_shards
 from verbmirage.inference.store import ShardBusyError, PartStore, parts_directory
 from verbmirage.models.base import score_questions
 from verbmirage.core.io import read_provenance, read_table, write_table
