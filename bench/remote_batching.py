@@ -108,7 +108,7 @@ def build(model: str, target: Path, smoke: bool) -> None:
     if model == "minicpm_v":
         tiny.write_stand_in_llama3_tokenizer(target)
         sys.path.insert(0, str(REPO / "src" / "verbmirage" / "models"))
-        from remote_drivers import supply_list_to_torch_functional
+        from remote_drivers_llama import supply_list_to_torch_functional
 
         supply_list_to_torch_functional()
     tiny.shrink_config(target, {**depth, "torch_dtype": "float32"})

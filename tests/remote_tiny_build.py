@@ -156,7 +156,7 @@ def build_minicpm_v(source: Path, target: Path) -> None:
     copy_checkpoint_files(source, target)
     write_stand_in_llama3_tokenizer(target)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src" / "verbmirage" / "models"))
-    from remote_drivers import supply_list_to_torch_functional  # stdlib-only; the driver applies it too
+    from remote_drivers_llama import supply_list_to_torch_functional  # stdlib-only; the driver applies it too
 
     supply_list_to_torch_functional()
     shrink_config(target, {

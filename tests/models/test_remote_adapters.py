@@ -31,13 +31,15 @@ from verbmirage.models.remote import (
 from verbmirage.models.remote_driver import check_buffers, decoding_tag
 from verbmirage.variants.settings import Variant
 from verbmirage.models.remote_drivers import (
-    MiniCPMVDriver,
     install_stand_in_module,
     keep_loaded_weights,
-    patch_minicpm_after_load,
     patch_molmo_for_transformers5,
     patch_qwen_for_transformers5,
     qwen_image_path,
+)
+from verbmirage.models.remote_drivers_llama import (
+    MiniCPMVDriver,
+    patch_minicpm_after_load,
     supply_list_to_torch_functional,
 )
 

@@ -13,10 +13,10 @@ decoding. Drivers run in one of two places:
   checkpoint can run on the old stack it was written for while the job stays on
   the project's pins (numpy 2, pandas 3).
 
-This file and its two siblings therefore import only the standard library at
+This file and its siblings therefore import only the standard library at
 module level (torch, transformers and PIL are imported inside the drivers) and
 nothing of ``verbmirage``: ``remote_driver.py`` holds the driver base and its
-helpers, ``remote_drivers.py`` the four checkpoints' drivers. Run as a script,
+helpers, ``remote_drivers.py`` and ``remote_drivers_llama.py`` the four checkpoints' drivers. Run as a script,
 this file finds them beside itself (:data:`FILES`). Protocol (one JSON object per line)::
 
     {"op": "load", "driver", "path", "revision", "dtype", "device", "options"}
@@ -64,7 +64,7 @@ else:  # run as a script (or imported from this folder) in a remote-code environ
 
 PROTOCOL_VERSION = 2  # 2: replies echo the request's id, on their own descriptor
 #: The files a worker runs (this one first); they travel together and their digest names the driver code.
-FILES = ("remote_worker.py", "remote_driver.py", "remote_drivers.py")
+FILES = ("remote_worker.py", "remote_driver.py", "remote_drivers.py", "remote_drivers_llama.py")
 
 
 def driver_class(spec: str) -> type:
