@@ -44,6 +44,10 @@ class FakeDriver:
     tokenizer_size = len(TOKENS)
     vocab_size = len(TOKENS) + PADDING_COLUMNS
 
+    def memory_geometry(self):
+        """What the entry's ``options: {memory: ...}`` says (a geometry as the real drivers report), else None."""
+        return self.options.get("memory")
+
     def vocabulary(self):
         out = []
         for i in range(self.vocab_size):

@@ -254,3 +254,23 @@ def check_batches_equal_one_at_a_time(model, images: list[Path], beams: int | No
             (single.prediction, single.raw_answer, single.parse_rule)
         assert result.p_yes == pytest.approx(single.p_yes, abs=1e-5)
         assert result.confidence == pytest.approx(single.confidence, abs=1e-5)
+
+
+def check_memory_geometry(model, image: Path) -> None:
+    """What the driver reports for the batch sizing (``Driver.memory_geometry``) is the checkpoint's own: its
+    language model's depth and vocabulary, its float32 width, weights on the device, and an image prefix at least
+    as long as a real prompt's (the sizing's prompt, header and suffix included, covers the prompt the driver
+    builds)."""
+    import json
+
+    from verbmirage.models.memory import HEADER_TOKENS, SUFFIX_TOKENS
+
+    geometry = model.geometry
+    config = json.loads((Path(model.path) / "config.json").read_text())
+    text = config.get("text_config") or config
+    assert geometry["layers"] == text.get("num_hidden_layers", text.get("n_layers"))
+    assert geometry["vocab"] == model.vocab_size and geometry["itemsize"] == 4 and geometry["weights"] > 0
+    reply = model.client.request("prompt", image=str(Path(image).resolve()), prompt=YES_NO_PROMPT)
+    assert reply["ok"] and len(reply["ids"]) <= geometry["image_tokens"] + HEADER_TOKENS + SUFFIX_TOKENS
+    costs = model.memory_costs()
+    assert costs.per_row > 0 and costs.per_image > 0 and costs.device == "cpu"

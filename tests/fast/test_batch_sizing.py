@@ -105,9 +105,48 @@ def test_on_the_cpu_auto_is_the_old_default_and_nothing_is_recorded():
 
 def test_a_backend_without_memory_costs_keeps_the_default_on_a_gpu_and_says_so(caplog):
     """A fake reading stands for a GPU: a backend that cannot tell its memory (the random baseline, an API, a
-    remote-code model) is not sized."""
+    driver that reports nothing) is not sized."""
     model = create_model("random", {"backend": "random", "seed": 0})
     with caplog.at_level("INFO"):
         chosen = choose_batching(model, AUTO, None, ["a"], memory=lambda: (100 * GIB, H200))
     assert chosen.batch_size == DEFAULT_BATCH_SIZE and chosen.record is None
     assert "gives no memory costs" in caplog.text
+
+
+#: What each remote-code driver reports (``Driver.memory_geometry``) for the paper's checkpoints in bf16: the
+#: language model's config, one image at its largest (Qwen-VL-Chat's 256 pooled tokens; MiniCPM-Llama3-V-2.5's ten
+#: slices of 96; Molmo's thirteen crops of 12 x 13; mPLUG-Owl2's 64 queries) and its vision tower.
+REMOTE_GEOMETRIES = {
+    "qwen_vl_chat": dict(layers=32, hidden=4096, heads=32, kv_heads=32, head_dim=128, intermediate=22016,
+                         vocab=151936, image_tokens=258, vision_tokens=1024, vision_layers=48, vision_hidden=1664,
+                         weights=int(19.3 * GIB)),
+    "minicpm_v": dict(layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, intermediate=14336, vocab=128256,
+                      image_tokens=980, vision_tokens=10240, vision_layers=27, vision_hidden=1152,
+                      weights=int(16.0 * GIB)),
+    "molmo": dict(layers=28, hidden=3584, heads=28, kv_heads=4, head_dim=128, intermediate=37888, vocab=152064,
+                  image_tokens=2030, vision_tokens=7501, vision_layers=24, vision_hidden=1024,
+                  weights=int(15.0 * GIB)),
+    "mplug_owl2": dict(layers=32, hidden=4096, heads=32, kv_heads=32, head_dim=128, intermediate=11008, vocab=32000,
+                       image_tokens=65, vision_tokens=1025, vision_layers=24, vision_hidden=1024,
+                       weights=int(15.6 * GIB)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REMOTE_GEOMETRIES))
+def test_a_remote_code_models_costs_hold_its_whole_prompts_cache_and_grow_with_beams(name):
+    from verbmirage.models.memory import HEADER_TOKENS, SUFFIX_TOKENS, remote_memory_costs
+
+    geometry = {**REMOTE_GEOMETRIES[name], "itemsize": 2}
+    greedy = remote_memory_costs(geometry, "cuda:0", beams=1, new_tokens=8)
+    beams = remote_memory_costs(geometry, "cuda:0", beams=5, new_tokens=8)
+    per_token = 2 * geometry["layers"] * geometry["kv_heads"] * geometry["head_dim"] * 2
+    prompt = geometry["image_tokens"] + HEADER_TOKENS + SUFFIX_TOKENS
+    # a row's forward returns its cache over the whole prompt (the prefix copied); the checkpoint's generate runs
+    # the prompt once per beam, each beam's cache held twice at a step's peak; an image holds its prefix's cache
+    assert greedy.per_row > 2 * per_token * prompt
+    assert beams.per_row == 5 * greedy.per_row
+    assert greedy.per_image > per_token * (geometry["image_tokens"] + HEADER_TOKENS)
+    assert greedy.call_batches == 1 and greedy.weights == geometry["weights"]
+    free = H200 - geometry["weights"]
+    assert sized_batch(beams, free, H200, 20) < sized_batch(greedy, free, H200, 20) <= MAX_BATCH
+    assert sized_batch(beams, free, H200, 20) >= 4  # a 7B checkpoint's beam-5 still batches on one H200

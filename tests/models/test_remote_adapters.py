@@ -487,3 +487,35 @@ def test_non_finite_scores_are_error_rows_naming_model_question_and_image(tmp_pa
         assert part in results[0].error, part
     assert results[1].error is None and results[1].prediction == "no"
     model.close()
+
+
+def test_a_remote_code_job_sizes_its_batch_from_what_its_driver_reports(tmp_path):
+    """The driver's ``memory_geometry`` travels in the worker's ``load`` reply; on a GPU reading the job sizes its
+    batch from it, smaller under beam search; a driver that reports nothing keeps the configured default."""
+    from verbmirage.inference.sizing import AUTO, DEFAULT_BATCH_SIZE, choose_batching, sized_batch
+    from verbmirage.models.memory import remote_memory_costs
+
+    geometry = dict(layers=32, hidden=4096, heads=32, kv_heads=32, head_dim=128, intermediate=11008, vocab=32000,
+                    image_tokens=65, vision_tokens=1025, vision_layers=24, vision_hidden=1024, weights=14 * 2**30,
+                    itemsize=2)
+    h200 = 140 * 2**30
+    reading = lambda: (h200 - geometry["weights"], h200)  # noqa: E731 - a fake device reading
+    model = _model(tmp_path, options={"memory": geometry}, max_new_tokens=4)
+    try:
+        assert model.memory_costs() == remote_memory_costs(geometry, "cpu", beams=1, new_tokens=8)
+        images = [f"i{i // 10}.jpg" for i in range(200)]
+        greedy = choose_batching(model, AUTO, None, images, memory=reading)
+        assert greedy.record["source"] == "sized" and model.batch_size == greedy.batch_size
+        assert greedy.batch_size == sized_batch(model.memory_costs(), *reading(), 10.0)
+        model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 5}))
+        beams = choose_batching(model, AUTO, None, images, memory=reading)
+        assert beams.batch_size < greedy.batch_size and beams.record["measured"]["per_row"] == \
+            remote_memory_costs(geometry, "cpu", beams=5, new_tokens=8).per_row
+    finally:
+        model.close()
+    silent = _model(tmp_path)
+    try:
+        assert silent.memory_costs() is None
+        assert choose_batching(silent, AUTO, None, ["a.jpg"], memory=reading).batch_size == DEFAULT_BATCH_SIZE
+    finally:
+        silent.close()

@@ -10,7 +10,7 @@ embedding followed by the language model on ``inputs_embeds``.
 from __future__ import annotations
 
 
-from remote_tiny import check_batches_equal_one_at_a_time, check_beam_and_sampling, check_scores, first_greedy_answer, module_images, module_model
+from remote_tiny import check_batches_equal_one_at_a_time, check_memory_geometry, check_beam_and_sampling, check_scores, first_greedy_answer, module_images, module_model
 from verbmirage.models import Question
 
 BEGIN, START_HEADER, END_HEADER, EOT = 128000, 128006, 128007, 128009
@@ -71,3 +71,7 @@ def test_beam_search_and_sampling_are_the_checkpoints_own(minicpm, images):
 def test_batches_answer_as_one_question_at_a_time(minicpm, images):
     """Scores on one image prefix per image, and decoding: left-padded rows through its generate, image bounds shifted with them."""
     check_batches_equal_one_at_a_time(minicpm, images)
+
+
+def test_the_driver_reports_what_the_batch_sizing_reads(minicpm, images):
+    check_memory_geometry(minicpm, images[0])

@@ -13,6 +13,7 @@ import pytest
 
 from remote_tiny import (
     check_batches_equal_one_at_a_time,
+    check_memory_geometry,
     TRANSFORMERS5_ENV,
     check_beam_and_sampling,
     check_scores,
@@ -108,3 +109,7 @@ def test_sampling_runs_and_beam_search_is_refused(molmo, images):
 def test_batches_answer_as_one_question_at_a_time(molmo, images):
     """Scores on one image prefix per image, and decoding: generate_from_batch on right-padded rows of one image (greedy: it has no beam search)."""
     check_batches_equal_one_at_a_time(molmo, images, beams=None)
+
+
+def test_the_driver_reports_what_the_batch_sizing_reads(molmo, images):
+    check_memory_geometry(molmo, images[0])

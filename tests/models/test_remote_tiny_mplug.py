@@ -20,6 +20,7 @@ import pytest
 
 from remote_tiny import (
     check_batches_equal_one_at_a_time,
+    check_memory_geometry,
     REMOTE_CODE,
     check_beam_and_sampling,
     check_scores,
@@ -201,3 +202,7 @@ def test_beam_search_and_sampling_are_the_checkpoints_own(mplug, images):
 def test_batches_answer_as_one_question_at_a_time(mplug, images):
     """Scores on one image prefix per image, and decoding: prompts of one length batched through its generate (it cannot pad)."""
     check_batches_equal_one_at_a_time(mplug, images)
+
+
+def test_the_driver_reports_what_the_batch_sizing_reads(mplug, images):
+    check_memory_geometry(mplug, images[0])

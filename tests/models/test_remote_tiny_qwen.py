@@ -16,6 +16,7 @@ from PIL import Image
 
 from remote_tiny import (
     check_batches_equal_one_at_a_time,
+    check_memory_geometry,
     TRANSFORMERS5_ENV,
     check_beam_and_sampling,
     check_scores,
@@ -124,3 +125,7 @@ def test_beam_search_and_sampling_are_the_checkpoints_own(qwen, images):
 def test_batches_answer_as_one_question_at_a_time(qwen, images):
     """Scores on one image prefix per image, and decoding: left-padded rows through its generate (its rotary positions count the padding: a shift that leaves attention unchanged)."""
     check_batches_equal_one_at_a_time(qwen, images)
+
+
+def test_the_driver_reports_what_the_batch_sizing_reads(qwen, images):
+    check_memory_geometry(qwen, images[0])

@@ -41,18 +41,17 @@ import numpy as np
 import pandas as pd
 
 from verbmirage.analysis.attention_settings import AttentionError
-from verbmirage.core.imaging import size_field, square_input_side
-from verbmirage.core.text import object_name, verb_phrase
-from verbmirage.data.hico import hoi_vocabulary
-from verbmirage.models.parsing import decide_choice, decide_yes_no
-from verbmirage.models.base import Question
-from verbmirage.benchmark.question_sets import question_kind
 from verbmirage.benchmark.conditions import ImageResolver
-from verbmirage.data.hico import read_hico_det
-from verbmirage.core.io import read_table, write_table
+from verbmirage.benchmark.question_sets import question_kind
 from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.imaging import size_field, square_input_side
+from verbmirage.core.io import read_table, write_table
 from verbmirage.core.schemas import ATTENTION
+from verbmirage.core.text import object_name, verb_phrase
+from verbmirage.data.hico import hoi_vocabulary, read_hico_det
 from verbmirage.models import create_model
+from verbmirage.models.base import Question
+from verbmirage.models.parsing import decide_choice, decide_yes_no
 
 log = logging.getLogger(__name__)
 

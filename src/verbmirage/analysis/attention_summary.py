@@ -18,8 +18,8 @@ import pandas as pd
 from sklearn.metrics import roc_auc_score
 
 from verbmirage.benchmark.question_sets import question_kind
-from verbmirage.evaluation.metrics import BootstrapSettings, score_with_interval
 from verbmirage.core.schemas import ATTENTION_SUMMARY
+from verbmirage.evaluation.metrics import BootstrapSettings, score_with_interval
 
 MEASURES = ("visual_share", "verb_share", "key_area_share", "key_area_raw", "key_area_lift")
 KEYS = ("dataset", "qset", "condition", "model", "layer")

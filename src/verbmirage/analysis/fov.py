@@ -28,8 +28,8 @@ import pandas as pd
 
 from verbmirage.analysis.uncertainty import confidence_rows, mean_from_sums
 from verbmirage.benchmark.condition_types import CONDITIONS, crop_box, image_settings
-from verbmirage.evaluation.metrics import BootstrapSettings, mc_group_correctness, score_with_interval
 from verbmirage.benchmark.question_sets import question_kind
+from verbmirage.evaluation.metrics import BootstrapSettings, mc_group_correctness, score_with_interval
 
 log = logging.getLogger(__name__)
 

@@ -44,13 +44,13 @@ import pandas as pd
 
 from verbmirage.analysis.figure_layout import fit_title, page_figure, page_style, save_figure
 from verbmirage.analysis.known_object_settings import KnownObjectError
-from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_paper_numbers
+from verbmirage.benchmark.conditions import condition_questions
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.io import read_table, write_table
+from verbmirage.core.schemas import KNOWN_OBJECT_AP, METRICS, PREDICTIONS
 from verbmirage.data.hico import hoi_vocabulary, load_hico_det_mat
 from verbmirage.data.hico_files import HICO_DET_MAT
-from verbmirage.benchmark.conditions import condition_questions
-from verbmirage.core.io import read_table, write_table
-from verbmirage.benchmark.question_table import QUESTIONS
-from verbmirage.core.schemas import KNOWN_OBJECT_AP, METRICS, PREDICTIONS
+from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_paper_numbers
 
 log = logging.getLogger(__name__)
 

@@ -30,11 +30,11 @@ import pandas as pd
 
 from verbmirage.analysis.figure_layout import FONT, PAGE_WIDTH, n_label, page_figure, page_style, save_figure
 from verbmirage.analysis.object_reliance_settings import RELIANCE_QSETS, RelianceError, RelianceSettings
-from verbmirage.data.hico import HicoAnnotations
-from verbmirage.core.io import MISSING_VALUE
-from verbmirage.evaluation.paper_numbers import PAPER_VARIANT, load_paper_numbers, packaged_paper_numbers
-from verbmirage.evaluation.metrics import join_predictions, mc_group_correctness
 from verbmirage.benchmark.questions import Vocabulary, image_labels
+from verbmirage.core.io import MISSING_VALUE
+from verbmirage.data.hico import HicoAnnotations
+from verbmirage.evaluation.metrics import join_predictions, mc_group_correctness
+from verbmirage.evaluation.paper_numbers import PAPER_VARIANT, load_paper_numbers, packaged_paper_numbers
 
 OVERLAP_METRIC = "influential_object_overlap_index"  # the keys paper_tables.csv uses (Table 6)
 IOU_METRIC = "influenced_verb_set_iou"  # (Table 7)

@@ -30,12 +30,12 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from verbmirage.analysis.uncertainty_settings import UncertaintySettings
+from verbmirage.benchmark.question_sets import question_kind
 from verbmirage.benchmark.question_table import QUESTIONS
 from verbmirage.core.io import read_table
 from verbmirage.core.schemas import PREDICTIONS
-from verbmirage.analysis.uncertainty_settings import UncertaintySettings
 from verbmirage.evaluation.metrics import BootstrapSettings, score_with_interval
-from verbmirage.benchmark.question_sets import question_kind
 
 log = logging.getLogger(__name__)
 

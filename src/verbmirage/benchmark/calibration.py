@@ -19,12 +19,11 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 from verbmirage.benchmark.question_sets import QUESTION_SETS
+from verbmirage.benchmark.questions import QuestionSettings, build_question_set
 from verbmirage.core.imaging import open_rgb
 from verbmirage.core.paths import atomic_path
 from verbmirage.data.hico import NO_INTERACTION, HicoAnnotations
-
 
 #: The blank content-free image: uniform mid grey, of the typical size of the calibration training images
 #: (their median width and height; real HICO images: 640 x 480, measured on the test split's sizes).

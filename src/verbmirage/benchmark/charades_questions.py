@@ -10,7 +10,6 @@ import pandas as pd
 from verbmirage.benchmark.sampling import Draft, circular, content_hash, draw, named_rng
 from verbmirage.data.charades import CharadesVocabulary
 
-
 _SUBJECT = "someone is "
 
 

@@ -27,14 +27,14 @@ from string import ascii_uppercase
 import numpy as np
 import pandas as pd
 
-from verbmirage.core.paths import UnsafePathError, atomic_path, safe_relative_name, write_text
-from verbmirage.data.pangea import Pangea, PangeaFiles, load_pangea
-from verbmirage.benchmark.sampling import content_hash, draw, mc_prompt, named_rng
 from verbmirage.benchmark.pangea_settings import TrainingQuestionSettings, excluded_by
-from verbmirage.data.hico import load_hico
-from verbmirage.core.io import write_table
 from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.benchmark.sampling import content_hash, draw, mc_prompt, named_rng
+from verbmirage.core.io import write_table
+from verbmirage.core.paths import UnsafePathError, atomic_path, safe_relative_name, write_text
 from verbmirage.core.schemas import PANGEA_SOURCES
+from verbmirage.data.hico import load_hico
+from verbmirage.data.pangea import Pangea, PangeaFiles, load_pangea
 
 log = logging.getLogger(__name__)
 

@@ -9,12 +9,11 @@ import hashlib
 import pandas as pd
 import pyarrow as pa
 
-from verbmirage.benchmark.questions import PAPER_COUNTS
 from verbmirage.benchmark.question_sets import question_kind
+from verbmirage.benchmark.questions import PAPER_COUNTS
 from verbmirage.core.io import SchemaError, add_value_check
 from verbmirage.core.paths import UnsafePathError, safe_relative_name
 from verbmirage.data.charades import OWN_INTERVAL, SCALED_EXO
-
 
 QUESTIONS = pa.schema(
     [

@@ -35,17 +35,17 @@ from __future__ import annotations
 
 import multiprocessing
 from collections import defaultdict
-from concurrent.futures import ProcessPoolExecutor
-from functools import lru_cache
 from collections.abc import Callable, Collection, Iterable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
 
 from verbmirage.benchmark.sampling import Draft, circular, content_hash, draw, named_rng
-from verbmirage.data.hico import NO_INTERACTION, HicoAnnotations
 from verbmirage.core.text import hoi_phrase, object_name, object_with_article, verb_phrase
+from verbmirage.data.hico import NO_INTERACTION, HicoAnnotations
 
 #: dataset -> question set -> (unique questions, questions the main experiments asked, Yes:No), Appendix A.
 PAPER_COUNTS = {

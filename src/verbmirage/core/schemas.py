@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-
 PREDICTIONS = pa.schema(
     [
         ("question_id", pa.string()),

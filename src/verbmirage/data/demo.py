@@ -22,8 +22,8 @@ import pandas as pd
 import scipy.io
 from PIL import Image, ImageDraw
 
-from verbmirage.data.hico import NO_INTERACTION, hoi_vocabulary
 from verbmirage.core.text import gerund
+from verbmirage.data.hico import NO_INTERACTION, hoi_vocabulary
 
 # A spread of objects: many verbs (horse, dog, bicycle), few verbs (bear, bed,
 # tv, toaster: MC cannot be built on them), and person (human-human HOIs).

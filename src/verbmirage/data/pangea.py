@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-
 log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)

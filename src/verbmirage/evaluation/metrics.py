@@ -18,21 +18,19 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from verbmirage.benchmark.image_tags import TAG_COLUMNS
-from verbmirage.models.base import UNKNOWN
 from verbmirage.benchmark.conditions import condition_questions
-from verbmirage.core.io import read_table
-from verbmirage.benchmark.question_table import QUESTIONS
-from verbmirage.core.schemas import PREDICTIONS
+from verbmirage.benchmark.image_tags import TAG_COLUMNS
 from verbmirage.benchmark.question_sets import question_kind
-from verbmirage.core.io import read_provenance
-from verbmirage.benchmark.question_table import question_sample, sample_settings
+from verbmirage.benchmark.question_table import QUESTIONS, question_sample, sample_settings
+from verbmirage.core.io import read_provenance, read_table
+from verbmirage.core.schemas import PREDICTIONS
+from verbmirage.models.base import UNKNOWN
 
 YES_NO_COUNTS = ("tp", "fp", "fn", "tn", "unknown_yes", "unknown_no")
 YES_NO_METRICS = (

@@ -39,7 +39,15 @@ import pandas as pd
 
 from verbmirage.evaluation.paper_methods import TABLE5_MODEL, TABLE5_MODEL_METHODS, TABLE5_VARIANT_METHODS
 from verbmirage.evaluation.paper_numbers import PAPER_VARIANT
-from verbmirage.evaluation.tables import Column, PaperTable, measured_rows, paper_rows, table1_columns, table_columns, with_paper
+from verbmirage.evaluation.tables import (
+    Column,
+    PaperTable,
+    measured_rows,
+    paper_rows,
+    table1_columns,
+    table_columns,
+    with_paper,
+)
 
 #: Appendix F's ad-hoc prompt (the ``text`` rows of paper_tables.csv)
 PROMPT_SUFFIX_METHOD = "prompt:pay-attention-to-verb"

@@ -26,7 +26,6 @@ import pandas as pd
 from verbmirage.core.io import MISSING_VALUE
 from verbmirage.evaluation.paper_numbers import PAPER_VARIANT
 
-
 #: our metric name -> the name ``paper_tables.csv`` gives the same quantity (kappa printed x100)
 PAPER_METRICS = {"error_consistency": "error_consistency_kappa_x100"}
 MEASURED, PAPER = "measured", "paper"

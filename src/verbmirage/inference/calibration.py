@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from verbmirage.core.io import read_table
 from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.io import read_table
 from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.inference.runs import RunSpec, run_suite, suite_table
 from verbmirage.models.base import YesNoResult

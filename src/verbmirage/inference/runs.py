@@ -45,20 +45,10 @@ import pandas as pd
 from tqdm import tqdm
 
 from verbmirage.benchmark.conditions import ImageResolver, condition_questions
-from verbmirage.core.io import DamagedTableError, read_table, to_arrow
-from verbmirage.benchmark.question_table import QUESTIONS
-from verbmirage.core.schemas import PREDICTIONS
-from verbmirage.models.base import (
-    FatalBackendError,
-    MultipleChoiceResult,
-    Question,
-    VisionLanguageModel,
-    YesNoResult,
-    score_questions,
-)
 from verbmirage.benchmark.question_sets import question_kind
-from verbmirage.benchmark.question_table import question_sample, sample_settings
-from verbmirage.variants.settings import Variant
+from verbmirage.benchmark.question_table import QUESTIONS, question_sample, sample_settings
+from verbmirage.core.io import DamagedTableError, read_table, to_arrow
+from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.inference.settings import INFERENCE_DEFAULTS, check_inference_settings
 from verbmirage.inference.sizing import MemoryReading, choose_batching
 from verbmirage.inference.store import (
@@ -70,8 +60,17 @@ from verbmirage.inference.store import (
     run_settings,
 )
 from verbmirage.models import ModelContext, create_model
-from verbmirage.models.registry import backend_class, setting_problems
+from verbmirage.models.base import (
+    FatalBackendError,
+    MultipleChoiceResult,
+    Question,
+    VisionLanguageModel,
+    YesNoResult,
+    score_questions,
+)
 from verbmirage.models.calibrated import decision_model
+from verbmirage.models.registry import backend_class, setting_problems
+from verbmirage.variants.settings import Variant
 
 log = logging.getLogger(__name__)
 

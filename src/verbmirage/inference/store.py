@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 
 from verbmirage import __version__
 from verbmirage.core.io import read_table, to_arrow, write_table
-from verbmirage.core.paths import atomic_path, file_digest, fsync_directory
 from verbmirage.core.locks import BusyError, WriterLock
+from verbmirage.core.paths import atomic_path, file_digest, fsync_directory
 from verbmirage.core.schemas import PREDICTIONS
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from verbmirage.data.hico import NO_INTERACTION, HicoAnnotations
 from verbmirage.core.io import read_table
+from verbmirage.core.text import hoi_phrase, verb_phrase
+from verbmirage.data.hico import NO_INTERACTION, HicoAnnotations
 from verbmirage.models.base import (
     NO,
     YES,
@@ -27,7 +28,6 @@ from verbmirage.models.base import (
     YesNoResult,
     option_letter,
 )
-from verbmirage.core.text import hoi_phrase, verb_phrase
 
 
 def _yes_no(p_yes: float, rule: str) -> YesNoResult:

@@ -16,9 +16,9 @@ import math
 import torch
 
 from verbmirage.core.imaging import open_rgb
+from verbmirage.core.text import hoi_phrase, object_with_article, verb_phrase
 from verbmirage.models.base import NO, YES, MultipleChoiceResult, Question, VisionLanguageModel, YesNoResult
 from verbmirage.models.hf.tokens import DTYPES
-from verbmirage.core.text import hoi_phrase, object_with_article, verb_phrase
 
 
 class ClipModel(VisionLanguageModel):

@@ -3,12 +3,25 @@
 
 A backend that can say it returns :class:`MemoryCosts` from
 :meth:`~verbmirage.models.base.VisionLanguageModel.memory_costs` (the transformers engine:
-:mod:`verbmirage.models.hf.memory`); the others return None and keep the configured batch size.
+:mod:`verbmirage.models.hf.memory`; the remote-code checkpoints: :func:`remote_memory_costs`); the others
+return None and keep the configured batch size. Estimates on the safe side, not measurements: every term is
+what the model may hold at its peak.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+
+#: Tokens of a prompt's suffix, rounded up: the longest HICO prompts (MC, four options, the chat template's
+#: closing turn) hold about 80.
+SUFFIX_TOKENS = 96
+#: Chat header and system prompt before the image tokens.
+HEADER_TOKENS = 64
+FLOAT32 = 4
+#: Copies of a decoding row's cache at a step's peak: the grown (beam search: reordered) cache is written beside
+#: the old one. With it, the scoring row kept as the decoding's opening and OPERA's rollback snapshot, the estimate
+#: is at or above every peak an H200 measured at batch 64 (bench/README.md, "Batches sized for the device").
+CACHE_COPIES = 2
 
 
 @dataclass(frozen=True)
@@ -32,3 +45,40 @@ class MemoryCosts:
     def record(self) -> dict:
         """The figures as plain values (a job's provenance and log)."""
         return asdict(self)
+
+
+def layer_transient(geometry: dict, tokens: int, attended: int, itemsize: int) -> int:
+    """One layer's forward over ``tokens`` positions attending to ``attended``: the MLP's three intermediate
+    tensors, four hidden-size tensors, and the attention products in float32."""
+    return (tokens * (3 * geometry["intermediate"] + 4 * geometry["hidden"]) * itemsize
+            + geometry["heads"] * tokens * attended * FLOAT32)
+
+
+def remote_memory_costs(geometry: dict, device: str, beams: int = 1, new_tokens: int = 8) -> MemoryCosts:
+    """:class:`MemoryCosts` of a remote-code checkpoint from what its driver reports (``Driver.memory_geometry``:
+    the language model's geometry, one image's tokens in it and through the vision tower, the weights, the
+    dtype's width), decoding ``new_tokens`` with ``beams`` beams.
+
+    The drivers run an image's prefix once and each question's suffix on a view of its cache, but the checkpoint's
+    own forward returns each row's cache over the whole prompt (prefix copied), and its ``generate`` runs each
+    question's whole prompt per beam. So a question holds, at the larger of its two passes, either its scoring
+    forward (a cache over the whole prompt, one layer's transient, the suffix's logits) or its decoding, per beam
+    (``generate`` repeats the prompt for each before its first forward): :data:`CACHE_COPIES` caches over the
+    prompt and the new tokens, one layer's transient and the first step's logits over the whole prompt (older
+    checkpoint code computes every position's). An image holds its prefix's cache and forward and
+    its vision tower (every layer's hidden state, one layer's transient). One call is one batch.
+    """
+    itemsize, vocab = geometry["itemsize"], geometry["vocab"]
+    per_token = 2 * geometry["layers"] * geometry["kv_heads"] * geometry["head_dim"] * itemsize
+    prefix, suffix = geometry["image_tokens"] + HEADER_TOKENS, SUFFIX_TOKENS
+    prompt = prefix + suffix
+    logits = vocab * (itemsize + FLOAT32)
+    scoring = per_token * prompt + layer_transient(geometry, suffix, prompt, itemsize) + suffix * logits
+    decoding = beams * (CACHE_COPIES * per_token * (prompt + new_tokens)
+                        + layer_transient(geometry, prompt, prompt, itemsize) + prompt * logits)
+    vision = {"hidden": geometry["vision_hidden"], "heads": 1, "intermediate": 4 * geometry["vision_hidden"]}
+    tower = ((geometry["vision_layers"] + 1) * geometry["vision_tokens"] * geometry["vision_hidden"] * itemsize
+             + layer_transient(vision, geometry["vision_tokens"], geometry["vision_tokens"], itemsize))
+    image = per_token * prefix + layer_transient(geometry, prefix, prefix, itemsize) + tower
+    return MemoryCosts(weights=geometry["weights"], per_row=max(scoring, decoding), per_image=image,
+                       call_batches=1, device=device)

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from verbmirage.core.imaging import open_rgb
 from verbmirage.models import answers, remote_driver, remote_worker
 from verbmirage.models.base import (
     NO,
@@ -56,8 +57,8 @@ from verbmirage.models.base import (
     option_letter,
     yes_no_margin,
 )
-from verbmirage.core.imaging import open_rgb
 from verbmirage.models.hf.tokens import answer_token_ids
+from verbmirage.models.memory import MemoryCosts, remote_memory_costs
 from verbmirage.models.parsing import decide_choice, parse_choice, parse_yes_no, yes_no_token
 from verbmirage.models.prompts import PromptTemplate
 from verbmirage.models.registry import REMOTE, REMOTE_NO_BEAM
@@ -286,6 +287,7 @@ class RemoteCodeVLM(VisionLanguageModel):
         self.environment, self.code = loaded.get("environment", {}), loaded.get("code", {})
         self.loaded_dtype = loaded.get("dtype", "")
         self.stop_ids = set(loaded.get("stop_ids", []))  # an answer whose first token is one of these is empty
+        self.device, self.geometry = device, loaded.get("memory")
         self.vocabulary = self._call("vocabulary")["tokens"]
         self._yes_ids, self._no_ids, self._letter_ids = answer_token_ids(self.vocabulary, where)
 
@@ -341,6 +343,15 @@ class RemoteCodeVLM(VisionLanguageModel):
 
     #: At most this many questions per forward in the worker (:meth:`use_batch_size`); None: a call's questions.
     batch_size: int | None = None
+
+    def memory_costs(self) -> MemoryCosts | None:
+        """Memory per question and per image under the current variant, from what the driver reported at load
+        (:func:`~verbmirage.models.memory.remote_memory_costs`); None where it reported nothing."""
+        if not self.geometry:
+            return None
+        beams = self.variant.num_beams if self.variant.decoding == "beam" else self.num_beams
+        return remote_memory_costs(self.geometry, self.device, beams=beams,
+                                   new_tokens=max(self.max_new_tokens, self.continue_tokens))
 
     def _items(self, questions: list[Question], fields: list[dict]) -> tuple[list, list[dict], list[int]]:
         """(per question: None or the image error, the request items of the questions whose image opens, their

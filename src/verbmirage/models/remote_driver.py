@@ -223,6 +223,41 @@ class Driver:
     def prompt_text(self, image_path: str, question: str) -> str:
         raise NotImplementedError
 
+    # ---- memory --------------------------------------------------------------------------------------
+    def memory_geometry(self) -> dict | None:
+        """What a job sizes its batches from (``verbmirage.models.memory.remote_memory_costs``): the language
+        model's layers, widths, heads and vocabulary, what one image puts into it and through the vision tower
+        (:meth:`image_geometry`), the weights' bytes and the dtype's width; None where the driver cannot say
+        (its job keeps the configured batch size)."""
+        image = self.image_geometry()
+        if image is None:
+            return None
+        config = self.model.config
+        config = getattr(config, "text_config", None) or config
+
+        def first(*names, default=0):
+            for name in names:
+                value = getattr(config, name, None)
+                if isinstance(value, int) and value > 0:
+                    return value
+            return default
+
+        hidden = first("hidden_size", "d_model")
+        heads = first("num_attention_heads", "n_heads", default=1)
+        tensors = [*self.model.parameters(), *self.model.buffers()]
+        return {"layers": first("num_hidden_layers", "n_layers"), "hidden": hidden, "heads": heads,
+                "kv_heads": first("num_key_value_heads", default=heads),
+                "head_dim": first("head_dim", "kv_channels", default=max(1, hidden // heads)),
+                "intermediate": first("intermediate_size", default=4 * hidden),
+                "vocab": int(self.vocab_size), "itemsize": int(tensors[0].element_size()),
+                "weights": int(sum(t.numel() * t.element_size() for t in tensors)), **image}
+
+    def image_geometry(self) -> dict | None:
+        """The most one image costs: ``image_tokens`` in the language model's sequence, ``vision_tokens``
+        through the vision tower (every crop or slice), its ``vision_layers`` and ``vision_hidden``; None: not
+        known (a driver of your own that does not say)."""
+        return None
+
     def logits(self, image_path: str, question: str):
         """1-D float32 CPU logits at the first answer position."""
         raise NotImplementedError

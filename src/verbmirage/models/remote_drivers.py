@@ -151,6 +151,11 @@ class QwenVLChatDriver(Driver):
     def vocab_size(self) -> int:
         return int(self.model.lm_head.weight.shape[0])
 
+    def image_geometry(self):
+        visual = self.model.config.visual  # a fixed 448 px image: its patches, pooled to 256 tokens
+        return {"image_tokens": QWEN_IMAGE_SPAN + 2, "vision_tokens": (visual["image_size"] // visual["patch_size"]) ** 2,
+                "vision_layers": visual["layers"], "vision_hidden": visual["width"]}
+
     def _context(self, image_path: str, question: str) -> tuple[str, list[int]]:
         query = self.tokenizer.from_list_format([{"image": qwen_image_path(image_path)}, {"text": question}])
         return self._utils.make_context(self.tokenizer, query, history=[], system=self.SYSTEM,
@@ -291,6 +296,20 @@ class MolmoDriver(Driver):
     @property
     def vocab_size(self) -> int:
         return int(self.model.config.embedding_size or self.model.config.vocab_size)
+
+    def image_geometry(self):
+        # the most crops the processor cuts (and the whole image once more), each pooled to its token grid plus
+        # one column token per row; the vision backbone is fixed in the checkpoint's code (CLIP ViT-L/14, 336 px)
+        images = self.processor.image_processor
+        crops = getattr(images, "max_crops", 12) + 1
+        rows, columns = getattr(images, "image_token_length_h", 12), getattr(images, "image_token_length_w", 12)
+        backbone = getattr(self.model.config, "vision_backbone", None)
+        size = getattr(images, "base_image_input_size", (336, 336))
+        patch = getattr(images, "image_patch_size", 14)
+        return {"image_tokens": crops * rows * (columns + 1) + 2,
+                "vision_tokens": crops * ((size[0] // patch) * (size[1] // patch) + 1),
+                "vision_layers": getattr(backbone, "image_num_layers", 24),
+                "vision_hidden": getattr(backbone, "image_emb_dim", 1024)}
 
     def _inputs(self, image_path, question) -> dict:
         inputs = self.processor.process(images=[_open_rgb(image_path)], text=question)

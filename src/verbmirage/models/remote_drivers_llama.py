@@ -92,6 +92,16 @@ class MiniCPMVDriver(Driver):
     def vocab_size(self) -> int:
         return int(self.model.llm.lm_head.weight.shape[0])
 
+    def image_geometry(self):
+        # the most slices its processor cuts (and the whole image once more), each resampled to ``query_num``
+        # tokens between two markers; each slice's patches run through the vision tower
+        config = self.model.config
+        slices = (config.slice_config.max_slice_nums if config.slice_mode else 0) + 1
+        vision = config.vision_config
+        return {"image_tokens": slices * (config.query_num + 2),
+                "vision_tokens": slices * (config.image_size // config.patch_size) ** 2,
+                "vision_layers": vision.num_hidden_layers, "vision_hidden": vision.hidden_size}
+
     def _chat_messages(self, question: str) -> list[dict]:
         """What ``chat()`` builds from ``msgs=[{"role": "user", "content": question}]`` and an image: image first."""
         return [{"role": "user", "content": "(<image>./</image>)\n" + question}]
@@ -248,6 +258,14 @@ class MplugOwl2Driver(Driver):
         self.model = AutoModelForCausalLM.from_pretrained(folder, low_cpu_mem_usage=True, torch_dtype=self.dtype,
                                                           device_map={"": self.device}).eval()
         self.image_processor = CLIPImageProcessor.from_pretrained(folder)
+
+    def image_geometry(self):
+        # the visual abstractor's learned queries (and one more token) in the sequence; CLIP's patches before
+        visual = self.model.config.visual_config
+        model, abstractor = visual.get("visual_model", {}), visual.get("visual_abstractor", {})
+        return {"image_tokens": abstractor.get("num_learnable_queries", 64) + 1,
+                "vision_tokens": (model.get("image_size", 448) // model.get("patch_size", 14)) ** 2 + 1,
+                "vision_layers": model.get("num_hidden_layers", 24), "vision_hidden": model.get("hidden_size", 1024)}
 
     def _local_folder(self) -> str:
         """The checkpoint folder: ``path`` itself, or the hub snapshot at ``revision`` (the revision is used)."""

@@ -20,9 +20,10 @@ helpers, ``remote_drivers.py`` and ``remote_drivers_llama.py`` the four checkpoi
 this file finds them beside itself (:data:`FILES`). Protocol (one JSON object per line)::
 
     {"op": "load", "driver", "path", "revision", "dtype", "device", "options"}
-        -> {"ok": true, "vocab_size", "tokenizer_size", "dtype", "environment", "code"}
+        -> {"ok": true, "vocab_size", "tokenizer_size", "dtype", "environment", "code", "memory"}
     {"op": "vocabulary"}                      -> {"ok": true, "tokens": [str | null, ...]}
-    (``load`` answers the sizes, the environment, the code hashes and ``stop_ids``: the tokens that end an answer)
+    (``load`` answers the sizes, the environment, the code hashes, ``stop_ids``: the tokens that end an answer,
+    and ``memory``: what the job sizes its batches from, ``Driver.memory_geometry``, or null)
     {"op": "score", "image", "prompt", "token_ids"}
         -> {"ok": true, "logits": [...], "logsumexp", "argmax_id", "argmax_logit"}
     {"op": "generate", "image", "prompt", "max_new_tokens", "num_beams", "repetition_penalty"[, "sampling"]}
@@ -104,7 +105,8 @@ class Worker:
                     "dtype": str(getattr(model, "dtype", "")).replace("torch.", ""),
                     "tokenizer_size": self.driver.tokenizer_size, "environment": environment(),
                     "stop_ids": self.driver.stop_ids() if hasattr(self.driver, "stop_ids") else [],
-                    "code": code_hashes(folder) if folder else {}}
+                    "code": code_hashes(folder) if folder else {},
+                    "memory": self.driver.memory_geometry() if hasattr(self.driver, "memory_geometry") else None}
         if op == "shutdown":
             return {"ok": True}
         if self.driver is None:

@@ -19,11 +19,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from verbmirage.models.base import Question
-from verbmirage.core.paths import file_digest, write_text
 from verbmirage.benchmark.question_sets import MC_STEM
-from verbmirage.models.registry import backend_class
-from verbmirage.models.registry import create_model
+from verbmirage.core.paths import file_digest, write_text
+from verbmirage.models.base import Question
+from verbmirage.models.registry import backend_class, create_model
 
 GOLDENS_VERSION = 1
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")

@@ -37,7 +37,9 @@ LLAVA_CHAT_TEMPLATE = (
 
 def _corpus() -> list[str]:
     """Sentences the tokenizer must encode compactly: every question and answer of the benchmark."""
-    from verbmirage.data.hico import hoi_vocabulary  # deferred: imports pandas and scipy (the job server preloads this module)
+    from verbmirage.data.hico import (
+        hoi_vocabulary,  # deferred: imports pandas and scipy (the job server preloads this module)
+    )
 
     vocab = hoi_vocabulary()
     lines = ["USER: ASSISTANT: Yes No yes no A B C D", MC_STEM]

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field, fields
 
 from verbmirage.core.sources import class_summary
 
-
 # ---- the settings each decoding reads ------------------------------------------------------------------------
 
 

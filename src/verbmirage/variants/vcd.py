@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from verbmirage.variants import search
-from verbmirage.variants.strategies import Decoding, Stream
 from verbmirage.variants.settings import question_seed
+from verbmirage.variants.strategies import Decoding, Stream
 
 
 class ContrastiveDecoding(Decoding):

@@ -21,11 +21,13 @@ from pathlib import Path
 
 import yaml
 
-from verbmirage.core.errors import ConfigError
 from verbmirage.benchmark.condition_types import CONDITIONS, PLANNING_KEYS
-from verbmirage.models.derived import DERIVED_FOLDER, effective_models
+from verbmirage.benchmark.question_sets import CHARADES_QUESTION_SETS, QUESTION_SETS
+from verbmirage.core.errors import ConfigError
 from verbmirage.data.hico_files import hico_det_file
+from verbmirage.models.api import DEFAULT_API_KEY_ENV, DEFAULT_BASE_URL, check_endpoint
 from verbmirage.models.base import allow_remote_code
+from verbmirage.models.derived import DERIVED_FOLDER, effective_models
 from verbmirage.models.registry import (
     BACKENDS,
     TINY_FAMILIES,
@@ -34,10 +36,8 @@ from verbmirage.models.registry import (
     setting_problems,
     variant_features,
 )
-from verbmirage.variants.settings import Variant, check_model_variant_settings, model_variants, non_finite_numbers
 from verbmirage.models.remote_drivers import DRIVERS
-from verbmirage.benchmark.question_sets import CHARADES_QUESTION_SETS, QUESTION_SETS
-from verbmirage.models.api import DEFAULT_API_KEY_ENV, DEFAULT_BASE_URL, check_endpoint
+from verbmirage.variants.settings import Variant, check_model_variant_settings, model_variants, non_finite_numbers
 
 # The demo's roots (a root pointing there need not exist yet) and the downloads folder: verbmirage.workflow.paths
 from verbmirage.workflow.paths import (

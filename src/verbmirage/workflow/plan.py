@@ -42,8 +42,6 @@ from verbmirage.models.registry import backend_uses_images
 from verbmirage.variants.settings import Variant, model_variant_entry
 from verbmirage.workflow.config import condition_question_sets
 from verbmirage.workflow.paths import Paths
-from verbmirage.workflow.report_items import is_reported
-from verbmirage.workflow.run_folders import RunFolders
 from verbmirage.workflow.plan_analyses import (
     AttentionPlan,
     FovPlan,
@@ -61,9 +59,11 @@ from verbmirage.workflow.plan_base import (
     alternatives,
     figure_prints,
 )
-from verbmirage.workflow.plan_figures import FiguresPlan
 from verbmirage.workflow.plan_data import DataInputs
+from verbmirage.workflow.plan_figures import FiguresPlan
 from verbmirage.workflow.plan_inputs import CalibrationPlan, ModelBuilds
+from verbmirage.workflow.report_items import is_reported
+from verbmirage.workflow.run_folders import RunFolders
 
 __all__ = ["CalibrationRun", "Group", "PairRun", "Plan", "Run", "alternatives", "figure_prints"]
 

@@ -22,7 +22,6 @@ import yaml
 from verbmirage.core.io import TABLE_STYLE, html_page, html_table
 from verbmirage.evaluation.tables import HEADLINE_COLUMNS, PAPER, STAND_IN, headline_rows
 
-
 # ---- the landing page's headline -----------------------------------------------------------------------------
 #: the landing's columns: Table 1's accuracies, with the paper's short names
 LANDING_COLUMNS = dict(zip(HEADLINE_COLUMNS, ("YN w/ obj", "YN verb only", "MC w/ obj", "MC verb only")))

@@ -42,16 +42,16 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from verbmirage.core.io import read_table
-from verbmirage.benchmark.question_table import QUESTIONS
-from verbmirage.core.paths import atomic_path, inside
+
 from verbmirage.benchmark.question_sets import question_kind
+from verbmirage.benchmark.question_table import QUESTIONS
+from verbmirage.core.io import read_table, write_table
+from verbmirage.core.paths import atomic_path, inside
+from verbmirage.core.schemas import TRAIN_LOG
 from verbmirage.models.base import Question
-from verbmirage.models.registry import create_model
 from verbmirage.models.derived import build_lock
 from verbmirage.models.derived.finetune_settings import SCHEDULERS, FinetuneSettings
-from verbmirage.core.io import write_table
-from verbmirage.core.schemas import TRAIN_LOG
+from verbmirage.models.registry import create_model
 
 log = logging.getLogger(__name__)
 

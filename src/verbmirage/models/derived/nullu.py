@@ -27,16 +27,16 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-from verbmirage.core.text import hoi_phrase
-from verbmirage.data.hico import NO_INTERACTION
-from verbmirage.core.paths import safe_relative_name, write_text
+
 from verbmirage.core.imaging import open_rgb
+from verbmirage.core.io import write_table
+from verbmirage.core.paths import safe_relative_name, write_text
+from verbmirage.core.schemas import NULLU_PAIRS
+from verbmirage.core.text import hoi_phrase
+from verbmirage.data.hico import NO_INTERACTION, load_hico
+from verbmirage.models import create_model
 from verbmirage.models.derived import build_lock
 from verbmirage.models.derived.nullu_settings import CAPTION_PROMPT, PAIR_STYLES, NulluSettings
-from verbmirage.data.hico import load_hico
-from verbmirage.core.io import write_table
-from verbmirage.core.schemas import NULLU_PAIRS
-from verbmirage.models import create_model
 
 log = logging.getLogger(__name__)
 

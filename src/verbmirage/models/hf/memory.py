@@ -22,21 +22,18 @@ suffix is :data:`SUFFIX_TOKENS`, a long HICO prompt's rest (question, four MC op
 
 from __future__ import annotations
 
-from verbmirage.models.memory import MemoryCosts
+from verbmirage.models.memory import (
+    CACHE_COPIES,
+    FLOAT32,
+    HEADER_TOKENS,
+    SUFFIX_TOKENS,
+    MemoryCosts,
+    layer_transient,
+)
 
-#: Tokens of a prompt's suffix, rounded up: the longest HICO prompts (MC, four options, the chat template's
-#: closing turn) hold about 80.
-SUFFIX_TOKENS = 96
-#: Chat header and system prompt before the image tokens.
-HEADER_TOKENS = 64
 #: Image tokens where the config does not fix them (Qwen2-VL's dynamic resolution: a 640 x 480 HICO image is
 #: about 400 after merging; this leaves room for larger images).
 DYNAMIC_IMAGE_TOKENS = 1024
-FLOAT32 = 4
-#: Copies of a decoding row's cache at a step's peak: the grown (beam search: reordered) cache is written beside
-#: the old one. With it, the scoring row kept as the decoding's opening and OPERA's rollback snapshot, the estimate
-#: is at or above every peak an H200 measured at batch 64 (bench/README.md, "Batches sized for the device").
-CACHE_COPIES = 2
 
 
 def image_tokens(config) -> int:
@@ -71,13 +68,6 @@ def _geometry(config) -> dict:
             "vocab": first("vocab_size", default=0)}
 
 
-def _layer_transient(geometry: dict, tokens: int, attended: int, itemsize: int) -> int:
-    """One layer's forward over ``tokens`` positions attending to ``attended``: the MLP's three intermediate
-    tensors, four hidden-size tensors, and the attention products in float32."""
-    return (tokens * (3 * geometry["intermediate"] + 4 * geometry["hidden"]) * itemsize
-            + geometry["heads"] * tokens * attended * FLOAT32)
-
-
 def _vision_bytes(config, itemsize: int, tokens_in_text: int) -> int:
     """One image through the vision tower: every layer's hidden state (``output_hidden_states``) and one layer's
     transient."""
@@ -89,7 +79,7 @@ def _vision_bytes(config, itemsize: int, tokens_in_text: int) -> int:
     tokens = ((size // patch) ** 2 + 1 if isinstance(size, int) and isinstance(patch, int) and patch > 0
               else 4 * tokens_in_text)  # dynamic resolution: patches merged 2 x 2 into text tokens
     return ((geometry["layers"] + 1) * tokens * geometry["hidden"] * itemsize
-            + _layer_transient(geometry, tokens, tokens, itemsize))
+            + layer_transient(geometry, tokens, tokens, itemsize))
 
 
 def engine_memory_costs(vlm) -> MemoryCosts:
@@ -115,12 +105,12 @@ def engine_memory_costs(vlm) -> MemoryCosts:
     beam = copies * per_token * own_tokens + text["vocab"] * (itemsize + FLOAT32)
     if strategy.needs_last_attention:  # OPERA: the last layer's attention of every decoded token, every head
         beam += text["heads"] * new * whole * FLOAT32
-    scoring = _layer_transient(text, forward_tokens, whole, itemsize) + suffix * text["vocab"] * (itemsize + FLOAT32)
+    scoring = layer_transient(text, forward_tokens, whole, itemsize) + suffix * text["vocab"] * (itemsize + FLOAT32)
     if reused and strategy.keeps_openings(vlm.continue_tokens or 0):
         scoring += per_token * (suffix + new)
     vision = _vision_bytes(config, itemsize, image_tokens(config))
     if reused:
-        image = per_token * prefix + _layer_transient(text, prefix, prefix, itemsize) + vision
+        image = per_token * prefix + layer_transient(text, prefix, prefix, itemsize) + vision
     else:  # no prefix kept: each row's forward runs its own image
         image, scoring = 0, scoring + vision
     weights = sum(p.numel() * p.element_size() for p in vlm.model.parameters()) + \

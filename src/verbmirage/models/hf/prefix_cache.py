@@ -21,7 +21,6 @@ from verbmirage.models.hf.shared_prefix import cheapest_cuts
 from verbmirage.models.hf.tokens import padded
 
 
-
 @dataclasses.dataclass
 class Prefix:
     """One image's prefix in the model: per layer (keys, values) with batch 1, and what else its family needs."""
