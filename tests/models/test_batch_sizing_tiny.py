@@ -27,6 +27,7 @@ from verbmirage.inference.shards import shards_batching
 from verbmirage.inference.sizing import AUTO, MARGIN, choose_batching, rows_per_image, sized_batch
 from verbmirage.inference.store import PartStore, parts_directory
 from verbmirage.models import create_model
+from verbmirage.models.hf.memory import DECODING_BUDGET
 from verbmirage.models.memory import MemoryCosts
 from verbmirage.models.tiny import build_tiny_llava
 from verbmirage.variants.settings import Variant
@@ -74,6 +75,9 @@ def test_the_engine_counts_what_each_decoding_holds_per_question(job):
     assert vcd_sample.per_row == 2 * sample.per_row and vcd.per_image == 2 * greedy.per_image
     assert vcd_beam.per_row == 2 * beam.per_row
     assert opera.per_row > beam.per_row and opera.per_image == beam.per_image
+    # every decoding, and only they, stops at the decodings' budget (plain greedy fills the device)
+    assert greedy.budget is None and {costs.budget for costs in (beam, vcd, vcd_beam, opera, sample, vcd_sample)} \
+        == {DECODING_BUDGET}
     model.use_variant(Variant())
     model.continue_tokens = 0
     assert model.memory_costs().per_row < greedy.per_row

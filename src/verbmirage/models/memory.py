@@ -21,6 +21,8 @@ class MemoryCosts:
     transient of the prefix's forward, vision tower included). ``call_batches``: how many batches' worth of
     questions one call holds (the engine's ``use_batch_size``). ``weights``: the parameters and buffers on the
     device (read with them loaded, the free memory already lacks them: recorded, and named when nothing fits).
+    ``budget``: the most bytes the model may hold on its device at once, weights included, however much is free
+    (decodings: :data:`verbmirage.models.hf.memory.DECODING_BUDGET`); None: the free memory alone bounds it.
     """
 
     weights: int
@@ -28,6 +30,7 @@ class MemoryCosts:
     per_image: int
     call_batches: int = 1
     device: str = "cpu"
+    budget: int | None = None
 
     def record(self) -> dict:
         """The figures as plain values (a job's provenance and log)."""

@@ -37,6 +37,11 @@ FLOAT32 = 4
 #: the old one. With it, the scoring row kept as the decoding's opening and OPERA's rollback snapshot, the estimate
 #: is at or above every peak an H200 measured at batch 64 (bench/README.md, "Batches sized for the device").
 CACHE_COPIES = 2
+#: The most a decoding (any variant but plain greedy: beams, sampling, OPERA, VCD) may hold on its device, weights
+#: included, when ``batch_size: auto`` sizes its batch: its sized batch stops here however much memory is free
+#: (docs/models.md, "Batch sizes"). A decoding's steps gain little from batches past this (its launches, not its
+#: arithmetic, bound it), and a decoding job then leaves most of a large GPU to others.
+DECODING_BUDGET = 40 * 2**30
 
 
 def image_tokens(config) -> int:
@@ -126,5 +131,7 @@ def engine_memory_costs(vlm) -> MemoryCosts:
     weights = sum(p.numel() * p.element_size() for p in vlm.model.parameters()) + \
         sum(b.numel() * b.element_size() for b in vlm.model.buffers())
     calls = vlm.CALL_BATCHES if vlm._calls_span_batches() else 1
+    plain_greedy = strategy.decides_by_first_token and strategy.streams == 1
     return MemoryCosts(weights=weights, per_row=strategy.streams * (strategy.beams * beam + scoring),
-                       per_image=image * strategy.streams, call_batches=calls, device=str(vlm.device))
+                       per_image=image * strategy.streams, call_batches=calls, device=str(vlm.device),
+                       budget=None if plain_greedy else DECODING_BUDGET)
