@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 import tempfile
 from pathlib import Path
 
@@ -68,14 +69,14 @@ VIEWS = frozenset({
 })
 
 
-def leaf_operators(prof) -> int:
-    """``aten::`` events of ``prof`` that contain no other ``aten::`` event and make more than a view."""
-    count = 0
+def leaf_operators(prof) -> Counter:
+    """``aten::`` events of ``prof`` that contain no other ``aten::`` event and make more than a view, by name."""
+    count = Counter()
     for event in prof.events():
         if not event.name.startswith("aten::") or event.name[6:] in VIEWS:
             continue
         if not any(child.name.startswith("aten::") for child in event.cpu_children):
-            count += 1
+            count[event.name[6:]] += 1
     return count
 
 
@@ -91,8 +92,8 @@ def peak_bytes(prof) -> int:
 
 
 def measure(model, questions, entry: dict, batch_size: int, max_new_tokens: int,
-            per_call: int | None = None) -> tuple[int, int]:
-    """(leaf operator calls, peak live bytes) of one pass over ``questions`` with the variant ``entry``, in calls
+            per_call: int | None = None) -> tuple[Counter, int]:
+    """(leaf operator calls by name, peak live bytes) of one pass over ``questions`` with the variant ``entry``, in calls
     of ``per_call`` questions (None: as a job sizes its calls, after its variant)."""
     settings = {**entry, "max_new_tokens": max_new_tokens} if entry.get("decoding") else entry
     model.use_variant(Variant.from_config(settings))
@@ -116,6 +117,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=8, help="tokens each decoding decodes per answer")
     parser.add_argument("--only", nargs="*", default=None, help="these decodings only (greedy is always run)")
+    parser.add_argument("--breakdown", type=int, default=0, metavar="N",
+                        help="also print the N operators each decoding calls most often beyond greedy (per prompt)")
     parser.add_argument("--smoke", action="store_true", help="1 image, 1 layer, 2 new tokens: checks the script runs")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -138,16 +141,20 @@ def main() -> None:
         print(f"{size['layers']} language layers (hidden {size['hidden']}), {size['vision_layers']} vision layers, "
               f"576 image tokens; {len(questions)} YN questions on {images} images, batch {args.batch_size}, "
               f"{calls}, {args.max_new_tokens} new tokens per decoded answer")
-        figures = {}
+        figures, counts = {}, {}
         for slug, entry in DECODINGS.items():
             if args.only is not None and slug != "greedy" and slug not in args.only:
                 continue
             operators, peak = measure(model, questions, entry, args.batch_size, args.max_new_tokens, per_call)
-            figures[slug] = (operators / len(questions), peak)
+            counts[slug] = operators
+            figures[slug] = (operators.total() / len(questions), peak)
             ops, base_peak = figures[slug][0], figures["greedy"][1]
             target = f"(target <= {TARGETS[slug]:g}x)" if slug in TARGETS else ""
-            print(f"  {slug:11s} {ops:9.0f} ops/prompt {ops / figures['greedy'][0]:6.2f}x greedy   "
+            print(f"  {slug:11s} {ops:9.1f} ops/prompt {ops / figures['greedy'][0]:6.2f}x greedy   "
                   f"peak {peak / 2**20:8.1f} MiB {peak / base_peak:6.2f}x greedy  {target}", flush=True)
+            if args.breakdown and slug != "greedy":
+                beyond = (operators - counts["greedy"]).most_common(args.breakdown)
+                print("      beyond greedy: " + ", ".join(f"{name} {n / len(questions):.1f}" for name, n in beyond))
 
 
 if __name__ == "__main__":
