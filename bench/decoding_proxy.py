@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import torch
