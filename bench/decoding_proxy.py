@@ -16,7 +16,19 @@ and VCD beam-5 at most 2x greedy, OPERA at most 3x. The narrow model's caches ar
 than a 7B model's (hidden 256: 64 KiB of keys and values per token over 32 layers, 512 KiB in the 7B's bf16),
 so the memory ratios here understate what copies of caches cost on the GPU.
 
+Two regimes:
+
+- **job** (the default): each decoding sizes its calls as a job does (its variant first, then
+  ``use_batch_size``), on the questions of ``--images`` images: with few images, one call of one batch;
+- **gpu** (``--regime gpu``): the device check's (bench/gpu_scoring.py ``--decodings`` in bench/h200_check.sh):
+  the YN questions of 16 images, every decoding in the calls greedy's ``use_batch_size(64)`` returns (256
+  questions: greedy scores them in four batches, a decoding decodes a call's batches as the engine does).
+  Its forwards hold several batches, so it is slower: ``--layers`` makes the model shallower (the vision tower
+  in proportion, 24 of 32), which barely moves the ratios, each forward costing about as many operators per
+  layer whatever the depth (run two depths to see it).
+
     python bench/decoding_proxy.py [--images 4] [--batch-size 64] [--max-new-tokens 8]
+    python bench/decoding_proxy.py --regime gpu --layers 4   # the device check's call, 4 + 3 layers
     python bench/decoding_proxy.py --smoke   # 1 image, 1 layer: checks the script (CI)
 """
 
@@ -25,6 +37,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -56,14 +69,14 @@ VIEWS = frozenset({
 })
 
 
-def leaf_operators(prof) -> int:
-    """``aten::`` events of ``prof`` that contain no other ``aten::`` event and make more than a view."""
-    count = 0
+def leaf_operators(prof) -> Counter:
+    """``aten::`` events of ``prof`` that contain no other ``aten::`` event and make more than a view, by name."""
+    count = Counter()
     for event in prof.events():
         if not event.name.startswith("aten::") or event.name[6:] in VIEWS:
             continue
         if not any(child.name.startswith("aten::") for child in event.cpu_children):
-            count += 1
+            count[event.name[6:]] += 1
     return count
 
 
@@ -78,11 +91,14 @@ def peak_bytes(prof) -> int:
     return peak
 
 
-def measure(model, questions, entry: dict, batch_size: int, max_new_tokens: int) -> tuple[int, int]:
-    """(leaf operator calls, peak live bytes) of one pass over ``questions`` with the variant ``entry``."""
+def measure(model, questions, entry: dict, batch_size: int, max_new_tokens: int,
+            per_call: int | None = None) -> tuple[Counter, int]:
+    """(leaf operator calls by name, peak live bytes) of one pass over ``questions`` with the variant ``entry``, in calls
+    of ``per_call`` questions (None: as a job sizes its calls, after its variant)."""
     settings = {**entry, "max_new_tokens": max_new_tokens} if entry.get("decoding") else entry
     model.use_variant(Variant.from_config(settings))
-    per_call = model.use_batch_size(batch_size)  # as a job sizes its calls: after its variant
+    sized = model.use_batch_size(batch_size)
+    per_call = per_call or sized
     model.score_yes_no(questions[:2])  # warm-up
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         engine_pass(model, questions, per_call, lambda: None)
@@ -91,15 +107,24 @@ def measure(model, questions, entry: dict, batch_size: int, max_new_tokens: int)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--images", type=int, default=4)
+    parser.add_argument("--regime", choices=("job", "gpu"), default="job",
+                        help="job: calls sized per decoding on --images images; gpu: the device check's call of 256 "
+                             "on 16 images' questions (the module's docstring)")
+    parser.add_argument("--images", type=int, default=None, help="images whose YN questions are asked "
+                        "(default: 4; 16 with --regime gpu)")
+    parser.add_argument("--layers", type=int, default=32, help="language layers (the vision tower's: 3/4 of them, "
+                        "at least 1); LLaVA-1.5-7B: 32")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=8, help="tokens each decoding decodes per answer")
     parser.add_argument("--only", nargs="*", default=None, help="these decodings only (greedy is always run)")
+    parser.add_argument("--breakdown", type=int, default=0, metavar="N",
+                        help="also print the N operators each decoding calls most often beyond greedy (per prompt)")
     parser.add_argument("--smoke", action="store_true", help="1 image, 1 layer, 2 new tokens: checks the script runs")
     args = parser.parse_args()
     torch.manual_seed(0)
-    RandomLlava7B.size = SMOKE if args.smoke else NARROW
-    images = 1 if args.smoke else args.images
+    RandomLlava7B.size = SMOKE if args.smoke else {
+        **NARROW, "layers": args.layers, "vision_layers": max(1, args.layers * NARROW["vision_layers"] // 32)}
+    images = 1 if args.smoke else args.images or (16 if args.regime == "gpu" else 4)
     if args.smoke:
         args.max_new_tokens = 2
     with tempfile.TemporaryDirectory() as tmp:
@@ -110,19 +135,26 @@ def main() -> None:
         make_decisive(model)
         questions = hico_like_questions(images, work / "yn")
         size = RandomLlava7B.size
+        # the device check's calls: greedy's call size for every decoding (bench/gpu_scoring.py, decodings)
+        per_call = model.use_batch_size(args.batch_size) if args.regime == "gpu" else None
+        calls = f"calls of {per_call}" if per_call else "calls sized per decoding"
         print(f"{size['layers']} language layers (hidden {size['hidden']}), {size['vision_layers']} vision layers, "
               f"576 image tokens; {len(questions)} YN questions on {images} images, batch {args.batch_size}, "
-              f"{args.max_new_tokens} new tokens per decoded answer")
-        figures = {}
+              f"{calls}, {args.max_new_tokens} new tokens per decoded answer")
+        figures, counts = {}, {}
         for slug, entry in DECODINGS.items():
             if args.only is not None and slug != "greedy" and slug not in args.only:
                 continue
-            operators, peak = measure(model, questions, entry, args.batch_size, args.max_new_tokens)
-            figures[slug] = (operators / len(questions), peak)
+            operators, peak = measure(model, questions, entry, args.batch_size, args.max_new_tokens, per_call)
+            counts[slug] = operators
+            figures[slug] = (operators.total() / len(questions), peak)
             ops, base_peak = figures[slug][0], figures["greedy"][1]
             target = f"(target <= {TARGETS[slug]:g}x)" if slug in TARGETS else ""
-            print(f"  {slug:11s} {ops:9.0f} ops/prompt {ops / figures['greedy'][0]:6.2f}x greedy   "
+            print(f"  {slug:11s} {ops:9.1f} ops/prompt {ops / figures['greedy'][0]:6.2f}x greedy   "
                   f"peak {peak / 2**20:8.1f} MiB {peak / base_peak:6.2f}x greedy  {target}", flush=True)
+            if args.breakdown and slug != "greedy":
+                beyond = (operators - counts["greedy"]).most_common(args.breakdown)
+                print("      beyond greedy: " + ", ".join(f"{name} {n / len(questions):.1f}" for name, n in beyond))
 
 
 if __name__ == "__main__":

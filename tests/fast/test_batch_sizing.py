@@ -62,6 +62,30 @@ def test_the_sized_batch_is_capped():
     assert sized_batch(tiny, H200, H200, 30, cap=256) == 256
 
 
+@pytest.mark.parametrize("per_row, rows, batch", [
+    (608 * MIB, 15.0, 32),   # LLaVA-1.5-7B in bf16, beam-5: 64 (54 GiB) would pass the budget
+    (1217 * MIB, 15.0, 16),  # VCD with beam-5
+    (192 * MIB, 33.0, 64),  # sampling, many questions per image
+])
+def test_a_decodings_batch_stops_at_its_budget_however_much_is_free(per_row, rows, batch):
+    """A decoding's costs carry a budget (weights included): on an H200 with 126 GiB free its sized batch is the
+    largest whose call and weights fit 40 GiB less the margin, where the free memory alone would fit four to
+    eight times more."""
+    costs = MemoryCosts(weights=int(13.2 * GIB), per_row=per_row, per_image=497 * MIB, budget=40 * GIB)
+    unbounded = MemoryCosts(weights=costs.weights, per_row=per_row, per_image=costs.per_image)
+    sized = sized_batch(costs, 126 * GIB, H200, rows)
+    assert sized == batch and sized_batch(unbounded, 126 * GIB, H200, rows) >= 4 * batch
+    within = (1 - MARGIN) * 40 * GIB
+    assert costs.weights + _needs(costs, sized, rows) <= within < costs.weights + _needs(costs, 2 * sized, rows)
+    assert sized_batch(costs, 20 * GIB, H200, rows) == sized_batch(unbounded, 20 * GIB, H200, rows)  # less free
+
+
+def test_a_budget_smaller_than_the_weights_still_leaves_one_question_where_the_device_holds_it():
+    """A model too large for the budget (weights of 60 GiB) decodes one question per forward, not none."""
+    costs = MemoryCosts(weights=60 * GIB, per_row=600 * MIB, per_image=500 * MIB, budget=40 * GIB)
+    assert sized_batch(costs, 60 * GIB, H200, 10.0) == 1
+
+
 def test_a_device_that_cannot_hold_one_question_fails_naming_the_model_the_batch_and_the_memory():
     costs = MemoryCosts(weights=14 * GIB, per_row=600 * MIB, per_image=500 * MIB, device="cuda:0")
     free = int(MARGIN * 16 * GIB + GIB)  # one GiB past the margin: less than a question and its image

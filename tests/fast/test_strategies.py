@@ -209,3 +209,18 @@ def test_batched_sampling_draws_what_a_multinomial_per_row_draws():
         expected.append(chosen)
         logits = stepper.table[chosen]
     assert drawn.tokens == torch.stack(expected, dim=1).tolist()
+
+
+def test_greedy_takes_a_probability_on_its_first_step_only():
+    """An answer keeps its first token's probability; later steps of a greedy continuation take the argmax
+    alone: no softmax over the vocabulary (on a GPU: no second copy to the host per step), the same tokens."""
+    stepper = TableStepper(3, 5)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        decoded = search.greedy_search(stepper.first, stepper, 6, set())
+    assert sum(event.name == "aten::softmax" for event in prof.events()) == 1
+    logits, expected = stepper.first, []
+    for _ in range(6):
+        expected.append(logits.argmax(-1))
+        logits = stepper.table[expected[-1]]
+    assert decoded.tokens == torch.stack(expected, dim=1).tolist()
+    assert decoded.first_probability == torch.softmax(stepper.first, -1).max(-1).values.tolist()

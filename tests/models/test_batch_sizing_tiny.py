@@ -5,6 +5,7 @@ with other free memory), says so where it cannot, and answers on the CPU as it a
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -27,6 +28,7 @@ from verbmirage.inference.shards import shards_batching
 from verbmirage.inference.sizing import AUTO, MARGIN, choose_batching, rows_per_image, sized_batch
 from verbmirage.inference.store import PartStore, parts_directory
 from verbmirage.models import create_model
+from verbmirage.models.memory import DECODING_BUDGET
 from verbmirage.models.memory import MemoryCosts
 from verbmirage.models.tiny import build_tiny_llava
 from verbmirage.variants.settings import Variant
@@ -74,6 +76,9 @@ def test_the_engine_counts_what_each_decoding_holds_per_question(job):
     assert vcd_sample.per_row == 2 * sample.per_row and vcd.per_image == 2 * greedy.per_image
     assert vcd_beam.per_row == 2 * beam.per_row
     assert opera.per_row > beam.per_row and opera.per_image == beam.per_image
+    # every decoding, and only they, stops at the decodings' budget (plain greedy fills the device)
+    assert greedy.budget is None and {costs.budget for costs in (beam, vcd, vcd_beam, opera, sample, vcd_sample)} \
+        == {DECODING_BUDGET}
     model.use_variant(Variant())
     model.continue_tokens = 0
     assert model.memory_costs().per_row < greedy.per_row
@@ -221,8 +226,8 @@ H200_PEAKS_AT_64 = {"greedy": 21.1, "beam5": 44.8, "sample": 26.8, "vcd_greedy":
 
 def test_llava_7b_on_an_h200_sizes_as_documented_and_never_below_the_measured_peaks(tmp_path):
     """LLaVA-1.5-7B's geometry in bf16, built on the meta device (no memory): the batches docs/models.md gives
-    for an H200, and at batch 64 an estimate at or above each peak the H200 measured (vcd_sample's within 1%:
-    the 10% of the device kept free covers it)."""
+    for an H200 (every decoding within its 40 GiB budget; from the free memory alone, larger), and at batch 64 an
+    estimate at or above each peak the H200 measured (vcd_sample's within 1%: the 10% kept free covers it)."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -232,15 +237,21 @@ def test_llava_7b_on_an_h200_sizes_as_documented_and_never_below_the_measured_pe
     processor = build_tiny_llava(tmp_path / "processor", image_size=336, patch_size=14)
     model = RandomLlava7B("llava7b", str(processor), dtype="bfloat16", device="meta", local_files_only=True)
     total = 143_771 * 2**20
-    sized = {}
+    sized, unbounded = {}, {}
     for slug in H200_PEAKS_AT_64:
         entry = DECODINGS[slug]
         model.use_variant(Variant.from_config({**entry, "max_new_tokens": 8} if entry.get("decoding") else entry))
         costs = model.memory_costs()
         free = total - costs.weights - 600 * 2**20  # the CUDA context's
         sized[slug] = [sized_batch(costs, free, total, rows) for rows in (8.0, 33.0)]
+        unbounded[slug] = [sized_batch(replace(costs, budget=None), free, total, rows) for rows in (8.0, 33.0)]
         estimate = costs.weights + 64 * costs.per_row + (costs.call_batches * 64 / 15 + 1) * costs.per_image
         assert estimate / 2**30 >= 0.99 * H200_PEAKS_AT_64[slug], slug
-    assert sized == {"greedy": [256, 256], "beam5": [128, 128], "sample": [256, 512], "vcd_greedy": [128, 256],
-                     "vcd_sample": [128, 256], "vcd_beam5": [64, 64], "opera": [64, 128]}
+        for batch, rows in zip(sized[slug], (8.0, 33.0)):
+            peak = costs.weights + batch * costs.per_row + (costs.call_batches * batch / rows + 1) * costs.per_image
+            assert slug == "greedy" or peak <= (1 - MARGIN) * 40 * 2**30, slug
+    assert sized == {"greedy": [256, 256], "beam5": [32, 32], "sample": [64, 64], "vcd_greedy": [16, 32],
+                     "vcd_sample": [32, 32], "vcd_beam5": [16, 16], "opera": [16, 16]}
+    assert unbounded == {"greedy": [256, 256], "beam5": [128, 128], "sample": [256, 512], "vcd_greedy": [128, 256],
+                         "vcd_sample": [128, 256], "vcd_beam5": [64, 64], "opera": [64, 128]}
     assert 13 * 2**30 < costs.weights < 14 * 2**30  # 7.06B parameters in bf16

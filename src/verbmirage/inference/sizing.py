@@ -71,7 +71,8 @@ def rows_per_image(images: list[str]) -> float:
 def sized_batch(costs: MemoryCosts, free: int, total: int, per_image_rows: float = 1.0, name: str = "model",
                 margin: float = MARGIN, cap: int = MAX_BATCH) -> int:
     """The largest batch (a power of two, at most ``cap``) whose call fits ``free`` bytes less ``margin`` of
-    ``total``.
+    ``total``, and the costs' ``budget`` (weights included) less ``margin`` of it where they set one (decodings),
+    though never below one question where the free memory holds one.
 
     A call holds ``call_batches`` batches' worth of questions and so about that many over ``per_image_rows``
     images, one more where an image is cut: ``batch * per_row + (call_batches * batch / per_image_rows + 1) *
@@ -80,6 +81,9 @@ def sized_batch(costs: MemoryCosts, free: int, total: int, per_image_rows: float
     budget = free - margin * total
     unit = costs.per_row + costs.call_batches * costs.per_image / per_image_rows
     rows = math.floor((budget - costs.per_image) / unit) if unit > 0 else cap
+    if costs.budget is not None and rows >= 1 and unit > 0:
+        within = (1 - margin) * costs.budget - costs.weights - costs.per_image
+        rows = min(rows, max(1, math.floor(within / unit)))
     if rows < 1:
         raise DeviceMemoryError(
             f"{name}: not even a batch of 1 fits on {costs.device}: one question needs "

@@ -22,6 +22,11 @@ FLOAT32 = 4
 #: the old one. With it, the scoring row kept as the decoding's opening and OPERA's rollback snapshot, the estimate
 #: is at or above every peak an H200 measured at batch 64 (bench/README.md, "Batches sized for the device").
 CACHE_COPIES = 2
+#: The most a decoding (any variant but plain greedy: beams, sampling, OPERA, VCD) may hold on its device, weights
+#: included, when ``batch_size: auto`` sizes its batch: its sized batch stops here however much memory is free
+#: (docs/models.md, "Batch sizes"). A decoding's steps gain little from batches past this (its launches, not its
+#: arithmetic, bound it), and a decoding job then leaves most of a large GPU to others.
+DECODING_BUDGET = 40 * 2**30
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,8 @@ class MemoryCosts:
     transient of the prefix's forward, vision tower included). ``call_batches``: how many batches' worth of
     questions one call holds (the engine's ``use_batch_size``). ``weights``: the parameters and buffers on the
     device (read with them loaded, the free memory already lacks them: recorded, and named when nothing fits).
+    ``budget``: the most bytes the model may hold on its device at once, weights included, however much is free
+    (decodings: :data:`DECODING_BUDGET`); None: the free memory alone bounds it.
     """
 
     weights: int
@@ -41,6 +48,7 @@ class MemoryCosts:
     per_image: int
     call_batches: int = 1
     device: str = "cpu"
+    budget: int | None = None
 
     def record(self) -> dict:
         """The figures as plain values (a job's provenance and log)."""
@@ -66,7 +74,9 @@ def remote_memory_costs(geometry: dict, device: str, beams: int = 1, new_tokens:
     (``generate`` repeats the prompt for each before its first forward): :data:`CACHE_COPIES` caches over the
     prompt and the new tokens, one layer's transient and the first step's logits over the whole prompt (older
     checkpoint code computes every position's). An image holds its prefix's cache and forward and
-    its vision tower (every layer's hidden state, one layer's transient). One call is one batch.
+    its vision tower (every layer's hidden state, one layer's transient). One call is one batch. No
+    :data:`DECODING_BUDGET`: a question's beams each run its whole prompt here, so within 40 GiB a 7B checkpoint's
+    beam search would batch only 1-8 questions; the free memory alone bounds it.
     """
     itemsize, vocab = geometry["itemsize"], geometry["vocab"]
     per_token = 2 * geometry["layers"] * geometry["kv_heads"] * geometry["head_dim"] * itemsize

@@ -193,16 +193,16 @@ def adjusted(processors: Processors, tokens: torch.Tensor, scores: torch.Tensor)
 
 def _one_token_per_row(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int],
                        choose) -> Decoded:
-    """Rows decoded one token per step by ``choose(tokens so far, logits) -> (next tokens, each one's probability in
-    the distribution it was chosen from)`` until every row has stopped or ``max_new_tokens``; tokens up to (not
-    including) a stop token."""
+    """Rows decoded one token per step by ``choose(tokens so far, logits, first step?) -> (next tokens, on the first
+    step each one's probability in the distribution it was chosen from, else None)`` until every row has stopped
+    or ``max_new_tokens``; tokens up to (not including) a stop token."""
     rows = first.shape[0]
     stop_ids = torch.tensor(sorted(stop), dtype=torch.long)
     tokens = torch.empty((rows, 0), dtype=torch.long)
     done = torch.zeros(rows, dtype=torch.bool)
     logits, first_probability = first, []
     for step in range(max_new_tokens):
-        chosen, probability = choose(tokens, logits)
+        chosen, probability = choose(tokens, logits, step == 0)
         if step == 0:
             first_probability = probability.tolist()
         tokens = torch.cat([tokens, chosen[:, None]], dim=1)
@@ -216,9 +216,11 @@ def _one_token_per_row(first: torch.Tensor, stepper: Stepper, max_new_tokens: in
 def greedy_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int],
                   processors: Processors = ()) -> Decoded:
     """Argmax decoding of every row from its first-position logits, after ``processors`` (:func:`adjusted`)."""
-    def argmax(tokens, logits):  # on the logits' device: only the chosen tokens and their probabilities move
+    def argmax(tokens, logits, first):  # on the logits' device: only the chosen tokens (and first probabilities) move
         logits = adjusted(processors, tokens, logits)
         chosen = logits.argmax(-1)
+        if not first:  # a later step's probabilities are not kept: no softmax over the vocabulary, no second copy
+            return chosen.cpu(), None
         return chosen.cpu(), torch.softmax(logits.float(), dim=-1).gather(-1, chosen[:, None])[:, 0].cpu()
 
     return _one_token_per_row(first, stepper, max_new_tokens, stop, argmax)
@@ -241,7 +243,7 @@ def sample_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, st
         warpers.append(TopPLogitsWarper(top_p))
     generators = [torch.Generator().manual_seed(seed) for seed in seeds]
 
-    def draw(tokens, logits):
+    def draw(tokens, logits, first):
         probabilities = torch.softmax(warpers(tokens, logits.float().cpu()), dim=-1)
         if not bool(torch.isfinite(probabilities).all()):
             raise ValueError("sampling: a row's probabilities are not finite (every token masked?)")
@@ -251,7 +253,7 @@ def sample_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, st
         for row, generator in zip(noise, generators):
             row.exponential_(generator=generator)
         chosen = (probabilities / noise).argmax(dim=-1)
-        return chosen, probabilities.gather(-1, chosen[:, None])[:, 0]
+        return chosen, probabilities.gather(-1, chosen[:, None])[:, 0] if first else None
 
     return _one_token_per_row(first, stepper, max_new_tokens, stop, draw)
 

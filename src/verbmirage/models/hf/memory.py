@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from verbmirage.models.memory import (
     CACHE_COPIES,
+    DECODING_BUDGET,
     FLOAT32,
     HEADER_TOKENS,
     SUFFIX_TOKENS,
@@ -116,5 +117,7 @@ def engine_memory_costs(vlm) -> MemoryCosts:
     weights = sum(p.numel() * p.element_size() for p in vlm.model.parameters()) + \
         sum(b.numel() * b.element_size() for b in vlm.model.buffers())
     calls = vlm.CALL_BATCHES if vlm._calls_span_batches() else 1
+    plain_greedy = strategy.decides_by_first_token and strategy.streams == 1
     return MemoryCosts(weights=weights, per_row=strategy.streams * (strategy.beams * beam + scoring),
-                       per_image=image * strategy.streams, call_batches=calls, device=str(vlm.device))
+                       per_image=image * strategy.streams, call_batches=calls, device=str(vlm.device),
+                       budget=None if plain_greedy else DECODING_BUDGET)
