@@ -140,7 +140,7 @@ def test_prefix_reuse_embeds_each_image_once(tiny_models, family, demo_anno, ima
     prefix = {}
     for q in questions:
         ids = model.encode([model.render(q, False)], [model.open_image(q.image)])["input_ids"][0]
-        prefix[q.image] = model._last_image_token(ids) + 1
+        prefix[q.image] = model.prefix_cache._last_image_token(ids) + 1
     per_image = Counter(q.image for q in questions)
     saved = sum((n - 1) * prefix[image] for image, n in per_image.items())
     assert counts[True][0] < counts[False][0] - 0.5 * saved, (counts, saved)
@@ -203,8 +203,8 @@ def test_only_the_current_calls_images_keep_their_prefix(llava, demo_anno, image
     first, second = sorted({q.image for q in questions})[:2]
     llava.forget_prefixes()
     llava.score_yes_no([q for q in questions if q.image == first])
-    assert {key[0] for key in llava._prefixes} == {first}
+    assert {key[0] for key in llava.prefix_cache._prefixes} == {first}
     llava.score_yes_no([q for q in questions if q.image in (first, second)])
-    assert {key[0] for key in llava._prefixes} == {first, second}
+    assert {key[0] for key in llava.prefix_cache._prefixes} == {first, second}
     llava.score_yes_no([q for q in questions if q.image == second])
-    assert {key[0] for key in llava._prefixes} == {second} and len(llava._encoded_images) == 1
+    assert {key[0] for key in llava.prefix_cache._prefixes} == {second} and len(llava.inputs._encoded_images) == 1
