@@ -27,7 +27,9 @@ Results equal an unbatched full forward pass (tested to 1e-4 on every tiny
 model).
 
 The engine's parts, by concern. The engine holds three collaborators, each reading of it only what its
-Protocol declares, and each owning the state that outlives a call:
+Protocol declares; the caches that outlive a call live in the collaborator that owns them, and nothing else a
+later call needs is left on the engine by an earlier one (the decoder keeps nothing: a scoring call hands its
+rows to the decoding as an argument):
 
 - ``inputs``, a :class:`~.inputs.PromptInputs` (:mod:`.inputs`): prompt rendering and processor inputs; owns the
   opened images of the current call and their encodings (``InputsHost``);

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from verbmirage.core.imaging import expand_to_square, open_rgb, square_input_side
+from verbmirage.core.imaging import expand_to_square, square_input_side
 from verbmirage.models.base import Question
 from verbmirage.models.prompts import CHAT_TEMPLATE, CONVERSATIONS, PromptTemplate
 
@@ -55,6 +55,7 @@ class InputsHost(Protocol):
     PREFIX_SLOTS: int
 
     def _image_token_id(self) -> int | None: ...
+    def open_image(self, path: Path) -> Image.Image: ...
 
 
 class PromptInputs:
@@ -86,7 +87,7 @@ class PromptInputs:
                 images[question.image] = self._opened.get(question.image)
                 if images[question.image] is None:
                     try:
-                        images[question.image] = self.open_image(question.image)
+                        images[question.image] = self.engine.open_image(question.image)
                     except (OSError, ValueError) as error:
                         images[question.image] = f"image {question.image}: {type(error).__name__}: {error}"
             image = images[question.image]
@@ -240,5 +241,3 @@ class PromptInputs:
             for key, value in first.items()
             if key not in PER_TOKEN_KEYS and isinstance(value, torch.Tensor)
         }
-
-    open_image = staticmethod(open_rgb)
