@@ -8,7 +8,7 @@ batches where padding costs least (:func:`cheapest_cuts`); families whose langua
 their prefixes in place (:mod:`.shared_prefix`) instead of one copy per row.
 
 :class:`PrefixCache` is a collaborator of :class:`~verbmirage.models.hf.engine.TransformersVLM` (its
-``prefixes``; a family whose forward differs names a subclass in ``prefix_cache_class``). It owns the kept
+``prefix_cache``; a family whose forward differs names a subclass in ``prefix_cache_class``). It owns the kept
 prefixes, the one cache of it that outlives a call, and reads of the engine only what :class:`PrefixHost` declares.
 """
 
@@ -95,7 +95,7 @@ class PrefixHost(Protocol):
 
 
 class PrefixCache:
-    """The engine's kept image prefixes and its suffix batches (the engine's ``prefixes``).
+    """The engine's kept image prefixes and its suffix batches (the engine's ``prefix_cache``).
 
     ``_prefixes``: the kept prefixes, oldest first: (image, prefix ids[, VCD noise]) -> :class:`Prefix`, at most
     the engine's ``PREFIX_SLOTS`` and only those of the current call's images (:meth:`keep_only`). A cache: dropping
