@@ -124,11 +124,11 @@ def test_chat_template_frame_renders_like_the_template(tiny_dirs, family):
     texts = ["Is someone riding a horse?\nAnswer yes or no.", "What is the person doing with the bicycle?\n"
              "A. repairing\nB. riding\nC. washing\nD. carrying\nAnswer with the option's letter.", "Describe it.",
              " padded text \n"]
-    assert model._chat_frame() is not None
+    assert model.inputs._chat_frame() is not None
     for text in texts:
-        assert model.render_turn(text) == model._chat_turn(text), text
+        assert model.render_turn(text) == model.inputs._chat_turn(text), text
 
     model.processor.chat_template = "USER: <image>{{ messages[0]['content'][1]['text'] | upper }} ASSISTANT:"
-    model._frame = False  # find the frame again
-    assert model._chat_frame() is None
+    model.inputs._frame = False  # find the frame again
+    assert model.inputs._chat_frame() is None
     assert model.render_turn(texts[0]) == "USER: <image>IS SOMEONE RIDING A HORSE?\nANSWER YES OR NO. ASSISTANT:"

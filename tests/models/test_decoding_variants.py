@@ -249,7 +249,7 @@ def test_decoding_holds_at_most_the_calls_rows_and_halves_on_out_of_memory(tiny_
     Out of memory halves that and retries; the answers do not change."""
     model = tiny(tiny_dirs, "llava")
     model.shared_prefix_attention = in_place
-    assert model._reads_prefix_in_place() == in_place
+    assert model.prefix_cache.reads_in_place() == in_place
     questions = yes_no_questions(scene, n=6)
     model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 3, "max_new_tokens": 4}))
     opened = []
@@ -286,7 +286,7 @@ def test_decoding_from_the_scoring_pass_equals_opening_the_prompts_again(tiny_di
     model = tiny(tiny_dirs, "llava")
     model.use_variant(Variant.from_config(entry))
     model.continue_tokens = 4
-    model.BATCH_COST = 0
+    model.prefix_cache.BATCH_COST = 0
     joined = []
     for stepper_class in (InPlaceStepper, PrefixStepper):
         monkeypatch.setattr(stepper_class, "joined", classmethod(
@@ -311,7 +311,7 @@ def test_decoding_from_the_scoring_pass_equals_opening_the_prompts_again(tiny_di
 
     monkeypatch.setattr(Openings, "take", lambda self, *args: None)
     monkeypatch.setattr(Decoder, "kept_opening",
-                        lambda self, opened, batch, items, noised, openings: model._suffix_batch(opened, batch))
+                        lambda self, opened, batch, items, noised, openings: model.prefix_cache.suffix_batch(opened, batch))
     model.forget_prefixes()
     again = model.score_mixed(questions, flags)
     for ours, theirs in zip(kept, again):
@@ -339,8 +339,8 @@ def test_a_decoding_continues_from_the_hand_off_it_is_given(tiny_dirs, scene, tm
     second = [Question(f"o{i}", f"Is the person {verb} the dog?", tmp_path / "other.png")
               for i, verb in enumerate(("walking", "feeding"))]
     opened = []
-    real_open = type(model)._open_rows
-    monkeypatch.setattr(type(model), "_open_rows", lambda self, items, noised: opened.append(len(items))
+    real_open = type(model.prefix_cache).open_rows
+    monkeypatch.setattr(type(model.prefix_cache), "open_rows", lambda self, items, noised: opened.append(len(items))
                         or real_open(self, items, noised))
 
     handoff = model.answer_logits(first, False)[3]

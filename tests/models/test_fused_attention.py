@@ -123,7 +123,7 @@ def test_tiny_llava_on_cuda_scores_as_on_the_cpu(mixed, tmp_path):
         gpu = create_model("gpu", {"backend": "llava", "path": path, "device": "cuda", "dtype": dtype,
                                    "local_files_only": True})
         gpu.continue_tokens = 0
-        assert gpu._reads_prefix_in_place() and shared_prefix.kernel_for(torch.device("cuda"), 16) == "flex"
+        assert gpu.prefix_cache.reads_in_place() and shared_prefix.kernel_for(torch.device("cuda"), 16) == "flex"
         scores, _ = _answers(gpu, questions, None)
         np.testing.assert_allclose(scores, reference, atol=tolerance)
 

@@ -140,7 +140,7 @@ def test_prefix_reuse_embeds_each_image_once(tiny_models, family, demo_anno, ima
     prefix = {}
     for q in questions:
         ids = model.encode([model.render(q, False)], [model.open_image(q.image)])["input_ids"][0]
-        prefix[q.image] = model._last_image_token(ids) + 1
+        prefix[q.image] = model.prefix_cache._last_image_token(ids) + 1
     per_image = Counter(q.image for q in questions)
     saved = sum((n - 1) * prefix[image] for image, n in per_image.items())
     assert counts[True][0] < counts[False][0] - 0.5 * saved, (counts, saved)
@@ -203,8 +203,29 @@ def test_only_the_current_calls_images_keep_their_prefix(llava, demo_anno, image
     first, second = sorted({q.image for q in questions})[:2]
     llava.forget_prefixes()
     llava.score_yes_no([q for q in questions if q.image == first])
-    assert {key[0] for key in llava._prefixes} == {first}
+    assert {key[0] for key in llava.prefix_cache._prefixes} == {first}
     llava.score_yes_no([q for q in questions if q.image in (first, second)])
-    assert {key[0] for key in llava._prefixes} == {first, second}
+    assert {key[0] for key in llava.prefix_cache._prefixes} == {first, second}
     llava.score_yes_no([q for q in questions if q.image == second])
-    assert {key[0] for key in llava._prefixes} == {second} and len(llava._encoded_images) == 1
+    assert {key[0] for key in llava.prefix_cache._prefixes} == {second} and len(llava.inputs._encoded_images) == 1
+
+
+@pytest.mark.parametrize("family", ["llava", "instructblip", "qwen2_vl"])
+def test_a_call_keeps_what_the_next_needs_in_the_collaborators_not_on_the_engine(tiny_dirs, demo_anno, images,
+                                                                                 family):
+    """The engine holds its prompt inputs and prefix cache as collaborators (the family's own where it names one):
+    what a call keeps for the next (the images and their encodings, the prefixes, the prompts' token ids, the chat
+    frame) lives in the collaborator that owns it, and scoring, with its greedy continuations, adds nothing to the
+    engine but the variant's strategy."""
+    from verbmirage.models.hf.families import QwenInputs, QwenPrefixes
+
+    model = create_model(family, {"backend": family, "path": str(tiny_dirs[family]), "local_files_only": True})
+    model.continue_tokens = 4
+    before = set(vars(model))
+    questions = _questions(demo_anno, images, "yn_obj", 6)
+    model.score_yes_no(questions)
+    assert set(vars(model)) - before <= {"_strategy"}, set(vars(model)) - before
+    assert model.inputs._opened and model.inputs._kept_text_ids
+    assert bool(model.prefix_cache._prefixes) == (family != "instructblip")  # its Q-Former reads the question
+    qwen = family == "qwen2_vl"
+    assert isinstance(model.inputs, QwenInputs) == isinstance(model.prefix_cache, QwenPrefixes) == qwen

@@ -172,7 +172,7 @@ def test_opera_on_the_tiny_models(tiny_dirs, picture, family):
     (answer,) = model.decode_answers(questions, False)
     assert answer.text == model.tokenizer.decode(expected, skip_special_tokens=True)
     if family == "llava":  # the attention that reads prefixes in place gives the rows: no eager kernel, no hook
-        assert getattr(model, "_attention_hook", None) is None and model._reads_prefix_in_place()
+        assert getattr(model, "_attention_hook", None) is None and model.prefix_cache.reads_in_place()
     else:
         assert model._last_attention.shape[0] == 3  # the last layer's rows were read (eager attention)
     model.use_variant(Variant.from_config({"decoding": "opera", "max_new_tokens": 3}))

@@ -1,5 +1,5 @@
 """Suffix batches that read their cached prefixes in place (models/hf/shared_prefix.py), shared text headers
-(TransformersVLM._text_headers) and where suffix batches are cut (cheapest_cuts): the same scores as giving
+(PrefixCache._text_headers) and where suffix batches are cut (cheapest_cuts): the same scores as giving
 every row its own copy of its whole prompt."""
 
 from __future__ import annotations
@@ -65,20 +65,25 @@ def llava(tiny_dirs, tmp_path_factory):
     return model, questions
 
 
+def _owner(model, name: str):
+    """Where a setting lives: the prefix cache's tuning (BATCH_COST, HEADER_SAVING, ...) or the family's."""
+    return model.prefix_cache if hasattr(type(model.prefix_cache), name) else model
+
+
 def _scores(model, questions, **settings):
     for name, value in settings.items():
-        setattr(model, name, value)
+        setattr(_owner(model, name), name, value)
     try:
         model.forget_prefixes()
         return np.array([result.option_probs for result in model.score_multiple_choice(questions)])
     finally:
         for name in settings:
-            delattr(model, name)
+            delattr(_owner(model, name), name)
 
 
 def test_prompts_of_two_images_score_alike_with_prefixes_in_place_or_copied(llava):
     model, questions = llava
-    assert model._reads_prefix_in_place()
+    assert model.prefix_cache.reads_in_place()
     in_place = _scores(model, questions)
     copied = _scores(model, questions, shared_prefix_attention=False)
     np.testing.assert_allclose(in_place, copied, atol=1e-5)
@@ -90,16 +95,17 @@ def test_an_mc_question_header_is_cached_once_per_image_and_changes_no_score(lla
     model, questions = llava
     suffixes = [torch.tensor([5, 6, 7, 8, 9, 1, 2]), torch.tensor([5, 6, 7, 8, 9, 3, 2]),
                 torch.tensor([5, 6, 7, 8, 4, 4]), torch.tensor([1, 2, 3])]
-    model.HEADER_SAVING, model.HEADER_LENGTH = 4, 4
+    cache = model.prefix_cache
+    cache.HEADER_SAVING, cache.HEADER_LENGTH = 4, 4
     try:
-        assert model._text_headers(suffixes) == [4, 4, 4, 0]  # the shared start, not the 5th token of two
+        assert cache._text_headers(suffixes) == [4, 4, 4, 0]  # the shared start, not the 5th token of two
     finally:
-        del model.HEADER_SAVING, model.HEADER_LENGTH
+        del cache.HEADER_SAVING, cache.HEADER_LENGTH
     with_headers = _scores(model, questions)
-    lengths = {len(key[1]) for key in model._prefixes}
-    assert len(model._prefixes) == 4 and len(lengths) == 2  # per image: its prefix, and it with the header
+    lengths = {len(key[1]) for key in cache._prefixes}
+    assert len(cache._prefixes) == 4 and len(lengths) == 2  # per image: its prefix, and it with the header
     without = _scores(model, questions, HEADER_SAVING=10**9)
-    assert len(model._prefixes) == 2
+    assert len(cache._prefixes) == 2
     np.testing.assert_allclose(with_headers, without, atol=1e-5)
 
 
@@ -137,8 +143,8 @@ def test_scores_do_not_depend_on_where_suffix_batches_are_cut(llava, monkeypatch
     questions = questions + [Question(q.question_id + "_long", q.prompt + " Look at the horse and the bike.",
                                       q.image, q.options) for q in questions[:3]]
     sizes = []
-    suffix_batch = model._suffix_batch
-    monkeypatch.setattr(model, "_suffix_batch", lambda opened, batch: sizes.append(len(batch)) or
+    suffix_batch = model.prefix_cache.suffix_batch
+    monkeypatch.setattr(model.prefix_cache, "suffix_batch", lambda opened, batch: sizes.append(len(batch)) or
                         suffix_batch(opened, batch))
     apart = _scores(model, questions, BATCH_COST=0)
     cut_apart, sizes[:] = list(sizes), []
@@ -237,7 +243,7 @@ def test_decoding_on_prefixes_read_in_place_equals_decoding_on_copies(llava, mon
         real_init(self, *args, reserve=1)
 
     monkeypatch.setattr(InPlaceStepper, "__init__", small_reserve)
-    model.continue_tokens, model.BATCH_COST = 4, 0
+    model.continue_tokens, model.prefix_cache.BATCH_COST = 4, 0
     model.use_variant(Variant.from_config(entry))
     try:
         model.forget_prefixes()
@@ -247,7 +253,7 @@ def test_decoding_on_prefixes_read_in_place_equals_decoding_on_copies(llava, mon
     finally:
         model.use_variant(Variant())
         model.continue_tokens = 0
-        del model.BATCH_COST
+        del model.prefix_cache.BATCH_COST
     assert [r.raw_answer for r in in_place] == [r.raw_answer for r in copied]
     assert any(len(r.raw_answer) > 1 for r in in_place)  # answers decoded past their first token
     for ours, theirs in zip(in_place, copied):
@@ -283,27 +289,27 @@ def test_a_copied_prefix_batch_of_two_prefix_lengths_is_refused(llava):
     items = [(q.image, image, model.render(q, True)) for q in mc]
     items.append((questions[0].image, image, model.render(Question("yn", "Is the person riding?", questions[0].image),
                                                           False)))
-    model.shared_prefix_attention, model.HEADER_SAVING = False, 1  # two MC prompts share their header
+    model.shared_prefix_attention, model.prefix_cache.HEADER_SAVING = False, 1  # two MC prompts share their header
     try:
         with torch.inference_mode():
-            opened = model._open_rows(items, False)
+            opened = model.prefix_cache.open_rows(items, False)
             assert len({opened.prefix_length[i] for i in range(3)}) == 2  # the header's rows, the plain row
             with pytest.raises(ValueError, match=r"one prefix length, not \[\d+, \d+\]"):
                 model.decoder.prefix_stepper(opened, [0, 1, 2])
     finally:
-        del model.shared_prefix_attention, model.HEADER_SAVING
+        del model.shared_prefix_attention, model.prefix_cache.HEADER_SAVING
         model.forget_prefixes()
 
 
 def _mixed(model, questions, flags, **settings):
     for name, value in settings.items():
-        setattr(model, name, value)
+        setattr(_owner(model, name), name, value)
     try:
         model.forget_prefixes()
         return model.score_mixed(questions, flags)
     finally:
         for name in settings:
-            delattr(model, name)
+            delattr(_owner(model, name), name)
 
 
 def test_without_prefix_reuse_decodings_run_on_whole_prompts_and_answer_alike(tiny_dirs, llava):
@@ -318,7 +324,7 @@ def test_without_prefix_reuse_decodings_run_on_whole_prompts_and_answer_alike(ti
     for reuse in (True, False):
         model = create_model("tiny_llava", {"backend": "llava", "path": str(tiny_dirs["llava"]),
                                             "local_files_only": True, "prefix_reuse": reuse})
-        assert model._reads_prefix_in_place() == reuse
+        assert model.prefix_cache.reads_in_place() == reuse
         for entry in entries:
             model.use_variant(Variant.from_config(entry))
             answers[reuse, entry["decoding"]] = [r.raw_answer for r in model.score_multiple_choice(questions)]

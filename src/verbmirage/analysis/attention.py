@@ -370,7 +370,7 @@ class AttentionProbe:
         else:
             decide = [decide_yes_no] * len(asked)
         undecided = [i for i in range(len(asked)) if decide[i](first[i], None)[0] == "unknown"]
-        continued = self.model._continued(asked, undecided, multiple_choice)
+        continued = self.model.continuations(asked, undecided, multiple_choice)
         return [decide[i](first[i], continued.get(i))[0] for i in range(len(asked))]
 
     def measure(self, questions: pd.DataFrame, image_path: Path, pairs: pd.DataFrame | None,

@@ -5,10 +5,11 @@ Modules by concern:
 - :mod:`.tokens`: token tables (yes/no/option-letter ids, decoder layers, dtypes); light, shared with the
   other backends;
 - :mod:`.scoring`: :class:`LogitsVLM`, answers from the first answer position's logits;
-- :mod:`.inputs`: prompts (chat frames) and processor inputs;
-- :mod:`.prefix_cache` and :mod:`.shared_prefix`: cached image prefixes and suffix batches;
-- :mod:`.steppers` and :mod:`.decode`: the rows the decoding strategies (``verbmirage.variants``) advance;
-- :mod:`.engine`: :class:`TransformersVLM`, prompts -> logits -> steppers;
+- :mod:`.inputs`: prompts (chat frames) and processor inputs (the engine's ``inputs``);
+- :mod:`.prefix_cache` and :mod:`.shared_prefix`: cached image prefixes and suffix batches (``prefix_cache``);
+- :mod:`.steppers` and :mod:`.decode`: the rows the decoding strategies (``verbmirage.variants``) advance
+  (``decoder``);
+- :mod:`.engine`: :class:`TransformersVLM`, prompts -> logits -> steppers, holding the three collaborators above;
 - :mod:`.families`: :class:`LlavaVLM`, :class:`InstructBlipVLM`, :class:`QwenVLM`.
 
 Names below are imported on first use, so that importing :mod:`.tokens` does not load the engine.

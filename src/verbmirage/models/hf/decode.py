@@ -14,7 +14,8 @@ import torch
 
 from verbmirage.models.base import Question
 from verbmirage.models.hf.handoff import Openings
-from verbmirage.models.hf.prefix_cache import Rows
+from verbmirage.models.hf.inputs import PromptInputs
+from verbmirage.models.hf.prefix_cache import PrefixCache, Rows
 from verbmirage.models.hf.scoring import DecodedAnswer
 from verbmirage.models.hf.steppers import AttendingStepper, FullStepper, InPlaceStepper, PrefixStepper
 from verbmirage.variants.search import Decoded
@@ -73,15 +74,13 @@ class DecoderHost(Protocol):
     continue_tokens: int
     batch_rows: int | None
     cross_image_batches: bool
+    inputs: PromptInputs  # its opened images (open_items)
+    prefix_cache: PrefixCache  # the rows on the kept prefixes (open_rows, rows_cache, reads_in_place)
     _deciding_tokens: dict[bool, frozenset[int]]
 
     def render(self, question: Question, multiple_choice: bool | None) -> str: ...
     def encode_shared_image(self, texts: list[str], image) -> dict: ...
     def keep_last_attention(self) -> None: ...
-    def _open_items(self, questions: list[Question], texts: list[str], new_call: bool = False) -> tuple: ...
-    def _open_rows(self, items: list[tuple], noised: bool) -> Rows: ...
-    def _reads_prefix_in_place(self) -> bool: ...
-    def _rows_cache(self, prefixes: list, image_of_row: list[int]): ...
     def _with_shrinking_batches(self, method, items: list, size: int | None = None, combine=..., openings=None): ...
     def _real_tokens(self, logits: torch.Tensor) -> torch.Tensor: ...
     def _noised_inputs(self, encoded: dict, image_path) -> dict: ...
@@ -99,8 +98,8 @@ class Decoder:
 
     def kept_opening(self, opened: Rows, batch: list[int], items: list[tuple], noised: bool,
                      openings: Openings) -> torch.Tensor:
-        """Scores a suffix batch as :meth:`_suffix_batch` does, as the opening of a decoding kept in ``openings``
-        (greedy: the rows whose first token cannot decide their kind)."""
+        """Scores a suffix batch as :meth:`~.prefix_cache.PrefixCache.suffix_batch` does, as the opening of a
+        decoding kept in ``openings`` (greedy: the rows whose first token cannot decide their kind)."""
         stepper = self.prefix_stepper(opened, batch)
         values = stepper.first.cpu()
         deciding = self.engine._deciding_tokens if self.engine.strategy.decides_by_first_token else None
@@ -110,17 +109,17 @@ class Decoder:
 
     def prefix_stepper(self, opened: Rows, rows: list[int]):
         """A stepper opened on ``rows`` of ``opened`` (all on cached prefixes): prefixes read in place where the
-        family allows it (:meth:`_reads_prefix_in_place`), else a copy of its prefix per row."""
+        family allows it (:meth:`~.prefix_cache.PrefixCache.reads_in_place`), else a copy of its prefix per row."""
         engine = self.engine
         prefixes, image_of_row = opened.prefixes_of(rows)
         suffixes = [opened.suffix[i] for i in rows]
-        if engine._reads_prefix_in_place():
+        if engine.prefix_cache.reads_in_place():
             return InPlaceStepper(engine, prefixes, image_of_row, [opened.prefix_length[i] for i in rows], suffixes,
                                   reserve=engine.strategy.new_tokens(engine.continue_tokens))
         lengths = sorted({opened.prefix_length[i] for i in rows})
         if len(lengths) != 1:  # the copies share one cache width: callers group rows by prefix length
             raise ValueError(f"models.{engine.name}: a copied-prefix batch needs one prefix length, not {lengths}")
-        return PrefixStepper(engine, engine._rows_cache(prefixes, image_of_row), lengths[0], suffixes,
+        return PrefixStepper(engine, engine.prefix_cache.rows_cache(prefixes, image_of_row), lengths[0], suffixes,
                              prefixes[0].extra)
 
     def _joins(self, stepper) -> bool:
@@ -139,16 +138,16 @@ class Decoder:
         new_tokens = strategy.new_tokens(self.engine.continue_tokens)
         answers: list[DecodedAnswer] = [DecodedAnswer(None, "", math.nan)] * len(questions)
         texts = [self.engine.render(q, multiple_choice) for q in questions]
-        errors, items = self.engine._open_items(questions, texts)
+        errors, items = self.engine.inputs.open_items(questions, texts)
         for i, error in enumerate(errors):
             if error is not None:
                 raise ValueError(error)
         stop = self.engine._stop_tokens()
         kept = openings.rows(False)
         opened = None if all((path, text) in kept for path, _, text in items) \
-            else self.engine._open_rows(items, False)
+            else self.engine.prefix_cache.open_rows(items, False)
         kept_noised = openings.rows(True)
-        opened_noised = self.engine._open_rows(items, True) if strategy.streams > 1 and opened is not None \
+        opened_noised = self.engine.prefix_cache.open_rows(items, True) if strategy.streams > 1 and opened is not None \
             and not all((path, text) in kept_noised for path, _, text in items) else None
         batches: dict[tuple, list[int]] = {}
         for i, item in enumerate(items):
@@ -176,7 +175,7 @@ class Decoder:
             # only its decoded ones, its question's prompt columns shared), so all the batch's questions decode
             # together
             size = min(len(questions), self.engine.batch_rows or len(questions))
-            if not self.engine._reads_prefix_in_place():
+            if not self.engine.prefix_cache.reads_in_place():
                 size //= strategy.beams * strategy.streams
             self._record(answers, rows, self.engine._with_shrinking_batches(run, rows, size, combine=Decoded.joined,
                                                                      openings=openings))
@@ -202,8 +201,8 @@ class Decoder:
         """First-position logits [rows, vocab] and the stepper of ``items`` ((image path, image, text): prompts
         on one prefix length, or of one image and one token length), each row repeated ``repeats`` times;
         the streams combined by ``strategy`` (default: the variant's; VCD: the contrasted pair of a clean and a
-        noised stream). ``opened`` (``opened_noised``): the items already
-        tokenized, as rows of an :meth:`_open_rows` result of the clean (noised) images. Both come from the same
+        noised stream). ``opened`` (``opened_noised``): the items already tokenized, as rows of a
+        :meth:`~.prefix_cache.PrefixCache.open_rows` result of the clean (noised) images. Both come from the same
         items, so the noised rows split into prefix and suffix where the clean ones do (a shared text header is
         chosen over all the items: opened again on a batch's rows alone, its rows could differ in prefix length)."""
         strategy = strategy or self.engine.strategy
@@ -228,7 +227,7 @@ class Decoder:
         stepper = openings.take(noised, items, repeats, self._joins) if openings else None
         if stepper is not None:
             return stepper.first, stepper
-        opened, rows = opened or (self.engine._open_rows(items, noised), list(range(len(items))))
+        opened, rows = opened or (self.engine.prefix_cache.open_rows(items, noised), list(range(len(items))))
         if not any(opened.suffix[i] is None for i in rows):
             stepper = self.prefix_stepper(opened, rows)
             stepper.repeat(repeats)  # each prompt runs once; its beams start from copies of its cache

@@ -26,32 +26,41 @@ Q-Former) cannot reuse a prefix and take the batched full-forward path.
 Results equal an unbatched full forward pass (tested to 1e-4 on every tiny
 model).
 
-The engine's parts, by concern: :mod:`.inputs` (prompts and processor inputs), :mod:`.prefix_cache` (the
-cached prefixes and suffix batches), :mod:`.decode` (the engine's ``decoder``, a collaborator; what a scoring
-call hands it: :mod:`.handoff`) and :mod:`.steppers` (the rows a decoding strategy advances; the strategies
-themselves are :mod:`verbmirage.variants.strategies`), :mod:`.scoring` (logits to answers) and :mod:`.families`
-(LLaVA, InstructBLIP, Qwen2-VL).
+The engine's parts, by concern. The engine holds three collaborators, each reading of it only what its
+Protocol declares; the caches that outlive a call live in the collaborator that owns them, and nothing else a
+later call needs is left on the engine by an earlier one (the decoder keeps nothing: a scoring call hands its
+rows to the decoding as an argument):
+
+- ``inputs``, a :class:`~.inputs.PromptInputs` (:mod:`.inputs`): prompt rendering and processor inputs; owns the
+  opened images of the current call and their encodings (``InputsHost``);
+- ``prefix_cache``, a :class:`~.prefix_cache.PrefixCache` (:mod:`.prefix_cache`): the kept image prefixes and the
+  suffix batches (``PrefixHost``);
+- ``decoder``, a :class:`~.decode.Decoder` (:mod:`.decode`): decodings past the first answer token, from what a
+  scoring call hands it (:mod:`.handoff`; ``DecoderHost``), on the rows of :mod:`.steppers` (the strategies
+  themselves are :mod:`verbmirage.variants.strategies`).
+
+The engine itself derives from :class:`~.scoring.LogitsVLM` (logits to answers) and runs the scoring pass; the
+families (:mod:`.families`: LLaVA, InstructBLIP, Qwen2-VL) declare what differs, naming their own subclass of a
+collaborator where its work differs (``inputs_class``, ``prefix_cache_class``).
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import inspect
 import logging
 import math
-from pathlib import Path
 
 import torch
-from PIL import Image
 
+from verbmirage.core.imaging import open_rgb
 from verbmirage.models.adapters import attach_adapter
 from verbmirage.models.base import Question, allow_remote_code
 from verbmirage.models.hf.decode import Decoder
 from verbmirage.models.hf.handoff import Openings
-from verbmirage.models.hf.inputs import PromptInputs
+from verbmirage.models.hf.inputs import PromptInputs, by_image
 from verbmirage.models.hf.memory import engine_memory_costs
-from verbmirage.models.hf.prefix_cache import Prefix, PrefixCache
+from verbmirage.models.hf.prefix_cache import PrefixCache
 from verbmirage.models.hf.scoring import DecodedAnswer, LogitsVLM
 from verbmirage.models.hf.tokens import DTYPES, decoder_layers, is_out_of_memory, use_eager_language_model
 from verbmirage.models.prompts import CHAT_TEMPLATE, PromptTemplate
@@ -61,7 +70,7 @@ from verbmirage.variants.settings import ALL_FEATURES
 log = logging.getLogger(__name__)
 
 
-class TransformersVLM(PromptInputs, PrefixCache, LogitsVLM):
+class TransformersVLM(LogitsVLM):
     """Any model that loads with ``AutoModelForImageTextToText`` + ``AutoProcessor`` and has a chat template."""
 
     backend = "hf"
@@ -72,6 +81,10 @@ class TransformersVLM(PromptInputs, PrefixCache, LogitsVLM):
     supports_prefix_reuse = True
     #: Values the ``conversation`` setting may take (a key of ``prompts.CONVERSATIONS`` or the chat template).
     conversations: tuple[str, ...] = (CHAT_TEMPLATE,)
+    #: The collaborators' classes: a family whose rendering, encoding or forward after a prefix differs names its
+    #: subclass here (families.py).
+    inputs_class: type[PromptInputs] = PromptInputs
+    prefix_cache_class: type[PrefixCache] = PrefixCache
 
     def __init__(
         self,
@@ -115,13 +128,8 @@ class TransformersVLM(PromptInputs, PrefixCache, LogitsVLM):
         self.model = self.model.to(self.device).eval()
         self.tokenizer = self.processor.tokenizer
         self._find_answer_tokens()
-        # the kept image prefixes, oldest first: (image, prefix ids[, VCD noise]) -> Prefix (_prefix_caches)
-        self._prefixes: collections.OrderedDict[tuple, Prefix] = collections.OrderedDict()
-        # the images of the last call by path, and per image object (by id) its one-prompt processor encoding
-        # and image tokens per placeholder (encode_shared_image)
-        self._opened: dict[Path, Image.Image] = {}
-        self._encoded_images: collections.OrderedDict[int, tuple] = collections.OrderedDict()
-        self._kept_text_ids: dict[str, list[int]] = {}  # prompt text -> token ids (_text_ids)
+        self.inputs = self.inputs_class(self)  # prompts and processor inputs; the call's images (hf/inputs.py)
+        self.prefix_cache = self.prefix_cache_class(self)  # the kept image prefixes (hf/prefix_cache.py)
         # transformers 5.2x renamed the cache argument `past_key_values` -> `cache`.
         parameters = inspect.signature(self.model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
@@ -140,12 +148,42 @@ class TransformersVLM(PromptInputs, PrefixCache, LogitsVLM):
         model_class = getattr(transformers, self.model_class)
         return model_class.from_pretrained(path, dtype=self.dtype, **load, **extra)
 
+    # ---- prompts and inputs (the public face of ``inputs``) ------------------------
+    def render(self, question: Question, multiple_choice: bool | None) -> str:
+        """The full prompt text of ``question`` (:meth:`~.inputs.PromptInputs.render`)."""
+        return self.inputs.render(question, multiple_choice)
+
+    def render_turn(self, text: str) -> str:
+        """One user turn of ``text`` and the opening of the answer (:meth:`~.inputs.PromptInputs.render_turn`)."""
+        return self.inputs.render_turn(text)
+
+    def encode(self, texts: list[str], images: list, padding_side: str = "right"):
+        """The processor's encoding of ``texts`` with ``images`` on the model's device
+        (:meth:`~.inputs.PromptInputs.encode`)."""
+        return self.inputs.encode(texts, images, padding_side)
+
+    def encode_shared_image(self, texts: list[str], image) -> dict:
+        """``encode(texts, [image] * n)``, the image preprocessed once (:meth:`~.inputs.PromptInputs.
+        encode_shared_image`)."""
+        return self.inputs.encode_shared_image(texts, image)
+
+    def prepare_image(self, image):
+        """``image`` as the processor gets it under :attr:`image_mode` (:meth:`~.inputs.PromptInputs.
+        prepare_image`)."""
+        return self.inputs.prepare_image(image)
+
+    open_image = staticmethod(open_rgb)
+
+    def _image_token_id(self) -> int | None:
+        config = self.model.config
+        return getattr(config, "image_token_id", None) or getattr(config, "image_token_index", None)
+
     # ---- the engine -----------------------------------------------------------
     mixed_kinds = True
     #: Whether the prefixes of several images can run as one batch and their questions share suffix batches
     #: (batch-first image tensors, one prefix length for every image: LLaVA). Otherwise each image alone.
     cross_image_batches: bool = False
-    #: Whether the family's suffix batches may read their prefixes in place (:meth:`_reads_prefix_in_place`).
+    #: Whether the family's suffix batches may read their prefixes in place (``prefix_cache.reads_in_place``).
     shared_prefix_attention: bool = False
     #: At most this many image prefixes are kept (clean and VCD-noised count apart), and only those of the
     #: current call's images (for its decoding, and the next call if it continues an image).
@@ -153,9 +191,8 @@ class TransformersVLM(PromptInputs, PrefixCache, LogitsVLM):
 
     def forget_prefixes(self) -> None:
         """Drop the kept image prefixes and image encodings (benchmarks start cold; out of memory frees them)."""
-        self._prefixes.clear()
-        self._encoded_images.clear()
-        self._opened = {}
+        self.prefix_cache.clear()
+        self.inputs.forget()
 
     @torch.inference_mode()
     def answer_logits(self, questions: list[Question], multiple_choice) -> tuple[torch.Tensor, list, list, Openings]:
@@ -165,7 +202,9 @@ class TransformersVLM(PromptInputs, PrefixCache, LogitsVLM):
         flags = multiple_choice if isinstance(multiple_choice, (list, tuple)) else [multiple_choice] * len(questions)
         texts = [self.render(q, flag) for q, flag in zip(questions, flags)]
         logits = torch.full((len(questions), self.model.config.get_text_config().vocab_size), math.nan)
-        errors, items = self._open_items(questions, texts, new_call=True)
+        # a new call: from now on only its images keep their encoding and prefix (a 7B model's prefix is ~0.3 GB)
+        errors, items = self.inputs.open_items(questions, texts, new_call=True)
+        self.prefix_cache.keep_only(self.inputs.opened_paths())
         # beam search, sampling and OPERA decode every question of the call next, greedy decoding (without VCD)
         # the questions whose first token decides nothing: they start from the scoring pass's rows
         strategy = self.strategy
@@ -186,41 +225,6 @@ class TransformersVLM(PromptInputs, PrefixCache, LogitsVLM):
                     columns[i] = own
             logits[valid] = values
         return logits, errors, columns, openings
-
-    def _open_items(self, questions: list[Question], texts: list[str], new_call: bool = False) -> tuple[list, list]:
-        """Per question: an error (its image does not open) or the item (image path, image, prompt text).
-
-        ``new_call`` (scoring; decodings follow it on a subset of its questions): from now on only these
-        images keep their prefix and encoding (a 7B model's prefix is ~0.3 GB).
-        """
-        images: dict[Path, Image.Image | str] = {}
-        errors: list[str | None] = [None] * len(questions)
-        items: list[tuple | None] = [None] * len(questions)
-        for index, (question, text) in enumerate(zip(questions, texts)):
-            if question.image not in images:
-                images[question.image] = self._opened.get(question.image)
-                if images[question.image] is None:
-                    try:
-                        images[question.image] = self.open_image(question.image)
-                    except (OSError, ValueError) as error:
-                        images[question.image] = f"image {question.image}: {type(error).__name__}: {error}"
-            image = images[question.image]
-            if isinstance(image, str):
-                errors[index] = image
-            else:
-                items[index] = (question.image, image, text)
-        opened = {path: image for path, image in images.items() if not isinstance(image, str)}
-        if not new_call:  # the same image objects for the decodings of this call: encodings are kept by identity
-            self._opened.update(opened)
-            self._opened = dict(list(self._opened.items())[-self.PREFIX_SLOTS:])
-            return errors, items
-        self._opened = opened
-        for key in [key for key in self._prefixes if key[0] not in self._opened]:
-            del self._prefixes[key]
-        kept = {id(image) for image in self._opened.values()}
-        for key in [key for key in self._encoded_images if key not in kept]:
-            del self._encoded_images[key]
-        return errors, items
 
     def _with_shrinking_batches(self, method, items: list, size: int | None = None, combine=torch.cat,
                                 openings: Openings | None = None):
@@ -243,20 +247,13 @@ class TransformersVLM(PromptInputs, PrefixCache, LogitsVLM):
                 log.warning("%s: out of memory, batch halved to %d", self.name, size)
         return combine(parts)
 
-    @staticmethod
-    def _by_image(items: list[tuple]) -> dict[Path, list[int]]:
-        groups: dict[Path, list[int]] = {}
-        for index, item in enumerate(items):
-            groups.setdefault(item[0], []).append(index)
-        return groups
-
     def _forward(self, **inputs) -> torch.Tensor:
         return self.model(**inputs, use_cache=False).logits
 
     def _full_logits(self, items: list[tuple], noised: bool = False) -> torch.Tensor:
         """Whole prompts, one right-padded batch per image; logits at each row's last real token."""
         result = None
-        for indices in self._by_image(items).values():
+        for indices in by_image(items).values():
             image_path, image, _ = items[indices[0]]
             encoded = self.encode_shared_image([items[i][2] for i in indices], image)
             if noised:
@@ -278,14 +275,14 @@ class TransformersVLM(PromptInputs, PrefixCache, LogitsVLM):
         one batch and their questions share suffix batches, each row on its own image's prefix (kept in ``openings``
         as the openings of a decoding, where it keeps them).
         """
-        opened = self._open_rows(items, noised)
+        opened = self.prefix_cache.open_rows(items, noised)
         result = None
         if opened.fallback:
             values = self._full_logits([items[i] for i in opened.fallback], noised)
             result = torch.empty(len(items), values.shape[1])
             result[opened.fallback] = values
-        for batch in opened.batches(self.BATCH_COST, self.cross_image_batches, self.batch_rows):
-            values = self._suffix_batch(opened, batch) if openings is None or openings.kept is None else \
+        for batch in self.prefix_cache.suffix_batches(opened):
+            values = self.prefix_cache.suffix_batch(opened, batch) if openings is None or openings.kept is None else \
                 self.decoder.kept_opening(opened, batch, items, noised, openings)
             result = torch.empty(len(items), values.shape[1]) if result is None else result
             result[batch] = values
@@ -329,7 +326,7 @@ class TransformersVLM(PromptInputs, PrefixCache, LogitsVLM):
         attention that reads prefixes in place (``steppers.InPlaceStepper``), else from eager attention
         (:meth:`keep_last_attention`)."""
         super().use_variant(variant, where)
-        if self.strategy.needs_last_attention and not self._reads_prefix_in_place():
+        if self.strategy.needs_last_attention and not self.prefix_cache.reads_in_place():
             self.keep_last_attention()
 
     def keep_last_attention(self) -> None:
@@ -368,6 +365,15 @@ class TransformersVLM(PromptInputs, PrefixCache, LogitsVLM):
         stop |= set(configured if isinstance(configured, (list, tuple)) else [configured] if configured is not None
                     else [])
         return stop
+
+    def _suffix_forward(self, input_ids, attention_mask, cache, slots, positions=None, extra=None,
+                        keep: int | torch.Tensor = 0) -> torch.Tensor:
+        """For the steppers: :meth:`~.prefix_cache.PrefixCache.suffix_forward`."""
+        return self.prefix_cache.suffix_forward(input_ids, attention_mask, cache, slots, positions, extra, keep)
+
+    def _cache_of(self, data: list[tuple[torch.Tensor, torch.Tensor]]):
+        """For the steppers: :meth:`~.prefix_cache.PrefixCache.cache_of`."""
+        return self.prefix_cache.cache_of(data)
 
     def _step_forward(self, input_ids, attention_mask, cache) -> torch.Tensor:
         """Logits of one more token per row on a cache that already holds the image (no pixels again)."""

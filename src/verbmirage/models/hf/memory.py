@@ -96,7 +96,7 @@ def engine_memory_costs(vlm) -> MemoryCosts:
     whole = prefix + suffix + new
     per_token = 2 * text["layers"] * text["kv_heads"] * text["head_dim"] * itemsize  # keys and values, all layers
     reused = vlm.prefix_reuse
-    copies_prefix = not reused or not vlm._reads_prefix_in_place()
+    copies_prefix = not reused or not vlm.prefix_cache.reads_in_place()
     own_tokens = suffix + new + (prefix if copies_prefix else 0)
     forward_tokens = suffix if reused else prefix + suffix  # without reuse a row runs its whole prompt
     # each beam holds its cache (twice at a step's peak; OPERA a third time: the snapshot it rolls back to) and its

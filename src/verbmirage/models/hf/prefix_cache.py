@@ -7,16 +7,22 @@ options) joins their cached prefix. Only the suffixes run per question, sorted b
 batches where padding costs least (:func:`cheapest_cuts`); families whose language model allows it read
 their prefixes in place (:mod:`.shared_prefix`) instead of one copy per row.
 
-:class:`PrefixCache` holds the engine's side (a mixin of :class:`~verbmirage.models.hf.engine.TransformersVLM`).
+:class:`PrefixCache` is a collaborator of :class:`~verbmirage.models.hf.engine.TransformersVLM` (its
+``prefix_cache``; a family whose forward differs names a subclass in ``prefix_cache_class``). It owns the kept
+prefixes, the one cache of it that outlives a call, and reads of the engine only what :class:`PrefixHost` declares.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
 from verbmirage.models.hf import shared_prefix
+from verbmirage.models.hf.inputs import PER_TOKEN_KEYS, PromptInputs, by_image
 from verbmirage.models.hf.shared_prefix import cheapest_cuts
 from verbmirage.models.hf.tokens import padded
 
@@ -31,7 +37,7 @@ class Prefix:
 
 class Rows:
     """The tokenized prompts of one engine call: per row its cached prefix (the image, or the image
-    and a text header the row shares with others: :meth:`TransformersVLM._text_headers`), prefix length and
+    and a text header the row shares with others: :meth:`PrefixCache._text_headers`), prefix length and
     suffix (None: no shared prefix, then its whole token length), and those prefixes."""
 
     def __init__(self, n: int):
@@ -69,9 +75,45 @@ class Rows:
 
 
 
+class PrefixHost(Protocol):
+    """What :class:`PrefixCache` needs of its engine (:class:`~verbmirage.models.hf.engine.TransformersVLM`)."""
+
+    model: Any
+    tokenizer: Any
+    device: torch.device
+    strategy: Any
+    inputs: PromptInputs
+    prefix_reuse: bool
+    cross_image_batches: bool
+    shared_prefix_attention: bool
+    batch_rows: int | None
+    PREFIX_SLOTS: int
+    _cache_argument: str
+
+    def _image_token_id(self) -> int | None: ...
+    def _noised_inputs(self, encoded: dict, image_path) -> dict: ...
+
+
 class PrefixCache:
-    """The engine's prefix cache and suffix batches (a mixin of ``TransformersVLM``, which provides the model,
-    its tokenizer and its image encodings)."""
+    """The engine's kept image prefixes and its suffix batches (the engine's ``prefix_cache``).
+
+    ``_prefixes``: the kept prefixes, oldest first: (image, prefix ids[, VCD noise]) -> :class:`Prefix`, at most
+    the engine's ``PREFIX_SLOTS`` and only those of the current call's images (:meth:`keep_only`). A cache: dropping
+    it (:meth:`clear`) changes no result.
+    """
+
+    def __init__(self, engine: PrefixHost):
+        self.engine = engine
+        self._prefixes: collections.OrderedDict[tuple, Prefix] = collections.OrderedDict()
+
+    def clear(self) -> None:
+        """Drop every kept prefix."""
+        self._prefixes.clear()
+
+    def keep_only(self, images: set[Path]) -> None:
+        """Drop the kept prefixes of images other than ``images`` (a new call's)."""
+        for key in [key for key in self._prefixes if key[0] not in images]:
+            del self._prefixes[key]
 
     #: A suffix batch's fixed cost in token positions: suffix batches are cut where padding costs more than one
     #: more forward (:func:`cheapest_cuts`), so YN and MC prompts of an image (short and long suffixes) do not
@@ -79,14 +121,20 @@ class PrefixCache:
     #: 256-2000 were as fast as or faster than 32; on a GPU a forward's launch overhead makes it larger still.
     BATCH_COST = 256
 
-    def _open_rows(self, items: list[tuple], noised: bool) -> Rows:
+    def suffix_batches(self, opened: Rows) -> list[list[int]]:
+        """The suffix batches of ``opened``'s rows on a prefix (:meth:`Rows.batches`), at most the engine's
+        ``batch_rows`` rows each."""
+        return opened.batches(self.BATCH_COST, self.engine.cross_image_batches, self.engine.batch_rows)
+
+    def open_rows(self, items: list[tuple], noised: bool) -> Rows:
         """Tokenize ``items`` per image and find (computing what is missing) each image's prefix."""
         rows = Rows(len(items))
         needed, headers = [], {}
-        self._text_ids([text for *_, text in items])  # every new prompt of the call in one tokenizer call
-        for indices in self._by_image(items).values():
+        inputs = self.engine.inputs
+        inputs.text_ids([text for *_, text in items])  # every new prompt of the call in one tokenizer call
+        for indices in by_image(items).values():
             image_path, image, _ = items[indices[0]]
-            encoded = self.encode_shared_image([items[i][2] for i in indices], image)
+            encoded = inputs.encode_shared_image([items[i][2] for i in indices], image)
             prefix_length = self._shared_prefix_length(encoded)
             lengths = encoded["attention_mask"].sum(dim=1).tolist()
             if prefix_length == 0:  # the image is not inside a shared prefix
@@ -140,25 +188,26 @@ class PrefixCache:
         """The cached prefix of each image followed by a text header (``headers``: key -> (the image prefix's
         key, header tokens)), kept like image prefixes: one forward of each header on its image's prefix, the
         images with the same header and prefix length (:attr:`cross_image_batches`) in one batch."""
-        found, groups = {}, {}
+        found, groups, device = {}, {}, self.engine.device
         for key, (image_key, header) in headers.items():
             found[key] = self._kept_prefix(key)
             if found[key] is None:
                 image = image_prefixes[image_key]
-                group = (tuple(header.tolist()), image.tensors[0][0].shape[-2]) if self.cross_image_batches else key
+                group = (tuple(header.tolist()), image.tensors[0][0].shape[-2]) if self.engine.cross_image_batches \
+                    else key
                 groups.setdefault(group, []).append((key, image, header))
         for group in groups.values():
             images, header, rows = [image for _, image, _ in group], group[0][2], len(group)
             start = images[0].tensors[0][0].shape[-2]
-            cache = self._cache_of([(torch.cat([image.tensors[layer][0] for image in images]),
-                                     torch.cat([image.tensors[layer][1] for image in images]))
-                                    for layer in range(len(images[0].tensors))])
-            slots = torch.arange(start, start + len(header), device=self.device)
-            mask = torch.ones((rows, start + len(header)), dtype=torch.long, device=self.device)
-            self._suffix_forward(header[None].expand(rows, -1).to(self.device), mask, cache, slots,
-                                 extra=images[0].extra, keep=1)
+            cache = self.cache_of([(torch.cat([image.tensors[layer][0] for image in images]),
+                                    torch.cat([image.tensors[layer][1] for image in images]))
+                                   for layer in range(len(images[0].tensors))])
+            slots = torch.arange(start, start + len(header), device=device)
+            mask = torch.ones((rows, start + len(header)), dtype=torch.long, device=device)
+            self.suffix_forward(header[None].expand(rows, -1).to(device), mask, cache, slots,
+                                extra=images[0].extra, keep=1)
             computed = {key: Prefix([(layer.keys[j : j + 1], layer.values[j : j + 1]) for layer in cache.layers],
-                                     image.extra) for j, (key, image, _) in enumerate(group)}
+                                    image.extra) for j, (key, image, _) in enumerate(group)}
             self._keep_prefixes(computed)
             found.update(computed)
         return found
@@ -173,12 +222,12 @@ class PrefixCache:
     def _keep_prefixes(self, new: dict[tuple, Prefix]) -> None:
         """Keep ``new`` prefixes, dropping the least recently used beyond :attr:`PREFIX_SLOTS`."""
         self._prefixes.update(new)
-        while len(self._prefixes) > self.PREFIX_SLOTS:
+        while len(self._prefixes) > self.engine.PREFIX_SLOTS:
             self._prefixes.popitem(last=False)
 
     def _prefix_key(self, image_path, prefix_ids: torch.Tensor, noised: bool) -> tuple:
         key = (image_path, tuple(prefix_ids.tolist()))
-        return key + self.strategy.noise_key if noised else key
+        return key + self.engine.strategy.noise_key if noised else key
 
     def _prefix_caches(self, needed: list[tuple], noised: bool) -> dict[tuple, Prefix]:
         """Key/value tensors of each image's prefix (``needed``: (image path, prefix ids, encoding)) by
@@ -195,15 +244,16 @@ class PrefixCache:
                 missing.append((key, image_path, prefix_ids, encoded))
         groups: dict[tuple, list[tuple]] = {}
         for entry in missing:  # one forward per group of images with the same prefix tokens
-            group_key = entry[0][1] if self.cross_image_batches else entry[0]
+            group_key = entry[0][1] if self.engine.cross_image_batches else entry[0]
             groups.setdefault(group_key, []).append(entry)
         for group in groups.values():
             inputs = [self._prefix_inputs(prefix_ids, encoded) for _, _, prefix_ids, encoded in group]
             if noised:  # the noise of the one image the prefix pass reads (the same draw as on all its rows)
-                inputs = [self._noised_inputs(one, image_path) for one, (_, image_path, *_) in zip(inputs, group)]
+                inputs = [self.engine._noised_inputs(one, image_path)
+                          for one, (_, image_path, *_) in zip(inputs, group)]
             batch = inputs[0] if len(inputs) == 1 else {key: torch.cat([one[key] for one in inputs])
                                                         for key in inputs[0]}
-            output = self.model(**batch, use_cache=True, logits_to_keep=1)  # the prefix's logits are not used
+            output = self.engine.model(**batch, use_cache=True, logits_to_keep=1)  # the prefix's logits are not used
             cache = output.get("cache") or output.get("past_key_values")
             extra = self._prefix_extra()
             computed = {key: Prefix([(layer.keys[j : j + 1], layer.values[j : j + 1]) for layer in cache.layers],
@@ -220,7 +270,7 @@ class PrefixCache:
         """Model inputs of the prefix pass: its tokens plus the image tensors of one row."""
         inputs = {"input_ids": prefix_ids[None], "attention_mask": torch.ones_like(prefix_ids)[None]}
         for key, value in encoded.items():
-            if key not in self.PER_TOKEN_KEYS:
+            if key not in PER_TOKEN_KEYS:
                 inputs[key] = value[:1]
         return inputs
 
@@ -233,80 +283,81 @@ class PrefixCache:
         return min(length, shortest - 1)  # every question keeps at least one token of its own
 
     def _last_image_token(self, ids: torch.Tensor) -> int:
-        positions = torch.nonzero(ids == self._image_token_id())
+        positions = torch.nonzero(ids == self.engine._image_token_id())
         return int(positions[-1]) if len(positions) else -1
 
     def _shared_prefix_length(self, encoded) -> int:
         """Length of the image prefix every row of ``encoded`` starts with (0: none, or no prefix reuse)."""
-        if not self.prefix_reuse:
+        if not self.engine.prefix_reuse:
             return 0
         lengths = encoded["attention_mask"].sum(dim=1).tolist()
         ids = [encoded["input_ids"][i, : int(n)] for i, n in enumerate(lengths)]
         prefix_length = self._last_image_token(ids[0]) + 1
         return prefix_length if prefix_length > 0 and self._common_prefix_length(ids) >= prefix_length else 0
 
-    def _rows_cache(self, prefixes: list[Prefix], image_of_row: list[int]):
+    def rows_cache(self, prefixes: list[Prefix], image_of_row: list[int]):
         """A cache holding each row's image prefix (a view when every row has one image)."""
         rows = len(image_of_row)
         if len(prefixes) == 1:
             data = [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in prefixes[0].tensors]
         else:
-            index = torch.tensor(image_of_row, device=self.device)
+            index = torch.tensor(image_of_row, device=self.engine.device)
             data = [(torch.cat([p.tensors[layer][0] for p in prefixes]).index_select(0, index),
                      torch.cat([p.tensors[layer][1] for p in prefixes]).index_select(0, index))
                     for layer in range(len(prefixes[0].tensors))]
-        return self._cache_of(data)
+        return self.cache_of(data)
 
-    def _cache_of(self, data: list[tuple[torch.Tensor, torch.Tensor]]):
+    def cache_of(self, data: list[tuple[torch.Tensor, torch.Tensor]]):
         """A transformers cache holding (keys, values) per layer."""
         from transformers import DynamicCache
 
-        return DynamicCache(ddp_cache_data=data, config=self.model.config)
+        return DynamicCache(ddp_cache_data=data, config=self.engine.model.config)
 
     #: Language models whose attention layers go through transformers' attention interface, so that
     #: ``shared_prefix.py`` can stand in for it.
     SHARED_PREFIX_MODELS = ("llama", "mistral", "qwen2")
 
-    def _reads_prefix_in_place(self) -> bool:
+    def reads_in_place(self) -> bool:
         """Whether suffix batches and decoding steps read their prefixes in place (``shared_prefix.py``) instead
         of one copy per row: with prefix reuse, on a family and language model it serves. Not with eager
         attention: the analyses that switch to it read its attention weights."""
-        text = self.model.config.get_text_config()
-        return self.prefix_reuse and self.shared_prefix_attention and text.model_type in self.SHARED_PREFIX_MODELS \
+        engine = self.engine
+        text = engine.model.config.get_text_config()
+        return engine.prefix_reuse and engine.shared_prefix_attention and text.model_type in self.SHARED_PREFIX_MODELS \
             and text._attn_implementation == "sdpa"
 
-    def _suffix_batch(self, opened: Rows, batch: list[int]) -> torch.Tensor:
+    def suffix_batch(self, opened: Rows, batch: list[int]) -> torch.Tensor:
         """Logits at the last token of each suffix of ``batch`` (right-padded, on its image's prefix)."""
         suffixes = [opened.suffix[i] for i in batch]
         prefix_length = opened.prefix_length[batch[0]]
         prefixes, image_of_row = opened.prefixes_of(batch)
-        input_ids, lengths = padded(suffixes, self.tokenizer.pad_token_id or 0, self.device)
+        input_ids, lengths = padded(suffixes, self.engine.tokenizer.pad_token_id or 0, self.engine.device)
         width = input_ids.shape[1]
-        slots = torch.arange(prefix_length, prefix_length + width, device=self.device)
+        slots = torch.arange(prefix_length, prefix_length + width, device=self.engine.device)
         last = (lengths - 1)[:, None]  # the only logits kept
-        if self._reads_prefix_in_place():  # causal attention alone: a row's padding comes after its last token
-            text = self.model.config.get_text_config()
+        if self.reads_in_place():  # causal attention alone: a row's padding comes after its last token
+            text = self.engine.model.config.get_text_config()
             with shared_prefix.shared_prefix_attention(text, [p.tensors for p in prefixes], image_of_row):
-                logits = self._suffix_forward(input_ids, None, shared_prefix.SuffixOnlyCache(config=text), slots,
-                                              extra=prefixes[0].extra, keep=last)
+                logits = self.suffix_forward(input_ids, None, shared_prefix.SuffixOnlyCache(config=text), slots,
+                                             extra=prefixes[0].extra, keep=last)
         else:
-            mask = torch.zeros((len(batch), prefix_length + width), dtype=torch.long, device=self.device)
+            mask = torch.zeros((len(batch), prefix_length + width), dtype=torch.long, device=self.engine.device)
             mask[:, :prefix_length] = 1
             for r, row in enumerate(suffixes):
                 mask[r, prefix_length : prefix_length + len(row)] = 1
-            logits = self._suffix_forward(input_ids, mask, self._rows_cache(prefixes, image_of_row), slots,
-                                          extra=prefixes[0].extra, keep=last)
+            logits = self.suffix_forward(input_ids, mask, self.rows_cache(prefixes, image_of_row), slots,
+                                         extra=prefixes[0].extra, keep=last)
         return logits[:, 0].float().cpu()
 
-    def _suffix_forward(self, input_ids, attention_mask, cache, slots, positions=None, extra=None,
-                        keep: int | torch.Tensor = 0) -> torch.Tensor:
+    def suffix_forward(self, input_ids, attention_mask, cache, slots, positions=None, extra=None,
+                       keep: int | torch.Tensor = 0) -> torch.Tensor:
         """Logits of tokens fed after the cached prefix. ``slots``: their cache indices [width];
         ``positions``: each row's position ids [rows, width] where rows are left-padded (default: the slots);
         ``extra``: the prefix's :meth:`_prefix_extra`; ``keep``: transformers' ``logits_to_keep`` (0: every
         position; n: the last n; [rows, k] indices: those of each row), so the vocabulary projection runs only
         where logits are read."""
         position_ids = slots[None].expand(input_ids.shape[0], -1) if positions is None else positions
-        return self.model(
+        return self.engine.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache_position=slots,
-            use_cache=True, logits_to_keep=keep, **{self._cache_argument: cache},
+            use_cache=True, logits_to_keep=keep, **{self.engine._cache_argument: cache},
         ).logits

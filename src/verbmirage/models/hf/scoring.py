@@ -99,8 +99,12 @@ class LogitsVLM(VisionLanguageModel):
         """
         return None
 
-    def _continued(self, questions: list[Question], rows: list[int], multiple_choice: bool,
-                   openings: Openings | None = None) -> dict[int, str]:
+    def continuations(self, questions: list[Question], rows: list[int], multiple_choice: bool,
+                      openings: Openings | None = None) -> dict[int, str]:
+        """The greedy continuation (:meth:`continue_answers`) of the questions at ``rows`` of ``questions``, by
+        row: how an answer whose first token decides nothing is decided (also for the attention analysis, which
+        decides its predictions as the scoring run does). Empty where no row needs one, ``continue_tokens`` is 0
+        or the backend cannot decode further."""
         if not rows or self.continue_tokens <= 0:
             return {}
         texts = self.continue_answers([questions[i] for i in rows], multiple_choice, openings=openings)
@@ -137,7 +141,7 @@ class LogitsVLM(VisionLanguageModel):
             undecided = [i for i, error in enumerate(errors) if error is None and first_ids[i] is not None
                          and not decided(i, self._token_text(first_ids[i]))]
             if strategy.streams == 1:  # plain greedy: the scoring argmax stays the first token
-                return first_ids, self._continued(questions, undecided, multiple_choice, openings), {}
+                return first_ids, self.continuations(questions, undecided, multiple_choice, openings), {}
             rows = undecided if self.continue_tokens > 0 else []
         else:
             rows = [i for i, error in enumerate(errors) if error is None]
