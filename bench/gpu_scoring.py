@@ -22,7 +22,9 @@ sizing of batches from free memory can be asked for it) and counts the decisions
 ``--decodings`` makes the model decisive (bench/bench_scoring.py, ``make_decisive``: its first answer token
 decides, as a trained model's does), times the whole suite greedily as a job answers it (continuations on),
 then each decoding of the paper's tables on the YN questions of ``--decoding-images`` images (prompts/s, cost
-relative to greedy on the same questions, peak GPU memory), and projects the whole HICO suite and the paper
+relative to greedy on the same questions, peak GPU memory), each at the batch its job would use: the variant set
+first, then the batch (``--decoding-batch``: sized from the free memory by default, as ``batch_size: auto``
+does; until this code, every decoding ran in greedy's calls of four batches as one batch), and projects the whole HICO suite and the paper
 config at those rates (bench/projection.py; the config's prompt mix from ``--mix``, which
 bench/h200_wheels.sh writes into .whl/).
 """
@@ -43,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_scoring import DECODINGS, engine_pass, hico_like_questions, make_decisive  # noqa: E402
 from projection import projection_lines  # noqa: E402
 from suite_scoring import all_sets_per_call, hico_suite, report, score_difference, time_both  # noqa: E402
+from verbmirage.inference.sizing import AUTO, choose_batching  # noqa: E402
 from verbmirage.variants.settings import Variant  # noqa: E402
 from verbmirage.models.hf.families import LlavaVLM  # noqa: E402
 from verbmirage.models.tiny import build_tiny_llava  # noqa: E402
@@ -96,19 +99,22 @@ def decodings(model, work: Path, args, dtype: str, parameters: float, synchroniz
     suite_rate = len(suite) / (time.perf_counter() - start)
     print(f"whole suite, greedy ({len(suite)} prompts of 5 sets on {args.images} images): {suite_rate:8.1f} prompts/s")
     questions = hico_like_questions(args.decoding_images, work / "yn")[: args.max_prompts]
-    per_call = model.use_batch_size(args.batch_size)
-    print(f"decodings ({len(questions)} YN questions, {args.max_new_tokens} new tokens per decoded answer):")
+    print(f"decodings ({len(questions)} YN questions, {args.max_new_tokens} new tokens per decoded answer; "
+          f"each at the batch {'its job sizes' if args.decoding_batch == AUTO else args.decoding_batch}, "
+          "set after its variant as a job does):")
     seconds = {}
     for slug, entry in DECODINGS.items():
         settings = {**entry, "max_new_tokens": args.max_new_tokens} if entry.get("decoding") else entry
         model.use_variant(Variant.from_config(settings))
+        batching = choose_batching(model, args.decoding_batch, None, [str(q.image) for q in questions])
         model.score_yes_no(questions[:2])  # warm-up
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        _, seconds[slug] = engine_pass(model, questions, per_call, synchronize)
+        _, seconds[slug] = engine_pass(model, questions, batching.per_call, synchronize)
         memory = f"{torch.cuda.max_memory_allocated() / 2**30:6.1f} GiB peak" if cuda else ""
-        print(f"  {slug:11s} {len(questions) / seconds[slug]:8.1f} prompts/s  "
-              f"{seconds[slug] / seconds['greedy']:6.2f}x greedy  {memory}")
+        print(f"  {slug:11s} batch {batching.batch_size:4d} (calls of {batching.per_call:4d})  "
+              f"{len(questions) / seconds[slug]:8.1f} prompts/s  {seconds[slug] / seconds['greedy']:6.2f}x greedy  "
+              f"{memory}")
     mix = json.loads(args.mix.read_text()) if args.mix.is_file() else None
     costs = {slug: seconds[slug] / seconds["greedy"] for slug in seconds}
     for line in projection_lines(suite_rate, costs, mix, args.generate_rate):
@@ -131,6 +137,10 @@ def sized_batch(model, suite, batch_size: int, reference: dict, reference_batch:
           f"max |score difference| {score_difference(reference, results):.2e}")
 
 
+def _batch_size(value: str) -> int | str:
+    return value if value == AUTO else int(value)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=64)
@@ -140,6 +150,9 @@ def main() -> None:
     parser.add_argument("--decodings", action="store_true", help="each decoding's cost and the projected run times")
     parser.add_argument("--decoding-images", type=int, default=16, help="images whose YN questions each decoding answers")
     parser.add_argument("--max-new-tokens", type=int, default=8, help="tokens each decoding decodes per answer")
+    parser.add_argument("--decoding-batch", type=_batch_size, default=AUTO,
+                        help="each decoding's batch: 'auto' (default) sizes it from the device's free memory as its "
+                        "job does (64 on the CPU), or a number")
     parser.add_argument("--max-prompts", type=int, default=None,
                         help="--suite/--decodings: at most this many of the suite's prompts and of the YN questions "
                              "(the smoke check)")

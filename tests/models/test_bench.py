@@ -62,7 +62,11 @@ def test_the_device_check_runs_every_step_in_smoke_mode(tmp_path):
     assert re.search(r"GPU busy \d+%; [\d.]+ kernels per prompt", (tmp_path / "profile.txt").read_text())
     decodings = (tmp_path / "decodings.txt").read_text()
     assert re.search(r"whole suite, greedy \(\d+ prompts of 5 sets on 1 images\):\s+[\d.]+ prompts/s", decodings)
-    assert len(re.findall(r"^  \w+ +[\d.]+ prompts/s +[\d.]+x greedy", decodings, re.M)) == 7
+    rows = dict(re.findall(r"^  (\w+) +batch +\d+ \(calls of +(\d+)\) +[\d.]+ prompts/s +[\d.]+x greedy", decodings,
+                           re.M))
+    assert len(rows) == 7
+    # each decoding at the batch its job uses, set after its variant: beam search keeps one batch per call
+    assert int(rows["greedy"]) == 4 * int(rows["beam5"])
     assert re.search(r"whole HICO suite, greedy: 223,618 prompts in [\d.]+ min", decodings)
     assert re.search(r"configs/paper.yaml, its \d+ transformers-engine models .*: [\d,]+ prompts in [\d.]+ h",
                      decodings)
