@@ -51,6 +51,7 @@ from verbmirage.models.hf.decode import Decoder
 from verbmirage.models.hf.handoff import Openings
 from verbmirage.models.hf.inputs import PromptInputs
 from verbmirage.models.hf.memory import engine_memory_costs
+from verbmirage.models.hf.on_device import fit_to_device
 from verbmirage.models.hf.prefix_cache import Prefix, PrefixCache
 from verbmirage.models.hf.scoring import DecodedAnswer, LogitsVLM
 from verbmirage.models.hf.tokens import DTYPES, decoder_layers, is_out_of_memory, use_eager_language_model
@@ -126,6 +127,7 @@ class TransformersVLM(PromptInputs, PrefixCache, LogitsVLM):
         parameters = inspect.signature(self.model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
         self.decoder = Decoder(self)  # decodings past the first answer token (hf/decode.py)
+        fit_to_device(self)  # on CUDA: fuller forwards, compiled decoder layers (hf/on_device.py)
 
     # ---- loading (override per family) ------------------------------------
     def _load_processor(self, path: str, load: dict):

@@ -209,6 +209,7 @@ class RowCache(DynamicCache):
         super().__init__(config=config)
         self.buffer_keys, self.buffer_values, self.start = keys, values, start
 
+    @torch.compiler.disable  # its start moves every step: a compiled layer would compile again each step
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         stop = self.start + key_states.shape[-2]
         keys, values = self.buffer_keys[layer_idx], self.buffer_values[layer_idx]
@@ -414,7 +415,8 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     return output, None
 
 
-AttentionInterface.register(NAME, _attention)
+# outside the graphs of compiled decoder layers (compiled_layers.py): a Python loop over the prefixes
+AttentionInterface.register(NAME, torch.compiler.disable(_attention))
 
 
 def _as_slice(rows: list[int], device) -> slice | torch.Tensor:
