@@ -20,6 +20,10 @@
 #      peak memory, and the projected GPU-hours of the whole HICO suite and of configs/paper.yaml, every GPU model
 #      (the remote-code models at the engine's rates and one question at a time at generate's rate of step 1);
 #   6. the GPU tests: pytest -m gpu (fused attention against the CPU path, and any other gpu-marked test).
+# On CUDA the engine compiles its language model's decoder layers (models/hf/compiled_layers.py; the first forward
+# of each shape waits for the compiler, later steps reuse its cache in /tmp) and runs fewer, fuller forwards
+# (models/hf/on_device.py): every step measures that path. `VERBMIRAGE_COMPILE_LAYERS=0 bash bench/h200_check.sh`
+# measures the eager layers instead; pytest -m gpu compares the two (tests/models/test_on_device.py).
 # Each log is also written to $OUT. `--smoke` runs every step on the CPU with the narrow model and a few prompts
 # (float32 on the CPU: the second comparison is left out; CI does: tests/models/test_bench.py); other arguments
 # go to gpu_scoring.py's runs.
