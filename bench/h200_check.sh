@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU figure of bench/README.md ("On a GPU") in one device run (an H200 lent through the `device` tool),
 # prepared so that a session that draws a GPU spends its minutes measuring, not setting up (at most 6 minutes
-# of steps, each under its own time limit):
+# of steps, 6.3 with the compiled layers' GPU test, each under its own time limit):
 #
 #   here, once per checkout:  bash bench/h200_wheels.sh          # transformers as pinned, pytest, and the paper
 #                                                                # config's prompt mix, into .whl (ignored)
@@ -76,7 +76,7 @@ rate=$(sed -n 's/^generate rate: \([0-9.]*\) prompts\/s$/\1/p' "$OUT/generate.tx
 step decodings 80 "$PYTHON" bench/gpu_scoring.py --decodings "${SMOKE[@]}" "${DECODE[@]}" \
     ${rate:+--generate-rate "$rate"} "${ARGS[@]}"
 gpu_tests=$(grep -rl "pytest.mark.gpu" tests --include="test_*.py" | sort)
-step gpu_tests 25 env PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider \
+step gpu_tests 45 env PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider \
     $gpu_tests
 echo "logs in $OUT"
 exit $status
