@@ -136,7 +136,7 @@ def set_up(model, path: str) -> None:
     elif path == "cuda-compiled":
         compile_decoder_layers(model.model, force=True)
     elif path == "cuda":
-        fit_to_device(model, torch.device("cuda"))
+        fit_to_device(model, device=torch.device("cuda"))
 
 
 def main() -> None:

@@ -75,7 +75,7 @@ def test_cuda_forwards_are_fewer_and_score_as_the_cpu_cuts(tiny_llava_path, tmp_
 
     reference, cpu_forwards = scores()
     monkeypatch.setenv(ENV, "0")
-    fit_to_device(model, torch.device("cuda"))
+    fit_to_device(model, device=torch.device("cuda"))
     assert (model.BATCH_COST, model.HEADER_SAVING) == (CUDA_FORWARD_COST, CUDA_FORWARD_COST)
     assert not any(_wrapped(model))
     ours, cuda_forwards = scores()

@@ -113,7 +113,7 @@ class TransformersVLM(PromptInputs, PrefixCache, LogitsVLM):
         self.model = self._load_model(path, load, attn_implementation)
         if adapter:  # a peft LoRA folder on top; refused unless every saved weight loads (models/adapters.py)
             self.model = attach_adapter(self.model, adapter, merge_adapter, where=f"models.{name}.adapter")
-        self.model = self.model.to(self.device).eval()
+        self.model = fit_to_device(self, self.model.to(self.device).eval())  # on CUDA: hf/on_device.py
         self.tokenizer = self.processor.tokenizer
         self._find_answer_tokens()
         # the kept image prefixes, oldest first: (image, prefix ids[, VCD noise]) -> Prefix (_prefix_caches)
@@ -127,7 +127,6 @@ class TransformersVLM(PromptInputs, PrefixCache, LogitsVLM):
         parameters = inspect.signature(self.model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
         self.decoder = Decoder(self)  # decodings past the first answer token (hf/decode.py)
-        fit_to_device(self)  # on CUDA: fuller forwards, compiled decoder layers (hf/on_device.py)
 
     # ---- loading (override per family) ------------------------------------
     def _load_processor(self, path: str, load: dict):

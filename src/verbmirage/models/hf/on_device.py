@@ -30,13 +30,15 @@ from verbmirage.models.hf.compiled_layers import compile_decoder_layers
 CUDA_FORWARD_COST = 4096
 
 
-def fit_to_device(engine, device: torch.device | None = None, name: str = "") -> None:
-    """Set ``engine`` (a ``TransformersVLM``) up for ``device`` (default: its own; bench/launches.py passes
-    CUDA to count CUDA's path on the CPU): on CUDA fewer, fuller forwards and, for families whose suffix
-    batches read their prefixes in place (LLaVA), compiled decoder layers. Elsewhere nothing changes."""
+def fit_to_device(engine, model=None, device: torch.device | None = None):
+    """Set ``engine`` (a ``TransformersVLM``) and its transformers ``model`` (default: ``engine.model``) up for
+    ``device`` (default: the engine's own; bench/launches.py passes CUDA to count CUDA's path on the CPU): on
+    CUDA fewer, fuller forwards and, for families whose suffix batches read their prefixes in place (LLaVA),
+    compiled decoder layers. Elsewhere nothing changes. Returns the model."""
+    model = engine.model if model is None else model
     device = engine.device if device is None else device
-    if device.type != "cuda":
-        return
-    engine.BATCH_COST = engine.HEADER_SAVING = CUDA_FORWARD_COST
-    if engine.shared_prefix_attention:
-        compile_decoder_layers(engine.model, device, name or engine.name)
+    if device.type == "cuda":
+        engine.BATCH_COST = engine.HEADER_SAVING = CUDA_FORWARD_COST
+        if engine.shared_prefix_attention:
+            compile_decoder_layers(model, device, engine.name)
+    return model
