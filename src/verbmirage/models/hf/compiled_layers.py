@@ -6,10 +6,10 @@ additions as some thirty separate operations. Compiled by ``torch.compile`` (PyT
 the repeated block compiled once, with dynamic shapes, and that one compiled code run by every layer and every
 batch size), the elementwise work around the products fuses into a few kernels.
 
-The attention itself (:mod:`.shared_prefix`, whose FlexAttention is compiled on its own) and the writes into a
-decoding row's cache stay outside the compiled graphs (``torch.compiler.disable``): the layer compiles into the
-part before the attention (norm, projections, rotary embedding) and the part after it (output projection,
-residual, norm, MLP). A layer whose attention is read by a hook or runs eagerly for its weights (OPERA's record,
+The attention itself (:mod:`.shared_prefix`, whose FlexAttention is compiled on its own) and the writes into the
+cache stay outside the compiled graphs (``torch.compiler.disable``): the layer compiles into short graphs
+around the attention call (its norm; projections and rotary embedding; output projection; residual, norm, MLP
+and residual). A layer whose attention is read by a hook or runs eagerly for its weights (OPERA's record,
 the attention analysis) runs uncompiled.
 
 Chosen by device like the attention kernel (:func:`.shared_prefix.kernel_for`): on CUDA, the CPU path stays
