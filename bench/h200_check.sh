@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU figure of bench/README.md ("On a GPU") in one device run (an H200 lent through the `device` tool),
 # prepared so that a session that draws a GPU spends its minutes measuring, not setting up (at most 6 minutes
-# of steps, each under its own time limit):
+# of steps, each under its own time limit; every step on CUDA compiles the decoder layers, the first one cold,
+# the others from inductor's on-disk cache):
 #
 #   here, once per checkout:  bash bench/h200_wheels.sh          # transformers as pinned, pytest, and the paper
 #                                                                # config's prompt mix, into .whl (ignored)
@@ -20,6 +21,10 @@
 #      peak memory, and the projected GPU-hours of the whole HICO suite and of configs/paper.yaml, every GPU model
 #      (the remote-code models at the engine's rates and one question at a time at generate's rate of step 1);
 #   6. the GPU tests: pytest -m gpu (fused attention against the CPU path, and any other gpu-marked test).
+# On CUDA the engine compiles its language model's decoder layers (models/hf/compiled_layers.py; the first forward
+# of each shape waits for the compiler, later steps reuse its cache in /tmp) and runs fewer, fuller forwards
+# (models/hf/on_device.py): every step measures that path. `VERBMIRAGE_COMPILE_LAYERS=0 bash bench/h200_check.sh`
+# measures the eager layers instead; pytest -m gpu compares the two (tests/models/test_on_device.py).
 # Each log is also written to $OUT. `--smoke` runs every step on the CPU with the narrow model and a few prompts
 # (float32 on the CPU: the second comparison is left out; CI does: tests/models/test_bench.py); other arguments
 # go to gpu_scoring.py's runs.
@@ -62,17 +67,17 @@ step() {  # step NAME SECONDS COMMAND...: run it under its limit, its log in $OU
     echo "== $name"
     timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt" || { status=1; echo "== $name failed or ran past ${limit} s"; }
 }
-step generate 75 "$PYTHON" bench/gen_vs_engine.py "${GEN[@]}" --dtype bfloat16
-[ ${#SMOKE[@]} -gt 0 ] || step generate_float32 45 "$PYTHON" bench/gen_vs_engine.py "${GEN[@]}" --dtype float32
-step flips 45 "$PYTHON" bench/batch_flips.py "${FLIPS[@]}"
+step generate 70 "$PYTHON" bench/gen_vs_engine.py "${GEN[@]}" --dtype bfloat16
+[ ${#SMOKE[@]} -gt 0 ] || step generate_float32 40 "$PYTHON" bench/gen_vs_engine.py "${GEN[@]}" --dtype float32
+step flips 40 "$PYTHON" bench/batch_flips.py "${FLIPS[@]}"
 [ -n "$SIZED" ] || SIZED=$(sed -n 's/^.*sized: batch \([0-9]*\),.*$/\1/p' "$OUT/flips.txt" | head -n 1)
 step suite 60 "$PYTHON" bench/gpu_scoring.py --suite "${SMOKE[@]}" "${SUITE[@]}" --sized-batch "${SIZED:-256}" "${ARGS[@]}"
-step profile 30 "$PYTHON" bench/profile_gpu.py "${PROFILE[@]}"
+step profile 25 "$PYTHON" bench/profile_gpu.py "${PROFILE[@]}"
 rate=$(sed -n 's/^generate rate: \([0-9.]*\) prompts\/s$/\1/p' "$OUT/generate.txt")
 step decodings 80 "$PYTHON" bench/gpu_scoring.py --decodings "${SMOKE[@]}" "${DECODE[@]}" \
     ${rate:+--generate-rate "$rate"} "${ARGS[@]}"
 gpu_tests=$(grep -rl "pytest.mark.gpu" tests --include="test_*.py" | sort)
-step gpu_tests 25 env PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider \
+step gpu_tests 45 env PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider \
     $gpu_tests
 echo "logs in $OUT"
 exit $status

@@ -6,9 +6,12 @@ continuations off; bench/suite_scoring.py (b)) on a random-weight model of LLaVA
 layers, 24 vision layers, 576 image tokens) made narrow, under ``torch.profiler``; every ATen operator call that
 calls no other ATen operator (a leaf: what would be a kernel launch) and is not a view (a view launches
 nothing) is counted, divided by the prompts scored. ``--path cuda`` runs the shared-prefix attention as on CUDA
-(FlexAttention, here eager), each region that is one fused kernel there counted as one.
+(FlexAttention, here eager), each region that is one fused kernel there counted as one, with CUDA's fewer and
+fuller forwards and its decoder layers compiled (models/hf/on_device.py), here by inductor's CPU code generator:
+each kernel it generates counts as one launch (``cpp.enable_kernel_profile`` names them to the profiler), each
+operator it calls out to (the matrix products) as one. The other paths (:data:`PATHS`) add one lever at a time.
 
-    python bench/launches.py [--images 16] [--batch-size 256] [--top 15] [--path cpu cuda]
+    python bench/launches.py [--images 16] [--batch-size 256] [--top 15] [--path cpu cuda-attention ...]
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_scoring import RandomLlava7B  # noqa: E402
 from suite_scoring import all_sets_per_call, hico_suite  # noqa: E402
+from verbmirage.models.hf.compiled_layers import compile_decoder_layers  # noqa: E402
+from verbmirage.models.hf.on_device import CUDA_FORWARD_COST, fit_to_device  # noqa: E402
 from verbmirage.models.hf.shared_prefix import FUSED_REGION, use_kernel  # noqa: E402
 from verbmirage.models.tiny import build_tiny_llava  # noqa: E402
 
@@ -53,8 +58,15 @@ FREE = {"aten::empty", "aten::empty_like", "aten::empty_strided", "aten::resize_
         "aten::detach_", "aten::as_strided_", "aten::set_", "aten::lift_fresh", "aten::_local_scalar_dense"}
 
 
+#: the profiler's name of a compiled layer's kernel that inductor generated for the CPU contains this (with
+#: ``torch._inductor.config.cpp.enable_kernel_profile``); the kernels' names are counted under it
+GENERATED = "cpp_fused"
+
+
 def _launches(event) -> bool:
     """Whether ``event`` computes something itself: not free, not a view."""
+    if GENERATED in event.name:
+        return True
     return event.name.startswith("aten::") and event.name not in FREE and not is_view(event.name)
 
 
@@ -79,6 +91,8 @@ def count_launches(events) -> collections.Counter:
     for event in events:
         if event.name == FUSED_REGION and not fused(event):
             counts[FUSED_REGION] += 1
+        elif GENERATED in event.name:
+            counts[f"inductor::{GENERATED}"] += 1
         elif _launches(event) and not inner(event) and not fused(event):
             counts[event.name] += 1
     return counts
@@ -105,22 +119,44 @@ def deep_narrow_model(work: Path, size: dict = DEEP_NARROW, device: str = "cpu",
     return model
 
 
+#: the paths counted, one lever at a time: the CPU's (flash kernel, eager layers); CUDA's attention
+#: (FlexAttention, eager here); + CUDA's fewer, fuller forwards; + compiled decoder layers instead; CUDA's whole
+#: path (both; ``VERBMIRAGE_COMPILE_LAYERS=0`` leaves its layers eager, as on CUDA)
+PATHS = ("cpu", "cuda-attention", "cuda-forwards", "cuda-compiled", "cuda")
+
+
+def set_up(model, path: str) -> None:
+    """``model`` (a fresh one) set up as ``path`` (:data:`PATHS`) runs; compiled layers by inductor's CPU code
+    generator, its kernels named to the profiler (:data:`GENERATED`)."""
+    import torch._inductor.config
+
+    torch._inductor.config.cpp.enable_kernel_profile = True
+    if path == "cuda-forwards":
+        model.prefix_cache.BATCH_COST = model.prefix_cache.HEADER_SAVING = CUDA_FORWARD_COST
+    elif path == "cuda-compiled":
+        compile_decoder_layers(model.model, force=True)
+    elif path == "cuda":
+        fit_to_device(model, device=torch.device("cuda"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--top", type=int, default=15, help="operators to list, most calls first")
-    parser.add_argument("--path", choices=("cpu", "cuda"), nargs="+", default=["cpu", "cuda"],
-                        help="the CPU's attention path (cpu_flash) and CUDA's (FlexAttention, counted here eagerly)")
+    parser.add_argument("--path", choices=PATHS, nargs="+", default=["cpu", "cuda"],
+                        help="the paths to count (default: the CPU's and CUDA's); see PATHS")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        model = deep_narrow_model(work)
         suite = hico_suite(args.images, work)
         for path in args.path:
-            kernel = {"cpu": "cpu_flash", "cuda": "flex"}[path]
-            with use_kernel(kernel):
-                all_sets_per_call(model, suite[:8], args.batch_size)  # warm-up
+            model = deep_narrow_model(work)
+            set_up(model, path)
+            kernel = "cpu_flash" if path == "cpu" else "flex"
+            with use_kernel(kernel):  # warm-up: every shape a compiled layer meets, compiled before counting
+                all_sets_per_call(model, suite if "compiled" in path or path == "cuda" else suite[:8],
+                                  args.batch_size)
             per_prompt, counts = launches_per_prompt(model, suite, args.batch_size, kernel)
             print(f"{path} path ({kernel}): {len(suite)} prompts on {args.images} images, batch {args.batch_size}: "
                   f"{per_prompt:.1f} launches per prompt ({sum(counts.values())} in all)")

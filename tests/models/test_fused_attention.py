@@ -18,6 +18,14 @@ from test_shared_prefix import llava  # noqa: F401, F811  (the fixture)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+class _Config:  # what shared_prefix_attention reads of a language model's config
+    _attn_implementation_internal = "sdpa"
+
+
+class _Layer(torch.nn.Module):  # what the attention reads of its layer
+    layer_idx = 0
+
+
 def _mixed_questions(questions):
     return questions + [Question(f"yn{i}", f"Is the person {verb} the horse?", questions[i].image)
                         for i, verb in zip((0, 5, 2), ("riding", "feeding a very small", "washing"))]
@@ -90,18 +98,12 @@ def test_fused_attention_on_cuda_equals_the_cpu_path(dtype):
     query = torch.randn(rows, heads, length, dim, generator=generator)
     key, value = (torch.randn(rows, kv_heads, columns, dim, generator=generator) for _ in "kv")
 
-    class Config:
-        _attn_implementation_internal = "sdpa"
-
-    class Layer(torch.nn.Module):
-        layer_idx = 0
-
-    with shared_prefix_attention(Config, prefixes, image_of_row, valid):
-        expected, _ = _attention(Layer(), query, key, value, None, scaling=0.125)
+    with shared_prefix_attention(_Config, prefixes, image_of_row, valid):
+        expected, _ = _attention(_Layer(), query, key, value, None, scaling=0.125)
     on_cuda = [[tuple(t.to("cuda", dtype) for t in layer) for layer in prefix] for prefix in prefixes]
-    with shared_prefix_attention(Config, on_cuda, image_of_row, valid.cuda()):
+    with shared_prefix_attention(_Config, on_cuda, image_of_row, valid.cuda()):
         assert shared_prefix.kernel_for(torch.device("cuda")) == "flex"
-        ours, _ = _attention(Layer(), *(t.to("cuda", dtype) for t in (query, key, value)), None, scaling=0.125)
+        ours, _ = _attention(_Layer(), *(t.to("cuda", dtype) for t in (query, key, value)), None, scaling=0.125)
     tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-4
     torch.testing.assert_close(ours.float().cpu(), expected, atol=tolerance, rtol=tolerance)
 
@@ -147,3 +149,23 @@ def test_prefixes_of_one_forward_stack_as_a_view_in_storage_order():
         prefixes[0].data_ptr(), prefixes[2].data_ptr()]
     kept = _blocks(members)  # the CPU path keeps the order its reference results came in
     assert [p[0][0].data_ptr() for p in kept[0].prefixes] == [prefixes[2].data_ptr(), prefixes[0].data_ptr()]
+
+
+def test_flex_attends_each_prefix_length_in_one_block_as_the_cpu_path():
+    """On FlexAttention's path (CUDA's) the prefixes of one length are one block however unevenly their rows
+    are spread (the CPU path cuts them where padding costs more than a call), and the attention equals the CPU
+    path's within 1e-5."""
+    generator = torch.Generator().manual_seed(1)
+    rows, heads, kv_heads, length, dim, prefix = 7, 4, 4, 3, 64, 600
+    prefixes = [[tuple(torch.randn(1, kv_heads, prefix, dim, generator=generator) for _ in "kv")] for _ in range(3)]
+    image_of_row = [0, 1, 1, 1, 1, 1, 2]  # one row, five rows, one row
+    query = torch.randn(rows, heads, length, dim, generator=generator)
+    key, value = (torch.randn(rows, kv_heads, length, dim, generator=generator) for _ in "kv")
+
+    outputs, blocks = {}, {}
+    for kernel in ("cpu_flash", "flex"):
+        with use_kernel(kernel), shared_prefix_attention(_Config, prefixes, image_of_row):
+            blocks[kernel] = len(shared_prefix._ACTIVE.get().blocks)
+            outputs[kernel], _ = _attention(_Layer(), query, key, value, None, scaling=0.125)
+    assert blocks["cpu_flash"] > 1 and blocks["flex"] == 1
+    torch.testing.assert_close(outputs["flex"], outputs["cpu_flash"], atol=1e-5, rtol=1e-5)

@@ -60,6 +60,7 @@ from verbmirage.models.hf.decode import Decoder
 from verbmirage.models.hf.handoff import Openings
 from verbmirage.models.hf.inputs import PromptInputs, by_image
 from verbmirage.models.hf.memory import engine_memory_costs
+from verbmirage.models.hf.on_device import fit_to_device
 from verbmirage.models.hf.prefix_cache import PrefixCache
 from verbmirage.models.hf.scoring import DecodedAnswer, LogitsVLM
 from verbmirage.models.hf.tokens import DTYPES, decoder_layers, is_out_of_memory, use_eager_language_model
@@ -130,6 +131,7 @@ class TransformersVLM(LogitsVLM):
         self._find_answer_tokens()
         self.inputs = self.inputs_class(self)  # prompts and processor inputs; the call's images (hf/inputs.py)
         self.prefix_cache = self.prefix_cache_class(self)  # the kept image prefixes (hf/prefix_cache.py)
+        fit_to_device(self)  # on CUDA: fuller forwards, compiled decoder layers (hf/on_device.py)
         # transformers 5.2x renamed the cache argument `past_key_values` -> `cache`.
         parameters = inspect.signature(self.model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"

@@ -135,7 +135,7 @@ class LogitsVLM(VisionLanguageModel):
         first token ends it (end of sequence) is empty, whatever the decoding: it decides nothing.
         """
         stop = self._stop_tokens()
-        first_ids: list[int | None] = [None if int(token) in stop else int(token) for token in best]
+        first_ids: list[int | None] = [None if token in stop else token for token in best.tolist()]  # one copy
         strategy = self.strategy
         if strategy.decides_by_first_token:
             undecided = [i for i, error in enumerate(errors) if error is None and first_ids[i] is not None

@@ -209,6 +209,7 @@ class RowCache(DynamicCache):
         super().__init__(config=config)
         self.buffer_keys, self.buffer_values, self.start = keys, values, start
 
+    @torch.compiler.disable  # its start moves every step: a compiled layer would compile again each step
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         stop = self.start + key_states.shape[-2]
         keys, values = self.buffer_keys[layer_idx], self.buffer_values[layer_idx]
@@ -414,7 +415,8 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
     return output, None
 
 
-AttentionInterface.register(NAME, _attention)
+# outside the graphs of compiled decoder layers (compiled_layers.py): a Python loop over the prefixes
+AttentionInterface.register(NAME, torch.compiler.disable(_attention))
 
 
 def _as_slice(rows: list[int], device) -> slice | torch.Tensor:
@@ -432,11 +434,15 @@ def _as_slice(rows: list[int], device) -> slice | torch.Tensor:
 BLOCK_CALL_COST = 2**17
 
 
-def _blocks(members: list[tuple[list, list[int]]], in_storage_order: bool = False) -> list[_Block]:
+def _blocks(members: list[tuple[list, list[int]]], in_storage_order: bool = False,
+            one_per_length: bool = False) -> list[_Block]:
     """``members`` ((prefix, its rows) each) as blocks (:class:`_Block`) of one prefix length each, cut where
     padding costs least (:data:`BLOCK_CALL_COST`), their indices on the prefixes' device. ``in_storage_order``:
     a block's prefixes in the order they lie in memory, so that those of one forward stack as a view
-    (:func:`_stacked`; the CPU path keeps the order of its reference results)."""
+    (:func:`_stacked`; the CPU path keeps the order of its reference results). ``one_per_length``: one block
+    per prefix length, however many rows it pads (FlexAttention on CUDA: a block is one more launch of each of
+    its two kernels per layer, while a padded row costs the GPU little; a batch's padding is at most its
+    prefixes times their most rows)."""
     by_length: dict[int, list] = {}
     for prefix, rows in members:
         by_length.setdefault(prefix[0][0].shape[-2], []).append((prefix, rows))
@@ -444,7 +450,8 @@ def _blocks(members: list[tuple[list, list[int]]], in_storage_order: bool = Fals
     for group in by_length.values():
         group.sort(key=lambda member: len(member[1]))
         _, kv_heads, length, dim = group[0][0][0][0].shape
-        cuts = cheapest_cuts([len(rows) for _, rows in group], max(1, BLOCK_CALL_COST // (kv_heads * length * dim)))
+        cuts = [] if one_per_length else cheapest_cuts([len(rows) for _, rows in group],
+                                                          max(1, BLOCK_CALL_COST // (kv_heads * length * dim)))
         for start, stop in zip([0] + cuts, cuts + [len(group)]):
             chosen = group[start:stop]
             if in_storage_order:
@@ -483,8 +490,9 @@ def shared_prefix_attention(text_config, prefixes: list, image_of_row: list[int]
         for row, j in enumerate(image_of_row):
             rows_of.setdefault(j, []).append(row)
         keys = prefixes[image_of_row[0]][0][0]
+        kernel = kernel_for(keys.device, keys.shape[-1])
         blocks = _blocks([(prefixes[j], rows) for j, rows in sorted(rows_of.items())],  # unread prefixes skipped
-                         kernel_for(keys.device, keys.shape[-1]) != "cpu_flash")
+                         kernel != "cpu_flash", kernel == "flex")
     token = _ACTIVE.set(_Active(blocks, valid, record, {} if stacked is None else stacked))
     before = text_config._attn_implementation_internal
     text_config._attn_implementation_internal = NAME  # no mask is built for an unregistered mask type

@@ -1,0 +1,94 @@
+"""Regional compilation of the language model's decoder layers on CUDA: fewer kernel launches per forward.
+
+On a GPU a scoring pass spends most of its time launching small kernels (bench/README.md, "On a GPU"): each
+decoder layer runs its two RMS norms, the rotary embedding, seven products, the activation and the residual
+additions as some thirty separate operations. Compiled by ``torch.compile`` (PyTorch's "regional compilation":
+the repeated block compiled once, with dynamic shapes, and that one compiled code run by every layer and every
+batch size), the elementwise work around the products fuses into a few kernels.
+
+The attention itself (:mod:`.shared_prefix`, whose FlexAttention is compiled on its own) and the writes into the
+cache stay outside the compiled graphs (``torch.compiler.disable``): the layer compiles into short graphs
+around the attention call (its norm; projections and rotary embedding; output projection; residual, norm, MLP
+and residual). A layer whose attention is read by a hook or runs eagerly for its weights (OPERA's record,
+the attention analysis) runs uncompiled.
+
+Chosen by device like the attention kernel (:func:`.shared_prefix.kernel_for`): on CUDA, the CPU path stays
+eager (the demo's results are byte-identical). ``VERBMIRAGE_COMPILE_LAYERS=0`` turns it off (e.g. where the
+first batches' wait for the compiler is not worth it); the tests and ``bench/launches.py`` compile on the CPU
+with :func:`compile_decoder_layers` ``(force=True)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+import torch
+
+from verbmirage.models.hf.tokens import decoder_layers
+
+log = logging.getLogger(__name__)
+
+#: the environment switch: ``0`` (or ``false``, ``no``, ``off``) keeps the decoder layers eager on CUDA too
+ENV = "VERBMIRAGE_COMPILE_LAYERS"
+
+#: at most this many compiled variants of a layer (shapes of size 0 or 1, the image-prefix, suffix and decoding
+#: forwards each compile their own); beyond it a variant runs eagerly
+RECOMPILE_LIMIT = 32
+
+
+def compiles_layers(device: torch.device) -> bool:
+    """Whether the decoder layers of a model on ``device`` are compiled: on CUDA unless :data:`ENV` says no."""
+    if os.environ.get(ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return device.type == "cuda"
+
+
+@functools.cache
+def _compiled(layer_class: type):
+    """``layer_class.forward`` compiled once (dynamic shapes), shared by every layer of that class."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    # a layer's index (read by the cache update) an input of the graph, not a constant compiled into it
+    torch._dynamo.config.allow_unspec_int_on_nn_module = True
+    _cache_updates_uncompiled()
+    return torch.compile(layer_class.forward, dynamic=True)
+
+
+@functools.cache
+def _cache_updates_uncompiled() -> None:
+    """transformers' caches updated outside the compiled graphs: traced, an update reads its layer's index and
+    whether that layer's cache is filled yet, and each value would compile the layer once more (one variant
+    per layer and forward). The same function runs, so nothing changes where the layers run eagerly."""
+    from transformers import Cache
+
+    Cache.update = torch.compiler.disable(Cache.update)
+
+
+def _runs_eagerly(layer) -> bool:
+    """Whether ``layer``'s attention is read as it runs (a hook on it, or eager attention for its weights)."""
+    attention = getattr(layer, "self_attn", None)
+    if attention is None:
+        return True
+    config = getattr(attention, "config", None)
+    return bool(attention._forward_hooks) or getattr(config, "_attn_implementation", None) == "eager"
+
+
+def _dispatch(layer, eager, *args, **kwargs):
+    if _runs_eagerly(layer):
+        return eager(*args, **kwargs)
+    return _compiled(type(layer))(layer, *args, **kwargs)
+
+
+def compile_decoder_layers(model, device: torch.device | None = None, name: str = "", force: bool = False) -> bool:
+    """Run ``model``'s language-model decoder layers compiled (see the module's text) where
+    :func:`compiles_layers` says so for ``device`` (``force``: on any device); returns whether they are."""
+    if not force and (device is None or not compiles_layers(device)):
+        return False
+    layers = decoder_layers(model)
+    for layer in layers:
+        if "forward" not in vars(layer):  # not wrapped already
+            layer.forward = functools.partial(_dispatch, layer, layer.forward)
+    log.info("%s: %d decoder layers compiled by torch.compile (dynamic shapes; the first batches wait for the "
+             "compiler; %s=0 keeps them eager)", name or type(model).__name__, len(layers), ENV)
+    return True

@@ -1,0 +1,44 @@
+"""What the transformers engine does differently on CUDA to launch fewer kernels per scored prompt.
+
+On a GPU a forward of a 7B language model costs far more than its arithmetic: every one of its 32 layers
+launches its kernels, and the GPU of the H200 run sat idle 59% of a scoring pass (bench/README.md, "On a GPU").
+Two changes apply there, both chosen by device so that the CPU path (the demo's reference results) stays as it
+is, operation for operation:
+
+- **Fewer, fuller forwards.** Suffix batches are cut where padding costs more than one more forward
+  (``PrefixCache.BATCH_COST``, in token positions) and a text header shared by an image's prompts gets a
+  forward of its own when it saves ``PrefixCache.HEADER_SAVING`` positions. On the CPU a forward costs little
+  beyond its arithmetic (256 and 32 positions); on CUDA both are :data:`CUDA_FORWARD_COST`: a forward costs
+  about as much as that many positions (its launches and one read of every weight), so the whole-suite pass of
+  16 images runs one image-prefix forward and its 625 prompts in the fewest batches of at most 256 rows (4
+  forwards of the language model, was 9: 2 header forwards, 6 suffix batches), for 45% more token positions.
+- **Compiled decoder layers** (:mod:`.compiled_layers`, ``VERBMIRAGE_COMPILE_LAYERS=0`` turns them off).
+
+In bf16 a prompt's score depends on the rows it is batched with (docs/models.md, "Batch sizes"), so on CUDA
+scores may move within bf16 rounding against the former cuts; decisions are compared on the GPU by
+bench/batch_flips.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verbmirage.models.hf.compiled_layers import compile_decoder_layers
+
+#: on CUDA, a forward's fixed cost in token positions: the suffix batches' cost per batch and the least saving
+#: of a shared text header's forward (bench/launches.py counts the forwards this leaves)
+CUDA_FORWARD_COST = 4096
+
+
+def fit_to_device(engine, model=None, device: torch.device | None = None):
+    """Set ``engine`` (a ``TransformersVLM``) and its transformers ``model`` (default: ``engine.model``) up for
+    ``device`` (default: the engine's own; bench/launches.py passes CUDA to count CUDA's path on the CPU): on
+    CUDA fewer, fuller forwards and, for families whose suffix batches read their prefixes in place (LLaVA),
+    compiled decoder layers. Elsewhere nothing changes. Returns the model."""
+    model = engine.model if model is None else model
+    device = engine.device if device is None else device
+    if device.type == "cuda":
+        engine.prefix_cache.BATCH_COST = engine.prefix_cache.HEADER_SAVING = CUDA_FORWARD_COST
+        if engine.shared_prefix_attention:
+            compile_decoder_layers(model, device, engine.name)
+    return model

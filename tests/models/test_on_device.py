@@ -1,0 +1,135 @@
+"""What the engine does differently on CUDA (models/hf/on_device.py): fewer, fuller forwards and compiled decoder
+layers (models/hf/compiled_layers.py). Both are set up on the CPU here as on CUDA: the fuller forwards must score
+as the CPU's cuts within float32 rounding, inductor's code for the layers as the eager layers; on CUDA
+(``pytest -m gpu``, bench/h200_check.sh) the compiled layers must score as the eager ones within bf16
+rounding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from verbmirage.models import Question, create_model
+from verbmirage.models.hf.compiled_layers import ENV, compile_decoder_layers
+from verbmirage.models.hf.on_device import CUDA_FORWARD_COST, fit_to_device
+from verbmirage.models.tiny import build_tiny_llava
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _questions(folder, image: int = 0):
+    """Four YN questions of one random image (``image``: its seed)."""
+    from PIL import Image
+
+    path = folder / f"img{image}.png"
+    Image.fromarray(np.random.default_rng(image).integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(path)
+    return [Question(f"yn{image}_{i}", f"Is the person {verb} the horse?", path)
+            for i, verb in enumerate(("riding", "feeding a very small", "washing", "walking next to"))]
+
+
+def _scores(model, questions, keep_prefixes: bool = False):
+    if not keep_prefixes:
+        model.forget_prefixes()
+    results = model.score_yes_no(questions)
+    return np.array([r.p_yes for r in results]), [r.raw_answer for r in results]
+
+
+def _wrapped(model) -> list[bool]:
+    """Per decoder layer, whether it runs through compiled_layers' dispatch."""
+    return ["forward" in vars(layer) for layer in model.model.get_decoder().layers]
+
+
+@pytest.fixture(scope="module")
+def tiny_llava_path(tmp_path_factory):
+    return build_tiny_llava(tmp_path_factory.mktemp("tiny") / "llava")
+
+
+def _llava(path):
+    model = create_model("tiny_llava", {"backend": "llava", "path": str(path), "local_files_only": True})
+    model.continue_tokens = 0
+    return model
+
+
+def test_cuda_forwards_are_fewer_and_score_as_the_cpu_cuts(tiny_llava_path, tmp_path, monkeypatch):
+    """On the CPU nothing is set up; set up as on CUDA (layers left eager by the switch), the YN and MC prompts
+    of two images run in fewer language-model forwards (suffix batches packed fuller, no header forward) and
+    score as with the CPU's cuts within 1e-5; the switch keeps the layers eager."""
+    model = _llava(tiny_llava_path)
+    fit_to_device(model)  # its own device, the CPU: nothing changes
+    assert (model.prefix_cache.BATCH_COST, model.prefix_cache.HEADER_SAVING) == (256, 32) and not any(_wrapped(model))
+    questions = _questions(tmp_path, 0) + _questions(tmp_path, 1)
+    verbs = ["riding", "feeding", "washing", "walking"]
+    questions += [Question(f"mc{q.question_id}_{r}", "Which of the following actions is present in the image?",
+                           q.image, tuple(verbs[r:] + verbs[:r])) for q in questions[::4] for r in range(4)]
+    flags = [bool(q.options) for q in questions]
+    forwards = []
+    model.model.get_decoder().register_forward_pre_hook(lambda *_: forwards.append(1))
+
+    def scores():
+        forwards.clear()
+        model.forget_prefixes()
+        results = model.score_mixed(questions, flags)
+        values = [r.option_probs if hasattr(r, "option_probs") else r.p_yes for r in results]
+        return np.concatenate([np.atleast_1d(v) for v in values]), len(forwards)
+
+    reference, cpu_forwards = scores()
+    monkeypatch.setenv(ENV, "0")
+    fit_to_device(model, device=torch.device("cuda"))
+    assert (model.prefix_cache.BATCH_COST, model.prefix_cache.HEADER_SAVING) == (CUDA_FORWARD_COST, CUDA_FORWARD_COST)
+    assert not any(_wrapped(model))
+    ours, cuda_forwards = scores()
+    assert cuda_forwards < cpu_forwards
+    np.testing.assert_allclose(ours, reference, atol=1e-5)
+
+
+def _compiled_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def test_compiled_decoder_layers_score_as_eager_ones_on_tiny_llava(tiny_llava_path, tmp_path, monkeypatch):
+    """A suffix batch on a tiny LLaVA's kept image prefix (read in place, as on CUDA) with every decoder layer
+    compiled by inductor scores as with the eager layers within 1e-5 in float32, and the layers did run compiled
+    (graphs were compiled; the attention stays outside them). The prefix is the eager pass's, kept: one forward
+    shape to compile keeps the test short (the GPU test below compiles the prefix's forward too)."""
+    import torch._inductor.config
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # the compiler's files stay here
+    monkeypatch.setattr(torch._inductor.config, "compile_threads", 1)  # no pool of compiler processes to start
+    model = _llava(tiny_llava_path)
+    assert not any(_wrapped(model))  # eager on the CPU
+    questions = _questions(tmp_path)
+    reference, reference_answers = _scores(model, questions)
+    graphs = _compiled_graphs()
+    assert compile_decoder_layers(model.model, force=True)
+    scores, answers = _scores(model, questions, keep_prefixes=True)
+    assert _compiled_graphs() > graphs
+    np.testing.assert_allclose(scores, reference, atol=1e-5)
+    assert answers == reference_answers
+
+
+@pytest.mark.gpu
+@cuda
+def test_compiled_decoder_layers_on_cuda_score_as_eager_ones(tmp_path, monkeypatch):
+    """A tiny LLaVA (heads of 16: FlexAttention's path) in bf16 on CUDA compiles its decoder layers by default and
+    scores as with ``VERBMIRAGE_COMPILE_LAYERS=0`` within bf16 rounding."""
+    for variable, folder in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
+        monkeypatch.setenv(variable, str(tmp_path / folder))  # the compilers' files stay here
+    path = str(build_tiny_llava(tmp_path / "llava", hidden_size=64))
+    questions = _questions(tmp_path)
+    settings = {"backend": "llava", "path": path, "device": "cuda", "dtype": "bfloat16", "local_files_only": True}
+    monkeypatch.setenv(ENV, "0")
+    eager = create_model("eager", settings)
+    eager.continue_tokens = 0
+    assert not any(_wrapped(eager))
+    reference, _ = _scores(eager, questions)
+    monkeypatch.delenv(ENV)
+    compiled = create_model("compiled", settings)
+    compiled.continue_tokens = 0
+    assert all(_wrapped(compiled))
+    graphs = _compiled_graphs()
+    scores, _ = _scores(compiled, questions)
+    assert _compiled_graphs() > graphs
+    np.testing.assert_allclose(scores, reference, atol=3e-2)
