@@ -48,7 +48,7 @@ def test_llava_v1_tokens_and_image_token_count(geometry_llava, images):
     text = v1.render(question, multiple_choice=False)
     assert text == f"{LLAVA_V1_SYSTEM} USER: <image>\nIs someone riding a horse?\nAnswer yes or no. ASSISTANT:"
     assert plain.render(question, False) == "USER: <image>\nIs someone riding a horse?\nAnswer yes or no. ASSISTANT:"
-    image_id = v1._image_token_id()
+    image_id = v1.image_token_id()
     encoded = {name: m.encode([m.render(question, False)], [m.open_image(question.image)]) for name, m in
                (("plain", plain), ("v1", v1))}
     for name, batch in encoded.items():

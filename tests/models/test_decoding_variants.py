@@ -63,7 +63,7 @@ def generate_tokens(model, question, multiple_choice=False, **settings) -> list[
     prompt = encoded["input_ids"]
     echoed = output.shape[1] >= prompt.shape[1] and torch.equal(output[:, : prompt.shape[1]], prompt)
     tokens = (output[0, prompt.shape[1]:] if echoed else output[0]).tolist()
-    stop = model._stop_tokens()
+    stop = model.stop_tokens()
     return tokens[: next((i for i, t in enumerate(tokens) if t in stop), len(tokens))]
 
 
@@ -204,9 +204,9 @@ def test_vcd_oracles_on_the_tiny_models(tiny_dirs, scene, family, monkeypatch):
     assert all(r.vcd_plausible >= 1 and r.vcd_kl >= 0 and r.vcd_kl_reverse >= 0 for r in contrasted)
     assert any(r.vcd_kl != r.vcd_kl_reverse for r in contrasted if r.vcd_kl > 0) or family == "instructblip"
     encoded = model.encode_shared_image([model.render(questions[0], False)] * 2, model.open_image(scene[0]))
-    noised = model._noised_inputs(encoded, scene[0])["pixel_values"]
+    noised = model.noised_inputs(encoded, scene[0])["pixel_values"]
     assert not torch.allclose(noised, encoded["pixel_values"])  # the noise reaches the pixel tensor ...
-    assert torch.equal(noised, model._noised_inputs(encoded, scene[0])["pixel_values"])  # ... the same each time
+    assert torch.equal(noised, model.noised_inputs(encoded, scene[0])["pixel_values"])  # ... the same each time
     if family != "instructblip":  # (the tiny InstructBLIP's answers barely depend on its image: 1e-7)
         assert any(abs(a.p_yes - b.p_yes) > 1e-4 for a, b in zip(plain, contrasted) if not math.isnan(b.p_yes))
     # the same (image, seed): the same noise in any batch
@@ -215,7 +215,7 @@ def test_vcd_oracles_on_the_tiny_models(tiny_dirs, scene, family, monkeypatch):
         assert (a.vcd_kl, a.prediction) == pytest.approx((b.vcd_kl, b.prediction), abs=1e-5) if isinstance(
             a.vcd_kl, float) else a == b
     # the clean image as the "noised" one (beta = 0): the plain model for any alpha
-    monkeypatch.setattr(type(model), "_noised_inputs", lambda self, encoded, image_path: encoded)
+    monkeypatch.setattr(type(model), "noised_inputs", lambda self, encoded, image_path: encoded)
     model.forget_prefixes()
     model.use_variant(Variant.from_config({"vcd": {"alpha": 1.0, "beta": 0.0}}))
     same = model.score_yes_no(questions)
@@ -311,7 +311,7 @@ def test_decoding_from_the_scoring_pass_equals_opening_the_prompts_again(tiny_di
 
     monkeypatch.setattr(Openings, "take", lambda self, *args: None)
     monkeypatch.setattr(Decoder, "kept_opening",
-                        lambda self, opened, batch, items, noised, openings: model.prefix_cache.suffix_batch(opened, batch))
+                        lambda self, opened, batch, items, noised, openings, strategy: model.prefix_cache.suffix_batch(opened, batch))
     model.forget_prefixes()
     again = model.score_mixed(questions, flags)
     for ours, theirs in zip(kept, again):
@@ -394,14 +394,14 @@ def test_the_confidence_is_the_first_tokens_probability_where_sampling_drew_it(t
             clean = model.model(**encoded).logits[0, -1].float()
             logits = clean
             if vcd is not None:
-                noised = model.model(**model._noised_inputs(encoded, question.image)).logits[0, -1].float()
+                noised = model.model(**model.noised_inputs(encoded, question.image)).logits[0, -1].float()
                 kept = torch.softmax(clean, -1) >= vcd.beta * torch.softmax(clean, -1).max()
                 logits = ((1 + vcd.alpha) * clean - vcd.alpha * noised).masked_fill(~kept, -math.inf)
         drawn = torch.softmax(logits / variant.temperature, -1)
         generator = torch.Generator().manual_seed(question_seed(question.question_id, variant.seed))
         first = int(torch.multinomial(drawn, 1, generator=generator)[0])
         (decoded,) = model.decode_answers([question], flag)  # the engine's draw (seeded per question)
-        assert decoded.first == (None if first in model._stop_tokens() else first), (question.question_id, entry)
+        assert decoded.first == (None if first in model.stop_tokens() else first), (question.question_id, entry)
         assert result.confidence == pytest.approx(float(drawn[first]), rel=1e-4), (question.question_id, entry)
 
 
@@ -450,7 +450,7 @@ def generated_text(model, question, processor, **settings) -> str:
     output = model.model.generate(**encoded, pad_token_id=model.tokenizer.pad_token_id or 0,
                                   logits_processor=LogitsProcessorList([OnTheAnswer(processor, length)]), **settings)
     tokens = output[0, length:].tolist()
-    stop = model._stop_tokens()
+    stop = model.stop_tokens()
     return model.tokenizer.decode(tokens[: next((i for i, t in enumerate(tokens) if t in stop), len(tokens))],
                                   skip_special_tokens=True)
 

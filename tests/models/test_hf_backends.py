@@ -216,15 +216,38 @@ def test_a_call_keeps_what_the_next_needs_in_the_collaborators_not_on_the_engine
     """The engine holds its prompt inputs and prefix cache as collaborators (the family's own where it names one):
     what a call keeps for the next (the images and their encodings, the prefixes, the prompts' token ids, the chat
     frame) lives in the collaborator that owns it, and scoring, with its greedy continuations, adds nothing to the
-    engine but the variant's strategy."""
+    engine but the variant's strategy. An OPERA call's eager attention and the row its hook keeps live in the
+    engine's ``last_attention`` and go when a variant that reads no attention is set: the greedy call after it
+    runs the model as loaded, to a fresh model's answers."""
     from verbmirage.models.hf.families import QwenInputs, QwenPrefixes
+    from verbmirage.models.hf.tokens import language_attention
+    from verbmirage.variants.settings import Variant
 
-    model = create_model(family, {"backend": family, "path": str(tiny_dirs[family]), "local_files_only": True})
-    model.continue_tokens = 4
+    def load():
+        loaded = create_model(family, {"backend": family, "path": str(tiny_dirs[family]), "local_files_only": True})
+        loaded.continue_tokens = 4
+        return loaded
+
+    model = load()
+    attention, in_place = language_attention(model.model), model.prefix_cache.reads_in_place()
     before = set(vars(model))
     questions = _questions(demo_anno, images, "yn_obj", 6)
     model.score_yes_no(questions)
     assert set(vars(model)) - before <= {"_strategy"}, set(vars(model)) - before
+    greedy = Variant.from_config({"decoding": "greedy", "max_new_tokens": 3})
+    fresh = load()
+    fresh.use_variant(greedy)
+    expected = fresh.decode_answers(questions, False)
+    del fresh
+    model.use_variant(Variant.from_config({"decoding": "opera", "num_beams": 2, "max_new_tokens": 3}))
+    model.decode_answers(questions, False)
+    model.keep_last_attention()  # as a decoding whose rows copy their prefix does (LLaVA reads its own in place)
+    assert model.last_attention.kept and language_attention(model.model) == "eager"
+    model.use_variant(greedy)
+    assert not model.last_attention.kept and model.last_attention.row is None
+    assert (language_attention(model.model), model.prefix_cache.reads_in_place()) == (attention, in_place)
+    assert model.decode_answers(questions, False) == expected
+    assert set(vars(model)) - before <= {"_strategy", "variant"}, set(vars(model)) - before
     assert model.inputs._opened and model.inputs._kept_text_ids
     assert bool(model.prefix_cache._prefixes) == (family != "instructblip")  # its Q-Former reads the question
     qwen = family == "qwen2_vl"

@@ -162,9 +162,9 @@ def test_opera_on_the_tiny_models(tiny_dirs, picture, family):
     text = model.render(questions[0], False)
     image = model.open_image(picture)
     model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 3, "max_new_tokens": 4}))
-    first, stepper = model.decoder.open_stepper([(picture, image, text)], 3)
+    first, stepper = model.decoder.open_stepper([(picture, image, text)], 3, model.strategy)
     masked = TopCandidates(stepper, 3)
-    expected = decoding.beam_search(masked.first, masked, 3, 4, model._stop_tokens()).tokens[0]
+    expected = decoding.beam_search(masked.first, masked, 3, 4, model.stop_tokens()).tokens[0]
     model.use_variant(Variant.from_config({
         "decoding": "opera", "num_beams": 3, "max_new_tokens": 4,
         "opera": {"num_attn_candidates": 3, "penalty_weights": 0.0, "threshold": 10**6,
@@ -172,9 +172,9 @@ def test_opera_on_the_tiny_models(tiny_dirs, picture, family):
     (answer,) = model.decode_answers(questions, False)
     assert answer.text == model.tokenizer.decode(expected, skip_special_tokens=True)
     if family == "llava":  # the attention that reads prefixes in place gives the rows: no eager kernel, no hook
-        assert getattr(model, "_attention_hook", None) is None and model.prefix_cache.reads_in_place()
+        assert not model.last_attention.kept and model.prefix_cache.reads_in_place()
     else:
-        assert model._last_attention.shape[0] == 3  # the last layer's rows were read (eager attention)
+        assert model.last_attention.row.shape[0] == 3  # the last layer's rows were read (eager attention)
     model.use_variant(Variant.from_config({"decoding": "opera", "max_new_tokens": 3}))
     (result,) = model.score_yes_no(questions)
     assert result.parse_rule.startswith("opera:") and result.prediction in ("yes", "no", "unknown")
@@ -271,7 +271,7 @@ def test_full_length_normalisation_counts_the_image_as_one_placeholder(tiny_dirs
         seen.extend(args[8]), batched(*args, **kwargs))[1])
     model.decode_answers(questions, False)
     expected = [len(model.tokenizer(model.render(q, False)).input_ids) for q in questions]
-    assert seen == expected and model._image_token_id() in model.tokenizer(model.render(questions[0], False)).input_ids
+    assert seen == expected and model.image_token_id() in model.tokenizer(model.render(questions[0], False)).input_ids
 
 
 def test_full_length_normalisation_counts_the_image_once_in_a_batch(tiny_dirs, picture, monkeypatch):
@@ -311,10 +311,11 @@ def test_attention_rows_read_in_place_equal_eager_attention_on_copied_prefixes(t
     texts = [m.render(Question("q", prompt, picture), False) for m, prompt in
              zip(models, ["Is the person riding the horse?", "Is someone washing the horse near the table?"])]
     items = [(picture, image, text) for text in texts]
-    first, ours = in_place.decoder.open_stepper(items, 2)
+    first, ours = in_place.decoder.open_stepper(items, 2, in_place.strategy)
     assert isinstance(ours, InPlaceStepper)
     ours.records_attention = True
-    eager_first, inner = eager.decoder.open_stepper([(picture, eager.open_image(picture), text) for text in texts], 2)
+    eager_first, inner = eager.decoder.open_stepper([(picture, eager.open_image(picture), text) for text in texts], 2,
+                                                 eager.strategy)
     theirs = AttendingStepper(eager, inner, eager_first)
     torch.testing.assert_close(first, eager_first, atol=1e-5, rtol=1e-5)
     assert len(set(ours.prompt_lengths)) == 2  # prompts of two lengths: padding in both layouts
@@ -352,7 +353,7 @@ def test_rows_read_in_place_keep_their_attention_when_the_model_turns_eager_mid_
         image = model.open_image(picture)
         texts = [model.render(Question("q", p, picture), False) for p in ["Is the person riding the horse?",
                                                                           "Is someone feeding the horse?"]]
-        first, stepper = model.decoder.open_stepper([(picture, image, text) for text in texts], 2)
+        first, stepper = model.decoder.open_stepper([(picture, image, text) for text in texts], 2, model.strategy)
         assert isinstance(stepper, InPlaceStepper)
         stepper.records_attention = True
         return stepper
@@ -372,6 +373,6 @@ def test_rows_read_in_place_keep_their_attention_when_the_model_turns_eager_mid_
     steady.shared_prefix_attention = False  # copies its prefixes; no hook keeps attention rows
     image = steady.open_image(picture)
     text = steady.render(Question("q", "Is it?", picture), False)
-    first, inner = steady.decoder.open_stepper([(picture, image, text)], 1)
+    first, inner = steady.decoder.open_stepper([(picture, image, text)], 1, steady.strategy)
     with pytest.raises(RuntimeError, match="no attention weights"):
         AttendingStepper(steady, inner, first).advance(torch.tensor([5]))

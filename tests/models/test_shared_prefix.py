@@ -161,10 +161,10 @@ def test_a_greedy_call_holds_several_batches_and_each_forward_at_most_one(llava,
 
     model, questions = llava
     sizes, chunks = [], []
-    shrinking, kept_opening = model._with_shrinking_batches, model.decoder.kept_opening
+    shrinking, kept_opening = model.with_shrinking_batches, model.decoder.kept_opening
     monkeypatch.setattr(model.decoder, "kept_opening", lambda opened, batch, *rest: sizes.append(len(batch)) or
                         kept_opening(opened, batch, *rest))  # a scoring batch that opens greedy continuations
-    monkeypatch.setattr(model, "_with_shrinking_batches", lambda method, items, size=None, **kw: chunks.append(size)
+    monkeypatch.setattr(model, "with_shrinking_batches", lambda method, items, size=None, **kw: chunks.append(size)
                         or shrinking(method, items, size, **kw))
     model.continue_tokens = 4  # undecided answers decode (random weights: many)
     try:
@@ -270,7 +270,7 @@ def test_a_steppers_opening_logits_go_once_its_rows_move(llava):
         model.shared_prefix_attention = in_place
         try:
             with torch.inference_mode():  # as the engine decodes (its cached prefixes are inference tensors)
-                first, stepper = model.decoder.open_stepper(items, 2)
+                first, stepper = model.decoder.open_stepper(items, 2, model.strategy)
                 assert type(stepper).__name__ == ("InPlaceStepper" if in_place else "PrefixStepper")
                 assert stepper.first.shape[0] == 4 and torch.equal(stepper.first[0], stepper.first[1])  # repeated
                 stepper.advance(first.argmax(dim=-1))
@@ -295,7 +295,7 @@ def test_a_copied_prefix_batch_of_two_prefix_lengths_is_refused(llava):
             opened = model.prefix_cache.open_rows(items, False)
             assert len({opened.prefix_length[i] for i in range(3)}) == 2  # the header's rows, the plain row
             with pytest.raises(ValueError, match=r"one prefix length, not \[\d+, \d+\]"):
-                model.decoder.prefix_stepper(opened, [0, 1, 2])
+                model.decoder.prefix_stepper(opened, [0, 1, 2], model.strategy)
     finally:
         del model.shared_prefix_attention, model.prefix_cache.HEADER_SAVING
         model.forget_prefixes()
@@ -328,6 +328,6 @@ def test_without_prefix_reuse_decodings_run_on_whole_prompts_and_answer_alike(ti
         for entry in entries:
             model.use_variant(Variant.from_config(entry))
             answers[reuse, entry["decoding"]] = [r.raw_answer for r in model.score_multiple_choice(questions)]
-        assert (getattr(model, "_attention_hook", None) is None) == reuse
+        assert (not model.last_attention.kept) == reuse
     for entry in entries:
         assert answers[True, entry["decoding"]] == answers[False, entry["decoding"]]

@@ -292,7 +292,7 @@ def verb_object_spans(model, rendered: str, prompt: str, verb: str, obj: str, mo
         raise AttentionError(f"{where}: verb {verb_text!r} or object {object_text!r} not in the prompt {prompt!r}")
     encoded = model.tokenizer(rendered, return_offsets_mapping=True)
     plain = encoded["input_ids"]
-    positions = align_to_model_ids(plain, model_ids, model._image_token_id(), where)
+    positions = align_to_model_ids(plain, model_ids, model.image_token_id(), where)
     verb_tokens = span_positions(encoded["offset_mapping"], verb_start, verb_start + len(verb_text))
     object_tokens = span_positions(encoded["offset_mapping"], object_start, object_start + len(object_text))
     decoded = model.tokenizer.decode([plain[i] for i in verb_tokens])
@@ -364,7 +364,7 @@ class AttentionProbe:
         """The answers as the prediction run decides them: the first (argmax) token when it is an answer,
         else the parse of the greedy continuation (the same rule and code as the scoring engine)."""
 
-        first = [self.model._token_text(int(token)) for token in self.model._real_tokens(logits).argmax(dim=-1)]
+        first = [self.model._token_text(int(token)) for token in self.model.real_tokens(logits).argmax(dim=-1)]
         if multiple_choice:
             decide = [lambda f, t, q=q: decide_choice(f, t, q.options) for q in asked]
         else:
@@ -406,7 +406,7 @@ class AttentionProbe:
         where = f"question {row.question_id}"
         length = int(encoded["attention_mask"][b].sum())
         ids = encoded["input_ids"][b, :length].tolist()
-        image_token = self.model._image_token_id()
+        image_token = self.model.image_token_id()
         visual = np.array([i for i, token in enumerate(ids) if token == image_token], dtype=int)
         if len(visual) == 0:
             raise AttentionError(f"{where}: no image tokens in the model's input")

@@ -9,7 +9,7 @@ costs (:class:`~verbmirage.models.memory.MemoryCosts`). docs/models.md, "Batch s
   does not fit this device, or the config now names another batch size), the log and the record say so.
 - On the CPU, or for a backend that cannot tell its memory costs, ``auto`` is :data:`DEFAULT_BATCH_SIZE`, and
   nothing is recorded: a job answers as it always has.
-- Out of memory inside a call still halves that call's batches (the engine's ``_with_shrinking_batches``).
+- Out of memory inside a call still halves that call's batches (the engine's ``with_shrinking_batches``).
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ from the scoring pass's kept rows, or from whole prompts), hands them to the str
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
@@ -17,7 +18,7 @@ from verbmirage.models.hf.handoff import Openings
 from verbmirage.models.hf.inputs import PromptInputs
 from verbmirage.models.hf.prefix_cache import PrefixCache, Rows
 from verbmirage.models.hf.scoring import DecodedAnswer
-from verbmirage.models.hf.steppers import AttendingStepper, FullStepper, InPlaceStepper, PrefixStepper
+from verbmirage.models.hf.steppers import AttendingStepper, FullStepper, InPlaceStepper, PrefixStepper, StepperHost
 from verbmirage.variants.search import Decoded
 
 
@@ -38,8 +39,8 @@ class DecodeRows:
 
     def open(self, repeats: int, fresh: bool = False):
         if fresh:
-            return self.decoder.open_stepper(self.items, repeats, None, None, self.strategy, self.openings)
-        return self.decoder.open_stepper(self.items, repeats, self.opened, self.opened_noised, self.strategy,
+            return self.decoder.open_stepper(self.items, repeats, self.strategy, None, None, self.openings)
+        return self.decoder.open_stepper(self.items, repeats, self.strategy, self.opened, self.opened_noised,
                                          self.openings)
 
     def attending(self, first: torch.Tensor, stepper):
@@ -64,28 +65,26 @@ class DecodeRows:
                           openings=self.openings)
 
 
-class DecoderHost(Protocol):
+class DecoderHost(StepperHost, Protocol):
     """What :class:`Decoder` and its :class:`DecodeRows` need of their engine
-    (:class:`~verbmirage.models.hf.engine.TransformersVLM`); the steppers they open get the engine itself."""
+    (:class:`~verbmirage.models.hf.engine.TransformersVLM`), the steppers' needs among them (:class:`~.steppers.
+    StepperHost`: the steppers they open get the engine). The decoding strategy is an argument of each call."""
 
-    name: str
-    tokenizer: Any
-    strategy: Any
     continue_tokens: int
     batch_rows: int | None
     cross_image_batches: bool
     inputs: PromptInputs  # its opened images (open_items)
     prefix_cache: PrefixCache  # the rows on the kept prefixes (open_rows, rows_cache, reads_in_place)
-    _deciding_tokens: dict[bool, frozenset[int]]
+    deciding_tokens: dict[bool, frozenset[int]]
 
     def render(self, question: Question, multiple_choice: bool | None) -> str: ...
     def encode_shared_image(self, texts: list[str], image) -> dict: ...
     def keep_last_attention(self) -> None: ...
-    def _with_shrinking_batches(self, method, items: list, size: int | None = None, combine=..., openings=None): ...
-    def _real_tokens(self, logits: torch.Tensor) -> torch.Tensor: ...
-    def _noised_inputs(self, encoded: dict, image_path) -> dict: ...
-    def _image_token_id(self) -> int: ...
-    def _stop_tokens(self) -> set[int]: ...
+    def with_shrinking_batches(self, method, items: list, size: int | None = None, combine=..., openings=None): ...
+    def real_tokens(self, logits: torch.Tensor) -> torch.Tensor: ...
+    def noised_inputs(self, encoded: dict, image_path) -> dict: ...
+    def image_token_id(self) -> int: ...
+    def stop_tokens(self) -> set[int]: ...
 
 
 class Decoder:
@@ -97,40 +96,43 @@ class Decoder:
         self.engine = engine
 
     def kept_opening(self, opened: Rows, batch: list[int], items: list[tuple], noised: bool,
-                     openings: Openings) -> torch.Tensor:
+                     openings: Openings, strategy) -> torch.Tensor:
         """Scores a suffix batch as :meth:`~.prefix_cache.PrefixCache.suffix_batch` does, as the opening of a
-        decoding kept in ``openings`` (greedy: the rows whose first token cannot decide their kind)."""
-        stepper = self.prefix_stepper(opened, batch)
+        decoding by ``strategy`` kept in ``openings`` (greedy: the rows whose first token cannot decide their
+        kind)."""
+        stepper = self.prefix_stepper(opened, batch, strategy)
         values = stepper.first.cpu()
-        deciding = self.engine._deciding_tokens if self.engine.strategy.decides_by_first_token else None
+        deciding = self.engine.deciding_tokens if strategy.decides_by_first_token else None
         openings.keep(noised, stepper, [(items[i][0], items[i][2]) for i in batch],
-                      deciding and self.engine._real_tokens(values).argmax(dim=-1).tolist(), deciding)
+                      deciding and self.engine.real_tokens(values).argmax(dim=-1).tolist(), deciding)
         return values
 
-    def prefix_stepper(self, opened: Rows, rows: list[int]):
-        """A stepper opened on ``rows`` of ``opened`` (all on cached prefixes): prefixes read in place where the
-        family allows it (:meth:`~.prefix_cache.PrefixCache.reads_in_place`), else a copy of its prefix per row."""
+    def prefix_stepper(self, opened: Rows, rows: list[int], strategy):
+        """A stepper opened on ``rows`` of ``opened`` (all on cached prefixes) for ``strategy``: prefixes read in
+        place where the family allows it (:meth:`~.prefix_cache.PrefixCache.reads_in_place`), else a copy of its
+        prefix per row."""
         engine = self.engine
         prefixes, image_of_row = opened.prefixes_of(rows)
         suffixes = [opened.suffix[i] for i in rows]
         if engine.prefix_cache.reads_in_place():
             return InPlaceStepper(engine, prefixes, image_of_row, [opened.prefix_length[i] for i in rows], suffixes,
-                                  reserve=engine.strategy.new_tokens(engine.continue_tokens))
+                                  reserve=strategy.new_tokens(engine.continue_tokens))
         lengths = sorted({opened.prefix_length[i] for i in rows})
         if len(lengths) != 1:  # the copies share one cache width: callers group rows by prefix length
             raise ValueError(f"models.{engine.name}: a copied-prefix batch needs one prefix length, not {lengths}")
         return PrefixStepper(engine, engine.prefix_cache.rows_cache(prefixes, image_of_row), lengths[0], suffixes,
                              prefixes[0].extra)
 
-    def _joins(self, stepper) -> bool:
-        """Whether the rows of this kept opening may decode joined with those of others."""
-        return self.engine.strategy.joins_rows and stepper.extra is None
+    @staticmethod
+    def _joins(strategy, stepper) -> bool:
+        """Whether the rows of this kept opening may decode joined with those of others under ``strategy``."""
+        return strategy.joins_rows and stepper.extra is None
 
     @torch.inference_mode()
     def decode(self, questions: list[Question], multiple_choice: bool, strategy,
                openings: Openings | None = None) -> list[DecodedAnswer]:
         """Questions decode in one batch per image on its cached prefix (all images of the call together with
-        :attr:`cross_image_batches`), expanded per row and beam: the prompts' own tokens run once more to open
+        :attr:`~.engine.TransformersVLM.cross_image_batches`), expanded per row and beam: the prompts' own tokens run once more to open
         the rows. Without a shared prefix (InstructBLIP), one batch per image and prompt length.
 
         ``strategy``: the :class:`~verbmirage.variants.strategies.Decoding` that decodes them."""
@@ -142,7 +144,7 @@ class Decoder:
         for i, error in enumerate(errors):
             if error is not None:
                 raise ValueError(error)
-        stop = self.engine._stop_tokens()
+        stop = self.engine.stop_tokens()
         kept = openings.rows(False)
         opened = None if all((path, text) in kept for path, _, text in items) \
             else self.engine.prefix_cache.open_rows(items, False)
@@ -153,7 +155,7 @@ class Decoder:
         for i, item in enumerate(items):
             if (item[0], item[2]) in kept:  # rows of the scoring batches: the decoding starts from them
                 source = kept[item[0], item[2]][0]  # (no local name keeps it: its rows free once taken)
-                key = ("kept",) if self._joins(source) else ("kept", id(source))
+                key = ("kept",) if self._joins(strategy, source) else ("kept", id(source))
                 del source
             elif opened.suffix[i] is None:  # whole prompts: one batch per image and token length
                 key = ("full", item[0], opened.length[i])
@@ -177,7 +179,7 @@ class Decoder:
             size = min(len(questions), self.engine.batch_rows or len(questions))
             if not self.engine.prefix_cache.reads_in_place():
                 size //= strategy.beams * strategy.streams
-            self._record(answers, rows, self.engine._with_shrinking_batches(run, rows, size, combine=Decoded.joined,
+            self._record(answers, rows, self.engine.with_shrinking_batches(run, rows, size, combine=Decoded.joined,
                                                                      openings=openings))
         openings.forget([(path, text) for path, _, text in items])  # decoded: their scoring rows are not needed
         return answers
@@ -190,29 +192,26 @@ class Decoder:
     def image_span(self, image, text: str) -> tuple[int, int]:
         """First and last position of the image tokens in the prompt."""
         ids = self.engine.encode_shared_image([text], image)["input_ids"][0]
-        positions = torch.nonzero(ids == self.engine._image_token_id()).flatten()
+        positions = torch.nonzero(ids == self.engine.image_token_id()).flatten()
         if len(positions) == 0:
             raise ValueError(f"models.{self.engine.name}: OPERA needs the image tokens in the prompt, found none")
         return int(positions[0]), int(positions[-1])
 
-    def open_stepper(self, items: list[tuple], repeats: int, opened: tuple[Rows, list[int]] | None = None,
-                      opened_noised: tuple[Rows, list[int]] | None = None, strategy=None,
-                      openings: Openings | None = None):
+    def open_stepper(self, items: list[tuple], repeats: int, strategy, opened: tuple[Rows, list[int]] | None = None,
+                     opened_noised: tuple[Rows, list[int]] | None = None, openings: Openings | None = None):
         """First-position logits [rows, vocab] and the stepper of ``items`` ((image path, image, text): prompts
         on one prefix length, or of one image and one token length), each row repeated ``repeats`` times;
-        the streams combined by ``strategy`` (default: the variant's; VCD: the contrasted pair of a clean and a
-        noised stream). ``opened`` (``opened_noised``): the items already tokenized, as rows of a
+        the streams combined by ``strategy`` (VCD: the contrasted pair of a clean and a noised stream). ``opened`` (``opened_noised``): the items already tokenized, as rows of a
         :meth:`~.prefix_cache.PrefixCache.open_rows` result of the clean (noised) images. Both come from the same
         items, so the noised rows split into prefix and suffix where the clean ones do (a shared text header is
         chosen over all the items: opened again on a batch's rows alone, its rows could differ in prefix length)."""
-        strategy = strategy or self.engine.strategy
         # several streams (VCD) with beams: the streams open one row per question and join (one forward for both),
         # and then the joined rows repeat per beam: one copy of the beams' rows, not one per stream and a joined one
         times = repeats if strategy.streams > 1 else 1
 
         def stream(noised: bool):
-            return self._stream(items, repeats // times, noised=noised, opened=opened_noised if noised else opened,
-                                openings=openings)
+            return self._stream(items, repeats // times, strategy, noised=noised,
+                                opened=opened_noised if noised else opened, openings=openings)
 
         first, stepper = strategy.combine(stream)
         if times > 1:
@@ -220,22 +219,23 @@ class Decoder:
             first = first.repeat_interleave(times, dim=0)
         return first, stepper
 
-    def _stream(self, items: list[tuple], repeats: int, noised: bool,
+    def _stream(self, items: list[tuple], repeats: int, strategy, noised: bool,
                 opened: tuple[Rows, list[int]] | None = None, openings: Openings | None = None):
         """A stepper over ``items``: the scoring pass's (kept in ``openings``), else on the cached image prefixes (any
         prompt lengths), else whole prompts."""
-        stepper = openings.take(noised, items, repeats, self._joins) if openings else None
+        stepper = openings.take(noised, items, repeats, functools.partial(self._joins, strategy)) if openings \
+            else None
         if stepper is not None:
             return stepper.first, stepper
         opened, rows = opened or (self.engine.prefix_cache.open_rows(items, noised), list(range(len(items))))
         if not any(opened.suffix[i] is None for i in rows):
-            stepper = self.prefix_stepper(opened, rows)
+            stepper = self.prefix_stepper(opened, rows, strategy)
             stepper.repeat(repeats)  # each prompt runs once; its beams start from copies of its cache
             return stepper.first, stepper
         image_path, image, _ = items[0]
         encoded = self.engine.encode_shared_image([text for *_, text in items], image)
         if noised:
-            encoded = self.engine._noised_inputs(encoded, image_path)
+            encoded = self.engine.noised_inputs(encoded, image_path)
         repeated = {key: value.repeat_interleave(repeats, 0) if isinstance(value, torch.Tensor) else value
                     for key, value in encoded.items()}
         if "image_grid_thw" in encoded:  # Qwen: patches are rows of pixel_values, one grid per image

@@ -26,7 +26,7 @@ Q-Former) cannot reuse a prefix and take the batched full-forward path.
 Results equal an unbatched full forward pass (tested to 1e-4 on every tiny
 model).
 
-The engine's parts, by concern. The engine holds three collaborators, each reading of it only what its
+The engine's parts, by concern. The engine holds four collaborators, each reading of it only what its
 Protocol declares; the caches that outlive a call live in the collaborator that owns them, and nothing else a
 later call needs is left on the engine by an earlier one (the decoder keeps nothing: a scoring call hands its
 rows to the decoding as an argument):
@@ -36,8 +36,14 @@ rows to the decoding as an argument):
 - ``prefix_cache``, a :class:`~.prefix_cache.PrefixCache` (:mod:`.prefix_cache`): the kept image prefixes and the
   suffix batches (``PrefixHost``);
 - ``decoder``, a :class:`~.decode.Decoder` (:mod:`.decode`): decodings past the first answer token, from what a
-  scoring call hands it (:mod:`.handoff`; ``DecoderHost``), on the rows of :mod:`.steppers` (the strategies
-  themselves are :mod:`verbmirage.variants.strategies`).
+  scoring call hands it (:mod:`.handoff`; ``DecoderHost``), on the rows of :mod:`.steppers`, which read of the
+  engine only what ``StepperHost`` declares (its forwards after a prefix are the ``prefix_cache``'s; the
+  strategies themselves are :mod:`verbmirage.variants.strategies`);
+- ``last_attention``, a :class:`~.last_attention.LastAttention` (:mod:`.last_attention`): OPERA's switch to eager
+  attention and the row its hook keeps, set by :meth:`~TransformersVLM.use_variant` for a variant that reads it
+  and undone by the next that does not.
+
+The names these Protocols declare are the engine's public contract with its collaborators (no underscore).
 
 The engine itself derives from :class:`~.scoring.LogitsVLM` (logits to answers) and runs the scoring pass; the
 families (:mod:`.families`: LLaVA, InstructBLIP, Qwen2-VL) declare what differs, naming their own subclass of a
@@ -59,11 +65,12 @@ from verbmirage.models.base import Question, allow_remote_code
 from verbmirage.models.hf.decode import Decoder
 from verbmirage.models.hf.handoff import Openings
 from verbmirage.models.hf.inputs import PromptInputs, by_image
+from verbmirage.models.hf.last_attention import LastAttention
 from verbmirage.models.hf.memory import engine_memory_costs
 from verbmirage.models.hf.on_device import fit_to_device
 from verbmirage.models.hf.prefix_cache import PrefixCache
 from verbmirage.models.hf.scoring import DecodedAnswer, LogitsVLM
-from verbmirage.models.hf.tokens import DTYPES, decoder_layers, is_out_of_memory, use_eager_language_model
+from verbmirage.models.hf.tokens import DTYPES, is_out_of_memory
 from verbmirage.models.prompts import CHAT_TEMPLATE, PromptTemplate
 from verbmirage.models.registry import IMAGE_MODES
 from verbmirage.variants.settings import ALL_FEATURES
@@ -110,7 +117,7 @@ class TransformersVLM(LogitsVLM):
             raise ValueError(f"models.{name}.image_mode: '{image_mode}' is not one of {list(modes)} for backend "
                              f"'{self.backend}'")
         #: How images reach the processor (``registry.IMAGE_MODES``); the first mode is the processor as shipped.
-        self.image_mode, self._shipped_mode = image_mode or modes[0], modes[0]
+        self.image_mode, self.shipped_mode = image_mode or modes[0], modes[0]
         if dtype not in DTYPES:
             raise ValueError(f"models.{name}.dtype: '{dtype}' is not one of {sorted(DTYPES)}")
         if conversation not in self.conversations:
@@ -134,8 +141,9 @@ class TransformersVLM(LogitsVLM):
         fit_to_device(self)  # on CUDA: fuller forwards, compiled decoder layers (hf/on_device.py)
         # transformers 5.2x renamed the cache argument `past_key_values` -> `cache`.
         parameters = inspect.signature(self.model.forward).parameters
-        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
+        self.cache_argument = "cache" if "cache" in parameters else "past_key_values"
         self.decoder = Decoder(self)  # decodings past the first answer token (hf/decode.py)
+        self.last_attention = LastAttention(self.model)  # OPERA's eager attention, while its variant is set
 
     # ---- loading (override per family) ------------------------------------
     def _load_processor(self, path: str, load: dict):
@@ -176,7 +184,7 @@ class TransformersVLM(LogitsVLM):
 
     open_image = staticmethod(open_rgb)
 
-    def _image_token_id(self) -> int | None:
+    def image_token_id(self) -> int | None:
         config = self.model.config
         return getattr(config, "image_token_id", None) or getattr(config, "image_token_index", None)
 
@@ -218,9 +226,9 @@ class TransformersVLM(LogitsVLM):
         if valid:
             method = functools.partial(self._prefix_logits, openings=openings) if self.prefix_reuse \
                 else self._full_logits
-            values = self._with_shrinking_batches(method, [items[i] for i in valid], openings=openings)
+            values = self.with_shrinking_batches(method, [items[i] for i in valid], openings=openings)
             if strategy.streams > 1:  # the same questions on the noised images, then VCD's contrast
-                noised = self._with_shrinking_batches(functools.partial(method, noised=True), [items[i] for i in valid],
+                noised = self.with_shrinking_batches(functools.partial(method, noised=True), [items[i] for i in valid],
                                                       openings=openings)
                 values, contrast_columns = strategy.contrast_first(values, noised)
                 for i, own in zip(valid, contrast_columns):
@@ -228,7 +236,7 @@ class TransformersVLM(LogitsVLM):
             logits[valid] = values
         return logits, errors, columns, openings
 
-    def _with_shrinking_batches(self, method, items: list, size: int | None = None, combine=torch.cat,
+    def with_shrinking_batches(self, method, items: list, size: int | None = None, combine=torch.cat,
                                 openings: Openings | None = None):
         """Run ``method`` on chunks of ``items`` (at most ``size``; default all); on out-of-memory halve the
         chunk and retry, kept prefixes and ``openings`` freed. ``combine`` joins the chunks' results."""
@@ -259,7 +267,7 @@ class TransformersVLM(LogitsVLM):
             image_path, image, _ = items[indices[0]]
             encoded = self.encode_shared_image([items[i][2] for i in indices], image)
             if noised:
-                encoded = self._noised_inputs(encoded, image_path)
+                encoded = self.noised_inputs(encoded, image_path)
             logits = self._forward(**encoded)
             last = encoded["attention_mask"].sum(dim=1) - 1
             values = logits[torch.arange(len(indices)), last].float().cpu()
@@ -285,7 +293,7 @@ class TransformersVLM(LogitsVLM):
             result[opened.fallback] = values
         for batch in self.prefix_cache.suffix_batches(opened):
             values = self.prefix_cache.suffix_batch(opened, batch) if openings is None or openings.kept is None else \
-                self.decoder.kept_opening(opened, batch, items, noised, openings)
+                self.decoder.kept_opening(opened, batch, items, noised, openings, self.strategy)
             result = torch.empty(len(items), values.shape[1]) if result is None else result
             result[batch] = values
         return result
@@ -295,14 +303,14 @@ class TransformersVLM(LogitsVLM):
     #: A greedy variant's scoring call holds this many batches' worth of questions (below).
     CALL_BATCHES = 4
 
-    def _calls_span_batches(self) -> bool:
+    def calls_span_batches(self) -> bool:
         return self.prefix_reuse and self.cross_image_batches and self.strategy.call_spans_batches
 
     @property
     def batch_rows(self) -> int | None:
         """At most this many rows per forward (suffix batches, decodings) where a call holds several batches;
         None: the call is one batch."""
-        return self.batch_size if self._calls_span_batches() else None
+        return self.batch_size if self.calls_span_batches() else None
 
     def use_batch_size(self, batch_size: int) -> int:
         """Greedy variants on a model whose images share suffix batches (LLaVA): ``CALL_BATCHES`` batches' worth
@@ -310,11 +318,11 @@ class TransformersVLM(LogitsVLM):
         at most ``batch_size`` rows. Beam search, sampling and OPERA keep every scoring row as an opening for
         their decoding, which grows with the call as a batch does: one batch per call."""
         self.batch_size = batch_size
-        return batch_size * self.CALL_BATCHES if self._calls_span_batches() else batch_size
+        return batch_size * self.CALL_BATCHES if self.calls_span_batches() else batch_size
 
     memory_costs = engine_memory_costs  # a question's and an image's memory under the variant (hf/memory.py)
 
-    def _noised_inputs(self, encoded: dict, image_path) -> dict:
+    def noised_inputs(self, encoded: dict, image_path) -> dict:
         """``encoded`` with VCD's diffusion noise on the pixel tensor, the same noise for every row of the image
         (the strategy's :meth:`~verbmirage.variants.vcd.ContrastiveDecoding.noised_pixels`)."""
         pixels = encoded["pixel_values"]
@@ -326,25 +334,20 @@ class TransformersVLM(LogitsVLM):
     def use_variant(self, variant, where: str = "variant") -> None:
         """As the base class; a strategy that reads the last layer's attention (OPERA) gets it: computed by the
         attention that reads prefixes in place (``steppers.InPlaceStepper``), else from eager attention
-        (:meth:`keep_last_attention`)."""
+        (:meth:`keep_last_attention`). A variant that reads none undoes that switch: the model runs the attention
+        it was loaded with again (and reads its prefixes in place where the family allows it)."""
         super().use_variant(variant, where)
-        if self.strategy.needs_last_attention and not self.prefix_cache.reads_in_place():
+        if not self.strategy.needs_last_attention:
+            self.last_attention.release()
+        elif not self.prefix_cache.reads_in_place():
             self.keep_last_attention()
 
     def keep_last_attention(self) -> None:
         """Eager attention in the language model and a hook that keeps the last layer's attention row of the
-        last fed token, max over heads (``_last_attention``), for steppers that copy their prefix."""
-        if getattr(self, "_attention_hook", None) is None:
-            use_eager_language_model(self.model)
-            last = decoder_layers(self.model)[-1].self_attn
-
-            def keep_last_row(module, args, output):
-                # None where a forward computed no weights (one that reads its prefixes in place records its
-                # own: shared_prefix.AttentionRecord); an attending stepper that reads None says so
-                weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-                self._last_attention = None if weights is None else weights[:, :, -1, :].float().amax(dim=1)
-
-            self._attention_hook = last.register_forward_hook(keep_last_row)
+        last fed token, max over heads, for steppers that copy their prefix (:class:`~.last_attention.
+        LastAttention`, the engine's ``last_attention``, owns all three until a variant that reads no attention
+        is set)."""
+        self.last_attention.keep()
 
     def decode_answers(self, questions: list[Question], multiple_choice: bool,
                        openings: Openings | None = None) -> list[DecodedAnswer]:
@@ -360,7 +363,7 @@ class TransformersVLM(LogitsVLM):
         logits_processors` included), like :meth:`decode_answers`."""
         return [answer.text for answer in self.decoder.decode(questions, multiple_choice, self.strategy, openings)]
 
-    def _stop_tokens(self) -> set[int]:
+    def stop_tokens(self) -> set[int]:
         """Token ids that end an answer: the tokenizer's and the generation config's end of sequence."""
         stop = {self.tokenizer.eos_token_id} if self.tokenizer.eos_token_id is not None else set()
         configured = getattr(self.model.generation_config, "eos_token_id", None)
@@ -368,19 +371,10 @@ class TransformersVLM(LogitsVLM):
                     else [])
         return stop
 
-    def _suffix_forward(self, input_ids, attention_mask, cache, slots, positions=None, extra=None,
-                        keep: int | torch.Tensor = 0) -> torch.Tensor:
-        """For the steppers: :meth:`~.prefix_cache.PrefixCache.suffix_forward`."""
-        return self.prefix_cache.suffix_forward(input_ids, attention_mask, cache, slots, positions, extra, keep)
-
-    def _cache_of(self, data: list[tuple[torch.Tensor, torch.Tensor]]):
-        """For the steppers: :meth:`~.prefix_cache.PrefixCache.cache_of`."""
-        return self.prefix_cache.cache_of(data)
-
-    def _step_forward(self, input_ids, attention_mask, cache) -> torch.Tensor:
+    def step_forward(self, input_ids, attention_mask, cache) -> torch.Tensor:
         """Logits of one more token per row on a cache that already holds the image (no pixels again)."""
         return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True,
-                          **{self._cache_argument: cache}).logits
+                          **{self.cache_argument: cache}).logits
 
     @torch.inference_mode()
     def _generate(self, questions: list[Question], max_new_tokens: int) -> list[str]:

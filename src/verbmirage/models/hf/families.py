@@ -62,7 +62,7 @@ class InstructBlipVLM(TransformersVLM):
     model_class = "InstructBlipForConditionalGeneration"
     inputs_class = InstructBlipInputs
 
-    def _step_forward(self, input_ids, attention_mask, cache):
+    def step_forward(self, input_ids, attention_mask, cache):
         """Past the prompt only the language model runs (the image lives in the cache of the query tokens)."""
         language_model = self.model.language_model
         parameters = inspect.signature(language_model.forward).parameters
@@ -101,7 +101,7 @@ class QwenPrefixes(PrefixCache):
             "attention_mask": torch.ones_like(prefix_ids)[None],
             "pixel_values": encoded["pixel_values"][:patches],
             "image_grid_thw": encoded["image_grid_thw"][:1],
-            "mm_token_type_ids": (prefix_ids == self.engine._image_token_id()).long()[None],
+            "mm_token_type_ids": (prefix_ids == self.engine.image_token_id()).long()[None],
         }
 
     def _prefix_extra(self):
@@ -116,7 +116,7 @@ class QwenPrefixes(PrefixCache):
         position_ids = (text + rope_delta).expand(3, -1, -1)
         return self.engine.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            cache_position=slots, use_cache=True, logits_to_keep=keep, **{self.engine._cache_argument: cache},
+            cache_position=slots, use_cache=True, logits_to_keep=keep, **{self.engine.cache_argument: cache},
         ).logits
 
 
@@ -145,11 +145,11 @@ class QwenVLM(TransformersVLM):
                 chat_template=tokenizer.chat_template,
             )
 
-    def _step_forward(self, input_ids, attention_mask, cache):
+    def step_forward(self, input_ids, attention_mask, cache):
         """One token after whole prompts (no prefix reuse): its M-RoPE position is the row's token count plus
         the rope delta the prompt pass stored (transformers would derive it from the whole mask, wrongly)."""
         delta = self.model.model.rope_deltas.to(self.device)
         text = attention_mask.sum(dim=1, keepdim=True) - 1
         position_ids = (text + delta).expand(3, -1, -1)
         return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          use_cache=True, **{self._cache_argument: cache}).logits
+                          use_cache=True, **{self.cache_argument: cache}).logits

@@ -51,10 +51,10 @@ class InputsHost(Protocol):
     prompts: PromptTemplate
     conversation: str
     image_mode: str
-    _shipped_mode: str  # the processor as shipped (the first image mode)
+    shipped_mode: str  # the processor as shipped (the first image mode)
     PREFIX_SLOTS: int
 
-    def _image_token_id(self) -> int | None: ...
+    def image_token_id(self) -> int | None: ...
     def open_image(self, path: Path) -> Image.Image: ...
 
 
@@ -158,12 +158,13 @@ class PromptInputs:
         return encoded.to(self.engine.device)
 
     def prepare_image(self, image: Image.Image) -> Image.Image:
-        """``image`` as the processor gets it under :attr:`image_mode`: as it is (the processor as shipped),
+        """``image`` as the processor gets it under the engine's
+        :attr:`~.engine.TransformersVLM.image_mode`: as it is (the processor as shipped),
         expanded to a square in the processor's mean colour (``pad``: the original LLaVA-1.5's ``expand2square``
         with ``image_aspect_ratio: pad``), or squashed to the processor's square input size with bicubic
         resampling (``resize``: OPERA's LLaVA processor), after which the processor's own resize and crop
         change nothing."""
-        if self.engine.image_mode == self.engine._shipped_mode:
+        if self.engine.image_mode == self.engine.shipped_mode:
             return image
         if self.engine.image_mode == "pad":
             mean = self.engine.processor.image_processor.image_mean
@@ -180,7 +181,7 @@ class PromptInputs:
         If that does not reproduce the processor's tokens for the first prompt, this falls back to
         the processor for all rows.
         """
-        image_token = self.engine._image_token_id()
+        image_token = self.engine.image_token_id()
         if image_token is None:
             return self.encode(texts, [image] * len(texts))
         cached = self._encoded_images.get(id(image))

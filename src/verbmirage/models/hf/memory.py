@@ -116,7 +116,7 @@ def engine_memory_costs(vlm) -> MemoryCosts:
         image, scoring = 0, scoring + vision
     weights = sum(p.numel() * p.element_size() for p in vlm.model.parameters()) + \
         sum(b.numel() * b.element_size() for b in vlm.model.buffers())
-    calls = vlm.CALL_BATCHES if vlm._calls_span_batches() else 1
+    calls = vlm.CALL_BATCHES if vlm.calls_span_batches() else 1
     plain_greedy = strategy.decides_by_first_token and strategy.streams == 1
     return MemoryCosts(weights=weights, per_row=strategy.streams * (strategy.beams * beam + scoring),
                        per_image=image * strategy.streams, call_batches=calls, device=str(vlm.device),

@@ -24,7 +24,7 @@ import torch
 from verbmirage.models.hf import shared_prefix
 from verbmirage.models.hf.inputs import PER_TOKEN_KEYS, PromptInputs, by_image
 from verbmirage.models.hf.shared_prefix import cheapest_cuts
-from verbmirage.models.hf.tokens import padded
+from verbmirage.models.hf.tokens import language_attention, padded
 
 
 @dataclasses.dataclass
@@ -88,10 +88,10 @@ class PrefixHost(Protocol):
     shared_prefix_attention: bool
     batch_rows: int | None
     PREFIX_SLOTS: int
-    _cache_argument: str
+    cache_argument: str
 
-    def _image_token_id(self) -> int | None: ...
-    def _noised_inputs(self, encoded: dict, image_path) -> dict: ...
+    def image_token_id(self) -> int | None: ...
+    def noised_inputs(self, encoded: dict, image_path) -> dict: ...
 
 
 class PrefixCache:
@@ -187,7 +187,8 @@ class PrefixCache:
                          image_prefixes: dict[tuple, Prefix]) -> dict[tuple, Prefix]:
         """The cached prefix of each image followed by a text header (``headers``: key -> (the image prefix's
         key, header tokens)), kept like image prefixes: one forward of each header on its image's prefix, the
-        images with the same header and prefix length (:attr:`cross_image_batches`) in one batch."""
+        images with the same header and prefix length (the engine's :attr:`~.engine.TransformersVLM.
+        cross_image_batches`) in one batch."""
         found, groups, device = {}, {}, self.engine.device
         for key, (image_key, header) in headers.items():
             found[key] = self._kept_prefix(key)
@@ -220,7 +221,8 @@ class PrefixCache:
         return self._prefixes[key]
 
     def _keep_prefixes(self, new: dict[tuple, Prefix]) -> None:
-        """Keep ``new`` prefixes, dropping the least recently used beyond :attr:`PREFIX_SLOTS`."""
+        """Keep ``new`` prefixes, dropping the least recently used beyond the engine's
+        :attr:`~.engine.TransformersVLM.PREFIX_SLOTS`."""
         self._prefixes.update(new)
         while len(self._prefixes) > self.engine.PREFIX_SLOTS:
             self._prefixes.popitem(last=False)
@@ -231,7 +233,8 @@ class PrefixCache:
 
     def _prefix_caches(self, needed: list[tuple], noised: bool) -> dict[tuple, Prefix]:
         """Key/value tensors of each image's prefix (``needed``: (image path, prefix ids, encoding)) by
-        :meth:`_prefix_key`, computed once per image and kept (:attr:`PREFIX_SLOTS`); images with one prefix
+        :meth:`_prefix_key`, computed once per image and kept (the engine's
+        :attr:`~.engine.TransformersVLM.PREFIX_SLOTS`); images with one prefix
         run as one batch.
 
         ``noised``: the prefix of VCD's noised image, kept apart from the clean one.
@@ -249,7 +252,7 @@ class PrefixCache:
         for group in groups.values():
             inputs = [self._prefix_inputs(prefix_ids, encoded) for _, _, prefix_ids, encoded in group]
             if noised:  # the noise of the one image the prefix pass reads (the same draw as on all its rows)
-                inputs = [self.engine._noised_inputs(one, image_path)
+                inputs = [self.engine.noised_inputs(one, image_path)
                           for one, (_, image_path, *_) in zip(inputs, group)]
             batch = inputs[0] if len(inputs) == 1 else {key: torch.cat([one[key] for one in inputs])
                                                         for key in inputs[0]}
@@ -283,7 +286,7 @@ class PrefixCache:
         return min(length, shortest - 1)  # every question keeps at least one token of its own
 
     def _last_image_token(self, ids: torch.Tensor) -> int:
-        positions = torch.nonzero(ids == self.engine._image_token_id())
+        positions = torch.nonzero(ids == self.engine.image_token_id())
         return int(positions[-1]) if len(positions) else -1
 
     def _shared_prefix_length(self, encoded) -> int:
@@ -324,7 +327,7 @@ class PrefixCache:
         engine = self.engine
         text = engine.model.config.get_text_config()
         return engine.prefix_reuse and engine.shared_prefix_attention and text.model_type in self.SHARED_PREFIX_MODELS \
-            and text._attn_implementation == "sdpa"
+            and language_attention(engine.model) == "sdpa"
 
     def suffix_batch(self, opened: Rows, batch: list[int]) -> torch.Tensor:
         """Logits at the last token of each suffix of ``batch`` (right-padded, on its image's prefix)."""
@@ -359,5 +362,5 @@ class PrefixCache:
         position_ids = slots[None].expand(input_ids.shape[0], -1) if positions is None else positions
         return self.engine.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache_position=slots,
-            use_cache=True, logits_to_keep=keep, **{self.engine._cache_argument: cache},
+            use_cache=True, logits_to_keep=keep, **{self.engine.cache_argument: cache},
         ).logits

@@ -66,7 +66,7 @@ class LogitsVLM(VisionLanguageModel):
     def _find_answer_tokens(self) -> None:
         self._yes_ids, self._no_ids, self._letter_ids = self._answer_token_ids()
         ids = lambda groups: frozenset(int(i) for group in groups for i in group.tolist())  # noqa: E731
-        self._deciding_tokens = {True: ids(self._letter_ids), False: ids((self._yes_ids, self._no_ids))}
+        self.deciding_tokens = {True: ids(self._letter_ids), False: ids((self._yes_ids, self._no_ids))}
 
     def _answer_token_ids(self):
         """Ids of every vocabulary token that spells yes / no / an option letter (see :func:`answer_token_ids`)."""
@@ -81,7 +81,7 @@ class LogitsVLM(VisionLanguageModel):
         """Decoded text of each token id; None where the tokenizer cannot decode an id alone."""
         return [decode_or_none(self.tokenizer, i) for i in range(len(self.tokenizer))]
 
-    def _real_tokens(self, logits: torch.Tensor) -> torch.Tensor:
+    def real_tokens(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits of real tokens only: output layers padded past the tokenizer (Qwen: 151936 rows for
         151860 tokens) would otherwise take probability mass and could win the argmax (S5)."""
         return logits[:, : len(self.tokenizer)]
@@ -116,7 +116,7 @@ class LogitsVLM(VisionLanguageModel):
         it (:class:`TransformersVLM`), continuing from the scoring call's hand-off ``openings`` where given."""
         raise NotImplementedError(f"backend '{self.backend}' decodes greedily only")
 
-    def _stop_tokens(self) -> set[int]:
+    def stop_tokens(self) -> set[int]:
         """Token ids that end an answer (the tokenizer's end of sequence; the transformers backends add the
         generation config's)."""
         eos = getattr(self.tokenizer, "eos_token_id", None)
@@ -134,7 +134,7 @@ class LogitsVLM(VisionLanguageModel):
         and OPERA: every answer decoded in full (its first token need not be the argmax). An answer whose
         first token ends it (end of sequence) is empty, whatever the decoding: it decides nothing.
         """
-        stop = self._stop_tokens()
+        stop = self.stop_tokens()
         first_ids: list[int | None] = [None if token in stop else token for token in best.tolist()]  # one copy
         strategy = self.strategy
         if strategy.decides_by_first_token:
@@ -164,7 +164,7 @@ class LogitsVLM(VisionLanguageModel):
         distribution, OPERA's penalised candidates, VCD's contrast after the cut); otherwise (greedy: the first
         token is the argmax of ``probs``, the variant's first-position distribution) from ``probs``, and for an
         answer that ended at once that of the most probable end token (the token it ended with)."""
-        stop = sorted(token for token in self._stop_tokens() if token < probs.shape[1])
+        stop = sorted(token for token in self.stop_tokens() if token < probs.shape[1])
         ending = probs[:, stop].max(dim=-1).values.tolist() if stop else [math.nan] * len(first_ids)
         chosen = _probabilities(probs, [0 if token is None else token for token in first_ids])
         return [decoded[i] if i in decoded else ending[i] if token is None else chosen[i]
@@ -219,10 +219,10 @@ class LogitsVLM(VisionLanguageModel):
     def _yes_no_results(self, questions: list[Question], logits: torch.Tensor, errors: list,
                         columns: list[dict], openings: Openings | None = None) -> list[YesNoResult]:
         """``columns``: each question's extra result fields from its logits pass (VCD's statistics)."""
-        probs = torch.softmax(self._real_tokens(logits), dim=-1)
+        probs = torch.softmax(self.real_tokens(logits), dim=-1)
         yes, no = probs[:, self._yes_ids].sum(-1), probs[:, self._no_ids].sum(-1)
         # float64, from the logits themselves: finite where the float32 P(yes) above is exactly 1.0
-        real = self._real_tokens(logits).double()
+        real = self.real_tokens(logits).double()
         yes_log_mass = torch.logsumexp(real[:, self._yes_ids], -1)
         margins = yes_log_mass - torch.logsumexp(real[:, self._no_ids], -1)
         # the yes mass over the vocabulary, float64 too: in float32 a confident model's rows all tie at 1.0
@@ -240,7 +240,7 @@ class LogitsVLM(VisionLanguageModel):
 
     def _multiple_choice_results(self, questions: list[Question], logits: torch.Tensor, errors: list,
                                  columns: list[dict], openings: Openings | None = None) -> list[MultipleChoiceResult]:
-        probs = torch.softmax(self._real_tokens(logits), dim=-1)
+        probs = torch.softmax(self.real_tokens(logits), dim=-1)
         first_ids, continued, decoded = self._decisions(
             questions, errors, probs.argmax(dim=-1), True,
             lambda i, text: decide_choice(text, None, questions[i].options)[0] != UNKNOWN, openings)

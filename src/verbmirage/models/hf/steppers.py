@@ -1,6 +1,7 @@
 """The engine's steppers: rows of cached decoding state that the decoding strategies advance token by token
 (the :class:`~verbmirage.variants.search.Stepper` and :class:`~verbmirage.variants.search.AttentionStepper`
-protocols). Each holds ``vlm``, the engine (``TransformersVLM``), whose forwards it calls.
+protocols). Each holds ``vlm``, the engine (``TransformersVLM``), and reads of it only what :class:`StepperHost`
+declares: the forwards after a cached prefix are its ``prefix_cache``'s.
 
 - :class:`InPlaceStepper`: rows on cached image prefixes read in place (:mod:`.shared_prefix`; LLaVA with
   sdpa attention): each row holds only its own tokens;
@@ -14,11 +15,28 @@ protocols). Each holds ``vlm``, the engine (``TransformersVLM``), whose forwards
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import torch
 from transformers import DynamicCache
 
 from verbmirage.models.hf import shared_prefix
+from verbmirage.models.hf.last_attention import LastAttention
+from verbmirage.models.hf.prefix_cache import PrefixCache
 from verbmirage.models.hf.tokens import padded
+
+
+class StepperHost(Protocol):
+    """What the steppers need of their engine (:class:`~verbmirage.models.hf.engine.TransformersVLM`)."""
+
+    name: str
+    model: Any
+    tokenizer: Any
+    device: torch.device
+    prefix_cache: PrefixCache  # the forwards after a cached prefix (suffix_forward) and its caches (cache_of)
+    last_attention: LastAttention  # the row the eager hook kept (AttendingStepper)
+
+    def step_forward(self, input_ids, attention_mask, cache) -> torch.Tensor: ...
 
 
 class InPlaceStepper:
@@ -44,7 +62,7 @@ class InPlaceStepper:
     #: Whether a forward keeps the last layer's attention weights (:meth:`probe`, ``attention``; OPERA).
     records_attention = False
 
-    def __init__(self, vlm, prefixes: list, image_of_row: list[int], prefix_lengths: list[int],
+    def __init__(self, vlm: StepperHost, prefixes: list, image_of_row: list[int], prefix_lengths: list[int],
                  suffixes: list[torch.Tensor], reserve: int = 8):
         device, rows = vlm.device, len(suffixes)
         self.vlm, self.prefixes, self.image_of_row, self.extra = vlm, list(prefixes), list(image_of_row), \
@@ -100,7 +118,8 @@ class InPlaceStepper:
         record = shared_prefix.AttentionRecord(self._store.shape[1] - 1) if self.records_attention else None
         with shared_prefix.shared_prefix_attention(self.text, [p.tensors for p in self.prefixes], self.image_of_row,
                                                    mask, record, self._stacked):
-            logits = self.vlm._suffix_forward(input_ids, None, cache, slots, positions, self.extra, keep=keep)
+            logits = self.vlm.prefix_cache.suffix_forward(input_ids, None, cache, slots, positions, self.extra,
+                                                          keep=keep)
         self.used += width
         self._weights = record and record.weights
         return logits
@@ -293,7 +312,7 @@ class PrefixStepper:
     padding masked out) and keeps its own position ids, so a row decodes as it would alone.
     """
 
-    def __init__(self, vlm, cache, prefix_length: int, suffixes: list[torch.Tensor], extra=None):
+    def __init__(self, vlm: StepperHost, cache, prefix_length: int, suffixes: list[torch.Tensor], extra=None):
         self.vlm, self.cache, self.extra, rows = vlm, cache, extra, len(suffixes)
         device = vlm.device
         input_ids, lengths = padded(suffixes, vlm.tokenizer.pad_token_id or 0, device, left=True)
@@ -308,8 +327,8 @@ class PrefixStepper:
         self.next_position = prefix_length + lengths
         positions = (prefix_length + columns[None] - (width - lengths)[:, None]).clamp(min=prefix_length)
         slots = torch.arange(prefix_length, self.length, device=device)
-        self.first = vlm._suffix_forward(input_ids, self.mask, self.cache, slots, positions, extra,
-                                         keep=1)[:, -1].float()
+        self.first = vlm.prefix_cache.suffix_forward(input_ids, self.mask, self.cache, slots, positions, extra,
+                                                     keep=1)[:, -1].float()
 
     @classmethod
     def joined(cls, picks: list[tuple["PrefixStepper", int]], times: int = 1) -> "PrefixStepper":
@@ -345,7 +364,7 @@ class PrefixStepper:
             other.first[put] = stepper.first[take.to(stepper.first.device)]
             for member, position in zip(members, positions):
                 other.prompt_lengths[position] = stepper.prompt_lengths[member]
-        other.cache = sample.vlm._cache_of(data)
+        other.cache = sample.vlm.prefix_cache.cache_of(data)
         return other
 
     def subset(self, rows: list[int], times: int = 1) -> "PrefixStepper":
@@ -355,8 +374,9 @@ class PrefixStepper:
         other = object.__new__(PrefixStepper)
         other.vlm, other.extra, other.length, other.prompt_columns = self.vlm, self.extra, self.length, \
             self.prompt_columns
-        other.cache = self.vlm._cache_of([(layer.keys.index_select(0, index), layer.values.index_select(0, index))
-                                          for layer in self.cache.layers])
+        other.cache = self.vlm.prefix_cache.cache_of([(layer.keys.index_select(0, index),
+                                                       layer.values.index_select(0, index))
+                                                      for layer in self.cache.layers])
         other.mask, other.next_position, other.first = self.mask[index], self.next_position[index], self.first[index]
         other.prompt_lengths = [self.prompt_lengths[row] for row in rows]
         return other
@@ -377,8 +397,8 @@ class PrefixStepper:
         self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
         positions = self.next_position[:, None]
         self.next_position = self.next_position + 1
-        logits = self.vlm._suffix_forward(tokens.to(device)[:, None], self.mask, self.cache, slots, positions,
-                                          self.extra)
+        logits = self.vlm.prefix_cache.suffix_forward(tokens.to(device)[:, None], self.mask, self.cache, slots,
+                                                      positions, self.extra)
         return logits[:, -1].float()
 
     def reorder(self, rows: torch.Tensor) -> None:
@@ -397,7 +417,7 @@ class PrefixStepper:
 class FullStepper:
     """Rows decoding from whole prompts (no shared prefix: InstructBLIP's Q-Former reads the question)."""
 
-    def __init__(self, vlm, encoded: dict):
+    def __init__(self, vlm: StepperHost, encoded: dict):
         self.vlm = vlm
         output = vlm.model(**encoded, use_cache=True)
         inner = output.get("language_model_outputs") or output  # InstructBLIP keeps the cache one level down
@@ -408,7 +428,7 @@ class FullStepper:
 
     def advance(self, tokens: torch.Tensor) -> torch.Tensor:
         self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
-        return self.vlm._step_forward(tokens.to(self.vlm.device)[:, None], self.mask, self.cache)[:, -1].float()
+        return self.vlm.step_forward(tokens.to(self.vlm.device)[:, None], self.mask, self.cache)[:, -1].float()
 
     def reorder(self, rows: torch.Tensor) -> None:
         self.cache.reorder_cache(rows.to(self.vlm.device))
@@ -429,7 +449,7 @@ class FullStepper:
 class AttendingStepper:
     """A stepper that also reads the last layer's attention row of each fed token (OPERA)."""
 
-    def __init__(self, vlm, inner, first: torch.Tensor):
+    def __init__(self, vlm: StepperHost, inner, first: torch.Tensor):
         self.vlm, self.inner, self.first = vlm, inner, first
 
     @property
@@ -451,9 +471,9 @@ class AttendingStepper:
         return torch.stack(rows, dim=1)
 
     def _kept_row(self) -> torch.Tensor:
-        """The attention row the engine's hook kept from the forward just run (``keep_last_attention``; each
+        """The attention row the engine's hook kept from the forward just run (its ``last_attention``; each
         forward sets it, None where the layer returned no weights)."""
-        row = getattr(self.vlm, "_last_attention", None)
+        row = self.vlm.last_attention.row
         if row is None:
             raise RuntimeError(f"models.{self.vlm.name}: the last layer returned no attention weights (OPERA needs "
                                "eager attention in the language model)")

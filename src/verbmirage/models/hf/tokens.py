@@ -90,11 +90,21 @@ def decoder_layers(model) -> list:
 def use_eager_language_model(model) -> None:
     """Eager attention in the language model only (its weights are returned); the vision tower keeps its
     implementation."""
+    use_language_attention(model, "eager")
+
+
+def language_attention(model) -> str:
+    """The attention implementation the language model runs (``sdpa``, ``eager``, ...)."""
+    return model.config.get_text_config()._attn_implementation
+
+
+def use_language_attention(model, implementation: str) -> None:
+    """``implementation`` in the language model only; the vision tower keeps its own."""
     config = model.config
     if "text_config" in getattr(config, "sub_configs", {}):
-        model.set_attn_implementation({"text_config": "eager"})
+        model.set_attn_implementation({"text_config": implementation})
     else:
-        model.set_attn_implementation("eager")
+        model.set_attn_implementation(implementation)
 
 
 def is_out_of_memory(error: BaseException) -> bool:
