@@ -311,7 +311,7 @@ def test_decoding_from_the_scoring_pass_equals_opening_the_prompts_again(tiny_di
 
     monkeypatch.setattr(Openings, "take", lambda self, *args: None)
     monkeypatch.setattr(Decoder, "kept_opening",
-                        lambda self, opened, batch, items, noised, openings, strategy: model.prefix_cache.suffix_batch(opened, batch))
+                        lambda self, opened, batch, *rest: model.prefix_cache.suffix_batch(opened, batch))
     model.forget_prefixes()
     again = model.score_mixed(questions, flags)
     for ours, theirs in zip(kept, again):

@@ -131,9 +131,10 @@ class Decoder:
     @torch.inference_mode()
     def decode(self, questions: list[Question], multiple_choice: bool, strategy,
                openings: Openings | None = None) -> list[DecodedAnswer]:
-        """Questions decode in one batch per image on its cached prefix (all images of the call together with
-        :attr:`~.engine.TransformersVLM.cross_image_batches`), expanded per row and beam: the prompts' own tokens run once more to open
-        the rows. Without a shared prefix (InstructBLIP), one batch per image and prompt length.
+        """Questions decode in one batch per image on its cached prefix (all images of the call together with the
+        engine's :attr:`~.engine.TransformersVLM.cross_image_batches`), expanded per row and beam: the prompts' own
+        tokens run once more to open the rows. Without a shared prefix (InstructBLIP), one batch per image and
+        prompt length.
 
         ``strategy``: the :class:`~verbmirage.variants.strategies.Decoding` that decodes them."""
         openings = openings or Openings()  # no hand-off: every row opens from its prompt
@@ -180,7 +181,7 @@ class Decoder:
             if not self.engine.prefix_cache.reads_in_place():
                 size //= strategy.beams * strategy.streams
             self._record(answers, rows, self.engine.with_shrinking_batches(run, rows, size, combine=Decoded.joined,
-                                                                     openings=openings))
+                                                                    openings=openings))
         openings.forget([(path, text) for path, _, text in items])  # decoded: their scoring rows are not needed
         return answers
 
@@ -201,7 +202,8 @@ class Decoder:
                      opened_noised: tuple[Rows, list[int]] | None = None, openings: Openings | None = None):
         """First-position logits [rows, vocab] and the stepper of ``items`` ((image path, image, text): prompts
         on one prefix length, or of one image and one token length), each row repeated ``repeats`` times;
-        the streams combined by ``strategy`` (VCD: the contrasted pair of a clean and a noised stream). ``opened`` (``opened_noised``): the items already tokenized, as rows of a
+        the streams combined by ``strategy`` (VCD: the contrasted pair of a clean and a noised stream).
+        ``opened`` (``opened_noised``): the items already tokenized, as rows of a
         :meth:`~.prefix_cache.PrefixCache.open_rows` result of the clean (noised) images. Both come from the same
         items, so the noised rows split into prefix and suffix where the clean ones do (a shared text header is
         chosen over all the items: opened again on a batch's rows alone, its rows could differ in prefix length)."""

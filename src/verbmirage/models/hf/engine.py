@@ -26,10 +26,10 @@ Q-Former) cannot reuse a prefix and take the batched full-forward path.
 Results equal an unbatched full forward pass (tested to 1e-4 on every tiny
 model).
 
-The engine's parts, by concern. The engine holds four collaborators, each reading of it only what its
-Protocol declares; the caches that outlive a call live in the collaborator that owns them, and nothing else a
-later call needs is left on the engine by an earlier one (the decoder keeps nothing: a scoring call hands its
-rows to the decoding as an argument):
+The engine's parts, by concern. The engine holds four collaborators; the first three read of it only what
+their Protocol declares (the fourth gets the model alone); the caches that outlive a call live in the
+collaborator that owns them, and nothing else a later call needs is left on the engine by an earlier one (the
+decoder keeps nothing: a scoring call hands its rows to the decoding as an argument):
 
 - ``inputs``, a :class:`~.inputs.PromptInputs` (:mod:`.inputs`): prompt rendering and processor inputs; owns the
   opened images of the current call and their encodings (``InputsHost``);
