@@ -48,6 +48,7 @@ class DecodeRows:
         keep_last_attention`)."""
         if isinstance(stepper, InPlaceStepper):
             stepper.records_attention = True
+            stepper.probe_feeds = getattr(self.vlm, "opera_one_forward", False)  # set on CUDA: hf/on_device.py
             return stepper
         self.vlm.keep_last_attention()
         return AttendingStepper(self.vlm, stepper, first)
