@@ -161,6 +161,21 @@ def force_one_forward(monkeypatch, on: bool = True) -> None:
     monkeypatch.setattr(TransformersVLM, "opera_one_forward", on, raising=False)
 
 
+def assert_beam_search_over_top_candidates(model, question: Question) -> None:
+    """Penalty weight 0, OPERA's answer to ``question`` is beam search over each beam's top-C tokens."""
+    text, image = model.render(question, False), model.open_image(question.image)
+    model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 3, "max_new_tokens": 4}))
+    first, stepper = model.decoder.open_stepper([(question.image, image, text)], 3)
+    masked = TopCandidates(stepper, 3)
+    expected = decoding.beam_search(masked.first, masked, 3, 4, model._stop_tokens()).tokens[0]
+    model.use_variant(Variant.from_config({
+        "decoding": "opera", "num_beams": 3, "max_new_tokens": 4,
+        "opera": {"num_attn_candidates": 3, "penalty_weights": 0.0, "threshold": 10**6,
+                  "full_length_normalisation": False}}))
+    (answer,) = model.decode_answers([question], False)
+    assert answer.text == model.tokenizer.decode(expected, skip_special_tokens=True)
+
+
 @pytest.mark.parametrize("family, one_forward", [("llava", False), ("llava", True), ("qwen2_vl", False),
                                                  ("instructblip", False)])
 def test_opera_on_the_tiny_models(tiny_dirs, picture, family, one_forward, monkeypatch):
@@ -170,18 +185,7 @@ def test_opera_on_the_tiny_models(tiny_dirs, picture, family, one_forward, monke
     force_one_forward(monkeypatch, one_forward)
     model = create_model("tiny", {"backend": family, "path": str(tiny_dirs[family]), "local_files_only": True})
     questions = [Question("q0", "Is the person riding the horse?", picture)]
-    text = model.render(questions[0], False)
-    image = model.open_image(picture)
-    model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 3, "max_new_tokens": 4}))
-    first, stepper = model.decoder.open_stepper([(picture, image, text)], 3)
-    masked = TopCandidates(stepper, 3)
-    expected = decoding.beam_search(masked.first, masked, 3, 4, model._stop_tokens()).tokens[0]
-    model.use_variant(Variant.from_config({
-        "decoding": "opera", "num_beams": 3, "max_new_tokens": 4,
-        "opera": {"num_attn_candidates": 3, "penalty_weights": 0.0, "threshold": 10**6,
-                  "full_length_normalisation": False}}))
-    (answer,) = model.decode_answers(questions, False)
-    assert answer.text == model.tokenizer.decode(expected, skip_special_tokens=True)
+    assert_beam_search_over_top_candidates(model, questions[0])
     if family == "llava":  # the attention that reads prefixes in place gives the rows: no eager kernel, no hook
         assert getattr(model, "_attention_hook", None) is None and model.prefix_cache.reads_in_place()
     else:
@@ -435,18 +439,7 @@ def test_one_forward_opera_on_cuda_in_float32_is_the_official_rule(tiny_dirs, pi
                 "local_files_only": True}
     model = create_model("tiny", settings)
     assert model.opera_one_forward
-    question = Question("q0", "Is the person riding the horse?", picture)
-    image, text = model.open_image(picture), model.render(question, False)
-    model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 3, "max_new_tokens": 4}))
-    first, stepper = model.decoder.open_stepper([(picture, image, text)], 3)
-    masked = TopCandidates(stepper, 3)
-    expected = decoding.beam_search(masked.first, masked, 3, 4, model._stop_tokens()).tokens[0]
-    model.use_variant(Variant.from_config({
-        "decoding": "opera", "num_beams": 3, "max_new_tokens": 4,
-        "opera": {"num_attn_candidates": 3, "penalty_weights": 0.0, "threshold": 10**6,
-                  "full_length_normalisation": False}}))
-    (answer,) = model.decode_answers([question], False)
-    assert answer.text == model.tokenizer.decode(expected, skip_special_tokens=True)
+    assert_beam_search_over_top_candidates(model, Question("q0", "Is the person riding the horse?", picture))
     questions = _two_images(picture.parent)
     model.use_variant(Variant.from_config({"decoding": "opera", "num_beams": 3, "max_new_tokens": 6,
                                            "opera": {"num_attn_candidates": 3, "reward_tokens": 2}}))

@@ -160,14 +160,14 @@ class InPlaceStepper:
                                torch.cat([seen, itself], dim=-1))
         self.used = before
         keys = self._weights.shape[-1] - count  # the prefix's columns and the row's own before the candidates
-        rows = torch.cat([self._weights[..., :keys], self._weights[..., keys:].diagonal(dim1=1, dim2=2)[..., None]],
-                         dim=-1)
+        attention = torch.cat([self._weights[..., :keys],
+                               self._weights[..., keys:].diagonal(dim1=1, dim2=2)[..., None]], dim=-1)
         if self.probe_feeds:
             own, start = self._own_columns()
             self._probed = (candidates.to(device), logits, own[..., before - start : before - start + count, :].clone(),
-                            rows)
+                            attention)
             self._probed_rows = None
-        return rows
+        return attention
 
     def _own_columns(self) -> tuple[torch.Tensor, int]:
         """The buffer holding each row's own columns from the current one on, and its first column's index."""
