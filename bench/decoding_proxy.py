@@ -21,14 +21,15 @@ Two regimes:
 - **job** (the default): each decoding sizes its calls as a job does (its variant first, then
   ``use_batch_size``), on the questions of ``--images`` images: with few images, one call of one batch;
 - **gpu** (``--regime gpu``): the device check's (bench/gpu_scoring.py ``--decodings`` in bench/h200_check.sh):
-  the YN questions of 16 images, every decoding in the calls greedy's ``use_batch_size(64)`` returns (256
-  questions: greedy scores them in four batches, a decoding decodes a call's batches as the engine does).
-  Its forwards hold several batches, so it is slower: ``--layers`` makes the model shallower (the vision tower
-  in proportion, 24 of 32), which barely moves the ratios, each forward costing about as many operators per
-  layer whatever the depth (run two depths to see it).
+  the YN questions of 16 images, each decoding as its job sizes it, its variant first and then
+  ``use_batch_size(64)`` (greedy: calls of four batches, 256 questions; beam search, sampling and OPERA: one
+  batch of 64 per call). It is slower: ``--layers`` makes the model shallower (the vision tower in proportion,
+  24 of 32), which barely moves the ratios, each forward costing about as many operators per layer whatever
+  the depth (run two depths to see it).
 
     python bench/decoding_proxy.py [--images 4] [--batch-size 64] [--max-new-tokens 8]
     python bench/decoding_proxy.py --regime gpu --layers 4   # the device check's call, 4 + 3 layers
+    python bench/decoding_proxy.py --regime gpu --layers 4 --only opera --opera-one-forward  # CUDA's OPERA step
     python bench/decoding_proxy.py --smoke   # 1 image, 1 layer: checks the script (CI)
 """
 
@@ -91,25 +92,23 @@ def peak_bytes(prof) -> int:
     return peak
 
 
-def measure(model, questions, entry: dict, batch_size: int, max_new_tokens: int,
-            per_call: int | None = None) -> tuple[Counter, int]:
-    """(leaf operator calls by name, peak live bytes) of one pass over ``questions`` with the variant ``entry``, in calls
-    of ``per_call`` questions (None: as a job sizes its calls, after its variant)."""
+def measure(model, questions, entry: dict, batch_size: int, max_new_tokens: int) -> tuple[Counter, int, int]:
+    """(leaf operator calls by name, peak live bytes, questions per call) of one pass over ``questions`` with the
+    variant ``entry``, its calls sized as a job sizes them: the variant first, then ``use_batch_size``."""
     settings = {**entry, "max_new_tokens": max_new_tokens} if entry.get("decoding") else entry
     model.use_variant(Variant.from_config(settings))
-    sized = model.use_batch_size(batch_size)
-    per_call = per_call or sized
+    per_call = model.use_batch_size(batch_size)
     model.score_yes_no(questions[:2])  # warm-up
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         engine_pass(model, questions, per_call, lambda: None)
-    return leaf_operators(prof), peak_bytes(prof)
+    return leaf_operators(prof), peak_bytes(prof), per_call
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--regime", choices=("job", "gpu"), default="job",
-                        help="job: calls sized per decoding on --images images; gpu: the device check's call of 256 "
-                             "on 16 images' questions (the module's docstring)")
+                        help="job: --images images' questions (default 4); gpu: the device check's 16 images' "
+                             "(the module's docstring); both size each decoding's calls as a job does")
     parser.add_argument("--images", type=int, default=None, help="images whose YN questions are asked "
                         "(default: 4; 16 with --regime gpu)")
     parser.add_argument("--layers", type=int, default=32, help="language layers (the vision tower's: 3/4 of them, "
@@ -119,6 +118,8 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=None, help="these decodings only (greedy is always run)")
     parser.add_argument("--breakdown", type=int, default=0, metavar="N",
                         help="also print the N operators each decoding calls most often beyond greedy (per prompt)")
+    parser.add_argument("--opera-one-forward", action="store_true",
+                        help="OPERA's step in one forward, as on CUDA (models/hf/on_device.py; the CPU runs two)")
     parser.add_argument("--smoke", action="store_true", help="1 image, 1 layer, 2 new tokens: checks the script runs")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -133,25 +134,26 @@ def main() -> None:
         model = RandomLlava7B("llava7b_narrow", str(processor_dir), dtype="float32", device="cpu",
                               local_files_only=True)
         make_decisive(model)
+        if args.opera_one_forward:
+            model.opera_one_forward = True  # CUDA's choice, made on the CPU as bench/launches.py makes CUDA's path
         questions = hico_like_questions(images, work / "yn")
         size = RandomLlava7B.size
-        # the device check's calls: greedy's call size for every decoding (bench/gpu_scoring.py, decodings)
-        per_call = model.use_batch_size(args.batch_size) if args.regime == "gpu" else None
-        calls = f"calls of {per_call}" if per_call else "calls sized per decoding"
         print(f"{size['layers']} language layers (hidden {size['hidden']}), {size['vision_layers']} vision layers, "
               f"576 image tokens; {len(questions)} YN questions on {images} images, batch {args.batch_size}, "
-              f"{calls}, {args.max_new_tokens} new tokens per decoded answer")
+              f"calls sized per decoding (its variant first, then its batch), {args.max_new_tokens} new tokens "
+              "per decoded answer")
         figures, counts = {}, {}
         for slug, entry in DECODINGS.items():
             if args.only is not None and slug != "greedy" and slug not in args.only:
                 continue
-            operators, peak = measure(model, questions, entry, args.batch_size, args.max_new_tokens, per_call)
+            operators, peak, per_call = measure(model, questions, entry, args.batch_size, args.max_new_tokens)
             counts[slug] = operators
             figures[slug] = (operators.total() / len(questions), peak)
             ops, base_peak = figures[slug][0], figures["greedy"][1]
             target = f"(target <= {TARGETS[slug]:g}x)" if slug in TARGETS else ""
             print(f"  {slug:11s} {ops:9.1f} ops/prompt {ops / figures['greedy'][0]:6.2f}x greedy   "
-                  f"peak {peak / 2**20:8.1f} MiB {peak / base_peak:6.2f}x greedy  {target}", flush=True)
+                  f"peak {peak / 2**20:8.1f} MiB {peak / base_peak:6.2f}x greedy  calls of {per_call:4d}  {target}",
+                  flush=True)
             if args.breakdown and slug != "greedy":
                 beyond = (operators - counts["greedy"]).most_common(args.breakdown)
                 print("      beyond greedy: " + ", ".join(f"{name} {n / len(questions):.1f}" for name, n in beyond))

@@ -107,14 +107,17 @@ def test_question_set_benchmark_prints_each_set_and_the_total(demo_roots):
 
 
 def test_decoding_proxy_prints_each_decodings_operators_and_peak_memory_over_greedy():
-    """In the device check's regime (every decoding in greedy's calls of 256), with the operators beyond greedy's."""
+    """In the device check's regime (each decoding's variant set first, then its batch, as bench/gpu_scoring.py
+    does: greedy's calls of four batches, beam search's of one), with the operators beyond greedy's."""
     out = subprocess.run([sys.executable, str(REPO / "bench" / "decoding_proxy.py"), "--smoke", "--regime", "gpu",
                           "--breakdown", "3"], capture_output=True, text=True, timeout=600, check=True).stdout
-    assert "batch 64, calls of 256," in out
-    rows = re.findall(r"^  (\w+) +([\d.]+) ops/prompt +([\d.]+)x greedy +peak +([\d.]+) MiB +([\d.]+)x greedy", out,
-                      re.M)
+    assert "batch 64, calls sized per decoding (its variant first, then its batch)," in out
+    rows = re.findall(r"^  (\w+) +([\d.]+) ops/prompt +([\d.]+)x greedy +peak +([\d.]+) MiB +([\d.]+)x greedy +"
+                      r"calls of +(\d+)", out, re.M)
     assert [row[0] for row in rows] == ["greedy", "beam5", "sample", "vcd_greedy", "vcd_sample", "vcd_beam5", "opera"]
     assert rows[0][2] == rows[0][4] == "1.00" and all(float(row[1]) > 0 and float(row[3]) > 0 for row in rows)
+    calls = {row[0]: int(row[5]) for row in rows}
+    assert calls["greedy"] == 4 * calls["beam5"] == 4 * calls["opera"] == 256
     assert float(rows[1][2]) > 1.0  # beam search decodes every answer: more operators than greedy's scoring
     assert len(re.findall(r"^      beyond greedy: \w+ [\d.]+, \w+ [\d.]+, \w+ [\d.]+$", out, re.M)) == 6
 

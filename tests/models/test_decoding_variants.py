@@ -270,13 +270,18 @@ def test_decoding_holds_at_most_the_calls_rows_and_halves_on_out_of_memory(tiny_
     assert any("batch halved to 1" in record.getMessage() for record in caplog.records)
 
 
-@pytest.mark.parametrize("entry", [
-    {"decoding": "greedy"},  # continuations of the answers whose first token decides nothing
-    {"decoding": "beam", "num_beams": 3, "max_new_tokens": 4},
-    {"decoding": "sample", "seed": 2, "max_new_tokens": 4, "vcd": {}},
-    {"decoding": "opera", "num_beams": 2, "max_new_tokens": 3, "opera": {"num_attn_candidates": 2}},
+OPERA = {"decoding": "opera", "num_beams": 2, "max_new_tokens": 3, "opera": {"num_attn_candidates": 2}}
+
+
+@pytest.mark.parametrize("entry, one_forward", [
+    ({"decoding": "greedy"}, False),  # continuations of the answers whose first token decides nothing
+    ({"decoding": "beam", "num_beams": 3, "max_new_tokens": 4}, False),
+    ({"decoding": "sample", "seed": 2, "max_new_tokens": 4, "vcd": {}}, False),
+    (OPERA, False),
+    (OPERA, True),  # CUDA's step in one forward (hf/on_device.py), forced on the CPU
 ])
-def test_decoding_from_the_scoring_pass_equals_opening_the_prompts_again(tiny_dirs, scene, monkeypatch, entry):
+def test_decoding_from_the_scoring_pass_equals_opening_the_prompts_again(tiny_dirs, scene, monkeypatch, entry,
+                                                                         one_forward):
     """Greedy continuations, beam search, sampling (with VCD) and OPERA start from the scoring pass's rows (kept
     openings) instead of running the prompts again: the same results as without them, YN and MC of both images
     in one call. Suffix batches cut at every length here, so a decoding joins rows of several (not OPERA)."""
@@ -284,6 +289,7 @@ def test_decoding_from_the_scoring_pass_equals_opening_the_prompts_again(tiny_di
     from verbmirage.models.hf.steppers import InPlaceStepper, PrefixStepper
 
     model = tiny(tiny_dirs, "llava")
+    model.opera_one_forward = one_forward
     model.use_variant(Variant.from_config(entry))
     model.continue_tokens = 4
     model.prefix_cache.BATCH_COST = 0
@@ -509,18 +515,20 @@ def test_greedy_and_beam_search_with_a_repetition_penalty_equal_generate(model, 
     model.use_variant(Variant.from_config({}))
 
 
-@pytest.mark.parametrize("entry", [
-    {},
-    {"decoding": "beam", "num_beams": 3},
-    {"decoding": "sample", "seed": 2},
-    {"vcd": {}},
-    {"decoding": "sample", "seed": 2, "vcd": {}},
-    {"decoding": "beam", "num_beams": 3, "vcd": {}},
-    {"decoding": "opera", "num_beams": 3},
+@pytest.mark.parametrize("entry, one_forward", [
+    ({}, False),
+    ({"decoding": "beam", "num_beams": 3}, False),
+    ({"decoding": "sample", "seed": 2}, False),
+    ({"vcd": {}}, False),
+    ({"decoding": "sample", "seed": 2, "vcd": {}}, False),
+    ({"decoding": "beam", "num_beams": 3, "vcd": {}}, False),
+    ({"decoding": "opera", "num_beams": 3}, False),
+    ({"decoding": "opera", "num_beams": 3}, True),  # CUDA's step in one forward, forced on the CPU
 ])
-def test_every_decoding_applies_its_processors_at_every_step(model, scene, entry):
+def test_every_decoding_applies_its_processors_at_every_step(model, scene, entry, one_forward, monkeypatch):
     """A processor that bans the token the decoding chose most often: no answer holds it any more, and the
     processor saw every step (answers of 0, 1, ... tokens)."""
+    monkeypatch.setattr(model, "opera_one_forward", one_forward)
     questions = yes_no_questions(scene)
     model.continue_tokens = 3
     model.use_variant(Variant.from_config({**entry, "max_new_tokens": 4} if entry.get("decoding") else entry))

@@ -1,5 +1,6 @@
-"""What the engine does differently on CUDA (models/hf/on_device.py): fewer, fuller forwards and compiled decoder
-layers (models/hf/compiled_layers.py). Both are set up on the CPU here as on CUDA: the fuller forwards must score
+"""What the engine does differently on CUDA (models/hf/on_device.py): fewer, fuller forwards, compiled decoder
+layers (models/hf/compiled_layers.py) and OPERA's step in one forward (its answers: tests/models/test_opera.py).
+They are set up on the CPU here as on CUDA: the fuller forwards must score
 as the CPU's cuts within float32 rounding, inductor's code for the layers as the eager layers; on CUDA
 (``pytest -m gpu``, bench/h200_check.sh) the compiled layers must score as the eager ones within bf16
 rounding."""
@@ -12,7 +13,7 @@ import torch
 
 from verbmirage.models import Question, create_model
 from verbmirage.models.hf.compiled_layers import ENV, compile_decoder_layers
-from verbmirage.models.hf.on_device import CUDA_FORWARD_COST, fit_to_device
+from verbmirage.models.hf.on_device import CUDA_FORWARD_COST, OPERA_ONE_FORWARD_ENV, fit_to_device
 from verbmirage.models.tiny import build_tiny_llava
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -58,6 +59,7 @@ def test_cuda_forwards_are_fewer_and_score_as_the_cpu_cuts(tiny_llava_path, tmp_
     model = _llava(tiny_llava_path)
     fit_to_device(model)  # its own device, the CPU: nothing changes
     assert (model.prefix_cache.BATCH_COST, model.prefix_cache.HEADER_SAVING) == (256, 32) and not any(_wrapped(model))
+    assert not model.opera_one_forward  # OPERA's two forwards per step
     questions = _questions(tmp_path, 0) + _questions(tmp_path, 1)
     verbs = ["riding", "feeding", "washing", "walking"]
     questions += [Question(f"mc{q.question_id}_{r}", "Which of the following actions is present in the image?",
@@ -81,6 +83,10 @@ def test_cuda_forwards_are_fewer_and_score_as_the_cpu_cuts(tiny_llava_path, tmp_
     ours, cuda_forwards = scores()
     assert cuda_forwards < cpu_forwards
     np.testing.assert_allclose(ours, reference, atol=1e-5)
+    assert model.opera_one_forward  # OPERA's step in one forward; its switch turns it off
+    monkeypatch.setenv(OPERA_ONE_FORWARD_ENV, "0")
+    fit_to_device(model, device=torch.device("cuda"))
+    assert not model.opera_one_forward
 
 
 def _compiled_graphs() -> int:

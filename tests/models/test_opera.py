@@ -15,6 +15,9 @@ import torch
 from PIL import Image
 
 from verbmirage.models import create_model
+from verbmirage.models.hf.engine import TransformersVLM
+from verbmirage.models.hf.on_device import OPERA_ONE_FORWARD_ENV
+from verbmirage.models.hf.steppers import InPlaceStepper
 from verbmirage.variants import search as decoding
 from verbmirage.models.base import Question
 from verbmirage.variants.settings import OperaSettings, Variant
@@ -152,25 +155,37 @@ class TopCandidates:
         self.inner.reorder(rows)
 
 
-@pytest.mark.parametrize("family", ["llava", "qwen2_vl", "instructblip"])
-def test_opera_on_the_tiny_models(tiny_dirs, picture, family):
-    """Penalty weight 0: OPERA is beam search over each beam's top-C tokens (notes: not plain beam search,
-    the renormalisation over candidates changes the ranking across beams); the candidate probes (fed, read,
-    undone) leave the cache as it was, or later steps would differ."""
-    model = create_model("tiny", {"backend": family, "path": str(tiny_dirs[family]), "local_files_only": True})
-    questions = [Question("q0", "Is the person riding the horse?", picture)]
-    text = model.render(questions[0], False)
-    image = model.open_image(picture)
+def force_one_forward(monkeypatch, on: bool = True) -> None:
+    """OPERA's step in one forward (the candidates' forward also feeds the chosen one), as on CUDA
+    (hf/on_device.py), or in the CPU's two: for every engine made after this."""
+    monkeypatch.setattr(TransformersVLM, "opera_one_forward", on)
+
+
+def assert_beam_search_over_top_candidates(model, question: Question) -> None:
+    """Penalty weight 0, OPERA's answer to ``question`` is beam search over each beam's top-C tokens."""
+    text, image = model.render(question, False), model.open_image(question.image)
     model.use_variant(Variant.from_config({"decoding": "beam", "num_beams": 3, "max_new_tokens": 4}))
-    first, stepper = model.decoder.open_stepper([(picture, image, text)], 3, model.strategy)
+    first, stepper = model.decoder.open_stepper([(question.image, image, text)], 3, model.strategy)
     masked = TopCandidates(stepper, 3)
     expected = decoding.beam_search(masked.first, masked, 3, 4, model.stop_tokens()).tokens[0]
     model.use_variant(Variant.from_config({
         "decoding": "opera", "num_beams": 3, "max_new_tokens": 4,
         "opera": {"num_attn_candidates": 3, "penalty_weights": 0.0, "threshold": 10**6,
                   "full_length_normalisation": False}}))
-    (answer,) = model.decode_answers(questions, False)
+    (answer,) = model.decode_answers([question], False)
     assert answer.text == model.tokenizer.decode(expected, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("family, one_forward", [("llava", False), ("llava", True), ("qwen2_vl", False),
+                                                 ("instructblip", False)])
+def test_opera_on_the_tiny_models(tiny_dirs, picture, family, one_forward, monkeypatch):
+    """Penalty weight 0: OPERA is beam search over each beam's top-C tokens (notes: not plain beam search,
+    the renormalisation over candidates changes the ranking across beams); the candidate probes (fed, read,
+    undone) leave the cache as it was, or later steps would differ. LLaVA also with CUDA's one forward per step."""
+    force_one_forward(monkeypatch, one_forward)
+    model = create_model("tiny", {"backend": family, "path": str(tiny_dirs[family]), "local_files_only": True})
+    questions = [Question("q0", "Is the person riding the horse?", picture)]
+    assert_beam_search_over_top_candidates(model, questions[0])
     if family == "llava":  # the attention that reads prefixes in place gives the rows: no eager kernel, no hook
         assert not model.last_attention.kept and model.prefix_cache.reads_in_place()
     else:
@@ -222,10 +237,14 @@ def test_a_batch_of_questions_decodes_each_as_alone():
         [None, plain]
 
 
-@pytest.mark.parametrize("family", ["llava", "qwen2_vl", "instructblip"])
-def test_batched_opera_equals_one_question_at_a_time(tiny_dirs, picture, family, tmp_path, monkeypatch):
+@pytest.mark.parametrize("family, one_forward", [("llava", False), ("llava", True), ("qwen2_vl", False),
+                                                 ("instructblip", False)])
+def test_batched_opera_equals_one_question_at_a_time(tiny_dirs, picture, family, one_forward, tmp_path,
+                                                     monkeypatch):
     """The engine's OPERA over questions of several lengths and images (LLaVA: across images, left-padded; Qwen
-    per image; InstructBLIP per image and prompt length) decodes what each question decodes alone, penalty on."""
+    per image; InstructBLIP per image and prompt length) decodes what each question decodes alone, penalty on.
+    LLaVA also with CUDA's one forward per step."""
+    force_one_forward(monkeypatch, one_forward)
     model = create_model("tiny", {"backend": family, "path": str(tiny_dirs[family]), "local_files_only": True})
     batches = []
     real = decoding.opera_batch
@@ -376,3 +395,60 @@ def test_rows_read_in_place_keep_their_attention_when_the_model_turns_eager_mid_
     first, inner = steady.decoder.open_stepper([(picture, image, text)], 1, steady.strategy)
     with pytest.raises(RuntimeError, match="no attention weights"):
         AttendingStepper(steady, inner, first).advance(torch.tensor([5]))
+
+
+def _two_images(folder) -> list[Question]:
+    other = folder / "other.png"
+    Image.fromarray(np.random.default_rng(5).integers(0, 255, (48, 40, 3), dtype=np.uint8)).save(other)
+    prompts = ["Is the person riding the horse?", "Is the person eating a cake next to the table near the horse?",
+               "Is someone washing it?", "Is the person holding the cup?"]
+    return [Question(f"q{i}", prompts[i % 4], folder / "scene.png" if i >= 4 else other) for i in range(8)]
+
+
+def test_one_forward_per_step_answers_as_two(tiny_dirs, picture, monkeypatch):
+    """CUDA's OPERA step (hf/on_device.py), forced on the CPU: the candidates' forward also feeds each beam's
+    chosen candidate (its logits, keys, values and attention row), so a step runs one forward, not two, and the
+    answers are the two forwards' (tokens equal; probabilities within 1e-5: a token's logits fed beside others
+    round apart from its own forward's)."""
+    forwards = []
+    real = InPlaceStepper._forward
+    monkeypatch.setattr(InPlaceStepper, "_forward", lambda self, *args, **kw: forwards.append(1) or real(self, *args, **kw))
+    model = create_model("tiny", {"backend": "llava", "path": str(tiny_dirs["llava"]), "local_files_only": True})
+    assert not model.opera_one_forward  # the CPU's choice
+    questions = _two_images(picture.parent)
+    model.use_variant(Variant.from_config({"decoding": "opera", "num_beams": 3, "max_new_tokens": 6,
+                                           "opera": {"num_attn_candidates": 3, "reward_tokens": 2}}))
+    two = model.decode_answers(questions, False)
+    two_forwards = len(forwards)
+    forwards.clear()
+    model.opera_one_forward = True
+    one = model.decode_answers(questions, False)
+    assert [answer[:2] for answer in one] == [answer[:2] for answer in two]
+    assert [answer.probability for answer in one] == pytest.approx([answer.probability for answer in two], rel=1e-5)
+    # two forwards per step before (the openings and the last probe aside), about one now
+    assert len(forwards) < 0.7 * two_forwards, (len(forwards), two_forwards)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_one_forward_opera_on_cuda_in_float32_is_the_official_rule(tiny_dirs, picture, monkeypatch):
+    """On CUDA (float32, eager layers) OPERA runs one forward per step by default; penalty weight 0 it is beam
+    search over each beam's top-C tokens (the official rule's candidates), and penalty on it answers as the two
+    forwards (``VERBMIRAGE_OPERA_ONE_FORWARD=0``) within float32 rounding."""
+    monkeypatch.setenv("VERBMIRAGE_COMPILE_LAYERS", "0")
+    settings = {"backend": "llava", "path": str(tiny_dirs["llava"]), "device": "cuda", "dtype": "float32",
+                "local_files_only": True}
+    model = create_model("tiny", settings)
+    assert model.opera_one_forward
+    assert_beam_search_over_top_candidates(model, Question("q0", "Is the person riding the horse?", picture))
+    questions = _two_images(picture.parent)
+    model.use_variant(Variant.from_config({"decoding": "opera", "num_beams": 3, "max_new_tokens": 6,
+                                           "opera": {"num_attn_candidates": 3, "reward_tokens": 2}}))
+    one = model.decode_answers(questions, False)
+    monkeypatch.setenv(OPERA_ONE_FORWARD_ENV, "0")
+    two_model = create_model("tiny", settings)
+    assert not two_model.opera_one_forward
+    two_model.use_variant(model.variant)
+    two = two_model.decode_answers(questions, False)
+    assert [a[:2] for a in one] == [a[:2] for a in two]
+    assert [a.probability for a in one] == pytest.approx([a.probability for a in two], rel=1e-4)

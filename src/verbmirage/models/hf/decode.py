@@ -49,6 +49,7 @@ class DecodeRows:
         keep_last_attention`)."""
         if isinstance(stepper, InPlaceStepper):
             stepper.records_attention = True
+            stepper.probe_feeds = self.vlm.opera_one_forward  # on CUDA: hf/on_device.py
             return stepper
         self.vlm.keep_last_attention()
         return AttendingStepper(self.vlm, stepper, first)
@@ -76,6 +77,7 @@ class DecoderHost(StepperHost, Protocol):
     inputs: PromptInputs  # its opened images (open_items)
     prefix_cache: PrefixCache  # the rows on the kept prefixes (open_rows, rows_cache, reads_in_place)
     deciding_tokens: dict[bool, frozenset[int]]
+    opera_one_forward: bool  # OPERA's step in one forward (hf/on_device.py)
 
     def render(self, question: Question, multiple_choice: bool | None) -> str: ...
     def encode_shared_image(self, texts: list[str], image) -> dict: ...

@@ -89,6 +89,9 @@ class TransformersVLM(LogitsVLM):
     supports_prefix_reuse = True
     #: Values the ``conversation`` setting may take (a key of ``prompts.CONVERSATIONS`` or the chat template).
     conversations: tuple[str, ...] = (CHAT_TEMPLATE,)
+    #: OPERA's step in one forward (the candidates' forward feeds the chosen one): set on CUDA by
+    #: :func:`~.on_device.fit_to_device`; the CPU keeps two forwards per step.
+    opera_one_forward = False
     #: The collaborators' classes: a family whose rendering, encoding or forward after a prefix differs names its
     #: subclass here (families.py).
     inputs_class: type[PromptInputs] = PromptInputs

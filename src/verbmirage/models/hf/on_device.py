@@ -13,6 +13,12 @@ is, operation for operation:
   16 images runs one image-prefix forward and its 625 prompts in the fewest batches of at most 256 rows (4
   forwards of the language model, was 9: 2 header forwards, 6 suffix batches), for 45% more token positions.
 - **Compiled decoder layers** (:mod:`.compiled_layers`, ``VERBMIRAGE_COMPILE_LAYERS=0`` turns them off).
+- **OPERA in one forward per step** (``VERBMIRAGE_OPERA_ONE_FORWARD=0`` turns it off). OPERA feeds each beam's
+  candidate tokens side by side to read their attention rows, then feeds the chosen one; on CUDA the chosen
+  candidate's logits, keys and values are taken from the candidates' forward instead
+  (``InPlaceStepper.probe_feeds``): the same arithmetic, half the step forwards. On the CPU a token's logits
+  fed beside others differ from its own forward's in their last bits (up to 5e-7 on the tiny LLaVA), so the
+  CPU keeps its two forwards and its answers.
 
 In bf16 a prompt's score depends on the rows it is batched with (docs/models.md, "Batch sizes"), so on CUDA
 scores may move within bf16 rounding against the former cuts; decisions are compared on the GPU by
@@ -21,6 +27,8 @@ bench/batch_flips.py.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from verbmirage.models.hf.compiled_layers import compile_decoder_layers
@@ -28,16 +36,20 @@ from verbmirage.models.hf.compiled_layers import compile_decoder_layers
 #: on CUDA, a forward's fixed cost in token positions: the suffix batches' cost per batch and the least saving
 #: of a shared text header's forward (bench/launches.py counts the forwards this leaves)
 CUDA_FORWARD_COST = 4096
+#: ``0`` turns OPERA's one forward per step on CUDA off (the CPU's two forwards: the candidates, then the chosen)
+OPERA_ONE_FORWARD_ENV = "VERBMIRAGE_OPERA_ONE_FORWARD"
 
 
 def fit_to_device(engine, model=None, device: torch.device | None = None):
     """Set ``engine`` (a ``TransformersVLM``) and its transformers ``model`` (default: ``engine.model``) up for
     ``device`` (default: the engine's own; bench/launches.py passes CUDA to count CUDA's path on the CPU): on
     CUDA fewer, fuller forwards and, for families whose suffix batches read their prefixes in place (LLaVA),
-    compiled decoder layers. Elsewhere nothing changes. Returns the model."""
+    compiled decoder layers, and OPERA in one forward per step (``engine.opera_one_forward``). Elsewhere nothing
+    changes. Returns the model."""
     model = engine.model if model is None else model
     device = engine.device if device is None else device
     if device.type == "cuda":
+        engine.opera_one_forward = os.environ.get(OPERA_ONE_FORWARD_ENV, "1") != "0"
         engine.prefix_cache.BATCH_COST = engine.prefix_cache.HEADER_SAVING = CUDA_FORWARD_COST
         if engine.shared_prefix_attention:
             compile_decoder_layers(model, device, engine.name)

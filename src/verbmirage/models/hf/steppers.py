@@ -61,6 +61,15 @@ class InPlaceStepper:
 
     #: Whether a forward keeps the last layer's attention weights (:meth:`probe`, ``attention``; OPERA).
     records_attention = False
+    #: Whether :meth:`probe`'s forward also feeds the candidates: the next :meth:`advance` then takes each row's
+    #: chosen candidate's logits, keys, values and attention row from it instead of running a forward of its own
+    #: (OPERA in one forward per step; on CUDA only, ``on_device.fit_to_device``: on the CPU the side-by-side
+    #: forward's logits differ from a lone token's in their last bits, and the CPU's answers stay as they were).
+    probe_feeds = False
+    #: With :attr:`probe_feeds`: the last probe's (candidates, logits, own keys and values, attention rows) and
+    #: the rows a :meth:`reorder` took since (None: none).
+    _probed: tuple | None = None
+    _probed_rows: torch.Tensor | None = None
 
     def __init__(self, vlm: StepperHost, prefixes: list, image_of_row: list[int], prefix_lengths: list[int],
                  suffixes: list[torch.Tensor], reserve: int = 8):
@@ -143,6 +152,9 @@ class InPlaceStepper:
 
     def advance(self, tokens: torch.Tensor) -> torch.Tensor:
         device = self.vlm.device
+        probed = self._fed_by_probe(tokens)
+        if probed is not None:
+            return probed
         self._make_room(self.used + 1)
         self.valid[:, self.used] = True
         positions = self.next_position[:, None]
@@ -163,11 +175,49 @@ class InPlaceStepper:
         itself = torch.eye(count, dtype=torch.bool, device=device)[None].expand(rows, -1, -1)
         positions = self.next_position[:, None].expand(-1, count)
         before = self.used
-        self._forward(candidates.to(device), positions, 1, torch.cat([seen, itself], dim=-1))
+        logits = self._forward(candidates.to(device), positions, 0 if self.probe_feeds else 1,
+                               torch.cat([seen, itself], dim=-1))
         self.used = before
         keys = self._weights.shape[-1] - count  # the prefix's columns and the row's own before the candidates
-        return torch.cat([self._weights[..., :keys], self._weights[..., keys:].diagonal(dim1=1, dim2=2)[..., None]],
-                         dim=-1)
+        attention = torch.cat([self._weights[..., :keys],
+                               self._weights[..., keys:].diagonal(dim1=1, dim2=2)[..., None]], dim=-1)
+        if self.probe_feeds:
+            own, start = self._own_columns()
+            self._probed = (candidates.to(device), logits, own[..., before - start : before - start + count, :].clone(),
+                            attention)
+            self._probed_rows = None
+        return attention
+
+    def _own_columns(self) -> tuple[torch.Tensor, int]:
+        """The buffer holding each row's own columns from the current one on, and its first column's index."""
+        return (self._store, 0) if self._beams is None else (self._beams, self._fixed)
+
+    def _fed_by_probe(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """:meth:`advance` from the last probe (:attr:`probe_feeds`): each row's token is one of its row's
+        candidates (the rows a :meth:`reorder` took since), whose logits, keys, values and attention row that
+        forward computed at this position, seeing what a forward of the token would see. None (a forward is
+        needed) without a probe, or where a row's token was not among its candidates."""
+        probed, self._probed = self._probed, None
+        if probed is None:
+            return None
+        candidates, logits, keys_values, attention = probed
+        device = candidates.device
+        source = torch.arange(len(tokens), device=device) if self._probed_rows is None else \
+            self._probed_rows.to(device)
+        match = candidates[source] == tokens.to(device)[:, None]
+        if len(source) != len(candidates) or not bool(match.any(dim=-1).all()):
+            return None
+        pick = match.int().argmax(dim=-1)
+        self._make_room(self.used + 1)
+        own, start = self._own_columns()
+        chosen = keys_values[:, :, source]  # [2, layers, rows, kv heads, candidates, head dim]
+        index = pick.view(1, 1, -1, 1, 1, 1).expand(*chosen.shape[:4], 1, chosen.shape[-1])
+        own[..., self.used - start, :] = chosen.gather(4, index).squeeze(4)
+        self.valid[:, self.used] = True
+        self.next_position = self.next_position + 1
+        self.used += 1
+        self.attention = attention[source, pick]
+        return logits[source, pick].float()
 
     def _take(self, rows: torch.Tensor) -> None:
         """Keep ``rows`` (indices, repeats allowed) in this order, dropping the rest."""
@@ -184,6 +234,8 @@ class InPlaceStepper:
         that move within their question (:meth:`repeat`'s groups) copy only their decoded columns, in place:
         their prompt's columns, mask and positions are the group's."""
         self.first = None
+        if self._probed is not None:
+            self._probed_rows = rows if self._probed_rows is None else self._probed_rows[rows]
         group = self._group
         if group > 1 and torch.equal(rows.cpu() // group, torch.arange(len(rows)) // group):
             decoded = self._beams[..., : self.used - self._fixed, :]
