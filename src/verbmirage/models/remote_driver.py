@@ -249,7 +249,7 @@ class Driver:
                 "kv_heads": first("num_key_value_heads", default=heads),
                 "head_dim": first("head_dim", "kv_channels", default=max(1, hidden // heads)),
                 "intermediate": first("intermediate_size", default=4 * hidden),
-                "vocab": int(self.vocab_size), "itemsize": int(tensors[0].element_size()),
+                "vocab": int(self.vocab_size), "itemsize": int(self.dtype.itemsize),  # the activations' dtype
                 "weights": int(sum(t.numel() * t.element_size() for t in tensors)), **image}
 
     def image_geometry(self) -> dict | None:
