@@ -15,32 +15,10 @@ import types
 from pathlib import Path
 
 if __package__:  # imported as verbmirage.models.remote_drivers
-    from verbmirage.models.remote_driver import (
-        Driver,
-        _dtype_kwarg,
-        _open_rgb,
-        _transformers_major,
-        check_buffers,
-        expand_cache,
-        generation_settings,
-        pad_rows,
-        sampling_tag,
-        trim_after_end,
-    )
+    from verbmirage.models import remote_driver as base
     from verbmirage.models.remote_drivers_llama import MiniCPMVDriver, MplugOwl2Driver
 else:  # beside remote_worker.py in a remote-code environment (this folder on sys.path)
-    from remote_driver import (  # type: ignore[no-redef]
-        Driver,
-        _dtype_kwarg,
-        _open_rgb,
-        _transformers_major,
-        check_buffers,
-        expand_cache,
-        generation_settings,
-        pad_rows,
-        sampling_tag,
-        trim_after_end,
-    )
+    import remote_driver as base  # type: ignore[no-redef]
     from remote_drivers_llama import MiniCPMVDriver, MplugOwl2Driver  # type: ignore[no-redef]
 
 
@@ -118,7 +96,7 @@ def patch_qwen_for_transformers5(model) -> None:
         type(transformer).get_head_mask = lambda self, head_mask, n_layers: [None] * n_layers
 
 
-class QwenVLChatDriver(Driver):
+class QwenVLChatDriver(base.Driver):
     """Qwen/Qwen-VL-Chat: ChatML via the checkpoint's own ``make_context``; the path travels in the prompt."""
 
     name = "qwen_vl_chat"
@@ -128,7 +106,7 @@ class QwenVLChatDriver(Driver):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         load = {"trust_remote_code": True, "revision": self.revision}
-        if _transformers_major() >= 5:
+        if base._transformers_major() >= 5:
             from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
             install_stand_in_module("transformers_stream_generator")
@@ -138,12 +116,12 @@ class QwenVLChatDriver(Driver):
         # The checkpoint casts itself by its own flags (fp16 in the hub config), not by torch_dtype: set them.
         precision = {flag: self.dtype_name == name for flag, name in
                      (("bf16", "bfloat16"), ("fp16", "float16"), ("fp32", "float32"))}
-        self.model = AutoModelForCausalLM.from_pretrained(self.path, **{_dtype_kwarg(): self.dtype}, **precision,
+        self.model = AutoModelForCausalLM.from_pretrained(self.path, **{base._dtype_kwarg(): self.dtype}, **precision,
                                                           **load)
         self.model = self.model.to(self.device).eval()
-        if _transformers_major() >= 5:
+        if base._transformers_major() >= 5:
             patch_qwen_for_transformers5(self.model)
-            check_buffers(self.model, "qwen_vl_chat")
+            base.check_buffers(self.model, "qwen_vl_chat")
         package = type(self.model).__module__.rsplit(".", 1)[0]
         self._utils = importlib.import_module(f"{package}.qwen_generation_utils")
 
@@ -191,7 +169,7 @@ class QwenVLChatDriver(Driver):
     def suffix_logits(self, rows, past):
         import torch
 
-        ids, _, lengths = pad_rows(rows, self.tokenizer.eod_id)
+        ids, _, lengths = base.pad_rows(rows, self.tokenizer.eod_id)
         transformer = self.model.transformer
         build = transformer._prepare_decoder_attention_mask
         done = past[0][0].shape[1]  # its cache is (batch, sequence, heads, dim)
@@ -202,7 +180,7 @@ class QwenVLChatDriver(Driver):
 
         transformer._prepare_decoder_attention_mask = causal_mask
         try:
-            logits = self.model(input_ids=ids.to(self.device), past_key_values=expand_cache(past, len(rows)),
+            logits = self.model(input_ids=ids.to(self.device), past_key_values=base.expand_cache(past, len(rows)),
                                 use_cache=True).logits
         finally:
             del transformer._prepare_decoder_attention_mask
@@ -213,21 +191,21 @@ class QwenVLChatDriver(Driver):
         count the padding, which shifts every position of a row alike and so leaves its attention unchanged."""
         import torch
 
-        ids, mask, _ = pad_rows([self.prompt_ids(image, question) for image, question in items],
+        ids, mask, _ = base.pad_rows([self.prompt_ids(image, question) for image, question in items],
                                 self.tokenizer.eod_id, left=True)
         stop = self._utils.get_stop_words_ids("chatml", self.tokenizer)
-        settings = {"top_p": None, "top_k": None, **generation_settings(sampling)}
+        settings = {"top_p": None, "top_k": None, **base.generation_settings(sampling)}
         with torch.inference_mode():
             output = self.model.generate(
                 ids.to(self.device), attention_mask=mask.to(self.device), stop_words_ids=stop,
                 max_new_tokens=max_new_tokens, num_beams=num_beams, repetition_penalty=repetition_penalty,
-                pad_token_id=self.tokenizer.eod_id, use_cache=_transformers_major() < 5, **settings,
+                pad_token_id=self.tokenizer.eod_id, use_cache=base._transformers_major() < 5, **settings,
             )
         return [self._answer(output[i, ids.shape[1]:].tolist()) for i in range(len(items))]
 
     def _answer(self, new: list[int]) -> tuple[str, list[int]]:
         ends = set(self.stop_ids())
-        new = trim_after_end(new, ends)
+        new = base.trim_after_end(new, ends)
         cut = next((i for i, token in enumerate(new) if token in ends), len(new))
         return self.tokenizer.decode(new[:cut], errors="replace").strip(), new
 
@@ -241,14 +219,14 @@ class QwenVLChatDriver(Driver):
     def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0, sampling=None):
         import torch
 
-        tag = sampling_tag(num_beams, repetition_penalty, sampling)
+        tag = base.sampling_tag(num_beams, repetition_penalty, sampling)
         ids = torch.tensor([self.prompt_ids(image_path, question)], device=self.device)
         stop = self._utils.get_stop_words_ids("chatml", self.tokenizer)
-        settings = {"top_p": None, "top_k": None, **generation_settings(sampling)}
+        settings = {"top_p": None, "top_k": None, **base.generation_settings(sampling)}
         with torch.inference_mode():
             output = self.model.generate(
                 ids, stop_words_ids=stop, max_new_tokens=max_new_tokens, num_beams=int(num_beams),
-                repetition_penalty=float(repetition_penalty), use_cache=_transformers_major() < 5, **settings,
+                repetition_penalty=float(repetition_penalty), use_cache=base._transformers_major() < 5, **settings,
             )
         text, self.last_token_ids = self._answer(output[0, ids.shape[1]:].tolist())
         return text, tag
@@ -272,7 +250,7 @@ def patch_molmo_for_transformers5(model_class) -> None:
     model_class.tie_weights = lambda self, *args, **kwargs: None
 
 
-class MolmoDriver(Driver):
+class MolmoDriver(base.Driver):
     """allenai/Molmo-7B-D-0924: ``processor.process`` then the model card's calls, images cast to the weights' dtype."""
 
     name = "molmo"
@@ -281,17 +259,17 @@ class MolmoDriver(Driver):
         from transformers import AutoModelForCausalLM, AutoProcessor
 
         load = {"trust_remote_code": True, "revision": self.revision}
-        if _transformers_major() >= 5:
+        if base._transformers_major() >= 5:
             from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
             patch_molmo_for_transformers5(get_class_from_dynamic_module(
                 "modeling_molmo.MolmoForCausalLM", self.path, revision=self.revision))
         self.processor = AutoProcessor.from_pretrained(self.path, **load)
         self.tokenizer = self.processor.tokenizer
-        self.model = AutoModelForCausalLM.from_pretrained(self.path, **{_dtype_kwarg(): self.dtype}, **load)
+        self.model = AutoModelForCausalLM.from_pretrained(self.path, **{base._dtype_kwarg(): self.dtype}, **load)
         self.model = self.model.to(self.device).eval()
-        if _transformers_major() >= 5:
-            check_buffers(self.model, "molmo")
+        if base._transformers_major() >= 5:
+            base.check_buffers(self.model, "molmo")
 
     @property
     def vocab_size(self) -> int:
@@ -312,14 +290,14 @@ class MolmoDriver(Driver):
                 "vision_hidden": getattr(backbone, "image_emb_dim", 1024)}
 
     def _inputs(self, image_path, question) -> dict:
-        inputs = self.processor.process(images=[_open_rgb(image_path)], text=question)
+        inputs = self.processor.process(images=[base._open_rgb(image_path)], text=question)
         batch = {key: value.to(self.device).unsqueeze(0) for key, value in inputs.items()}
         batch["images"] = batch["images"].to(self.model.dtype)  # float32 pixels meet bf16 weights
         return batch
 
     def prompt_ids(self, image_path, question) -> list[int]:
         """The processor's ids: BOS (``<|endoftext|>``), the image tokens, then `` User: {question} Assistant:``."""
-        return self.processor.process(images=[_open_rgb(image_path)], text=question)["input_ids"].tolist()
+        return self.processor.process(images=[base._open_rgb(image_path)], text=question)["input_ids"].tolist()
 
     def prompt_text(self, image_path, question):
         return self.tokenizer.decode(self.prompt_ids(image_path, question))
@@ -333,7 +311,7 @@ class MolmoDriver(Driver):
     # batches: BOS and the image tokens come first; the forward with the image keeps its cache (a tuple per
     # layer, batch first), then the questions' own tokens run on it with explicit positions and mask
     def batch_inputs(self, image_path, questions):
-        image = _open_rgb(image_path)
+        image = base._open_rgb(image_path)
         processed = [self.processor.process(images=[image], text=question) for question in questions]
         return [inputs["input_ids"].tolist() for inputs in processed], processed[0]
 
@@ -351,12 +329,12 @@ class MolmoDriver(Driver):
     def suffix_logits(self, rows, past):
         import torch
 
-        ids, mask, lengths = pad_rows(rows, -1)
+        ids, mask, lengths = base.pad_rows(rows, -1)
         done = past[0][0].shape[-2]
         mask = torch.cat([torch.ones((len(rows), done), dtype=mask.dtype), mask], dim=1)
         positions = torch.arange(done, done + ids.shape[1]).expand(len(rows), -1)
         logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                            position_ids=positions.to(self.device), past_key_values=expand_cache(past, len(rows)),
+                            position_ids=positions.to(self.device), past_key_values=base.expand_cache(past, len(rows)),
                             use_cache=True).logits
         return logits[torch.arange(len(rows)), lengths - 1]
 
@@ -372,20 +350,20 @@ class MolmoDriver(Driver):
         batch = {key: value.to(self.device).unsqueeze(0).expand(len(items), *value.shape).contiguous()
                  for key, value in state.items() if key != "input_ids"}
         batch["images"] = batch["images"].to(self.model.dtype)
-        batch["input_ids"] = pad_rows(ids, -1)[0].to(self.device)
+        batch["input_ids"] = base.pad_rows(ids, -1)[0].to(self.device)
         with torch.inference_mode():
             output = self.model.generate_from_batch(batch, self._generation_config(max_new_tokens, repetition_penalty,
                                                                                    sampling), tokenizer=self.tokenizer)
         return [self._answer(output[i, batch["input_ids"].shape[1]:].tolist()) for i in range(len(items))]
 
     def _answer(self, new: list[int]) -> tuple[str, list[int]]:
-        new = trim_after_end(new, set(self.stop_ids()))
+        new = base.trim_after_end(new, set(self.stop_ids()))
         return self.tokenizer.decode(new, skip_special_tokens=True).strip(), new
 
     def _refuse_decoding(self, num_beams):
         if int(num_beams) != 1:  # its caches are plain tuples and the class has no _reorder_cache for beams
             raise ValueError("molmo: generate_from_batch cannot run beam search (num_beams=1 only)")
-        if _transformers_major() >= 5:
+        if base._transformers_major() >= 5:
             raise NotImplementedError("molmo: generate_from_batch does not run on transformers 5.x; decode text in "
                                       "its worker env (env: remote-molmo); scores from logits work here")
 
@@ -397,13 +375,13 @@ class MolmoDriver(Driver):
         end = self.tokenizer.convert_tokens_to_ids("<|endoftext|>")
         return GenerationConfig(max_new_tokens=int(max_new_tokens), eos_token_id=end, pad_token_id=end,
                                 use_cache=True, repetition_penalty=float(repetition_penalty),
-                                **generation_settings(sampling))
+                                **base.generation_settings(sampling))
 
     def generate(self, image_path, question, max_new_tokens, num_beams=1, repetition_penalty=1.0, sampling=None):
         import torch
 
         self._refuse_decoding(num_beams)
-        tag = sampling_tag(num_beams, repetition_penalty, sampling)
+        tag = base.sampling_tag(num_beams, repetition_penalty, sampling)
         inputs = self._inputs(image_path, question)
         config = self._generation_config(max_new_tokens, repetition_penalty, sampling)
         with torch.inference_mode():
@@ -412,7 +390,7 @@ class MolmoDriver(Driver):
         return text, tag
 
 
-DRIVERS: dict[str, type[Driver]] = {
+DRIVERS: dict[str, type[base.Driver]] = {
     "qwen_vl_chat": QwenVLChatDriver,
     "molmo": MolmoDriver,
     "minicpm_v": MiniCPMVDriver,

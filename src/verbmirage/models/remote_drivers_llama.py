@@ -13,31 +13,9 @@ import sys
 from pathlib import Path
 
 if __package__:  # imported as verbmirage.models.remote_drivers_llama
-    from verbmirage.models.remote_driver import (
-        Driver,
-        _dtype_kwarg,
-        _open_rgb,
-        _transformers_major,
-        check_buffers,
-        expand_cache,
-        generation_settings,
-        pad_rows,
-        sampling_tag,
-        trim_after_end,
-    )
+    from verbmirage.models import remote_driver as base
 else:  # beside remote_worker.py in a remote-code environment (this folder on sys.path)
-    from remote_driver import (  # type: ignore[no-redef]
-        Driver,
-        _dtype_kwarg,
-        _open_rgb,
-        _transformers_major,
-        check_buffers,
-        expand_cache,
-        generation_settings,
-        pad_rows,
-        sampling_tag,
-        trim_after_end,
-    )
+    import remote_driver as base  # type: ignore[no-redef]
 
 
 # ---- MiniCPM-Llama3-V-2.5 ---------------------------------------------------------------------------
@@ -64,7 +42,7 @@ def supply_list_to_torch_functional() -> bool:
     return True
 
 
-class MiniCPMVDriver(Driver):
+class MiniCPMVDriver(base.Driver):
     """openbmb/MiniCPM-Llama3-V-2_5: its processor (loaded once), vision embedding, then the LLM on ``inputs_embeds``."""
 
     name = "minicpm_v"
@@ -74,7 +52,7 @@ class MiniCPMVDriver(Driver):
 
         load = {"trust_remote_code": True, "revision": self.revision}
         supply_list_to_torch_functional()
-        if _transformers_major() >= 5:
+        if base._transformers_major() >= 5:
             from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
             model_class = get_class_from_dynamic_module("modeling_minicpmv.MiniCPMV", self.path, revision=self.revision)
@@ -82,11 +60,11 @@ class MiniCPMVDriver(Driver):
                 model_class.all_tied_weights_keys = {}  # no post_init(); embeddings are not tied
         self.tokenizer = AutoTokenizer.from_pretrained(self.path, **load)
         self.processor = AutoProcessor.from_pretrained(self.path, **load)  # once, pinned, passed to chat()
-        self.model = AutoModel.from_pretrained(self.path, **{_dtype_kwarg(): self.dtype}, **load)
+        self.model = AutoModel.from_pretrained(self.path, **{base._dtype_kwarg(): self.dtype}, **load)
         self.model = self.model.to(self.device).eval()
-        if _transformers_major() >= 5:
+        if base._transformers_major() >= 5:
             patch_minicpm_after_load(self.model)
-            check_buffers(self.model, "minicpm_v")
+            base.check_buffers(self.model, "minicpm_v")
 
     @property
     def vocab_size(self) -> int:
@@ -113,7 +91,7 @@ class MiniCPMVDriver(Driver):
 
     def _inputs(self, image_path, question):
         """``chat()``'s processor call (slices, placeholders, image bounds), pixels on the model's device."""
-        inputs = self.processor(self.prompt_text(image_path, question), [_open_rgb(image_path)], return_tensors="pt",
+        inputs = self.processor(self.prompt_text(image_path, question), [base._open_rgb(image_path)], return_tensors="pt",
                                 max_length=2048).to(self.device)
         inputs["pixel_values"] = [[p.to(self.device) for p in row] for row in inputs["pixel_values"]]
         return inputs
@@ -133,19 +111,19 @@ class MiniCPMVDriver(Driver):
         """``chat(sampling=False)``'s path with the beam count and penalty explicit (its default is beam3-rp1.2, C1)."""
         import torch
 
-        tag = sampling_tag(num_beams, repetition_penalty, sampling)
+        tag = base.sampling_tag(num_beams, repetition_penalty, sampling)
         with torch.inference_mode():
             output = self.model.generate(self._inputs(image_path, question), tokenizer=self.tokenizer,
                                          max_new_tokens=int(max_new_tokens), num_beams=int(num_beams),
                                          repetition_penalty=float(repetition_penalty), decode_text=False,
-                                         **generation_settings(sampling))
+                                         **base.generation_settings(sampling))
         self.last_token_ids = output[0].tolist()
         return self.model._decode_text(output, self.tokenizer)[0], tag
 
     # batches: the processor's own steps (image slices once per image, then each question's text with the
     # slice placeholders); the vision embedding runs on the shared ids, the LLM's cache (tuples) is reused
     def batch_inputs(self, image_path, questions):
-        pixels = self.processor.image_processor([_open_rgb(image_path)], do_pad=True, return_tensors="pt")
+        pixels = self.processor.image_processor([base._open_rgb(image_path)], do_pad=True, return_tensors="pt")
         inputs = [self.processor._convert_images_texts_to_inputs(pixels, self.prompt_text(image_path, question),
                                                                  max_length=2048) for question in questions]
         return [row["input_ids"][0].tolist() for row in inputs], inputs[0]
@@ -165,11 +143,11 @@ class MiniCPMVDriver(Driver):
     def suffix_logits(self, rows, past):
         import torch
 
-        ids, _, lengths = pad_rows(rows, 0)
+        ids, _, lengths = base.pad_rows(rows, 0)
         embeddings = self.model.llm.model.embed_tokens(ids.to(self.device))
         if hasattr(self.model.llm.config, "scale_emb"):  # as get_vllm_embedding
             embeddings = embeddings * self.model.llm.config.scale_emb
-        logits = self.model.llm(inputs_embeds=embeddings, past_key_values=expand_cache(past, len(rows)),
+        logits = self.model.llm(inputs_embeds=embeddings, past_key_values=base.expand_cache(past, len(rows)),
                                 use_cache=True).logits
         return logits[torch.arange(len(rows)), lengths - 1]
 
@@ -180,7 +158,7 @@ class MiniCPMVDriver(Driver):
 
         inputs = [self._inputs(image, question) for image, question in items]
         rows = [row["input_ids"][0].tolist() for row in inputs]
-        ids, mask, lengths = pad_rows(rows, 0, left=True)
+        ids, mask, lengths = base.pad_rows(rows, 0, left=True)
         shifts = ids.shape[1] - lengths
         batch = {"input_ids": ids.to(self.device), "pixel_values": [row["pixel_values"][0] for row in inputs],
                  "tgt_sizes": [row["tgt_sizes"][0] for row in inputs],
@@ -189,17 +167,17 @@ class MiniCPMVDriver(Driver):
             output = self.model.generate(batch, tokenizer=self.tokenizer, max_new_tokens=max_new_tokens,
                                          num_beams=num_beams, repetition_penalty=repetition_penalty,
                                          decode_text=False, attention_mask=mask.to(self.device),
-                                         **generation_settings(sampling))
+                                         **base.generation_settings(sampling))
         ends = set(self.stop_ids()) | {self.tokenizer.convert_tokens_to_ids("<|eot_id|>")}
         out = []
         for row in output:
-            new = trim_after_end(row.tolist(), ends)
+            new = base.trim_after_end(row.tolist(), ends)
             out.append((self.model._decode_text(row[: len(new)].unsqueeze(0), self.tokenizer)[0], new))
         return out
 
     def reference_text(self, image_path, question, max_new_tokens, num_beams=1):
         """The checkpoint's own ``chat()`` (sampling off), with the processor loaded once."""
-        return self.model.chat(image=_open_rgb(image_path), msgs=[{"role": "user", "content": question}],
+        return self.model.chat(image=base._open_rgb(image_path), msgs=[{"role": "user", "content": question}],
                                tokenizer=self.tokenizer, processor=self.processor, sampling=False,
                                max_new_tokens=int(max_new_tokens), num_beams=int(num_beams), repetition_penalty=1.0)
 
@@ -231,7 +209,7 @@ def import_mplug_owl2(code_dir: str | None = None):
         ) from error
 
 
-class MplugOwl2Driver(Driver):
+class MplugOwl2Driver(base.Driver):
     """MAGAer13/mplug-owl2-llama2-7b through the ``mplug_owl2`` package (needs transformers 4.31: own env).
 
     Loads as the package's ``load_pretrained_model`` does for a full checkpoint
@@ -296,7 +274,7 @@ class MplugOwl2Driver(Driver):
         from mplug_owl2.mm_utils import process_images
 
         ids = torch.tensor([self.prompt_ids(image_path, question)], device=self.device)
-        pixels = process_images([_open_rgb(image_path)], self.image_processor)
+        pixels = process_images([base._open_rgb(image_path)], self.image_processor)
         return ids, pixels.to(self.device, dtype=self.model.dtype)  # the weights' dtype, whatever was asked
 
     def logits(self, image_path, question):
@@ -311,13 +289,13 @@ class MplugOwl2Driver(Driver):
         stopping at ``</s>``."""
         import torch
 
-        tag = sampling_tag(num_beams, repetition_penalty, sampling)
+        tag = base.sampling_tag(num_beams, repetition_penalty, sampling)
         ids, pixels = self._inputs(image_path, question)
         with torch.inference_mode():
             output = self.model.generate(
                 ids, images=pixels, num_beams=int(num_beams), repetition_penalty=float(repetition_penalty),
                 max_new_tokens=int(max_new_tokens), use_cache=True, pad_token_id=self.tokenizer.eos_token_id,
-                **generation_settings(sampling),
+                **base.generation_settings(sampling),
             )
         text, self.last_token_ids = self._answer(output[0, ids.shape[1]:].tolist())
         return text, tag
@@ -327,7 +305,7 @@ class MplugOwl2Driver(Driver):
     def batch_inputs(self, image_path, questions):
         from mplug_owl2.mm_utils import process_images
 
-        pixels = process_images([_open_rgb(image_path)], self.image_processor)
+        pixels = process_images([base._open_rgb(image_path)], self.image_processor)
         return [self.prompt_ids(image_path, question) for question in questions], pixels
 
     def image_end(self, ids, state):
@@ -344,8 +322,8 @@ class MplugOwl2Driver(Driver):
     def suffix_logits(self, rows, past):
         import torch
 
-        ids, _, lengths = pad_rows(rows, self.tokenizer.eos_token_id)
-        logits = self.model(input_ids=ids.to(self.device), past_key_values=expand_cache(past, len(rows)),
+        ids, _, lengths = base.pad_rows(rows, self.tokenizer.eos_token_id)
+        logits = self.model(input_ids=ids.to(self.device), past_key_values=base.expand_cache(past, len(rows)),
                             use_cache=True).logits
         return logits[torch.arange(len(rows)), lengths - 1]
 
@@ -364,12 +342,12 @@ class MplugOwl2Driver(Driver):
             output = self.model.generate(
                 ids, images=pixels, num_beams=num_beams, repetition_penalty=repetition_penalty,
                 max_new_tokens=max_new_tokens, use_cache=True, pad_token_id=self.tokenizer.eos_token_id,
-                **generation_settings(sampling),
+                **base.generation_settings(sampling),
             )
         return [self._answer(output[i, ids.shape[1]:].tolist()) for i in range(len(items))]
 
     def _answer(self, new: list[int]) -> tuple[str, list[int]]:
-        new = trim_after_end(new, set(self.stop_ids()))
+        new = base.trim_after_end(new, set(self.stop_ids()))
         return self.tokenizer.decode(new, skip_special_tokens=True).strip(), new
 
     def reference_text(self, image_path, question, max_new_tokens, num_beams=1):
