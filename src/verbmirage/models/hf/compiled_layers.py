@@ -38,11 +38,14 @@ ENV = "VERBMIRAGE_COMPILE_LAYERS"
 RECOMPILE_LIMIT = 32
 
 
+def switched_off(variable: str) -> bool:
+    """Whether the environment ``variable`` of a CUDA-only choice says no (``0``, ``false``, ``no``, ``off``)."""
+    return os.environ.get(variable, "").strip().lower() in ("0", "false", "no", "off")
+
+
 def compiles_layers(device: torch.device) -> bool:
     """Whether the decoder layers of a model on ``device`` are compiled: on CUDA unless :data:`ENV` says no."""
-    if os.environ.get(ENV, "").strip().lower() in ("0", "false", "no", "off"):
-        return False
-    return device.type == "cuda"
+    return device.type == "cuda" and not switched_off(ENV)
 
 
 @functools.cache

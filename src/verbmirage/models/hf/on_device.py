@@ -27,16 +27,15 @@ bench/batch_flips.py.
 
 from __future__ import annotations
 
-import os
 
 import torch
 
-from verbmirage.models.hf.compiled_layers import compile_decoder_layers
+from verbmirage.models.hf.compiled_layers import compile_decoder_layers, switched_off
 
 #: on CUDA, a forward's fixed cost in token positions: the suffix batches' cost per batch and the least saving
 #: of a shared text header's forward (bench/launches.py counts the forwards this leaves)
 CUDA_FORWARD_COST = 4096
-#: ``0`` turns OPERA's one forward per step on CUDA off (the CPU's two forwards: the candidates, then the chosen)
+#: ``0`` (or ``false``, ``no``, ``off``) turns OPERA's one forward per step on CUDA off (the CPU's two forwards: the candidates, then the chosen)
 OPERA_ONE_FORWARD_ENV = "VERBMIRAGE_OPERA_ONE_FORWARD"
 
 
@@ -49,7 +48,7 @@ def fit_to_device(engine, model=None, device: torch.device | None = None):
     model = engine.model if model is None else model
     device = engine.device if device is None else device
     if device.type == "cuda":
-        engine.opera_one_forward = os.environ.get(OPERA_ONE_FORWARD_ENV, "1") != "0"
+        engine.opera_one_forward = not switched_off(OPERA_ONE_FORWARD_ENV)
         engine.prefix_cache.BATCH_COST = engine.prefix_cache.HEADER_SAVING = CUDA_FORWARD_COST
         if engine.shared_prefix_attention:
             compile_decoder_layers(model, device, engine.name)
