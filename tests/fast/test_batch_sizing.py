@@ -27,7 +27,8 @@ H200 = 140 * GIB
 
 def _needs(costs: MemoryCosts, batch: int, per_image_rows: float) -> float:
     """What a call of ``batch``-row forwards holds, as the sizing counts it."""
-    return batch * costs.per_row + (costs.call_batches * batch / per_image_rows + 1) * costs.per_image
+    return batch * (costs.per_row + costs.call_batches * costs.per_question) + \
+        (costs.call_batches * batch / per_image_rows + 1) * costs.per_image
 
 
 def _usable(free: int, total: int) -> float:
@@ -40,6 +41,9 @@ def _usable(free: int, total: int) -> float:
     (MemoryCosts(weights=14 * GIB, per_row=1100 * MIB, per_image=1000 * MIB), 126 * GIB, 20.0),  # VCD + beams
     (MemoryCosts(weights=14 * GIB, per_row=140 * MIB, per_image=500 * MIB, call_batches=4), 60 * GIB, 1.0),
     (MemoryCosts(weights=2 * GIB, per_row=3 * MIB, per_image=9 * MIB, call_batches=4), 20 * GIB, 7.5),
+    # a decoding whose call decodes its batches together: each question holds its rows for the whole call
+    (MemoryCosts(weights=14 * GIB, per_row=40 * MIB, per_question=130 * MIB, per_image=500 * MIB, call_batches=4),
+     126 * GIB, 20.0),
 ])
 def test_the_sized_batch_is_the_largest_power_of_two_whose_call_fits(costs, free, rows):
     batch = sized_batch(costs, free, H200, rows)

@@ -57,6 +57,11 @@ def _costs(model, variant: dict) -> MemoryCosts:
     return model.memory_costs()
 
 
+def _held(costs: MemoryCosts) -> int:
+    """What one question holds in its call: in its forward and for the call."""
+    return costs.per_row + costs.per_question
+
+
 def test_the_engine_counts_what_each_decoding_holds_per_question(job):
     """Beams multiply a question's cache, VCD's noised image doubles the rows and the prefixes, OPERA adds its
     attention record, greedy calls hold several batches, more continued tokens mean more cache; the weights are
@@ -68,14 +73,17 @@ def test_the_engine_counts_what_each_decoding_holds_per_question(job):
     opera = _costs(model, {"decoding": "opera", "num_beams": 5})
     assert greedy.weights == sum(p.numel() * p.element_size() for p in model.model.parameters()) + \
         sum(b.numel() * b.element_size() for b in model.model.buffers())
-    assert greedy.call_batches == model.CALL_BATCHES and beam.call_batches == 1
-    assert beam.per_row > greedy.per_row
-    two, four, six = (_costs(model, {"decoding": "beam", "num_beams": n}).per_row for n in (2, 4, 6))
-    assert six - four == four - two > 0  # each beam its own cache; one scoring forward per question
+    # LLaVA's rows read their prefixes in place: every decoding's call holds several batches and decodes them
+    # together, each question holding its rows for the call (greedy only its few undecided rows: per forward)
+    assert greedy.call_batches == beam.call_batches == opera.call_batches == model.CALL_BATCHES
+    assert greedy.per_question == 0 and beam.per_question > 0 and beam.per_row < greedy.per_row
+    assert _held(beam) > _held(greedy)
+    two, four, six = (_held(_costs(model, {"decoding": "beam", "num_beams": n})) for n in (2, 4, 6))
+    assert six - four == four - two > 0  # each beam its decoded tokens' cache; one scoring forward per question
     sample, vcd_sample = _costs(model, {"decoding": "sample"}), _costs(model, {"decoding": "sample", "vcd": {}})
-    assert vcd_sample.per_row == 2 * sample.per_row and vcd.per_image == 2 * greedy.per_image
-    assert vcd_beam.per_row == 2 * beam.per_row
-    assert opera.per_row > beam.per_row and opera.per_image == beam.per_image
+    assert _held(vcd_sample) == 2 * _held(sample) and vcd.per_image == 2 * greedy.per_image
+    assert _held(vcd_beam) == 2 * _held(beam)
+    assert _held(opera) > _held(beam) and opera.per_image == beam.per_image
     # every decoding, and only they, stops at the decodings' budget (plain greedy fills the device)
     assert greedy.budget is None and {costs.budget for costs in (beam, vcd, vcd_beam, opera, sample, vcd_sample)} \
         == {DECODING_BUDGET}
@@ -97,7 +105,7 @@ def test_every_engine_family_tells_its_memory(tiny_dirs, family):
 
 def _reading(costs: MemoryCosts, per_image_rows: float, batch: int):
     """A fake device whose free memory fits a sized batch of exactly ``batch``."""
-    unit = costs.per_row + costs.call_batches * costs.per_image / per_image_rows
+    unit = costs.call_bytes(1, per_image_rows) - costs.per_image
     free = int(MARGIN * TOTAL + costs.per_image + (batch + 0.5) * unit)
     assert sized_batch(costs, free, TOTAL, per_image_rows) == batch
     return lambda: (free, TOTAL)
@@ -245,13 +253,14 @@ def test_llava_7b_on_an_h200_sizes_as_documented_and_never_below_the_measured_pe
         free = total - costs.weights - 600 * 2**20  # the CUDA context's
         sized[slug] = [sized_batch(costs, free, total, rows) for rows in (8.0, 33.0)]
         unbounded[slug] = [sized_batch(replace(costs, budget=None), free, total, rows) for rows in (8.0, 33.0)]
-        estimate = costs.weights + 64 * costs.per_row + (costs.call_batches * 64 / 15 + 1) * costs.per_image
+        estimate = costs.weights + costs.call_bytes(64, 15)
         assert estimate / 2**30 >= 0.99 * H200_PEAKS_AT_64[slug], slug
         for batch, rows in zip(sized[slug], (8.0, 33.0)):
-            peak = costs.weights + batch * costs.per_row + (costs.call_batches * batch / rows + 1) * costs.per_image
+            peak = costs.weights + costs.call_bytes(batch, rows)
             assert slug == "greedy" or peak <= (1 - MARGIN) * 40 * 2**30, slug
-    assert sized == {"greedy": [256, 256], "beam5": [32, 32], "sample": [64, 64], "vcd_greedy": [16, 32],
-                     "vcd_sample": [32, 32], "vcd_beam5": [16, 16], "opera": [16, 16]}
-    assert unbounded == {"greedy": [256, 256], "beam5": [128, 128], "sample": [256, 512], "vcd_greedy": [128, 256],
-                         "vcd_sample": [128, 256], "vcd_beam5": [64, 64], "opera": [64, 128]}
+    # a decoding's call holds four of these batches (LLaVA's rows read their prefixes in place)
+    assert sized == {"greedy": [256, 512], "beam5": [16, 32], "sample": [16, 32], "vcd_greedy": [16, 32],
+                     "vcd_sample": [8, 16], "vcd_beam5": [8, 16], "opera": [16, 16]}
+    assert unbounded == {"greedy": [256, 512], "beam5": [128, 128], "sample": [128, 128], "vcd_greedy": [64, 128],
+                         "vcd_sample": [64, 64], "vcd_beam5": [64, 64], "opera": [64, 128]}
     assert 13 * 2**30 < costs.weights < 14 * 2**30  # 7.06B parameters in bf16

@@ -156,7 +156,7 @@ def test_scores_do_not_depend_on_where_suffix_batches_are_cut(llava, monkeypatch
 
 def test_a_greedy_call_holds_several_batches_and_each_forward_at_most_one(llava, monkeypatch):
     """use_batch_size: a greedy LLaVA call takes CALL_BATCHES batches' worth of questions, its suffix batches
-    and decodings stay within batch_rows, and the answers are those of an uncapped call."""
+    stay within batch_rows, its continuations decode together, and the answers are those of an uncapped call."""
     from verbmirage.variants.settings import Variant
 
     model, questions = llava
@@ -173,7 +173,7 @@ def test_a_greedy_call_holds_several_batches_and_each_forward_at_most_one(llava,
         capped = model.score_multiple_choice(questions)
         assert sizes and max(sizes) <= 3
         decoded = [size for size in chunks if size is not None]  # the decodings' chunks (scoring passes None)
-        assert decoded and max(decoded) <= 3
+        assert len(decoded) == 1 and decoded[0] > 3  # the undecided rows of every scoring batch in one decoding
         model.batch_size, sizes[:] = None, []
         model.forget_prefixes()
         whole = model.score_multiple_choice(questions)
@@ -181,11 +181,49 @@ def test_a_greedy_call_holds_several_batches_and_each_forward_at_most_one(llava,
         for a, b in zip(capped, whole):
             np.testing.assert_allclose(a.option_probs, b.option_probs, atol=1e-5)
             assert (a.prediction, a.raw_answer) == (b.prediction, b.raw_answer)
-        model.use_variant(Variant(decoding="beam", num_beams=2))
-        assert model.use_batch_size(3) == 3 and model.batch_rows is None  # beams keep one batch per call
     finally:
         model.use_variant(Variant())
         model.batch_size, model.continue_tokens = None, 0
+
+
+@pytest.mark.parametrize("settings", [{"decoding": "beam", "num_beams": 2}, {"decoding": "sample", "seed": 3},
+                                      {"decoding": "sample", "seed": 3, "vcd": {}}], ids=["beam2", "sample", "vcd"])
+def test_a_decodings_call_holds_several_batches_and_steps_all_its_questions_together(llava, monkeypatch, settings):
+    """Rows that read their prefixes in place hold only their own columns, so a decoding's call (beam search,
+    sampling, VCD) also takes CALL_BATCHES batches' worth of questions: each scoring forward at most one batch,
+    then every question of the call in each step forward (a job of 8 questions at batch 3 steps once per token,
+    not once per call of 3), answering as each question alone."""
+    from verbmirage.models.hf.steppers import InPlaceStepper
+    from verbmirage.variants.settings import Variant
+
+    model, questions = llava
+    variant = Variant.from_config({**settings, "max_new_tokens": 3})
+    forwards, steps = [], []
+    kept_opening, advance = model.decoder.kept_opening, InPlaceStepper.advance
+    monkeypatch.setattr(model.decoder, "kept_opening", lambda opened, batch, *rest: forwards.append(len(batch)) or
+                        kept_opening(opened, batch, *rest))
+    monkeypatch.setattr(InPlaceStepper, "advance", lambda self, tokens: steps.append(len(tokens)) or
+                        advance(self, tokens))
+    try:
+        model.use_variant(variant)
+        per_call = model.use_batch_size(3)
+        assert per_call == 3 * model.CALL_BATCHES and model.batch_rows == 3
+        model.forget_prefixes()
+        together = [answer for start in range(0, len(questions), per_call)
+                    for answer in model.score_multiple_choice(questions[start : start + per_call])]
+        streams = 2 if "vcd" in settings else 1
+        assert len(forwards) >= 3 * streams and max(forwards) <= 3  # the scoring forwards: one batch each
+        rows = len(questions) * variant.num_beams * streams
+        assert steps and set(steps) == {rows}  # each step: every beam of every question, both VCD streams
+        model.batch_size = None
+        model.forget_prefixes()
+        for question, answer in zip(questions, together):
+            alone = model.score_multiple_choice([question])[0]
+            assert (answer.prediction, answer.raw_answer) == (alone.prediction, alone.raw_answer)
+            np.testing.assert_allclose(answer.option_probs, alone.option_probs, atol=1e-5)
+    finally:
+        model.use_variant(Variant())
+        model.batch_size = None
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

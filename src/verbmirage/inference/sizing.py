@@ -74,12 +74,11 @@ def sized_batch(costs: MemoryCosts, free: int, total: int, per_image_rows: float
     ``total``, and the costs' ``budget`` (weights included) less ``margin`` of it where they set one (decodings),
     though never below one question where the free memory holds one.
 
-    A call holds ``call_batches`` batches' worth of questions and so about that many over ``per_image_rows``
-    images, one more where an image is cut: ``batch * per_row + (call_batches * batch / per_image_rows + 1) *
-    per_image`` must fit. :class:`DeviceMemoryError` where not even one question does.
+    A call's bytes (:meth:`~verbmirage.models.memory.MemoryCosts.call_bytes`) must fit.
+    :class:`DeviceMemoryError` where not even one question does.
     """
     budget = free - margin * total
-    unit = costs.per_row + costs.call_batches * costs.per_image / per_image_rows
+    unit = costs.call_bytes(1, per_image_rows) - costs.per_image  # what one more row of a batch adds to a call
     rows = math.floor((budget - costs.per_image) / unit) if unit > 0 else cap
     if costs.budget is not None and rows >= 1 and unit > 0:
         within = (1 - margin) * costs.budget - costs.weights - costs.per_image
@@ -87,7 +86,7 @@ def sized_batch(costs: MemoryCosts, free: int, total: int, per_image_rows: float
     if rows < 1:
         raise DeviceMemoryError(
             f"{name}: not even a batch of 1 fits on {costs.device}: one question needs "
-            f"{(costs.per_row + costs.per_image) / GIB:.2f} GiB, {budget / GIB:.2f} GiB are usable "
+            f"{(costs.per_row + costs.per_question + costs.per_image) / GIB:.2f} GiB, {budget / GIB:.2f} GiB are usable "
             f"({free / GIB:.2f} GiB free of {total / GIB:.2f} GiB, {margin:.0%} kept free; the weights hold "
             f"{costs.weights / GIB:.2f} GiB). Run it on a GPU with more free memory, or in a smaller dtype")
     return min(cap, 1 << (rows.bit_length() - 1))
@@ -169,4 +168,5 @@ def _sized_or_none(costs, free, total, per_image_rows, name) -> int | None:
 def _memory_words(measured: dict) -> str:
     return (f"{measured['free_bytes'] / GIB:.1f} GiB free of {measured['total_bytes'] / GIB:.1f} GiB on "
             f"{measured['device']}, weights {measured['weights'] / GIB:.2f} GiB, "
-            f"{measured['per_row'] / 2**20:.1f} MiB per question, {measured['per_image'] / 2**20:.1f} MiB per image")
+            f"{(measured['per_row'] + measured['per_question']) / 2**20:.1f} MiB per question, "
+            f"{measured['per_image'] / 2**20:.1f} MiB per image")

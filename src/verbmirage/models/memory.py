@@ -35,6 +35,9 @@ class MemoryCosts:
 
     ``per_row``: one question in a forward, with everything it holds there (its cache, for every beam and every
     VCD stream; the transient of one layer's forward over it; its logits; OPERA's attention record).
+    ``per_question``: what each question of a call holds for the whole call beyond that (a decoding whose call of
+    several batches decodes all its questions together: their kept openings and decoding rows; then ``per_row``
+    is a forward's transient alone).
     ``per_image``: one image of a call (its prefix's cache, per stream, kept for the call's questions; the
     transient of the prefix's forward, vision tower included). ``call_batches``: how many batches' worth of
     questions one call holds (the engine's ``use_batch_size``). ``weights``: the parameters and buffers on the
@@ -46,9 +49,16 @@ class MemoryCosts:
     weights: int
     per_row: int
     per_image: int
+    per_question: int = 0
     call_batches: int = 1
     device: str = "cpu"
     budget: int | None = None
+
+    def call_bytes(self, batch: int, per_image_rows: float = 1.0) -> float:
+        """What a call of ``batch``-row forwards holds beyond the weights: ``call_batches`` batches' worth of
+        questions, on about that many over ``per_image_rows`` images and one more where an image is cut."""
+        return (batch * self.per_row + self.call_batches * batch * (self.per_question + self.per_image / per_image_rows)
+                + self.per_image)
 
     def record(self) -> dict:
         """The figures as plain values (a job's provenance and log)."""

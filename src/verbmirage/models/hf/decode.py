@@ -172,16 +172,20 @@ class Decoder:
                                   opened and (opened, rows), opened_noised and (opened_noised, rows), openings)
             return strategy.decode(decoding, new_tokens, stop)
 
-        for rows in batches.values():
+        in_place = self.engine.prefix_cache.reads_in_place()
+        for key, rows in batches.items():
             # every beam (and VCD's second stream) holds its own cache: copies of the prefix (PrefixStepper) allow
             # at most as many rows as a batch has questions (the call's, or batch_rows when the call is larger),
             # the memory it was chosen for; rows that read their prefixes in place (InPlaceStepper) hold only
             # their own columns, a tenth of a copy or less (LLaVA: a 577-token prefix, 20-80 own columns; a beam
             # only its decoded ones, its question's prompt columns shared), so all the batch's questions decode
-            # together
+            # together, and rows kept from the scoring batches (their openings' forwards done) all the call's:
+            # its questions share every step forward
             size = min(len(questions), self.engine.batch_rows or len(questions))
-            if not self.engine.prefix_cache.reads_in_place():
+            if not in_place:
                 size //= strategy.beams * strategy.streams
+            elif key[0] == "kept":
+                size = len(rows)
             self._record(answers, rows, self.engine.with_shrinking_batches(run, rows, size, combine=Decoded.joined,
                                                                     openings=openings))
         openings.forget([(path, text) for path, _, text in items])  # decoded: their scoring rows are not needed

@@ -303,11 +303,16 @@ class TransformersVLM(LogitsVLM):
 
     #: The caller's batch size (:meth:`use_batch_size`); None: not given, a call is one batch.
     batch_size: int | None = None
-    #: A greedy variant's scoring call holds this many batches' worth of questions (below).
+    #: A call holds this many batches' worth of questions where :meth:`calls_span_batches` (below).
     CALL_BATCHES = 4
 
     def calls_span_batches(self) -> bool:
-        return self.prefix_reuse and self.cross_image_batches and self.strategy.call_spans_batches
+        """Whether a call holds :attr:`CALL_BATCHES` batches' worth of questions, each forward at most one batch:
+        on a model whose images share suffix batches (LLaVA), for greedy variants, and for every decoding whose
+        rows read their prefixes in place (a decoding row then holds only its own columns, so the call's
+        questions decode together in one batch: fewer step forwards per question)."""
+        return self.prefix_reuse and self.cross_image_batches and (
+            self.strategy.call_spans_batches or self.prefix_cache.reads_in_place())
 
     @property
     def batch_rows(self) -> int | None:
@@ -316,10 +321,10 @@ class TransformersVLM(LogitsVLM):
         return self.batch_size if self.calls_span_batches() else None
 
     def use_batch_size(self, batch_size: int) -> int:
-        """Greedy variants on a model whose images share suffix batches (LLaVA): ``CALL_BATCHES`` batches' worth
-        of questions per call (fuller forwards; bench/README.md, "Calls of several batches"), each forward still
-        at most ``batch_size`` rows. Beam search, sampling and OPERA keep every scoring row as an opening for
-        their decoding, which grows with the call as a batch does: one batch per call."""
+        """``CALL_BATCHES`` batches' worth of questions per call where :meth:`calls_span_batches` (fuller
+        forwards, and decodings that step a whole call's questions together; bench/README.md, "Calls of several
+        batches"), each forward still at most ``batch_size`` rows. Otherwise (beam search, sampling and OPERA on
+        rows that copy their prefix, which grow with the call as a batch does) one batch per call."""
         self.batch_size = batch_size
         return batch_size * self.CALL_BATCHES if self.calls_span_batches() else batch_size
 

@@ -103,12 +103,16 @@ def engine_memory_costs(vlm) -> MemoryCosts:
     # step's logits; the scoring forward runs once per question and stream, and its row is kept as the opening of
     # the decoding that follows where the strategy keeps openings
     copies = CACHE_COPIES + (1 if strategy.needs_last_attention else 0)
-    beam = copies * per_token * own_tokens + text["vocab"] * (itemsize + FLOAT32)
-    if strategy.needs_last_attention:  # OPERA: the last layer's attention of every decoded token, every head
-        beam += text["heads"] * new * whole * FLOAT32
-    scoring = layer_transient(text, forward_tokens, whole, itemsize) + suffix * text["vocab"] * (itemsize + FLOAT32)
-    if reused and strategy.keeps_openings(vlm.continue_tokens or 0):
-        scoring += per_token * (suffix + new)
+    logits = text["vocab"] * (itemsize + FLOAT32)
+    # OPERA: the last layer's attention of every decoded token, every head, per beam
+    record = text["heads"] * new * whole * FLOAT32 if strategy.needs_last_attention else 0
+    if copies_prefix:
+        decoding = strategy.beams * (copies * per_token * own_tokens + logits + record)
+    else:  # a question's beams share its prompt's own columns, written in place (room for the new tokens made at
+        # the opening); each beam holds only the tokens it decodes, copied when beams move
+        decoding = per_token * (suffix + copies * strategy.beams * new) + strategy.beams * (logits + record)
+    scoring = layer_transient(text, forward_tokens, whole, itemsize) + suffix * logits
+    opening = per_token * (suffix + new) if reused and strategy.keeps_openings(vlm.continue_tokens or 0) else 0
     vision = _vision_bytes(config, itemsize, image_tokens(config))
     if reused:
         image = per_token * prefix + layer_transient(text, prefix, prefix, itemsize) + vision
@@ -116,8 +120,15 @@ def engine_memory_costs(vlm) -> MemoryCosts:
         image, scoring = 0, scoring + vision
     weights = sum(p.numel() * p.element_size() for p in vlm.model.parameters()) + \
         sum(b.numel() * b.element_size() for b in vlm.model.buffers())
-    calls = vlm.CALL_BATCHES if vlm.calls_span_batches() else 1
+    spans = vlm.calls_span_batches()
     plain_greedy = strategy.decides_by_first_token and strategy.streams == 1
-    return MemoryCosts(weights=weights, per_row=strategy.streams * (strategy.beams * beam + scoring),
-                       per_image=image * strategy.streams, call_batches=calls, device=str(vlm.device),
+    if spans and not plain_greedy:
+        # a call of several batches decodes all its questions at once: each holds its opening and its rows for
+        # the whole call, a forward's transient only per row of a batch
+        per_row, per_question = scoring, opening + decoding
+    else:  # one batch per call; or greedy, whose call decodes only the few answers the first token leaves open
+        per_row, per_question = scoring + opening + decoding, 0
+    return MemoryCosts(weights=weights, per_row=strategy.streams * per_row,
+                       per_question=strategy.streams * per_question, per_image=image * strategy.streams,
+                       call_batches=vlm.CALL_BATCHES if spans else 1, device=str(vlm.device),
                        budget=None if plain_greedy else DECODING_BUDGET)
