@@ -165,10 +165,10 @@ def test_out_of_memory_halves_the_batch(llava, demo_anno, images, caplog):
     expected = [r.p_yes for r in llava.score_yes_no(questions)]
     real = llava._prefix_logits
 
-    def limited(items, noised=False, openings=None):  # a device that fits two prompts at a time
+    def limited(items, streams=(False,), openings=None):  # a device that fits two prompts at a time
         if len(items) > 2:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(items, noised, openings)
+        return real(items, streams, openings)
 
     llava._prefix_logits = limited
     try:

@@ -190,8 +190,8 @@ def test_a_greedy_call_holds_several_batches_and_each_forward_at_most_one(llava,
                                       {"decoding": "sample", "seed": 3, "vcd": {}}], ids=["beam2", "sample", "vcd"])
 def test_a_decodings_call_holds_several_batches_and_steps_all_its_questions_together(llava, monkeypatch, settings):
     """Rows that read their prefixes in place hold only their own columns, so a decoding's call (beam search,
-    sampling, VCD) also takes CALL_BATCHES batches' worth of questions: each scoring forward at most one batch,
-    then every question of the call in each step forward (a job of 8 questions at batch 3 steps once per token,
+    sampling, VCD) also takes CALL_BATCHES batches' worth of questions: each scoring forward at most one batch
+    (with VCD, of both streams), then every question of the call in each step forward (a job of 8 questions at batch 3 steps once per token,
     not once per call of 3), answering as each question alone."""
     from verbmirage.models.hf.steppers import InPlaceStepper
     from verbmirage.variants.settings import Variant
@@ -212,7 +212,9 @@ def test_a_decodings_call_holds_several_batches_and_steps_all_its_questions_toge
         together = [answer for start in range(0, len(questions), per_call)
                     for answer in model.score_multiple_choice(questions[start : start + per_call])]
         streams = 2 if "vcd" in settings else 1
-        assert len(forwards) >= 3 * streams and max(forwards) <= 3  # the scoring forwards: one batch each
+        # the scoring forwards: one batch of at most 3 questions each, VCD's clean and noised rows together
+        assert sum(forwards) == len(questions) * streams and max(forwards) <= 3 * streams
+        assert len(forwards) == -(-len(questions) // 3)
         rows = len(questions) * variant.num_beams * streams
         assert steps and set(steps) == {rows}  # each step: every beam of every question, both VCD streams
         model.batch_size = None
@@ -369,3 +371,33 @@ def test_without_prefix_reuse_decodings_run_on_whole_prompts_and_answer_alike(ti
         assert (not model.last_attention.kept) == reuse
     for entry in entries:
         assert answers[True, entry["decoding"]] == answers[False, entry["decoding"]]
+
+
+def test_vcd_scores_its_noised_images_in_the_forwards_of_the_clean_ones(llava):
+    """VCD's second stream (the noised images) joins the clean one's forwards: its prefixes run in the clean
+    prefixes' batch and its rows in the clean rows' suffix batches, so VCD's scoring pass runs as many forwards
+    of the model as greedy's, and its contrast is that of each stream scored alone."""
+    from verbmirage.variants.settings import Variant
+
+    model, questions = llava
+    calls = []
+    hook = model.model.register_forward_pre_hook(lambda module, args: calls.append(module))
+    try:
+        counts, logits = {}, {}
+        for name, variant in {"greedy": Variant(), "vcd": Variant.from_config({"vcd": {}})}.items():
+            model.use_variant(variant)
+            model.forget_prefixes()
+            calls.clear()
+            logits[name] = model.answer_logits(questions, True)[0]
+            counts[name] = len(calls)
+        assert counts["vcd"] == counts["greedy"] > 0
+        items = model.inputs.open_items(questions, [model.render(q, True) for q in questions], new_call=True)[1]
+        model.forget_prefixes()
+        with torch.inference_mode():
+            alone = [model._prefix_logits(items, streams=(noised,))[0] for noised in (False, True)]
+        contrast, _ = model.strategy.contrast_first(*alone)
+        np.testing.assert_allclose(logits["vcd"], contrast, atol=1e-5)
+        np.testing.assert_allclose(logits["greedy"], alone[0], atol=1e-5)
+    finally:
+        hook.remove()
+        model.use_variant(Variant())

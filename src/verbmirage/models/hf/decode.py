@@ -97,15 +97,16 @@ class Decoder:
     def __init__(self, engine: DecoderHost):
         self.engine = engine
 
-    def kept_opening(self, opened: Rows, batch: list[int], items: list[tuple], noised: bool,
-                     openings: Openings, strategy) -> torch.Tensor:
+    def kept_opening(self, opened: Rows, batch: list[int], items: list[tuple], openings: Openings,
+                     strategy) -> torch.Tensor:
         """Scores a suffix batch as :meth:`~.prefix_cache.PrefixCache.suffix_batch` does, as the opening of a
         decoding by ``strategy`` kept in ``openings`` (greedy: the rows whose first token cannot decide their
-        kind)."""
+        kind), each row under its stream (VCD's clean or noised images)."""
         stepper = self.prefix_stepper(opened, batch, strategy)
         values = stepper.first.cpu()
         deciding = self.engine.deciding_tokens if strategy.decides_by_first_token else None
-        openings.keep(noised, stepper, [(items[i][0], items[i][2]) for i in batch],
+        keys = [(items[opened.item(row)][0], items[opened.item(row)][2]) for row in batch]
+        openings.keep([opened.noised(row) for row in batch], stepper, keys,
                       deciding and self.engine.real_tokens(values).argmax(dim=-1).tolist(), deciding)
         return values
 

@@ -227,12 +227,18 @@ class TransformersVLM(LogitsVLM):
         columns: list[dict] = [{}] * len(questions)
         valid = [i for i, error in enumerate(errors) if error is None]
         if valid:
-            method = functools.partial(self._prefix_logits, openings=openings) if self.prefix_reuse \
-                else self._full_logits
-            values = self.with_shrinking_batches(method, [items[i] for i in valid], openings=openings)
-            if strategy.streams > 1:  # the same questions on the noised images, then VCD's contrast
-                noised = self.with_shrinking_batches(functools.partial(method, noised=True), [items[i] for i in valid],
-                                                      openings=openings)
+            chosen = [items[i] for i in valid]
+            # VCD: the same questions on the noised images too; on kept prefixes both streams in the same forwards
+            streams = (False, True) if strategy.streams > 1 else (False,)
+            if self.prefix_reuse:
+                values = self.with_shrinking_batches(
+                    functools.partial(self._prefix_logits, streams=streams, openings=openings), chosen,
+                    combine=functools.partial(torch.cat, dim=1), openings=openings)
+            else:
+                values = torch.stack([self.with_shrinking_batches(functools.partial(self._full_logits, noised=noised),
+                                                                  chosen) for noised in streams])
+            values, noised = values[0], values[-1]
+            if strategy.streams > 1:  # VCD's contrast
                 values, contrast_columns = strategy.contrast_first(values, noised)
                 for i, own in zip(valid, contrast_columns):
                     columns[i] = own
@@ -278,28 +284,31 @@ class TransformersVLM(LogitsVLM):
             result[indices] = values
         return result
 
-    def _prefix_logits(self, items: list[tuple], noised: bool = False, openings: Openings | None = None) \
-            -> torch.Tensor:
-        """Each image's prefix once (kept for the next call), then the suffixes in length-sorted batches.
+    def _prefix_logits(self, items: list[tuple], streams: tuple[bool, ...] = (False,),
+                       openings: Openings | None = None) -> torch.Tensor:
+        """Each image's prefix once (kept for the next call), then the suffixes in length-sorted batches: the
+        first-position logits [streams, items, vocab] (``streams``: the clean images, and VCD's noised ones).
 
         The prefix ends right after the image tokens: every prompt of an image (YN and MC, any question
         set, any batch) has that same prefix, so it is computed once per image however the questions are
         batched. Where images share one prefix length (:attr:`cross_image_batches`), their prefixes run as
         one batch and their questions share suffix batches, each row on its own image's prefix (kept in ``openings``
-        as the openings of a decoding, where it keeps them).
+        as the openings of a decoding, where it keeps them); a noised image's prefix and rows join the clean ones'.
         """
-        opened = self.prefix_cache.open_rows(items, noised)
+        opened = self.prefix_cache.open_rows(items, streams)
         result = None
-        if opened.fallback:
-            values = self._full_logits([items[i] for i in opened.fallback], noised)
-            result = torch.empty(len(items), values.shape[1])
-            result[opened.fallback] = values
+        for s, noised in enumerate(streams):
+            fallback = [row for row in opened.fallback if opened.noised(row) == noised]
+            if fallback:
+                values = self._full_logits([items[opened.item(row)] for row in fallback], noised)
+                result = torch.empty(len(streams) * len(items), values.shape[1]) if result is None else result
+                result[fallback] = values
         for batch in self.prefix_cache.suffix_batches(opened):
             values = self.prefix_cache.suffix_batch(opened, batch) if openings is None or openings.kept is None else \
-                self.decoder.kept_opening(opened, batch, items, noised, openings, self.strategy)
-            result = torch.empty(len(items), values.shape[1]) if result is None else result
+                self.decoder.kept_opening(opened, batch, items, openings, self.strategy)
+            result = torch.empty(len(streams) * len(items), values.shape[1]) if result is None else result
             result[batch] = values
-        return result
+        return result.view(len(streams), len(items), -1)
 
     #: The caller's batch size (:meth:`use_batch_size`); None: not given, a call is one batch.
     batch_size: int | None = None

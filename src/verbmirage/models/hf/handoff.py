@@ -42,17 +42,19 @@ class Openings:
         """The kept rows of one stream (empty where none are kept)."""
         return (self.kept or {}).get(noised) or {}
 
-    def keep(self, noised: bool, stepper, keys: list[Key], tokens: list[int] | None = None,
+    def keep(self, noised: bool | list[bool], stepper, keys: list[Key], tokens: list[int] | None = None,
              deciding: dict[bool, frozenset[int]] | None = None) -> None:
-        """Keep the rows of ``stepper`` (one per key, in order) as openings of one stream. With ``deciding`` (per
-        kind, the first tokens that decide an answer), only the rows whose first token (``tokens``) decides
-        nothing: the only ones a greedy decoding continues."""
+        """Keep the rows of ``stepper`` (one per key, in order) as openings of their stream (``noised``: one for
+        all, or one per row: a scoring batch of VCD's two streams). With ``deciding`` (per kind, the first tokens
+        that decide an answer), only the rows whose first token (``tokens``) decides nothing: the only ones a
+        greedy decoding continues."""
+        streams = noised if isinstance(noised, list) else [noised] * len(keys)
         rows = list(range(len(keys)))
         if deciding is not None:
             rows = [row for row in rows if tokens[row] not in deciding[self.kinds.get(keys[row], False)]]
             stepper = stepper.subset(rows) if rows else None
         for position, row in enumerate(rows):
-            self.kept[noised][keys[row]] = (stepper, position)
+            self.kept[streams[row]][keys[row]] = (stepper, position)
 
     def take(self, noised: bool, items: list[tuple], repeats: int, joins) -> object | None:
         """A stepper on ``items`` ((image path, image, prompt)), each row ``repeats`` times (its beams), from the

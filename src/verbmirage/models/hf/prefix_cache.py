@@ -38,9 +38,15 @@ class Prefix:
 class Rows:
     """The tokenized prompts of one engine call: per row its cached prefix (the image, or the image
     and a text header the row shares with others: :meth:`PrefixCache._text_headers`), prefix length and
-    suffix (None: no shared prefix, then its whole token length), and those prefixes."""
+    suffix (None: no shared prefix, then its whole token length), and those prefixes.
 
-    def __init__(self, n: int):
+    Opened for several streams (VCD: the clean and the noised images), the rows are the call's items once per
+    stream, stream after stream: row ``s * items + i`` is item ``i`` on stream ``streams[s]``
+    (:meth:`item`, :meth:`noised`)."""
+
+    def __init__(self, n: int, streams: tuple[bool, ...] = (False,)):
+        self.items, self.streams = n, streams
+        n *= len(streams)
         self.prefix_key: list = [None] * n
         self.prefix_length = [0] * n
         self.suffix: list[torch.Tensor | None] = [None] * n
@@ -48,6 +54,14 @@ class Rows:
         self.on_prefix: list[int] = []
         self.fallback: list[int] = []
         self.prefixes: dict[tuple, Prefix] = {}
+
+    def item(self, row: int) -> int:
+        """The call's item that ``row`` holds."""
+        return row % self.items
+
+    def noised(self, row: int) -> bool:
+        """Whether ``row`` is on its image's noised stream (VCD)."""
+        return self.streams[row // self.items]
 
     def add(self, row: int, prefix_key: tuple, prefix_length: int, suffix: torch.Tensor) -> None:
         self.prefix_key[row], self.prefix_length[row], self.suffix[row] = prefix_key, prefix_length, suffix
@@ -123,12 +137,17 @@ class PrefixCache:
 
     def suffix_batches(self, opened: Rows) -> list[list[int]]:
         """The suffix batches of ``opened``'s rows on a prefix (:meth:`Rows.batches`), at most the engine's
-        ``batch_rows`` rows each."""
-        return opened.batches(self.BATCH_COST, self.engine.cross_image_batches, self.engine.batch_rows)
+        ``batch_rows`` questions each (a question's rows on every stream together: a batch's memory counts them)."""
+        rows = self.engine.batch_rows
+        return opened.batches(self.BATCH_COST, self.engine.cross_image_batches,
+                              rows and rows * len(opened.streams))
 
-    def open_rows(self, items: list[tuple], noised: bool) -> Rows:
-        """Tokenize ``items`` per image and find (computing what is missing) each image's prefix."""
-        rows = Rows(len(items))
+    def open_rows(self, items: list[tuple], noised: bool | tuple[bool, ...]) -> Rows:
+        """Tokenize ``items`` per image and find (computing what is missing) each image's prefix; ``noised``:
+        on VCD's noised images, or a tuple of streams (the rows once per stream: :class:`Rows`), whose missing
+        prefixes then run together."""
+        streams = noised if isinstance(noised, tuple) else (noised,)
+        rows = Rows(len(items), streams)
         needed, headers = [], {}
         inputs = self.engine.inputs
         inputs.text_ids([text for *_, text in items])  # every new prompt of the call in one tokenizer call
@@ -137,22 +156,24 @@ class PrefixCache:
             encoded = inputs.encode_shared_image([items[i][2] for i in indices], image)
             prefix_length = self._shared_prefix_length(encoded)
             lengths = encoded["attention_mask"].sum(dim=1).tolist()
-            if prefix_length == 0:  # the image is not inside a shared prefix
-                rows.fallback += indices
-                for r, i in enumerate(indices):
-                    rows.length[i] = int(lengths[r])
-                continue
-            prefix_ids = encoded["input_ids"][0][:prefix_length]
-            image_key = self._prefix_key(image_path, prefix_ids, noised)
-            needed.append((image_path, prefix_ids, encoded))
-            suffixes = [encoded["input_ids"][r, prefix_length : int(lengths[r])] for r in range(len(indices))]
-            for r, header in enumerate(self._text_headers(suffixes)):
-                key = image_key
-                if header:
-                    key = self._prefix_key(image_path, torch.cat([prefix_ids, suffixes[r][:header]]), noised)
-                    headers.setdefault(key, (image_key, suffixes[r][:header]))
-                rows.add(indices[r], key, prefix_length + header, suffixes[r][header:])
-        rows.prefixes = self._prefix_caches(needed, noised)
+            for s, stream in enumerate(streams):
+                at = [s * len(items) + i for i in indices]  # the rows of these items on this stream
+                if prefix_length == 0:  # the image is not inside a shared prefix
+                    rows.fallback += at
+                    for r, row in enumerate(at):
+                        rows.length[row] = int(lengths[r])
+                    continue
+                prefix_ids = encoded["input_ids"][0][:prefix_length]
+                image_key = self._prefix_key(image_path, prefix_ids, stream)
+                needed.append((image_path, prefix_ids, encoded, stream))
+                suffixes = [encoded["input_ids"][r, prefix_length : int(lengths[r])] for r in range(len(indices))]
+                for r, header in enumerate(self._text_headers(suffixes)):
+                    key = image_key
+                    if header:
+                        key = self._prefix_key(image_path, torch.cat([prefix_ids, suffixes[r][:header]]), stream)
+                        headers.setdefault(key, (image_key, suffixes[r][:header]))
+                    rows.add(at[r], key, prefix_length + header, suffixes[r][header:])
+        rows.prefixes = self._prefix_caches(needed)
         rows.prefixes.update(self._header_prefixes(headers, rows.prefixes))  # image prefix + shared text header
         return rows
 
@@ -231,29 +252,27 @@ class PrefixCache:
         key = (image_path, tuple(prefix_ids.tolist()))
         return key + self.engine.strategy.noise_key if noised else key
 
-    def _prefix_caches(self, needed: list[tuple], noised: bool) -> dict[tuple, Prefix]:
-        """Key/value tensors of each image's prefix (``needed``: (image path, prefix ids, encoding)) by
+    def _prefix_caches(self, needed: list[tuple]) -> dict[tuple, Prefix]:
+        """Key/value tensors of each image's prefix (``needed``: (image path, prefix ids, encoding, noised)) by
         :meth:`_prefix_key`, computed once per image and kept (the engine's
-        :attr:`~.engine.TransformersVLM.PREFIX_SLOTS`); images with one prefix
-        run as one batch.
-
-        ``noised``: the prefix of VCD's noised image, kept apart from the clean one.
+        :attr:`~.engine.TransformersVLM.PREFIX_SLOTS`); images with one prefix run as one batch (clean and VCD's
+        noised ones together; a noised prefix is kept apart from the clean one).
         """
         found, missing = {}, []
-        for image_path, prefix_ids, encoded in needed:
+        for image_path, prefix_ids, encoded, noised in needed:
             key = self._prefix_key(image_path, prefix_ids, noised)
             found[key] = self._kept_prefix(key)
             if found[key] is None:
-                missing.append((key, image_path, prefix_ids, encoded))
+                missing.append((key, image_path, prefix_ids, encoded, noised))
         groups: dict[tuple, list[tuple]] = {}
         for entry in missing:  # one forward per group of images with the same prefix tokens
             group_key = entry[0][1] if self.engine.cross_image_batches else entry[0]
             groups.setdefault(group_key, []).append(entry)
         for group in groups.values():
-            inputs = [self._prefix_inputs(prefix_ids, encoded) for _, _, prefix_ids, encoded in group]
-            if noised:  # the noise of the one image the prefix pass reads (the same draw as on all its rows)
-                inputs = [self.engine.noised_inputs(one, image_path)
-                          for one, (_, image_path, *_) in zip(inputs, group)]
+            # the noise of the one image the prefix pass reads (the same draw as on all its rows)
+            inputs = [self.engine.noised_inputs(self._prefix_inputs(prefix_ids, encoded), image_path) if noised
+                      else self._prefix_inputs(prefix_ids, encoded)
+                      for _, image_path, prefix_ids, encoded, noised in group]
             batch = inputs[0] if len(inputs) == 1 else {key: torch.cat([one[key] for one in inputs])
                                                         for key in inputs[0]}
             output = self.engine.model(**batch, use_cache=True, logits_to_keep=1)  # the prefix's logits are not used
