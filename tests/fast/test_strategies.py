@@ -159,6 +159,45 @@ def test_opera_decodes_a_batch_whose_images_sit_apart_one_question_at_a_time(mon
     assert columns == [10, 14]  # where each row's decoded keys start: its prompt's end, or its stepper's word
 
 
+def test_opera_decodes_a_batch_whose_decoded_keys_start_at_different_columns_one_question_at_a_time(monkeypatch):
+    """Rows whose decoded tokens' keys start at different columns of the attention rows (the engine's stepper
+    says ``prompt_columns`` None: rows joined over prefixes of different lengths) cannot share OPERA's window:
+    the batch's opened rows go unused and each question decodes alone, on rows opened for it."""
+    strategy = Variant.from_config({"decoding": "opera", "num_beams": 2}).strategy()
+    batched, alone = [], []
+    monkeypatch.setattr(search, "opera_batch", lambda first, *args, **kwargs: batched.append(first.shape[0]))
+    monkeypatch.setattr(search, "opera_search", lambda first, *args, **kwargs: (
+        alone.append(first.shape[0]), (search.Decoded([[1, 2]], [0.5]), []))[1])
+
+    class Attending(Rows):
+        def image_spans(self):
+            return [(1, 4)] * len(self.question_ids)
+
+        def prompt_lengths(self):
+            return [10] * len(self.question_ids)
+
+        def attending(self, first, stepper):
+            stepper.first = first
+            return stepper
+
+        def alone(self, row):
+            one = Attending([self.question_ids[row]], self.streams)
+            one.strategy = self.strategy
+            self.children.append(one)
+            return one
+
+    def opened(rows: int) -> TableStepper:
+        stepper = TableStepper(rows, 0)
+        stepper.prompt_columns = 12 if rows == 2 else None  # a question alone: its prompt's end
+        return stepper
+
+    rows = Attending(["a", "b"], {False: opened})
+    rows.strategy, rows.children = strategy, []
+    assert strategy.decode(rows, 3, {8}) == search.Decoded([[1, 2], [1, 2]], [0.5, 0.5])
+    assert batched == [] and alone == [2, 2]
+    assert rows.opened == [2] and [child.opened for child in rows.children] == [[2], [2]]
+
+
 def test_the_variants_layer_imports_nothing_of_the_models():
     """Strategies talk to the engine through protocols: importing them (and the registry) loads no model code."""
     loaded = subprocess.run(
