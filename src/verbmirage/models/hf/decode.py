@@ -128,12 +128,12 @@ class Decoder:
     @staticmethod
     def _join_group(strategy, stepper) -> tuple | None:
         """Which kept openings the rows of this one may decode joined with under ``strategy``: those of the same
-        group, or none (None). Rows of any prompt widths where the strategy allows it (:attr:`~verbmirage.
-        variants.strategies.Decoding.joins_rows`); under a strategy that reads the decoded tokens' attention
-        columns (OPERA), rows read in place on one prefix length, whose joined stepper's decoded tokens start at
-        one column (:meth:`~.steppers.InPlaceStepper.joined`; copied prefixes, right-padded to the longest cache
-        when joined, do not join for it). Never where a prefix carries more than its keys and values (Qwen's
-        rope delta)."""
+        group, or none (None). Rows of any prompt widths where the strategy allows it
+        (:attr:`~verbmirage.variants.strategies.Decoding.joins_rows`); under a strategy that reads the decoded
+        tokens' attention columns (OPERA), rows read in place on one prefix length, whose joined stepper's
+        decoded tokens start at one column (:meth:`~.steppers.InPlaceStepper.joined`; copied prefixes,
+        right-padded to the longest cache when joined, do not join for it). Never where a prefix carries more
+        than its keys and values (Qwen's rope delta)."""
         if stepper.extra is not None:
             return None
         if strategy.joins_rows:
