@@ -145,6 +145,7 @@ class Attending(Rows):
         self.children.append(one)
         return one
 
+
 def test_opera_decodes_a_batch_whose_images_sit_apart_one_question_at_a_time(monkeypatch):
     """OPERA's batch needs one image span: with two, each question decodes alone (opera_search), on rows
     opened apart from the call's tokenization (``fresh``)."""

@@ -453,7 +453,8 @@ def test_opera_joins_the_rows_of_several_scoring_batches(tiny_dirs, picture, mon
 
     def decoded(chosen: list[Question], drop: int | None = None):
         """``chosen`` scored and decoded from the scoring call's hand-off: (answers, step forwards, scoring
-        batches); ``drop``: that question's batched answer is set aside (decoded alone, as after a rollback)."""
+        batches, the rows the decoding opened from prompts); ``drop``: that question's batched answer is set
+        aside (decoded alone, as after a rollback)."""
         handoff = model.answer_logits(chosen, False)[3]
         scoring = len({id(stepper) for stepper, _ in handoff.rows(False).values()})
         forwards.clear()
