@@ -120,6 +120,32 @@ def test_vcd_decodes_its_inner_search_on_the_contrast_of_two_streams():
     assert set(columns[0]) == {"vcd_kl", "vcd_kl_reverse", "vcd_plausible"} and columns[0]["vcd_kl"] >= 0
 
 
+class Attending(Rows):
+    """Rows for OPERA (the ``AttendingRows`` protocol): one image span, 10-token prompts; ``children``: the
+    batches of one question that :meth:`alone` handed out."""
+
+    @classmethod
+    def of(cls, strategy, question_ids, streams: dict) -> "Attending":
+        rows = cls(question_ids, streams)
+        rows.strategy, rows.children = strategy, []
+        return rows
+
+    def image_spans(self):
+        return [(1, 4)] * len(self.question_ids)
+
+    def prompt_lengths(self):
+        return [10] * len(self.question_ids)
+
+    def attending(self, first, stepper):
+        stepper.first = first
+        return stepper
+
+    def alone(self, row):
+        one = type(self).of(self.strategy, [self.question_ids[row]], self.streams)
+        self.children.append(one)
+        return one
+
+
 def test_opera_decodes_a_batch_whose_images_sit_apart_one_question_at_a_time(monkeypatch):
     """OPERA's batch needs one image span: with two, each question decodes alone (opera_search), on rows
     opened apart from the call's tokenization (``fresh``)."""
@@ -133,12 +159,9 @@ def test_opera_decodes_a_batch_whose_images_sit_apart_one_question_at_a_time(mon
 
     monkeypatch.setattr(search, "opera_search", opera_search)
 
-    class Attending(Rows):
+    class Apart(Attending):
         def image_spans(self):
             return [(1, 4), (2, 5)][: len(self.question_ids)] if len(self.question_ids) > 1 else [(1, 4)]
-
-        def prompt_lengths(self):
-            return [10] * len(self.question_ids)
 
         def attending(self, first, stepper):
             # the second question's row was kept from a wider scoring batch: its decoded keys start at 14,
@@ -146,17 +169,31 @@ def test_opera_decodes_a_batch_whose_images_sit_apart_one_question_at_a_time(mon
             stepper.first, stepper.prompt_columns = first, 14 if self.question_ids == ["b"] else None
             return stepper
 
-        def alone(self, row):
-            one = Attending([self.question_ids[row]], self.streams)
-            one.strategy = self.strategy
-            self.children.append(one)
-            return one
-
-    rows = Attending(["a", "b"], {False: lambda r: TableStepper(r, 0)})
-    rows.strategy, rows.children = strategy, []
+    rows = Apart.of(strategy, ["a", "b"], {False: lambda r: TableStepper(r, 0)})
     assert strategy.decode(rows, 3, {8}) == search.Decoded([[1, 2], [1, 2]], [0.5, 0.5])
     assert alone == [2, 2] and rows.opened == [] and [child.opened for child in rows.children] == [[2], [2]]
     assert columns == [10, 14]  # where each row's decoded keys start: its prompt's end, or its stepper's word
+
+
+def test_opera_decodes_a_batch_whose_decoded_keys_start_at_different_columns_one_question_at_a_time(monkeypatch):
+    """Rows whose decoded tokens' keys start at different columns of the attention rows (the engine's stepper
+    says ``prompt_columns`` None: rows joined over prefixes of different lengths) cannot share OPERA's window:
+    the batch's opened rows go unused and each question decodes alone, on rows opened for it."""
+    strategy = Variant.from_config({"decoding": "opera", "num_beams": 2}).strategy()
+    batched, alone = [], []
+    monkeypatch.setattr(search, "opera_batch", lambda first, *args, **kwargs: batched.append(first.shape[0]))
+    monkeypatch.setattr(search, "opera_search", lambda first, *args, **kwargs: (
+        alone.append(first.shape[0]), (search.Decoded([[1, 2]], [0.5]), []))[1])
+
+    def opened(rows: int) -> TableStepper:
+        stepper = TableStepper(rows, 0)
+        stepper.prompt_columns = 12 if rows == 2 else None  # a question alone: its prompt's end
+        return stepper
+
+    rows = Attending.of(strategy, ["a", "b"], {False: opened})
+    assert strategy.decode(rows, 3, {8}) == search.Decoded([[1, 2], [1, 2]], [0.5, 0.5])
+    assert batched == [] and alone == [2, 2]
+    assert rows.opened == [2] and [child.opened for child in rows.children] == [[2], [2]]
 
 
 def test_the_variants_layer_imports_nothing_of_the_models():

@@ -429,6 +429,67 @@ def test_one_forward_per_step_answers_as_two(tiny_dirs, picture, monkeypatch):
     assert len(forwards) < 0.7 * two_forwards, (len(forwards), two_forwards)
 
 
+def test_opera_joins_the_rows_of_several_scoring_batches(tiny_dirs, picture, monkeypatch):
+    """One OPERA call whose questions the scoring pass cut into several suffix batches (short and long prompts of
+    two images: padding the short ones to the long ones' width would cost more than another forward) decodes
+    their kept rows joined (``InPlaceStepper.joined``: one prefix length, so the decoded tokens' keys start at one
+    attention column in every row): one batch, so a step's forwards serve every question instead of one set per
+    scoring batch, and no prompt runs again. The answers are OPERA's one question at a time; a question left to
+    decode alone (as a rollback leaves it) opens from its prompt, to the same answer."""
+    model = create_model("tiny", {"backend": "llava", "path": str(tiny_dirs["llava"]), "local_files_only": True})
+    model.use_variant(Variant.from_config({"decoding": "opera", "num_beams": 2, "max_new_tokens": 5,
+                                           "opera": {"num_attn_candidates": 3, "reward_tokens": 2}}))
+    long = " Look closely at the person, the animals, the objects and the place around them." * 8
+    questions = [Question(f"q{i}", text, image) for i, (text, image) in enumerate(
+        (text, image) for image in (picture, _two_images(picture.parent)[0].image)
+        for text in ("Is the person riding the horse?", "Is someone washing it?",
+                     "Is the person riding the horse?" + long, "Is someone washing it?" + long[:-20]))]
+    forwards, batches = [], []
+    real_forward, real_batch = InPlaceStepper._forward, decoding.opera_batch
+    monkeypatch.setattr(InPlaceStepper, "_forward", lambda self, *args, **kw: forwards.append(1) or
+                        real_forward(self, *args, **kw))
+    monkeypatch.setattr(decoding, "opera_batch", lambda first, *args: batches.append(first.shape[0]) or
+                        real_batch(first, *args))
+
+    def decoded(chosen: list[Question], drop: int | None = None):
+        """``chosen`` scored and decoded from the scoring call's hand-off: (answers, step forwards, scoring
+        batches, the rows the decoding opened from prompts); ``drop``: that question's batched answer is set
+        aside (decoded alone, as after a rollback)."""
+        handoff = model.answer_logits(chosen, False)[3]
+        scoring = len({id(stepper) for stepper, _ in handoff.rows(False).values()})
+        forwards.clear()
+        if drop is not None:
+            monkeypatch.setattr(decoding, "opera_batch", lambda *args: [
+                None if i == drop else row for i, row in enumerate(real_batch(*args))])
+        opened = []
+        real_open = type(model.prefix_cache).open_rows
+        monkeypatch.setattr(type(model.prefix_cache), "open_rows", lambda self, items, noised: opened.append(
+            len(items)) or real_open(self, items, noised))
+        answers = model.decode_answers(chosen, False, handoff)
+        monkeypatch.setattr(type(model.prefix_cache), "open_rows", real_open)
+        assert not any(handoff.rows(noised) for noised in (False, True))  # every kept row taken
+        return answers, len(forwards), scoring, opened
+
+    together, joined_forwards, scoring, opened = decoded(questions)
+    assert scoring >= 2 and opened == [] and batches == [2 * len(questions)], (scoring, opened, batches)
+    alone = [model.decode_answers([q], False)[0] for q in questions]
+    assert [answer[:2] for answer in together] == [answer[:2] for answer in alone]
+    assert [answer.probability for answer in together] == pytest.approx([answer.probability for answer in alone],
+                                                                         rel=1e-5)
+    # each scoring batch's questions decoding by themselves (what the call did before the rows joined)
+    handoff = model.answer_logits(questions, False)[3]
+    groups: dict[int, list[Question]] = {}
+    for question in questions:
+        stepper, _ = handoff.rows(False)[question.image, model.render(question, False)]
+        groups.setdefault(id(stepper), []).append(question)
+    apart = [decoded(group)[1] for group in groups.values()]
+    assert len(apart) == scoring and joined_forwards < sum(apart), (joined_forwards, apart)
+    # a question the batch leaves to decode alone opens from its prompt (its kept row went into the joined one)
+    batches.clear()
+    again, _, _, opened = decoded(questions, drop=1)
+    assert [answer[:2] for answer in again] == [answer[:2] for answer in together] and opened == [1]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_one_forward_opera_on_cuda_in_float32_is_the_official_rule(tiny_dirs, picture, monkeypatch):

@@ -263,11 +263,14 @@ def test_attention_on_own_columns_with_padding_sees_only_each_rows_real_keys(ker
     {"decoding": "greedy"},
     {"decoding": "beam", "num_beams": 3, "max_new_tokens": 5},
     {"decoding": "sample", "seed": 3, "max_new_tokens": 5, "vcd": {}},
-])
+    {"decoding": "opera", "num_beams": 2, "max_new_tokens": 5, "opera": {"num_attn_candidates": 3}},
+], ids=["greedy", "beam", "sample_vcd", "opera"])
 def test_decoding_on_prefixes_read_in_place_equals_decoding_on_copies(llava, monkeypatch, entry):
     """InPlaceStepper (each prefix read as cached, rows holding only their own columns, joined across scoring
     batches and prefix lengths, buffers grown past their reserve) decodes the answers that PrefixStepper
-    (a copy of the prefix per row) decodes: YN and MC of two images, with and without a text header."""
+    (a copy of the prefix per row) decodes: YN and MC of two images, with and without a text header. OPERA
+    too: its rows joined in place (one attention column where the decoded tokens start) against its rows on
+    copies, each scoring batch apart, with eager attention's weights."""
     from verbmirage.models.hf.steppers import InPlaceStepper
     from verbmirage.variants.settings import Variant
 
@@ -283,12 +286,18 @@ def test_decoding_on_prefixes_read_in_place_equals_decoding_on_copies(llava, mon
         real_init(self, *args, reserve=1)
 
     monkeypatch.setattr(InPlaceStepper, "__init__", small_reserve)
+    joined, real_joined = [], InPlaceStepper.joined.__func__
+    monkeypatch.setattr(InPlaceStepper, "joined", classmethod(lambda cls, picks, *times: joined.append(
+        len({id(stepper) for stepper, _ in picks})) or real_joined(cls, picks, *times)))
     model.continue_tokens, model.prefix_cache.BATCH_COST = 4, 0
     model.use_variant(Variant.from_config(entry))
     try:
         model.forget_prefixes()
         in_place = model.score_mixed(questions, flags)
         assert made  # the decodings ran on prefixes read in place
+        # every question decoded (not greedy's few undecided ones): rows of several scoring batches in one
+        # stepper, OPERA's too (one prefix length here)
+        assert entry["decoding"] == "greedy" or max(joined, default=0) > 1, joined
         copied = _mixed(model, questions, flags, shared_prefix_attention=False)
     finally:
         model.use_variant(Variant())

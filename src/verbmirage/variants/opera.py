@@ -1,9 +1,10 @@
 """OPERA as a strategy: beam search with the over-trust penalty and retrospection (Huang et al. 2024).
 
 The search loops are :func:`.search.opera_batch` and :func:`.search.opera_search`; this class says what OPERA
-asks of the engine (the last layer's attention, rows of one prompt width) and decides which questions decode
-together: a batch whose image tokens sit at one position decodes as one, and a question whose retrospection
-rolls back (or a batch with its image elsewhere) decodes alone.
+asks of the engine (the last layer's attention; rows whose decoded tokens start at one attention column) and
+decides which questions decode together: a batch whose image tokens sit at one position and whose decoded tokens'
+keys start at one column decodes as one, and a question whose retrospection rolls back (or a batch with its image
+elsewhere, or its decoded tokens at different columns) decodes alone.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class Opera(Decoding):
 
     name = "opera"
     needs_last_attention = True
-    joins_rows = False  # its columns (image span, prompt end) are one prompt width's
+    joins_rows = False  # its columns (image span, prompt end) must be every row's
 
     @property
     def beams(self) -> int:
@@ -35,13 +36,16 @@ class Opera(Decoding):
 
     def decode(self, rows: AttendingRows, new_tokens: int, stop: set[int]) -> search.Decoded:
         """A batch of questions (:func:`.search.opera_batch`); a question whose retrospection rolls back, or a
-        batch whose image tokens sit at different positions, decodes alone (:meth:`decode_alone`)."""
+        batch whose image tokens sit at different positions or whose rows' decoded tokens start at different
+        attention columns (``prompt_columns`` None), decodes alone (:meth:`decode_alone`)."""
         spans = set(rows.image_spans())
-        if len(rows.question_ids) == 1 or len(spans) != 1:
+        variant, beams = self.variant, self.beams
+        first, stepper = rows.open(beams, fresh=True) if len(rows.question_ids) > 1 and len(spans) == 1 \
+            else (None, None)
+        if stepper is None or stepper.prompt_columns is None:
+            del first, stepper  # (its rows free before the questions reopen alone)
             return search.Decoded.joined([self.decode_alone(rows.alone(i), new_tokens, stop)
                                           for i in range(len(rows.question_ids))])
-        variant, beams = self.variant, self.beams
-        first, stepper = rows.open(beams, fresh=True)
         attending = rows.attending(first, stepper)  # (OPERA does not combine with VCD: one stream)
         span = spans.pop()
         decoded = search.opera_batch(

@@ -72,7 +72,9 @@ class Decoding:
     needs_last_attention = False
     #: Whether one engine call may hold several batches' worth of questions (each forward still one batch).
     call_spans_batches = False
-    #: Whether rows opened on prompts of different widths may decode joined in one batch.
+    #: Whether rows opened on prompts of different widths may decode joined in one batch; False (OPERA, which
+    #: reads the decoded tokens' attention columns): only where their decoded tokens start at one column of the
+    #: attention rows (the engine's ``prompt_columns``).
     joins_rows = True
     #: Whether the first-position argmax is the answer's first token (then only the answers it does not decide
     #: are decoded further); otherwise every answer is decoded in full.

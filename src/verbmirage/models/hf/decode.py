@@ -127,9 +127,20 @@ class Decoder:
                              prefixes[0].extra)
 
     @staticmethod
-    def _joins(strategy, stepper) -> bool:
-        """Whether the rows of this kept opening may decode joined with those of others under ``strategy``."""
-        return strategy.joins_rows and stepper.extra is None
+    def _join_group(strategy, stepper) -> tuple | None:
+        """Which kept openings the rows of this one may decode joined with under ``strategy``: those of the same
+        group, or none (None). Rows of any prompt widths where the strategy allows it
+        (:attr:`~verbmirage.variants.strategies.Decoding.joins_rows`); under a strategy that reads the decoded
+        tokens' attention columns (OPERA), rows read in place on one prefix length, whose joined stepper's
+        decoded tokens start at one column (:meth:`~.steppers.InPlaceStepper.joined`; copied prefixes,
+        right-padded to the longest cache when joined, do not join for it). Never where a prefix carries more
+        than its keys and values (Qwen's rope delta)."""
+        if stepper.extra is not None:
+            return None
+        if strategy.joins_rows:
+            return ()
+        width = stepper.prefix_width() if isinstance(stepper, InPlaceStepper) else None
+        return None if width is None else (width,)
 
     @torch.inference_mode()
     def decode(self, questions: list[Question], multiple_choice: bool, strategy,
@@ -159,7 +170,8 @@ class Decoder:
         for i, item in enumerate(items):
             if (item[0], item[2]) in kept:  # rows of the scoring batches: the decoding starts from them
                 source = kept[item[0], item[2]][0]  # (no local name keeps it: its rows free once taken)
-                key = ("kept",) if self._joins(strategy, source) else ("kept", id(source))
+                group = self._join_group(strategy, source)
+                key = ("kept", id(source)) if group is None else ("kept", *group)
                 del source
             elif opened.suffix[i] is None:  # whole prompts: one batch per image and token length
                 key = ("full", item[0], opened.length[i])
@@ -232,7 +244,7 @@ class Decoder:
                 opened: tuple[Rows, list[int]] | None = None, openings: Openings | None = None):
         """A stepper over ``items``: the scoring pass's (kept in ``openings``), else on the cached image prefixes (any
         prompt lengths), else whole prompts."""
-        stepper = openings.take(noised, items, repeats, functools.partial(self._joins, strategy)) if openings \
+        stepper = openings.take(noised, items, repeats, functools.partial(self._join_group, strategy)) if openings \
             else None
         if stepper is not None:
             return stepper.first, stepper

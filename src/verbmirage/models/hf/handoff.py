@@ -56,13 +56,14 @@ class Openings:
         for position, row in enumerate(rows):
             self.kept[streams[row]][keys[row]] = (stepper, position)
 
-    def take(self, noised: bool, items: list[tuple], repeats: int, joins) -> object | None:
+    def take(self, noised: bool, items: list[tuple], repeats: int, join_group) -> object | None:
         """A stepper on ``items`` ((image path, image, prompt)), each row ``repeats`` times (its beams), from the
-        kept openings of one stream, or None: the rows of one scoring batch, or of several joined where ``joins``
-        allows each stepper (:meth:`~verbmirage.models.hf.steppers.PrefixStepper.joined`; not for OPERA, which
-        needs one prompt width, nor where a prefix carries more than its keys and values, such as Qwen's rope
-        delta). The rows are copied once, beams included, and leave the hand-off: the decoding owns them now, so
-        the scoring batches' rows free as their questions are taken."""
+        kept openings of one stream, or None: the rows of one scoring batch, or of several joined
+        (:meth:`~verbmirage.models.hf.steppers.PrefixStepper.joined`) where ``join_group`` puts every stepper
+        in one group (not None: OPERA's rows join only read in place on one prefix length, so that the decoded
+        tokens start at one attention column; no rows join where a prefix carries more than its keys and
+        values, such as Qwen's rope delta). The rows are copied once, beams included, and leave the hand-off: the
+        decoding owns them now, so the scoring batches' rows free as their questions are taken."""
         kept = self.rows(noised)
         found = [kept.get((path, text)) for path, _, text in items] if kept else [None]
         if any(entry is None for entry in found):
@@ -70,7 +71,7 @@ class Openings:
         steppers = {id(stepper): stepper for stepper, _ in found}
         if len(steppers) == 1:
             stepper = found[0][0].subset([row for _, row in found for _ in range(repeats)], repeats)
-        elif all(map(joins, steppers.values())):
+        elif len(groups := {join_group(stepper) for stepper in steppers.values()}) == 1 and None not in groups:
             stepper = type(found[0][0]).joined([pick for pick in found for _ in range(repeats)], repeats)
         else:
             return None

@@ -293,11 +293,19 @@ class InPlaceStepper:
         rows = range(len(self.image_of_row))
         return InPlaceStepper.joined([(self, row) for row in rows] + [(other, row) for row in rows])
 
+    def prefix_width(self) -> int | None:
+        """The length of the prefixes its rows read (an attention row's columns before the row's own), or None
+        where they differ."""
+        widths = {self.prefixes[j].tensors[0][0].shape[-2] for j in set(self.image_of_row)}
+        return widths.pop() if len(widths) == 1 else None
+
     @classmethod
     def joined(cls, picks: list[tuple["InPlaceStepper", int]], times: int = 1) -> "InPlaceStepper":
         """One stepper over rows of several, in the order of ``picks`` ((stepper, row) each): their prefixes
         together, their own columns side by side (right-padded to the widest, the padding not valid), so that
-        rows of different prefixes and prompt lengths decode in one batch. ``times``: as :meth:`subset`'s."""
+        rows of different prefixes and prompt lengths decode in one batch. ``times``: as :meth:`subset`'s.
+        Where the rows read prefixes of one length, their decoded tokens' keys start at one column of the
+        attention rows (``prompt_columns``, OPERA's), else at different ones (None)."""
         picks = picks[::times]
         sample, rows = picks[0][0], len(picks)
         steppers = list({id(stepper): stepper for stepper, _ in picks}.values())
@@ -316,7 +324,7 @@ class InPlaceStepper:
         other.valid = sample.valid.new_zeros((rows, capacity))
         other.next_position = sample.next_position.new_empty(rows)
         other.first = sample.first.new_empty((rows, *sample.first.shape[1:]))
-        other.image_of_row, other.prompt_lengths, other.prompt_columns = [0] * rows, [0] * rows, None
+        other.image_of_row, other.prompt_lengths = [0] * rows, [0] * rows
         other._stacked = {}
         for stepper in steppers:
             members = [(position, row) for position, (source, row) in enumerate(picks) if source is stepper]
@@ -330,6 +338,10 @@ class InPlaceStepper:
             for position, row in members:
                 other.image_of_row[position] = where[id(stepper.prefixes[stepper.image_of_row[row]])]
                 other.prompt_lengths[position] = stepper.prompt_lengths[row]
+        # each row's own columns start at column 0 of its buffer, its decoded tokens at the joined ``used``: after
+        # one prefix length (an attention row holds the prefix's columns, then the row's own), one column for all
+        width = other.prefix_width()
+        other.prompt_columns = None if width is None else width + used
         other._grouped(times)
         return other
 
