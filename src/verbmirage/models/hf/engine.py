@@ -237,11 +237,12 @@ class TransformersVLM(LogitsVLM):
             else:
                 values = torch.stack([self.with_shrinking_batches(functools.partial(self._full_logits, noised=noised),
                                                                   chosen) for noised in streams])
-            values, noised = values[0], values[-1]
             if strategy.streams > 1:  # VCD's contrast
-                values, contrast_columns = strategy.contrast_first(values, noised)
+                values, contrast_columns = strategy.contrast_first(values[0], values[1])
                 for i, own in zip(valid, contrast_columns):
                     columns[i] = own
+            else:
+                values = values[0]
             logits[valid] = values
         return logits, errors, columns, openings
 
