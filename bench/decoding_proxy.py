@@ -27,10 +27,24 @@ Two regimes:
   24 of 32), which barely moves the ratios, each forward costing about as many operators per layer whatever
   the depth (run two depths to see it).
 
+Two paths (``--path``):
+
+- **cpu** (the default): the engine as it runs on the CPU (eager decoder layers, the CPU's flash kernel for the
+  shared-prefix attention, its cuts of suffix batches, OPERA in two forwards per step), operators counted as
+  above;
+- **cuda**: the engine set up as it runs on CUDA, exactly as bench/launches.py sets up CUDA's path
+  (``fit_to_device``: fewer, fuller forwards, decoder layers compiled, here by inductor's CPU code generator,
+  OPERA in one forward per step; FlexAttention for the shared-prefix attention), and counted as launches.py
+  counts launches (its ``count_launches``: each region that is one fused kernel on CUDA as one, each kernel
+  inductor generates as one, allocations and views not), so that the two scripts' figures mean the same.
+  With compiled layers each decoding runs its pass once uncounted first, so that every shape its layers meet
+  is compiled before the count (``VERBMIRAGE_COMPILE_LAYERS=0`` keeps them eager, as on CUDA).
+
     python bench/decoding_proxy.py [--images 4] [--batch-size 64] [--max-new-tokens 8]
     python bench/decoding_proxy.py --regime gpu --layers 4   # the device check's call, 4 + 3 layers
     python bench/decoding_proxy.py --regime gpu --layers 4 --only opera --opera-one-forward  # CUDA's OPERA step
-    python bench/decoding_proxy.py --smoke   # 1 image, 1 layer: checks the script (CI)
+    python bench/decoding_proxy.py --regime gpu --layers 4 --path cuda   # CUDA's path, counted as launches.py does
+    python bench/decoding_proxy.py --smoke [--path cuda]   # 1 image, 1 layer: checks the script (CI)
 """
 
 from __future__ import annotations
@@ -49,6 +63,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_scoring import DECODINGS, engine_pass, hico_like_questions, make_decisive  # noqa: E402
 from gpu_scoring import RandomLlava7B  # noqa: E402
+from launches import count_launches, kernel_of, set_up  # noqa: E402
+from verbmirage.models.hf.compiled_layers import compiles_layers  # noqa: E402
+from verbmirage.models.hf.shared_prefix import use_kernel  # noqa: E402
 from verbmirage.models.tiny import build_tiny_llava  # noqa: E402
 from verbmirage.variants.settings import Variant  # noqa: E402
 
@@ -92,16 +109,29 @@ def peak_bytes(prof) -> int:
     return peak
 
 
-def measure(model, questions, entry: dict, batch_size: int, max_new_tokens: int) -> tuple[Counter, int, int]:
-    """(leaf operator calls by name, peak live bytes, questions per call) of one pass over ``questions`` with the
-    variant ``entry``, its calls sized as a job sizes them: the variant first, then ``use_batch_size``."""
+def launches(prof) -> Counter:
+    """bench/launches.py's count of the kernels ``prof``'s events launch on CUDA's path, by operator name (the
+    ``aten::`` prefix dropped, as :func:`leaf_operators` names them)."""
+    return Counter({name.removeprefix("aten::"): n for name, n in count_launches(prof.events()).items()})
+
+
+def measure(model, questions, entry: dict, batch_size: int, max_new_tokens: int, path: str = "cpu",
+            compiled: bool = False) -> tuple[Counter, int, int]:
+    """(operator calls by name, peak live bytes, questions per call) of one pass over ``questions`` with the
+    variant ``entry``, its calls sized as a job sizes them: the variant first, then ``use_batch_size``; on
+    ``path`` (``cpu``: :func:`leaf_operators`; ``cuda``: :func:`launches`), ``compiled`` layers after one whole
+    uncounted pass that compiles every shape the pass meets."""
     settings = {**entry, "max_new_tokens": max_new_tokens} if entry.get("decoding") else entry
     model.use_variant(Variant.from_config(settings))
     per_call = model.use_batch_size(batch_size)
-    model.score_yes_no(questions[:2])  # warm-up
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        engine_pass(model, questions, per_call, lambda: None)
-    return leaf_operators(prof), peak_bytes(prof), per_call
+    with use_kernel(kernel_of(path)):
+        if compiled:
+            engine_pass(model, questions, per_call, lambda: None)
+        else:
+            model.score_yes_no(questions[:2])  # warm-up
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            engine_pass(model, questions, per_call, lambda: None)
+    return (leaf_operators(prof) if path == "cpu" else launches(prof)), peak_bytes(prof), per_call
 
 
 def main() -> None:
@@ -120,6 +150,9 @@ def main() -> None:
                         help="also print the N operators each decoding calls most often beyond greedy (per prompt)")
     parser.add_argument("--opera-one-forward", action="store_true",
                         help="OPERA's step in one forward, as on CUDA (models/hf/on_device.py; the CPU runs two)")
+    parser.add_argument("--path", choices=("cpu", "cuda"), default="cpu",
+                        help="the engine as on the CPU (default) or as on CUDA, counted as bench/launches.py "
+                             "counts launches (the module's docstring)")
     parser.add_argument("--smoke", action="store_true", help="1 image, 1 layer, 2 new tokens: checks the script runs")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -134,11 +167,16 @@ def main() -> None:
         model = RandomLlava7B("llava7b_narrow", str(processor_dir), dtype="float32", device="cpu",
                               local_files_only=True)
         make_decisive(model)
+        if args.path == "cuda":
+            set_up(model, "cuda")  # as bench/launches.py counts CUDA's path (OPERA in one forward per step)
         if args.opera_one_forward:
             model.opera_one_forward = True  # CUDA's choice, made on the CPU as bench/launches.py makes CUDA's path
         questions = hico_like_questions(images, work / "yn")
         size = RandomLlava7B.size
-        print(f"{size['layers']} language layers (hidden {size['hidden']}), {size['vision_layers']} vision layers, "
+        compiled = args.path == "cuda" and compiles_layers(torch.device("cuda"))
+        print(f"{args.path} path (decoder layers {'compiled' if compiled else 'eager'}, OPERA in "
+              f"{'one forward' if model.opera_one_forward else 'two forwards'} per step): "
+              f"{size['layers']} language layers (hidden {size['hidden']}), {size['vision_layers']} vision layers, "
               f"576 image tokens; {len(questions)} YN questions on {images} images, batch {args.batch_size}, "
               f"calls sized per decoding (its variant first, then its batch), {args.max_new_tokens} new tokens "
               "per decoded answer")
@@ -146,7 +184,8 @@ def main() -> None:
         for slug, entry in DECODINGS.items():
             if args.only is not None and slug != "greedy" and slug not in args.only:
                 continue
-            operators, peak, per_call = measure(model, questions, entry, args.batch_size, args.max_new_tokens)
+            operators, peak, per_call = measure(model, questions, entry, args.batch_size, args.max_new_tokens,
+                                                args.path, compiled)
             counts[slug] = operators
             figures[slug] = (operators.total() / len(questions), peak)
             ops, base_peak = figures[slug][0], figures["greedy"][1]

@@ -139,6 +139,12 @@ def set_up(model, path: str) -> None:
         fit_to_device(model, device=torch.device("cuda"))
 
 
+def kernel_of(path: str) -> str:
+    """The shared-prefix attention's kernel (shared_prefix.KERNELS) on ``path``: the CPU's flash kernel on the
+    CPU's, FlexAttention (one fused kernel per part on CUDA) on every other."""
+    return "cpu_flash" if path == "cpu" else "flex"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=16)
@@ -153,7 +159,7 @@ def main() -> None:
         for path in args.path:
             model = deep_narrow_model(work)
             set_up(model, path)
-            kernel = "cpu_flash" if path == "cpu" else "flex"
+            kernel = kernel_of(path)
             with use_kernel(kernel):  # warm-up: every shape a compiled layer meets, compiled before counting
                 all_sets_per_call(model, suite if "compiled" in path or path == "cuda" else suite[:8],
                                   args.batch_size)

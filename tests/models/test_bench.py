@@ -134,3 +134,21 @@ def test_remote_batching_benchmark_runs_in_smoke_mode():
     row = re.search(r"^mplug_owl2 +tiny \(smoke\) +6 +([\d.]+) +([\d.]+) +([\d.]+)x +([\d.e+-]+)$", out, re.M)
     assert row and float(row.group(3)) > 0 and float(row.group(4)) < 1e-5, out
     assert '"forwards": {"prefix": 2' in out and '"single": 0}' in out
+
+
+def test_decoding_proxy_counts_cudas_path_as_the_launch_proxy_does():
+    """--path cuda: the engine set up as bench/launches.py sets up CUDA's path (OPERA in one forward per step) and
+    counted with its count_launches, whose names keep their namespace beyond aten (FlexAttention's fused region,
+    inductor's kernels). The decoder layers stay eager here (VERBMIRAGE_COMPILE_LAYERS=0): compiled by inductor on
+    the CPU the smoke takes minutes, not seconds; greedy and OPERA only, the one decoding that runs otherwise on CUDA."""
+    env = {**os.environ, "VERBMIRAGE_COMPILE_LAYERS": "0"}
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "decoding_proxy.py"), "--smoke", "--regime", "gpu",
+                          "--path", "cuda", "--only", "opera", "--breakdown", "40"], env=env, capture_output=True,
+                         text=True, timeout=600, check=True).stdout
+    assert "cuda path (decoder layers eager, OPERA in one forward per step): 1 language layers" in out
+    rows = re.findall(r"^  (\w+) +([\d.]+) ops/prompt +([\d.]+)x greedy +peak +[\d.]+ MiB +[\d.]+x greedy +"
+                      r"calls of +(\d+)", out, re.M)
+    assert [(row[0], row[3]) for row in rows] == [("greedy", "256"), ("opera", "64")]
+    assert float(rows[1][2]) > 1.0
+    beyond = dict(re.findall(r"([\w:]+) ([\d.]+)", out.split("beyond greedy: ")[1].splitlines()[0]))
+    assert "verbmirage::fused" in beyond and "item" in beyond  # launches.py's count: fused regions, host reads
