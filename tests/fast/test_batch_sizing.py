@@ -9,6 +9,7 @@ import pytest
 
 from verbmirage.inference.sizing import (
     AUTO,
+    BATCH_STEP,
     DEFAULT_BATCH_SIZE,
     MARGIN,
     MAX_BATCH,
@@ -45,11 +46,18 @@ def _usable(free: int, total: int) -> float:
     (MemoryCosts(weights=14 * GIB, per_row=40 * MIB, per_question=130 * MIB, per_image=500 * MIB, call_batches=4),
      126 * GIB, 20.0),
 ])
-def test_the_sized_batch_is_the_largest_power_of_two_whose_call_fits(costs, free, rows):
+def test_the_sized_batch_is_the_largest_multiple_of_eight_whose_call_fits(costs, free, rows):
     batch = sized_batch(costs, free, H200, rows)
-    assert batch & (batch - 1) == 0 and 1 <= batch <= MAX_BATCH
+    assert 1 <= batch <= MAX_BATCH and (batch % BATCH_STEP == 0 or batch & (batch - 1) == 0 and batch < BATCH_STEP)
     assert _needs(costs, batch, rows) <= _usable(free, H200)  # fits, the margin kept free
-    assert batch == MAX_BATCH or _needs(costs, 2 * batch, rows) > _usable(free, H200)  # twice would not
+    step = BATCH_STEP if batch >= BATCH_STEP else batch
+    assert batch == MAX_BATCH or _needs(costs, batch + step, rows) > _usable(free, H200)  # the next size would not
+
+
+def test_below_eight_rows_the_sized_batch_is_a_power_of_two():
+    costs = MemoryCosts(weights=14 * GIB, per_row=1 * GIB, per_image=0)
+    assert [sized_batch(costs, int(MARGIN * H200) + n * GIB + GIB // 2, H200) for n in (1, 3, 7, 8, 13)] == \
+        [1, 2, 4, 8, 8]
 
 
 def test_more_free_memory_fewer_beams_and_more_questions_per_image_give_larger_batches():
@@ -67,9 +75,9 @@ def test_the_sized_batch_is_capped():
 
 
 @pytest.mark.parametrize("per_row, rows, batch", [
-    (608 * MIB, 15.0, 32),   # LLaVA-1.5-7B in bf16, beam-5: 64 (54 GiB) would pass the budget
+    (608 * MIB, 15.0, 32),   # LLaVA-1.5-7B in bf16, beam-5 in calls of one batch: 40 would pass the budget
     (1217 * MIB, 15.0, 16),  # VCD with beam-5
-    (192 * MIB, 33.0, 64),  # sampling, many questions per image
+    (192 * MIB, 33.0, 104),  # sampling, many questions per image
 ])
 def test_a_decodings_batch_stops_at_its_budget_however_much_is_free(per_row, rows, batch):
     """A decoding's costs carry a budget (weights included): on an H200 with 126 GiB free its sized batch is the
@@ -80,7 +88,7 @@ def test_a_decodings_batch_stops_at_its_budget_however_much_is_free(per_row, row
     sized = sized_batch(costs, 126 * GIB, H200, rows)
     assert sized == batch and sized_batch(unbounded, 126 * GIB, H200, rows) >= 4 * batch
     within = (1 - MARGIN) * 40 * GIB
-    assert costs.weights + _needs(costs, sized, rows) <= within < costs.weights + _needs(costs, 2 * sized, rows)
+    assert costs.weights + _needs(costs, sized, rows) <= within < costs.weights + _needs(costs, sized + 8, rows)
     assert sized_batch(costs, 20 * GIB, H200, rows) == sized_batch(unbounded, 20 * GIB, H200, rows)  # less free
 
 

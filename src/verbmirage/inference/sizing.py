@@ -31,6 +31,10 @@ AUTO = "auto"
 DEFAULT_BATCH_SIZE = 64
 #: The largest sized batch (rows per forward).
 MAX_BATCH = 1024
+#: A sized batch is a multiple of this many rows (a GPU's matrix kernels tile by 8 and more): not a power of two,
+#: which would leave up to half of what fits unused (a decoding's call then steps its questions in twice the
+#: step forwards)
+BATCH_STEP = 8
 #: Share of the device's total memory left free by a sized batch (fragmentation, the estimate's errors).
 MARGIN = 0.10
 #: A device's memory as (free, total) bytes; the free bytes read with the model loaded.
@@ -70,7 +74,8 @@ def rows_per_image(images: list[str]) -> float:
 
 def sized_batch(costs: MemoryCosts, free: int, total: int, per_image_rows: float = 1.0, name: str = "model",
                 margin: float = MARGIN, cap: int = MAX_BATCH) -> int:
-    """The largest batch (a power of two, at most ``cap``) whose call fits ``free`` bytes less ``margin`` of
+    """The largest batch (a multiple of :data:`BATCH_STEP`, or below it a power of two; at most ``cap``) whose
+    call fits ``free`` bytes less ``margin`` of
     ``total``, and the costs' ``budget`` (weights included) less ``margin`` of it where they set one (decodings),
     though never below one question where the free memory holds one.
 
@@ -89,7 +94,7 @@ def sized_batch(costs: MemoryCosts, free: int, total: int, per_image_rows: float
             f"{(costs.per_row + costs.per_question + costs.per_image) / GIB:.2f} GiB, {budget / GIB:.2f} GiB are usable "
             f"({free / GIB:.2f} GiB free of {total / GIB:.2f} GiB, {margin:.0%} kept free; the weights hold "
             f"{costs.weights / GIB:.2f} GiB). Run it on a GPU with more free memory, or in a smaller dtype")
-    return min(cap, 1 << (rows.bit_length() - 1))
+    return min(cap, rows - rows % BATCH_STEP if rows >= BATCH_STEP else 1 << (rows.bit_length() - 1))
 
 
 @dataclass(frozen=True)
