@@ -261,3 +261,24 @@ def test_greedy_takes_a_probability_on_its_first_step_only():
         logits = stepper.table[expected[-1]]
     assert decoded.tokens == torch.stack(expected, dim=1).tolist()
     assert decoded.first_probability == torch.softmax(stepper.first, -1).max(-1).values.tolist()
+
+
+def test_the_first_tokens_probabilities_are_read_in_one_gather_nan_where_none_was_chosen():
+    from verbmirage.variants.search import _chosen_probability
+
+    probabilities = torch.rand(4, 7)
+    got = _chosen_probability(probabilities, [3, 0, 2, 1], [5, -1, 0, 6])
+    assert got[1] != got[1]  # NaN: no token chosen
+    assert [got[i] for i in (0, 2, 3)] == [probabilities[3, 5].item(), probabilities[2, 0].item(),
+                                           probabilities[1, 6].item()]
+    assert _chosen_probability(probabilities, [0], [-1])[0] != _chosen_probability(probabilities, [0], [-1])[0]
+
+
+@pytest.mark.parametrize("left", [False, True])
+def test_token_rows_pad_into_one_batch_on_either_side(left):
+    from verbmirage.models.hf.tokens import padded
+
+    rows = [torch.tensor([5, 6, 7]), torch.tensor([8]), torch.tensor([9, 10])]
+    ids, lengths = padded(rows, 0, "cpu", left=left)
+    expected = [[5, 6, 7], [0, 0, 8], [0, 9, 10]] if left else [[5, 6, 7], [8, 0, 0], [9, 10, 0]]
+    assert ids.tolist() == expected and ids.dtype == torch.long and lengths.tolist() == [3, 1, 2]

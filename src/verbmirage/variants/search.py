@@ -120,8 +120,11 @@ class Decoded:
 
 def _chosen_probability(probabilities: torch.Tensor, rows: Sequence[int], tokens: Sequence[int]) -> list[float]:
     """probabilities[row, token] of each (row, token); NaN where no token was chosen (negative id)."""
-    probabilities = probabilities.detach()
-    return [float(probabilities[row, token]) if token >= 0 else math.nan for row, token in zip(rows, tokens)]
+    chosen = [(row, token) for row, token in zip(rows, tokens) if token >= 0]
+    # one gather and one read to the host for all rows (not a read per row: each waits on a GPU)
+    values = iter(probabilities.detach()[[row for row, _ in chosen], [token for _, token in chosen]].tolist()
+                  if chosen else [])
+    return [next(values) if token >= 0 else math.nan for token in tokens]
 
 
 class Stepper(Protocol):

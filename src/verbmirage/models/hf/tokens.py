@@ -19,15 +19,11 @@ MAX_OPTIONS = 26
 def padded(rows: list[torch.Tensor], pad: int, device, left: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Token rows of different lengths as one batch [rows, longest], padded with ``pad`` after each row (before
     it, ``left``), and their lengths [rows], both on ``device``."""
-    lengths = torch.tensor([len(row) for row in rows], device=device)
-    width = int(lengths.max())
-    input_ids = torch.full((len(rows), width), pad, dtype=torch.long, device=device)
-    for r, row in enumerate(rows):
-        if left:
-            input_ids[r, width - len(row):] = row
-        else:
-            input_ids[r, : len(row)] = row
-    return input_ids, lengths
+    # laid out where the rows are (the tokenizer's: the host) and moved in one copy, not written row by row on
+    # the device (a launch per row on a GPU)
+    input_ids = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad,
+                                                padding_side="left" if left else "right")
+    return input_ids.to(device), torch.tensor([len(row) for row in rows], device=device)
 
 
 def images_only_processor(processor_class):
