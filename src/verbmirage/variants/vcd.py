@@ -62,8 +62,8 @@ class ContrastiveDecoding(Decoding):
         ``vcd_kl_reverse``, ``vcd_plausible``; none where the KL is not finite)."""
         contrasted = search.contrast(clean, noised, self.settings)
         kl, kl_reverse, plausible = search.divergence(clean, contrasted, self.settings.beta)
-        columns = [{"vcd_kl": float(kl[i]), "vcd_kl_reverse": float(kl_reverse[i]), "vcd_plausible": int(plausible[i])}
-                   if math.isfinite(float(kl[i])) else {} for i in range(len(kl))]
+        columns = [{"vcd_kl": a, "vcd_kl_reverse": b, "vcd_plausible": int(c)} if math.isfinite(a) else {}
+                   for a, b, c in zip(kl.tolist(), kl_reverse.tolist(), plausible.tolist())]  # one read each
         return contrasted, columns
 
     def combine(self, stream: Stream):
