@@ -22,8 +22,8 @@ Two regimes:
   ``use_batch_size``), on the questions of ``--images`` images: with few images, one call of one batch;
 - **gpu** (``--regime gpu``): the device check's (bench/gpu_scoring.py ``--decodings`` in bench/h200_check.sh):
   the YN questions of 16 images, each decoding as its job sizes it, its variant first and then
-  ``use_batch_size(64)`` (greedy: calls of four batches, 256 questions; beam search, sampling and OPERA: one
-  batch of 64 per call). It is slower: ``--layers`` makes the model shallower (the vision tower in proportion,
+  ``use_batch_size(64)`` (on LLaVA, whose rows read their prefixes in place, every decoding's calls hold four
+  batches, 256 questions, and decode them together). It is slower: ``--layers`` makes the model shallower (the vision tower in proportion,
   24 of 32), which barely moves the ratios, each forward costing about as many operators per layer whatever
   the depth (run two depths to see it).
 
