@@ -298,7 +298,7 @@ class TransformersVLM(LogitsVLM):
         """
         opened = self.prefix_cache.open_rows(items, streams)
         result = None
-        for s, noised in enumerate(streams):
+        for noised in streams:
             fallback = [row for row in opened.fallback if opened.noised(row) == noised]
             if fallback:
                 values = self._full_logits([items[opened.item(row)] for row in fallback], noised)
