@@ -132,6 +132,10 @@ def test_choosing_sizes_auto_keeps_a_number_and_reuses_what_fits(job, caplog):
         shrunk.record["note"]
     config = choose_batching(model, 8, sized.record, images, small)  # the config now names another batch
     assert config.batch_size == 8 and "the config's batch_size is now 8" in config.record["note"]
+    older = {**sized.record, "per_call": 2}  # kept by code whose calls at batch 2 held one batch
+    moved = choose_batching(model, AUTO, older, images, large)
+    assert moved.batch_size == 2 and f"a call at that batch now holds {2 * model.CALL_BATCHES} questions" in \
+        moved.record["note"]
 
 
 def _run(job, output, memory=None, batch_size=AUTO, max_error_share=0.05):
@@ -259,8 +263,8 @@ def test_llava_7b_on_an_h200_sizes_as_documented_and_never_below_the_measured_pe
             peak = costs.weights + costs.call_bytes(batch, rows)
             assert slug == "greedy" or peak <= (1 - MARGIN) * 40 * 2**30, slug
     # a decoding's call holds four of these batches (LLaVA's rows read their prefixes in place)
-    assert sized == {"greedy": [288, 552], "beam5": [24, 32], "sample": [24, 40], "vcd_greedy": [16, 32],
-                     "vcd_sample": [8, 16], "vcd_beam5": [8, 16], "opera": [24, 24]}
-    assert unbounded == {"greedy": [288, 552], "beam5": [128, 168], "sample": [160, 216], "vcd_greedy": [104, 176],
-                         "vcd_sample": [72, 104], "vcd_beam5": [64, 80], "opera": [120, 152]}
+    assert sized == {"greedy": [288, 552], "beam5": [16, 32], "sample": [24, 32], "vcd_greedy": [32, 72],
+                     "vcd_sample": [8, 16], "vcd_beam5": [8, 8], "opera": [16, 24]}
+    assert unbounded == {"greedy": [288, 552], "beam5": [112, 160], "sample": [128, 200], "vcd_greedy": [160, 368],
+                         "vcd_sample": [64, 96], "vcd_beam5": [56, 80], "opera": [96, 144]}
     assert 13 * 2**30 < costs.weights < 14 * 2**30  # 7.06B parameters in bf16

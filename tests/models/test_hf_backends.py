@@ -160,9 +160,16 @@ def test_bad_images_get_an_error_and_the_rest_goes_on(llava, images, tmp_path):
     assert math.isnan(results[1].p_yes) and results[2].prediction == "unknown"
 
 
-def test_out_of_memory_halves_the_batch(llava, demo_anno, images, caplog):
+@pytest.mark.parametrize("variant", [{}, {"decoding": "sample", "vcd": {}, "max_new_tokens": 3}], ids=["greedy", "vcd"])
+def test_out_of_memory_halves_the_batch(llava, demo_anno, images, caplog, variant):
+    """Out of memory halves the call's batches and drops its kept openings; the answers are those of one call
+    (VCD: both streams scored in each halved chunk, then decoded from the prompts)."""
+    from verbmirage.variants.settings import Variant
+
+    llava.use_variant(Variant.from_config(variant))
     questions = _questions(demo_anno, images, "yn_obj", 12)
-    expected = [r.p_yes for r in llava.score_yes_no(questions)]
+    llava.forget_prefixes()
+    expected = [(r.p_yes, r.raw_answer) for r in llava.score_yes_no(questions)]
     real = llava._prefix_logits
 
     def limited(items, streams=(False,), openings=None):  # a device that fits two prompts at a time
@@ -172,11 +179,14 @@ def test_out_of_memory_halves_the_batch(llava, demo_anno, images, caplog):
 
     llava._prefix_logits = limited
     try:
+        llava.forget_prefixes()
         with caplog.at_level(logging.WARNING):
-            got = [r.p_yes for r in llava.score_yes_no(questions)]
+            got = [(r.p_yes, r.raw_answer) for r in llava.score_yes_no(questions)]
     finally:
         del llava._prefix_logits
-    assert got == pytest.approx(expected, abs=TOLERANCE)
+        llava.use_variant(Variant())
+    assert [p for p, _ in got] == pytest.approx([p for p, _ in expected], abs=TOLERANCE)
+    assert [a for _, a in got] == [a for _, a in expected]
     assert any("batch halved" in record.getMessage() for record in caplog.records)
 
 

@@ -156,7 +156,7 @@ def test_scores_do_not_depend_on_where_suffix_batches_are_cut(llava, monkeypatch
 
 def test_a_greedy_call_holds_several_batches_and_each_forward_at_most_one(llava, monkeypatch):
     """use_batch_size: a greedy LLaVA call takes CALL_BATCHES batches' worth of questions, its suffix batches
-    stay within batch_rows, its continuations decode together, and the answers are those of an uncapped call."""
+    and its continuations stay within batch_rows, and the answers are those of an uncapped call."""
     from verbmirage.variants.settings import Variant
 
     model, questions = llava
@@ -173,7 +173,7 @@ def test_a_greedy_call_holds_several_batches_and_each_forward_at_most_one(llava,
         capped = model.score_multiple_choice(questions)
         assert sizes and max(sizes) <= 3
         decoded = [size for size in chunks if size is not None]  # the decodings' chunks (scoring passes None)
-        assert len(decoded) == 1 and decoded[0] > 3  # the undecided rows of every scoring batch in one decoding
+        assert decoded and max(decoded) <= 3  # continuations a batch at a time (the memory estimate's count)
         model.batch_size, sizes[:] = None, []
         model.forget_prefixes()
         whole = model.score_multiple_choice(questions)

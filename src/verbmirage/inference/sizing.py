@@ -151,6 +151,7 @@ def choose_batching(model, batch_size: int | str, kept: dict | None, images: lis
         record["measured"] = measured
     if kept is not None:
         why = (f"the config's batch_size is now {batch_size}" if batch_size != AUTO
+               else f"a call at that batch now holds {per_call} questions" if chosen == kept["batch_size"]
                else f"it does not fit this device (sized {sized})")
         record["note"] = (f"the answers kept from an earlier run were asked at batch {kept['batch_size']} "
                           f"({kept['per_call']} per call), not reused because {why}; the rest at batch {chosen} "

@@ -70,8 +70,9 @@ class Decoding:
     streams = 1
     #: Whether the language model's last layer must return its attention (eager kernel; OPERA).
     needs_last_attention = False
-    #: Whether one engine call may hold several batches' worth of questions (each forward still one batch) on
-    #: any family; on one whose decoding rows read their prefixes in place every decoding's call does.
+    #: Whether one engine call may hold several batches' worth of questions (each forward still one batch) where
+    #: the family's images share suffix batches; where its decoding rows also read their prefixes in place every
+    #: decoding's call does.
     call_spans_batches = False
     #: Whether rows opened on prompts of different widths may decode joined in one batch; False (OPERA, which
     #: reads the decoded tokens' attention columns): only where their decoded tokens start at one column of the

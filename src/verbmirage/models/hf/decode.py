@@ -192,12 +192,13 @@ class Decoder:
             # the memory it was chosen for; rows that read their prefixes in place (InPlaceStepper) hold only
             # their own columns, a tenth of a copy or less (LLaVA: a 577-token prefix, 20-80 own columns; a beam
             # only its decoded ones, its question's prompt columns shared), so all the batch's questions decode
-            # together, and rows kept from the scoring batches (their openings' forwards done) all the call's:
-            # its questions share every step forward
+            # together, and the rows a decoding of every answer kept from the scoring batches (their openings'
+            # forwards done) all the call's: its questions share every step forward (greedy's continuations,
+            # which the memory estimate counts per batch, decode a batch at a time)
             size = min(len(questions), self.engine.batch_rows or len(questions))
             if not in_place:
                 size //= strategy.beams * strategy.streams
-            elif key[0] == "kept":
+            elif key[0] == "kept" and not strategy.decides_by_first_token:
                 size = len(rows)
             self._record(answers, rows, self.engine.with_shrinking_batches(run, rows, size, combine=Decoded.joined,
                                                                     openings=openings))

@@ -122,11 +122,13 @@ def engine_memory_costs(vlm) -> MemoryCosts:
         sum(b.numel() * b.element_size() for b in vlm.model.buffers())
     spans = vlm.calls_span_batches()
     plain_greedy = strategy.decides_by_first_token and strategy.streams == 1
-    if spans and not plain_greedy:
-        # a call of several batches decodes all its questions at once: each holds its opening and its rows for
-        # the whole call, a forward's transient only per row of a batch
+    if spans and opening and not strategy.decides_by_first_token:
+        # a call of several batches decodes all its kept rows at once: each question holds its opening and its
+        # rows for the whole call, a forward's transient only per row of a batch; the steps stack the call's
+        # prefixes (one more copy of each image's)
         per_row, per_question = scoring, opening + decoding
-    else:  # one batch per call; or greedy, whose call decodes only the few answers the first token leaves open
+        image += per_token * prefix
+    else:  # one batch per call, or a decoding of at most a batch at a time (greedy's continuations, VCD greedy)
         per_row, per_question = scoring + opening + decoding, 0
     return MemoryCosts(weights=weights, per_row=strategy.streams * per_row,
                        per_question=strategy.streams * per_question, per_image=image * strategy.streams,

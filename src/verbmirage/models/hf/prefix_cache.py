@@ -137,7 +137,8 @@ class PrefixCache:
 
     def suffix_batches(self, opened: Rows) -> list[list[int]]:
         """The suffix batches of ``opened``'s rows on a prefix (:meth:`Rows.batches`), at most the engine's
-        ``batch_rows`` questions each (a question's rows on every stream together: a batch's memory counts them)."""
+        ``batch_rows`` questions' worth of rows each (times the streams: the memory estimate counts a question's
+        rows on every stream in its batch)."""
         rows = self.engine.batch_rows
         return opened.batches(self.BATCH_COST, self.engine.cross_image_batches,
                               rows and rows * len(opened.streams))
