@@ -75,9 +75,9 @@ def rows_per_image(images: list[str]) -> float:
 def sized_batch(costs: MemoryCosts, free: int, total: int, per_image_rows: float = 1.0, name: str = "model",
                 margin: float = MARGIN, cap: int = MAX_BATCH) -> int:
     """The largest batch (a multiple of :data:`BATCH_STEP`, or below it a power of two; at most ``cap``) whose
-    call fits ``free`` bytes less ``margin`` of
-    ``total``, and the costs' ``budget`` (weights included) less ``margin`` of it where they set one (decodings),
-    though never below one question where the free memory holds one.
+    call fits ``free`` bytes less ``margin`` of ``total``, and the costs' ``budget`` (weights included) less
+    ``margin`` of it where they set one (decodings), though never below one question where the free memory holds
+    one.
 
     A call's bytes (:meth:`~verbmirage.models.memory.MemoryCosts.call_bytes`) must fit.
     :class:`DeviceMemoryError` where not even one question does.
