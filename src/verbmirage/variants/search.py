@@ -120,12 +120,10 @@ class Decoded:
 
 def _chosen_probability(probabilities: torch.Tensor, rows: Sequence[int], tokens: Sequence[int]) -> list[float]:
     """probabilities[row, token] of each (row, token); NaN where no token was chosen (negative id)."""
-    pairs = list(zip(rows, tokens))
-    chosen = [(row, token) for row, token in pairs if token >= 0]
+    rows, tokens = list(rows)[: len(tokens)], list(tokens)[: len(rows)]
     # one gather and one read to the host for all rows (not a read per row: each waits on a GPU)
-    values = iter(probabilities.detach()[[row for row, _ in chosen], [token for _, token in chosen]].tolist()
-                  if chosen else [])
-    return [next(values) if token >= 0 else math.nan for _, token in pairs]
+    values = probabilities.detach()[rows, [max(token, 0) for token in tokens]].tolist() if rows else []
+    return [value if token >= 0 else math.nan for value, token in zip(values, tokens)]
 
 
 class Stepper(Protocol):

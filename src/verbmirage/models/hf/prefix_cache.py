@@ -157,6 +157,10 @@ class PrefixCache:
             encoded = inputs.encode_shared_image([items[i][2] for i in indices], image)
             prefix_length = self._shared_prefix_length(encoded)
             lengths = encoded["attention_mask"].sum(dim=1).tolist()
+            if prefix_length:  # the image inside a shared prefix: its prompts' own tokens, their text headers
+                prefix_ids = encoded["input_ids"][0][:prefix_length]
+                suffixes = [encoded["input_ids"][r, prefix_length : int(lengths[r])] for r in range(len(indices))]
+                shared = self._text_headers(suffixes)
             for s, stream in enumerate(streams):
                 at = [s * len(items) + i for i in indices]  # the rows of these items on this stream
                 if prefix_length == 0:  # the image is not inside a shared prefix
@@ -164,11 +168,9 @@ class PrefixCache:
                     for r, row in enumerate(at):
                         rows.length[row] = int(lengths[r])
                     continue
-                prefix_ids = encoded["input_ids"][0][:prefix_length]
                 image_key = self._prefix_key(image_path, prefix_ids, stream)
                 needed.append((image_path, prefix_ids, encoded, stream))
-                suffixes = [encoded["input_ids"][r, prefix_length : int(lengths[r])] for r in range(len(indices))]
-                for r, header in enumerate(self._text_headers(suffixes)):
+                for r, header in enumerate(shared):
                     key = image_key
                     if header:
                         key = self._prefix_key(image_path, torch.cat([prefix_ids, suffixes[r][:header]]), stream)
