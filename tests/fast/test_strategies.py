@@ -248,6 +248,30 @@ def test_batched_sampling_draws_what_a_multinomial_per_row_draws():
     assert drawn.tokens == torch.stack(expected, dim=1).tolist()
 
 
+def test_sampling_draws_before_it_reads_the_step_and_reads_back_only_its_tokens():
+    """A sampling step draws its noise before any operation on the step's logits (on a GPU the host draws while
+    the device computes the step), works on the logits where they are, and a row with no finite distribution
+    is refused by name."""
+    stepper = TableStepper(4, 2)
+    order = []
+
+    class Recorder(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name in ("exponential_", "_softmax", "softmax"):
+                order.append(name)
+            return func(*args, **(kwargs or {}))
+
+    with Recorder():
+        search.sample_search(stepper.first, stepper, 3, set(), [1, 2, 3, 4])
+    steps = [order[i:i + 5] for i in range(0, len(order), 5)]
+    assert len(steps) == 3 and all(step == ["exponential_"] * 4 + ["_softmax"] for step in steps), order
+    masked = stepper.first.clone()
+    masked[2] = -math.inf  # every token of row 2 masked: its probabilities are NaN
+    with pytest.raises(ValueError, match="not finite"):
+        search.sample_search(masked, stepper, 3, set(), [1, 2, 3, 4])
+
+
 def test_greedy_takes_a_probability_on_its_first_step_only():
     """An answer keeps its first token's probability; later steps of a greedy continuation take the argmax
     alone: no softmax over the vocabulary (on a GPU: no second copy to the host per step), the same tokens."""

@@ -246,16 +246,23 @@ def sample_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, st
     generators = [torch.Generator().manual_seed(seed) for seed in seeds]
 
     def draw(tokens, logits, first):
-        probabilities = torch.softmax(warpers(tokens, logits.float().cpu()), dim=-1)
-        if not bool(torch.isfinite(probabilities).all()):
-            raise ValueError("sampling: a row's probabilities are not finite (every token masked?)")
         # torch.multinomial(row, 1, generator) is argmax(row / q), q ~ Exp(1) drawn from the row's generator: the
-        # same draws and tokens, with one call per row (its own generator) instead of a multinomial each
-        noise = torch.empty_like(probabilities)
+        # same draws and tokens, with one call per row (its own generator) instead of a multinomial each. The
+        # draws come first: they do not depend on the logits, so on a GPU the host draws while the device still
+        # computes the step (nothing before them waits on it); they stay on the host, where each question's
+        # generator is, so a question draws the same on any device and in any batch.
+        noise = torch.empty(logits.shape, dtype=torch.float32)
         for row, generator in zip(noise, generators):
             row.exponential_(generator=generator)
-        chosen = (probabilities / noise).argmax(dim=-1)
-        return chosen, probabilities.gather(-1, chosen[:, None])[:, 0] if first else None
+        # the warpers, the softmax and the choice on the logits' device: only the chosen tokens come back
+        probabilities = torch.softmax(warpers(tokens.to(logits.device), logits.float()), dim=-1)
+        chosen = (probabilities / noise.to(logits.device)).argmax(dim=-1)
+        picked = probabilities.gather(-1, chosen[:, None])[:, 0] if first else None
+        # the tokens come back in one read, -1 marking a row whose probabilities are not finite
+        chosen = torch.where(torch.isfinite(probabilities).all(dim=-1), chosen, -1).cpu()
+        if bool((chosen < 0).any()):
+            raise ValueError("sampling: a row's probabilities are not finite (every token masked?)")
+        return chosen, None if picked is None else picked.cpu()
 
     return _one_token_per_row(first, stepper, max_new_tokens, stop, draw)
 
