@@ -370,7 +370,8 @@ def beam_search(first: torch.Tensor, stepper: Stepper, num_beams: int, max_new_t
             break
         stepper.reorder(book.rows)
         logits = stepper.advance(book.tokens)
-    return book.decoded(stop, torch.softmax(first[::num_beams].float().cpu(), dim=-1))
+    # the first distribution on its device: only the best hypotheses' probabilities come back
+    return book.decoded(stop, torch.softmax(first[::num_beams].float(), dim=-1))
 
 
 # ---- OPERA (Huang et al. 2024; docs/variants.md, "How the engine decodes") -----------------------------------------
