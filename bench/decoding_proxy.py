@@ -8,6 +8,10 @@ tables answers the YN questions of ``--images`` images as a job does (the varian
 
 - **ops/prompt**: operator calls per question, counted with ``torch.profiler``: the ``aten::`` operators that
   call no other ``aten::`` operator (the kernel-like leaves), views not counted (they launch nothing);
+- **positions/prompt**: the arithmetic, per question: the language model's token positions computed (rows
+  times columns of each forward, padding included) and the images the vision tower encodes (counted as
+  :data:`VISION_POSITIONS` positions each): what a GPU computing at its peak pays for (:class:`Arithmetic`),
+  where ops/prompt is what a GPU waiting on its launches pays for;
 - **peak**: the most bytes of tensors alive at once during the pass (the profiler's allocation events; the
   weights, allocated before, not counted);
 
@@ -115,12 +119,46 @@ def launches(prof) -> Counter:
     return Counter({name.removeprefix("aten::"): n for name, n in count_launches(prof.events()).items()})
 
 
+class Arithmetic:
+    """What the models compute in a pass, counted by hooks: the language model's token positions (each forward's
+    rows times its columns, padding included) and the images the vision tower encodes. A 7B model's arithmetic
+    is about 2 x its parameters per position (attention over a prompt of ~600 keys adds ~2% in LLaVA-1.5-7B,
+    not counted), so on a GPU that computes at its peak a decoding's time over greedy's is its positions' ratio
+    (with the vision tower's share: :data:`VISION_POSITIONS`); launches (the ops/prompt column) bound it the
+    other way, where the GPU waits on them."""
+
+    def __init__(self, model):
+        self.positions = self.images = 0
+        language, vision = model.model.get_decoder(), model.model.model.vision_tower  # LLaVA's modules
+        self._hooks = [language.register_forward_pre_hook(self._language, with_kwargs=True),
+                       vision.register_forward_pre_hook(self._vision, with_kwargs=True)]
+
+    def _language(self, module, args, kwargs):
+        given = kwargs.get("inputs_embeds", kwargs.get("input_ids"))
+        given = args[0] if given is None else given
+        self.positions += given.shape[0] * given.shape[1]
+
+    def _vision(self, module, args, kwargs):
+        pixels = kwargs.get("pixel_values", args[0] if args else None)
+        self.images += pixels.shape[0]
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+
+
+#: LLaVA-1.5-7B's vision tower (CLIP ViT-L/14 at 336 px: ~0.30B parameters over 577 tokens) per image, in
+#: positions of its 6.7B language model (2 x parameters each): 577 x 0.30 / 6.7
+VISION_POSITIONS = 26
+
+
 def measure(model, questions, entry: dict, batch_size: int, max_new_tokens: int, path: str = "cpu",
-            compiled: bool = False) -> tuple[Counter, int, int]:
-    """(operator calls by name, peak live bytes, questions per call) of one pass over ``questions`` with the
-    variant ``entry``, its calls sized as a job sizes them: the variant first, then ``use_batch_size``; on
-    ``path`` (``cpu``: :func:`leaf_operators`; ``cuda``: :func:`launches`), ``compiled`` layers after one whole
-    uncounted pass that compiles every shape the pass meets."""
+            compiled: bool = False) -> tuple[Counter, int, int, float]:
+    """(operator calls by name, peak live bytes, questions per call, positions computed: the language model's
+    and :data:`VISION_POSITIONS` per encoded image) of one pass over ``questions`` with the variant ``entry``,
+    its calls sized as a job sizes them: the variant first, then ``use_batch_size``; on ``path`` (``cpu``:
+    :func:`leaf_operators`; ``cuda``: :func:`launches`), ``compiled`` layers after one whole uncounted pass that
+    compiles every shape the pass meets."""
     settings = {**entry, "max_new_tokens": max_new_tokens} if entry.get("decoding") else entry
     model.use_variant(Variant.from_config(settings))
     per_call = model.use_batch_size(batch_size)
@@ -129,9 +167,14 @@ def measure(model, questions, entry: dict, batch_size: int, max_new_tokens: int,
             engine_pass(model, questions, per_call, lambda: None)
         else:
             model.score_yes_no(questions[:2])  # warm-up
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            engine_pass(model, questions, per_call, lambda: None)
-    return (leaf_operators(prof) if path == "cpu" else launches(prof)), peak_bytes(prof), per_call
+        arithmetic = Arithmetic(model)
+        try:
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                engine_pass(model, questions, per_call, lambda: None)
+        finally:
+            arithmetic.close()
+    positions = arithmetic.positions + VISION_POSITIONS * arithmetic.images
+    return (leaf_operators(prof) if path == "cpu" else launches(prof)), peak_bytes(prof), per_call, positions
 
 
 def main() -> None:
@@ -184,13 +227,15 @@ def main() -> None:
         for slug, entry in DECODINGS.items():
             if args.only is not None and slug != "greedy" and slug not in args.only:
                 continue
-            operators, peak, per_call = measure(model, questions, entry, args.batch_size, args.max_new_tokens,
-                                                args.path, compiled)
+            operators, peak, per_call, positions = measure(model, questions, entry, args.batch_size,
+                                                           args.max_new_tokens, args.path, compiled)
             counts[slug] = operators
-            figures[slug] = (operators.total() / len(questions), peak)
+            figures[slug] = (operators.total() / len(questions), peak, positions / len(questions))
             ops, base_peak = figures[slug][0], figures["greedy"][1]
+            arithmetic = figures[slug][2]
             target = f"(target <= {TARGETS[slug]:g}x)" if slug in TARGETS else ""
             print(f"  {slug:11s} {ops:9.1f} ops/prompt {ops / figures['greedy'][0]:6.2f}x greedy   "
+                  f"{arithmetic:7.1f} positions/prompt {arithmetic / figures['greedy'][2]:5.2f}x   "
                   f"peak {peak / 2**20:8.1f} MiB {peak / base_peak:6.2f}x greedy  calls of {per_call:4d}  {target}",
                   flush=True)
             if args.breakdown and slug != "greedy":

@@ -113,13 +113,16 @@ def test_decoding_proxy_prints_each_decodings_operators_and_peak_memory_over_gre
     out = subprocess.run([sys.executable, str(REPO / "bench" / "decoding_proxy.py"), "--smoke", "--regime", "gpu",
                           "--breakdown", "3"], capture_output=True, text=True, timeout=600, check=True).stdout
     assert "batch 64, calls sized per decoding (its variant first, then its batch)," in out
-    rows = re.findall(r"^  (\w+) +([\d.]+) ops/prompt +([\d.]+)x greedy +peak +([\d.]+) MiB +([\d.]+)x greedy +"
-                      r"calls of +(\d+)", out, re.M)
+    rows = re.findall(r"^  (\w+) +([\d.]+) ops/prompt +([\d.]+)x greedy +[\d.]+ positions/prompt +([\d.]+)x +"
+                      r"peak +([\d.]+) MiB +([\d.]+)x greedy +calls of +(\d+)", out, re.M)
     assert [row[0] for row in rows] == ["greedy", "beam5", "sample", "vcd_greedy", "vcd_sample", "vcd_beam5", "opera"]
-    assert rows[0][2] == rows[0][4] == "1.00" and all(float(row[1]) > 0 and float(row[3]) > 0 for row in rows)
-    calls = {row[0]: int(row[5]) for row in rows}
+    assert rows[0][2] == rows[0][3] == rows[0][5] == "1.00" and all(float(row[1]) > 0 and float(row[4]) > 0
+                                                                    for row in rows)
+    calls = {row[0]: int(row[6]) for row in rows}
     assert calls["greedy"] == calls["beam5"] == calls["opera"] == 256
     assert float(rows[1][2]) > 1.0  # beam search decodes every answer: more operators than greedy's scoring
+    positions = {row[0]: float(row[3]) for row in rows}  # the arithmetic: VCD runs every prompt twice
+    assert positions["beam5"] > 1.0 and 1.9 <= positions["vcd_greedy"] <= 2.1 < positions["vcd_beam5"]
     assert len(re.findall(r"^      beyond greedy: \w+ [\d.]+, \w+ [\d.]+, \w+ [\d.]+$", out, re.M)) == 6
 
 
@@ -147,8 +150,8 @@ def test_decoding_proxy_counts_cudas_path_as_the_launch_proxy_does():
                           "--path", "cuda", "--only", "opera", "--breakdown", "40"], env=env, capture_output=True,
                          text=True, timeout=600, check=True).stdout
     assert "cuda path (decoder layers eager, OPERA in one forward per step): 1 language layers" in out
-    rows = re.findall(r"^  (\w+) +([\d.]+) ops/prompt +([\d.]+)x greedy +peak +[\d.]+ MiB +[\d.]+x greedy +"
-                      r"calls of +(\d+)", out, re.M)
+    rows = re.findall(r"^  (\w+) +([\d.]+) ops/prompt +([\d.]+)x greedy +[\d.]+ positions/prompt +[\d.]+x +"
+                      r"peak +[\d.]+ MiB +[\d.]+x greedy +calls of +(\d+)", out, re.M)
     assert [(row[0], row[3]) for row in rows] == [("greedy", "256"), ("opera", "256")]
     assert float(rows[1][2]) > 1.0
     beyond = dict(re.findall(r"([\w:]+) ([\d.]+)", out.split("beyond greedy: ")[1].splitlines()[0]))
