@@ -125,6 +125,48 @@ class Counted:
         model.continue_answers = continue_answers
 
 
+#: LLaVA-1.5-7B's vision tower (CLIP ViT-L/14 at 336 px: ~0.30B parameters over 577 tokens) per image, in
+#: positions of its 6.7B language model (about 2 x parameters each): 577 x 0.30 / 6.7
+VISION_POSITIONS = 26
+
+
+class Arithmetic:
+    """What a LLaVA model computes within the block, counted by hooks: the language model's token positions
+    (each forward's rows times its columns, padding included) and the images the vision tower encodes;
+    ``total`` counts an image as :data:`VISION_POSITIONS` positions. A 7B model computes about twice its
+    parameters per position (the attention over a prompt of ~600 keys adds about 2% in LLaVA-1.5-7B, not
+    counted), so on a GPU computing at its peak a decoding's time over greedy's is its total's ratio; where the
+    GPU waits on launches, their count is what sets it (bench/decoding_proxy.py prints both)."""
+
+    def __init__(self, model):
+        self.positions = self.images = 0
+        self._modules = (model.model.get_decoder(), model.model.model.vision_tower)
+        self._hooks = []
+
+    def __enter__(self) -> "Arithmetic":
+        language, vision = self._modules
+        self._hooks = [language.register_forward_pre_hook(self._language, with_kwargs=True),
+                       vision.register_forward_pre_hook(self._vision, with_kwargs=True)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for hook in self._hooks:
+            hook.remove()
+
+    @property
+    def total(self) -> int:
+        return self.positions + VISION_POSITIONS * self.images
+
+    def _language(self, module, args, kwargs):
+        given = kwargs.get("inputs_embeds", kwargs.get("input_ids"))
+        given = args[0] if given is None else given
+        self.positions += given.shape[0] * given.shape[1]
+
+    def _vision(self, module, args, kwargs):
+        pixels = kwargs.get("pixel_values", args[0] if args else None)
+        self.images += pixels.shape[0]
+
+
 def engine_pass(model, questions: list[Question], batch_size: int, synchronize) -> tuple[list, float]:
     """The engine's answers to ``questions`` in calls of ``batch_size`` (prefixes forgotten first), and seconds."""
     model.forget_prefixes()

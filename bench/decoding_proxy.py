@@ -65,7 +65,8 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_scoring import DECODINGS, engine_pass, hico_like_questions, make_decisive  # noqa: E402
+from bench_scoring import (DECODINGS, Arithmetic, engine_pass, hico_like_questions,  # noqa: E402
+                           make_decisive)
 from gpu_scoring import RandomLlava7B  # noqa: E402
 from launches import count_launches, kernel_of, set_up  # noqa: E402
 from verbmirage.models.hf.compiled_layers import compiles_layers  # noqa: E402
@@ -119,39 +120,6 @@ def launches(prof) -> Counter:
     return Counter({name.removeprefix("aten::"): n for name, n in count_launches(prof.events()).items()})
 
 
-class Arithmetic:
-    """What the models compute in a pass, counted by hooks: the language model's token positions (each forward's
-    rows times its columns, padding included) and the images the vision tower encodes. A 7B model's arithmetic
-    is about 2 x its parameters per position (attention over a prompt of ~600 keys adds ~2% in LLaVA-1.5-7B,
-    not counted), so on a GPU that computes at its peak a decoding's time over greedy's is its positions' ratio
-    (with the vision tower's share: :data:`VISION_POSITIONS`); launches (the ops/prompt column) bound it the
-    other way, where the GPU waits on them."""
-
-    def __init__(self, model):
-        self.positions = self.images = 0
-        language, vision = model.model.get_decoder(), model.model.model.vision_tower  # LLaVA's modules
-        self._hooks = [language.register_forward_pre_hook(self._language, with_kwargs=True),
-                       vision.register_forward_pre_hook(self._vision, with_kwargs=True)]
-
-    def _language(self, module, args, kwargs):
-        given = kwargs.get("inputs_embeds", kwargs.get("input_ids"))
-        given = args[0] if given is None else given
-        self.positions += given.shape[0] * given.shape[1]
-
-    def _vision(self, module, args, kwargs):
-        pixels = kwargs.get("pixel_values", args[0] if args else None)
-        self.images += pixels.shape[0]
-
-    def close(self) -> None:
-        for hook in self._hooks:
-            hook.remove()
-
-
-#: LLaVA-1.5-7B's vision tower (CLIP ViT-L/14 at 336 px: ~0.30B parameters over 577 tokens) per image, in
-#: positions of its 6.7B language model (2 x parameters each): 577 x 0.30 / 6.7
-VISION_POSITIONS = 26
-
-
 def measure(model, questions, entry: dict, batch_size: int, max_new_tokens: int, path: str = "cpu",
             compiled: bool = False) -> tuple[Counter, int, int, float]:
     """(operator calls by name, peak live bytes, questions per call, positions computed: the language model's
@@ -167,14 +135,10 @@ def measure(model, questions, entry: dict, batch_size: int, max_new_tokens: int,
             engine_pass(model, questions, per_call, lambda: None)
         else:
             model.score_yes_no(questions[:2])  # warm-up
-        arithmetic = Arithmetic(model)
-        try:
-            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-                engine_pass(model, questions, per_call, lambda: None)
-        finally:
-            arithmetic.close()
-    positions = arithmetic.positions + VISION_POSITIONS * arithmetic.images
-    return (leaf_operators(prof) if path == "cpu" else launches(prof)), peak_bytes(prof), per_call, positions
+        with Arithmetic(model) as arithmetic, profile(activities=[ProfilerActivity.CPU],
+                                                      profile_memory=True) as prof:
+            engine_pass(model, questions, per_call, lambda: None)
+    return (leaf_operators(prof) if path == "cpu" else launches(prof)), peak_bytes(prof), per_call, arithmetic.total
 
 
 def main() -> None:

@@ -42,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_scoring import DECODINGS, engine_pass, hico_like_questions, make_decisive  # noqa: E402
+from bench_scoring import DECODINGS, Arithmetic, engine_pass, hico_like_questions, make_decisive  # noqa: E402
 from projection import projection_lines  # noqa: E402
 from suite_scoring import all_sets_per_call, hico_suite, report, score_difference, time_both  # noqa: E402
 from verbmirage.inference.sizing import AUTO, choose_batching  # noqa: E402
@@ -102,7 +102,7 @@ def decodings(model, work: Path, args, dtype: str, parameters: float, synchroniz
     print(f"decodings ({len(questions)} YN questions, {args.max_new_tokens} new tokens per decoded answer; "
           f"each at the batch {'its job sizes' if args.decoding_batch == AUTO else args.decoding_batch}, "
           "set after its variant as a job does):")
-    seconds = {}
+    seconds, positions = {}, {}  # each decoding's time, and its arithmetic (bench_scoring.Arithmetic)
     for slug, entry in DECODINGS.items():
         settings = {**entry, "max_new_tokens": args.max_new_tokens} if entry.get("decoding") else entry
         model.use_variant(Variant.from_config(settings))
@@ -110,11 +110,13 @@ def decodings(model, work: Path, args, dtype: str, parameters: float, synchroniz
         model.score_yes_no(questions[:2])  # warm-up
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        _, seconds[slug] = engine_pass(model, questions, batching.per_call, synchronize)
+        with Arithmetic(model) as arithmetic:
+            _, seconds[slug] = engine_pass(model, questions, batching.per_call, synchronize)
+        positions[slug] = arithmetic.total
         memory = f"{torch.cuda.max_memory_allocated() / 2**30:6.1f} GiB peak" if cuda else ""
         print(f"  {slug:11s} batch {batching.batch_size:4d} (calls of {batching.per_call:4d})  "
               f"{len(questions) / seconds[slug]:8.1f} prompts/s  {seconds[slug] / seconds['greedy']:6.2f}x greedy  "
-              f"{memory}")
+              f"arithmetic {positions[slug] / positions['greedy']:5.2f}x  {memory}")
     mix = json.loads(args.mix.read_text()) if args.mix.is_file() else None
     costs = {slug: seconds[slug] / seconds["greedy"] for slug in seconds}
     for line in projection_lines(suite_rate, costs, mix, args.generate_rate):

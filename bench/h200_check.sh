@@ -17,8 +17,8 @@
 #   3. --suite: one set per call vs all sets of an image at batch 64, then all sets at the batch step 2 sized
 #      (or --sized-batch N) and the decisions that differ between the two;
 #   4. the GPU-busy share of a profiled scoring pass and its kernels per prompt (bench/profile_gpu.py);
-#   5. --decodings: the whole suite greedily as a job answers it, each decoding's cost relative to greedy and
-#      peak memory, and the projected GPU-hours of the whole HICO suite and of configs/paper.yaml, every GPU model
+#   5. --decodings: the whole suite greedily as a job answers it, each decoding's cost relative to greedy (beside
+#      its arithmetic relative to greedy's: bench_scoring.Arithmetic) and peak memory, and the projected GPU-hours of the whole HICO suite and of configs/paper.yaml, every GPU model
 #      (the remote-code models at the engine's rates and one question at a time at generate's rate of step 1);
 #   6. the GPU tests: pytest -m gpu (fused attention against the CPU path, and any other gpu-marked test).
 # On CUDA the engine compiles its language model's decoder layers (models/hf/compiled_layers.py; the first forward

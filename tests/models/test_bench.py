@@ -62,10 +62,12 @@ def test_the_device_check_runs_every_step_in_smoke_mode(tmp_path):
     assert re.search(r"GPU busy \d+%; [\d.]+ kernels per prompt", (tmp_path / "profile.txt").read_text())
     decodings = (tmp_path / "decodings.txt").read_text()
     assert re.search(r"whole suite, greedy \(\d+ prompts of 5 sets on 1 images\):\s+[\d.]+ prompts/s", decodings)
-    found = re.findall(r"^  (\w+) +batch +(\d+) \(calls of +(\d+)\) +[\d.]+ prompts/s +[\d.]+x greedy", decodings,
-                       re.M)
+    found = re.findall(r"^  (\w+) +batch +(\d+) \(calls of +(\d+)\) +[\d.]+ prompts/s +[\d.]+x greedy +"
+                       r"arithmetic +([\d.]+)x", decodings, re.M)
     assert len(found) == 7
-    rows = {name: calls for name, _, calls in found} | {f"{name}_batch": batch for name, batch, _ in found}
+    arithmetic = {name: float(ratio) for name, _, _, ratio in found}  # beside the time: what each computed
+    assert arithmetic["greedy"] == 1.0 < arithmetic["beam5"] and 1.9 <= arithmetic["vcd_greedy"] <= 2.1
+    rows = {name: calls for name, _, calls, _ in found} | {f"{name}_batch": batch for name, batch, _, _ in found}
     # each decoding at the batch its job uses, set after its variant: on LLaVA every call holds four batches
     assert int(rows["greedy"]) == 4 * int(rows["greedy_batch"]) and int(rows["beam5"]) == 4 * int(rows["beam5_batch"])
     assert re.search(r"whole HICO suite, greedy: 223,618 prompts in [\d.]+ min", decodings)
