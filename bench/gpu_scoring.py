@@ -17,7 +17,9 @@ MC rotations) must take at most 15 GPU-minutes on one H200, i.e. (b) >= 250 prom
 
 ``--sized-batch`` also times (b) at the batch the device's memory sizes (given here until the workflow's
 sizing of batches from free memory can be asked for it) and counts the decisions that differ from batch
-``--batch-size``'s (in bf16 a prompt's score depends on what it is batched with).
+``--batch-size``'s (in bf16 a prompt's score depends on what it is batched with); ``--forward-cost N`` times it
+once more with its suffix batches cut at a forward cost of N token positions instead of the engine's default
+(fewer padded positions, more forwards: which pays depends on whether the GPU waits on launches).
 
 ``--decodings`` makes the model decisive (bench/bench_scoring.py, ``make_decisive``: its first answer token
 decides, as a trained model's does), times the whole suite greedily as a job answers it (continuations on),
@@ -125,18 +127,43 @@ def decodings(model, work: Path, args, dtype: str, parameters: float, synchroniz
         print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB (the last decoding's)")
 
 
-def sized_batch(model, suite, batch_size: int, reference: dict, reference_batch: int, synchronize) -> None:
-    """(b) at ``batch_size`` (the device-sized batch): prompts/s, and the decisions that differ from
-    ``reference`` (the same pass at ``reference_batch``)."""
-    synchronize()
-    start = time.perf_counter()
-    results = all_sets_per_call(model, suite, batch_size)
-    synchronize()
-    rate = len(suite) / (time.perf_counter() - start)
+def timed_suite(model, suite, batch_size: int, synchronize) -> tuple[dict, float, float]:
+    """(b) at ``batch_size``: (results, prompts/s, token positions per prompt: bench_scoring.Arithmetic)."""
+    with Arithmetic(model) as arithmetic:
+        synchronize()
+        start = time.perf_counter()
+        results = all_sets_per_call(model, suite, batch_size)
+        synchronize()
+    return results, len(suite) / (time.perf_counter() - start), arithmetic.total / len(suite)
+
+
+def sized_batch(model, suite, batch_size: int, reference: dict, reference_batch: int, synchronize) -> dict:
+    """(b) at ``batch_size`` (the device-sized batch): prompts/s, positions per prompt, and the decisions that
+    differ from ``reference`` (the same pass at ``reference_batch``); returns its results."""
+    results, rate, positions = timed_suite(model, suite, batch_size, synchronize)
     flipped = sum(results[key].prediction != reference[key].prediction for key in reference)
     print(f"(b) at the sized batch {batch_size}:  {rate:8.2f} prompts/s ({model.use_batch_size(batch_size)} questions "
-          f"per call); decisions differing from batch {reference_batch}: {flipped} of {len(reference)}; "
+          f"per call; {positions:.1f} positions per prompt, forward cost {model.prefix_cache.BATCH_COST}); "
+          f"decisions differing from batch {reference_batch}: {flipped} of {len(reference)}; "
           f"max |score difference| {score_difference(reference, results):.2e}")
+    return results
+
+
+def other_forward_cost(model, suite, batch_size: int, cost: int, reference: dict, synchronize) -> None:
+    """(b) at ``batch_size`` with the suffix batches cut at a forward cost of ``cost`` token positions (on CUDA
+    the engine's default is models/hf/on_device.py's CUDA_FORWARD_COST; ``VERBMIRAGE_FORWARD_COST`` sets it for
+    a job): prompts/s and positions per prompt, to compare with ``reference`` (the pass at the default cost)."""
+    cache = model.prefix_cache
+    before = cache.BATCH_COST, cache.HEADER_SAVING
+    cache.BATCH_COST = cache.HEADER_SAVING = cost
+    try:
+        results, rate, positions = timed_suite(model, suite, batch_size, synchronize)
+    finally:
+        cache.BATCH_COST, cache.HEADER_SAVING = before
+    flipped = sum(results[key].prediction != reference[key].prediction for key in reference)
+    print(f"(b) at the sized batch {batch_size}, forward cost {cost}: {rate:8.2f} prompts/s ({positions:.1f} "
+          f"positions per prompt); decisions differing from forward cost {before[0]}: {flipped} of "
+          f"{len(reference)}")
 
 
 def _batch_size(value: str) -> int | str:
@@ -160,6 +187,9 @@ def main() -> None:
                              "(the smoke check)")
     parser.add_argument("--sized-batch", type=int, default=256,
                         help="--suite: (b) also at this batch (the size the device's memory gives; 0: not timed)")
+    parser.add_argument("--forward-cost", type=int, default=None,
+                        help="--suite: (b) at the sized batch once more, its suffix batches cut at this forward cost "
+                             "(token positions; VERBMIRAGE_FORWARD_COST)")
     parser.add_argument("--generate-rate", type=float, default=None,
                         help="--decodings: prompts/s of generate at batch 1 (bench/gen_vs_engine.py), to project the "
                              "remote-code models one question at a time")
@@ -186,7 +216,9 @@ def main() -> None:
             timing = time_both(model, suite, args.batch_size, synchronize)
             report(len(suite), args.images, timing, args.batch_size, model.use_batch_size(args.batch_size))
             if args.sized_batch and args.sized_batch != args.batch_size:
-                sized_batch(model, suite, args.sized_batch, timing.results, args.batch_size, synchronize)
+                sized = sized_batch(model, suite, args.sized_batch, timing.results, args.batch_size, synchronize)
+                if args.forward_cost is not None:
+                    other_forward_cost(model, suite, args.sized_batch, args.forward_cost, sized, synchronize)
             if device == "cuda":
                 print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
             return

@@ -15,7 +15,8 @@
 #   2. bench/batch_flips.py: the batch a job sizes from this GPU's free memory (batch_size: auto; docs/models.md,
 #      "Batch sizes") and the answers that move between batch 64 and it, on the random and the decisive model;
 #   3. --suite: one set per call vs all sets of an image at batch 64, then all sets at the batch step 2 sized
-#      (or --sized-batch N) and the decisions that differ between the two;
+#      (or --sized-batch N) and the decisions that differ between the two, and once more with suffix batches cut
+#      at a forward cost of 512 token positions instead of the engine's 4096 (VERBMIRAGE_FORWARD_COST);
 #   4. the GPU-busy share of a profiled scoring pass and its kernels per prompt (bench/profile_gpu.py);
 #   5. --decodings: the whole suite greedily as a job answers it, each decoding's cost relative to greedy (beside
 #      its arithmetic relative to greedy's: bench_scoring.Arithmetic) and peak memory, and the projected GPU-hours of the whole HICO suite and of configs/paper.yaml, every GPU model
@@ -71,7 +72,8 @@ step generate 70 "$PYTHON" bench/gen_vs_engine.py "${GEN[@]}" --dtype bfloat16
 [ ${#SMOKE[@]} -gt 0 ] || step generate_float32 40 "$PYTHON" bench/gen_vs_engine.py "${GEN[@]}" --dtype float32
 step flips 40 "$PYTHON" bench/batch_flips.py "${FLIPS[@]}"
 [ -n "$SIZED" ] || SIZED=$(sed -n 's/^.*sized: batch \([0-9]*\),.*$/\1/p' "$OUT/flips.txt" | head -n 1)
-step suite 60 "$PYTHON" bench/gpu_scoring.py --suite "${SMOKE[@]}" "${SUITE[@]}" --sized-batch "${SIZED:-256}" "${ARGS[@]}"
+step suite 60 "$PYTHON" bench/gpu_scoring.py --suite "${SMOKE[@]}" "${SUITE[@]}" --sized-batch "${SIZED:-256}" \
+    --forward-cost 512 "${ARGS[@]}"
 step profile 25 "$PYTHON" bench/profile_gpu.py "${PROFILE[@]}"
 rate=$(sed -n 's/^generate rate: \([0-9.]*\) prompts\/s$/\1/p' "$OUT/generate.txt")
 step decodings 80 "$PYTHON" bench/gpu_scoring.py --decodings "${SMOKE[@]}" "${DECODE[@]}" \

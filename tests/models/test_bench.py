@@ -59,6 +59,8 @@ def test_the_device_check_runs_every_step_in_smoke_mode(tmp_path):
     assert sized, flips  # the suite step scores at the batch the sizing step chose
     assert re.search(rf"\(b\) at the sized batch {sized[1]}: +[\d.]+ prompts/s .*decisions differing from batch 64: "
                      r"\d+ of 12", suite)
+    assert re.search(r"\(b\) at the sized batch \d+, forward cost 512: +[\d.]+ prompts/s \([\d.]+ positions per "
+                     r"prompt\); decisions differing from forward cost 256: \d+ of 12", suite)  # the CPU's cost: 256
     assert re.search(r"GPU busy \d+%; [\d.]+ kernels per prompt", (tmp_path / "profile.txt").read_text())
     decodings = (tmp_path / "decodings.txt").read_text()
     assert re.search(r"whole suite, greedy \(\d+ prompts of 5 sets on 1 images\):\s+[\d.]+ prompts/s", decodings)

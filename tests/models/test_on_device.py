@@ -13,7 +13,8 @@ import torch
 
 from verbmirage.models import Question, create_model
 from verbmirage.models.hf.compiled_layers import ENV, compile_decoder_layers
-from verbmirage.models.hf.on_device import CUDA_FORWARD_COST, OPERA_ONE_FORWARD_ENV, fit_to_device
+from verbmirage.models.hf.on_device import (CUDA_FORWARD_COST, FORWARD_COST_ENV, OPERA_ONE_FORWARD_ENV,
+                                            fit_to_device)
 from verbmirage.models.tiny import build_tiny_llava
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -87,6 +88,12 @@ def test_cuda_forwards_are_fewer_and_score_as_the_cpu_cuts(tiny_llava_path, tmp_
     monkeypatch.setenv(OPERA_ONE_FORWARD_ENV, "0")
     fit_to_device(model, device=torch.device("cuda"))
     assert not model.opera_one_forward
+    monkeypatch.setenv(FORWARD_COST_ENV, "512")  # a forward's cost set for the GPU at hand
+    fit_to_device(model, device=torch.device("cuda"))
+    assert (model.prefix_cache.BATCH_COST, model.prefix_cache.HEADER_SAVING) == (512, 512)
+    monkeypatch.setenv(FORWARD_COST_ENV, "lots")
+    with pytest.raises(ValueError, match="VERBMIRAGE_FORWARD_COST='lots': expected a whole number"):
+        fit_to_device(model, device=torch.device("cuda"))
 
 
 def _compiled_graphs() -> int:

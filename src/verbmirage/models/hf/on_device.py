@@ -12,6 +12,9 @@ is, operation for operation:
   about as much as that many positions (its launches and one read of every weight), so the whole-suite pass of
   16 images runs one image-prefix forward and its 625 prompts in the fewest batches of at most 256 rows (4
   forwards of the language model, was 9: 2 header forwards, 6 suffix batches), for 45% more token positions.
+  That trade pays where launches set a forward's cost (the H200's first run); where the GPU computes near its
+  peak, a 7B model's forward costs nearer a few hundred positions, and :data:`FORWARD_COST_ENV` sets another
+  value (bench/gpu_scoring.py ``--suite --forward-cost`` times a value against the default).
 - **Compiled decoder layers** (:mod:`.compiled_layers`, ``VERBMIRAGE_COMPILE_LAYERS=0`` turns them off).
 - **OPERA in one forward per step** (``VERBMIRAGE_OPERA_ONE_FORWARD=0`` turns it off). OPERA feeds each beam's
   candidate tokens side by side to read their attention rows, then feeds the chosen one; on CUDA the chosen
@@ -27,6 +30,7 @@ bench/batch_flips.py.
 
 from __future__ import annotations
 
+import os
 
 import torch
 
@@ -35,6 +39,10 @@ from verbmirage.models.hf.compiled_layers import compile_decoder_layers, switche
 #: on CUDA, a forward's fixed cost in token positions: the suffix batches' cost per batch and the least saving
 #: of a shared text header's forward (bench/launches.py counts the forwards this leaves)
 CUDA_FORWARD_COST = 4096
+#: a whole number of token positions in place of :data:`CUDA_FORWARD_COST` (on CUDA only): where a GPU computes
+#: near its peak a forward costs less than that many positions, and fewer positions pay (bench/gpu_scoring.py
+#: ``--suite --forward-cost`` times both)
+FORWARD_COST_ENV = "VERBMIRAGE_FORWARD_COST"
 #: ``0`` (or ``false``, ``no``, ``off``) turns OPERA's one forward per step on CUDA off (the CPU's two forwards: the candidates, then the chosen)
 OPERA_ONE_FORWARD_ENV = "VERBMIRAGE_OPERA_ONE_FORWARD"
 
@@ -49,7 +57,19 @@ def fit_to_device(engine, model=None, device: torch.device | None = None):
     device = engine.device if device is None else device
     if device.type == "cuda":
         engine.opera_one_forward = not switched_off(OPERA_ONE_FORWARD_ENV)
-        engine.prefix_cache.BATCH_COST = engine.prefix_cache.HEADER_SAVING = CUDA_FORWARD_COST
+        engine.prefix_cache.BATCH_COST = engine.prefix_cache.HEADER_SAVING = forward_cost()
         if engine.shared_prefix_attention:
             compile_decoder_layers(model, device, engine.name)
     return model
+
+
+def forward_cost() -> int:
+    """A forward's fixed cost on CUDA in token positions: :data:`FORWARD_COST_ENV` where set, else
+    :data:`CUDA_FORWARD_COST`."""
+    value = os.environ.get(FORWARD_COST_ENV, "").strip()
+    if not value:
+        return CUDA_FORWARD_COST
+    if not value.isdigit():
+        raise ValueError(f"{FORWARD_COST_ENV}={value!r}: expected a whole number of token positions (default "
+                         f"{CUDA_FORWARD_COST})")
+    return int(value)
