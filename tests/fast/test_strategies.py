@@ -272,6 +272,91 @@ def test_sampling_draws_before_it_reads_the_step_and_reads_back_only_its_tokens(
         search.sample_search(masked, stepper, 3, set(), [1, 2, 3, 4])
 
 
+class RowTable:
+    """A stepper over rows of different tables (row r reads ``tables[r]``): rows leave it with ``reorder``."""
+
+    def __init__(self, tables: list[torch.Tensor]):
+        self.tables, self.fed = list(tables), []
+        self.first = torch.stack([table[0] for table in self.tables])
+
+    def advance(self, tokens):
+        self.fed.append(len(tokens))
+        return torch.stack([table[token] for table, token in zip(self.tables, tokens.tolist())])
+
+    def reorder(self, rows):
+        self.tables = [self.tables[row] for row in rows.tolist()]
+
+
+def _row_tables(rows: int, stop: int) -> list[torch.Tensor]:
+    """Per row a table whose greedy answer reaches ``stop`` after about ``row`` tokens."""
+    tables = []
+    for row in range(rows):
+        table = torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(row))
+        for token in range(VOCAB):  # a chain 0 -> 1 -> 2 ... that ends in the stop token at step ``row``
+            table[token, (token + 1) % VOCAB] += 20
+        table[row % (VOCAB - 1), :] = 0.0
+        table[row % (VOCAB - 1), stop] = 30
+        tables.append(table)
+    return tables
+
+
+@pytest.mark.parametrize("decoding", ["greedy", "sample"])
+def test_rows_that_ended_leave_the_step_and_the_rest_answer_as_alone(decoding):
+    """A row whose answer reached a stop token is not fed again (later steps feed fewer rows); every row's answer
+    and first probability equal its own decoding alone (sampling: its own generator's draws)."""
+    stop, seeds = VOCAB - 1, [5, 6, 7, 8, 9]
+
+    def decode(stepper, rows):
+        if decoding == "greedy":
+            return search.greedy_search(stepper.first, stepper, 7, {stop})
+        return search.sample_search(stepper.first, stepper, 7, {stop}, [seeds[row] for row in rows], 0.3)
+
+    tables = _row_tables(5, stop)
+    stepper = RowTable(tables)
+    together = decode(stepper, range(5))
+    assert stepper.fed == sorted(stepper.fed, reverse=True) and stepper.fed[-1] < 5  # (it was 5 at every step)
+    assert sum(len(tokens) < 6 for tokens in together.tokens) >= 2  # some ended early
+    for row in range(5):
+        alone = decode(RowTable([tables[row]]), [row])
+        assert together.tokens[row] == alone.tokens[0]
+        assert together.first_probability[row] == pytest.approx(alone.first_probability[0], abs=1e-7)
+
+
+def test_vcd_streams_stepping_joined_drop_the_same_rows_from_both():
+    """VCD's streams stepping in one forward (``stepped_with``): when rows end, the joined stepper keeps the same
+    rows of the clean half and of the noised half, wherever the noised half starts by then."""
+    stop = VOCAB - 1
+    tables = _row_tables(4, stop)
+
+    class Joinable(RowTable):
+        def stepped_with(self, other):
+            self.joined = RowTable(self.tables + other.tables)
+            self.joined.kept = []
+            taking = self.joined.reorder
+
+            def reorder(rows):
+                self.joined.kept.append(rows.tolist())
+                taking(rows)
+            self.joined.reorder = reorder
+            return self.joined
+
+    clean, noised = Joinable(tables), RowTable(tables)
+    settings = Variant.from_config({"vcd": {"alpha": 0.5}}).vcd
+    first = search.contrast(clean.first, noised.first, settings)
+    stepper = search.ContrastedStepper(clean, noised, settings, rows=4)
+    together = search.greedy_search(first, stepper, 7, {stop})
+    assert clean.joined.kept  # rows left
+    count = 4
+    for kept in clean.joined.kept:
+        half = len(kept) // 2
+        assert kept[half:] == [row + count for row in kept[:half]] and max(kept[:half]) < count
+        count = half
+    for row in range(4):  # each as alone: its contrast of identical streams is its own table's
+        alone_stepper = search.ContrastedStepper(RowTable([tables[row]]), RowTable([tables[row]]), settings, rows=1)
+        alone = search.greedy_search(first[row : row + 1], alone_stepper, 7, {stop})
+        assert together.tokens[row] == alone.tokens[0]
+
+
 def test_greedy_takes_a_probability_on_its_first_step_only():
     """An answer keeps its first token's probability; later steps of a greedy continuation take the argmax
     alone: no softmax over the vocabulary (on a GPU: no second copy to the host per step), the same tokens."""

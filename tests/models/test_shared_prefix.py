@@ -259,6 +259,40 @@ def test_attention_on_own_columns_with_padding_sees_only_each_rows_real_keys(ker
         torch.testing.assert_close(ours[row].transpose(0, 1), expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("settings, boost", [({"decoding": "sample", "seed": 3}, 4.0),
+                                             ({"decoding": "sample", "seed": 3, "vcd": {}}, 2.0)],
+                         ids=["sample", "vcd"])
+def test_answers_that_end_leave_the_step_forwards(llava, monkeypatch, settings, boost):
+    """With the end token made likelier (its output bias raised), answers end at different steps: a step forward
+    feeds only the rows still answering (VCD: of both streams, stepping joined), and every answer equals its
+    question's decoded alone."""
+    from verbmirage.models.hf.steppers import InPlaceStepper
+    from verbmirage.variants.settings import Variant
+
+    model, questions = llava
+    steps, advance = [], InPlaceStepper.advance
+    monkeypatch.setattr(InPlaceStepper, "advance", lambda self, tokens: steps.append(len(tokens)) or
+                        advance(self, tokens))
+    head = model.model.get_output_embeddings()
+    bias = torch.zeros(head.out_features)
+    bias[model.tokenizer.eos_token_id] = boost
+    head.bias = torch.nn.Parameter(bias, requires_grad=False)
+    try:
+        model.use_variant(Variant.from_config({**settings, "max_new_tokens": 6}))
+        model.forget_prefixes()
+        together = model.score_multiple_choice(questions)
+        rows = len(questions) * (2 if "vcd" in settings else 1)
+        assert steps[0] == rows and steps[-1] < rows and steps == sorted(steps, reverse=True), steps
+        for question, answer in zip(questions, together):
+            model.forget_prefixes()
+            alone = model.score_multiple_choice([question])[0]
+            assert (answer.prediction, answer.raw_answer) == (alone.prediction, alone.raw_answer)
+            np.testing.assert_allclose(answer.option_probs, alone.option_probs, atol=1e-5)
+    finally:
+        head.bias = None
+        model.use_variant(Variant())
+
+
 @pytest.mark.parametrize("entry", [
     {"decoding": "greedy"},
     {"decoding": "beam", "num_beams": 3, "max_new_tokens": 5},

@@ -142,8 +142,11 @@ class ContrastedStepper:
     Where the clean stepper offers ``stepped_with(noised)`` (a stepper over its rows and then the noised one's,
     or None), both streams step in one forward of twice the rows instead of two."""
 
-    def __init__(self, clean: Stepper, noised: Stepper, settings: VCDSettings):
+    def __init__(self, clean: Stepper, noised: Stepper, settings: VCDSettings, rows: int | None = None):
         self.clean, self.noised, self.settings = clean, noised, settings
+        #: each stream's rows (where the streams step joined, the noised rows follow this many clean ones); None:
+        #: as many as the first :meth:`reorder` names
+        self.rows = rows
         join = getattr(clean, "stepped_with", None)
         self.both = join(noised) if join is not None else None
         if self.both is not None:  # the joined stepper holds copies of both: the streams' own rows can go
@@ -156,14 +159,19 @@ class ContrastedStepper:
         return contrast(clean, noised, self.settings)
 
     def reorder(self, rows: torch.Tensor) -> None:
+        """Row i of each stream continues from row ``rows[i]`` of it (beams moving, or fewer rows: those that
+        ended leave)."""
         if self.both is None:
             self.clean.reorder(rows)
             self.noised.reorder(rows)
         else:
-            self.both.reorder(torch.cat([rows, rows + len(rows)]))
+            self.both.reorder(torch.cat([rows, rows + (len(rows) if self.rows is None else self.rows)]))
+        self.rows = len(rows)
 
     def repeat(self, times: int) -> None:
         """Each row ``times`` times in a row (the beams of a question), in both streams."""
+        if self.rows is not None:
+            self.rows *= times
         if self.both is None:
             self.clean.repeat(times)
             self.noised.repeat(times)
@@ -195,30 +203,39 @@ def adjusted(processors: Processors, tokens: torch.Tensor, scores: torch.Tensor)
 
 def _one_token_per_row(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int],
                        choose) -> Decoded:
-    """Rows decoded one token per step by ``choose(tokens so far, logits, first step?) -> (next tokens, on the first
-    step each one's probability in the distribution it was chosen from, else None)`` until every row has stopped
-    or ``max_new_tokens``; tokens up to (not including) a stop token."""
+    """Rows decoded one token per step by ``choose(tokens so far, logits, first step?, rows) -> (next tokens, on
+    the first step each one's probability in the distribution it was chosen from, else None)`` until every row
+    has stopped or ``max_new_tokens``; tokens up to (not including) a stop token. ``rows`` are the indices (into
+    ``first``'s rows) of the rows still decoding, whose logits ``choose`` is given: a row that chose a stop
+    token leaves the stepper (:meth:`Stepper.reorder` to the rest), so that later steps compute only the rows
+    still answering (a trained model's YN answers end after a token or two; one long answer no longer keeps the
+    whole batch stepping)."""
     rows = first.shape[0]
     stop_ids = torch.tensor(sorted(stop), dtype=torch.long)
-    tokens = torch.empty((rows, 0), dtype=torch.long)
-    done = torch.zeros(rows, dtype=torch.bool)
+    tokens = torch.full((rows, max_new_tokens), -1, dtype=torch.long)  # -1 after a row's stop token
+    alive = torch.arange(rows)
     logits, first_probability = first, []
     for step in range(max_new_tokens):
-        chosen, probability = choose(tokens, logits, step == 0)
+        chosen, probability = choose(tokens[alive, :step], logits, step == 0, alive)
         if step == 0:
             first_probability = probability.tolist()
-        tokens = torch.cat([tokens, chosen[:, None]], dim=1)
-        done |= torch.isin(chosen, stop_ids)
-        if bool(done.all()) or step + 1 == max_new_tokens:
+        tokens[alive, step] = chosen
+        ended = torch.isin(chosen, stop_ids)
+        if bool(ended.all()) or step + 1 == max_new_tokens:
             break
+        if bool(ended.any()):
+            going = (~ended).nonzero()[:, 0]
+            stepper.reorder(going)
+            alive, chosen = alive[going], chosen[going]
         logits = stepper.advance(chosen)
-    return Decoded([_cut_at_stop(row, stop) for row in tokens.tolist()], first_probability)
+    return Decoded([_cut_at_stop([token for token in row if token >= 0], stop) for row in tokens.tolist()],
+                   first_probability)
 
 
 def greedy_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, stop: set[int],
                   processors: Processors = ()) -> Decoded:
     """Argmax decoding of every row from its first-position logits, after ``processors`` (:func:`adjusted`)."""
-    def argmax(tokens, logits, first):  # on the logits' device: only the chosen tokens (and first probabilities) move
+    def argmax(tokens, logits, first, rows):  # on the logits' device: only the chosen tokens (and first probability) move
         logits = adjusted(processors, tokens, logits)
         chosen = logits.argmax(-1)
         if not first:  # a later step's probabilities are not kept: no softmax over the vocabulary, no second copy
@@ -245,15 +262,15 @@ def sample_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, st
         warpers.append(TopPLogitsWarper(top_p))
     generators = [torch.Generator().manual_seed(seed) for seed in seeds]
 
-    def draw(tokens, logits, first):
+    def draw(tokens, logits, first, rows):
         # torch.multinomial(row, 1, generator) is argmax(row / q), q ~ Exp(1) drawn from the row's generator: the
         # same draws and tokens, with one call per row (its own generator) instead of a multinomial each. The
         # draws come first: they do not depend on the logits, so on a GPU the host draws while the device still
         # computes the step (nothing before them waits on it); they stay on the host, where each question's
         # generator is, so a question draws the same on any device and in any batch.
         noise = torch.empty(logits.shape, dtype=torch.float32)
-        for row, generator in zip(noise, generators):
-            row.exponential_(generator=generator)
+        for row, question in zip(noise, rows.tolist()):
+            row.exponential_(generator=generators[question])
         # the warpers, the softmax and the choice on the logits' device: only the chosen tokens come back
         probabilities = torch.softmax(warpers(tokens.to(logits.device), logits.float()), dim=-1)
         chosen = (probabilities / noise.to(logits.device)).argmax(dim=-1)

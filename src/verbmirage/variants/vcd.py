@@ -70,8 +70,8 @@ class ContrastiveDecoding(Decoding):
         """The contrasted pair of a clean and a noised stream fed the same tokens."""
         first, clean = stream(False)
         first_noised, noised = stream(True)
-        return search.contrast(first, first_noised, self.settings), search.ContrastedStepper(clean, noised,
-                                                                                             self.settings)
+        return search.contrast(first, first_noised, self.settings), search.ContrastedStepper(
+            clean, noised, self.settings, rows=first.shape[0])
 
     def search(self, first, stepper, rows, new_tokens, stop):
         return self.inner.search(first, stepper, rows, new_tokens, stop)

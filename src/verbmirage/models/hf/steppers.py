@@ -226,8 +226,11 @@ class InPlaceStepper:
         self._store = self._store.index_select(2, rows)
         self.valid, self.next_position = self.valid[rows], self.next_position[rows]
         chosen = rows.tolist()
+        read = set(self.image_of_row)
         self.image_of_row = [self.image_of_row[row] for row in chosen]
         self.prompt_lengths = [self.prompt_lengths[row] for row in chosen]
+        if self._stacked and set(self.image_of_row) != read:  # rows left (they ended): stacks of other prefixes
+            self._stacked = {}
 
     def reorder(self, rows: torch.Tensor) -> None:
         """A decoding step's rows (beams moving): the opening's logits (``first``) no longer match them. Beams
