@@ -322,6 +322,22 @@ def test_rows_that_ended_leave_the_step_and_the_rest_answer_as_alone(decoding):
         assert together.first_probability[row] == pytest.approx(alone.first_probability[0], abs=1e-7)
 
 
+def test_beam_search_stops_feeding_questions_that_can_no_longer_improve():
+    """Beam search's questions that can no longer improve leave the stepper (later steps feed only the others'
+    beams), and every question's best hypothesis and first probability equal its own search alone."""
+    stop, k = VOCAB - 1, 3
+    tables = _row_tables(6, stop)
+    stepper = RowTable([table for table in tables for _ in range(k)])
+    together = search.beam_search(stepper.first, stepper, k, 7, {stop})
+    assert stepper.fed[-1] < 6 * k  # some questions left early (every step fed all 18 rows before)
+    assert all(fed % k == 0 for fed in stepper.fed) and stepper.fed == sorted(stepper.fed, reverse=True)
+    for question, table in enumerate(tables):
+        alone_stepper = RowTable([table] * k)
+        alone = search.beam_search(alone_stepper.first, alone_stepper, k, 7, {stop})
+        assert together.tokens[question] == alone.tokens[0]
+        assert together.first_probability[question] == pytest.approx(alone.first_probability[0], abs=1e-7)
+
+
 def test_vcd_streams_stepping_joined_drop_the_same_rows_from_both():
     """VCD's streams stepping in one forward (``stepped_with``): when rows end, the joined stepper keeps the same
     rows of the clean half and of the noised half, wherever the noised half starts by then."""

@@ -260,12 +260,14 @@ def test_attention_on_own_columns_with_padding_sees_only_each_rows_real_keys(ker
 
 
 @pytest.mark.parametrize("settings, boost", [({"decoding": "sample", "seed": 3}, 4.0),
-                                             ({"decoding": "sample", "seed": 3, "vcd": {}}, 2.0)],
-                         ids=["sample", "vcd"])
+                                             ({"decoding": "sample", "seed": 3, "vcd": {}}, 2.0),
+                                             ({"decoding": "beam", "num_beams": 3}, 1.5),
+                                             ({"decoding": "beam", "num_beams": 2, "vcd": {}}, 1.0)],
+                         ids=["sample", "vcd", "beam", "vcd_beam"])
 def test_answers_that_end_leave_the_step_forwards(llava, monkeypatch, settings, boost):
     """With the end token made likelier (its output bias raised), answers end at different steps: a step forward
-    feeds only the rows still answering (VCD: of both streams, stepping joined), and every answer equals its
-    question's decoded alone."""
+    feeds only the rows still answering (beam search: the beams of the questions that can still improve; VCD:
+    of both streams, stepping joined), and every answer equals its question's decoded alone."""
     from verbmirage.models.hf.steppers import InPlaceStepper
     from verbmirage.variants.settings import Variant
 
@@ -281,7 +283,7 @@ def test_answers_that_end_leave_the_step_forwards(llava, monkeypatch, settings, 
         model.use_variant(Variant.from_config({**settings, "max_new_tokens": 6}))
         model.forget_prefixes()
         together = model.score_multiple_choice(questions)
-        rows = len(questions) * (2 if "vcd" in settings else 1)
+        rows = len(questions) * (2 if "vcd" in settings else 1) * settings.get("num_beams", 1)
         assert steps[0] == rows and steps[-1] < rows and steps == sorted(steps, reverse=True), steps
         for question, answer in zip(questions, together):
             model.forget_prefixes()

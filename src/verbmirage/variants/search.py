@@ -328,8 +328,11 @@ class BeamBook:
         return length.float() if isinstance(length, torch.Tensor) else length
 
     def step(self, log_probs: torch.Tensor, step: int) -> bool:
-        """Take step ``step`` (0-based) from the rows' log-probabilities [batch * K, vocab]; False when done."""
+        """Take step ``step`` (0-based) from the rows' log-probabilities [batch * K, vocab]; False when done. A
+        question that could no longer improve before this step is done: its finished hypotheses stay as they are
+        whatever its rows' log-probabilities (:func:`beam_search` gives it none to compute)."""
         batch, k = self.batch, self.k
+        done = ~self.improvable
         vocab = log_probs.shape[-1]
         totals = (log_probs.view(batch, k, vocab) + self.running_scores[:, :, None]).view(batch, k * vocab)
         top_scores, top_index = torch.topk(totals, self.keep)
@@ -355,7 +358,7 @@ class BeamBook:
         best_possible = self.running_scores[:, :1] / self._length(step + 1)  # can a running beam still win?
         worst = torch.where(self.is_finished, self.finished_scores.min(dim=1, keepdim=True).values, -1e9)
         self.improvable = self.improvable & (best_possible > worst).any(dim=-1, keepdim=True)
-        return bool(self.improvable.any()) and not bool(ends.all()) and step + 1 < self.max_new_tokens
+        return bool(self.improvable.any()) and not bool((ends | done).all()) and step + 1 < self.max_new_tokens
 
     def best(self, stop: set[int]) -> list[list[int]]:
         """The best finished hypothesis of each question (tokens before a stop token)."""
@@ -378,15 +381,31 @@ def beam_search(first: torch.Tensor, stepper: Stepper, num_beams: int, max_new_t
     finished one (``early_stopping=False`` heuristic) or every continuation has stopped. Returns the best
     finished hypothesis of each question.
     """
-    book = BeamBook(first.shape[0] // num_beams, num_beams, max_new_tokens, stop, length_penalty,
-                    device=first.device)
+    k = num_beams
+    book = BeamBook(first.shape[0] // k, k, max_new_tokens, stop, length_penalty, device=first.device)
+    beams = torch.arange(k)
+    held = torch.arange(book.batch)  # the questions whose beams the stepper holds, in its order
     logits = first
     for step in range(max_new_tokens):
+        if len(held) < book.batch:  # done questions' rows get zeros: nothing of theirs changes (BeamBook.step)
+            rows = (held[:, None] * k + beams).flatten().to(logits.device)
+            logits = logits.new_zeros((book.batch * k, logits.shape[-1])).index_copy_(0, rows, logits)
         scores = adjusted(processors, book.answers(step), torch.log_softmax(logits.float(), dim=-1))
         if not book.step(scores, step):
             break
-        stepper.reorder(book.rows)
-        logits = stepper.advance(book.tokens)
+        going = held[book.improvable[held.to(book.improvable.device), 0].cpu()]
+        if len(going) == book.batch:
+            stepper.reorder(book.rows)
+            logits = stepper.advance(book.tokens)
+            continue
+        # questions that can no longer improve leave the stepper: their beams are not fed again
+        targets = (going[:, None] * k + beams).flatten()
+        sources = book.rows.cpu()[targets]  # each beam's source row, of its own question
+        place = torch.empty(book.batch, dtype=torch.long)
+        place[held] = torch.arange(len(held))
+        stepper.reorder((place[sources // k] * k + sources % k).to(book.rows.device))
+        held = going
+        logits = stepper.advance(book.tokens[targets.to(book.tokens.device)])
     # the first distribution on its device: only the best hypotheses' probabilities come back
     return book.decoded(stop, torch.softmax(first[::num_beams].float(), dim=-1))
 

@@ -224,12 +224,25 @@ class InPlaceStepper:
         rows = rows.to(self.vlm.device)
         self._ungroup()
         self._store = self._store.index_select(2, rows)
+        self._take_row_state(rows)
+
+    def _take_groups(self, groups: torch.Tensor, rows: torch.Tensor) -> None:
+        """:meth:`_take` of ``rows`` that keep :meth:`repeat`'s groups whole (new group g's rows all come from
+        old group ``groups[g]``: questions leaving, the others' beams moving within them): the groups' shared
+        columns stay shared, and each beam's own come along."""
+        device = self.vlm.device
+        self._store = self._store.index_select(2, groups.to(device))
+        self._beams = self._beams.index_select(2, rows.to(device))
+        self._take_row_state(rows.to(device))
+
+    def _take_row_state(self, rows: torch.Tensor) -> None:
+        """The per-row state of ``rows`` (on the device), in their order."""
         self.valid, self.next_position = self.valid[rows], self.next_position[rows]
         chosen = rows.tolist()
         read = set(self.image_of_row)
         self.image_of_row = [self.image_of_row[row] for row in chosen]
         self.prompt_lengths = [self.prompt_lengths[row] for row in chosen]
-        if self._stacked and set(self.image_of_row) != read:  # rows left (they ended): stacks of other prefixes
+        if self._stacked and set(self.image_of_row) != read:  # rows left: the stacks of prefixes no longer read go
             self._stacked = {}
 
     def reorder(self, rows: torch.Tensor) -> None:
@@ -240,10 +253,16 @@ class InPlaceStepper:
         if self._probed is not None:
             self._probed_rows = rows if self._probed_rows is None else self._probed_rows[rows]
         group = self._group
-        if group > 1 and torch.equal(rows.cpu() // group, torch.arange(len(rows)) // group):
-            decoded = self._beams[..., : self.used - self._fixed, :]
-            decoded.copy_(decoded.index_select(2, rows.to(self._beams.device)))
-            return
+        if group > 1 and len(rows) % group == 0:
+            sources = (rows.cpu() // group).view(-1, group)
+            if len(rows) == len(self.image_of_row) and torch.equal(
+                    sources, torch.arange(len(rows)).view(-1, group) // group):
+                decoded = self._beams[..., : self.used - self._fixed, :]
+                decoded.copy_(decoded.index_select(2, rows.to(self._beams.device)))
+                return
+            if bool((sources == sources[:, :1]).all()):
+                self._take_groups(sources[:, 0], rows)
+                return
         self._take(rows)
 
     def repeat(self, times: int) -> None:
