@@ -158,12 +158,12 @@ class Arithmetic:
         return self.positions + VISION_POSITIONS * self.images
 
     def _language(self, module, args, kwargs):
-        given = kwargs.get("inputs_embeds", kwargs.get("input_ids"))
-        given = args[0] if given is None else given
+        given = next((kwargs[name] for name in ("inputs_embeds", "input_ids") if kwargs.get(name) is not None),
+                     args[0] if args else None)
         self.positions += given.shape[0] * given.shape[1]
 
     def _vision(self, module, args, kwargs):
-        pixels = kwargs.get("pixel_values", args[0] if args else None)
+        pixels = kwargs["pixel_values"] if kwargs.get("pixel_values") is not None else args[0]
         self.images += pixels.shape[0]
 
 

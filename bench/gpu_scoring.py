@@ -17,9 +17,10 @@ MC rotations) must take at most 15 GPU-minutes on one H200, i.e. (b) >= 250 prom
 
 ``--sized-batch`` also times (b) at the batch the device's memory sizes (given here until the workflow's
 sizing of batches from free memory can be asked for it) and counts the decisions that differ from batch
-``--batch-size``'s (in bf16 a prompt's score depends on what it is batched with); ``--forward-cost N`` times it
-once more with its suffix batches cut at a forward cost of N token positions instead of the engine's default
-(fewer padded positions, more forwards: which pays depends on whether the GPU waits on launches).
+``--batch-size``'s (in bf16 a prompt's score depends on what it is batched with); ``--forward-cost N`` times (b)
+at that batch on half the suite with its suffix batches cut at a forward cost of N token positions and at the
+engine's default (fewer padded positions, more forwards: which pays depends on whether the GPU waits on
+launches).
 
 ``--decodings`` makes the model decisive (bench/bench_scoring.py, ``make_decisive``: its first answer token
 decides, as a trained model's does), times the whole suite greedily as a job answers it (continuations on),
@@ -137,33 +138,38 @@ def timed_suite(model, suite, batch_size: int, synchronize) -> tuple[dict, float
     return results, len(suite) / (time.perf_counter() - start), arithmetic.total / len(suite)
 
 
-def sized_batch(model, suite, batch_size: int, reference: dict, reference_batch: int, synchronize) -> dict:
+def sized_batch(model, suite, batch_size: int, reference: dict, reference_batch: int, synchronize) -> None:
     """(b) at ``batch_size`` (the device-sized batch): prompts/s, positions per prompt, and the decisions that
-    differ from ``reference`` (the same pass at ``reference_batch``); returns its results."""
+    differ from ``reference`` (the same pass at ``reference_batch``)."""
     results, rate, positions = timed_suite(model, suite, batch_size, synchronize)
     flipped = sum(results[key].prediction != reference[key].prediction for key in reference)
     print(f"(b) at the sized batch {batch_size}:  {rate:8.2f} prompts/s ({model.use_batch_size(batch_size)} questions "
           f"per call; {positions:.1f} positions per prompt, forward cost {model.prefix_cache.BATCH_COST}); "
           f"decisions differing from batch {reference_batch}: {flipped} of {len(reference)}; "
           f"max |score difference| {score_difference(reference, results):.2e}")
-    return results
 
 
-def other_forward_cost(model, suite, batch_size: int, cost: int, reference: dict, synchronize) -> None:
-    """(b) at ``batch_size`` with the suffix batches cut at a forward cost of ``cost`` token positions (on CUDA
-    the engine's default is models/hf/on_device.py's CUDA_FORWARD_COST; ``VERBMIRAGE_FORWARD_COST`` sets it for
-    a job): prompts/s and positions per prompt, to compare with ``reference`` (the pass at the default cost)."""
-    cache = model.prefix_cache
-    before = cache.BATCH_COST, cache.HEADER_SAVING
-    cache.BATCH_COST = cache.HEADER_SAVING = cost
-    try:
-        results, rate, positions = timed_suite(model, suite, batch_size, synchronize)
-    finally:
-        cache.BATCH_COST, cache.HEADER_SAVING = before
-    flipped = sum(results[key].prediction != reference[key].prediction for key in reference)
-    print(f"(b) at the sized batch {batch_size}, forward cost {cost}: {rate:8.2f} prompts/s ({positions:.1f} "
-          f"positions per prompt); decisions differing from forward cost {before[0]}: {flipped} of "
-          f"{len(reference)}")
+def forward_costs(model, suite, batch_size: int, cost: int, synchronize) -> None:
+    """(b) at ``batch_size`` on the first half of ``suite``, its suffix batches cut at a forward cost of ``cost``
+    token positions and at the engine's own (on CUDA models/hf/on_device.py's CUDA_FORWARD_COST;
+    ``VERBMIRAGE_FORWARD_COST`` sets it for a job): prompts/s and positions per prompt of each, the new cost
+    warmed up first (untimed, on a few prompts) and timed first, and the decisions that differ between them."""
+    cache, half = model.prefix_cache, suite[: max(1, len(suite) // 2)]
+    default = cache.BATCH_COST
+    passes = {}
+    for value in (cost, default):
+        cache.BATCH_COST = cache.HEADER_SAVING = value
+        try:
+            all_sets_per_call(model, half[:16], batch_size)  # new shapes compile here, not while timed
+            passes[value] = timed_suite(model, half, batch_size, synchronize)
+        finally:
+            cache.BATCH_COST = cache.HEADER_SAVING = default
+    flipped = sum(passes[cost][0][key].prediction != passes[default][0][key].prediction for key in passes[default][0])
+    for value in (default, cost):
+        _, rate, positions = passes[value]
+        print(f"(b) at batch {batch_size}, forward cost {value:5d}: {rate:8.2f} prompts/s ({positions:.1f} positions "
+              f"per prompt; {len(half)} prompts)")
+    print(f"decisions differing between forward costs {default} and {cost}: {flipped} of {len(half)}")
 
 
 def _batch_size(value: str) -> int | str:
@@ -188,8 +194,8 @@ def main() -> None:
     parser.add_argument("--sized-batch", type=int, default=256,
                         help="--suite: (b) also at this batch (the size the device's memory gives; 0: not timed)")
     parser.add_argument("--forward-cost", type=int, default=None,
-                        help="--suite: (b) at the sized batch once more, its suffix batches cut at this forward cost "
-                             "(token positions; VERBMIRAGE_FORWARD_COST)")
+                        help="--suite: (b) at the sized batch on half the suite, its suffix batches cut at this "
+                             "forward cost (token positions; VERBMIRAGE_FORWARD_COST) and at the engine's")
     parser.add_argument("--generate-rate", type=float, default=None,
                         help="--decodings: prompts/s of generate at batch 1 (bench/gen_vs_engine.py), to project the "
                              "remote-code models one question at a time")
@@ -216,9 +222,9 @@ def main() -> None:
             timing = time_both(model, suite, args.batch_size, synchronize)
             report(len(suite), args.images, timing, args.batch_size, model.use_batch_size(args.batch_size))
             if args.sized_batch and args.sized_batch != args.batch_size:
-                sized = sized_batch(model, suite, args.sized_batch, timing.results, args.batch_size, synchronize)
-                if args.forward_cost is not None:
-                    other_forward_cost(model, suite, args.sized_batch, args.forward_cost, sized, synchronize)
+                sized_batch(model, suite, args.sized_batch, timing.results, args.batch_size, synchronize)
+            if args.forward_cost is not None:
+                forward_costs(model, suite, args.sized_batch or args.batch_size, args.forward_cost, synchronize)
             if device == "cuda":
                 print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
             return

@@ -15,8 +15,8 @@
 #   2. bench/batch_flips.py: the batch a job sizes from this GPU's free memory (batch_size: auto; docs/models.md,
 #      "Batch sizes") and the answers that move between batch 64 and it, on the random and the decisive model;
 #   3. --suite: one set per call vs all sets of an image at batch 64, then all sets at the batch step 2 sized
-#      (or --sized-batch N) and the decisions that differ between the two, and once more with suffix batches cut
-#      at a forward cost of 512 token positions instead of the engine's 4096 (VERBMIRAGE_FORWARD_COST);
+#      (or --sized-batch N) and the decisions that differ between the two, then on half the suite with suffix
+#      batches cut at a forward cost of 512 token positions and at the engine's 4096 (VERBMIRAGE_FORWARD_COST);
 #   4. the GPU-busy share of a profiled scoring pass and its kernels per prompt (bench/profile_gpu.py);
 #   5. --decodings: the whole suite greedily as a job answers it, each decoding's cost relative to greedy (beside
 #      its arithmetic relative to greedy's: bench_scoring.Arithmetic) and peak memory, and the projected GPU-hours of the whole HICO suite and of configs/paper.yaml, every GPU model

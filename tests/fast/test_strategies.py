@@ -112,7 +112,7 @@ def test_vcd_decodes_its_inner_search_on_the_contrast_of_two_streams():
     got = strategy.decode(rows, 3, {8})
     clean, noised = TableStepper(4, 0), TableStepper(4, 1)
     first = search.contrast(clean.first, noised.first, variant.vcd)
-    expected = search.beam_search(first, search.ContrastedStepper(clean, noised, variant.vcd), 2, 3, {8})
+    expected = search.beam_search(first, search.ContrastedStepper(clean, noised, variant.vcd, 4), 2, 3, {8})
     assert got == expected
 
     contrasted, columns = strategy.contrast_first(clean.first[:2], noised.first[:2])

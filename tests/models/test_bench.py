@@ -59,8 +59,10 @@ def test_the_device_check_runs_every_step_in_smoke_mode(tmp_path):
     assert sized, flips  # the suite step scores at the batch the sizing step chose
     assert re.search(rf"\(b\) at the sized batch {sized[1]}: +[\d.]+ prompts/s .*decisions differing from batch 64: "
                      r"\d+ of 12", suite)
-    assert re.search(r"\(b\) at the sized batch \d+, forward cost 512: +[\d.]+ prompts/s \([\d.]+ positions per "
-                     r"prompt\); decisions differing from forward cost 256: \d+ of 12", suite)  # the CPU's cost: 256
+    costs = re.findall(r"^\(b\) at batch \d+, forward cost +(\d+): +[\d.]+ prompts/s \(([\d.]+) positions per "
+                       r"prompt; 6 prompts\)$", suite, re.M)
+    assert [cost for cost, _ in costs] == ["256", "512"]  # the CPU's cost first, then the one asked for
+    assert re.search(r"decisions differing between forward costs 256 and 512: \d+ of 6", suite)
     assert re.search(r"GPU busy \d+%; [\d.]+ kernels per prompt", (tmp_path / "profile.txt").read_text())
     decodings = (tmp_path / "decodings.txt").read_text()
     assert re.search(r"whole suite, greedy \(\d+ prompts of 5 sets on 1 images\):\s+[\d.]+ prompts/s", decodings)

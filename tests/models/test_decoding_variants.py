@@ -543,3 +543,40 @@ def test_every_decoding_applies_its_processors_at_every_step(model, scene, entry
     assert all(banned not in model.tokenizer.encode(answer.text, add_special_tokens=False) for answer in adjusted)
     assert set(banning.seen) == set(range(4))
     model.use_variant(Variant.from_config({}))
+
+
+@pytest.mark.parametrize("settings", [{"decoding": "greedy"}, {"decoding": "sample", "seed": 2},
+                                      {"decoding": "beam", "num_beams": 2, "vcd": {}}],
+                         ids=["greedy", "sample", "vcd_beam"])
+def test_qwen_on_whole_prompts_keeps_each_rows_rope_delta_as_rows_move_or_leave(tiny_dirs, scene, settings,
+                                                                                monkeypatch):
+    """Qwen without prefix reuse decodes from whole prompts, each row's M-RoPE position offset by its rope delta
+    from the prompt pass: the delta moves with its row when beams repeat and move, and when answers that ended
+    leave the step forwards (the end token made likelier so that they end at different steps); every answer
+    equals its question's decoded alone."""
+    from verbmirage.models.hf.steppers import FullStepper
+
+    model = create_model("tiny", {"backend": "qwen2_vl", "path": str(tiny_dirs["qwen2_vl"]),
+                                  "local_files_only": True, "prefix_reuse": False})
+    head = model.model.get_output_embeddings()
+    bias = torch.zeros(head.out_features)
+    bias[list(model.stop_tokens())] = 0.5
+    head.bias = torch.nn.Parameter(bias, requires_grad=False)
+    questions = yes_no_questions(scene, 8)
+    model.use_variant(Variant.from_config({**settings, "max_new_tokens": 6}))
+    model.continue_tokens = 6
+    left, reorder = [], FullStepper.reorder
+
+    def recording(self, rows):
+        left.append(len(rows) < len(self.prompt_lengths))
+        reorder(self, rows)
+
+    monkeypatch.setattr(FullStepper, "reorder", recording)
+    try:
+        together = model.decode_answers(questions, False)
+        assert any(left) or settings.get("decoding") == "beam"  # answers ended apart and left
+        alone = [model.decode_answers([question], False)[0] for question in questions]
+    finally:
+        head.bias = None
+    assert alike(together, alone)
+    assert any(len(answer[1]) > 0 for answer in together)

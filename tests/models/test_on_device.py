@@ -91,9 +91,10 @@ def test_cuda_forwards_are_fewer_and_score_as_the_cpu_cuts(tiny_llava_path, tmp_
     monkeypatch.setenv(FORWARD_COST_ENV, "512")  # a forward's cost set for the GPU at hand
     fit_to_device(model, device=torch.device("cuda"))
     assert (model.prefix_cache.BATCH_COST, model.prefix_cache.HEADER_SAVING) == (512, 512)
-    monkeypatch.setenv(FORWARD_COST_ENV, "lots")
-    with pytest.raises(ValueError, match="VERBMIRAGE_FORWARD_COST='lots': expected a whole number"):
-        fit_to_device(model, device=torch.device("cuda"))
+    for wrong in ("lots", "0"):
+        monkeypatch.setenv(FORWARD_COST_ENV, wrong)
+        with pytest.raises(ValueError, match=f"VERBMIRAGE_FORWARD_COST='{wrong}': expected a whole number"):
+            fit_to_device(model, device=torch.device("cuda"))
 
 
 def _compiled_graphs() -> int:

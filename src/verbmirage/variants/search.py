@@ -142,10 +142,9 @@ class ContrastedStepper:
     Where the clean stepper offers ``stepped_with(noised)`` (a stepper over its rows and then the noised one's,
     or None), both streams step in one forward of twice the rows instead of two."""
 
-    def __init__(self, clean: Stepper, noised: Stepper, settings: VCDSettings, rows: int | None = None):
+    def __init__(self, clean: Stepper, noised: Stepper, settings: VCDSettings, rows: int):
         self.clean, self.noised, self.settings = clean, noised, settings
-        #: each stream's rows (where the streams step joined, the noised rows follow this many clean ones); None:
-        #: as many as the first :meth:`reorder` names
+        #: each stream's rows (where the streams step joined, the noised rows follow this many clean ones)
         self.rows = rows
         join = getattr(clean, "stepped_with", None)
         self.both = join(noised) if join is not None else None
@@ -165,13 +164,12 @@ class ContrastedStepper:
             self.clean.reorder(rows)
             self.noised.reorder(rows)
         else:
-            self.both.reorder(torch.cat([rows, rows + (len(rows) if self.rows is None else self.rows)]))
+            self.both.reorder(torch.cat([rows, rows + self.rows]))
         self.rows = len(rows)
 
     def repeat(self, times: int) -> None:
         """Each row ``times`` times in a row (the beams of a question), in both streams."""
-        if self.rows is not None:
-            self.rows *= times
+        self.rows *= times
         if self.both is None:
             self.clean.repeat(times)
             self.noised.repeat(times)
@@ -188,7 +186,8 @@ def _cut_at_stop(tokens: list[int], stop: set[int]) -> list[int]:
 
 #: Per-step logit adjustments (a decoding's :meth:`~.strategies.Decoding.logits_processors`): callables
 #: ``(tokens, scores) -> scores`` with transformers' ``LogitsProcessor`` signature, ``tokens`` [rows, step] each row's
-#: answer so far (not its prompt), applied in order.
+#: answer so far (not its prompt), applied in order. The rows are those still answering (answers that ended leave
+#: the steps), so a processor reads each row's own tokens and must not keep state by row position.
 Processors = Sequence
 
 

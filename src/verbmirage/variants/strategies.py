@@ -103,7 +103,8 @@ class Decoding:
         ``LogitsProcessor`` objects, or any callable ``(tokens, scores) -> scores``, that every step of this
         decoding applies in order, where ``generate`` applies its ``logits_processor``: greedy and sampling to the
         logits (before sampling's temperature, top-k and top-p), beam search and OPERA to the log-probabilities;
-        with VCD on top, to the contrast. ``tokens`` [rows, step] are each row's answer so far, not its prompt.
+        with VCD on top, to the contrast. ``tokens`` [rows, step] are each row's answer so far, not its prompt;
+        the rows are those still answering (answers that ended leave the steps), so keep no state by row position.
         The engine's greedy continuation of an undecided answer decodes with this decoding, processors included;
         its first token stays the scoring pass's argmax (where :attr:`decides_by_first_token`, a processor that
         would change the first step must not be used). None by default."""

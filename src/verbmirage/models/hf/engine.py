@@ -389,8 +389,15 @@ class TransformersVLM(LogitsVLM):
                     else [])
         return stop
 
-    def step_forward(self, input_ids, attention_mask, cache) -> torch.Tensor:
-        """Logits of one more token per row on a cache that already holds the image (no pixels again)."""
+    def step_state(self) -> torch.Tensor | None:
+        """What the whole-prompt forward just run leaves that later steps of its rows read (a tensor with a row
+        per prompt; :class:`~.steppers.FullStepper` keeps it with its rows and hands it to :meth:`step_forward`),
+        or None."""
+        return None
+
+    def step_forward(self, input_ids, attention_mask, cache, state: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of one more token per row on a cache that already holds the image (no pixels again);
+        ``state``: the rows' :meth:`step_state`."""
         return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True,
                           **{self.cache_argument: cache}).logits
 

@@ -62,7 +62,7 @@ class InstructBlipVLM(TransformersVLM):
     model_class = "InstructBlipForConditionalGeneration"
     inputs_class = InstructBlipInputs
 
-    def step_forward(self, input_ids, attention_mask, cache):
+    def step_forward(self, input_ids, attention_mask, cache, state=None):
         """Past the prompt only the language model runs (the image lives in the cache of the query tokens)."""
         language_model = self.model.language_model
         parameters = inspect.signature(language_model.forward).parameters
@@ -145,10 +145,15 @@ class QwenVLM(TransformersVLM):
                 chat_template=tokenizer.chat_template,
             )
 
-    def step_forward(self, input_ids, attention_mask, cache):
+    def step_state(self):
+        """The rope delta of each row of the prompt pass just run (the model keeps only the last pass's)."""
+        return self.model.model.rope_deltas
+
+    def step_forward(self, input_ids, attention_mask, cache, state=None):
         """One token after whole prompts (no prefix reuse): its M-RoPE position is the row's token count plus
-        the rope delta the prompt pass stored (transformers would derive it from the whole mask, wrongly)."""
-        delta = self.model.model.rope_deltas.to(self.device)
+        its rope delta from the prompt pass (``state``, kept with the rows as they move or leave; transformers
+        would derive it from the whole mask, wrongly)."""
+        delta = (self.model.model.rope_deltas if state is None else state).to(self.device)
         text = attention_mask.sum(dim=1, keepdim=True) - 1
         position_ids = (text + delta).expand(3, -1, -1)
         return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,

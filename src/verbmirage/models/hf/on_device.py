@@ -69,7 +69,7 @@ def forward_cost() -> int:
     value = os.environ.get(FORWARD_COST_ENV, "").strip()
     if not value:
         return CUDA_FORWARD_COST
-    if not value.isdigit():
-        raise ValueError(f"{FORWARD_COST_ENV}={value!r}: expected a whole number of token positions (default "
-                         f"{CUDA_FORWARD_COST})")
+    if not (value.isascii() and value.isdigit() and int(value) >= 1):
+        raise ValueError(f"{FORWARD_COST_ENV}={value!r}: expected a whole number of token positions, at least 1 "
+                         f"(default {CUDA_FORWARD_COST})")
     return int(value)

@@ -36,7 +36,9 @@ class StepperHost(Protocol):
     prefix_cache: PrefixCache  # the forwards after a cached prefix (suffix_forward) and its caches (cache_of)
     last_attention: LastAttention  # the row the eager hook kept (AttendingStepper)
 
-    def step_forward(self, input_ids, attention_mask, cache) -> torch.Tensor: ...
+    def step_state(self) -> torch.Tensor | None: ...
+
+    def step_forward(self, input_ids, attention_mask, cache, state=None) -> torch.Tensor: ...
 
 
 class InPlaceStepper:
@@ -238,12 +240,12 @@ class InPlaceStepper:
     def _take_row_state(self, rows: torch.Tensor) -> None:
         """The per-row state of ``rows`` (on the device), in their order."""
         self.valid, self.next_position = self.valid[rows], self.next_position[rows]
-        chosen = rows.tolist()
+        chosen, before = rows.tolist(), len(self.image_of_row)
         read = set(self.image_of_row)
         self.image_of_row = [self.image_of_row[row] for row in chosen]
         self.prompt_lengths = [self.prompt_lengths[row] for row in chosen]
-        if self._stacked and set(self.image_of_row) != read:  # rows left: the stacks of prefixes no longer read go
-            self._stacked = {}
+        if self._stacked and (len(chosen) < before or set(self.image_of_row) != read):
+            self._stacked = {}  # rows left: the blocks of prefixes the next forward reads may be cut anew
 
     def reorder(self, rows: torch.Tensor) -> None:
         """A decoding step's rows (beams moving): the opening's logits (``first``) no longer match them. Beams
@@ -473,8 +475,8 @@ class PrefixStepper:
             return
         rows = torch.arange(len(self.prompt_lengths), device=self.vlm.device).repeat_interleave(times)
         first = self.first[rows]
-        self.reorder(rows)
-        self.first, self.prompt_lengths = first, [length for length in self.prompt_lengths for _ in range(times)]
+        self.reorder(rows)  # the rows' prompt lengths too
+        self.first = first
 
     def advance(self, tokens: torch.Tensor) -> torch.Tensor:
         device = self.vlm.device
@@ -492,6 +494,7 @@ class PrefixStepper:
         rows = rows.to(self.vlm.device)
         self.cache.reorder_cache(rows)
         self.mask, self.next_position, self.first = self.mask[rows], self.next_position[rows], None
+        self.prompt_lengths = [self.prompt_lengths[row] for row in rows.tolist()]
 
     def undo(self) -> None:
         """Forget the last fed token (OPERA's candidate probes)."""
@@ -511,21 +514,26 @@ class FullStepper:
         self.mask = encoded["attention_mask"]
         self.prompt_columns, self.prompt_lengths = self.mask.shape[1], self.mask.sum(dim=1).tolist()
         self.first = output.logits[:, -1].float()
+        #: what the family's later steps read per row (Qwen's rope deltas), moving with the rows
+        self.state = vlm.step_state()
 
     def advance(self, tokens: torch.Tensor) -> torch.Tensor:
         self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
-        return self.vlm.step_forward(tokens.to(self.vlm.device)[:, None], self.mask, self.cache)[:, -1].float()
+        return self.vlm.step_forward(tokens.to(self.vlm.device)[:, None], self.mask, self.cache,
+                                     self.state)[:, -1].float()
 
     def reorder(self, rows: torch.Tensor) -> None:
         self.cache.reorder_cache(rows.to(self.vlm.device))
         self.mask = self.mask[rows.to(self.mask.device)]
+        if self.state is not None:
+            self.state = self.state[rows.to(self.state.device)]
+        self.prompt_lengths = [self.prompt_lengths[row] for row in rows.tolist()]
 
     def repeat(self, times: int) -> None:
         """Each row ``times`` times in a row (beams of one question), cache included."""
         rows = torch.arange(len(self.prompt_lengths)).repeat_interleave(times)
-        self.reorder(rows)
+        self.reorder(rows)  # the rows' prompt lengths and state too
         self.first = self.first[rows.to(self.first.device)]
-        self.prompt_lengths = [length for length in self.prompt_lengths for _ in range(times)]
 
     def undo(self) -> None:
         self.mask = self.mask[:, :-1]
