@@ -12,6 +12,12 @@ around the attention call (its norm; projections and rotary embedding; output pr
 and residual). A layer whose attention is read by a hook or runs eagerly for its weights (OPERA's record,
 the attention analysis) runs uncompiled.
 
+A compilation costs a GPU seconds to tens of seconds, so once each kind of call has run (scoring, several
+images, greedy continuations, beam search, sampling, VCD, OPERA) calls of other sizes compile nothing new
+(tests/models/test_compile_stable.py): sizes are dynamic, sizes equal by chance are not taken as equal
+(:func:`compiler_settings`), and what moves per layer or step (the caches' updates) stays out of the graphs.
+A row count or token count of one is a variant of its own, compiled once.
+
 Chosen by device like the attention kernel (:func:`.shared_prefix.kernel_for`): on CUDA, the CPU path stays
 eager (the demo's results are byte-identical). ``VERBMIRAGE_COMPILE_LAYERS=0`` turns it off (e.g. where the
 first batches' wait for the compiler is not worth it); the tests and ``bench/launches.py`` compile on the CPU
@@ -25,6 +31,7 @@ import logging
 import os
 
 import torch
+import torch.fx.experimental._config
 
 from verbmirage.models.hf.tokens import decoder_layers
 
@@ -49,11 +56,21 @@ def compiles_layers(device: torch.device) -> bool:
 
 
 @functools.cache
-def _compiled(layer_class: type):
-    """``layer_class.forward`` compiled once (dynamic shapes), shared by every layer of that class."""
+def compiler_settings() -> None:
+    """The compiler's settings for the engine's compiled code (the decoder layers here, FlexAttention and the merge
+    of :mod:`.shared_prefix`), made once, before its first compilation."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     # a layer's index (read by the cache update) an input of the graph, not a constant compiled into it
     torch._dynamo.config.allow_unspec_int_on_nn_module = True
+    # sizes equal by chance in the call that compiles (4 rows of 4 tokens) not taken as equal in every later call:
+    # each call whose sizes differ would compile again
+    torch.fx.experimental._config.use_duck_shape = False
+
+
+@functools.cache
+def _compiled(layer_class: type):
+    """``layer_class.forward`` compiled once (dynamic shapes), shared by every layer of that class."""
+    compiler_settings()
     _cache_updates_uncompiled()
     return torch.compile(layer_class.forward, dynamic=True)
 
