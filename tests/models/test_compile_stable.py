@@ -13,6 +13,7 @@ on the CPU, and its code takes minutes to build on two cores)."""
 from __future__ import annotations
 
 import functools
+import logging
 
 import numpy as np
 import pytest
@@ -107,3 +108,20 @@ def test_compiled_code_compiles_nothing_new_once_each_kind_of_call_is_warmed_up(
     assert all(warm_up[kind] for kind in ("score", "images", "greedy", "beam", "opera")), warm_up  # ran compiled
     assert new == dict.fromkeys(KINDS, 0)
 
+
+def test_reaching_the_recompile_limit_is_warned_once_naming_the_model(setup, caplog, monkeypatch):
+    """Past the recompile limit a compiled layer's new shapes run eagerly: the job's log says so once, naming the
+    model and the function (torch's own warning names neither the model nor that it stays eager)."""
+    _, model, images = setup
+    compiled_layers.compiler_settings()  # sets the limit once: lowered after it
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    torch._dynamo.reset()  # every compiled variant forgotten: the next shapes compile again
+    try:
+        with caplog.at_level(logging.WARNING, logger=compiled_layers.__name__):
+            for parts in ([(0, 2, 0, 0)], [(1, 3, 1, 0)], [(2, 1, 0, 0), (3, 2, 0, 0)]):
+                _call(model, images, {}, parts, True)
+    finally:
+        torch._dynamo.reset()  # nothing left running eagerly for the tests after
+    warned = [r.getMessage() for r in caplog.records if r.name == compiled_layers.__name__]
+    assert warned and all(m.startswith("tiny_llava: torch.compile reached its recompile_limit (1)") for m in warned)
+    assert len(warned) == len(set(warned))  # once per function
