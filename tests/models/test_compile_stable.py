@@ -65,14 +65,24 @@ def setup(tmp_path_factory):
     settings = {"backend": "llava", "path": str(path), "local_files_only": True}
     reference, model = create_model("reference", settings), create_model("tiny_llava", settings)
     caches = (compiled_layers._compiled, shared_prefix._compiled_flex, shared_prefix._compiled_merge)
+    # pytest attaches its log capture to every logger that does not propagate, torch's structured trace among
+    # them, and torch then writes out each graph it compiles for it (a third of this file's time): detached here
+    trace = logging.getLogger("torch.__trace")
+    handlers = list(trace.handlers)
+    for handler in handlers:
+        trace.removeHandler(handler)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+        patch.setattr(trace, "propagate", True)  # and not attached again
         for cache in caches:
             cache.cache_clear()
         fit_to_device(model, device=torch.device("cuda"))
         yield reference, model, images
     for cache in caches:
         cache.cache_clear()
+    for handler in handlers:
+        if handler in logging.getLogger().handlers:  # pytest's that are still in use
+            trace.addHandler(handler)
 
 
 def _call(model, images, variant, parts, compiled: bool):
@@ -96,6 +106,7 @@ def _same_answers(ours, theirs):
         np.testing.assert_allclose(values[0], values[1], atol=1e-5)
 
 
+@pytest.mark.slow  # about a minute on two cores, nearly all of it dynamo tracing each kind's first call
 def test_compiled_code_compiles_nothing_new_once_each_kind_of_call_is_warmed_up(setup):
     reference, model, images = setup
     warm_up, new = {}, {}
