@@ -12,6 +12,12 @@ around the attention call (its norm; projections and rotary embedding; output pr
 and residual). A layer whose attention is read by a hook or runs eagerly for its weights (OPERA's record,
 the attention analysis) runs uncompiled.
 
+A compilation costs a GPU seconds to tens of seconds, so once each kind of call has run (scoring, several
+images, greedy continuations, beam search, sampling, VCD, OPERA) calls of other sizes compile nothing new
+(tests/models/test_compile_stable.py): sizes are dynamic, sizes equal by chance are not taken as equal
+(:func:`compiler_settings`), and what moves per layer or step (the caches' updates) stays out of the graphs.
+A row count or token count of one is a variant of its own, compiled once.
+
 Chosen by device like the attention kernel (:func:`.shared_prefix.kernel_for`): on CUDA, the CPU path stays
 eager (the demo's results are byte-identical). ``VERBMIRAGE_COMPILE_LAYERS=0`` turns it off (e.g. where the
 first batches' wait for the compiler is not worth it); the tests and ``bench/launches.py`` compile on the CPU
@@ -20,11 +26,13 @@ with :func:`compile_decoder_layers` ``(force=True)``.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import os
 
 import torch
+import torch.fx.experimental._config
 
 from verbmirage.models.hf.tokens import decoder_layers
 
@@ -49,11 +57,43 @@ def compiles_layers(device: torch.device) -> bool:
 
 
 @functools.cache
-def _compiled(layer_class: type):
-    """``layer_class.forward`` compiled once (dynamic shapes), shared by every layer of that class."""
+def compiler_settings() -> None:
+    """The compiler's settings for the engine's compiled code (the decoder layers here, FlexAttention and the merge
+    of :mod:`.shared_prefix`), made once, before its first compilation."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     # a layer's index (read by the cache update) an input of the graph, not a constant compiled into it
     torch._dynamo.config.allow_unspec_int_on_nn_module = True
+    # sizes equal by chance in the call that compiles (4 rows of 4 tokens) not taken as equal in every later call:
+    # each call whose sizes differ would compile again
+    torch.fx.experimental._config.use_duck_shape = False
+    logging.getLogger("torch._dynamo.convert_frame").addFilter(_warn_at_recompile_limit)
+
+
+#: the model whose decoder layers run (:func:`_dispatch`), named in the warning at the recompile limit
+_RUNNING: contextvars.ContextVar = contextvars.ContextVar("verbmirage_compiled_model", default="")
+#: (model, function) pairs already warned about
+_WARNED: set = set()
+
+
+def _warn_at_recompile_limit(record: logging.LogRecord) -> bool:
+    """A filter on torch's compiler log: where compiled code reaches its recompile limit (torch logs it once and
+    from then on runs every call it has not compiled for eagerly, slow, without saying so again), warn once in
+    the job's log, naming the model and the function that runs eagerly. Keeps torch's own record."""
+    if str(record.msg).startswith("torch._dynamo hit config.") and len(record.args or ()) >= 3:
+        limit, function = f"{record.args[0]} ({record.args[1]})", record.args[2]
+        model = _RUNNING.get() or "a model on CUDA's path"
+        if (model, function) not in _WARNED:
+            _WARNED.add((model, function))
+            log.warning("%s: torch.compile reached its %s in %s: its calls of shapes not compiled yet now run "
+                        "eagerly (slow); TORCH_LOGS=recompiles says what kept compiling (%s=0 keeps the layers "
+                        "eager)", model, limit, function, ENV)
+    return True
+
+
+@functools.cache
+def _compiled(layer_class: type):
+    """``layer_class.forward`` compiled once (dynamic shapes), shared by every layer of that class."""
+    compiler_settings()
     _cache_updates_uncompiled()
     return torch.compile(layer_class.forward, dynamic=True)
 
@@ -77,10 +117,14 @@ def _runs_eagerly(layer) -> bool:
     return bool(attention._forward_hooks) or getattr(config, "_attn_implementation", None) == "eager"
 
 
-def _dispatch(layer, eager, *args, **kwargs):
+def _dispatch(layer, eager, name: str, *args, **kwargs):
     if _runs_eagerly(layer):
         return eager(*args, **kwargs)
-    return _compiled(type(layer))(layer, *args, **kwargs)
+    token = _RUNNING.set(name)
+    try:
+        return _compiled(type(layer))(layer, *args, **kwargs)
+    finally:
+        _RUNNING.reset(token)
 
 
 def compile_decoder_layers(model, device: torch.device | None = None, name: str = "", force: bool = False) -> bool:
@@ -89,9 +133,10 @@ def compile_decoder_layers(model, device: torch.device | None = None, name: str 
     if not force and (device is None or not compiles_layers(device)):
         return False
     layers = decoder_layers(model)
+    name = name or type(model).__name__
     for layer in layers:
         if "forward" not in vars(layer):  # not wrapped already
-            layer.forward = functools.partial(_dispatch, layer, layer.forward)
+            layer.forward = functools.partial(_dispatch, layer, layer.forward, name)
     log.info("%s: %d decoder layers compiled by torch.compile (dynamic shapes; the first batches wait for the "
-             "compiler; %s=0 keeps them eager)", name or type(model).__name__, len(layers), ENV)
+             "compiler; %s=0 keeps them eager)", name, len(layers), ENV)
     return True

@@ -27,7 +27,9 @@ part runs in a kernel that returns the log-sum-exp (:data:`KERNELS`, chosen by d
 the CPU PyTorch's fused flash-attention kernel (the reference: its results are what the demo records); on CUDA
 FlexAttention compiled to one fused kernel per part, in the model's dtype with float32 accumulation, the rows'
 own columns under a block mask built once per forward and the merge compiled to one kernel; elsewhere plain
-matrix products with a float32 softmax (the same values, no fused kernel).
+matrix products with a float32 softmax (the same values, no fused kernel). Compiled with the decoder layers'
+settings (``compiled_layers.compiler_settings``), the mask's sizes passed as tensors and the output laid out
+alike in every forward: once warmed up, calls of other sizes compile nothing new.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ import warnings
 import numpy as np
 import torch
 from transformers import AttentionInterface, DynamicCache
+
+from verbmirage.models.hf.compiled_layers import compiler_settings
 
 #: the attention implementation's name in transformers' registry (the language model uses it only inside
 #: :func:`shared_prefix_attention`)
@@ -56,6 +60,8 @@ KERNELS = ("cpu_flash", "flex", "plain")
 
 #: a kernel chosen for every device within :func:`use_kernel` (None: by device, :func:`kernel_for`)
 _KERNEL: contextvars.ContextVar = contextvars.ContextVar("verbmirage_shared_prefix_kernel", default=None)
+#: whether FlexAttention and the merge run compiled on every device, not only on CUDA (:func:`use_kernel`)
+_COMPILED: contextvars.ContextVar = contextvars.ContextVar("verbmirage_shared_prefix_compiled", default=False)
 
 #: the profiler's name of a region that runs as one fused kernel on CUDA (bench/launches.py counts it as one)
 FUSED_REGION = "verbmirage::fused"
@@ -77,16 +83,19 @@ def kernel_for(device: torch.device, dim: int = FLEX_MIN_DIM) -> str:
 
 
 @contextlib.contextmanager
-def use_kernel(kernel: str):
+def use_kernel(kernel: str, compiled: bool = False):
     """Within the block, every device attends with ``kernel`` (:data:`KERNELS`): the tests compare them on one
-    device, and bench/launches.py counts the CUDA path's operations on the CPU."""
+    device, and bench/launches.py counts the CUDA path's operations on the CPU. ``compiled``: FlexAttention and
+    the merge compiled on every device as on CUDA (the tests count CUDA's compilations on the CPU; inductor's CPU
+    code takes no FlexAttention that returns its log-sum-exp, a CPU backend such as ``aot_eager`` does)."""
     if kernel not in KERNELS:
         raise ValueError(f"unknown attention kernel {kernel!r}; one of {', '.join(KERNELS)}")
-    token = _KERNEL.set(kernel)
+    token, compiled_token = _KERNEL.set(kernel), _COMPILED.set(compiled)
     try:
         yield
     finally:
         _KERNEL.reset(token)
+        _COMPILED.reset(compiled_token)
 
 
 @dataclasses.dataclass
@@ -253,7 +262,14 @@ def _compiled_flex():
     the compiled kernel instead of compiling again)."""
     from torch.nn.attention.flex_attention import flex_attention
 
+    compiler_settings()
     return torch.compile(flex_attention, dynamic=True)
+
+
+def _runs_compiled(device: torch.device) -> bool:
+    """Whether FlexAttention and the merge run compiled on ``device``: on CUDA (or anywhere within
+    :func:`use_kernel` ``(compiled=True)``)."""
+    return device.type == "cuda" or _COMPILED.get()
 
 
 def _flex(query, key, value, scale: float, block_mask):
@@ -262,7 +278,7 @@ def _flex(query, key, value, scale: float, block_mask):
     same arithmetic unfused: the tests check it on the CPU)."""
     from torch.nn.attention import flex_attention as flex
 
-    function = _compiled_flex() if query.device.type == "cuda" else flex.flex_attention
+    function = _compiled_flex() if _runs_compiled(query.device) else flex.flex_attention
     with torch.profiler.record_function(FUSED_REGION), warnings.catch_warnings():
         warnings.filterwarnings("ignore", "flex_attention called without torch.compile", UserWarning)
         if hasattr(flex, "AuxRequest"):  # torch >= 2.9
@@ -317,6 +333,7 @@ def _merge(seen, seen_lse, own, own_lse, rows: torch.Tensor | None, picked: torc
 @functools.cache
 def _compiled_merge():
     """:func:`_merge` compiled: its gathers and eight elementwise operations in one kernel (on CUDA)."""
+    compiler_settings()
     return torch.compile(_merge, dynamic=True)
 
 
@@ -326,7 +343,7 @@ def _merged(kernel: str, *args):
     if kernel != "flex":
         return _merge(*args)
     with torch.profiler.record_function(FUSED_REGION):  # one kernel on CUDA
-        return (_compiled_merge() if args[0].device.type == "cuda" else _merge)(*args)
+        return (_compiled_merge() if _runs_compiled(args[0].device) else _merge)(*args)
 
 
 def _own_mask(length: int, columns: int, group: int, valid: torch.Tensor | None, device) -> torch.Tensor:
@@ -404,10 +421,10 @@ def _attention(module, query, key, value, attention_mask, dropout: float = 0.0, 
         else:
             merged = _merged(kernel, seen, seen_lse, own, own_lse, block.rows, block.picked)
         merged = merged.reshape(-1, heads, length, dim).transpose(1, 2)  # as transformers takes it (a view)
-        if isinstance(block.rows, slice) and block.rows == slice(None):  # every row, one prefix: the output
-            return merged.to(value.dtype, memory_format=torch.contiguous_format), None  # one copy
-        if output is None:
+        if output is None:  # laid out alike in every forward (a compiled layer's graph takes it with its strides)
             output = value.new_empty((rows, length, heads, dim))
+        if isinstance(block.rows, slice) and block.rows == slice(None):  # every row, one prefix: the output
+            return output.copy_(merged), None  # one copy
         if isinstance(block.rows, slice):
             output[block.rows] = merged  # its rows, cast and laid out in one copy
         else:  # indexed writes take the output's dtype

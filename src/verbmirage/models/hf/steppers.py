@@ -381,6 +381,7 @@ class _SharedPromptCache(DynamicCache):
         super().__init__(config=config)
         self.prompt, self.beams, self.group, self.start = prompt, beams, group, start
 
+    @torch.compiler.disable  # traced, a compiled layer would compile once per layer index and step (RowCache)
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         stop = self.start + key_states.shape[-2]
         beams = self.beams[:, layer_idx]

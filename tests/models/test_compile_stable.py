@@ -1,0 +1,138 @@
+"""CUDA's compiled code stops compiling once warmed up: the decoder layers (models/hf/compiled_layers.py),
+FlexAttention and the attention merge (models/hf/shared_prefix.py), set up on the CPU as on CUDA
+(``fit_to_device`` as bench/launches.py sets CUDA's path up, the ``flex`` kernel compiled as on CUDA). After one
+call of each kind (scoring one image's questions, several images', MC questions with their shared header,
+greedy continuations, beam search, sampling, VCD, OPERA), calls of each kind with other sizes (other question
+counts, images, suffix lengths, steps) compile no new graph, and answer as the eager CPU path within 1e-5.
+
+On a GPU each new graph costs seconds to tens of seconds, and past the recompile limit a layer runs eagerly; the
+compiler here is ``torch.compile`` with the ``eager`` backend: dynamo's graphs and guards, which decide what
+compiles again, without generating code (inductor cannot compile a FlexAttention that returns its log-sum-exp
+on the CPU, and its code takes minutes to build on two cores)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from verbmirage.models import Question, create_model
+from verbmirage.models.hf import compiled_layers, shared_prefix
+from verbmirage.models.hf.on_device import fit_to_device
+from verbmirage.models.tiny import build_tiny_llava
+from verbmirage.variants.settings import Variant
+
+VERBS = ("riding", "feeding a very small", "washing", "walking next to", "holding", "kissing the", "petting")
+OPTIONS = ("riding", "feeding", "washing", "walking")
+
+#: the kinds of call, each as its variant and its two calls: (image, YN questions, first verb, MC questions) per
+#: image; the first call warms the kind up, the second has other sizes
+KINDS = {
+    "score": ({}, [(0, 4, 0, 0)], [(1, 3, 2, 0)]),
+    "images": ({}, [(0, 5, 0, 0), (1, 2, 3, 0)], [(2, 1, 0, 0), (1, 6, 1, 0), (3, 3, 4, 0)]),
+    "mc": ({}, [(0, 0, 0, 4), (1, 3, 0, 0)], [(2, 0, 0, 3), (1, 0, 0, 2), (3, 5, 1, 0)]),
+    "greedy": ("continue", [(0, 4, 0, 0), (1, 0, 0, 2)], [(2, 6, 1, 0), (3, 0, 0, 4), (1, 1, 5, 0)]),
+    "beam": ({"decoding": "beam", "num_beams": 3, "max_new_tokens": 4}, [(0, 3, 0, 0), (1, 0, 0, 2)],
+             [(2, 5, 1, 0), (3, 1, 0, 0), (0, 0, 0, 4)]),
+    "sample": ({"decoding": "sample", "seed": 3, "max_new_tokens": 4}, [(0, 3, 0, 0)], [(2, 5, 1, 0), (1, 0, 0, 3)]),
+    "vcd": ({"decoding": "sample", "seed": 3, "max_new_tokens": 4, "vcd": {}}, [(0, 3, 0, 0), (1, 0, 0, 2)],
+            [(2, 5, 1, 0), (3, 1, 0, 0)]),
+    "opera": ({"decoding": "opera", "num_beams": 2, "max_new_tokens": 4, "opera": {"num_attn_candidates": 3}},
+              [(0, 3, 0, 0), (1, 0, 0, 2)], [(2, 5, 1, 0), (3, 1, 0, 0), (0, 0, 0, 4)]),
+}
+
+
+def _graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """The tiny LLaVA with heads of 16 (FlexAttention's path on CUDA) twice: as on the CPU (the reference) and
+    set up as on CUDA; images; the compiled code compiled by the ``eager`` backend (caches cleared after)."""
+    folder = tmp_path_factory.mktemp("compile_stable")
+    path = build_tiny_llava(folder / "llava", hidden_size=64)
+    images = []
+    for i in range(4):
+        images.append(folder / f"img{i}.png")
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(images[-1])
+    settings = {"backend": "llava", "path": str(path), "local_files_only": True}
+    reference, model = create_model("reference", settings), create_model("tiny_llava", settings)
+    caches = (compiled_layers._compiled, shared_prefix._compiled_flex, shared_prefix._compiled_merge)
+    # pytest attaches its log capture to every logger that does not propagate, torch's structured trace among
+    # them, and torch then writes out each graph it compiles for it (a third of this file's time): detached here
+    trace = logging.getLogger("torch.__trace")
+    handlers = list(trace.handlers)
+    for handler in handlers:
+        trace.removeHandler(handler)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+        patch.setattr(trace, "propagate", True)  # and not attached again
+        for cache in caches:
+            cache.cache_clear()
+        fit_to_device(model, device=torch.device("cuda"))
+        yield reference, model, images
+    for cache in caches:
+        cache.cache_clear()
+    for handler in handlers:
+        if handler in logging.getLogger().handlers:  # pytest's that are still in use
+            trace.addHandler(handler)
+
+
+def _call(model, images, variant, parts, compiled: bool):
+    questions = []
+    for image, yes_no, first, multiple_choice in parts:
+        questions += [Question(f"yn{image}_{k}", f"Is the person {VERBS[(first + k) % len(VERBS)]} the horse?",
+                               images[image]) for k in range(yes_no)]
+        questions += [Question(f"mc{image}_{r}", "Which of the following actions is present in the image?",
+                               images[image], OPTIONS[r:] + OPTIONS[:r]) for r in range(multiple_choice)]
+    model.use_variant(Variant.from_config({} if variant == "continue" else variant))
+    model.continue_tokens = 4 if variant == "continue" else 0
+    model.forget_prefixes()
+    with shared_prefix.use_kernel("flex" if compiled else "cpu_flash", compiled=compiled):
+        return model.score_mixed(questions, [bool(q.options) for q in questions])
+
+
+def _same_answers(ours, theirs):
+    for a, b in zip(ours, theirs, strict=True):
+        assert (a.prediction, a.raw_answer) == (b.prediction, b.raw_answer)
+        values = [np.atleast_1d(r.option_probs if hasattr(r, "option_probs") else r.p_yes) for r in (a, b)]
+        np.testing.assert_allclose(values[0], values[1], atol=1e-5)
+
+
+@pytest.mark.slow  # about a minute on two cores, nearly all of it dynamo tracing each kind's first call
+def test_compiled_code_compiles_nothing_new_once_each_kind_of_call_is_warmed_up(setup):
+    reference, model, images = setup
+    warm_up, new = {}, {}
+    for kind, (variant, first, second) in KINDS.items():
+        before = _graphs()
+        _same_answers(_call(model, images, variant, first, True), _call(reference, images, variant, first, False))
+        warm_up[kind], before = _graphs() - before, _graphs()
+        _same_answers(_call(model, images, variant, second, True), _call(reference, images, variant, second, False))
+        new[kind] = _graphs() - before
+    assert all(warm_up[kind] for kind in ("score", "images", "greedy", "beam", "opera")), warm_up  # ran compiled
+    assert new == dict.fromkeys(KINDS, 0)
+
+
+def test_reaching_the_recompile_limit_is_warned_once_naming_the_model(setup, caplog, monkeypatch):
+    """Past the recompile limit a compiled layer's new shapes run eagerly: the job's log says so once, naming the
+    model and the function (torch's own warning names neither the model nor that it stays eager)."""
+    _, model, images = setup
+    compiled_layers.compiler_settings()  # sets the limit once: lowered after it
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    torch._dynamo.reset()  # every compiled variant forgotten: the next shapes compile again
+    try:
+        with caplog.at_level(logging.WARNING, logger=compiled_layers.__name__):
+            for parts in ([(0, 2, 0, 0)], [(1, 3, 1, 0)], [(2, 1, 0, 0), (3, 2, 0, 0)]):
+                _call(model, images, {}, parts, True)
+    finally:
+        torch._dynamo.reset()  # nothing left running eagerly for the tests after
+    warned = [r.getMessage() for r in caplog.records if r.name == compiled_layers.__name__]
+    assert warned and all(m.startswith("tiny_llava: torch.compile reached its recompile_limit (1)") for m in warned)
+    assert len(warned) == len(set(warned))  # once per function
