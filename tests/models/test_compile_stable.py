@@ -2,7 +2,7 @@
 FlexAttention and the attention merge (models/hf/shared_prefix.py), set up on the CPU as on CUDA
 (``fit_to_device`` as bench/launches.py sets CUDA's path up, the ``flex`` kernel compiled as on CUDA). After one
 call of each kind (scoring one image's questions, several images', MC questions with their shared header,
-greedy continuations, beam search, sampling, VCD, OPERA), calls of each kind with other sizes (other question
+greedy continuations, beam search, VCD sampling, OPERA), calls of each kind with other sizes (other question
 counts, images, suffix lengths, steps) compile no new graph, and answer as the eager CPU path within 1e-5.
 
 On a GPU each new graph costs seconds to tens of seconds, and past the recompile limit a layer runs eagerly; the
@@ -38,7 +38,6 @@ KINDS = {
     "greedy": ("continue", [(0, 4, 0, 0), (1, 0, 0, 2)], [(2, 6, 1, 0), (3, 0, 0, 4), (1, 1, 5, 0)]),
     "beam": ({"decoding": "beam", "num_beams": 3, "max_new_tokens": 4}, [(0, 3, 0, 0), (1, 0, 0, 2)],
              [(2, 5, 1, 0), (3, 1, 0, 0), (0, 0, 0, 4)]),
-    "sample": ({"decoding": "sample", "seed": 3, "max_new_tokens": 4}, [(0, 3, 0, 0)], [(2, 5, 1, 0), (1, 0, 0, 3)]),
     "vcd": ({"decoding": "sample", "seed": 3, "max_new_tokens": 4, "vcd": {}}, [(0, 3, 0, 0), (1, 0, 0, 2)],
             [(2, 5, 1, 0), (3, 1, 0, 0)]),
     "opera": ({"decoding": "opera", "num_beams": 2, "max_new_tokens": 4, "opera": {"num_attn_candidates": 3}},
