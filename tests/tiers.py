@@ -44,9 +44,12 @@ DEMO_FIXTURES = ("demo_run", "vcd_demo")
 #: The files whose tests take longest together (their ``--durations`` summed on 2 workers, 2026-12-05; only the
 #: order matters), longest first: after the demo run's group they start before any other group, whatever their
 #: tier, so that the groups that start last are short ones. A long file started last (the models tier's
-#: remote-code and compiler tests come last in file order) left the other worker idle until it ended.
+#: remote-code and compiler tests come last in file order) left the other worker idle until it ended. One
+#: exception: test_bench.py comes after the data-identity runs, so that bench/h200_check.sh, whose steps each
+#: run under a time limit, does not start while the demo run's Snakemake fills both cores (the worker beside
+#: it starts with the demo run, this one with the kill-anywhere runs, which end sooner).
 LONG_FILES = (
-    "test_kill_anywhere.py", "test_bench.py", "test_workflow_data_identity.py", "test_on_device.py",
+    "test_kill_anywhere.py", "test_workflow_data_identity.py", "test_bench.py", "test_on_device.py",
     "test_figure_layout.py", "test_remote_adapters.py", "test_finetune.py", "test_remote_tiny_qwen.py",
     "test_workflow_report.py", "test_workflow.py", "test_envs.py", "test_workflow_damaged_shard.py",
     "test_killed_run.py", "test_resume.py",
