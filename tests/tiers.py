@@ -41,10 +41,10 @@ TEST_TIERS = dict.fromkeys([
 FIXTURE_TIERS = {"tiny_dirs": "models", "demo_run": "workflow", "vcd_demo": "workflow"}
 #: The fixtures that read the one shared demo run: their tests form one pytest-xdist group.
 DEMO_FIXTURES = ("demo_run", "vcd_demo")
-#: The files whose tests take longest together (their ``--durations`` summed on 2 workers, 2026-12-05; only the
-#: order matters), longest first: after the demo run's group they start before any other group, whatever their
-#: tier, so that the groups that start last are short ones. A long file started last (the models tier's
-#: remote-code and compiler tests come last in file order) left the other worker idle until it ended. One
+#: The files whose tests take longest together (their ``--durations`` summed on 2 workers, 2026-12-05, here and
+#: in CI; only the order matters), longest first: after the demo run's group they start before any other group,
+#: whatever their tier, so that the groups that start last are short ones. A long file started last (the models
+#: tier's remote-code and compiler tests come last in file order) would leave the other worker idle. One
 #: exception: test_bench.py comes after the data-identity runs, so that bench/h200_check.sh, whose steps each
 #: run under a time limit, does not start while the demo run's Snakemake fills both cores (the worker beside
 #: it starts with the demo run, this one with the kill-anywhere runs, which end sooner).
