@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiers import TESTS, TIERS, build_once, claim_once, group_of, run_root, runs_snakemake, tier_of
+from tiers import TESTS, TIERS, build_once, claim_once, group_of, run_root, runs_snakemake, start_order, tier_of
 
 from verbmirage.data.demo import DemoSizes, write_demo_hico
 from verbmirage.data.hico import load_hico
@@ -103,13 +103,14 @@ def pytest_collection_modifyitems(config, items):
     """Mark each test with its tier (tests/tiers.py) and its group for pytest-xdist's ``--dist loadgroup``.
 
     Each file is one group, so its module fixtures (tiny models, worker envs) are built once; every test that
-    reads the shared demo run is in one group, so the demo runs once. That group goes first, then the other
-    slow ones, then the rest by tier: a long group started last would leave the other worker idle at the end.
+    reads the shared demo run is in one group, so the demo runs once. That group goes first, then the longest
+    files, the other slow ones, and the rest by tier (tiers.start_order): a long group started last would leave
+    the other worker idle at the end.
     """
-    def order(item) -> tuple[int, int]:
-        demo = item.get_closest_marker("xdist_group").args[0] == "demo_run"
+    def order(item) -> tuple[int, int, int, int]:
         tier = next(mark.name for mark in item.iter_markers() if mark.name in TIERS)
-        return (0 if demo else 1 if item.get_closest_marker("slow") else 2), -TIERS.index(tier)
+        return start_order(item.get_closest_marker("xdist_group").args[0], tier,
+                           item.get_closest_marker("slow") is not None)
 
     for item in items:
         tier = tier_of(item.path.relative_to(TESTS), item.originalname, item.fixturenames)

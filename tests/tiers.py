@@ -41,6 +41,19 @@ TEST_TIERS = dict.fromkeys([
 FIXTURE_TIERS = {"tiny_dirs": "models", "demo_run": "workflow", "vcd_demo": "workflow"}
 #: The fixtures that read the one shared demo run: their tests form one pytest-xdist group.
 DEMO_FIXTURES = ("demo_run", "vcd_demo")
+#: The files whose tests take longest together (their ``--durations`` summed on 2 workers, 2026-12-05, here and
+#: in CI; only the order matters), longest first: after the demo run's group they start before any other group,
+#: whatever their tier, so that the groups that start last are short ones. A long file started last (the models
+#: tier's remote-code and compiler tests come last in file order) would leave the other worker idle. One
+#: exception: test_bench.py comes after the data-identity runs, so that bench/h200_check.sh, whose steps each
+#: run under a time limit, does not start while the demo run's Snakemake fills both cores (the worker beside
+#: it starts with the demo run, this one with the kill-anywhere runs, which end sooner).
+LONG_FILES = (
+    "test_kill_anywhere.py", "test_workflow_data_identity.py", "test_bench.py", "test_on_device.py",
+    "test_figure_layout.py", "test_remote_adapters.py", "test_finetune.py", "test_remote_tiny_qwen.py",
+    "test_workflow_report.py", "test_workflow.py", "test_envs.py", "test_workflow_damaged_shard.py",
+    "test_killed_run.py", "test_resume.py",
+)
 
 
 def folder_tier(path: str | PurePath) -> str:
@@ -64,6 +77,14 @@ def tier_of(path: str | PurePath, name: str, fixtures) -> str:
 def group_of(file: str, fixtures) -> str:
     """The pytest-xdist group of a test of ``file`` that uses ``fixtures``: the demo run's, else its file's."""
     return "demo_run" if any(fixture in DEMO_FIXTURES for fixture in fixtures) else file
+
+
+def start_order(group: str, tier: str, slow: bool) -> tuple[int, int, int, int]:
+    """The sort key that conftest.py orders the tests by, so that pytest-xdist starts their groups in that order:
+    the demo run's group, then the :data:`LONG_FILES` longest first, then the other slow files, then the rest by
+    tier, highest first (a group's ``group``, its tests' ``tier`` and whether they are marked slow)."""
+    long = LONG_FILES.index(group) if group in LONG_FILES else len(LONG_FILES)
+    return group != "demo_run", long, 0 if slow else 1, -TIERS.index(tier)
 
 
 def runs_snakemake(args) -> bool:

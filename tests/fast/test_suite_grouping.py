@@ -65,6 +65,22 @@ def test_the_demo_run_is_read_by_one_group_only(request):
         assert (item.get_closest_marker("xdist_group").args[0] == "demo_run") is reads, item.nodeid
 
 
+def test_the_longest_files_start_right_after_the_demo_run():
+    """pytest-xdist starts the groups in the tests' order: the demo run's group, then the long files longest first
+    whatever their tier (the models tier's compiler test before any short workflow file), then the other slow
+    files, then the rest, highest tier first. Each long file named is a test file."""
+    from tiers import LONG_FILES, start_order
+
+    groups = [("test_pins.py", "fast", False), ("test_opera.py", "models", False), ("test_resume.py", "models", False),
+              ("test_workflow_lint.py", "workflow", False), ("test_other_slow.py", "workflow", True),
+              ("test_on_device.py", "models", False), ("test_kill_anywhere.py", "workflow", True),
+              ("demo_run", "workflow", True)]
+    assert [group for group, *_ in sorted(groups, key=lambda group: start_order(*group))] == [
+        "demo_run", "test_kill_anywhere.py", "test_on_device.py", "test_resume.py", "test_other_slow.py",
+        "test_workflow_lint.py", "test_opera.py", "test_pins.py"]
+    assert [name for name in LONG_FILES if len(list(TESTS.glob(f"*/{name}"))) != 1] == []
+
+
 @pytest.mark.parametrize("command, starts", [
     ([sys.executable, "-m", "snakemake", "--dry-run"], True),
     (["/x/.venv/bin/snakemake", "-n"], True),
