@@ -1,16 +1,14 @@
 """A run that survives being killed anywhere (docs/faults.md).
 
-The demo, on a smaller config, is run once without interruption and, beside it in another folder, again while
-Snakemake and every job it started are killed with SIGKILL at seeded moments spread over the run; each time the
-run is unlocked and started again as the docs tell a user. The final tree must be byte-identical to the
-uninterrupted run's, with no temporary file and no process left. ``tools/kill_anywhere.py`` does the same on the
-full demo.
+The demo, on a smaller config, is run once without interruption, then again while Snakemake and every job it
+started are killed with SIGKILL at seeded moments spread over the run; each time the run is unlocked and
+started again as the docs tell a user. The final tree must be byte-identical to the uninterrupted run's, with
+no temporary file and no process left. ``tools/kill_anywhere.py`` does the same on the full demo.
 """
 
 from __future__ import annotations
 
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -61,13 +59,9 @@ def test_sigkill_anywhere_then_rerun_gives_the_uninterrupted_tree(tmp_path):
         folder.mkdir()
     configfile = write_config(tmp_path, _small_demo)
     assert "charadesego" not in yaml.safe_load(configfile.read_text())["datasets"]
-    # The uninterrupted run goes beside the killed ones, not before them: each uses well under its two cores (jobs
-    # wait on the restarted job server's imports), and the kill moments follow the killed run's own progress.
-    with ThreadPoolExecutor(1) as beside:
-        command = kill_anywhere.snakemake_command(reference, configfile, 2)
-        uninterrupted = beside.submit(kill_anywhere.run_to_end, command, logs / "reference.log", timeout=1200)
-        report = kill_anywhere.interrupted_run(killed, configfile, KILLS, seed=0, cores=2, logs=logs, timeout=1200)
-        uninterrupted.result()
+    kill_anywhere.run_to_end(kill_anywhere.snakemake_command(reference, configfile, 2), logs / "reference.log",
+                             timeout=1200)
+    report = kill_anywhere.interrupted_run(killed, configfile, KILLS, seed=0, cores=2, logs=logs, timeout=1200)
     report = kill_anywhere.check(reference, killed, report)
     assert len(report.kills) == KILLS, f"only {len(report.kills)} kills landed before the run finished"
     assert not report.differences, report.differences[:20]
