@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from verbmirage.variants import search
+from verbmirage.variants import search, vcd
 from verbmirage.variants.settings import Variant, question_seed
 
 VOCAB = 9
@@ -111,8 +111,8 @@ def test_vcd_decodes_its_inner_search_on_the_contrast_of_two_streams():
     rows = _rows(strategy)
     got = strategy.decode(rows, 3, {8})
     clean, noised = TableStepper(4, 0), TableStepper(4, 1)
-    first = search.contrast(clean.first, noised.first, variant.vcd)
-    expected = search.beam_search(first, search.ContrastedStepper(clean, noised, variant.vcd, 4), 2, 3, {8})
+    first = vcd.contrast(clean.first, noised.first, variant.vcd)
+    expected = search.beam_search(first, vcd.ContrastedStepper(clean, noised, variant.vcd, 4), 2, 3, {8})
     assert got == expected
 
     contrasted, columns = strategy.contrast_first(clean.first[:2], noised.first[:2])
@@ -358,8 +358,8 @@ def test_vcd_streams_stepping_joined_drop_the_same_rows_from_both():
 
     clean, noised = Joinable(tables), RowTable(tables)
     settings = Variant.from_config({"vcd": {"alpha": 0.5}}).vcd
-    first = search.contrast(clean.first, noised.first, settings)
-    stepper = search.ContrastedStepper(clean, noised, settings, rows=4)
+    first = vcd.contrast(clean.first, noised.first, settings)
+    stepper = vcd.ContrastedStepper(clean, noised, settings, rows=4)
     together = search.greedy_search(first, stepper, 7, {stop})
     assert clean.joined.kept  # rows left
     count = 4
@@ -368,7 +368,7 @@ def test_vcd_streams_stepping_joined_drop_the_same_rows_from_both():
         assert kept[half:] == [row + count for row in kept[:half]] and max(kept[:half]) < count
         count = half
     for row in range(4):  # each as alone: its contrast of identical streams is its own table's
-        alone_stepper = search.ContrastedStepper(RowTable([tables[row]]), RowTable([tables[row]]), settings, rows=1)
+        alone_stepper = vcd.ContrastedStepper(RowTable([tables[row]]), RowTable([tables[row]]), settings, rows=1)
         alone = search.greedy_search(first[row : row + 1], alone_stepper, 7, {stop})
         assert together.tokens[row] == alone.tokens[0]
 

@@ -25,6 +25,7 @@ from verbmirage.variants import search as decoding
 from verbmirage.models.base import Question
 from verbmirage.variants.settings import Variant, VCDSettings
 from verbmirage.variants.strategies import Greedy
+from verbmirage.variants import vcd
 from verbmirage.variants.vcd import ContrastiveDecoding
 
 
@@ -138,34 +139,34 @@ def test_sampling_warpers_and_per_row_generators():
 def test_diffusion_noise_matches_the_official_schedule():
     # the official schedule: t=500 -> 0.8630 / 0.5052; t=0 -> 1.0000 / 0.0047; t=999 -> 0.2850 / 0.9585
     for step, (keep, noise) in {500: (0.8630, 0.5052), 0: (1.0000, 0.0047), 999: (0.2850, 0.9585)}.items():
-        assert decoding.diffusion_coefficients(step) == pytest.approx((keep, noise), abs=1e-4)
+        assert vcd.diffusion_coefficients(step) == pytest.approx((keep, noise), abs=1e-4)
     pixels = torch.randn(2, 3, 8, 8)
-    assert torch.equal(decoding.diffuse(pixels, 500, seed=7), decoding.diffuse(pixels, 500, seed=7))
-    assert not torch.equal(decoding.diffuse(pixels, 500, seed=7), decoding.diffuse(pixels, 500, seed=8))
+    assert torch.equal(vcd.diffuse(pixels, 500, seed=7), vcd.diffuse(pixels, 500, seed=7))
+    assert not torch.equal(vcd.diffuse(pixels, 500, seed=7), vcd.diffuse(pixels, 500, seed=8))
     with pytest.raises(ValueError, match="vcd.noise_step"):
-        decoding.diffusion_coefficients(1000)
+        vcd.diffusion_coefficients(1000)
 
 
 def test_contrast_cut_and_divergence():
     clean = torch.log(torch.tensor([[0.6, 0.25, 0.1, 0.05]]))
     noised = torch.log(torch.tensor([[0.3, 0.4, 0.2, 0.1]]))
     settings = VCDSettings(alpha=1.0, beta=0.2)
-    contrasted = decoding.contrast(clean, noised, settings)
+    contrasted = vcd.contrast(clean, noised, settings)
     assert torch.isinf(contrasted[0, 2:]).all() and torch.isfinite(contrasted[0, :2]).all()  # p < 0.2 * 0.6 cut
     assert torch.allclose(contrasted[0, :2], 2 * clean[0, :2] - noised[0, :2])
     # a constant added to either logit vector changes no probability
-    shifted = decoding.contrast(clean + 3.0, noised - 1.5, settings)
+    shifted = vcd.contrast(clean + 3.0, noised - 1.5, settings)
     assert torch.allclose(torch.softmax(shifted, -1), torch.softmax(contrasted, -1))
-    kl, kl_reverse, size = decoding.divergence(clean, contrasted, settings.beta)
+    kl, kl_reverse, size = vcd.divergence(clean, contrasted, settings.beta)
     q = torch.softmax(contrasted, -1)[0, :2].double()
     p = torch.tensor([0.6, 0.25], dtype=torch.float64) / 0.85
     assert int(size[0]) == 2 and float(kl[0]) == pytest.approx(float((q * (q / p).log()).sum()), rel=1e-6)
     assert float(kl_reverse[0]) == pytest.approx(float((p * (p / q).log()).sum()), rel=1e-6)
     # a one-token plausibility set: KL exactly 0 both ways; alpha = 0 and beta = 0: the plain logits, KL 0
-    kl, kl_reverse, size = decoding.divergence(clean, decoding.contrast(clean, noised, VCDSettings(1.0, 0.9)), 0.9)
+    kl, kl_reverse, size = vcd.divergence(clean, vcd.contrast(clean, noised, VCDSettings(1.0, 0.9)), 0.9)
     assert (float(kl[0]), float(kl_reverse[0]), int(size[0])) == (0.0, 0.0, 1)
-    plain = decoding.contrast(clean, noised, VCDSettings(alpha=0.0, beta=0.0))
-    assert torch.equal(plain, clean) and [float(v[0]) for v in decoding.divergence(clean, plain, 0.0)[:2]] == [0, 0]
+    plain = vcd.contrast(clean, noised, VCDSettings(alpha=0.0, beta=0.0))
+    assert torch.equal(plain, clean) and [float(v[0]) for v in vcd.divergence(clean, plain, 0.0)[:2]] == [0, 0]
 
 
 def test_the_stored_kl_direction_and_its_zeros():
@@ -174,15 +175,15 @@ def test_the_stored_kl_direction_and_its_zeros():
     KL(p~ || q) = 0.0826, as vcd_kl_reverse. Whichever the direction, a KL is 0 exactly when q = p~, so the
     share of exact zeros does not depend on it."""
     clean, noised = torch.tensor([[2.0, 1.0, -3.0]]), torch.tensor([[1.0, 1.0, -3.0]])
-    contrasted = decoding.contrast(clean, noised, VCDSettings(alpha=1.0, beta=0.1))
-    kl, kl_reverse, size = decoding.divergence(clean, contrasted, 0.1)
+    contrasted = vcd.contrast(clean, noised, VCDSettings(alpha=1.0, beta=0.1))
+    kl, kl_reverse, size = vcd.divergence(clean, contrasted, 0.1)
     q = torch.softmax(contrasted.double(), -1)[0, :2]
     p = torch.softmax(clean.double()[0, :2], -1)
     assert int(size[0]) == 2 and float(kl[0]) == pytest.approx(0.0671, abs=5e-5)
     assert float(kl_reverse[0]) == pytest.approx(0.0826, abs=5e-5)
     assert float(kl_reverse[0]) == pytest.approx(float((p * (p / q).log()).sum()), rel=1e-12)
-    same = decoding.contrast(clean, clean, VCDSettings(alpha=1.0, beta=0.1))  # no contrast: q = p~
-    assert [float(value[0]) for value in decoding.divergence(clean, same, 0.1)[:2]] == [0.0, 0.0]
+    same = vcd.contrast(clean, clean, VCDSettings(alpha=1.0, beta=0.1))  # no contrast: q = p~
+    assert [float(value[0]) for value in vcd.divergence(clean, same, 0.1)[:2]] == [0.0, 0.0]
 
 
 @pytest.mark.parametrize("family", ["llava", "qwen2_vl", "instructblip"])
