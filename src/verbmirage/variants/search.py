@@ -160,7 +160,8 @@ def sample_search(first: torch.Tensor, stepper: Stepper, max_new_tokens: int, st
         for row, question in zip(noise, rows.tolist()):
             row.exponential_(generator=generators[question])
         # the warpers, the softmax and the choice on the logits' device: only the chosen tokens come back
-        probabilities = torch.softmax(warpers(tokens.to(logits.device), logits.float()), dim=-1)
+        warped = warpers(tokens.to(logits.device), logits.float()) if warpers else logits.float()
+        probabilities = torch.softmax(warped, dim=-1)
         chosen = (probabilities / noise.to(logits.device)).argmax(dim=-1)
         picked = probabilities.gather(-1, chosen[:, None])[:, 0] if first else None
         # the tokens come back in one read, -1 marking a row whose probabilities are not finite

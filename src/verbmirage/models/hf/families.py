@@ -153,7 +153,7 @@ class QwenVLM(TransformersVLM):
         """One token after whole prompts (no prefix reuse): its M-RoPE position is the row's token count plus
         its rope delta from the prompt pass (``state``, kept with the rows as they move or leave; transformers
         would derive it from the whole mask, wrongly)."""
-        delta = (self.model.model.rope_deltas if state is None else state).to(self.device)
+        delta = state.to(self.device)  # FullStepper hands every step its rows' deltas
         text = attention_mask.sum(dim=1, keepdim=True) - 1
         position_ids = (text + delta).expand(3, -1, -1)
         return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
