@@ -338,6 +338,53 @@ def test_beam_search_stops_feeding_questions_that_can_no_longer_improve():
         assert together.first_probability[question] == pytest.approx(alone.first_probability[0], abs=1e-7)
 
 
+class AttendingRowTable(RowTable):
+    """A :class:`RowTable` that also reports attention rows (OPERA's ``AttentionStepper``): a fed token (or a
+    probed candidate) attends evenly to the keys before it and to itself by its token id; ``probed`` records the
+    rows of each probe."""
+
+    prompt_columns = 4
+
+    def __init__(self, tables: list[torch.Tensor]):
+        super().__init__(tables)
+        self.keys, self.probed = self.prompt_columns, []
+
+    def _rows(self, tokens: torch.Tensor) -> torch.Tensor:
+        rows = torch.ones(*tokens.shape, self.keys + 1)
+        rows[..., -1] += tokens.float()
+        return rows
+
+    def advance(self, tokens):
+        logits = super().advance(tokens)
+        self.attention = self._rows(tokens[:, None])[:, 0]
+        self.keys += 1
+        return logits
+
+    def probe(self, candidates):
+        self.probed.append(len(candidates))
+        return self._rows(candidates)
+
+
+def test_opera_stops_probing_and_feeding_questions_whose_answers_ended():
+    """OPERA's batch: a question whose answer ended (its result taken) leaves the stepper, so later steps probe
+    and feed only the other questions' beams, and every question's answer and first probability equal its own
+    OPERA alone."""
+    stop, k = VOCAB - 1, 2
+    settings = Variant.from_config({"decoding": "opera", "opera": {"num_attn_candidates": 3, "reward_tokens": 2}}).opera
+    tables = [table / 4 for table in _row_tables(5, stop)]  # (first probabilities below 1)
+    stepper = AttendingRowTable([table for table in tables for _ in range(k)])
+    columns = AttendingRowTable.prompt_columns
+    together = search.opera_batch(stepper.first, stepper, settings, k, 7, {stop}, (1, 2), columns, [columns] * 5)
+    # the questions end at different steps: each step probes and feeds fewer rows (every step all 10 before)
+    assert stepper.probed == [10, 10, 10, 10, 8, 2, 2] and stepper.fed == stepper.probed[1:]
+    for question, table in enumerate(tables):
+        alone_stepper = AttendingRowTable([table] * k)
+        alone, _ = search.opera_search(alone_stepper.first, alone_stepper, settings, k, 7, {stop}, (1, 2), columns,
+                                       lambda: None)
+        assert together[question].tokens == alone.tokens
+        assert together[question].first_probability == pytest.approx(alone.first_probability, abs=1e-7)
+
+
 def test_vcd_streams_stepping_joined_drop_the_same_rows_from_both():
     """VCD's streams stepping in one forward (``stepped_with``): when rows end, the joined stepper keeps the same
     rows of the clean half and of the noised half, wherever the noised half starts by then."""

@@ -196,32 +196,40 @@ def test_opera_on_the_tiny_models(tiny_dirs, picture, family, one_forward, monke
 
 
 class Stacked:
-    """Several questions' toy steppers as one batch (``k`` rows each, question-major), like the engine's rows."""
+    """Several questions' toy steppers as one batch (``k`` rows each, question-major), like the engine's rows; a
+    question's rows leave it whole (its answer ended), and ``fed`` / ``probed`` record the rows of each step."""
 
     def __init__(self, parts, k):
-        self.parts, self.k = parts, k
+        self.parts, self.k, self.fed, self.probed = list(parts), k, [], []
         self.first = torch.cat([part.first for part in parts])
 
     def _split(self, values):
         return [values[i * self.k : (i + 1) * self.k] for i in range(len(self.parts))]
 
     def advance(self, tokens):
+        self.fed.append(len(tokens))
         logits = torch.cat([part.advance(t) for part, t in zip(self.parts, self._split(tokens))])
         self.attention = torch.cat([part.attention for part in self.parts])
         return logits
 
     def probe(self, candidates):
+        self.probed.append(len(candidates))
         return torch.cat([part.probe(c) for part, c in zip(self.parts, self._split(candidates))])
 
     def reorder(self, rows):
-        for i, (part, own) in enumerate(zip(self.parts, self._split(rows))):
-            assert bool(((own >= i * self.k) & (own < (i + 1) * self.k)).all())  # beams stay in their question
-            part.reorder(own - i * self.k)
+        parts = []
+        for own in rows.view(-1, self.k):
+            group = int(own[0]) // self.k
+            assert bool((own // self.k == group).all())  # beams stay in their question
+            self.parts[group].reorder(own - group * self.k)
+            parts.append(self.parts[group])
+        self.parts = parts
 
 
 def test_a_batch_of_questions_decodes_each_as_alone():
     """opera_batch == opera_search per question (different logits, a question that stops early), and a question
-    whose retrospection would roll back is left to opera_search (None) without changing the others."""
+    whose retrospection would roll back is left to opera_search (None) without changing the others, its beams
+    leaving the batch's stepper."""
     settings = OperaSettings(num_attn_candidates=3, reward_tokens=3, scale_factor=1.0, float16_scores=False)
     for length in (6, 12):
         alone = [decoding.opera_search(ToyStepper(2, seed=s).first, ToyStepper(2, seed=s), settings, 2, length,
@@ -235,6 +243,7 @@ def test_a_batch_of_questions_decodes_each_as_alone():
                                   PROMPT, lambda: None)[0]
     assert decoding.opera_batch(batch.first, batch, settings, 2, 32, STOP, (1, 4), PROMPT, [PROMPT] * 2) == \
         [None, plain]
+    assert batch.fed[0] == 4 and batch.fed[-1] == batch.probed[-1] == 2  # the question left to opera_search left
 
 
 @pytest.mark.parametrize("family, one_forward", [("llava", False), ("llava", True), ("qwen2_vl", False),

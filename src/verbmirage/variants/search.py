@@ -343,12 +343,14 @@ def _opera_candidates(raw: torch.Tensor, stepper: AttentionStepper, settings, hi
     return torch.full_like(raw, -999.0).scatter(-1, candidates, scored), columns.mode(dim=-1).values
 
 
-def _opera_advance(stepper: AttentionStepper, book: BeamBook, history: torch.Tensor, step: int,
-                   prompt_columns: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Feed the beams' chosen tokens: the next logits and the history grown by their attention rows."""
-    stepper.reorder(book.rows)
-    history = history[book.rows]
-    logits = stepper.advance(book.tokens)
+def _opera_advance(stepper: AttentionStepper, rows: torch.Tensor, tokens: torch.Tensor, history: torch.Tensor,
+                   step: int, prompt_columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Feed the beams' chosen ``tokens``, beam i continuing from the stepper's row ``rows[i]`` (``history``: each
+    of the stepper's rows' attention so far): the next logits and the history of the beams fed, grown by their
+    attention rows."""
+    stepper.reorder(rows)
+    history = history[rows]
+    logits = stepper.advance(tokens)
     row = stepper.attention.float().cpu()
     row = row / row.sum(dim=-1, keepdim=True).clamp_min(1e-30)
     grown = torch.zeros(history.shape[0], step + 1, step + 1)
@@ -424,7 +426,7 @@ def opera_search(first: torch.Tensor, stepper: AttentionStepper, settings, num_b
         retake = False
         if not more:
             break
-        logits, history = _opera_advance(stepper, book, history, step, prompt_length)
+        logits, history = _opera_advance(stepper, book.rows, book.tokens, history, step, prompt_length)
         step += 1
     return book.decoded(stop, first_step), rollbacks
 
@@ -441,22 +443,32 @@ def opera_batch(first: torch.Tensor, stepper: AttentionStepper, settings, num_be
     row, ``prompt_lengths`` each question's prompt length for the length normalisation (as
     :func:`opera_search`'s ``normalised_length``). A question stops
     when its :func:`opera_search` loop would (no beam can improve, or every continuation ended); its best
-    hypothesis is taken then.
+    hypothesis is taken then, and its beams leave the stepper (:meth:`Stepper.reorder` to the other questions'
+    beams), as do those of a question left to :func:`opera_search`: later steps probe and feed only the
+    questions still answering (a trained model's YN answer ends after a token or two). The book keeps every
+    question (as :func:`beam_search`'s: those that left get neutral rows, and their results are already taken).
     """
     k, questions = num_beams, first.shape[0] // num_beams
     offsets = torch.tensor(prompt_lengths if settings.full_length_normalisation else [0] * questions,
                            dtype=torch.float64)[:, None]
     book = BeamBook(questions, k, max_new_tokens, stop, length_penalty, length_offset=offsets)
-    history = torch.zeros(questions * k, 0, 0)
-    locs: list[torch.Tensor] = []
+    beams = torch.arange(k)
+    held = torch.arange(questions)  # the questions whose beams the stepper holds, in its order
+    history = torch.zeros(questions * k, 0, 0)  # per row of the stepper (held's beams)
+    locs: list[torch.Tensor] = []  # per step: each beam's over-trust column, by book row (-1: not held then)
     results: list[Decoded | None] = [None] * questions
     active = torch.ones(questions, dtype=torch.bool)
     logits, step = first, 0
     while True:
+        held_rows = (held[:, None] * k + beams).flatten()
         step_logits, beam_columns = _opera_candidates(logits.float().cpu(), stepper, settings, history, step,
                                                       image_span, prompt_columns)
         if step == 0:
             first_step = torch.softmax(step_logits[::k], dim=-1)
+        if len(held) < questions:  # the questions that left get zeros: nothing of theirs changes that is read
+            step_logits = step_logits.new_zeros((questions * k, step_logits.shape[-1])).index_copy_(
+                0, held_rows, step_logits)
+            beam_columns = beam_columns.new_full((questions * k,), -1).index_copy_(0, held_rows, beam_columns)
         locs.append(beam_columns)
         # retrospection (leave that question to opera_search) needs an over-trust column >= 10: none before step 10
         for q in torch.nonzero(active).flatten().tolist() if step >= ROLLBACK_COLUMN else []:
@@ -471,7 +483,15 @@ def opera_batch(first: torch.Tensor, stepper: AttentionStepper, settings, num_be
         active &= ~done
         if not bool(active.any()):
             return results
-        logits, history = _opera_advance(stepper, book, history, step, prompt_columns)
+        # the questions still answering keep their beams (each from a row of its own question); the rest leave
+        going = torch.nonzero(active).flatten()
+        targets = (going[:, None] * k + beams).flatten()
+        sources = book.rows.cpu()[targets]
+        place = torch.empty(questions, dtype=torch.long)
+        place[held] = torch.arange(len(held))
+        rows = place[sources // k] * k + sources % k  # each beam's source among the stepper's rows
+        logits, history = _opera_advance(stepper, rows, book.tokens[targets], history, step, prompt_columns)
+        held = going
         step += 1
 
 

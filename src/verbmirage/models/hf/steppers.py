@@ -204,10 +204,12 @@ class InPlaceStepper:
             return None
         candidates, logits, keys_values, attention = probed
         device = candidates.device
-        source = torch.arange(len(tokens), device=device) if self._probed_rows is None else \
-            self._probed_rows.to(device)
+        source = torch.arange(len(candidates), device=device) if self._probed_rows is None else \
+            self._probed_rows.to(device)  # rows may have left since (questions whose answers ended)
+        if len(source) != len(tokens):
+            return None
         match = candidates[source] == tokens.to(device)[:, None]
-        if len(source) != len(candidates) or not bool(match.any(dim=-1).all()):
+        if not bool(match.any(dim=-1).all()):
             return None
         pick = match.int().argmax(dim=-1)
         self._make_room(self.used + 1)
