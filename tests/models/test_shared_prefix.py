@@ -259,20 +259,40 @@ def test_attention_on_own_columns_with_padding_sees_only_each_rows_real_keys(ker
         torch.testing.assert_close(ours[row].transpose(0, 1), expected, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("settings, boost", [({"decoding": "sample", "seed": 3, "vcd": {}}, 2.0),
-                                             ({"decoding": "beam", "num_beams": 2, "vcd": {}}, 1.0)],
-                         ids=["vcd_sample", "vcd_beam"])  # (each search alone on tables: tests/fast/test_strategies.py)
-def test_answers_that_end_leave_the_step_forwards(llava, monkeypatch, settings, boost):
+#: OPERA, its end token raised by 0.7 (below): one image's 4 questions are done after 4 of the 6 steps, the other
+#: image's after the last (near the edge: at 0.6 no question is done before the last step, at 0.8 all together)
+OPERA_ENDING = {"decoding": "opera", "num_beams": 2, "opera": {"num_attn_candidates": 3, "reward_tokens": 2}}
+
+
+@pytest.mark.parametrize("settings, boost, one_forward", [
+    ({"decoding": "sample", "seed": 3, "vcd": {}}, 2.0, False),
+    ({"decoding": "beam", "num_beams": 2, "vcd": {}}, 1.0, False),
+    (OPERA_ENDING, 0.7, False), (OPERA_ENDING, 0.7, True),
+], ids=["vcd_sample", "vcd_beam", "opera", "opera_one_forward"])  # (each search alone: tests/fast/test_strategies.py)
+def test_answers_that_end_leave_the_step_forwards(llava, monkeypatch, settings, boost, one_forward):
     """With the end token made likelier (its output bias raised), answers end at different steps: a step forward
     feeds only the rows still answering (beam search: the beams of the questions that can still improve; VCD:
-    of both streams, stepping joined), and every answer equals its question's decoded alone."""
+    of both streams, stepping joined; OPERA: the beams of the questions whose result is not yet taken, probed and
+    fed, also in CUDA's one forward per step, forced here), and every answer equals its question's decoded
+    alone."""
     from verbmirage.models.hf.steppers import InPlaceStepper
     from verbmirage.variants.settings import Variant
 
     model, questions = llava
-    steps, advance = [], InPlaceStepper.advance
+    steps, probes, own_forwards = [], [], []
+    advance, probe, fed_by_probe = InPlaceStepper.advance, InPlaceStepper.probe, InPlaceStepper._fed_by_probe
     monkeypatch.setattr(InPlaceStepper, "advance", lambda self, tokens: steps.append(len(tokens)) or
                         advance(self, tokens))
+    monkeypatch.setattr(InPlaceStepper, "probe", lambda self, candidates: probes.append(len(candidates)) or
+                        probe(self, candidates))
+
+    def fed_from_probe(self, tokens):  # None: the step runs a forward of its own
+        logits = fed_by_probe(self, tokens)
+        own_forwards.append(logits is None)
+        return logits
+
+    monkeypatch.setattr(InPlaceStepper, "_fed_by_probe", fed_from_probe)
+    monkeypatch.setattr(model, "opera_one_forward", one_forward)
     head = model.model.get_output_embeddings()
     bias = torch.zeros(head.out_features)
     bias[model.tokenizer.eos_token_id] = boost
@@ -283,6 +303,8 @@ def test_answers_that_end_leave_the_step_forwards(llava, monkeypatch, settings, 
         together = model.score_multiple_choice(questions)
         rows = len(questions) * (2 if "vcd" in settings else 1) * settings.get("num_beams", 1)
         assert steps[0] == rows and steps[-1] < rows and steps == sorted(steps, reverse=True), steps
+        if settings["decoding"] == "opera":  # probed as fed, and fed from the probe in one forward per step
+            assert probes[1:] == steps and own_forwards == [not one_forward] * len(steps), (probes, own_forwards)
         for question, answer in zip(questions, together):
             model.forget_prefixes()
             alone = model.score_multiple_choice([question])[0]
