@@ -211,6 +211,29 @@ class BeamBook:
         logits come from (what :func:`adjusted` hands the processors)."""
         return self.running[:, :, :step].reshape(self.batch * self.k, step)
 
+    def rows_of(self, questions: torch.Tensor) -> torch.Tensor:
+        """The book's rows of ``questions``' beams, question-major."""
+        return (questions[:, None] * self.k + torch.arange(self.k)).flatten()
+
+    def spread(self, values: torch.Tensor, held: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """``values`` of the beams of questions ``held`` (the stepper's rows, in its order) at their rows of the
+        book, the other questions' rows ``fill`` (questions that left the stepper: neutral, nothing of theirs that
+        is read changes)."""
+        if len(held) == self.batch:
+            return values
+        rows = self.rows_of(held).to(values.device)
+        return values.new_full((self.batch * self.k, *values.shape[1:]), fill).index_copy_(0, rows, values)
+
+    def continuing(self, held: torch.Tensor, going: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """After :meth:`step`, the stepper holding the beams of questions ``held`` (in its order) and those of
+        ``going`` (some of them, in the same order) to go on: the book's rows of ``going``'s running beams, and
+        the stepper's row each continues from (one of its own question's)."""
+        targets = self.rows_of(going)
+        sources = self.rows.cpu()[targets]
+        place = torch.empty(self.batch, dtype=torch.long)
+        place[held] = torch.arange(len(held))
+        return targets, place[sources // self.k] * self.k + sources % self.k
+
     def _length(self, generated: int) -> float | torch.Tensor:
         length = (generated + self.length_offset) ** self.length_penalty
         # per-question offsets (opera_batch, float64): the float32 of the same double as a scalar offset gives
@@ -272,13 +295,10 @@ def beam_search(first: torch.Tensor, stepper: Stepper, num_beams: int, max_new_t
     """
     k = num_beams
     book = BeamBook(first.shape[0] // k, k, max_new_tokens, stop, length_penalty, device=first.device)
-    beams = torch.arange(k)
     held = torch.arange(book.batch)  # the questions whose beams the stepper holds, in its order
     logits = first
     for step in range(max_new_tokens):
-        if len(held) < book.batch:  # done questions' rows get zeros: nothing of theirs changes (BeamBook.step)
-            rows = (held[:, None] * k + beams).flatten().to(logits.device)
-            logits = logits.new_zeros((book.batch * k, logits.shape[-1])).index_copy_(0, rows, logits)
+        logits = book.spread(logits, held)  # done questions' rows get zeros: nothing of theirs changes (step)
         scores = adjusted(processors, book.answers(step), torch.log_softmax(logits.float(), dim=-1))
         if not book.step(scores, step):
             break
@@ -288,11 +308,8 @@ def beam_search(first: torch.Tensor, stepper: Stepper, num_beams: int, max_new_t
             logits = stepper.advance(book.tokens)
             continue
         # questions that can no longer improve leave the stepper: their beams are not fed again
-        targets = (going[:, None] * k + beams).flatten()
-        sources = book.rows.cpu()[targets]  # each beam's source row, of its own question
-        place = torch.empty(book.batch, dtype=torch.long)
-        place[held] = torch.arange(len(held))
-        stepper.reorder((place[sources // k] * k + sources % k).to(book.rows.device))
+        targets, rows = book.continuing(held, going)
+        stepper.reorder(rows.to(book.rows.device))
         held = going
         logits = stepper.advance(book.tokens[targets.to(book.tokens.device)])
     # the first distribution on its device: only the best hypotheses' probabilities come back
@@ -452,7 +469,6 @@ def opera_batch(first: torch.Tensor, stepper: AttentionStepper, settings, num_be
     offsets = torch.tensor(prompt_lengths if settings.full_length_normalisation else [0] * questions,
                            dtype=torch.float64)[:, None]
     book = BeamBook(questions, k, max_new_tokens, stop, length_penalty, length_offset=offsets)
-    beams = torch.arange(k)
     held = torch.arange(questions)  # the questions whose beams the stepper holds, in its order
     history = torch.zeros(questions * k, 0, 0)  # per row of the stepper (held's beams)
     locs: list[torch.Tensor] = []  # per step: each beam's over-trust column, by book row (-1: not held then)
@@ -460,16 +476,12 @@ def opera_batch(first: torch.Tensor, stepper: AttentionStepper, settings, num_be
     active = torch.ones(questions, dtype=torch.bool)
     logits, step = first, 0
     while True:
-        held_rows = (held[:, None] * k + beams).flatten()
         step_logits, beam_columns = _opera_candidates(logits.float().cpu(), stepper, settings, history, step,
                                                       image_span, prompt_columns)
         if step == 0:
             first_step = torch.softmax(step_logits[::k], dim=-1)
-        if len(held) < questions:  # the questions that left get zeros: nothing of theirs changes that is read
-            step_logits = step_logits.new_zeros((questions * k, step_logits.shape[-1])).index_copy_(
-                0, held_rows, step_logits)
-            beam_columns = beam_columns.new_full((questions * k,), -1).index_copy_(0, held_rows, beam_columns)
-        locs.append(beam_columns)
+        step_logits = book.spread(step_logits, held)  # the questions that left get neutral rows
+        locs.append(book.spread(beam_columns, held, fill=-1))
         # retrospection (leave that question to opera_search) needs an over-trust column >= 10: none before step 10
         for q in torch.nonzero(active).flatten().tolist() if step >= ROLLBACK_COLUMN else []:
             own = [columns[q * k : (q + 1) * k] for columns in locs]
@@ -485,11 +497,7 @@ def opera_batch(first: torch.Tensor, stepper: AttentionStepper, settings, num_be
             return results
         # the questions still answering keep their beams (each from a row of its own question); the rest leave
         going = torch.nonzero(active).flatten()
-        targets = (going[:, None] * k + beams).flatten()
-        sources = book.rows.cpu()[targets]
-        place = torch.empty(questions, dtype=torch.long)
-        place[held] = torch.arange(len(held))
-        rows = place[sources // k] * k + sources % k  # each beam's source among the stepper's rows
+        targets, rows = book.continuing(held, going)
         logits, history = _opera_advance(stepper, rows, book.tokens[targets], history, step, prompt_columns)
         held = going
         step += 1
