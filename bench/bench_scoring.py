@@ -96,6 +96,29 @@ def make_decisive(model, boost: float = 12.0, decisive: bool = True) -> None:
     head.bias = torch.nn.Parameter(bias, requires_grad=False)
 
 
+def make_ending(model, logit: float = 30.0) -> None:
+    """Make the model end its answer after a yes or no token, as an answer-trained model does ("Yes", then the
+    end token): each yes and no token's input embedding is set to one long direction u, and the end token's row
+    of the output layer to u, scaled so that after the final norm the end token's logit is ``logit`` where the
+    input is a yes or no token (about ``logit`` / sqrt(hidden) times a unit normal elsewhere). The random
+    weights never end an answer early, so without this every decoding decodes all its new tokens; with it a
+    decisive model's (:func:`make_decisive`) YN answers end after their second token and a decoding stops once
+    its rows have ended, as it would on a trained model. It changes the weights for good (for a bench run)."""
+    embeddings, head = model.model.get_input_embeddings(), model.model.get_output_embeddings()
+    hidden = head.in_features
+    generator = torch.Generator().manual_seed(7)
+    direction = torch.randn(hidden, generator=generator)
+    direction = direction / direction.norm()
+    stop = sorted(model.stop_tokens())
+    with torch.no_grad():
+        # 10^4 times a random row's norm: the layers' random updates (each about a row's norm per element at
+        # LLaVA's width) stay small beside it, so the residual stream at those positions points along u throughout
+        length = 1e4 * float(embeddings.weight.float().norm(dim=-1).mean())
+        yes_no = torch.cat([model._yes_ids, model._no_ids]).to(embeddings.weight.device)
+        embeddings.weight[yes_no] = (direction * length).to(embeddings.weight)
+        head.weight[stop] = (direction * logit / hidden ** 0.5).to(head.weight)
+
+
 def generate_batch1(model, questions: list[Question], new_tokens: int) -> list[float]:
     """The harness path: one question at a time, generate, P(yes) from the first generated token's scores."""
     p_yes = []

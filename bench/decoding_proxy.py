@@ -44,10 +44,16 @@ Two paths (``--path``):
   With compiled layers each decoding runs its pass once uncounted first, so that every shape its layers meet
   is compiled before the count (``VERBMIRAGE_COMPILE_LAYERS=0`` keeps them eager, as on CUDA).
 
+The random weights never end an answer early, so every decoding decodes all ``--max-new-tokens`` of every
+answer; a trained model's YN answer ends after its yes or no ("Yes", then the end token). ``--ending`` makes the
+model answer so (bench_scoring.make_ending): a decoding then stops stepping once its answers have ended, as on
+a trained model.
+
     python bench/decoding_proxy.py [--images 4] [--batch-size 64] [--max-new-tokens 8]
     python bench/decoding_proxy.py --regime gpu --layers 4   # the device check's call, 4 + 3 layers
     python bench/decoding_proxy.py --regime gpu --layers 4 --only opera --opera-one-forward  # CUDA's OPERA step
     python bench/decoding_proxy.py --regime gpu --layers 4 --path cuda   # CUDA's path, counted as launches.py does
+    python bench/decoding_proxy.py --regime gpu --layers 1 --ending   # arithmetic as a trained model answers
     python bench/decoding_proxy.py --smoke [--path cuda]   # 1 image, 1 layer: checks the script (CI)
 """
 
@@ -66,7 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_scoring import (DECODINGS, Arithmetic, engine_pass, hico_like_questions,  # noqa: E402
-                           make_decisive)
+                           make_decisive, make_ending)
 from gpu_scoring import RandomLlava7B  # noqa: E402
 from launches import count_launches, kernel_of, set_up  # noqa: E402
 from verbmirage.models.hf.compiled_layers import compiles_layers  # noqa: E402
@@ -160,6 +166,9 @@ def main() -> None:
     parser.add_argument("--path", choices=("cpu", "cuda"), default="cpu",
                         help="the engine as on the CPU (default) or as on CUDA, counted as bench/launches.py "
                              "counts launches (the module's docstring)")
+    parser.add_argument("--ending", action="store_true",
+                        help="answers end after their yes or no token, as an answer-trained model's do "
+                             "(bench_scoring.make_ending; the random weights' answers never end early)")
     parser.add_argument("--smoke", action="store_true", help="1 image, 1 layer, 2 new tokens: checks the script runs")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -174,6 +183,8 @@ def main() -> None:
         model = RandomLlava7B("llava7b_narrow", str(processor_dir), dtype="float32", device="cpu",
                               local_files_only=True)
         make_decisive(model)
+        if args.ending:
+            make_ending(model)
         if args.path == "cuda":
             set_up(model, "cuda")  # as bench/launches.py counts CUDA's path (OPERA in one forward per step)
         if args.opera_one_forward:
@@ -186,7 +197,7 @@ def main() -> None:
               f"{size['layers']} language layers (hidden {size['hidden']}), {size['vision_layers']} vision layers, "
               f"576 image tokens; {len(questions)} YN questions on {images} images, batch {args.batch_size}, "
               f"calls sized per decoding (its variant first, then its batch), {args.max_new_tokens} new tokens "
-              "per decoded answer")
+              f"per decoded answer{', answers ending after their yes or no' if args.ending else ''}")
         figures, counts = {}, {}
         for slug, entry in DECODINGS.items():
             if args.only is not None and slug != "greedy" and slug not in args.only:

@@ -29,7 +29,9 @@ relative to greedy on the same questions, peak GPU memory), each at the batch it
 first, then the batch (``--decoding-batch``: sized from the free memory by default, as ``batch_size: auto``
 does; until this code, every decoding ran in greedy's calls of four batches as one batch), and projects the whole HICO suite and the paper
 config at those rates (bench/projection.py; the config's prompt mix from ``--mix``, which
-bench/h200_wheels.sh writes into .whl/).
+bench/h200_wheels.sh writes into .whl/). The random weights never end an answer early, so each decoding decodes
+all ``--max-new-tokens`` of every answer; ``--ending`` then runs each decoding again with the answers ending
+after their yes or no, as a trained model's YN answers do (bench_scoring.make_ending).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_scoring import DECODINGS, Arithmetic, engine_pass, hico_like_questions, make_decisive  # noqa: E402
+from bench_scoring import (DECODINGS, Arithmetic, engine_pass, hico_like_questions,  # noqa: E402
+                           make_decisive, make_ending)
 from projection import projection_lines  # noqa: E402
 from suite_scoring import all_sets_per_call, hico_suite, report, score_difference, time_both  # noqa: E402
 from verbmirage.inference.sizing import AUTO, choose_batching  # noqa: E402
@@ -105,6 +108,23 @@ def decodings(model, work: Path, args, dtype: str, parameters: float, synchroniz
     print(f"decodings ({len(questions)} YN questions, {args.max_new_tokens} new tokens per decoded answer; "
           f"each at the batch {'its job sizes' if args.decoding_batch == AUTO else args.decoding_batch}, "
           "set after its variant as a job does):")
+    seconds = decoding_passes(model, questions, args, synchronize, cuda)
+    mix = json.loads(args.mix.read_text()) if args.mix.is_file() else None
+    costs = {slug: seconds[slug] / seconds["greedy"] for slug in seconds}
+    for line in projection_lines(suite_rate, costs, mix, args.generate_rate):
+        print(line)
+    if cuda:
+        print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB (the last decoding's)")
+    if args.ending:
+        make_ending(model)
+        print("decodings again, the answers ending after their yes or no as a trained model's do "
+              "(bench_scoring.make_ending):")
+        decoding_passes(model, questions, args, synchronize, cuda)
+
+
+def decoding_passes(model, questions, args, synchronize, cuda: bool) -> dict[str, float]:
+    """Each decoding's pass over ``questions`` at the batch its job would use, printed with its cost and its
+    arithmetic over greedy's and its peak memory; returns each decoding's seconds."""
     seconds, positions = {}, {}  # each decoding's time, and its arithmetic (bench_scoring.Arithmetic)
     for slug, entry in DECODINGS.items():
         settings = {**entry, "max_new_tokens": args.max_new_tokens} if entry.get("decoding") else entry
@@ -120,12 +140,7 @@ def decodings(model, work: Path, args, dtype: str, parameters: float, synchroniz
         print(f"  {slug:11s} batch {batching.batch_size:4d} (calls of {batching.per_call:4d})  "
               f"{len(questions) / seconds[slug]:8.1f} prompts/s  {seconds[slug] / seconds['greedy']:6.2f}x greedy  "
               f"arithmetic {positions[slug] / positions['greedy']:5.2f}x  {memory}")
-    mix = json.loads(args.mix.read_text()) if args.mix.is_file() else None
-    costs = {slug: seconds[slug] / seconds["greedy"] for slug in seconds}
-    for line in projection_lines(suite_rate, costs, mix, args.generate_rate):
-        print(line)
-    if cuda:
-        print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB (the last decoding's)")
+    return seconds
 
 
 def timed_suite(model, suite, batch_size: int, synchronize) -> tuple[dict, float, float]:
@@ -199,6 +214,9 @@ def main() -> None:
     parser.add_argument("--generate-rate", type=float, default=None,
                         help="--decodings: prompts/s of generate at batch 1 (bench/gen_vs_engine.py), to project the "
                              "remote-code models one question at a time")
+    parser.add_argument("--ending", action="store_true",
+                        help="--decodings: then each decoding again with the answers ending after their yes or no, "
+                             "as a trained model's do (bench_scoring.make_ending)")
     parser.add_argument("--mix", type=Path, default=Path(__file__).resolve().parents[1] / ".whl" / "paper_mix.json",
                         help="the paper config's prompts per decoding (bench/projection.py --write)")
     args = parser.parse_args()
