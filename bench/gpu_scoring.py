@@ -119,7 +119,11 @@ def decodings(model, work: Path, args, dtype: str, parameters: float, synchroniz
         make_ending(model)
         print("decodings again, the answers ending after their yes or no as a trained model's do "
               "(bench_scoring.make_ending):")
-        decoding_passes(model, questions, args, synchronize, cuda)
+        seconds = decoding_passes(model, questions, args, synchronize, cuda)
+        costs = {slug: seconds[slug] / seconds["greedy"] for slug in seconds}
+        print("the projection again at these costs (answers ending as a trained model's):")
+        for line in projection_lines(suite_rate, costs, mix, args.generate_rate):
+            print(line)
 
 
 def decoding_passes(model, questions, args, synchronize, cuda: bool) -> dict[str, float]:
