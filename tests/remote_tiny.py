@@ -202,9 +202,11 @@ BATCH_QUESTIONS = ("Is someone riding a horse?", "Is it?",
 
 def check_batches_equal_one_at_a_time(model, images: list[Path], beams: int | None = 3) -> None:
     """Questions of different lengths on several images (interleaved), scored in batches of at most 2 on each
-    image's prefix cache and all at once, equal the same questions one at a time (1e-5 in float32); decoded greedily
-    (and with ``beams``) in batches, their texts and tokens equal one-at-a-time decoding exactly. The worker's
-    forward counts show that the batched paths ran (one image prefix per image, no one-question fallback)."""
+    image's prefix cache and all at once, equal the same questions one at a time (1e-5 in float32); decoded with
+    ``beams`` (greedily where the checkpoint has no beam search) in batches, their texts and tokens equal the
+    checkpoint's own one-at-a-time decoding exactly; the adapter's greedy continuations in batches equal its
+    one-question calls. The worker's forward counts show that the batched paths ran (one image prefix per image,
+    no one-question fallback)."""
     from verbmirage.models import Question
 
     prompts = [question + "\nAnswer yes or no." for question in BATCH_QUESTIONS]
@@ -227,7 +229,8 @@ def check_batches_equal_one_at_a_time(model, images: list[Path], beams: int | No
     # rows batched: fewer suffix forwards than rows (cut by length); at most 2 rows a forward: 2 or more for 3
     assert 3 * len(images) <= after["suffix"] - before["suffix"] <= 4 * len(images) < 2 * len(items), (before, after)
     assert after["single"] == before["single"]
-    for num_beams in (1, beams) if beams else (1,):
+    # (greedy decoding's batches are the adapter's below: the same generate_batch, one beam; CI time)
+    for num_beams in (beams or 1,):
         alone = [model.client.request("generate", max_new_tokens=4, num_beams=num_beams, repetition_penalty=1.0,
                                       **item) for item in items]
         together = model.client.request("generate_batch", items=items, max_new_tokens=4, num_beams=num_beams,

@@ -158,7 +158,7 @@ def interrupted_run(workdir: Path, configfile: Path, kills: int, seed: int, core
                 reached = time.monotonic()
             if reached is not None and time.monotonic() - reached >= delay:
                 break
-            time.sleep(0.05)
+            time.sleep(0.2)  # (each look reads the whole log so far)
         if process.poll() is not None:
             if process.returncode != 0:
                 raise RuntimeError(f"the run failed (status {process.returncode}); see {log}")
