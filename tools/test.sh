@@ -65,22 +65,22 @@ done
 # Without arguments the fast and cluster tiers collect only their own folders (no test of another folder is of
 # those tiers: tests/tiers.py lifts tests, never lowers them), so they do not import every test module first; the
 # models and workflow tiers collect all, for the fast-folder tests that a Snakemake run or a fixture lifts.
-fast=() cluster=()
+fast_tests=() cluster_tests=()
 if [ $# = 0 ]; then
-    fast=(tests/fast) cluster=(tests/cluster)
+    fast_tests=(tests/fast) cluster_tests=(tests/cluster)
 fi
-waited tier fast "$workers" "${fast[@]}" "$@"
+waited tier fast "$workers" "${fast_tests[@]}" "$@"
 status=0
 if [ "$workers" = 0 ]; then
     waited tier "models or workflow" 0 "$@" || status=$?
-    waited tier cluster 0 "${cluster[@]}" "$@" || status=$?
+    waited tier cluster 0 "${cluster_tests[@]}" "$@" || status=$?
     exit "$status"
 fi
 # The cluster tier waits on SLURM most of its time: it runs in its own pytest process beside the others, and
 # its output follows theirs.
 cluster_log=$(mktemp)
 trap 'rm -f "$cluster_log"' EXIT
-tier cluster 0 "${cluster[@]}" "$@" > "$cluster_log" 2>&1 &
+tier cluster 0 "${cluster_tests[@]}" "$@" > "$cluster_log" 2>&1 &
 cluster=$!
 waited tier "models or workflow" "$workers" "$@" || status=$?
 wait "$cluster" || status=$?
