@@ -20,10 +20,12 @@ def test_each_file_is_one_xdist_group(request):
 
 
 def test_every_test_has_exactly_one_tier(request):
-    """tests/tiers.py gives each test one of the tiers that tools/test.sh runs; none is left out or run twice."""
+    """tests/tiers.py gives each test one of the tiers that tools/test.sh runs; none is left out or run twice (a
+    fast or cluster test lies in its tier's folder: tools/test.sh collects those tiers from their folders alone)."""
     for item in request.session.items:
         tiers = [mark.name for mark in item.iter_markers() if mark.name in TIERS]
         assert len(tiers) == 1, (item.nodeid, tiers)
+        assert tiers[0] not in ("fast", "cluster") or item.path.parent.name == tiers[0], (item.nodeid, tiers)
 
 
 @pytest.mark.parametrize("path, name, fixtures, tier", [
