@@ -51,9 +51,28 @@ def switched_off(variable: str) -> bool:
     return os.environ.get(variable, "").strip().lower() in ("0", "false", "no", "off")
 
 
+#: the least CUDA compute capability inductor's Triton kernels run on (Volta: V100); older GPUs run eagerly
+MIN_CAPABILITY = (7, 0)
+
+
 def compiles_layers(device: torch.device) -> bool:
-    """Whether the decoder layers of a model on ``device`` are compiled: on CUDA unless :data:`ENV` says no."""
-    return device.type == "cuda" and not switched_off(ENV)
+    """Whether the decoder layers of a model on ``device`` are compiled: on CUDA of at least
+    :data:`MIN_CAPABILITY` unless :data:`ENV` says no."""
+    return device.type == "cuda" and not switched_off(ENV) and cuda_capability(device) >= MIN_CAPABILITY
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(index))
+
+
+def cuda_capability(device: torch.device) -> tuple[int, int]:
+    """The (major, minor) compute capability of the CUDA ``device``, read once per device. Where no CUDA device
+    can be asked (CUDA's path set up on a CPU, as bench/launches.py and the tests do) that of the newest GPUs,
+    so that the path is the one a current GPU runs."""
+    if not torch.cuda.is_available():
+        return (99, 0)
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @functools.cache

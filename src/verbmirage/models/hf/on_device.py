@@ -15,7 +15,10 @@ is, operation for operation:
   That trade pays where launches set a forward's cost (the H200's first run); where the GPU computes near its
   peak, a 7B model's forward costs nearer a few hundred positions, and :data:`FORWARD_COST_ENV` sets another
   value (bench/gpu_scoring.py ``--suite --forward-cost`` times a value against the default).
-- **Compiled decoder layers** (:mod:`.compiled_layers`, ``VERBMIRAGE_COMPILE_LAYERS=0`` turns them off).
+- **Compiled decoder layers** (:mod:`.compiled_layers`, ``VERBMIRAGE_COMPILE_LAYERS=0`` turns them off; GPUs
+  older than Volta run them eagerly), and FlexAttention for the attention over shared prefixes
+  (:func:`.shared_prefix.kernel_for`; ``VERBMIRAGE_FLEX_ATTENTION=0`` turns it off, and GPUs older than Ampere
+  attend in plain products): the job's log says which.
 - **OPERA in one forward per step** (``VERBMIRAGE_OPERA_ONE_FORWARD=0`` turns it off). OPERA feeds each beam's
   candidate tokens side by side to read their attention rows, then feeds the chosen one; on CUDA the chosen
   candidate's logits, keys and values are taken from the candidates' forward instead
@@ -30,11 +33,15 @@ bench/batch_flips.py.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
 
-from verbmirage.models.hf.compiled_layers import compile_decoder_layers, switched_off
+from verbmirage.models.hf.compiled_layers import compile_decoder_layers, cuda_capability, switched_off
+from verbmirage.models.hf.shared_prefix import FLEX_ENV, FLEX_MIN_CAPABILITY, flex_on
+
+log = logging.getLogger(__name__)
 
 #: on CUDA, a forward's fixed cost in token positions: the suffix batches' cost per batch and the least saving
 #: of a shared text header's forward (bench/launches.py counts the forwards this leaves)
@@ -60,7 +67,18 @@ def fit_to_device(engine, model=None, device: torch.device | None = None):
         engine.prefix_cache.BATCH_COST = engine.prefix_cache.HEADER_SAVING = forward_cost()
         if engine.shared_prefix_attention:
             compile_decoder_layers(model, device, engine.name)
+            log.info("%s: the attention over shared prefixes runs %s", engine.name, _attention_kernel(device))
     return model
+
+
+def _attention_kernel(device: torch.device) -> str:
+    """Which kernel attends over the shared prefixes on the CUDA ``device``, and why, for the job's log."""
+    if flex_on(device):
+        return f"in FlexAttention's fused kernels ({FLEX_ENV}=0 attends in plain products)"
+    if switched_off(FLEX_ENV):
+        return f"in plain products ({FLEX_ENV} says no)"
+    found, least = ".".join(map(str, cuda_capability(device))), ".".join(map(str, FLEX_MIN_CAPABILITY))
+    return f"in plain products (FlexAttention needs compute capability {least}; this GPU has {found})"
 
 
 def forward_cost() -> int:

@@ -26,8 +26,9 @@ Hand-written because transformers has no attention over a shared prefix (its cac
 part runs in a kernel that returns the log-sum-exp (:data:`KERNELS`, chosen by device: :func:`kernel_for`): on
 the CPU PyTorch's fused flash-attention kernel (the reference: its results are what the demo records); on CUDA
 FlexAttention compiled to one fused kernel per part, in the model's dtype with float32 accumulation, the rows'
-own columns under a block mask built once per forward and the merge compiled to one kernel; elsewhere plain
-matrix products with a float32 softmax (the same values, no fused kernel). Compiled with the decoder layers'
+own columns under a block mask built once per forward and the merge compiled to one kernel (on GPUs of compute
+capability 8.0 or more, unless ``VERBMIRAGE_FLEX_ATTENTION=0``); elsewhere plain matrix products with a float32
+softmax (the same values, no fused kernel). Compiled with the decoder layers'
 settings (``compiled_layers.compiler_settings``), the mask's sizes passed as tensors and the output laid out
 alike in every forward: once warmed up, calls of other sizes compile nothing new.
 """
@@ -44,7 +45,7 @@ import numpy as np
 import torch
 from transformers import AttentionInterface, DynamicCache
 
-from verbmirage.models.hf.compiled_layers import compiler_settings
+from verbmirage.models.hf.compiled_layers import compiler_settings, cuda_capability, switched_off
 
 #: the attention implementation's name in transformers' registry (the language model uses it only inside
 #: :func:`shared_prefix_attention`)
@@ -69,17 +70,30 @@ FUSED_REGION = "verbmirage::fused"
 
 #: the smallest head dimension compiled FlexAttention takes (smaller ones, tiny test models, attend plainly)
 FLEX_MIN_DIM = 16
+#: the least CUDA compute capability FlexAttention runs on (Ampere: A100, A6000, RTX 30xx; V100 and T4 attend
+#: plainly, in float32 products)
+FLEX_MIN_CAPABILITY = (8, 0)
+#: the environment switch: ``0`` (or ``false``, ``no``, ``off``) attends plainly on CUDA too
+FLEX_ENV = "VERBMIRAGE_FLEX_ATTENTION"
 
 
 def kernel_for(device: torch.device, dim: int = FLEX_MIN_DIM) -> str:
     """The kernel of :data:`KERNELS` that attends on ``device`` with heads of ``dim`` (or the one
-    :func:`use_kernel` set)."""
+    :func:`use_kernel` set): on CUDA FlexAttention where :func:`flex_on` says so, else plain products; on the
+    CPU its flash kernel."""
     chosen = _KERNEL.get()
     if chosen is not None:
         return chosen
     if device.type == "cuda":
-        return "flex" if dim >= FLEX_MIN_DIM else "plain"
+        return "flex" if dim >= FLEX_MIN_DIM and flex_on(device) else "plain"
     return "cpu_flash" if device.type == "cpu" else "plain"
+
+
+def flex_on(device: torch.device) -> bool:
+    """Whether FlexAttention attends on the CUDA ``device``: where its compute capability is at least
+    :data:`FLEX_MIN_CAPABILITY` (FlexAttention's fused kernels are Triton's, written for Ampere and later) and
+    :data:`FLEX_ENV` does not say no."""
+    return not switched_off(FLEX_ENV) and cuda_capability(device) >= FLEX_MIN_CAPABILITY
 
 
 @contextlib.contextmanager

@@ -1,0 +1,59 @@
+"""What CUDA's path chooses by the GPU at hand (models/hf/shared_prefix.py, compiled_layers.py, on_device.py),
+asked of a GPU faked by its compute capability: FlexAttention from Ampere on, compiled layers from Volta on,
+and the switches that turn each off; CUDA's path set up on a CPU (bench/launches.py) is a current GPU's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verbmirage.models.hf import compiled_layers, on_device, shared_prefix
+
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """Set the faked GPU's compute capability (major, minor)."""
+    def set_capability(major: int, minor: int) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (major, minor))
+        compiled_layers._capability.cache_clear()
+
+    yield set_capability
+    compiled_layers._capability.cache_clear()
+
+
+@pytest.mark.parametrize("capability, kernel, compiled", [
+    ((9, 0), "flex", True),  # H100, H200
+    ((8, 0), "flex", True),  # A100
+    ((7, 5), "plain", True),  # T4: no FlexAttention, Triton's compiled layers yes
+    ((7, 0), "plain", True),  # V100
+    ((6, 0), "plain", False),  # P100: older than Triton's GPUs
+])
+def test_flex_attention_and_compiled_layers_where_the_gpu_runs_them(gpu, capability, kernel, compiled):
+    gpu(*capability)
+    assert shared_prefix.kernel_for(CUDA) == kernel
+    assert shared_prefix.kernel_for(CUDA, dim=8) == "plain"  # heads smaller than FlexAttention takes
+    assert compiled_layers.compiles_layers(CUDA) == compiled
+    assert shared_prefix.kernel_for(torch.device("cpu")) == "cpu_flash"
+
+
+def test_the_switches_turn_each_off_and_the_log_says_why(gpu, monkeypatch):
+    gpu(7, 5)
+    assert on_device._attention_kernel(CUDA) == ("in plain products (FlexAttention needs compute capability 8.0; "
+                                                  "this GPU has 7.5)")
+    gpu(9, 0)
+    assert on_device._attention_kernel(CUDA).startswith("in FlexAttention's fused kernels")
+    monkeypatch.setenv(shared_prefix.FLEX_ENV, "0")
+    monkeypatch.setenv(compiled_layers.ENV, "off")
+    assert shared_prefix.kernel_for(CUDA) == "plain" and not compiled_layers.compiles_layers(CUDA)
+    assert on_device._attention_kernel(CUDA) == "in plain products (VERBMIRAGE_FLEX_ATTENTION says no)"
+
+
+def test_cudas_path_set_up_on_a_cpu_is_a_current_gpus(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert shared_prefix.kernel_for(CUDA) == "flex" and compiled_layers.compiles_layers(CUDA)
+    with shared_prefix.use_kernel("plain"):
+        assert shared_prefix.kernel_for(CUDA) == "plain"
