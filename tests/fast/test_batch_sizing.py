@@ -186,3 +186,29 @@ def test_a_remote_code_models_costs_hold_its_whole_prompts_cache_and_grow_with_b
     free = H200 - geometry["weights"]
     assert sized_batch(beams, free, H200, 20) < sized_batch(greedy, free, H200, 20) <= MAX_BATCH
     assert sized_batch(beams, free, H200, 20) >= 4  # a 7B checkpoint's beam-5 still batches on one H200
+
+
+def test_a_resume_on_a_gpu_that_computes_otherwise_keeps_the_sizes_and_says_so(monkeypatch, caplog):
+    """The record kept with a job's answers names its GPU and the kernels chosen for it (``device_path``); a
+    resume on the same kind keeps the record as it was, one on a GPU whose generation attends otherwise keeps
+    the sizes and says what differs, in the log and in the record; a record kept before devices were named says
+    nothing."""
+    model = create_model("random", {"backend": "random", "seed": 0})
+    costs = MemoryCosts(weights=14 * GIB, per_row=140 * MIB, per_image=500 * MIB, device="cuda:0")
+    h200 = {"gpu": "NVIDIA H200", "capability": "9.0", "attention": "flex", "compiled_layers": True}
+    v100 = {**h200, "gpu": "Tesla V100-SXM2-32GB", "capability": "7.0", "attention": "plain"}
+    monkeypatch.setattr(model, "memory_costs", lambda: costs)
+    path = h200
+    monkeypatch.setattr(model, "device_path", lambda: path)
+    first = choose_batching(model, AUTO, None, ["a"] * 20, memory=lambda: (120 * GIB, H200)).record
+    assert first["device"] == h200
+    with caplog.at_level("WARNING"):
+        assert choose_batching(model, AUTO, first, ["a"] * 20, memory=lambda: (130 * GIB, H200)).record is first
+        assert not caplog.records
+        path = v100
+        moved = choose_batching(model, AUTO, first, ["a"] * 20, memory=lambda: (130 * GIB, H200)).record
+    assert (moved["batch_size"], moved["per_call"], moved["device"]) == (first["batch_size"], first["per_call"], v100)
+    assert "attention flex -> plain" in moved["note"] and "capability 9.0 -> 7.0" in moved["note"]
+    assert moved["note"] in caplog.text
+    older = {key: value for key, value in first.items() if key != "device"}
+    assert choose_batching(model, AUTO, older, ["a"] * 20, memory=lambda: (130 * GIB, H200)).record is older

@@ -57,3 +57,22 @@ def test_cudas_path_set_up_on_a_cpu_is_a_current_gpus(monkeypatch):
     assert shared_prefix.kernel_for(CUDA) == "flex" and compiled_layers.compiles_layers(CUDA)
     with shared_prefix.use_kernel("plain"):
         assert shared_prefix.kernel_for(CUDA) == "plain"
+
+
+def test_the_device_path_kept_with_a_jobs_sizes_names_the_gpu_and_its_kernels(gpu, monkeypatch):
+    """The transformers engine's ``device_path`` (kept beside a job's batch sizes: docs/models.md, "Batch
+    sizes"): the GPU's name and capability, the kernel that attends over shared prefixes at the model's head
+    size, and whether its layers compile; nothing on the CPU."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "Tesla T4")
+    gpu(7, 5)
+    config = LlamaConfig(hidden_size=4096, num_attention_heads=32)  # heads of 128, as LLaVA-1.5-7B's
+    engine = SimpleNamespace(device=CUDA, model=SimpleNamespace(config=config), shared_prefix_attention=True)
+    assert on_device.engine_device_path(engine) == {"gpu": "Tesla T4", "capability": "7.5", "attention": "plain",
+                                                    "compiled_layers": True}
+    engine.shared_prefix_attention = False  # a family that attends through transformers' own code
+    assert on_device.engine_device_path(engine)["attention"] == "transformers"
+    assert on_device.engine_device_path(SimpleNamespace(device=torch.device("cpu"))) is None

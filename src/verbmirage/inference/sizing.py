@@ -7,6 +7,8 @@ costs (:class:`~verbmirage.models.memory.MemoryCosts`). docs/models.md, "Batch s
 - Reused on a resume: in reduced precision a score depends on what it is batched with, so a job resumed on
   another GPU (other free memory) keeps the sizes its answers were asked with. Where it cannot (the kept batch
   does not fit this device, or the config now names another batch size), the log and the record say so.
+- With them the GPU and the kernels its generation chose (the model's ``device_path``: FlexAttention or plain
+  products, compiled layers or not): a resume on a GPU that computes otherwise says so too.
 - On the CPU, or for a backend that cannot tell its memory costs, ``auto`` is :data:`DEFAULT_BATCH_SIZE`, and
   nothing is recorded: a job answers as it always has.
 - Out of memory inside a call still halves that call's batches (the engine's ``with_shrinking_batches``).
@@ -140,27 +142,47 @@ def choose_batching(model, batch_size: int | str, kept: dict | None, images: lis
             log.info("%s: batch_size auto is %d: backend '%s' gives no memory costs to size a batch from",
                      model.name, chosen, model.backend)
     per_call = model.use_batch_size(chosen)
+    path = model.device_path()
+    moved = _moved(kept, path)
     if kept is not None and (kept["batch_size"], kept["per_call"]) == (chosen, per_call):
         log.info("%s: batch %d, %d questions per call, as kept with the job's answers%s", model.name, chosen,
                  per_call, f"; here {_memory_words(measured)}" if measured else "")
-        return Batching(chosen, per_call, kept)
+        if moved is None:
+            return Batching(chosen, per_call, kept)
+        log.warning("%s: %s", model.name, moved)
+        return Batching(chosen, per_call, {**kept, "device": path, "note": moved})
     if measured is None and kept is None:  # the CPU: nothing sized, nothing to keep, as jobs always ran
         return Batching(chosen, per_call)
     record = {"batch_size": chosen, "per_call": per_call, "source": source}
     if measured is not None:
         record["measured"] = measured
+    if path is not None:
+        record["device"] = path
     if kept is not None:
         why = (f"the config's batch_size is now {batch_size}" if batch_size != AUTO
                else f"a call at that batch now holds {per_call} questions" if chosen == kept["batch_size"]
                else f"it does not fit this device (sized {sized})")
         record["note"] = (f"the answers kept from an earlier run were asked at batch {kept['batch_size']} "
                           f"({kept['per_call']} per call), not reused because {why}; the rest at batch {chosen} "
-                          f"({per_call} per call): scores may differ with the batch in reduced precision")
+                          f"({per_call} per call): scores may differ with the batch in reduced precision"
+                          + (f"; {moved}" if moved else ""))
         log.warning("%s: %s", model.name, record["note"])
     else:
         log.info("%s: batch %d (%s), %d questions per call; %s", model.name, chosen, source, per_call,
                  _memory_words(measured))
     return Batching(chosen, per_call, record)
+
+
+def _moved(kept: dict | None, path: dict | None) -> str | None:
+    """What differs between the device the kept answers were computed on (its record's ``device``) and
+    ``path`` (this one's), as a note; None where nothing differs or either is unknown."""
+    before = (kept or {}).get("device")
+    if before is None or path is None or before == path:
+        return None
+    changed = ", ".join(f"{key} {before.get(key)} -> {path.get(key)}" for key in sorted({*before, *path})
+                        if before.get(key) != path.get(key))
+    return (f"the answers kept from an earlier run were computed on another device ({changed}): scores may "
+            "differ from theirs within reduced precision")
 
 
 def _sized_or_none(costs, free, total, per_image_rows, name) -> int | None:

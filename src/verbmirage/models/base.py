@@ -339,6 +339,12 @@ class VisionLanguageModel(ABC):
         """Memory per question and per image (docs/models.md, "Batch sizes"); None: the configured batch size."""
         return None
 
+    def device_path(self) -> dict | None:
+        """What computes the answers on a GPU that another GPU may compute otherwise (its name, the kernels
+        chosen by its generation), kept with a job's batch sizes so that a resume elsewhere says so; None where
+        nothing depends on the device (the CPU, most backends)."""
+        return None
+
     def fingerprint_extra(self) -> dict:
         """What the answers depend on beyond the config entry, known once loaded (code, environment).
 

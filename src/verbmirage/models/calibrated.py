@@ -222,6 +222,9 @@ class CalibratedModel(VisionLanguageModel):
     def memory_costs(self):
         return self.model.memory_costs()
 
+    def device_path(self) -> dict | None:
+        return self.model.device_path()
+
     def fingerprint_extra(self) -> dict:
         return {**self.model.fingerprint_extra(), "decision": self.rule.fingerprint}
 

@@ -67,7 +67,7 @@ from verbmirage.models.hf.handoff import Openings
 from verbmirage.models.hf.inputs import PromptInputs, by_image
 from verbmirage.models.hf.last_attention import LastAttention
 from verbmirage.models.hf.memory import engine_memory_costs
-from verbmirage.models.hf.on_device import fit_to_device
+from verbmirage.models.hf.on_device import engine_device_path, fit_to_device
 from verbmirage.models.hf.prefix_cache import PrefixCache
 from verbmirage.models.hf.scoring import DecodedAnswer, LogitsVLM
 from verbmirage.models.hf.tokens import DTYPES, is_out_of_memory
@@ -339,6 +339,7 @@ class TransformersVLM(LogitsVLM):
         return batch_size * self.CALL_BATCHES if self.calls_span_batches() else batch_size
 
     memory_costs = engine_memory_costs  # a question's and an image's memory under the variant (hf/memory.py)
+    device_path = engine_device_path  # the GPU and the kernels its generation chose (hf/on_device.py)
 
     def noised_inputs(self, encoded: dict, image_path) -> dict:
         """``encoded`` with VCD's diffusion noise on the pixel tensor, the same noise for every row of the image

@@ -38,8 +38,9 @@ import os
 
 import torch
 
-from verbmirage.models.hf.compiled_layers import compile_decoder_layers, cuda_capability, switched_off
-from verbmirage.models.hf.shared_prefix import FLEX_ENV, FLEX_MIN_CAPABILITY, flex_on
+from verbmirage.models.hf.compiled_layers import (compile_decoder_layers, compiles_layers, cuda_capability,
+                                                  switched_off)
+from verbmirage.models.hf.shared_prefix import FLEX_ENV, FLEX_MIN_CAPABILITY, flex_on, kernel_for
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,22 @@ def fit_to_device(engine, model=None, device: torch.device | None = None):
             compile_decoder_layers(model, device, engine.name)
             log.info("%s: the attention over shared prefixes runs %s", engine.name, _attention_kernel(device))
     return model
+
+
+def engine_device_path(engine) -> dict | None:
+    """The transformers engine's :meth:`~verbmirage.models.base.VisionLanguageModel.device_path`: on CUDA the
+    GPU's name and compute capability, the kernel that attends over shared prefixes (``transformers`` where the
+    family attends through transformers' own) and whether the decoder layers run compiled; None elsewhere."""
+    device = engine.device
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    text = engine.model.config.get_text_config()
+    head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    in_place = engine.shared_prefix_attention
+    return {"gpu": torch.cuda.get_device_name(index), "capability": ".".join(map(str, cuda_capability(device))),
+            "attention": kernel_for(device, head) if in_place else "transformers",
+            "compiled_layers": bool(in_place and compiles_layers(device))}
 
 
 def _attention_kernel(device: torch.device) -> str:
