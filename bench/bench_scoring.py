@@ -103,7 +103,9 @@ def make_ending(model, logit: float = 30.0) -> None:
     input is a yes or no token (about ``logit`` / sqrt(hidden) times a unit normal elsewhere). The random
     weights never end an answer early, so without this every decoding decodes all its new tokens; with it a
     decisive model's (:func:`make_decisive`) YN answers end after their second token and a decoding stops once
-    its rows have ended, as it would on a trained model. It changes the weights for good (for a bench run)."""
+    its rows have ended, as it would on a trained model. The first token is still a yes or a no, its
+    probabilities moved a little (the prompt's own "yes or no" carries the new embedding). It changes the weights
+    for good (for a bench run)."""
     embeddings, head = model.model.get_input_embeddings(), model.model.get_output_embeddings()
     hidden = head.in_features
     generator = torch.Generator().manual_seed(7)

@@ -212,3 +212,6 @@ def test_a_resume_on_a_gpu_that_computes_otherwise_keeps_the_sizes_and_says_so(m
     assert moved["note"] in caplog.text
     older = {key: value for key, value in first.items() if key != "device"}
     assert choose_batching(model, AUTO, older, ["a"] * 20, memory=lambda: (130 * GIB, H200)).record is older
+    noted = {**first, "note": "the answers kept from an earlier run were asked at batch 128"}  # an earlier note
+    again = choose_batching(model, AUTO, noted, ["a"] * 20, memory=lambda: (130 * GIB, H200)).record
+    assert again["note"].startswith(noted["note"] + "; ") and again["note"].endswith(moved["note"])

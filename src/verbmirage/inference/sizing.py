@@ -150,7 +150,8 @@ def choose_batching(model, batch_size: int | str, kept: dict | None, images: lis
         if moved is None:
             return Batching(chosen, per_call, kept)
         log.warning("%s: %s", model.name, moved)
-        return Batching(chosen, per_call, {**kept, "device": path, "note": moved})
+        note = "; ".join(words for words in (kept.get("note"), moved) if words)  # an earlier batch's note stays
+        return Batching(chosen, per_call, {**kept, "device": path, "note": note})
     if measured is None and kept is None:  # the CPU: nothing sized, nothing to keep, as jobs always ran
         return Batching(chosen, per_call)
     record = {"batch_size": chosen, "per_call": per_call, "source": source}

@@ -55,24 +55,33 @@ def switched_off(variable: str) -> bool:
 MIN_CAPABILITY = (7, 0)
 
 
-def compiles_layers(device: torch.device) -> bool:
-    """Whether the decoder layers of a model on ``device`` are compiled: on CUDA of at least
-    :data:`MIN_CAPABILITY` unless :data:`ENV` says no."""
-    return device.type == "cuda" and not switched_off(ENV) and cuda_capability(device) >= MIN_CAPABILITY
+#: the least CUDA compute capability inductor compiles bfloat16 for (Ampere: native bfloat16); below it a bfloat16
+#: model's layers run eagerly
+MIN_BF16_CAPABILITY = (8, 0)
+
+
+def compiles_layers(device: torch.device, dtype: torch.dtype | None = None) -> bool:
+    """Whether the decoder layers of a model on ``device`` (its weights in ``dtype``) are compiled: on CUDA of at
+    least :data:`MIN_CAPABILITY` (:data:`MIN_BF16_CAPABILITY` for bfloat16, which inductor compiles only where the
+    GPU has it natively) unless :data:`ENV` says no."""
+    if device.type != "cuda" or switched_off(ENV):
+        return False
+    least = MIN_BF16_CAPABILITY if dtype == torch.bfloat16 else MIN_CAPABILITY
+    return cuda_capability(device) >= least
 
 
 @functools.cache
-def _capability(index: int) -> tuple[int, int]:
-    return tuple(torch.cuda.get_device_capability(index))
+def _capability(index: int | None) -> tuple[int, int]:
+    if not torch.cuda.is_available():
+        return (99, 0)
+    return tuple(torch.cuda.get_device_capability(torch.cuda.current_device() if index is None else index))
 
 
 def cuda_capability(device: torch.device) -> tuple[int, int]:
     """The (major, minor) compute capability of the CUDA ``device``, read once per device. Where no CUDA device
     can be asked (CUDA's path set up on a CPU, as bench/launches.py and the tests do) that of the newest GPUs,
     so that the path is the one a current GPU runs."""
-    if not torch.cuda.is_available():
-        return (99, 0)
-    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+    return _capability(device.index)
 
 
 @functools.cache
@@ -149,7 +158,8 @@ def _dispatch(layer, eager, name: str, *args, **kwargs):
 def compile_decoder_layers(model, device: torch.device | None = None, name: str = "", force: bool = False) -> bool:
     """Run ``model``'s language-model decoder layers compiled (see the module's text) where
     :func:`compiles_layers` says so for ``device`` (``force``: on any device); returns whether they are."""
-    if not force and (device is None or not compiles_layers(device)):
+    dtype = next(model.parameters()).dtype
+    if not force and (device is None or not compiles_layers(device, dtype)):
         return False
     layers = decoder_layers(model)
     name = name or type(model).__name__

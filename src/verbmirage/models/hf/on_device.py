@@ -16,7 +16,7 @@ is, operation for operation:
   peak, a 7B model's forward costs nearer a few hundred positions, and :data:`FORWARD_COST_ENV` sets another
   value (bench/gpu_scoring.py ``--suite --forward-cost`` times a value against the default).
 - **Compiled decoder layers** (:mod:`.compiled_layers`, ``VERBMIRAGE_COMPILE_LAYERS=0`` turns them off; GPUs
-  older than Volta run them eagerly), and FlexAttention for the attention over shared prefixes
+  older than Volta, and bfloat16 models on GPUs older than Ampere, run them eagerly), and FlexAttention for the attention over shared prefixes
   (:func:`.shared_prefix.kernel_for`; ``VERBMIRAGE_FLEX_ATTENTION=0`` turns it off, and GPUs older than Ampere
   attend in plain products): the job's log says which.
 - **OPERA in one forward per step** (``VERBMIRAGE_OPERA_ONE_FORWARD=0`` turns it off). OPERA feeds each beam's
@@ -40,7 +40,7 @@ import torch
 
 from verbmirage.models.hf.compiled_layers import (compile_decoder_layers, compiles_layers, cuda_capability,
                                                   switched_off)
-from verbmirage.models.hf.shared_prefix import FLEX_ENV, FLEX_MIN_CAPABILITY, flex_on, kernel_for
+from verbmirage.models.hf.shared_prefix import FLEX_ENV, FLEX_MIN_CAPABILITY, FLEX_MIN_DIM, kernel_for
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,15 @@ def fit_to_device(engine, model=None, device: torch.device | None = None):
         engine.prefix_cache.BATCH_COST = engine.prefix_cache.HEADER_SAVING = forward_cost()
         if engine.shared_prefix_attention:
             compile_decoder_layers(model, device, engine.name)
-            log.info("%s: the attention over shared prefixes runs %s", engine.name, _attention_kernel(device))
+            log.info("%s: the attention over shared prefixes runs %s", engine.name,
+                     _attention_kernel(device, _head_size(model)))
     return model
+
+
+def _head_size(model) -> int:
+    """The language model's attention head size."""
+    text = model.config.get_text_config()
+    return getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
 
 
 def engine_device_path(engine) -> dict | None:
@@ -80,18 +87,19 @@ def engine_device_path(engine) -> dict | None:
     if device.type != "cuda":
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
-    text = engine.model.config.get_text_config()
-    head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     in_place = engine.shared_prefix_attention
     return {"gpu": torch.cuda.get_device_name(index), "capability": ".".join(map(str, cuda_capability(device))),
-            "attention": kernel_for(device, head) if in_place else "transformers",
-            "compiled_layers": bool(in_place and compiles_layers(device))}
+            "attention": kernel_for(device, _head_size(engine.model)) if in_place else "transformers",
+            "compiled_layers": bool(in_place and compiles_layers(device, next(engine.model.parameters()).dtype))}
 
 
-def _attention_kernel(device: torch.device) -> str:
-    """Which kernel attends over the shared prefixes on the CUDA ``device``, and why, for the job's log."""
-    if flex_on(device):
+def _attention_kernel(device: torch.device, head: int) -> str:
+    """Which kernel attends over the shared prefixes on the CUDA ``device`` with heads of ``head``, and why, for
+    the job's log."""
+    if kernel_for(device, head) == "flex":
         return f"in FlexAttention's fused kernels ({FLEX_ENV}=0 attends in plain products)"
+    if head < FLEX_MIN_DIM:
+        return f"in plain products (heads of {head}: FlexAttention takes {FLEX_MIN_DIM} or more)"
     if switched_off(FLEX_ENV):
         return f"in plain products ({FLEX_ENV} says no)"
     found, least = ".".join(map(str, cuda_capability(device))), ".".join(map(str, FLEX_MIN_CAPABILITY))
