@@ -108,11 +108,14 @@ def decodings(model, work: Path, args, dtype: str, parameters: float, synchroniz
     print(f"decodings ({len(questions)} YN questions, {args.max_new_tokens} new tokens per decoded answer; "
           f"each at the batch {'its job sizes' if args.decoding_batch == AUTO else args.decoding_batch}, "
           "set after its variant as a job does):")
-    seconds = decoding_passes(model, questions, args, synchronize, cuda)
     mix = json.loads(args.mix.read_text()) if args.mix.is_file() else None
-    costs = {slug: seconds[slug] / seconds["greedy"] for slug in seconds}
-    for line in projection_lines(suite_rate, costs, mix, args.generate_rate):
-        print(line)
+
+    def project(seconds: dict[str, float]) -> None:  # the projection at each decoding's cost over greedy
+        costs = {slug: seconds[slug] / seconds["greedy"] for slug in seconds}
+        for line in projection_lines(suite_rate, costs, mix, args.generate_rate):
+            print(line)
+
+    project(decoding_passes(model, questions, args, synchronize, cuda))
     if cuda:
         print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB (the last decoding's)")
     if args.ending:
@@ -120,10 +123,8 @@ def decodings(model, work: Path, args, dtype: str, parameters: float, synchroniz
         print("decodings again, the answers ending after their yes or no as a trained model's do "
               "(bench_scoring.make_ending):")
         seconds = decoding_passes(model, questions, args, synchronize, cuda)
-        costs = {slug: seconds[slug] / seconds["greedy"] for slug in seconds}
         print("the projection again at these costs (answers ending as a trained model's):")
-        for line in projection_lines(suite_rate, costs, mix, args.generate_rate):
-            print(line)
+        project(seconds)
 
 
 def decoding_passes(model, questions, args, synchronize, cuda: bool) -> dict[str, float]:

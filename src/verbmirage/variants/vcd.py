@@ -85,7 +85,6 @@ def divergence(clean: torch.Tensor, contrasted: torch.Tensor, beta: float
     return forward, reverse, keep.sum(dim=-1)
 
 
-
 class ContrastedStepper:
     """VCD: a clean and a noised stream fed the same tokens; returns :func:`contrast` of their logits.
 

@@ -53,8 +53,6 @@ def switched_off(variable: str) -> bool:
 
 #: the least CUDA compute capability inductor's Triton kernels run on (Volta: V100); older GPUs run eagerly
 MIN_CAPABILITY = (7, 0)
-
-
 #: the least CUDA compute capability inductor compiles bfloat16 for (Ampere: native bfloat16); below it a bfloat16
 #: model's layers run eagerly
 MIN_BF16_CAPABILITY = (8, 0)

@@ -86,9 +86,8 @@ def engine_device_path(engine) -> dict | None:
     device = engine.device
     if device.type != "cuda":
         return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
     in_place = engine.shared_prefix_attention
-    return {"gpu": torch.cuda.get_device_name(index), "capability": ".".join(map(str, cuda_capability(device))),
+    return {"gpu": torch.cuda.get_device_name(device), "capability": ".".join(map(str, cuda_capability(device))),
             "attention": kernel_for(device, _head_size(engine.model)) if in_place else "transformers",
             "compiled_layers": bool(in_place and compiles_layers(device, next(engine.model.parameters()).dtype))}
 
