@@ -51,10 +51,10 @@ else
     GEN=(--images 2 --engine-images 16) PROFILE=(--images 16) FLIPS=(--images 16) SUITE=(--images 32)
     DECODE=(--images 32 --decoding-images 8)
 fi
-if compgen -G ".whl/*.whl" > /dev/null; then
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/h200_site \
-        .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/h200_site${PYTHONPATH:+:$PYTHONPATH}
+if compgen -G ".whl/*.whl" > /dev/null; then  # a folder of this run's own (not \$OUT: it would travel back)
+    site=$(mktemp -d)
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl || exit 1
+    export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 fi
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
