@@ -32,6 +32,7 @@ with :func:`compile_decoder_layers` ``(force=True)``.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import logging
@@ -211,8 +212,24 @@ def _runs_eagerly(layer) -> bool:
     return bool(attention._forward_hooks) or getattr(config, "_attn_implementation", None) == "eager"
 
 
+#: set within :func:`eager_layers`: compiled decoder layers run eagerly
+_EAGER: contextvars.ContextVar = contextvars.ContextVar("verbmirage_eager_layers", default=False)
+
+
+@contextlib.contextmanager
+def eager_layers():
+    """Within the block, decoder layers wrapped by :func:`compile_decoder_layers` run eagerly, as transformers'
+    own: bench/gen_vs_engine.py's ``generate`` at batch 1, the harnesses' path it measures the engine against
+    (compiled, it would also wait for the compiler's variants of its own shapes)."""
+    token = _EAGER.set(True)
+    try:
+        yield
+    finally:
+        _EAGER.reset(token)
+
+
 def _dispatch(layer, eager, name: str, *args, **kwargs):
-    if _runs_eagerly(layer):
+    if _EAGER.get() or _runs_eagerly(layer):
         return eager(*args, **kwargs)
     token = _RUNNING.set(name)
     try:
