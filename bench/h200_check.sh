@@ -59,10 +59,18 @@ if compgen -G ".whl/*.whl" > /dev/null; then  # a folder of this run's own (not 
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl || exit 1
     export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 fi
+compiler=${CC:-$(command -v gcc || command -v clang || true)}  # Triton builds its kernels' launcher with it
+uncompiled=
+if [ -z "$compiler" ] && [ ${#SMOKE[@]} -eq 0 ]; then  # then nothing compiles: say so, and try no compilation
+    uncompiled="without one nothing compiles: the benchmarks run the decoder layers eagerly and attend in plain \
+products (VERBMIRAGE_COMPILE_LAYERS=0 VERBMIRAGE_FLEX_ATTENTION=0); the GPU tests of the compiled path fail"
+    export VERBMIRAGE_COMPILE_LAYERS=0 VERBMIRAGE_FLEX_ATTENTION=0
+fi
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
     "$PYTHON" -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__,
 '| cuda', torch.cuda.is_available())"
+    echo "C compiler for Triton: ${compiler:-none}${uncompiled:+; $uncompiled}"
 } 2>&1 | tee "$OUT/env.txt"
 status=0
 scheduled=0  # the seconds the steps so far may have taken, each its limit

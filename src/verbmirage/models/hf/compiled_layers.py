@@ -121,7 +121,7 @@ def _watch_compiler(record: logging.LogRecord) -> bool:
     call it has not compiled for eagerly, slow, without saying so again), and where a compilation failed (run
     eagerly instead: ``suppress_errors``), naming the model and the function. A failure inside a part called
     through :func:`calling` switches that part off (:func:`note_failure`). Keeps torch's own record."""
-    model = _RUNNING.get() or "a model on CUDA's path"
+    model = _model()
     if str(record.msg).startswith("torch._dynamo hit config.") and len(record.args or ()) >= 3:
         limit, function = f"{record.args[0]} ({record.args[1]})", record.args[2]
         if (model, function) not in _WARNED:
@@ -142,6 +142,11 @@ def _watch_compiler(record: logging.LogRecord) -> bool:
     return True
 
 
+def _model() -> str:
+    """The model whose compiled code runs, for the job's log."""
+    return _RUNNING.get() or "a model on CUDA's path"
+
+
 def _reason(error: BaseException) -> str:
     """The type and the first line of the message of the error that started ``error`` (torch wraps a compiler's
     error in its own: ``BackendCompilerFailed``'s ``inner_exception``), for the job's log."""
@@ -160,7 +165,7 @@ def note_failure(part: str, error: BaseException) -> None:
     if part not in _FAILURES:
         _FAILURES[part] = _reason(error)
         log.warning("%s: torch.compile failed for %s (%s): it runs uncompiled from now on in this process (the same "
-                    "arithmetic, slower)", _RUNNING.get() or "a model on CUDA's path", part, _FAILURES[part])
+                    "arithmetic, slower)", _model(), part, _FAILURES[part])
 
 
 def failed(part: str) -> bool:
