@@ -13,8 +13,8 @@
 # pin, so the pinned wheel travels in .whl. On a random-weight model of LLaVA-1.5-7B's size in bf16
 # (bench/gpu_scoring.py) it prints, in order:
 #   1. engine vs transformers generate at batch 1, bf16 and float32 (bench/gen_vs_engine.py; generate's layers
-#      eager, as the harnesses run them; in float32, an exactness check, the engine's layers eager too: one cold
-#      compilation in this run, not two);
+#      eager, as the harnesses run them; in float32, an exactness check, the engine's layers eager too: only
+#      FlexAttention compiles again for it);
 #   2. bench/batch_flips.py: the batch a job sizes from this GPU's free memory (batch_size: auto; docs/models.md,
 #      "Batch sizes") and the answers that move between batch 64 and it, on the random and the decisive model;
 #   3. --suite: one set per call vs all sets of an image at batch 64, then all sets at the batch step 2 sized
