@@ -42,6 +42,7 @@ from verbmirage.benchmark.questions import QuestionSettings, build_question_set 
 from verbmirage.data.demo import DemoSizes, write_demo_hico  # noqa: E402
 from verbmirage.data.hico import load_hico  # noqa: E402
 from verbmirage.models import Question, create_model  # noqa: E402
+from verbmirage.models.hf.compiled_layers import eager_layers  # noqa: E402
 from verbmirage.models.tiny import build_tiny_llava  # noqa: E402
 from verbmirage.variants.settings import Variant  # noqa: E402
 
@@ -122,11 +123,12 @@ def make_ending(model, logit: float = 30.0) -> None:
 
 
 def generate_batch1(model, questions: list[Question], new_tokens: int) -> list[float]:
-    """The harness path: one question at a time, generate, P(yes) from the first generated token's scores."""
+    """The harness path: one question at a time, generate, P(yes) from the first generated token's scores. The
+    decoder layers run eagerly, as the harnesses' do, also where the engine compiles them (on CUDA)."""
     p_yes = []
     for question in questions:
         encoded = model.encode([model.render(question, False)], [model.open_image(question.image)])
-        with torch.inference_mode():
+        with torch.inference_mode(), eager_layers():
             output = model.model.generate(
                 **encoded, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                 output_scores=True, return_dict_in_generate=True,

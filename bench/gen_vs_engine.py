@@ -49,7 +49,10 @@ def main() -> None:
             if regime == "decisive":
                 make_decisive(model)
             questions = hico_like_questions(args.images, work / regime)[: args.max_prompts]
-            model.score_yes_no(questions[:2])  # warm-up of both paths
+            start = time.perf_counter()
+            model.score_yes_no(questions[:2])  # warm-up of both paths (on CUDA the engine's waits for the compiler)
+            synchronize()
+            print(f"{dtype} {regime}: the engine's first call {time.perf_counter() - start:.1f} s", flush=True)
             generate_batch1(model, questions[:2], 5)
             synchronize()
             start = time.perf_counter()

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # Every GPU figure of bench/README.md ("On a GPU") in one device run (an H200 lent through the `device` tool),
-# prepared so that a session that draws a GPU spends its minutes measuring, not setting up (at most 6 minutes
-# of steps, each under its own time limit; every step on CUDA compiles the decoder layers, the first one cold,
-# the others from inductor's on-disk cache):
+# prepared so that a session that draws a GPU spends its minutes measuring, not setting up (at most 460 s of
+# steps, each under its own time limit plus what the steps before it left unused; every step on CUDA compiles the
+# decoder layers and FlexAttention, the first one cold, the others from inductor's on-disk cache; each step's
+# time is printed after it, the engine's first call's, which waits for the compiler, in generate.txt):
 #
-#   here, once per checkout:  bash bench/h200_wheels.sh          # transformers as pinned, pytest, and the paper
-#                                                                # config's prompt mix, into .whl (ignored)
-#   on the device:            run(command="bash bench/h200_check.sh", carry=[".whl"], timeout_s=480)
+#   here, once per checkout:  bash bench/h200_wheels.sh          # transformers and pytest as pinned, and the
+#                                                                # paper config's prompt mix, into .whl (ignored)
+#   on the device:            run(command="bash bench/h200_check.sh", carry=[".whl"], timeout_s=540)
 #
 # The device image's python3 holds torch, pandas, pyarrow, scipy and Pillow; its transformers is older than the
 # pin, so the pinned wheel travels in .whl. On a random-weight model of LLaVA-1.5-7B's size in bf16
 # (bench/gpu_scoring.py) it prints, in order:
-#   1. engine vs transformers generate at batch 1, bf16 and float32 (bench/gen_vs_engine.py);
+#   1. engine vs transformers generate at batch 1, bf16 and float32 (bench/gen_vs_engine.py; generate's layers
+#      eager, as the harnesses run them; in float32, an exactness check, the engine's layers eager too: only
+#      FlexAttention compiles again for it);
 #   2. bench/batch_flips.py: the batch a job sizes from this GPU's free memory (batch_size: auto; docs/models.md,
 #      "Batch sizes") and the answers that move between batch 64 and it, on the random and the decisive model;
 #   3. --suite: one set per call vs all sets of an image at batch 64, then all sets at the batch step 2 sized
@@ -51,35 +54,51 @@ else
     GEN=(--images 2 --engine-images 16) PROFILE=(--images 16) FLIPS=(--images 16) SUITE=(--images 32)
     DECODE=(--images 32 --decoding-images 8)
 fi
-if compgen -G ".whl/*.whl" > /dev/null; then
-    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/h200_site \
-        .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/h200_site${PYTHONPATH:+:$PYTHONPATH}
+if compgen -G ".whl/*.whl" > /dev/null; then  # a folder of this run's own (not \$OUT: it would travel back)
+    site=$(mktemp -d)
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl || exit 1
+    export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+fi
+compiler=${CC:-$(command -v gcc || command -v clang || true)}  # Triton builds its kernels' launcher with it
+uncompiled=
+if [ -z "$compiler" ] && [ ${#SMOKE[@]} -eq 0 ]; then  # then nothing compiles: say so, and try no compilation
+    uncompiled="without one nothing compiles: the benchmarks run the decoder layers eagerly and attend in plain \
+products (VERBMIRAGE_COMPILE_LAYERS=0 VERBMIRAGE_FLEX_ATTENTION=0); the GPU tests of the compiled path fail"
+    export VERBMIRAGE_COMPILE_LAYERS=0 VERBMIRAGE_FLEX_ATTENTION=0
 fi
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
     "$PYTHON" -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__,
 '| cuda', torch.cuda.is_available())"
+    echo "C compiler for Triton: ${compiler:-none}${uncompiled:+; $uncompiled}"
 } 2>&1 | tee "$OUT/env.txt"
 status=0
-step() {  # step NAME SECONDS COMMAND...: run it under its limit, its log in $OUT/NAME.txt
-    local name=$1 limit=$2
+scheduled=0  # the seconds the steps so far may have taken, each its limit
+steps_start=$SECONDS
+step() {  # step NAME SECONDS COMMAND...: run it under its limit plus what the steps before it left unused (a cold
+    # compilation takes longer than one from the cache), its log in $OUT/NAME.txt; a failure does not stop the rest
+    local name=$1 limit=$2 started=$SECONDS
     shift 2
-    echo "== $name"
-    timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt" || { status=1; echo "== $name failed or ran past ${limit} s"; }
+    scheduled=$((scheduled + limit))
+    local left=$((scheduled - (SECONDS - steps_start)))
+    [ "$left" -gt "$limit" ] || left=$limit
+    echo "== $name (at most $left s)"
+    timeout "$left" "$@" 2>&1 | tee "$OUT/$name.txt" || { status=1; echo "== $name failed or ran past ${left} s"; }
+    echo "== $name took $((SECONDS - started)) s"
 }
-step generate 70 "$PYTHON" bench/gen_vs_engine.py "${GEN[@]}" --dtype bfloat16
-[ ${#SMOKE[@]} -gt 0 ] || step generate_float32 40 "$PYTHON" bench/gen_vs_engine.py "${GEN[@]}" --dtype float32
+step generate 120 "$PYTHON" bench/gen_vs_engine.py "${GEN[@]}" --dtype bfloat16
+[ ${#SMOKE[@]} -gt 0 ] || step generate_float32 50 env VERBMIRAGE_COMPILE_LAYERS=0 "$PYTHON" bench/gen_vs_engine.py \
+    "${GEN[@]}" --dtype float32
 step flips 40 "$PYTHON" bench/batch_flips.py "${FLIPS[@]}"
 [ -n "$SIZED" ] || SIZED=$(sed -n 's/^.*sized: batch \([0-9]*\),.*$/\1/p' "$OUT/flips.txt" | head -n 1)
 step suite 60 "$PYTHON" bench/gpu_scoring.py --suite "${SMOKE[@]}" "${SUITE[@]}" --sized-batch "${SIZED:-256}" \
     --forward-cost 512 "${ARGS[@]}"
-step profile 25 "$PYTHON" bench/profile_gpu.py "${PROFILE[@]}"
+step profile 30 "$PYTHON" bench/profile_gpu.py "${PROFILE[@]}"
 rate=$(sed -n 's/^generate rate: \([0-9.]*\) prompts\/s$/\1/p' "$OUT/generate.txt")
-step decodings 80 "$PYTHON" bench/gpu_scoring.py --decodings "${SMOKE[@]}" "${DECODE[@]}" \
+step decodings 90 "$PYTHON" bench/gpu_scoring.py --decodings "${SMOKE[@]}" "${DECODE[@]}" \
     ${rate:+--generate-rate "$rate"} "${ARGS[@]}"
 gpu_tests=$(grep -rl "pytest.mark.gpu" tests --include="test_*.py" | sort)
-step gpu_tests 45 env PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider \
+step gpu_tests 70 env PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider \
     $gpu_tests
 echo "logs in $OUT"
 exit $status

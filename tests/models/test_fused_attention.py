@@ -169,3 +169,66 @@ def test_flex_attends_each_prefix_length_in_one_block_as_the_cpu_path():
             outputs[kernel], _ = _attention(_Layer(), query, key, value, None, scaling=0.125)
     assert blocks["cpu_flash"] > 1 and blocks["flex"] == 1
     torch.testing.assert_close(outputs["flex"], outputs["cpu_flash"], atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture
+def no_compile_failures(monkeypatch):
+    """A clean slate of compile failures (compiled_layers.note_failure) and of compiled FlexAttention and merge,
+    before and after the test."""
+    from verbmirage.models.hf import compiled_layers
+
+    monkeypatch.setattr(compiled_layers, "_FAILURES", {})
+    monkeypatch.setattr(compiled_layers, "_WARNED", set())
+    caches = (shared_prefix._compiled_flex, shared_prefix._compiled_merge)
+    for cache in caches:
+        cache.cache_clear()
+    yield
+    for cache in caches:
+        cache.cache_clear()
+
+
+@pytest.mark.parametrize("failure", ["compiling", "running"])
+def test_compiled_flex_attention_that_fails_attends_plainly_from_then_on(failure, no_compile_failures, monkeypatch,
+                                                                         caplog):
+    """Where compiled FlexAttention fails (inductor on a GPU or torch it was not tried on: ``compiling``; its
+    kernel on its first run: ``running``), the job goes on: that call attends uncompiled, CUDA attends in plain
+    products from then on, the log says why once, and the values are the CPU path's within 1e-5."""
+    import functools
+    import logging
+
+    from verbmirage.models.hf import compiled_layers
+
+    tries = []
+
+    def failing_backend(graph, inputs):
+        tries.append(graph)
+        raise RuntimeError("no kernel for this GPU")
+
+    def failing_kernel(*args, **kwargs):
+        tries.append(args)
+        raise RuntimeError("no kernel for this GPU")
+
+    if failure == "compiling":
+        monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=failing_backend))
+    else:
+        monkeypatch.setattr(shared_prefix, "_compiled_flex", lambda: failing_kernel)
+    generator = torch.Generator().manual_seed(2)
+    rows, heads, kv_heads, length, dim = 3, 4, 2, 5, 16
+    prefixes = [[tuple(torch.randn(1, kv_heads, size, dim, generator=generator) for _ in "kv")] for size in (9, 9)]
+    query = torch.randn(rows, heads, length, dim, generator=generator)
+    key, value = (torch.randn(rows, kv_heads, length, dim, generator=generator) for _ in "kv")
+    with shared_prefix_attention(_Config, prefixes, [0, 1, 1]):
+        expected, _ = _attention(_Layer(), query, key, value, None, scaling=0.25)
+    assert shared_prefix.kernel_for(torch.device("cuda"), dim) == "flex"
+    tried = []  # what compiled code was tried by the end of each call
+    with caplog.at_level(logging.WARNING, logger=compiled_layers.__name__):
+        for _call in range(2):
+            with use_kernel("flex", compiled=True), shared_prefix_attention(_Config, prefixes, [0, 1, 1]):
+                ours, _ = _attention(_Layer(), query, key, value, None, scaling=0.25)
+            torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+            tried.append(len(tries))
+    assert tried[0] > 0 and tried[1] == tried[0]  # the second call compiled and ran nothing compiled
+    assert shared_prefix.kernel_for(torch.device("cuda"), dim) == "plain"
+    warned = [r.getMessage() for r in caplog.records if r.name == compiled_layers.__name__]
+    assert len(warned) == 1 and "torch.compile failed for FlexAttention" in warned[0], warned
+    assert "no kernel for this GPU" in warned[0]

@@ -18,6 +18,12 @@ images, greedy continuations, beam search, sampling, VCD, OPERA) calls of other 
 (:func:`compiler_settings`), and what moves per layer or step (the caches' updates) stays out of the graphs.
 A row count or token count of one is a variant of its own, compiled once.
 
+A compilation that fails (inductor's or Triton's code on a GPU or a torch it was not tried on) does not end the
+job: the code it was for runs eagerly from there, the same arithmetic (dynamo's ``suppress_errors``, which falls
+back where the failure is, so nothing that ran already, a cache's update, runs twice), and the job's log says
+where and why, once per model and function (:func:`compiler_settings`). The attention over shared prefixes
+switches to plain products instead (:func:`note_failure`).
+
 Chosen by device like the attention kernel (:func:`.shared_prefix.kernel_for`): on CUDA, the CPU path stays
 eager (the demo's results are byte-identical). ``VERBMIRAGE_COMPILE_LAYERS=0`` turns it off (e.g. where the
 first batches' wait for the compiler is not worth it); the tests and ``bench/launches.py`` compile on the CPU
@@ -26,6 +32,7 @@ with :func:`compile_decoder_layers` ``(force=True)``.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import logging
@@ -34,7 +41,7 @@ import os
 import torch
 import torch.fx.experimental._config
 
-from verbmirage.models.hf.tokens import decoder_layers
+from verbmirage.models.hf.tokens import decoder_layers, is_out_of_memory
 
 log = logging.getLogger(__name__)
 
@@ -92,28 +99,95 @@ def compiler_settings() -> None:
     # sizes equal by chance in the call that compiles (4 rows of 4 tokens) not taken as equal in every later call:
     # each call whose sizes differ would compile again
     torch.fx.experimental._config.use_duck_shape = False
-    logging.getLogger("torch._dynamo.convert_frame").addFilter(_warn_at_recompile_limit)
+    # a compilation that fails runs its code eagerly from where it failed instead of raising (the same arithmetic;
+    # a failed frame is not compiled again for the same shapes): _watch_compiler says so in the job's log
+    torch._dynamo.config.suppress_errors = True
+    logging.getLogger("torch._dynamo.convert_frame").addFilter(_watch_compiler)
 
 
-#: the model whose decoder layers run (:func:`_dispatch`), named in the warning at the recompile limit
+#: the model whose decoder layers run (:func:`_dispatch`), named in the warnings about its compiled code
 _RUNNING: contextvars.ContextVar = contextvars.ContextVar("verbmirage_compiled_model", default="")
+#: the compiled part being called (:func:`calling`; None: the decoder layers), whose failure the log reports
+_CALLING: contextvars.ContextVar = contextvars.ContextVar("verbmirage_compiled_part", default=None)
 #: (model, function) pairs already warned about
 _WARNED: set = set()
+#: the compiled parts that failed in this process, each with its reason (:func:`note_failure`)
+_FAILURES: dict[str, str] = {}
 
 
-def _warn_at_recompile_limit(record: logging.LogRecord) -> bool:
-    """A filter on torch's compiler log: where compiled code reaches its recompile limit (torch logs it once and
-    from then on runs every call it has not compiled for eagerly, slow, without saying so again), warn once in
-    the job's log, naming the model and the function that runs eagerly. Keeps torch's own record."""
+def _watch_compiler(record: logging.LogRecord) -> bool:
+    """A filter on torch's compiler log, which names neither the model nor what runs from then on: warn once in
+    the job's log where compiled code reaches its recompile limit (torch logs it once and from then on runs every
+    call it has not compiled for eagerly, slow, without saying so again), and where a compilation failed (run
+    eagerly instead: ``suppress_errors``), naming the model and the function. A failure inside a part called
+    through :func:`calling` switches that part off (:func:`note_failure`). Keeps torch's own record."""
+    model = _model()
     if str(record.msg).startswith("torch._dynamo hit config.") and len(record.args or ()) >= 3:
         limit, function = f"{record.args[0]} ({record.args[1]})", record.args[2]
-        model = _RUNNING.get() or "a model on CUDA's path"
         if (model, function) not in _WARNED:
             _WARNED.add((model, function))
             log.warning("%s: torch.compile reached its %s in %s: its calls of shapes not compiled yet now run "
                         "eagerly (slow); TORCH_LOGS=recompiles says what kept compiling (%s=0 keeps the layers "
                         "eager)", model, limit, function, ENV)
+    elif record.levelno >= logging.WARNING and record.exc_info and record.exc_info[1] is not None:
+        part = _CALLING.get()
+        if part is not None:
+            note_failure(part, record.exc_info[1])
+            return True
+        function = record.getMessage().split("\n", 1)[0].removeprefix("WON'T CONVERT ")
+        if (model, function) not in _WARNED:
+            _WARNED.add((model, function))
+            log.warning("%s: torch.compile failed in %s (%s): it runs eagerly from now on (the same arithmetic, "
+                        "slower; %s=0 keeps the layers eager)", model, function, _reason(record.exc_info[1]), ENV)
     return True
+
+
+def _model() -> str:
+    """The model whose compiled code runs, for the job's log."""
+    return _RUNNING.get() or "a model on CUDA's path"
+
+
+def _reason(error: BaseException) -> str:
+    """The type and the first line of the message of the error that started ``error`` (torch wraps a compiler's
+    error in its own: ``BackendCompilerFailed``'s ``inner_exception``), for the job's log."""
+    for _ in range(8):  # a chain of causes, not a cycle
+        cause = error.__cause__ or getattr(error, "inner_exception", None)
+        if not isinstance(cause, BaseException):
+            break
+        error = cause
+    first = (str(error).strip().splitlines() or [""])[0]
+    return f"{type(error).__name__}: {first[:300]}" if first else type(error).__name__
+
+
+def note_failure(part: str, error: BaseException) -> None:
+    """``part`` (a name in the job's log) failed to compile or to run compiled: it runs uncompiled from now on in
+    this process (:func:`failed`); the job's log says why, once."""
+    if part not in _FAILURES:
+        _FAILURES[part] = _reason(error)
+        log.warning("%s: torch.compile failed for %s (%s): it runs uncompiled from now on in this process (the same "
+                    "arithmetic, slower)", _model(), part, _FAILURES[part])
+
+
+def failed(part: str) -> bool:
+    """Whether ``part`` failed to compile in this process (:func:`note_failure`)."""
+    return part in _FAILURES
+
+
+def calling(part: str, compiled, eager, *args, **kwargs):
+    """``compiled(*args, **kwargs)``, a compiled pure function; where it fails, to compile (dynamo's fallback runs
+    it eagerly, :func:`_watch_compiler` notes the failure) or raising (on its first run on a GPU, say), ``part``
+    runs uncompiled from now on (:func:`note_failure`) and this call returns ``eager(*args, **kwargs)``: nothing
+    ran twice that should not, as the function is pure. Out of memory is raised (the engine halves its batch)."""
+    token = _CALLING.set(part)
+    try:
+        return compiled(*args, **kwargs)
+    except Exception as error:
+        if is_out_of_memory(error):
+            raise
+        note_failure(part, error)
+        return eager(*args, **kwargs)
+    finally:
+        _CALLING.reset(token)
 
 
 @functools.cache
@@ -143,8 +217,24 @@ def _runs_eagerly(layer) -> bool:
     return bool(attention._forward_hooks) or getattr(config, "_attn_implementation", None) == "eager"
 
 
+#: set within :func:`eager_layers`: compiled decoder layers run eagerly
+_EAGER: contextvars.ContextVar = contextvars.ContextVar("verbmirage_eager_layers", default=False)
+
+
+@contextlib.contextmanager
+def eager_layers():
+    """Within the block, decoder layers wrapped by :func:`compile_decoder_layers` run eagerly, as transformers'
+    own: bench/gen_vs_engine.py's ``generate`` at batch 1, the harnesses' path it measures the engine against
+    (compiled, it would also wait for the compiler's variants of its own shapes)."""
+    token = _EAGER.set(True)
+    try:
+        yield
+    finally:
+        _EAGER.reset(token)
+
+
 def _dispatch(layer, eager, name: str, *args, **kwargs):
-    if _runs_eagerly(layer):
+    if _EAGER.get() or _runs_eagerly(layer):
         return eager(*args, **kwargs)
     token = _RUNNING.set(name)
     try:

@@ -27,10 +27,10 @@ part runs in a kernel that returns the log-sum-exp (:data:`KERNELS`, chosen by d
 the CPU PyTorch's fused flash-attention kernel (the reference: its results are what the demo records); on CUDA
 FlexAttention compiled to one fused kernel per part, in the model's dtype with float32 accumulation, the rows'
 own columns under a block mask built once per forward and the merge compiled to one kernel (on GPUs of compute
-capability 8.0 or more, unless ``VERBMIRAGE_FLEX_ATTENTION=0``); elsewhere plain matrix products with a float32
-softmax (the same values, no fused kernel). Compiled with the decoder layers'
-settings (``compiled_layers.compiler_settings``), the mask's sizes passed as tensors and the output laid out
-alike in every forward: once warmed up, calls of other sizes compile nothing new.
+capability 8.0 or more, unless ``VERBMIRAGE_FLEX_ATTENTION=0`` or its compiled code failed in this process:
+:data:`FLEX_PART`); elsewhere plain matrix products with a float32 softmax (the same values, no fused kernel).
+Compiled with the decoder layers' settings (``compiled_layers.compiler_settings``), the mask's sizes passed as
+tensors and the output laid out alike in every forward: once warmed up, calls of other sizes compile nothing new.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from transformers import AttentionInterface, DynamicCache
 
-from verbmirage.models.hf.compiled_layers import compiler_settings, cuda_capability, switched_off
+from verbmirage.models.hf.compiled_layers import calling, compiler_settings, cuda_capability, failed, switched_off
 
 #: the attention implementation's name in transformers' registry (the language model uses it only inside
 #: :func:`shared_prefix_attention`)
@@ -75,6 +75,9 @@ FLEX_MIN_DIM = 16
 FLEX_MIN_CAPABILITY = (8, 0)
 #: the environment switch: ``0`` (or ``false``, ``no``, ``off``) attends plainly on CUDA too
 FLEX_ENV = "VERBMIRAGE_FLEX_ATTENTION"
+#: the name of compiled FlexAttention and the merge in the job's log, and of their failure
+#: (``compiled_layers.note_failure``): where they fail to compile, CUDA attends in plain products from then on
+FLEX_PART = "FlexAttention over the shared prefixes (on CUDA plain products instead)"
 
 
 def kernel_for(device: torch.device, dim: int = FLEX_MIN_DIM) -> str:
@@ -91,9 +94,9 @@ def kernel_for(device: torch.device, dim: int = FLEX_MIN_DIM) -> str:
 
 def flex_on(device: torch.device) -> bool:
     """Whether FlexAttention attends on the CUDA ``device``: where its compute capability is at least
-    :data:`FLEX_MIN_CAPABILITY` (FlexAttention's fused kernels are Triton's, written for Ampere and later) and
-    :data:`FLEX_ENV` does not say no."""
-    return not switched_off(FLEX_ENV) and cuda_capability(device) >= FLEX_MIN_CAPABILITY
+    :data:`FLEX_MIN_CAPABILITY` (FlexAttention's fused kernels are Triton's, written for Ampere and later),
+    :data:`FLEX_ENV` does not say no and its compiled code has not failed in this process (:data:`FLEX_PART`)."""
+    return not switched_off(FLEX_ENV) and not failed(FLEX_PART) and cuda_capability(device) >= FLEX_MIN_CAPABILITY
 
 
 @contextlib.contextmanager
@@ -282,8 +285,8 @@ def _compiled_flex():
 
 def _runs_compiled(device: torch.device) -> bool:
     """Whether FlexAttention and the merge run compiled on ``device``: on CUDA (or anywhere within
-    :func:`use_kernel` ``(compiled=True)``)."""
-    return device.type == "cuda" or _COMPILED.get()
+    :func:`use_kernel` ``(compiled=True)``), unless their compiled code failed in this process."""
+    return (device.type == "cuda" or _COMPILED.get()) and not failed(FLEX_PART)
 
 
 def _flex(query, key, value, scale: float, block_mask):
@@ -292,15 +295,18 @@ def _flex(query, key, value, scale: float, block_mask):
     same arithmetic unfused: the tests check it on the CPU)."""
     from torch.nn.attention import flex_attention as flex
 
-    function = _compiled_flex() if _runs_compiled(query.device) else flex.flex_attention
     with torch.profiler.record_function(FUSED_REGION), warnings.catch_warnings():
         warnings.filterwarnings("ignore", "flex_attention called without torch.compile", UserWarning)
         if hasattr(flex, "AuxRequest"):  # torch >= 2.9
-            output, aux = function(query, key, value, block_mask=block_mask, scale=scale,
-                                   return_aux=flex.AuxRequest(lse=True))
-            return output, aux.lse.float()
-        output, lse = function(query, key, value, block_mask=block_mask, scale=scale, return_lse=True)
-    return output, lse.float()
+            options = {"return_aux": flex.AuxRequest(lse=True)}
+        else:
+            options = {"return_lse": True}
+        if _runs_compiled(query.device):  # where it fails, eagerly (pure: the same values) and plain from then on
+            output, aux = calling(FLEX_PART, _compiled_flex(), flex.flex_attention, query, key, value,
+                                  block_mask=block_mask, scale=scale, **options)
+        else:
+            output, aux = flex.flex_attention(query, key, value, block_mask=block_mask, scale=scale, **options)
+    return output, (aux if isinstance(aux, torch.Tensor) else aux.lse).float()  # return_lse's, or return_aux's
 
 
 def _own_block_mask(length: int, columns: int, group: int, valid: torch.Tensor | None, device):
@@ -357,7 +363,9 @@ def _merged(kernel: str, *args):
     if kernel != "flex":
         return _merge(*args)
     with torch.profiler.record_function(FUSED_REGION):  # one kernel on CUDA
-        return (_compiled_merge() if _runs_compiled(args[0].device) else _merge)(*args)
+        if _runs_compiled(args[0].device):
+            return calling(FLEX_PART, _compiled_merge(), _merge, *args)
+        return _merge(*args)
 
 
 def _own_mask(length: int, columns: int, group: int, valid: torch.Tensor | None, device) -> torch.Tensor:
