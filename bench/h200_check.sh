@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Every GPU figure of bench/README.md ("On a GPU") in one device run (an H200 lent through the `device` tool),
-# prepared so that a session that draws a GPU spends its minutes measuring, not setting up (at most 460 s of
+# prepared so that a session that draws a GPU spends its minutes measuring, not setting up (at most 360 s of
 # steps, each under its own time limit plus what the steps before it left unused; every step on CUDA compiles the
 # decoder layers and FlexAttention, the first one cold, the others from inductor's on-disk cache; each step's
 # time is printed after it, the engine's first call's, which waits for the compiler, in generate.txt):
 #
 #   here, once per checkout:  bash bench/h200_wheels.sh          # transformers and pytest as pinned, and the
 #                                                                # paper config's prompt mix, into .whl (ignored)
-#   on the device:            run(command="bash bench/h200_check.sh", carry=[".whl"], timeout_s=540)
+#   on the device:            run(command="bash bench/h200_check.sh", carry=[".whl"], timeout_s=480)
 #
 # The device image's python3 holds torch, pandas, pyarrow, scipy and Pillow; its transformers is older than the
 # pin, so the pinned wheel travels in .whl. On a random-weight model of LLaVA-1.5-7B's size in bf16
@@ -86,19 +86,19 @@ step() {  # step NAME SECONDS COMMAND...: run it under its limit plus what the s
     timeout "$left" "$@" 2>&1 | tee "$OUT/$name.txt" || { status=1; echo "== $name failed or ran past ${left} s"; }
     echo "== $name took $((SECONDS - started)) s"
 }
-step generate 120 "$PYTHON" bench/gen_vs_engine.py "${GEN[@]}" --dtype bfloat16
-[ ${#SMOKE[@]} -gt 0 ] || step generate_float32 50 env VERBMIRAGE_COMPILE_LAYERS=0 "$PYTHON" bench/gen_vs_engine.py \
+step generate 110 "$PYTHON" bench/gen_vs_engine.py "${GEN[@]}" --dtype bfloat16
+[ ${#SMOKE[@]} -gt 0 ] || step generate_float32 40 env VERBMIRAGE_COMPILE_LAYERS=0 "$PYTHON" bench/gen_vs_engine.py \
     "${GEN[@]}" --dtype float32
-step flips 40 "$PYTHON" bench/batch_flips.py "${FLIPS[@]}"
+step flips 35 "$PYTHON" bench/batch_flips.py "${FLIPS[@]}"
 [ -n "$SIZED" ] || SIZED=$(sed -n 's/^.*sized: batch \([0-9]*\),.*$/\1/p' "$OUT/flips.txt" | head -n 1)
-step suite 60 "$PYTHON" bench/gpu_scoring.py --suite "${SMOKE[@]}" "${SUITE[@]}" --sized-batch "${SIZED:-256}" \
+step suite 55 "$PYTHON" bench/gpu_scoring.py --suite "${SMOKE[@]}" "${SUITE[@]}" --sized-batch "${SIZED:-256}" \
     --forward-cost 512 "${ARGS[@]}"
-step profile 30 "$PYTHON" bench/profile_gpu.py "${PROFILE[@]}"
+step profile 25 "$PYTHON" bench/profile_gpu.py "${PROFILE[@]}"
 rate=$(sed -n 's/^generate rate: \([0-9.]*\) prompts\/s$/\1/p' "$OUT/generate.txt")
-step decodings 90 "$PYTHON" bench/gpu_scoring.py --decodings "${SMOKE[@]}" "${DECODE[@]}" \
+step decodings 65 "$PYTHON" bench/gpu_scoring.py --decodings "${SMOKE[@]}" "${DECODE[@]}" \
     ${rate:+--generate-rate "$rate"} "${ARGS[@]}"
 gpu_tests=$(grep -rl "pytest.mark.gpu" tests --include="test_*.py" | sort)
-step gpu_tests 70 env PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider \
+step gpu_tests 30 env PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider \
     $gpu_tests
 echo "logs in $OUT"
 exit $status
