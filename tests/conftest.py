@@ -128,9 +128,8 @@ def _fast_tests_start_no_snakemake(request, monkeypatch):
 
     def refuse_snakemake(self, args, *more, **options):
         if runs_snakemake(args):
-            raise RuntimeError(f"{request.node.nodeid} is in the fast tier but starts Snakemake ({args!r}): give it "
-                               "the workflow tier (its file in tests/workflow/, or its name in tests/tiers.py, "
-                               "TEST_TIERS)")
+            raise RuntimeError(f"{request.node.nodeid} is in the fast tier but starts Snakemake ({args!r}): move it "
+                               "to tests/workflow/ (tests/tiers.py)")
         start(self, args, *more, **options)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse_snakemake)

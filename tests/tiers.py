@@ -13,9 +13,12 @@ cluster     the demo through a single-node SLURM that the test starts in a folde
 ==========  ===============================================================================================
 
 A test's tier is the highest of: its folder's (``tests/<tier>/test_*.py``), its own (``TEST_TIERS``: a
-Snakemake run in a file of a lower tier), and what its fixtures need (``FIXTURE_TIERS``). The helpers the test
-files share (this module, the fixtures' builders, the drivers of worker processes) lie in ``tests/`` itself.
-A fast test that starts Snakemake anyway fails with a message naming this file (conftest.py's guard).
+Snakemake run in a file of the models tier), and what its fixtures need (``FIXTURE_TIERS``). Only a test of
+``tests/models/`` may be lifted so: tools/test.sh collects each tier from its folders alone (fast from
+``tests/fast/``, models and workflow from theirs, cluster from ``tests/cluster/``), so a fast test lifted out of
+its tier would run in none; its collection fails naming the folder it belongs in. The helpers the test files
+share (this module, the fixtures' builders, the drivers of worker processes) lie in ``tests/`` itself. A fast
+test that starts Snakemake anyway fails with a message naming its tier's folder (conftest.py's guard).
 """
 
 from __future__ import annotations
@@ -27,13 +30,10 @@ TIERS = ("fast", "models", "workflow", "cluster")
 #: The folder of the tier folders.
 TESTS = Path(__file__).resolve().parent
 
-#: Tests that start Snakemake (a dry run, its own log) in files whose other tests are of a lower tier.
+#: Tests that start Snakemake (a dry run) in files of the models tier.
 TEST_TIERS = dict.fromkeys([
     "test_adapters.py::test_the_adapter_folder_is_an_input_of_the_model_jobs",
     "test_attention.py::test_attention_is_added_to_a_run_without_inference",
-    "test_cli.py::test_check_plans_a_config_and_names_a_bad_key",
-    "test_derived.py::test_adding_a_derived_model_plans_only_its_jobs",
-    "test_run_summary.py::test_failure_summary_reads_the_failed_jobs_from_a_real_snakemake_log",
 ], "workflow")
 
 #: Fixtures that put a test in a tier whatever its file. ``vcd_demo`` (test_workflow_vcd.py) asks for the demo
@@ -69,9 +69,15 @@ def folder_tier(path: str | PurePath) -> str:
 def tier_of(path: str | PurePath, name: str, fixtures) -> str:
     """The tier of test ``name`` (without its parameters) of the file at ``path`` below ``tests/``
     (``fast/test_metrics.py``) that uses ``fixtures``."""
-    found = [folder_tier(path), TEST_TIERS.get(f"{PurePath(path).name}::{name}", "fast")]
+    folder = folder_tier(path)
+    found = [folder, TEST_TIERS.get(f"{PurePath(path).name}::{name}", "fast")]
     found += [FIXTURE_TIERS[fixture] for fixture in fixtures if fixture in FIXTURE_TIERS]
-    return max(found, key=TIERS.index)
+    tier = max(found, key=TIERS.index)
+    if tier != folder and folder != "models":
+        raise ValueError(f"tests/{PurePath(path).as_posix()}::{name} needs the {tier} tier (its fixtures or "
+                         f"tests/tiers.py say so): move it to tests/{tier}/ (tools/test.sh collects the {folder} "
+                         f"tier from tests/{folder}/ alone)")
+    return tier
 
 
 def group_of(file: str, fixtures) -> str:

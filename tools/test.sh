@@ -62,17 +62,16 @@ for arg in "$@"; do
     case $arg in -m|-m?*) status=0; waited run_pytest "$workers" "$@" || status=$?; exit "$status" ;; esac
 done
 
-# Without arguments the fast and cluster tiers collect only their own folders (no test of another folder is of
-# those tiers: tests/tiers.py lifts tests, never lowers them), so they do not import every test module first; the
-# models and workflow tiers collect all, for the fast-folder tests that a Snakemake run or a fixture lifts.
-fast_tests=() cluster_tests=()
+# Without arguments each tier collects only its own folders (tests/tiers.py lifts only tests of tests/models, to
+# the workflow tier, and never lowers one), so no pytest call imports every test module first.
+fast_tests=() cluster_tests=() middle_tests=()
 if [ $# = 0 ]; then
-    fast_tests=(tests/fast) cluster_tests=(tests/cluster)
+    fast_tests=(tests/fast) cluster_tests=(tests/cluster) middle_tests=(tests/models tests/workflow)
 fi
 waited tier fast "$workers" "${fast_tests[@]}" "$@"
 status=0
 if [ "$workers" = 0 ]; then
-    waited tier "models or workflow" 0 "$@" || status=$?
+    waited tier "models or workflow" 0 "${middle_tests[@]}" "$@" || status=$?
     waited tier cluster 0 "${cluster_tests[@]}" "$@" || status=$?
     exit "$status"
 fi
@@ -82,7 +81,7 @@ cluster_log=$(mktemp)
 trap 'rm -f "$cluster_log"' EXIT
 tier cluster 0 "${cluster_tests[@]}" "$@" > "$cluster_log" 2>&1 &
 cluster=$!
-waited tier "models or workflow" "$workers" "$@" || status=$?
+waited tier "models or workflow" "$workers" "${middle_tests[@]}" "$@" || status=$?
 wait "$cluster" || status=$?
 cat "$cluster_log"
 exit "$status"

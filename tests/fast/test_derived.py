@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import copy
 import importlib
-import re
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -188,34 +186,6 @@ def test_schema_wants_a_backend_or_a_derive_block(config):
     config["models"]["nothing"] = {"derive": {"base": "tiny_llava"}}
     with pytest.raises(WorkflowError, match="method"):
         validate(config, SCHEMA)
-
-
-def test_adding_a_derived_model_plans_only_its_jobs(tmp_path):
-    """A scratch dry run with and without a Nullu entry: the difference is its build, its inference jobs (its
-    sets under each condition, its variants) and their merges and metrics; the aggregates are planned anyway."""
-    from workflow_run import planned_jobs, write_config
-
-    def jobs(folder, edit):
-        folder.mkdir()
-        write_config(folder, edit)
-        # merge and vote rules are numbered per (dataset, condition, sets asked): compare them by family
-        return Counter((re.sub(r"_\d+$", "", rule), tuple(sorted(w.items()))) for rule, w in planned_jobs(folder))
-
-    def without(config):
-        config["models"].pop("tiny_llava_nullu", None)
-
-    def with_nullu(config):
-        config["models"]["tiny_llava_nullu"] = {**copy.deepcopy(NULLU),
-                                                "qsets": ["yn_obj", "yn_verb", "mc_obj", "mc_verb"]}
-
-    before, after = jobs(tmp_path / "before", without), jobs(tmp_path / "after", with_nullu)
-    assert not before - after  # nothing planned before disappears
-    added = after - before
-    assert {dict(w).get("model") for _, w in added} == {"tiny_llava_nullu"}
-    per_rule = Counter(rule for rule, _ in added.elements())
-    # clean: default + beam5; saltpepper and crop: default (beam5 runs on clean only); no CharadesEgo set asked
-    assert per_rule == {"derive_model": 1, "predict_suite": 4, "merge_predictions": 4, "metric_part": 4,
-                        "consistency_part": 2}
 
 
 def test_a_stand_in_is_named_for_itself_its_derived_models_and_its_ensembles():

@@ -4,16 +4,14 @@ real Snakemake log, and a summary that never fails the run."""
 from __future__ import annotations
 
 import io
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from verbmirage.evaluation.paper_numbers import load_paper_numbers, packaged_paper_numbers
-from verbmirage.workflow.run_summary import failed_jobs, failure_summary, headline_lines, print_summary, success_summary
+from verbmirage.workflow.run_summary import failure_summary, headline_lines, print_summary, success_summary
 from verbmirage.evaluation.tables import paper_tables
 
 VARIANTS = {"default": {}, "beam5": {"decoding": "beam", "num_beams": 5, "paper_name": "beam5"}}
@@ -156,43 +154,6 @@ def test_print_summary_never_raises(tmp_path):
     print_summary("success", stream=stream, outputs=None, metrics="results/metrics/metrics.parquet",
                   workdir=tmp_path)  # a bad argument: the summary says so instead of failing the run
     assert stream.getvalue().startswith("Verb Mirage: no end-of-run summary (TypeError:")
-
-
-SNAKEFILE = r"""
-from verbmirage.workflow import run_summary
-
-rule all:
-    input: expand("out/{x}.txt", x=["a", "b", "c"])
-
-rule make:
-    output: "out/{x}.txt"
-    log: "logs/make/{x}.log"
-    shell:
-        "echo starting {wildcards.x} > {log}; "
-        "if [ {wildcards.x} != a ]; then "
-        "printf 'Traceback (most recent call last):\n  ...\nValueError: bad row 3 in {wildcards.x}\n"
-        "job resources: 0.1 s\n' >> {log}; exit 1; fi; "
-        "touch {output}"
-
-onerror:
-    run_summary.print_summary("error", snakemake_logs=log)
-"""
-
-
-def test_failure_summary_reads_the_failed_jobs_from_a_real_snakemake_log(tmp_path):
-    (tmp_path / "Snakefile").write_text(textwrap.dedent(SNAKEFILE))
-    result = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "1", "--keep-going"], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode != 0
-    logs = sorted((tmp_path / ".snakemake" / "log").glob("*.snakemake.log"))
-    jobs = failed_jobs(logs[-1].read_text())
-    assert sorted((job["rule"], job["wildcards"], tuple(job["logs"])) for job in jobs) == [
-        ("make", "x=b", ("logs/make/b.log",)), ("make", "x=c", ("logs/make/c.log",))]
-    text = failure_summary([str(logs[-1])], workdir=tmp_path)
-    assert "the run stopped; 2 jobs failed:" in text
-    assert "  make (x=b)\n    log logs/make/b.log: ValueError: bad row 3 in b\n" in text
-    assert f"Snakemake's log of this run: .snakemake/log/{logs[-1].name}" in text
-    assert text in result.stderr  # the hook printed the same block
 
 
 def test_failure_summary_without_failed_jobs_or_logs(tmp_path):

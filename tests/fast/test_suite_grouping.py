@@ -30,15 +30,23 @@ def test_every_test_has_exactly_one_tier(request):
 
 @pytest.mark.parametrize("path, name, fixtures, tier", [
     ("fast/test_metrics.py", "test_x", ["tmp_path"], "fast"),
-    ("fast/test_metrics.py", "test_x", ["tiny_dirs"], "models"),  # a fixture lifts a test out of its folder's tier
     ("models/test_opera.py", "test_x", ["tmp_path"], "models"),
-    ("fast/test_derived.py", "test_adding_a_derived_model_plans_only_its_jobs", [], "workflow"),  # a dry run
-    ("fast/test_derived.py", "test_other", [], "fast"),
+    ("models/test_opera.py", "test_x", ["demo_run"], "workflow"),  # a fixture lifts a test out of its folder's tier
+    ("models/test_attention.py", "test_attention_is_added_to_a_run_without_inference", [], "workflow"),  # a dry run
+    ("models/test_attention.py", "test_other", [], "models"),
     ("workflow/test_workflow_vcd.py", "test_x", ["vcd_demo", "request"], "workflow"),
     ("cluster/test_slurm.py", "test_x", ["slurm_cluster"], "cluster"),
 ])
 def test_a_tests_tier_is_the_highest_its_folder_name_and_fixtures_ask(path, name, fixtures, tier):
     assert tier_of(path, name, fixtures) == tier
+
+
+def test_a_fast_test_that_needs_a_higher_tier_is_refused_naming_its_folder():
+    """tools/test.sh collects the fast tier from tests/fast/ alone and the others from their folders: a fast test
+    lifted out of its tier would run in none."""
+    with pytest.raises(ValueError, match=r"tests/fast/test_metrics.py::test_x needs the models tier .* move it to "
+                                         r"tests/models/"):
+        tier_of("fast/test_metrics.py", "test_x", ["tiny_dirs"])
 
 
 @pytest.mark.parametrize("path", ["test_metrics.py", "slow/test_metrics.py", "fast/more/test_metrics.py"])
@@ -96,9 +104,9 @@ def test_commands_that_start_snakemake_are_recognised(command, starts):
     assert runs_snakemake(command) is starts
 
 
-def test_a_fast_test_that_starts_snakemake_fails_naming_the_tier_table(request):
+def test_a_fast_test_that_starts_snakemake_fails_naming_the_workflow_folder(request):
     assert request.node.get_closest_marker("fast")
-    with pytest.raises(RuntimeError, match=r"fast tier but starts Snakemake.*tests/tiers\.py"):
+    with pytest.raises(RuntimeError, match=r"fast tier but starts Snakemake.*move it to tests/workflow/"):
         subprocess.run([sys.executable, "-m", "snakemake", "--version"], capture_output=True)
     assert subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True, text=True).stdout == "1\n"
 

@@ -100,3 +100,31 @@ def test_adding_a_derived_model_runs_only_its_jobs(demo_run):
     assert {rule: n for rule, n in per_rule.items() if rule not in aggregates} == {
         "derive_model": 1, "predict_suite": 1, "merge_predictions": 1, "metric_part": 1}
     assert {w["model"] for rule, w in jobs if "model" in w} == {"tiny_llava_nullu_k2"}
+
+
+def test_adding_a_derived_model_plans_only_its_jobs(tmp_path):
+    """A scratch dry run of the demo with and without its Nullu entry: the difference is its build, its inference
+    jobs (its sets under each condition, its variants) and their merges and metrics; the aggregates are planned
+    anyway."""
+    from workflow_run import planned_jobs, write_config
+
+    def jobs(folder, edit):
+        folder.mkdir()
+        write_config(folder, edit)
+        # merge and vote rules are numbered per (dataset, condition, sets asked): compare them by family
+        return Counter((re.sub(r"_\d+$", "", rule), tuple(sorted(w.items()))) for rule, w in planned_jobs(folder))
+
+    def without(config):
+        config["models"].pop(SLUG)
+
+    def with_nullu(config):
+        assert config["models"][SLUG]["qsets"] == QSETS and config["models"][SLUG]["variants"] == ["default", "beam5"]
+
+    before, after = jobs(tmp_path / "before", without), jobs(tmp_path / "after", with_nullu)
+    assert not before - after  # nothing planned before disappears
+    added = after - before
+    assert {dict(w).get("model") for _, w in added} == {SLUG}
+    per_rule = Counter(rule for rule, _ in added.elements())
+    # clean: default + beam5; saltpepper and crop: default (beam5 runs on clean only); no CharadesEgo set asked
+    assert per_rule == {"derive_model": 1, "predict_suite": 4, "merge_predictions": 4, "metric_part": 4,
+                        "consistency_part": 2}
