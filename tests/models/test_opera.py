@@ -302,6 +302,21 @@ def test_full_length_normalisation_counts_the_image_as_one_placeholder(tiny_dirs
     assert seen == expected and model.image_token_id() in model.tokenizer(model.render(questions[0], False)).input_ids
 
 
+def test_each_questions_image_span_and_length_are_read_on_the_host(tiny_dirs, picture):
+    """OPERA reads each question's image positions and prompt length before it decodes: from the token ids on the
+    host, as the device would have them (on a GPU a copy to it and reads back per question would each wait)."""
+    model = create_model("tiny", {"backend": "llava", "path": str(tiny_dirs["llava"]), "local_files_only": True})
+    image = model.open_image(picture)
+    text = model.render(Question("q", "Is the person riding the horse?", picture), False)
+    encoded = model.encode_shared_image([text], image)  # as the scoring pass does first
+    on_device = torch.nonzero(encoded["input_ids"][0] == model.image_token_id()).flatten()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        span, ids = model.decoder.image_span(image, text), model.prompt_ids(text, image)
+    assert [event.name for event in profile.events() if event.name.startswith("aten::")] == []
+    assert span == (int(on_device[0]), int(on_device[-1])) and span[1] > span[0]
+    assert ids.tolist() == encoded["input_ids"][0, : int(encoded["attention_mask"][0].sum())].tolist()
+
+
 def test_full_length_normalisation_counts_the_image_once_in_a_batch(tiny_dirs, picture, monkeypatch):
     """The same offset when questions decode together (opera_batch): the 4 questions of a call in one batch
     (prefixes read in place), or 2 beams holding 2 questions per batch (a copy of the prefix per row)."""

@@ -11,6 +11,7 @@ import functools
 import math
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from verbmirage.models.base import Question
@@ -58,8 +59,7 @@ class DecodeRows:
         return [self.decoder.image_span(image, text) for _, image, text in self.items]
 
     def prompt_lengths(self) -> list[int]:
-        return [int(self.vlm.encode_shared_image([text], image)["attention_mask"].sum())
-                for _, image, text in self.items]
+        return [len(self.vlm.prompt_ids(text, image)) for _, image, text in self.items]
 
     def alone(self, row: int) -> "DecodeRows":
         return DecodeRows(self.decoder, self.strategy, [self.items[row]], [self.question_ids[row]],
@@ -81,6 +81,7 @@ class DecoderHost(StepperHost, Protocol):
 
     def render(self, question: Question, multiple_choice: bool | None) -> str: ...
     def encode_shared_image(self, texts: list[str], image) -> dict: ...
+    def prompt_ids(self, text: str, image) -> np.ndarray: ...
     def keep_last_attention(self) -> None: ...
     def with_shrinking_batches(self, method, items: list, size: int | None = None, combine=..., openings=None): ...
     def real_tokens(self, logits: torch.Tensor) -> torch.Tensor: ...
@@ -212,8 +213,7 @@ class Decoder:
 
     def image_span(self, image, text: str) -> tuple[int, int]:
         """First and last position of the image tokens in the prompt."""
-        ids = self.engine.encode_shared_image([text], image)["input_ids"][0]
-        positions = torch.nonzero(ids == self.engine.image_token_id()).flatten()
+        positions = np.flatnonzero(self.engine.prompt_ids(text, image) == self.engine.image_token_id())
         if len(positions) == 0:
             raise ValueError(f"models.{self.engine.name}: OPERA needs the image tokens in the prompt, found none")
         return int(positions[0]), int(positions[-1])

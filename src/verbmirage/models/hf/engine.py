@@ -180,6 +180,10 @@ class TransformersVLM(LogitsVLM):
         encode_shared_image`)."""
         return self.inputs.encode_shared_image(texts, image)
 
+    def prompt_ids(self, text: str, image):
+        """One prompt's token ids on the host (:meth:`~.inputs.PromptInputs.prompt_ids`)."""
+        return self.inputs.prompt_ids(text, image)
+
     def prepare_image(self, image):
         """``image`` as the processor gets it under :attr:`image_mode` (:meth:`~.inputs.PromptInputs.
         prepare_image`)."""

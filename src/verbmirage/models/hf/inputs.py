@@ -182,25 +182,43 @@ class PromptInputs:
         the processor for all rows.
         """
         image_token = self.engine.image_token_id()
-        if image_token is None:
+        found = None if image_token is None else self._image_encoding(texts[0], image, image_token)
+        if found is None:
             return self.encode(texts, [image] * len(texts))
-        cached = self._encoded_images.get(id(image))
-        if cached is None or cached[0] is not image:
-            first = self.encode(texts[:1], [image])
-            count = int((first["input_ids"][0] == image_token).sum())
-            expanded, _ = self._expanded_rows(self.text_ids(texts[:1]), image_token, count)
-            if expanded[0].tolist() != first["input_ids"][0, : int(first["attention_mask"][0].sum())].tolist():
-                return self.encode(texts, [image] * len(texts))
-            cached = self._encoded_images[id(image)] = (image, first, count)
-            while len(self._encoded_images) > self.engine.PREFIX_SLOTS:
-                self._encoded_images.popitem(last=False)
-        _, first, count = cached
+        first, count = found
         input_ids, attention_mask = self._expanded_rows(self.text_ids(texts), image_token, count)
         device = self.engine.device
-        encoded = {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
+        encoded = {"input_ids": torch.from_numpy(input_ids).to(device),
+                   "attention_mask": torch.from_numpy(attention_mask).to(device)}
         if "mm_token_type_ids" in first:  # per-token modality marks (1 = image token)
             encoded["mm_token_type_ids"] = (encoded["input_ids"] == image_token).long()
         return {**encoded, **self._image_inputs(first, len(texts))}
+
+    def _image_encoding(self, text: str, image: Image.Image, image_token: int):
+        """(the processor's one-row encoding of ``image`` with ``text``, its image token count), kept per image
+        object; None where repeating the text's placeholder does not give the processor's tokens."""
+        cached = self._encoded_images.get(id(image))
+        if cached is None or cached[0] is not image:
+            first = self.encode([text], [image])
+            count = int((first["input_ids"][0] == image_token).sum())
+            expanded, _ = self._expanded_rows(self.text_ids([text]), image_token, count)
+            if expanded[0].tolist() != first["input_ids"][0, : int(first["attention_mask"][0].sum())].tolist():
+                return None
+            cached = self._encoded_images[id(image)] = (image, first, count)
+            while len(self._encoded_images) > self.engine.PREFIX_SLOTS:
+                self._encoded_images.popitem(last=False)
+        return cached[1], cached[2]
+
+    def prompt_ids(self, text: str, image: Image.Image) -> np.ndarray:
+        """One prompt's token ids as :meth:`encode_shared_image` gives them, read on the host: where a decoding
+        reads each question's image positions and length (OPERA), a copy to the device and reads back per
+        question would each wait for the device."""
+        image_token = self.engine.image_token_id()
+        found = None if image_token is None else self._image_encoding(text, image, image_token)
+        if found is None:
+            encoded = self.encode([text], [image])
+            return encoded["input_ids"][0, : int(encoded["attention_mask"][0].sum())].cpu().numpy()
+        return self._expanded_rows(self.text_ids([text]), image_token, found[1])[0][0]
 
     #: At most this many prompt texts keep their token ids (:meth:`text_ids`).
     TEXT_IDS_KEPT = 1 << 16
@@ -216,7 +234,7 @@ class PromptInputs:
             kept.update(zip(new, self.engine.tokenizer(new)["input_ids"]))
         return [kept[text] for text in texts]
 
-    def _expanded_rows(self, rows: list[list[int]], image_token: int, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _expanded_rows(self, rows: list[list[int]], image_token: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         """(input ids, attention mask) of token id rows, right-padded, with each image placeholder repeated
         ``count`` times (the processor's expansion): written into one numpy array segment by segment (a tensor
         per ~600-token row cost more than the tokenizer)."""
@@ -233,7 +251,7 @@ class PromptInputs:
                 column, start = column + count, place + 1
             input_ids[r, column : column + len(ids) - start] = ids[start:]
         attention_mask = np.arange(input_ids.shape[1])[None] < lengths[:, None]
-        return torch.from_numpy(input_ids), torch.from_numpy(attention_mask.astype(np.int64))
+        return input_ids, attention_mask.astype(np.int64)
 
     def _image_inputs(self, first, rows: int) -> dict:
         """The image tensors of a one-row encoding, repeated for ``rows`` rows (batch-first layout)."""
