@@ -113,7 +113,10 @@ def pytest_collection_modifyitems(config, items):
                            item.get_closest_marker("slow") is not None)
 
     for item in items:
-        tier = tier_of(item.path.relative_to(TESTS), item.originalname, item.fixturenames)
+        try:
+            tier = tier_of(item.path.relative_to(TESTS), item.originalname, item.fixturenames)
+        except ValueError as error:  # a test no tier collects: the message alone, not a traceback
+            raise pytest.UsageError(str(error)) from None
         item.add_marker(getattr(pytest.mark, tier))
         item.add_marker(pytest.mark.xdist_group(group_of(item.path.name, item.fixturenames)))
     items.sort(key=order)
@@ -121,7 +124,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _fast_tests_start_no_snakemake(request, monkeypatch):
-    """A test of the fast tier that starts Snakemake fails at once: name it in tests/tiers.py instead."""
+    """A test of the fast tier that starts Snakemake fails at once, naming tests/workflow/, where it belongs."""
     if request.node.get_closest_marker("fast") is None:
         return
     start = subprocess.Popen.__init__

@@ -14,11 +14,12 @@ cluster     the demo through a single-node SLURM that the test starts in a folde
 
 A test's tier is the highest of: its folder's (``tests/<tier>/test_*.py``), its own (``TEST_TIERS``: a
 Snakemake run in a file of the models tier), and what its fixtures need (``FIXTURE_TIERS``). Only a test of
-``tests/models/`` may be lifted so: tools/test.sh collects each tier from its folders alone (fast from
-``tests/fast/``, models and workflow from theirs, cluster from ``tests/cluster/``), so a fast test lifted out of
-its tier would run in none; its collection fails naming the folder it belongs in. The helpers the test files
-share (this module, the fixtures' builders, the drivers of worker processes) lie in ``tests/`` itself. A fast
-test that starts Snakemake anyway fails with a message naming its tier's folder (conftest.py's guard).
+``tests/models/`` may be lifted so, and only to the workflow tier: tools/test.sh without arguments collects
+each tier from its folders alone (fast from ``tests/fast/``, models and workflow from theirs, cluster from
+``tests/cluster/``), so a test lifted out of them would run in none; its collection stops naming the folder it
+belongs in. The helpers the test files share (this module, the fixtures' builders, the drivers of worker
+processes) lie in ``tests/`` itself. A fast test that starts Snakemake anyway fails naming ``tests/workflow/``
+(conftest.py's guard).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def tier_of(path: str | PurePath, name: str, fixtures) -> str:
     found = [folder, TEST_TIERS.get(f"{PurePath(path).name}::{name}", "fast")]
     found += [FIXTURE_TIERS[fixture] for fixture in fixtures if fixture in FIXTURE_TIERS]
     tier = max(found, key=TIERS.index)
-    if tier != folder and folder != "models":
+    if tier != folder and (folder, tier) != ("models", "workflow"):
         raise ValueError(f"tests/{PurePath(path).as_posix()}::{name} needs the {tier} tier (its fixtures or "
                          f"tests/tiers.py say so): move it to tests/{tier}/ (tools/test.sh collects the {folder} "
                          f"tier from tests/{folder}/ alone)")

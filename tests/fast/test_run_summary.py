@@ -1,5 +1,6 @@
 """The end-of-run block (verbmirage.workflow.run_summary): Table 1's headline beside the paper's, the failed jobs of a
-real Snakemake log, and a summary that never fails the run."""
+Snakemake log, and a summary that never fails the run (the failed jobs of a real Snakemake run:
+tests/workflow/test_workflow_commands.py)."""
 
 from __future__ import annotations
 

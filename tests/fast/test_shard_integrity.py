@@ -431,3 +431,31 @@ def test_a_damaged_shard_table_names_its_folder_and_the_forced_rerun_repairs_it(
         run(0)
     assert "part-000000.parquet: unreadable part" in caplog.text  # the kept answers were the same file
     pd.testing.assert_frame_equal(merge_suite_shards(questions, shards, "yn_obj"), undamaged)
+
+
+def test_a_device_that_computes_otherwise_during_a_job_is_noted_with_its_answers(prepared, tmp_path, monkeypatch,
+                                                                                  caplog):
+    """Where the device's computation changes during a job (compiled code that failed and runs otherwise from
+    then on: the model's ``device_path``), the batching record kept with its answers, and so the table's
+    provenance, name the device as it computes at the end and say what changed."""
+    from verbmirage.core.io import read_provenance
+    from verbmirage.inference.runs import suite_table
+    from verbmirage.models.baselines import RandomGuess
+    from verbmirage.inference.sizing import GIB
+    from verbmirage.models.memory import MemoryCosts
+
+    base, _ = prepared
+    h200 = {"gpu": "NVIDIA H200", "capability": "9.0", "attention": "flex", "compiled_layers": True}
+    after = {**h200, "attention": "plain", "compile_failed": ["FlexAttention over the shared prefixes"]}
+    paths = iter([h200, h200])  # the batch's sizing, then the first part's check
+    costs = MemoryCosts(weights=GIB, per_row=GIB // 64, per_image=GIB // 64, device="cuda:0")
+    monkeypatch.setattr(RandomGuess, "memory_costs", lambda self: costs)
+    monkeypatch.setattr(RandomGuess, "device_path", lambda self: next(paths, after))
+    spec = RunSpec("coin", {"backend": "random"}, base / "clean", part_size=24)
+    with caplog.at_level(logging.WARNING):
+        run_suite({"yn_obj": base / "yn_obj.parquet"}, tmp_path / "job", spec, memory=lambda: (40 * GIB, 80 * GIB))
+    batching = read_provenance(suite_table(tmp_path / "job", "yn_obj"))["batching"]
+    assert batching["device"] == after
+    assert "changed during the run" in batching["note"] and "attention flex -> plain" in batching["note"]
+    assert "compile_failed None -> ['FlexAttention over the shared prefixes']" in batching["note"]
+    assert batching["note"] in caplog.text

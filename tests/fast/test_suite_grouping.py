@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from tiers import TESTS, TIERS, build_once, claim_once, group_of, runs_snakemake, tier_of
+from tiers import (FIXTURE_TIERS, TEST_TIERS, TESTS, TIERS, build_once, claim_once, group_of, runs_snakemake,
+                   tier_of)
 
 
 def test_each_file_is_one_xdist_group(request):
@@ -20,12 +21,21 @@ def test_each_file_is_one_xdist_group(request):
 
 
 def test_every_test_has_exactly_one_tier(request):
-    """tests/tiers.py gives each test one of the tiers that tools/test.sh runs; none is left out or run twice (a
-    fast or cluster test lies in its tier's folder: tools/test.sh collects those tiers from their folders alone)."""
+    """tests/tiers.py gives each test collected here one of the tiers that tools/test.sh runs, in its folder's
+    tier's call."""
     for item in request.session.items:
         tiers = [mark.name for mark in item.iter_markers() if mark.name in TIERS]
         assert len(tiers) == 1, (item.nodeid, tiers)
-        assert tiers[0] not in ("fast", "cluster") or item.path.parent.name == tiers[0], (item.nodeid, tiers)
+        assert tiers[0] == item.path.parent.name or (item.path.parent.name, tiers[0]) == ("models", "workflow")
+
+
+def test_the_tier_tables_lift_existing_models_tests_to_the_workflow_tier_only():
+    """Each test that TEST_TIERS names exists in tests/models/ (a renamed test would silently lose its tier), and
+    the tables lift no test beyond the workflow tier (tools/test.sh's middle call collects models and workflow)."""
+    for key, tier in TEST_TIERS.items():
+        file, name = key.split("::")
+        assert tier == "workflow" and f"def {name}(" in (TESTS / "models" / file).read_text(), key
+    assert set(FIXTURE_TIERS.values()) <= {"models", "workflow"}
 
 
 @pytest.mark.parametrize("path, name, fixtures, tier", [

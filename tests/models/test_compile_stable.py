@@ -117,6 +117,7 @@ def test_compiled_code_compiles_nothing_new_once_each_kind_of_call_is_warmed_up(
         new[kind] = _graphs() - before
     assert all(warm_up[kind] for kind in ("score", "greedy", "beam")), warm_up  # ran compiled (VCD: on their graphs)
     assert new == dict.fromkeys(KINDS, 0)
+    assert compiled_layers.failures() == []  # nothing ran eagerly for a failed compilation
 
 
 def test_reaching_the_recompile_limit_is_warned_once_naming_the_model(setup, caplog, monkeypatch):
@@ -135,3 +136,72 @@ def test_reaching_the_recompile_limit_is_warned_once_naming_the_model(setup, cap
     warned = [r.getMessage() for r in caplog.records if r.name == compiled_layers.__name__]
     assert warned and all(m.startswith("tiny_llava: torch.compile reached its recompile_limit (1)") for m in warned)
     assert len(warned) == len(set(warned))  # once per function
+
+
+def test_a_layer_that_fails_to_compile_runs_eagerly_from_where_it_failed(monkeypatch, caplog):
+    """Where inductor fails on a decoder layer's graph (a GPU or torch it was not tried on), the job goes on: the
+    layer runs eagerly from where the failure is, so a cache update before it (outside the graphs) runs once, not
+    again; the answers are the eager layers'; the log names the model and the function, once. (Within
+    ``eager_layers`` nothing compiles.)"""
+    import functools
+    import logging
+
+    updates, graphs = [], []
+
+    @torch.compiler.disable
+    def update(x):  # as a cache's update: between the layer's graphs, outside them
+        updates.append(1)
+        return x + 1
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.self_attn = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.cos(update(torch.sin(self.self_attn(x)))) * 2
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Layer(), Layer()])
+
+        def get_decoder(self):
+            return self
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    def backend(graph, inputs):  # the layer's first graph compiles, the one after the update fails
+        graphs.append(graph)
+        if len(graphs) > 1:
+            raise RuntimeError("no kernel for this GPU")
+        return graph.forward
+
+    monkeypatch.setattr(compiled_layers, "_WARNED", set())
+    monkeypatch.setattr(compiled_layers, "_FAILURES", {})
+    monkeypatch.setattr(torch._dynamo.config, "suppress_errors", False)  # restored after: set below, as on a GPU
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=backend))
+    model, x = Model(), torch.randn(3, 4)
+    expected = model(x)
+    assert compiled_layers.compile_decoder_layers(model, device=torch.device("cuda"), name="toy")
+    assert torch._dynamo.config.suppress_errors  # a job on a GPU: a failed compilation runs eagerly
+    with compiled_layers.eager_layers():  # the benchmarks' generate: transformers' own layers, nothing compiled
+        torch.testing.assert_close(model(x), expected)
+    assert not graphs
+    updates.clear()
+    tried = []  # graphs compiled and warnings by the end of each call
+    with caplog.at_level(logging.WARNING, logger=compiled_layers.__name__):
+        for _ in range(2):
+            torch.testing.assert_close(model(x), expected)
+            tried.append((len(graphs), len(caplog.records)))
+    assert len(updates) == 4  # once per layer and call
+    assert tried[0][0] >= 2 and tried[1] == tried[0]  # the second call compiled nothing and warned of nothing
+    warned = [r.getMessage() for r in caplog.records if r.name == compiled_layers.__name__]
+    assert warned and len(set(warned)) == len(warned)  # once per function
+    assert all(m.startswith("toy: torch.compile failed in ") and "(RuntimeError: no kernel for this GPU): it runs "
+               "eagerly from there on" in m for m in warned), warned
+    assert compiled_layers.failures() == ["the decoder layers"]  # the job's record names it (on_device)
+    torch._dynamo.reset()  # dynamo tries a failed function in no later test of this process

@@ -50,7 +50,7 @@ from verbmirage.benchmark.question_table import QUESTIONS, question_sample, samp
 from verbmirage.core.io import DamagedTableError, read_table, to_arrow
 from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.inference.settings import INFERENCE_DEFAULTS, check_inference_settings
-from verbmirage.inference.sizing import MemoryReading, choose_batching
+from verbmirage.inference.sizing import MemoryReading, choose_batching, with_device_now
 from verbmirage.inference.store import (
     PartStore,
     _latest_part_of,
@@ -409,13 +409,20 @@ def predict_suite(
     def flush(everything: bool) -> None:
         """Store the pending rows of every set once one set holds ``part_size`` (or ``everything``): stored rows
         then end at the same call in every set, so a resume asks whole calls, as an uninterrupted run does (a
-        call's answers can depend on its other rows: suite_calls)."""
+        call's answers can depend on its other rows: suite_calls). Where the device computes otherwise since
+        (compiled code that failed), the batching record kept with the answers says so."""
+        nonlocal batching
         if not everything and max(map(len, pending.values())) < part_size:
             return
         for qset, rows in pending.items():
             if rows:
                 stores[qset].append(rows)
                 pending[qset] = []
+        now = with_device_now(batching, model)
+        if now is not batching:
+            batching = now
+            for store in stores.values():
+                store.keep_batching(batching.record)
 
     description = f"{model.name} {len(stores)} sets"
     try:

@@ -177,13 +177,33 @@ def choose_batching(model, batch_size: int | str, kept: dict | None, images: lis
 def _moved(kept: dict | None, path: dict | None) -> str | None:
     """What differs between the device the kept answers were computed on (its record's ``device``) and
     ``path`` (this one's), as a note; None where nothing differs or either is unknown."""
-    before = (kept or {}).get("device")
+    changed = _changes((kept or {}).get("device"), path)
+    return changed and (f"the answers kept from an earlier run were computed on another device ({changed}): "
+                        "scores may differ from theirs within reduced precision")
+
+
+def _changes(before: dict | None, path: dict | None) -> str | None:
+    """The keys whose values differ between two device paths, as words; None where none or either is unknown."""
     if before is None or path is None or before == path:
         return None
-    changed = ", ".join(f"{key} {before.get(key)} -> {path.get(key)}" for key in sorted({*before, *path})
-                        if before.get(key) != path.get(key))
-    return (f"the answers kept from an earlier run were computed on another device ({changed}): scores may "
-            "differ from theirs within reduced precision")
+    return ", ".join(f"{key} {before.get(key)} -> {path.get(key)}" for key in sorted({*before, *path})
+                     if before.get(key) != path.get(key))
+
+
+def with_device_now(batching: Batching, model) -> Batching:
+    """``batching`` as kept with the answers stored so far, its record's device the one ``model`` computes on now:
+    where that changed during the job (compiled code that failed, run otherwise from then on: the model's
+    :meth:`device_path`), the record names the device now and its note says what changed, so that a resume
+    that finds the answers knows they were not all computed alike. The same ``batching`` where nothing changed."""
+    record = batching.record
+    changed = _changes((record or {}).get("device"), model.device_path())
+    if not changed:
+        return batching
+    note = (f"the device's computation changed during the run that answered these questions ({changed}), after "
+            "some of them were stored: scores may differ within reduced precision between those before and after")
+    log.warning("%s: %s", model.name, note)
+    note = "; ".join(words for words in (record.get("note"), note) if words)
+    return Batching(batching.batch_size, batching.per_call, {**record, "device": model.device_path(), "note": note})
 
 
 def _sized_or_none(costs, free, total, per_image_rows, name) -> int | None:

@@ -18,11 +18,13 @@ images, greedy continuations, beam search, sampling, VCD, OPERA) calls of other 
 (:func:`compiler_settings`), and what moves per layer or step (the caches' updates) stays out of the graphs.
 A row count or token count of one is a variant of its own, compiled once.
 
-A compilation that fails (inductor's or Triton's code on a GPU or a torch it was not tried on) does not end the
-job: the code it was for runs eagerly from there, the same arithmetic (dynamo's ``suppress_errors``, which falls
-back where the failure is, so nothing that ran already, a cache's update, runs twice), and the job's log says
-where and why, once per model and function (:func:`compiler_settings`). The attention over shared prefixes
-switches to plain products instead (:func:`note_failure`).
+A compilation that fails (inductor's or Triton's code on a GPU or a torch it was not tried on) does not end a
+job on a GPU: the code it was for runs eagerly from there (dynamo's ``suppress_errors``, set by
+:func:`compile_decoder_layers` there, which falls back where the failure is, so nothing that ran already, a cache's
+update, runs twice; dynamo does not try that function again in the process), the job's log says where and why,
+once per model and function, and the record kept with the job's answers says so (``on_device.engine_device_path``).
+The attention over shared prefixes switches to plain products instead (:func:`calling`). Compiled code that
+fails when it runs, past its compilation, still ends the job.
 
 Chosen by device like the attention kernel (:func:`.shared_prefix.kernel_for`): on CUDA, the CPU path stays
 eager (the demo's results are byte-identical). ``VERBMIRAGE_COMPILE_LAYERS=0`` turns it off (e.g. where the
@@ -37,6 +39,7 @@ import contextvars
 import functools
 import logging
 import os
+from typing import NamedTuple
 
 import torch
 import torch.fx.experimental._config
@@ -99,10 +102,10 @@ def compiler_settings() -> None:
     # sizes equal by chance in the call that compiles (4 rows of 4 tokens) not taken as equal in every later call:
     # each call whose sizes differ would compile again
     torch.fx.experimental._config.use_duck_shape = False
-    # a compilation that fails runs its code eagerly from where it failed instead of raising (the same arithmetic;
-    # a failed frame is not compiled again for the same shapes): _watch_compiler says so in the job's log
-    torch._dynamo.config.suppress_errors = True
-    logging.getLogger("torch._dynamo.convert_frame").addFilter(_watch_compiler)
+    watched = logging.getLogger("torch._dynamo.convert_frame")
+    watched.addFilter(_watch_compiler)
+    if watched.getEffectiveLevel() > logging.WARNING:  # its failures reach the filter whatever TORCH_LOGS says
+        watched.setLevel(logging.WARNING)
 
 
 #: the model whose decoder layers run (:func:`_dispatch`), named in the warnings about its compiled code
@@ -115,31 +118,48 @@ _WARNED: set = set()
 _FAILURES: dict[str, str] = {}
 
 
+class Part(NamedTuple):
+    """Compiled code whose failure the job's log and record name (:func:`note_failure`)."""
+
+    name: str
+    afterwards: str  # what runs from then on, for the log
+
+
+#: the decoder layers: one of their functions failed to compile (it runs eagerly from there; the others stay
+#: compiled)
+LAYERS_PART = Part("the decoder layers", "that function runs eagerly from where it failed")
+
+
 def _watch_compiler(record: logging.LogRecord) -> bool:
     """A filter on torch's compiler log, which names neither the model nor what runs from then on: warn once in
     the job's log where compiled code reaches its recompile limit (torch logs it once and from then on runs every
     call it has not compiled for eagerly, slow, without saying so again), and where a compilation failed (run
     eagerly instead: ``suppress_errors``), naming the model and the function. A failure inside a part called
     through :func:`calling` switches that part off (:func:`note_failure`). Keeps torch's own record."""
-    model = _model()
     if str(record.msg).startswith("torch._dynamo hit config.") and len(record.args or ()) >= 3:
         limit, function = f"{record.args[0]} ({record.args[1]})", record.args[2]
-        if (model, function) not in _WARNED:
-            _WARNED.add((model, function))
-            log.warning("%s: torch.compile reached its %s in %s: its calls of shapes not compiled yet now run "
-                        "eagerly (slow); TORCH_LOGS=recompiles says what kept compiling (%s=0 keeps the layers "
-                        "eager)", model, limit, function, ENV)
+        _warn_once(function, "%s: torch.compile reached its %s in %s: its calls of shapes not compiled yet now run "
+                   "eagerly (slow); TORCH_LOGS=recompiles says what kept compiling (%s=0 keeps the layers eager)",
+                   limit, function, ENV)
     elif record.levelno >= logging.WARNING and record.exc_info and record.exc_info[1] is not None:
         part = _CALLING.get()
         if part is not None:
             note_failure(part, record.exc_info[1])
             return True
         function = record.getMessage().split("\n", 1)[0].removeprefix("WON'T CONVERT ")
-        if (model, function) not in _WARNED:
-            _WARNED.add((model, function))
-            log.warning("%s: torch.compile failed in %s (%s): it runs eagerly from now on (the same arithmetic, "
-                        "slower; %s=0 keeps the layers eager)", model, function, _reason(record.exc_info[1]), ENV)
+        reason = _reason(record.exc_info[1])
+        _FAILURES.setdefault(LAYERS_PART.name, reason)
+        _warn_once(function, "%s: torch.compile failed in %s (%s): it runs eagerly from there on (slower, rounded as "
+                   "eager code rounds; %s=0 keeps the layers eager)", function, reason, ENV)
     return True
+
+
+def _warn_once(function: str, message: str, *args) -> None:
+    """``log.warning(message, model, *args)`` once per model (the one whose compiled code runs) and function."""
+    model = _model()
+    if (model, function) not in _WARNED:
+        _WARNED.add((model, function))
+        log.warning(message, model, *args)
 
 
 def _model() -> str:
@@ -159,21 +179,27 @@ def _reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {first[:300]}" if first else type(error).__name__
 
 
-def note_failure(part: str, error: BaseException) -> None:
-    """``part`` (a name in the job's log) failed to compile or to run compiled: it runs uncompiled from now on in
-    this process (:func:`failed`); the job's log says why, once."""
-    if part not in _FAILURES:
-        _FAILURES[part] = _reason(error)
-        log.warning("%s: torch.compile failed for %s (%s): it runs uncompiled from now on in this process (the same "
-                    "arithmetic, slower)", _model(), part, _FAILURES[part])
+def note_failure(part: Part, error: BaseException) -> None:
+    """``part`` failed to compile or to run compiled: it is not compiled again in this process (:func:`failed`);
+    the job's log says why and what runs instead, once."""
+    if part.name not in _FAILURES:
+        _FAILURES[part.name] = _reason(error)
+        log.warning("%s: torch.compile failed for %s (%s): %s", _model(), part.name, _FAILURES[part.name],
+                    part.afterwards)
 
 
-def failed(part: str) -> bool:
+def failed(part: Part) -> bool:
     """Whether ``part`` failed to compile in this process (:func:`note_failure`)."""
-    return part in _FAILURES
+    return part.name in _FAILURES
 
 
-def calling(part: str, compiled, eager, *args, **kwargs):
+def failures() -> list[str]:
+    """The compiled parts that failed in this process (:data:`LAYERS_PART` among them where a decoder layer's
+    function did), sorted."""
+    return sorted(_FAILURES)
+
+
+def calling(part: Part, compiled, eager, *args, **kwargs):
     """``compiled(*args, **kwargs)``, a compiled pure function; where it fails, to compile (dynamo's fallback runs
     it eagerly, :func:`_watch_compiler` notes the failure) or raising (on its first run on a GPU, say), ``part``
     runs uncompiled from now on (:func:`note_failure`) and this call returns ``eager(*args, **kwargs)``: nothing
@@ -251,6 +277,8 @@ def compile_decoder_layers(model, device: torch.device | None = None, name: str 
         return False
     layers = decoder_layers(model)
     name = name or type(model).__name__
+    if not force:  # a job on a GPU: a compilation that fails runs eagerly (see the module's text), not raising
+        torch._dynamo.config.suppress_errors = True
     for layer in layers:
         if "forward" not in vars(layer):  # not wrapped already
             layer.forward = functools.partial(_dispatch, layer, layer.forward, name)

@@ -39,7 +39,7 @@ import os
 import torch
 
 from verbmirage.models.hf.compiled_layers import (compile_decoder_layers, compiles_layers, cuda_capability, failed,
-                                                  switched_off)
+                                                  failures, switched_off)
 from verbmirage.models.hf.shared_prefix import FLEX_ENV, FLEX_MIN_CAPABILITY, FLEX_MIN_DIM, FLEX_PART, kernel_for
 
 log = logging.getLogger(__name__)
@@ -82,14 +82,19 @@ def _head_size(model) -> int:
 def engine_device_path(engine) -> dict | None:
     """The transformers engine's :meth:`~verbmirage.models.base.VisionLanguageModel.device_path`: on CUDA the
     GPU's name and compute capability, the kernel that attends over shared prefixes (``transformers`` where the
-    family attends through transformers' own) and whether the decoder layers run compiled; None elsewhere."""
+    family attends through transformers' own), whether the decoder layers run compiled, and the compiled parts
+    that failed in this process (``compile_failed``, where any did: they run otherwise from then on); None
+    elsewhere."""
     device = engine.device
     if device.type != "cuda":
         return None
     in_place = engine.shared_prefix_attention
-    return {"gpu": torch.cuda.get_device_name(device), "capability": ".".join(map(str, cuda_capability(device))),
+    path = {"gpu": torch.cuda.get_device_name(device), "capability": ".".join(map(str, cuda_capability(device))),
             "attention": kernel_for(device, _head_size(engine.model)) if in_place else "transformers",
             "compiled_layers": bool(in_place and compiles_layers(device, next(engine.model.parameters()).dtype))}
+    if failures():
+        path["compile_failed"] = failures()
+    return path
 
 
 def _attention_kernel(device: torch.device, head: int) -> str:

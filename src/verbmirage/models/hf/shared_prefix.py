@@ -45,7 +45,8 @@ import numpy as np
 import torch
 from transformers import AttentionInterface, DynamicCache
 
-from verbmirage.models.hf.compiled_layers import calling, compiler_settings, cuda_capability, failed, switched_off
+from verbmirage.models.hf.compiled_layers import (Part, calling, compiler_settings, cuda_capability, failed,
+                                                  switched_off)
 
 #: the attention implementation's name in transformers' registry (the language model uses it only inside
 #: :func:`shared_prefix_attention`)
@@ -77,7 +78,8 @@ FLEX_MIN_CAPABILITY = (8, 0)
 FLEX_ENV = "VERBMIRAGE_FLEX_ATTENTION"
 #: the name of compiled FlexAttention and the merge in the job's log, and of their failure
 #: (``compiled_layers.note_failure``): where they fail to compile, CUDA attends in plain products from then on
-FLEX_PART = "FlexAttention over the shared prefixes (on CUDA plain products instead)"
+FLEX_PART = Part("FlexAttention over the shared prefixes", "the attention runs in plain products from now on in "
+                 "this process")
 
 
 def kernel_for(device: torch.device, dim: int = FLEX_MIN_DIM) -> str:
@@ -301,11 +303,8 @@ def _flex(query, key, value, scale: float, block_mask):
             options = {"return_aux": flex.AuxRequest(lse=True)}
         else:
             options = {"return_lse": True}
-        if _runs_compiled(query.device):  # where it fails, eagerly (pure: the same values) and plain from then on
-            output, aux = calling(FLEX_PART, _compiled_flex(), flex.flex_attention, query, key, value,
-                                  block_mask=block_mask, scale=scale, **options)
-        else:
-            output, aux = flex.flex_attention(query, key, value, block_mask=block_mask, scale=scale, **options)
+        output, aux = _compiled_where_it_runs(_compiled_flex, flex.flex_attention, query, key, value,
+                                              block_mask=block_mask, scale=scale, **options)
     return output, (aux if isinstance(aux, torch.Tensor) else aux.lse).float()  # return_lse's, or return_aux's
 
 
@@ -363,9 +362,16 @@ def _merged(kernel: str, *args):
     if kernel != "flex":
         return _merge(*args)
     with torch.profiler.record_function(FUSED_REGION):  # one kernel on CUDA
-        if _runs_compiled(args[0].device):
-            return calling(FLEX_PART, _compiled_merge(), _merge, *args)
-        return _merge(*args)
+        return _compiled_where_it_runs(_compiled_merge, _merge, *args)
+
+
+def _compiled_where_it_runs(compiled, eager, first: torch.Tensor, *args, **kwargs):
+    """``eager(first, *args, **kwargs)``, run by ``compiled()`` (its compiled code) where :func:`_runs_compiled`
+    says so for ``first``'s device; where that fails, this call runs eagerly (a pure function: the same values)
+    and the attention in plain products from then on (``compiled_layers.calling``)."""
+    if _runs_compiled(first.device):
+        return calling(FLEX_PART, compiled(), eager, first, *args, **kwargs)
+    return eager(first, *args, **kwargs)
 
 
 def _own_mask(length: int, columns: int, group: int, valid: torch.Tensor | None, device) -> torch.Tensor:
