@@ -85,7 +85,16 @@ step() {  # step NAME SECONDS COMMAND...: run it under its limit plus what the s
     local left=$((scheduled - (SECONDS - steps_start)))
     [ "$left" -gt "$limit" ] || left=$limit
     echo "== $name (at most $left s)"
-    timeout "$left" "$@" 2>&1 | tee "$OUT/$name.txt" || { status=1; echo "== $name failed or ran past ${left} s"; }
+    # a command that ignores SIGTERM at its limit gets SIGKILL 10 s later: timeout then exits 137, not 124
+    timeout -k 10 "$left" "$@" 2>&1 | tee "$OUT/$name.txt"
+    local code=${PIPESTATUS[0]}
+    if [ "$code" -eq 124 ] || { [ "$code" -eq 137 ] && [ $((SECONDS - started)) -ge "$left" ]; }; then
+        status=1
+        echo "== $name ran past $left s"
+    elif [ "$code" -ne 0 ]; then
+        status=1
+        echo "== $name failed (exit status $code)"
+    fi
     echo "== $name took $((SECONDS - started)) s"
 }
 step generate 110 "$PYTHON" bench/gen_vs_engine.py "${GEN[@]}" --dtype bfloat16
