@@ -59,7 +59,9 @@ if compgen -G ".whl/*.whl" > /dev/null; then  # a folder of this run's own (not 
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl || exit 1
     export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 fi
-compiler=${CC:-$(command -v gcc || command -v clang || true)}  # Triton builds its kernels' launcher with it
+# Triton builds its kernels' launcher with $CC (a name on PATH or a path, its first word), else gcc or clang:
+# printed as the program that runs, "none" where none is found
+compiler=$(command -v ${CC:-gcc clang} 2>/dev/null | head -n 1)
 uncompiled=
 if [ -z "$compiler" ] && [ ${#SMOKE[@]} -eq 0 ]; then  # then nothing compiles: say so, and try no compilation
     uncompiled="without one nothing compiles: the benchmarks run the decoder layers eagerly and attend in plain \
@@ -70,7 +72,7 @@ fi
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
     "$PYTHON" -c "import torch, transformers; print('torch', torch.__version__, '| transformers', transformers.__version__,
 '| cuda', torch.cuda.is_available())"
-    echo "C compiler for Triton: ${compiler:-none}${uncompiled:+; $uncompiled}"
+    echo "C compiler for Triton: ${compiler:-none${CC:+ (CC=$CC not found)}}${uncompiled:+; $uncompiled}"
 } 2>&1 | tee "$OUT/env.txt"
 status=0
 scheduled=0  # the seconds the steps so far may have taken, each its limit
@@ -83,7 +85,16 @@ step() {  # step NAME SECONDS COMMAND...: run it under its limit plus what the s
     local left=$((scheduled - (SECONDS - steps_start)))
     [ "$left" -gt "$limit" ] || left=$limit
     echo "== $name (at most $left s)"
-    timeout "$left" "$@" 2>&1 | tee "$OUT/$name.txt" || { status=1; echo "== $name failed or ran past ${left} s"; }
+    # a command that ignores SIGTERM at its limit gets SIGKILL 10 s later: timeout then exits 137, not 124
+    timeout -k 10 "$left" "$@" 2>&1 | tee "$OUT/$name.txt"
+    local code=${PIPESTATUS[0]}
+    if [ "$code" -eq 124 ] || { [ "$code" -eq 137 ] && [ $((SECONDS - started)) -ge "$left" ]; }; then
+        status=1
+        echo "== $name ran past $left s"
+    elif [ "$code" -ne 0 ]; then
+        status=1
+        echo "== $name failed (exit status $code)"
+    fi
     echo "== $name took $((SECONDS - started)) s"
 }
 step generate 110 "$PYTHON" bench/gen_vs_engine.py "${GEN[@]}" --dtype bfloat16
