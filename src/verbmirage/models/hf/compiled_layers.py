@@ -125,9 +125,9 @@ class Part(NamedTuple):
     afterwards: str  # what runs from then on, for the log
 
 
-#: the decoder layers: one of their functions failed to compile (it runs eagerly from there; the others stay
-#: compiled)
-LAYERS_PART = Part("the decoder layers", "that function runs eagerly from where it failed")
+#: the decoder layers' name among the failures (:func:`failures`): one of their functions failed to compile (it
+#: runs eagerly from there; the others stay compiled)
+LAYERS = "the decoder layers"
 
 
 def _watch_compiler(record: logging.LogRecord) -> bool:
@@ -148,7 +148,7 @@ def _watch_compiler(record: logging.LogRecord) -> bool:
             return True
         function = record.getMessage().split("\n", 1)[0].removeprefix("WON'T CONVERT ")
         reason = _reason(record.exc_info[1])
-        _FAILURES.setdefault(LAYERS_PART.name, reason)
+        _FAILURES.setdefault(LAYERS, reason)
         _warn_once(function, "%s: torch.compile failed in %s (%s): it runs eagerly from there on (slower, rounded as "
                    "eager code rounds; %s=0 keeps the layers eager)", function, reason, ENV)
     return True
@@ -194,8 +194,8 @@ def failed(part: Part) -> bool:
 
 
 def failures() -> list[str]:
-    """The compiled parts that failed in this process (:data:`LAYERS_PART` among them where a decoder layer's
-    function did), sorted."""
+    """The names of the compiled parts that failed in this process (:data:`LAYERS` among them where a decoder
+    layer's function did), sorted."""
     return sorted(_FAILURES)
 
 
