@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU figure of bench/README.md ("On a GPU") in one device run (an H200 lent through the `device` tool),
 # prepared so that a session that draws a GPU spends its minutes measuring, not setting up (at most 360 s of
-# steps, each under its own time limit plus what the steps before it left unused; every step on CUDA compiles the
-# decoder layers and FlexAttention, the first one cold, the others from inductor's on-disk cache; each step's
-# time is printed after it, the engine's first call's, which waits for the compiler, in generate.txt):
+# steps, each under its own time limit plus what the steps before it left unused, a step that ignores its limit
+# killed 10 s after it; every step on CUDA compiles the decoder layers and FlexAttention, the first one cold, the
+# others from inductor's on-disk cache; each step's time is printed after it, the engine's first call's, which
+# waits for the compiler, in generate.txt):
 #
 #   here, once per checkout:  bash bench/h200_wheels.sh          # transformers and pytest as pinned, and the
 #                                                                # paper config's prompt mix, into .whl (ignored)
@@ -59,9 +60,13 @@ if compgen -G ".whl/*.whl" > /dev/null; then  # a folder of this run's own (not 
     "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl || exit 1
     export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 fi
-# Triton builds its kernels' launcher with $CC (a name on PATH or a path, its first word), else gcc or clang:
+# Triton builds its kernels' launcher with $CC (a program's name on PATH or its path), else gcc or clang:
 # printed as the program that runs, "none" where none is found
-compiler=$(command -v ${CC:-gcc clang} 2>/dev/null | head -n 1)
+if [ -n "${CC:-}" ]; then
+    compiler=$(command -v -- "$CC" 2>/dev/null || true)  # Triton runs $CC as one program name
+else
+    compiler=$(command -v gcc clang 2>/dev/null | head -n 1)
+fi
 uncompiled=
 if [ -z "$compiler" ] && [ ${#SMOKE[@]} -eq 0 ]; then  # then nothing compiles: say so, and try no compilation
     uncompiled="without one nothing compiles: the benchmarks run the decoder layers eagerly and attend in plain \

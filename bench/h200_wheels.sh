@@ -19,8 +19,14 @@ wheels=()
 for name in transformers pytest pluggy iniconfig pygments packaging; do
     wheels+=("$(pin "$name")")
 done
-rm -f .whl/*.whl  # h200_check.sh installs every wheel here: none of an earlier version stays
+# into a folder of its own first: a failed download leaves the wheels there were; then these replace them all
+# (h200_check.sh installs every wheel in .whl: none of an earlier version stays)
+fresh=$(mktemp -d)
+trap 'rm -rf "$fresh"' EXIT
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d .whl "${wheels[@]}"
+    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d "$fresh" "${wheels[@]}"
+mkdir -p .whl
+rm -f .whl/*.whl
+mv "$fresh"/*.whl .whl/
 "$PYTHON" bench/projection.py --write .whl/paper_mix.json
 ls -la .whl

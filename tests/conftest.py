@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiers import TESTS, TIERS, build_once, claim_once, group_of, run_root, runs_snakemake, start_order, tier_of
+from tiers import (TESTS, TIERS, build_once, claim_once, folder_tier, group_of, run_root, runs_snakemake, start_order,
+                   tier_of)
 
 from verbmirage.data.demo import DemoSizes, write_demo_hico
 from verbmirage.data.hico import load_hico
@@ -113,13 +114,25 @@ def pytest_collection_modifyitems(config, items):
                            item.get_closest_marker("slow") is not None)
 
     for item in items:
+        path = item.path.relative_to(TESTS)
         try:
-            tier = tier_of(item.path.relative_to(TESTS), item.originalname, item.fixturenames)
-        except ValueError as error:  # a test no tier collects: the message alone, not a traceback
-            raise pytest.UsageError(str(error)) from None
+            tier = tier_of(path, item.originalname, item.fixturenames)
+        except ValueError as error:  # a test its folder's tier may not lift: it fails there, saying why
+            tier = folder_tier(path)  # (a file outside the tier folders raises here: no tier would collect it)
+            item.stash[_MISPLACED] = str(error)
         item.add_marker(getattr(pytest.mark, tier))
         item.add_marker(pytest.mark.xdist_group(group_of(item.path.name, item.fixturenames)))
     items.sort(key=order)
+
+
+#: the message of a test whose tier its folder's may not lift (tests/tiers.py)
+_MISPLACED = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before its fixtures are built
+def pytest_runtest_setup(item):
+    if _MISPLACED in item.stash:
+        pytest.fail(item.stash[_MISPLACED], pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -16,8 +16,8 @@ A test's tier is the highest of: its folder's (``tests/<tier>/test_*.py``), its 
 Snakemake run in a file of the models tier), and what its fixtures need (``FIXTURE_TIERS``). Only a test of
 ``tests/models/`` may be lifted so, and only to the workflow tier: tools/test.sh without arguments collects
 each tier from its folders alone (fast from ``tests/fast/``, models and workflow from theirs, cluster from
-``tests/cluster/``), so a test lifted out of them would run in none; its collection stops naming the folder it
-belongs in. The helpers the test files share (this module, the fixtures' builders, the drivers of worker
+``tests/cluster/``), so a test lifted out of them would run in none; it fails in its folder's tier instead,
+naming the folder it belongs in (conftest.py). The helpers the test files share (this module, the fixtures' builders, the drivers of worker
 processes) lie in ``tests/`` itself. A fast test that starts Snakemake anyway fails naming ``tests/workflow/``
 (conftest.py's guard).
 """

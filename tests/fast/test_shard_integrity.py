@@ -433,29 +433,35 @@ def test_a_damaged_shard_table_names_its_folder_and_the_forced_rerun_repairs_it(
     pd.testing.assert_frame_equal(merge_suite_shards(questions, shards, "yn_obj"), undamaged)
 
 
-def test_a_device_that_computes_otherwise_during_a_job_is_noted_with_its_answers(prepared, tmp_path, monkeypatch,
-                                                                                  caplog):
-    """Where the device's computation changes during a job (compiled code that failed and runs otherwise from
-    then on: the model's ``device_path``), the batching record kept with its answers, and so the table's
-    provenance, name the device as it computes at the end and say what changed."""
+def test_compiled_code_that_fails_during_a_job_is_named_with_its_answers(prepared, tmp_path, monkeypatch, caplog):
+    """Where compiled code fails during a job (it runs otherwise from then on: ``compile_failed`` in the model's
+    ``device_path``), the batching record kept with its answers, and so the table's provenance, name it; its note
+    says that answers differ before and after only where some were stored before it; a resume on a process where
+    nothing failed yet keeps the record as it is."""
     from verbmirage.core.io import read_provenance
     from verbmirage.inference.runs import suite_table
-    from verbmirage.models.baselines import RandomGuess
     from verbmirage.inference.sizing import GIB
+    from verbmirage.models.baselines import RandomGuess
     from verbmirage.models.memory import MemoryCosts
 
     base, _ = prepared
     h200 = {"gpu": "NVIDIA H200", "capability": "9.0", "attention": "flex", "compiled_layers": True}
-    after = {**h200, "attention": "plain", "compile_failed": ["FlexAttention over the shared prefixes"]}
-    paths = iter([h200, h200])  # the batch's sizing, then the first part's check
+    failed = {**h200, "compile_failed": ["FlexAttention over the shared prefixes"]}
     costs = MemoryCosts(weights=GIB, per_row=GIB // 64, per_image=GIB // 64, device="cuda:0")
     monkeypatch.setattr(RandomGuess, "memory_costs", lambda self: costs)
-    monkeypatch.setattr(RandomGuess, "device_path", lambda self: next(paths, after))
     spec = RunSpec("coin", {"backend": "random"}, base / "clean", part_size=24)
+
+    def run(output, paths: list[dict]):
+        sequence = iter(paths)  # the batch's sizing, then each part's check; the last repeats
+        monkeypatch.setattr(RandomGuess, "device_path", lambda self: next(sequence, paths[-1]))
+        run_suite({"yn_obj": base / "yn_obj.parquet"}, output, spec, memory=lambda: (40 * GIB, 80 * GIB))
+        return read_provenance(suite_table(output, "yn_obj"))["batching"]
+
     with caplog.at_level(logging.WARNING):
-        run_suite({"yn_obj": base / "yn_obj.parquet"}, tmp_path / "job", spec, memory=lambda: (40 * GIB, 80 * GIB))
-    batching = read_provenance(suite_table(tmp_path / "job", "yn_obj"))["batching"]
-    assert batching["device"] == after
-    assert "changed during the run" in batching["note"] and "attention flex -> plain" in batching["note"]
-    assert "compile_failed None -> ['FlexAttention over the shared prefixes']" in batching["note"]
-    assert batching["note"] in caplog.text
+        late = run(tmp_path / "late", [h200, h200, failed])  # after the first part
+    assert late["device"] == failed
+    assert f"compiled code failed during the run that answered these questions ({failed['compile_failed'][0]}) " \
+           "after some of them were stored" in late["note"] and late["note"] in caplog.text
+    early = run(tmp_path / "early", [h200, failed])  # before any answer was stored: all computed alike
+    assert early["device"] == failed and "note" not in early
+    assert run(tmp_path / "late", [h200]) == late  # a resume where nothing failed yet: no new note

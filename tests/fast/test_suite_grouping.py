@@ -51,12 +51,15 @@ def test_a_tests_tier_is_the_highest_its_folder_name_and_fixtures_ask(path, name
     assert tier_of(path, name, fixtures) == tier
 
 
-def test_a_fast_test_that_needs_a_higher_tier_is_refused_naming_its_folder():
+def test_a_test_lifted_where_no_tier_collects_it_is_refused_naming_its_folder(monkeypatch):
     """tools/test.sh collects the fast tier from tests/fast/ alone and the others from their folders: a fast test
-    lifted out of its tier would run in none."""
+    lifted out of its tier, or a models test lifted beyond the workflow tier, would run in none."""
     with pytest.raises(ValueError, match=r"tests/fast/test_metrics.py::test_x needs the models tier .* move it to "
                                          r"tests/models/"):
         tier_of("fast/test_metrics.py", "test_x", ["tiny_dirs"])
+    monkeypatch.setitem(TEST_TIERS, "test_opera.py::test_x", "cluster")
+    with pytest.raises(ValueError, match=r"tests/models/test_opera.py::test_x needs the cluster tier"):
+        tier_of("models/test_opera.py", "test_x", [])
 
 
 @pytest.mark.parametrize("path", ["test_metrics.py", "slow/test_metrics.py", "fast/more/test_metrics.py"])

@@ -129,6 +129,7 @@ def test_tiny_llava_on_cuda_scores_as_on_the_cpu(mixed, tmp_path):
         assert gpu.prefix_cache.reads_in_place() and shared_prefix.kernel_for(torch.device("cuda"), 16) == "flex"
         scores, _ = _answers(gpu, questions, None)
         np.testing.assert_allclose(scores, reference, atol=tolerance)
+        assert not shared_prefix.failed(shared_prefix.FLEX_PART)  # fused and compiled, not a fallback's values
 
 
 def test_prefixes_of_one_forward_stack_as_a_view_in_storage_order():

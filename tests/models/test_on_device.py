@@ -127,3 +127,6 @@ def test_compiled_decoder_layers_on_cuda_score_as_eager_ones(tmp_path, monkeypat
     scores, _ = _scores(compiled, questions)
     assert _compiled_graphs() > graphs
     np.testing.assert_allclose(scores, reference, atol=3e-2)
+    from verbmirage.models.hf.compiled_layers import failures
+
+    assert failures() == []  # compiled, not run eagerly after a failed compilation

@@ -396,6 +396,7 @@ def predict_suite(
     question_rows = _question_rows(ordered)
     multiple_choice = [question_kind(row.qset) == "mc" for row in question_rows]
     budget = _ErrorBudget(len(questions), max_error_share)
+    stored = bool(answered)  # answers stored before the ones pending (by an earlier run, or an earlier part)
     pending: dict[str, list[dict]] = {qset: [] for qset in stores}
     asked = dict.fromkeys(stores, 0)
     retry: list[str] = []
@@ -411,18 +412,19 @@ def predict_suite(
         then end at the same call in every set, so a resume asks whole calls, as an uninterrupted run does (a
         call's answers can depend on its other rows: suite_calls). Where the device computes otherwise since
         (compiled code that failed), the batching record kept with the answers says so."""
-        nonlocal batching
+        nonlocal batching, stored
         if not everything and max(map(len, pending.values())) < part_size:
             return
-        for qset, rows in pending.items():
-            if rows:
-                stores[qset].append(rows)
-                pending[qset] = []
-        now = with_device_now(batching, model)
+        now = with_device_now(batching, model, stored)
         if now is not batching:
             batching = now
             for store in stores.values():
                 store.keep_batching(batching.record)
+        for qset, rows in pending.items():
+            if rows:
+                stores[qset].append(rows)
+                pending[qset] = []
+                stored = True
 
     description = f"{model.name} {len(stores)} sets"
     try:

@@ -182,28 +182,40 @@ def _moved(kept: dict | None, path: dict | None) -> str | None:
                         "scores may differ from theirs within reduced precision")
 
 
+#: the device path's key for the compiled parts that failed during a run (a run's, not the device's: two paths
+#: that differ only there compute alike where nothing fails)
+FAILED = "compile_failed"
+
+
 def _changes(before: dict | None, path: dict | None) -> str | None:
-    """The keys whose values differ between two device paths, as words; None where none or either is unknown."""
-    if before is None or path is None or before == path:
+    """The keys whose values differ between two device paths (:data:`FAILED` aside), as words; None where none
+    or either is unknown."""
+    if before is None or path is None:
         return None
-    return ", ".join(f"{key} {before.get(key)} -> {path.get(key)}" for key in sorted({*before, *path})
-                     if before.get(key) != path.get(key))
+    keys = sorted(key for key in {*before, *path} if key != FAILED and before.get(key) != path.get(key))
+    return ", ".join(f"{key} {before.get(key)} -> {path.get(key)}" for key in keys) or None
 
 
-def with_device_now(batching: Batching, model) -> Batching:
-    """``batching`` as kept with the answers stored so far, its record's device the one ``model`` computes on now:
-    where that changed during the job (compiled code that failed, run otherwise from then on: the model's
-    :meth:`device_path`), the record names the device now and its note says what changed, so that a resume
-    that finds the answers knows they were not all computed alike. The same ``batching`` where nothing changed."""
-    record = batching.record
-    changed = _changes((record or {}).get("device"), model.device_path())
-    if not changed:
+def with_device_now(batching: Batching, model, answers_before: bool) -> Batching:
+    """``batching`` as kept with the answers about to be stored: where compiled code failed during the job
+    (:data:`FAILED` in ``model``'s :meth:`device_path`; it runs otherwise from then on) and its record does not
+    name that failure yet, the record names it, and where ``answers_before`` (answers were stored before it, by
+    this run or an earlier one) its note says that those before and after it may differ. The same ``batching``
+    where nothing new failed."""
+    record, path = batching.record, model.device_path()
+    if record is None or path is None or record.get("device") is None:
         return batching
-    note = (f"the device's computation changed during the run that answered these questions ({changed}), after "
-            "some of them were stored: scores may differ within reduced precision between those before and after")
-    log.warning("%s: %s", model.name, note)
-    note = "; ".join(words for words in (record.get("note"), note) if words)
-    return Batching(batching.batch_size, batching.per_call, {**record, "device": model.device_path(), "note": note})
+    kept = record["device"].get(FAILED, [])
+    failed = sorted({*kept, *path.get(FAILED, [])})
+    if failed == sorted(kept):
+        return batching
+    record = {**record, "device": {**record["device"], FAILED: failed}}
+    if answers_before:
+        note = (f"compiled code failed during the run that answered these questions ({', '.join(failed)}) after "
+                "some of them were stored: scores may differ within reduced precision between those before and after")
+        log.warning("%s: %s", model.name, note)
+        record["note"] = "; ".join(words for words in (record.get("note"), note) if words)
+    return Batching(batching.batch_size, batching.per_call, record)
 
 
 def _sized_or_none(costs, free, total, per_image_rows, name) -> int | None:

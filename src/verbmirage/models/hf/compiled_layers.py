@@ -23,8 +23,9 @@ job on a GPU: the code it was for runs eagerly from there (dynamo's ``suppress_e
 :func:`compile_decoder_layers` there, which falls back where the failure is, so nothing that ran already, a cache's
 update, runs twice; dynamo does not try that function again in the process), the job's log says where and why,
 once per model and function, and the record kept with the job's answers says so (``on_device.engine_device_path``).
-The attention over shared prefixes switches to plain products instead (:func:`calling`). Compiled code that
-fails when it runs, past its compilation, still ends the job.
+The attention over shared prefixes switches to plain products instead (:func:`calling`), whether its compiled
+code fails to compile or when it first runs; compiled decoder layers that fail when they run, past their
+compilation, still end the job.
 
 Chosen by device like the attention kernel (:func:`.shared_prefix.kernel_for`): on CUDA, the CPU path stays
 eager (the demo's results are byte-identical). ``VERBMIRAGE_COMPILE_LAYERS=0`` turns it off (e.g. where the

@@ -46,9 +46,9 @@ class InstructBlipInputs(PromptInputs):
         """InstructBLIP takes the bare instruction (its processor prepends the query tokens)."""
         return text
 
-    def encode(self, texts, images, padding_side: str = "right"):
+    def encode(self, texts, images, padding_side: str = "right", on_host: bool = False):
         self.engine.processor.qformer_tokenizer.padding_side = "right"  # the Q-Former reads the text bidirectionally
-        return super().encode(texts, images, padding_side)
+        return super().encode(texts, images, padding_side, on_host)
 
     def encode_shared_image(self, texts, image):
         return self.encode(texts, [image] * len(texts))

@@ -148,14 +148,14 @@ class PromptInputs:
             self._frame = frames.pop() if len(frames) == 1 else None
         return self._frame
 
-    def encode(self, texts: list[str], images: list[Image.Image], padding_side: str = "right"):
+    def encode(self, texts: list[str], images: list[Image.Image], padding_side: str = "right", on_host: bool = False):
         """Processor call (each image first as :meth:`prepare_image` makes it), padded on ``padding_side``, on the
-        model's device."""
+        model's device (``on_host``: left on the host)."""
         self.engine.tokenizer.padding_side = padding_side
         prepared: dict[int, Image.Image] = {}  # an image repeated for several prompts is prepared once
         images = [prepared.setdefault(id(image), self.prepare_image(image)) for image in images]
         encoded = self.engine.processor(text=texts, images=images, return_tensors="pt", padding=True)
-        return encoded.to(self.engine.device)
+        return encoded if on_host else encoded.to(self.engine.device)
 
     def prepare_image(self, image: Image.Image) -> Image.Image:
         """``image`` as the processor gets it under the engine's
@@ -215,9 +215,9 @@ class PromptInputs:
         question would each wait for the device."""
         image_token = self.engine.image_token_id()
         found = None if image_token is None else self._image_encoding(text, image, image_token)
-        if found is None:
-            encoded = self.encode([text], [image])
-            return encoded["input_ids"][0, : int(encoded["attention_mask"][0].sum())].cpu().numpy()
+        if found is None:  # the processor's own tokens, on the host
+            encoded = self.encode([text], [image], on_host=True)
+            return encoded["input_ids"][0].numpy()[: int(encoded["attention_mask"][0].sum())]
         return self._expanded_rows(self.text_ids([text]), image_token, found[1])[0][0]
 
     #: At most this many prompt texts keep their token ids (:meth:`text_ids`).

@@ -81,8 +81,8 @@ def _head_size(model) -> int:
 
 def engine_device_path(engine) -> dict | None:
     """The transformers engine's :meth:`~verbmirage.models.base.VisionLanguageModel.device_path`: on CUDA the
-    GPU's name and compute capability, the kernel that attends over shared prefixes (``transformers`` where the
-    family attends through transformers' own), whether the decoder layers run compiled, and the compiled parts
+    GPU's name and compute capability, the kernel chosen to attend over shared prefixes (``transformers`` where the
+    family attends through transformers' own), whether the decoder layers are compiled, and the compiled parts
     that failed in this process (``compile_failed``, where any did: they run otherwise from then on); None
     elsewhere."""
     device = engine.device
@@ -90,7 +90,7 @@ def engine_device_path(engine) -> dict | None:
         return None
     in_place = engine.shared_prefix_attention
     path = {"gpu": torch.cuda.get_device_name(device), "capability": ".".join(map(str, cuda_capability(device))),
-            "attention": kernel_for(device, _head_size(engine.model)) if in_place else "transformers",
+            "attention": kernel_for(device, _head_size(engine.model), chosen=True) if in_place else "transformers",
             "compiled_layers": bool(in_place and compiles_layers(device, next(engine.model.parameters()).dtype))}
     if failures():
         path["compile_failed"] = failures()

@@ -82,23 +82,26 @@ FLEX_PART = Part("FlexAttention over the shared prefixes", "the attention runs i
                  "this process")
 
 
-def kernel_for(device: torch.device, dim: int = FLEX_MIN_DIM) -> str:
+def kernel_for(device: torch.device, dim: int = FLEX_MIN_DIM, chosen: bool = False) -> str:
     """The kernel of :data:`KERNELS` that attends on ``device`` with heads of ``dim`` (or the one
     :func:`use_kernel` set): on CUDA FlexAttention where :func:`flex_on` says so, else plain products; on the
-    CPU its flash kernel."""
-    chosen = _KERNEL.get()
-    if chosen is not None:
-        return chosen
+    CPU its flash kernel. ``chosen``: the kernel chosen for the device, a failure of compiled FlexAttention in
+    this process aside (what a job's record names; the failure is named beside it)."""
+    forced = _KERNEL.get()
+    if forced is not None:
+        return forced
     if device.type == "cuda":
-        return "flex" if dim >= FLEX_MIN_DIM and flex_on(device) else "plain"
+        return "flex" if dim >= FLEX_MIN_DIM and flex_on(device, chosen) else "plain"
     return "cpu_flash" if device.type == "cpu" else "plain"
 
 
-def flex_on(device: torch.device) -> bool:
+def flex_on(device: torch.device, chosen: bool = False) -> bool:
     """Whether FlexAttention attends on the CUDA ``device``: where its compute capability is at least
     :data:`FLEX_MIN_CAPABILITY` (FlexAttention's fused kernels are Triton's, written for Ampere and later),
-    :data:`FLEX_ENV` does not say no and its compiled code has not failed in this process (:data:`FLEX_PART`)."""
-    return not switched_off(FLEX_ENV) and not failed(FLEX_PART) and cuda_capability(device) >= FLEX_MIN_CAPABILITY
+    :data:`FLEX_ENV` does not say no and its compiled code has not failed in this process (:data:`FLEX_PART`;
+    not asked where ``chosen``)."""
+    return (not switched_off(FLEX_ENV) and (chosen or not failed(FLEX_PART))
+            and cuda_capability(device) >= FLEX_MIN_CAPABILITY)
 
 
 @contextlib.contextmanager
