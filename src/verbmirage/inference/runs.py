@@ -410,8 +410,7 @@ def predict_suite(
     def flush(everything: bool) -> None:
         """Store the pending rows of every set once one set holds ``part_size`` (or ``everything``): stored rows
         then end at the same call in every set, so a resume asks whole calls, as an uninterrupted run does (a
-        call's answers can depend on its other rows: suite_calls). Where the device computes otherwise since
-        (compiled code that failed), the batching record kept with the answers says so."""
+        call's answers can depend on its other rows: suite_calls); a compile failure since, in the batching record."""
         nonlocal batching, stored
         if not everything and max(map(len, pending.values())) < part_size:
             return
