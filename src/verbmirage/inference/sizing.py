@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from verbmirage.models.base import COMPILE_FAILED
 from verbmirage.models.memory import MemoryCosts
 
 log = logging.getLogger(__name__)
@@ -182,34 +183,29 @@ def _moved(kept: dict | None, path: dict | None) -> str | None:
                         "scores may differ from theirs within reduced precision")
 
 
-#: the device path's key for the compiled parts that failed during a run (a run's, not the device's: two paths
-#: that differ only there compute alike where nothing fails)
-FAILED = "compile_failed"
-
-
 def _changes(before: dict | None, path: dict | None) -> str | None:
-    """The keys whose values differ between two device paths (:data:`FAILED` aside), as words; None where none
-    or either is unknown."""
+    """The keys whose values differ between two device paths (a run's ``COMPILE_FAILED`` aside: paths that differ
+    only there compute alike where nothing fails), as words; None where none or either is unknown."""
     if before is None or path is None:
         return None
-    keys = sorted(key for key in {*before, *path} if key != FAILED and before.get(key) != path.get(key))
+    keys = sorted(key for key in {*before, *path} if key != COMPILE_FAILED and before.get(key) != path.get(key))
     return ", ".join(f"{key} {before.get(key)} -> {path.get(key)}" for key in keys) or None
 
 
 def with_device_now(batching: Batching, model, answers_before: bool) -> Batching:
     """``batching`` as kept with the answers about to be stored: where compiled code failed during the job
-    (:data:`FAILED` in ``model``'s :meth:`device_path`; it runs otherwise from then on) and its record does not
+    (``COMPILE_FAILED`` in ``model``'s :meth:`device_path`; it runs otherwise from then on) and its record does not
     name that failure yet, the record names it, and where ``answers_before`` (answers were stored before it, by
     this run or an earlier one) its note says that those before and after it may differ. The same ``batching``
     where nothing new failed."""
     record, path = batching.record, model.device_path()
     if record is None or path is None or record.get("device") is None:
         return batching
-    kept = record["device"].get(FAILED, [])
-    failed = sorted({*kept, *path.get(FAILED, [])})
+    kept = record["device"].get(COMPILE_FAILED, [])
+    failed = sorted({*kept, *path.get(COMPILE_FAILED, [])})
     if failed == sorted(kept):
         return batching
-    record = {**record, "device": {**record["device"], FAILED: failed}}
+    record = {**record, "device": {**record["device"], COMPILE_FAILED: failed}}
     if answers_before:
         note = (f"compiled code failed during the run that answered these questions ({', '.join(failed)}) after "
                 "some of them were stored: scores may differ within reduced precision between those before and after")

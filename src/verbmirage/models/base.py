@@ -252,6 +252,10 @@ def option_letter(index: int) -> str:
     return ascii_uppercase[index]
 
 
+#: the key of :meth:`VisionLanguageModel.device_path` naming the compiled parts that failed during a run (a
+#: run's, not the device's: paths that differ only there compute alike where nothing fails)
+COMPILE_FAILED = "compile_failed"
+
 class VisionLanguageModel(ABC):
     """Base class of every backend. Subclasses set ``backend`` and implement the private methods.
 
@@ -341,8 +345,9 @@ class VisionLanguageModel(ABC):
 
     def device_path(self) -> dict | None:
         """What computes the answers on a GPU that another GPU may compute otherwise (its name, the kernels
-        chosen by its generation), kept with a job's batch sizes so that a resume elsewhere says so; None where
-        nothing depends on the device (the CPU, most backends)."""
+        chosen by its generation; under :data:`COMPILE_FAILED` the compiled parts that failed in this process),
+        kept with a job's batch sizes so that a resume elsewhere says so; None where nothing depends on the
+        device (the CPU, most backends)."""
         return None
 
     def fingerprint_extra(self) -> dict:

@@ -38,6 +38,7 @@ import os
 
 import torch
 
+from verbmirage.models.base import COMPILE_FAILED
 from verbmirage.models.hf.compiled_layers import (compile_decoder_layers, compiles_layers, cuda_capability, failed,
                                                   failures, switched_off)
 from verbmirage.models.hf.shared_prefix import FLEX_ENV, FLEX_MIN_CAPABILITY, FLEX_MIN_DIM, FLEX_PART, kernel_for
@@ -93,7 +94,7 @@ def engine_device_path(engine) -> dict | None:
             "attention": kernel_for(device, _head_size(engine.model), chosen=True) if in_place else "transformers",
             "compiled_layers": bool(in_place and compiles_layers(device, next(engine.model.parameters()).dtype))}
     if failures():
-        path["compile_failed"] = failures()
+        path[COMPILE_FAILED] = failures()
     return path
 
 
