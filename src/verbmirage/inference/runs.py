@@ -50,7 +50,7 @@ from verbmirage.benchmark.question_table import QUESTIONS, question_sample, samp
 from verbmirage.core.io import DamagedTableError, read_table, to_arrow
 from verbmirage.core.schemas import PREDICTIONS
 from verbmirage.inference.settings import INFERENCE_DEFAULTS, check_inference_settings
-from verbmirage.inference.sizing import MemoryReading, choose_batching, with_device_now
+from verbmirage.inference.sizing import MemoryReading, choose_batching, with_compile_failures
 from verbmirage.inference.store import (
     PartStore,
     _latest_part_of,
@@ -410,20 +410,18 @@ def predict_suite(
     def flush(everything: bool) -> None:
         """Store the pending rows of every set once one set holds ``part_size`` (or ``everything``): stored rows
         then end at the same call in every set, so a resume asks whole calls, as an uninterrupted run does (a
-        call's answers can depend on its other rows: suite_calls); a compile failure since, in the batching record."""
+        call's answers can depend on its other rows: suite_calls), and any compile failure since in the batching."""
         nonlocal batching, stored
         if not everything and max(map(len, pending.values())) < part_size:
             return
-        now = with_device_now(batching, model, stored)
-        if now is not batching:
+        if (now := with_compile_failures(batching, model, stored)) is not batching:
             batching = now
             for store in stores.values():
                 store.keep_batching(batching.record)
         for qset, rows in pending.items():
             if rows:
                 stores[qset].append(rows)
-                pending[qset] = []
-                stored = True
+                pending[qset], stored = [], True
 
     description = f"{model.name} {len(stores)} sets"
     try:

@@ -192,7 +192,7 @@ def _changes(before: dict | None, path: dict | None) -> str | None:
     return ", ".join(f"{key} {before.get(key)} -> {path.get(key)}" for key in keys) or None
 
 
-def with_device_now(batching: Batching, model, answers_before: bool) -> Batching:
+def with_compile_failures(batching: Batching, model, answers_before: bool) -> Batching:
     """``batching`` as kept with the answers about to be stored: where compiled code failed during the job
     (``COMPILE_FAILED`` in ``model``'s :meth:`device_path`; it runs otherwise from then on) and its record does not
     name that failure yet, the record names it, and where ``answers_before`` (answers were stored before it, by

@@ -39,9 +39,9 @@ import os
 import torch
 
 from verbmirage.models.base import COMPILE_FAILED
-from verbmirage.models.hf.compiled_layers import (compile_decoder_layers, compiles_layers, cuda_capability, failed,
-                                                  failures, switched_off)
-from verbmirage.models.hf.shared_prefix import FLEX_ENV, FLEX_MIN_CAPABILITY, FLEX_MIN_DIM, FLEX_PART, kernel_for
+from verbmirage.models.hf.compiled_layers import (compile_decoder_layers, compiles_layers, cuda_capability, failures,
+                                                  switched_off)
+from verbmirage.models.hf.shared_prefix import FLEX_ENV, flex_off, kernel_for
 
 log = logging.getLogger(__name__)
 
@@ -103,14 +103,7 @@ def _attention_kernel(device: torch.device, head: int) -> str:
     the job's log."""
     if kernel_for(device, head) == "flex":
         return f"in FlexAttention's fused kernels ({FLEX_ENV}=0 attends in plain products)"
-    if head < FLEX_MIN_DIM:
-        return f"in plain products (heads of {head}: FlexAttention takes {FLEX_MIN_DIM} or more)"
-    if switched_off(FLEX_ENV):
-        return f"in plain products ({FLEX_ENV} says no)"
-    if failed(FLEX_PART):
-        return "in plain products (compiled FlexAttention failed earlier in this process)"
-    found, least = ".".join(map(str, cuda_capability(device))), ".".join(map(str, FLEX_MIN_CAPABILITY))
-    return f"in plain products (FlexAttention needs compute capability {least}; this GPU has {found})"
+    return f"in plain products ({flex_off(device, head) or 'chosen so'})"
 
 
 def forward_cost() -> int:

@@ -84,24 +84,33 @@ FLEX_PART = Part("FlexAttention over the shared prefixes", "the attention runs i
 
 def kernel_for(device: torch.device, dim: int = FLEX_MIN_DIM, chosen: bool = False) -> str:
     """The kernel of :data:`KERNELS` that attends on ``device`` with heads of ``dim`` (or the one
-    :func:`use_kernel` set): on CUDA FlexAttention where :func:`flex_on` says so, else plain products; on the
+    :func:`use_kernel` set): on CUDA FlexAttention where :func:`flex_off` finds no reason not to, else plain
+    products; on the
     CPU its flash kernel. ``chosen``: the kernel chosen for the device, a failure of compiled FlexAttention in
     this process aside (what a job's record names; the failure is named beside it)."""
     forced = _KERNEL.get()
     if forced is not None:
         return forced
     if device.type == "cuda":
-        return "flex" if dim >= FLEX_MIN_DIM and flex_on(device, chosen) else "plain"
+        return "plain" if flex_off(device, dim, chosen) else "flex"
     return "cpu_flash" if device.type == "cpu" else "plain"
 
 
-def flex_on(device: torch.device, chosen: bool = False) -> bool:
-    """Whether FlexAttention attends on the CUDA ``device``: where its compute capability is at least
-    :data:`FLEX_MIN_CAPABILITY` (FlexAttention's fused kernels are Triton's, written for Ampere and later),
-    :data:`FLEX_ENV` does not say no and its compiled code has not failed in this process (:data:`FLEX_PART`;
-    not asked where ``chosen``)."""
-    return (not switched_off(FLEX_ENV) and (chosen or not failed(FLEX_PART))
-            and cuda_capability(device) >= FLEX_MIN_CAPABILITY)
+def flex_off(device: torch.device, dim: int = FLEX_MIN_DIM, chosen: bool = False) -> str | None:
+    """Why FlexAttention does not attend on the CUDA ``device`` with heads of ``dim``, in words for the job's log;
+    None where it does: heads of at least :data:`FLEX_MIN_DIM`, :data:`FLEX_ENV` not saying no, its compiled code
+    not failed in this process (:data:`FLEX_PART`; not asked where ``chosen``), and a compute capability of at
+    least :data:`FLEX_MIN_CAPABILITY` (FlexAttention's fused kernels are Triton's, written for Ampere and later)."""
+    if dim < FLEX_MIN_DIM:
+        return f"heads of {dim}: FlexAttention takes {FLEX_MIN_DIM} or more"
+    if switched_off(FLEX_ENV):
+        return f"{FLEX_ENV} says no"
+    if not chosen and failed(FLEX_PART):
+        return "compiled FlexAttention failed earlier in this process"
+    if cuda_capability(device) < FLEX_MIN_CAPABILITY:
+        found, least = (".".join(map(str, version)) for version in (cuda_capability(device), FLEX_MIN_CAPABILITY))
+        return f"FlexAttention needs compute capability {least}; this GPU has {found}"
+    return None
 
 
 @contextlib.contextmanager
