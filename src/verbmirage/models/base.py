@@ -256,6 +256,7 @@ def option_letter(index: int) -> str:
 #: run's, not the device's: paths that differ only there compute alike where nothing fails)
 COMPILE_FAILED = "compile_failed"
 
+
 class VisionLanguageModel(ABC):
     """Base class of every backend. Subclasses set ``backend`` and implement the private methods.
 
