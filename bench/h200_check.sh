@@ -25,7 +25,11 @@
 #   5. --decodings: the whole suite greedily as a job answers it, each decoding's cost relative to greedy (beside
 #      its arithmetic relative to greedy's: bench_scoring.Arithmetic) and peak memory, and the projected GPU-hours of the whole HICO suite and of configs/paper.yaml, every GPU model
 #      (the remote-code models at the engine's rates and one question at a time at generate's rate of step 1);
-#   6. the GPU tests: pytest -m gpu (fused attention against the CPU path, and any other gpu-marked test).
+#   6. the GPU tests: pytest -m gpu (fused attention against the CPU path, and any other gpu-marked test);
+#   7. a remote-code model batched vs one question at a time, through its own code on the GPU in bf16
+#      (bench/remote_batching.py on Molmo-7B-D's proxy at real geometry, depth cut: the one remote model whose
+#      worker's pins have wheels for the device's Python; bench/README.md, "Remote-code models batched"), on the
+#      time the steps before it left unused, when that is at least REMOTE_MINIMUM seconds.
 # On CUDA the engine compiles its language model's decoder layers (models/hf/compiled_layers.py; the first forward
 # of each shape waits for the compiler, later steps reuse its cache in /tmp) and runs fewer, fuller forwards
 # (models/hf/on_device.py): every step measures that path. `VERBMIRAGE_COMPILE_LAYERS=0 bash bench/h200_check.sh`
@@ -89,6 +93,7 @@ step() {  # step NAME SECONDS COMMAND...: run it under its limit plus what the s
     scheduled=$((scheduled + limit))
     local left=$((scheduled - (SECONDS - steps_start)))
     [ "$left" -gt "$limit" ] || left=$limit
+    [ "$left" -gt 0 ] || left=1  # timeout 0 would mean no limit
     echo "== $name (at most $left s)"
     # a command that ignores SIGTERM at its limit gets SIGKILL 10 s later: timeout then exits 137, not 124
     timeout -k 10 "$left" "$@" 2>&1 | tee "$OUT/$name.txt"
@@ -116,5 +121,36 @@ step decodings 65 "$PYTHON" bench/gpu_scoring.py --decodings "${SMOKE[@]}" "${DE
 gpu_tests=$(grep -rl "pytest.mark.gpu" tests --include="test_*.py" | sort)
 step gpu_tests 30 env PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider \
     $gpu_tests
+# 7. Molmo-7B-D's worker: its code and wheels from .whl (bench/h200_wheels.sh), installed beside the image's torch
+# into a folder of their own, and an env whose python puts that folder first (remote_batching.py runs a worker env's
+# bin/python); on the CPU (--smoke) the worker env tools/make_envs.sh built
+REMOTE_MINIMUM=${REMOTE_MINIMUM:-60}
+left=$((scheduled - (SECONDS - steps_start)))
+if [ ${#SMOKE[@]} -gt 0 ]; then
+    if [ -x "${VERBMIRAGE_ENVS_DIR:-.envs}/remote-molmo/bin/python" ] &&
+        [ -d "${VERBMIRAGE_REMOTE_CODE:-../shared/remote_code}/molmo_7b_d" ]; then
+        step remote 60 "$PYTHON" bench/remote_batching.py --smoke --models molmo
+    else
+        echo "== remote skipped: Molmo-7B-D's worker env or code is absent (tools/make_envs.sh; ../shared/remote_code)"
+    fi
+elif [ ! -d .whl/remote-molmo ] || [ ! -d .whl/remote_code/molmo_7b_d ]; then
+    echo "== remote skipped: Molmo-7B-D's worker was not carried (bash bench/h200_wheels.sh puts it in .whl)"
+elif [ "$left" -lt "$REMOTE_MINIMUM" ]; then
+    echo "== remote skipped: $left s left of the steps' $scheduled s, fewer than the $REMOTE_MINIMUM it needs"
+else
+    workers=$(mktemp -d)
+    if "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$workers/site" \
+        .whl/remote-molmo/*.whl; then
+        mkdir -p "$workers/remote-molmo/bin"
+        printf '#!/bin/sh\nPYTHONPATH=%s exec %s "$@"\n' "$workers/site" "$(command -v "$PYTHON")" \
+            > "$workers/remote-molmo/bin/python"
+        chmod +x "$workers/remote-molmo/bin/python"
+        step remote 0 env VERBMIRAGE_ENVS_DIR="$workers" VERBMIRAGE_REMOTE_CODE="$PWD/.whl/remote_code" "$PYTHON" \
+            bench/remote_batching.py --models molmo --device cuda --dtype bfloat16
+    else
+        status=1
+        echo "== remote failed: Molmo-7B-D's wheels did not install"
+    fi
+fi
 echo "logs in $OUT"
 exit $status

@@ -2,8 +2,12 @@
 # What bench/h200_check.sh carries to the device machine (which cannot download): transformers and pytest as pinned
 # in pyproject.toml, and what pytest imports at the versions this checkout's .venv holds, for the GPU tests
 # (transformers' other needs, tokenizers, huggingface_hub, safetensors, ..., are in the device image in versions it
-# accepts), and the paper config's prompts per decoding for the projected run times (bench/projection.py: it needs
-# Snakemake's schema check, installed here, not there). Writes .whl/ (ignored: .gitignore).
+# accepts), the paper config's prompts per decoding for the projected run times (bench/projection.py: it needs
+# Snakemake's schema check, installed here, not there), and Molmo-7B-D's worker for the check's remote-code step: its
+# code and its env's pins (envs/remote-molmo.txt) but torch, numpy, Pillow and safetensors, which the image's serve,
+# torchvision at the release built for the image's torch (REMOTE_TORCHVISION), and psutil. The other remote models' workers
+# cannot travel: Qwen-VL-Chat's and mPLUG-Owl2's pin tokenizers 0.13.3 and MiniCPM's sentencepiece 0.1.99, which have
+# no wheel for the device's Python 3.12. Writes .whl/ (ignored: .gitignore).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
@@ -23,10 +27,26 @@ done
 # (h200_check.sh installs every wheel in .whl: none of an earlier version stays)
 fresh=$(mktemp -d)
 trap 'rm -rf "$fresh"' EXIT
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-    --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d "$fresh" "${wheels[@]}"
+download() {  # download FOLDER REQUIREMENT...: wheels for the device image's Python
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d "$@"
+}
+download "$fresh" "${wheels[@]}"
+# torchvision 0.26.0 is the release for torch 2.11.0, the device image's; its PyPI wheel links CUDA 13, as that torch
+remote=("torchvision==${REMOTE_TORCHVISION:-0.26.0}")
+for name in transformers tokenizers accelerate einops huggingface_hub; do
+    remote+=("$(grep -m 1 "^$name==" envs/remote-molmo.txt)") || { echo "envs/remote-molmo.txt pins no $name" >&2; exit 1; }
+done
+# accelerate imports psutil, which the image need not hold (any release: its wheels serve every Python 3)
+remote+=("$(pin psutil)")
+download "$fresh/remote-molmo" "${remote[@]}"
+code=${VERBMIRAGE_REMOTE_CODE:-../shared/remote_code}/molmo_7b_d
+[ -d "$code" ] || { echo "$code is absent (the checkpoint's code; set VERBMIRAGE_REMOTE_CODE)" >&2; exit 1; }
+mkdir -p "$fresh/remote_code"
+cp -r "$code" "$fresh/remote_code/"
 mkdir -p .whl
-rm -f .whl/*.whl
-mv "$fresh"/*.whl .whl/
+rm -rf .whl/*.whl .whl/remote-molmo .whl/remote_code
+mv "$fresh"/*.whl "$fresh/remote-molmo" "$fresh/remote_code" .whl/
 "$PYTHON" bench/projection.py --write .whl/paper_mix.json
-ls -la .whl
+ls -la .whl .whl/remote-molmo
+du -sh .whl  # carry takes at most 64 MiB

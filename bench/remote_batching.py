@@ -2,13 +2,14 @@
 
     python bench/remote_batching.py [--models qwen_vl_chat,minicpm_v,molmo,mplug_owl2] [--per-image 12]
     python bench/remote_batching.py --smoke          # tiny sizes, seconds: checks that the script runs
+    python bench/remote_batching.py --models molmo --device cuda --dtype bfloat16   # on a GPU (h200_check.sh)
 
 For each model a random-weight checkpoint is built from its own code (``../shared/remote_code``, or
 ``$VERBMIRAGE_REMOTE_CODE``) in its worker env (``tools/make_envs.sh``), with the real config's widths,
 vocabulary, image resolution and image-token counts and only the depth cut (:data:`PROXY_DEPTH`: every
 language-model and vision stack to 2 layers, Molmo's vision to 9 (it reads layers -2 and -9), the mPLUG-Owl2
 abstractor to 1), then timed through our driver
-in that env, float32 on this CPU:
+in that env, float32 on the CPU (``--device``, ``--dtype``: on a GPU, the proxy built in that dtype):
 
 - one at a time: ``Driver.logits`` per question (what the adapter did before batching); its time per question
   does not depend on how many questions an image has, so it is measured on ``--single`` questions and
@@ -65,8 +66,9 @@ def questions(count: int) -> list[str]:
 
 
 # ---- in the model's env -------------------------------------------------------------------------------
-def build(model: str, target: Path, smoke: bool) -> None:
-    """The proxy (or, with ``smoke``, the tests' tiny model) of ``model`` in ``target``, built in this env."""
+def build(model: str, target: Path, smoke: bool, dtype: str = "float32") -> None:
+    """The proxy (or, with ``smoke``, the tests' tiny model) of ``model`` in ``target``, built in this env, its
+    weights saved in ``dtype`` (the proxy's; the tiny models' stay float32)."""
     sys.path.insert(0, str(REPO / "tests"))
     code = REMOTE_CODE / MODELS[model][0]
     if model == "mplug_owl2":
@@ -94,8 +96,9 @@ def build(model: str, target: Path, smoke: bool) -> None:
     if smoke:
         tiny.BUILDERS[model](code, target)
         return
-    depth = {"qwen_vl_chat": {"num_hidden_layers": PROXY_LAYERS, "visual": {"layers": PROXY_LAYERS}, "fp32": True,
-                              "fp16": False, "bf16": False, "use_flash_attn": False},
+    depth = {"qwen_vl_chat": {"num_hidden_layers": PROXY_LAYERS, "visual": {"layers": PROXY_LAYERS},
+                              "fp32": dtype == "float32", "fp16": dtype == "float16", "bf16": dtype == "bfloat16",
+                              "use_flash_attn": False},
              "minicpm_v": {"num_hidden_layers": PROXY_LAYERS, "vision_config": {"num_hidden_layers": PROXY_LAYERS}},
              "molmo": {"num_hidden_layers": PROXY_LAYERS}}[model]
     tiny.copy_checkpoint_files(code, target)
@@ -111,8 +114,8 @@ def build(model: str, target: Path, smoke: bool) -> None:
         from remote_drivers_llama import supply_list_to_torch_functional
 
         supply_list_to_torch_functional()
-    tiny.shrink_config(target, {**depth, "torch_dtype": "float32"})
-    tiny._save_model(target, "AutoModel" if model == "minicpm_v" else "AutoModelForCausalLM")
+    tiny.shrink_config(target, {**depth, "torch_dtype": dtype})
+    tiny._save_model(target, "AutoModel" if model == "minicpm_v" else "AutoModelForCausalLM", dtype)
     if model == "molmo":
         import transformers
 
@@ -120,8 +123,10 @@ def build(model: str, target: Path, smoke: bool) -> None:
         tokenizer.backend_tokenizer.save(str(target / "tokenizer.json"))
 
 
-def measure(model: str, folder: Path, images: int, per_image: int, single: int, batch_size: int) -> dict:
-    """Seconds of one-at-a-time and batched scoring through the driver (run in the model's env)."""
+def measure(model: str, folder: Path, images: int, per_image: int, single: int, batch_size: int,
+            device: str = "cpu", dtype: str = "float32") -> dict:
+    """Seconds of one-at-a-time and batched scoring through the driver (run in the model's env). Each side's
+    logits come back to the host (``.cpu()``), so its time includes all its device work."""
     import numpy as np
     import torch
     from PIL import Image
@@ -131,7 +136,7 @@ def measure(model: str, folder: Path, images: int, per_image: int, single: int, 
 
     torch.manual_seed(0)
     options = {"code_dir": str(REMOTE_CODE / "mplug_owl2")} if model == "mplug_owl2" else {}
-    driver = DRIVERS[model](str(folder), dtype="float32", device="cpu", **options)
+    driver = DRIVERS[model](str(folder), dtype=dtype, device=device, **options)
     paths = []
     for i in range(images):
         paths.append(folder / f"bench{i}.jpg")
@@ -155,6 +160,7 @@ def measure(model: str, folder: Path, images: int, per_image: int, single: int, 
             "one_at_a_time_s": per_question * len(items), "batched_s": batched,
             "speedup": per_question * len(items) / batched, "max_abs_logit_difference": difference,
             "prompt_tokens": [min(map(len, ids)), max(map(len, ids))], "forwards": dict(driver.forwards),
+            "device": device, "dtype": dtype,
             "parameters": sum(p.numel() for p in driver.model.parameters())}
 
 
@@ -165,11 +171,15 @@ def run(model: str, args, work: Path) -> dict:
         raise SystemExit(f"worker env {MODELS[model][1]} is not built ({python}): run tools/make_envs.sh")
     folder = work / model
     here = [str(python), str(Path(__file__).resolve())]
-    subprocess.run([*here, "build", model, str(folder), *(["--smoke"] if args.smoke else [])], check=True,
-                   stdout=subprocess.DEVNULL)
+    on = ["--device", args.device, "--dtype", args.dtype]
+    # the env's own packages only: a PYTHONPATH of this process (h200_check.sh's, holding the project's
+    # transformers) would shadow them
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    subprocess.run([*here, "build", model, str(folder), *on, *(["--smoke"] if args.smoke else [])], check=True,
+                   stdout=subprocess.DEVNULL, env=env)
     result = subprocess.run([*here, "measure", model, str(folder), "--images", str(args.images), "--per-image",
-                             str(args.per_image), "--single", str(args.single), "--batch-size", str(args.batch_size)],
-                            check=True, stdout=subprocess.PIPE, text=True)
+                             str(args.per_image), "--single", str(args.single), "--batch-size", str(args.batch_size),
+                             *on], check=True, stdout=subprocess.PIPE, text=True, env=env)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -183,18 +193,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-image", type=int, default=12, help="questions per image (HICO: ~23)")
     parser.add_argument("--single", type=int, default=3, help="questions timed one at a time")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--device", default="cpu", help="where the driver runs the model (cuda on a GPU)")
+    parser.add_argument("--dtype", default="float32", help="the weights' dtype (bfloat16 on a GPU, as a job runs)")
     parser.add_argument("--smoke", action="store_true", help="the tests' tiny models, 2 images x 3 questions")
     args = parser.parse_args(argv)
     if args.command == "build":
-        build(args.model, args.folder, args.smoke)
+        build(args.model, args.folder, args.smoke, args.dtype)
         return 0
     if args.command == "measure":
-        print(json.dumps(measure(args.model, args.folder, args.images, args.per_image, args.single, args.batch_size)))
+        print(json.dumps(measure(args.model, args.folder, args.images, args.per_image, args.single, args.batch_size,
+                                 args.device, args.dtype)))
         return 0
     if args.smoke:
         args.per_image, args.single = 3, 2
     if not REMOTE_CODE.is_dir():
         raise SystemExit(f"{REMOTE_CODE} is absent (the checkpoints' code; set VERBMIRAGE_REMOTE_CODE)")
+    print(f"{args.device}, {args.dtype}")
     print(f"{'model':<14} {'proxy (layers real -> proxy)':<50} {'questions':>9} {'alone s/q':>9} "
           f"{'batched s':>9} {'speed-up':>8} {'max |dlogit|':>12}")
     with tempfile.TemporaryDirectory(prefix="remote_batching_") as work:

@@ -167,14 +167,15 @@ def build_minicpm_v(source: Path, target: Path) -> None:
     _save_model(target, "AutoModel")
 
 
-def _save_model(target: Path, auto_class: str) -> None:
-    """Build from the shrunk config, save, then put back the checkpoint's own generation config."""
+def _save_model(target: Path, auto_class: str, dtype: str = "float32") -> None:
+    """Build from the shrunk config in ``dtype``, save, then put back the checkpoint's own generation config."""
     import torch
     import transformers
 
     torch.manual_seed(0)
     config = transformers.AutoConfig.from_pretrained(str(target), trust_remote_code=True)
-    model = getattr(transformers, auto_class).from_config(config, trust_remote_code=True, torch_dtype=torch.float32)
+    model = getattr(transformers, auto_class).from_config(config, trust_remote_code=True,
+                                                          torch_dtype=getattr(torch, dtype))
     with torch.no_grad():  # random weights of a realistic scale; the tiny models test code paths, not answers
         for parameter in model.parameters():
             if parameter.dim() > 1:

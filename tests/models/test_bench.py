@@ -38,8 +38,15 @@ def test_cpu_benchmark_prints_both_regimes_and_each_decodings_cost():
 def test_the_device_check_runs_every_step_in_smoke_mode(tmp_path):
     """bench/h200_check.sh, the one prepared device run: versions, engine vs generate, the suite benchmark at batch
     64 and at the sized batch, the profiled pass, each decoding and the projected run times of every GPU model,
-    the GPU tests; each also in $OUT (here on a CPU with --smoke: the benchmarks' narrow model, a few prompts;
-    the paper config's prompt mix written as bench/h200_wheels.sh writes it)."""
+    the GPU tests, a remote-code model batched vs one at a time; each also in $OUT (here on a CPU with --smoke: the
+    benchmarks' narrow model, a few prompts, Molmo's tiny model in its worker env; the paper config's prompt mix
+    written as bench/h200_wheels.sh writes it)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from remote_tiny import CODE_FOLDERS, REMOTE_CODE, envs_dir
+
+    # without Molmo's worker env (or its code) the step says so and the check goes on; CI requires the envs
+    molmo = (envs_dir() / "remote-molmo" / "bin" / "python").exists() and (REMOTE_CODE / CODE_FOLDERS["molmo"]).is_dir()
+    assert molmo or os.environ.get("VERBMIRAGE_REQUIRE_REMOTE_ENVS") != "1", "Molmo's worker env is required here"
     mix = tmp_path / "paper_mix.json"
     subprocess.run([sys.executable, str(REPO / "bench" / "projection.py"), "--write", str(mix)], check=True,
                    timeout=300)
@@ -54,8 +61,8 @@ def test_the_device_check_runs_every_step_in_smoke_mode(tmp_path):
     assert re.search(r"^C compiler for Triton: (/\S+|none( \(CC=.* not found\))?)$", out, re.M)
     generate = (tmp_path / "generate.txt").read_text()
     assert re.search(r"^float32 random: the engine's first call [\d.]+ s$", generate, re.M)  # the compiler's wait
-    assert re.findall(r"^== (\w+) took \d+ s$", out, re.M) == ["generate", "flips", "suite", "profile", "decodings",
-                                                             "gpu_tests"]  # each step's time, every step run
+    steps = ["generate", "flips", "suite", "profile", "decodings", "gpu_tests"] + (["remote"] if molmo else [])
+    assert re.findall(r"^== (\w+) took \d+ s$", out, re.M) == steps  # each step's time, every step run
     assert len(re.findall(r"^float32 (random|decisive): generate b1 [\d.]+ prompts/s .* ratio [\d.]+x .* decisions "
                           r"agree \d+/\d+$", generate, re.M)) == 2
     suite = (tmp_path / "suite.txt").read_text()
@@ -91,6 +98,14 @@ def test_the_device_check_runs_every_step_in_smoke_mode(tmp_path):
     assert re.search(r"its 4 remote-code models .*, [\d.]+ h one question at a time \(generate at batch 1", decodings)
     assert re.search(r"whole config, every GPU model: [\d.]+ GPU-hours", decodings)
     assert re.search(r"\d+ skipped", (tmp_path / "gpu_tests.txt").read_text())  # no CUDA here: gpu tests skip
+    if not molmo:
+        assert "== remote skipped: Molmo-7B-D's worker env or code is absent" in out
+        return
+    remote = (tmp_path / "remote.txt").read_text()
+    # batched: one image prefix per image, no one-question fallback; its logits equal one at a time's
+    row = re.search(r"^molmo +tiny \(smoke\) +6 +([\d.]+) +([\d.]+) +([\d.]+)x +([\d.e+-]+)$", remote, re.M)
+    assert remote.startswith("cpu, float32\n") and row and float(row[3]) > 0 and float(row[4]) < 1e-5, remote
+    assert '"forwards": {"prefix": 2' in remote and '"single": 0}' in remote
 
 
 def test_suite_benchmark_prints_both_rates_and_the_suite_ratio_per_call_size():
