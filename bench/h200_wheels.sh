@@ -27,8 +27,9 @@ done
 # (h200_check.sh installs every wheel in .whl: none of an earlier version stays)
 fresh=$(mktemp -d)
 trap 'rm -rf "$fresh"' EXIT
-download() {  # download FOLDER REQUIREMENT...: wheels for the device image's Python
-    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+download() {  # download FOLDER REQUIREMENT...: wheels for the device image's Python (DEVICE_PYTHON, 3.12)
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version "${DEVICE_PYTHON:-3.12}" \
+        --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d "$@"
 }
 download "$fresh" "${wheels[@]}"
@@ -37,16 +38,23 @@ remote=("torchvision==${REMOTE_TORCHVISION:-0.26.0}")
 for name in transformers tokenizers accelerate einops huggingface_hub; do
     remote+=("$(grep -m 1 "^$name==" envs/remote-molmo.txt)") || { echo "envs/remote-molmo.txt pins no $name" >&2; exit 1; }
 done
-# accelerate imports psutil, which the image need not hold (any release: its wheels serve every Python 3)
-remote+=("$(pin psutil)")
-download "$fresh/remote-molmo" "${remote[@]}"
+# and what they import that the image need not hold, at this checkout's versions (each serves any Python 3):
+# psutil (accelerate), requests and its own (transformers 4.x and huggingface_hub 0.x; the image's 5.x stack uses
+# httpx)
+for name in psutil requests urllib3 idna certifi charset_normalizer; do
+    remote+=("$(pin "$name")")
+done
 code=${VERBMIRAGE_REMOTE_CODE:-../shared/remote_code}/molmo_7b_d
-[ -d "$code" ] || { echo "$code is absent (the checkpoint's code; set VERBMIRAGE_REMOTE_CODE)" >&2; exit 1; }
-mkdir -p "$fresh/remote_code"
-cp -r "$code" "$fresh/remote_code/"
+if [ -d "$code" ]; then
+    download "$fresh/remote-molmo" "${remote[@]}"
+    mkdir -p "$fresh/remote_code"
+    cp -r --no-preserve=mode "$code" "$fresh/remote_code/"  # the shared copy is read-only
+else
+    echo "$code is absent (the checkpoint's code; VERBMIRAGE_REMOTE_CODE): the check's remote-code step will skip" >&2
+fi
 mkdir -p .whl
 rm -rf .whl/*.whl .whl/remote-molmo .whl/remote_code
-mv "$fresh"/*.whl "$fresh/remote-molmo" "$fresh/remote_code" .whl/
+mv "$fresh"/* .whl/
 "$PYTHON" bench/projection.py --write .whl/paper_mix.json
 ls -la .whl .whl/remote-molmo
 du -sh .whl  # carry takes at most 64 MiB

@@ -136,7 +136,9 @@ def measure(model: str, folder: Path, images: int, per_image: int, single: int, 
 
     torch.manual_seed(0)
     options = {"code_dir": str(REMOTE_CODE / "mplug_owl2")} if model == "mplug_owl2" else {}
+    start = time.perf_counter()
     driver = DRIVERS[model](str(folder), dtype=dtype, device=device, **options)
+    loaded = time.perf_counter() - start
     paths = []
     for i in range(images):
         paths.append(folder / f"bench{i}.jpg")
@@ -145,14 +147,20 @@ def measure(model: str, folder: Path, images: int, per_image: int, single: int, 
     prompts = questions(per_image)
     items = [(str(path), prompt) for path in paths for prompt in prompts]
     driver.logits(*items[0])  # warm-up: first-call costs (lazy imports, allocations) count for neither side
+    preprocessed = _count_image_preprocessing(driver)
     picked = sorted({round(i * (len(items) - 1) / max(1, single - 1)) for i in range(single)})  # first to last
     start = time.perf_counter()
     alone = [driver.logits(*items[i]) for i in picked]
     per_question = (time.perf_counter() - start) / len(alone)
+    preprocessing = {"alone": preprocessed.pop("calls", 0)}
     start = time.perf_counter()
     together = driver.logits_batch(items, batch_size)
     batched = time.perf_counter() - start
+    preprocessing["batched"] = preprocessed.pop("calls", 0)
     assert not any(isinstance(row, Exception) for row in together), together
+    # the batched path itself ran: one prefix per image, no question fallen back to one at a time
+    if driver.forwards.get("single") or driver.forwards.get("prefix") != images:
+        raise SystemExit(f"{model}: the batched path fell back (forwards {dict(driver.forwards)}); see its stderr")
     difference = max(float((together[i] - one).abs().max()) for i, one in zip(picked, alone))
     ids = driver.batch_inputs(items[0][0], prompts)[0]
     return {"model": model, "images": images, "per_image": per_image, "questions": len(items),
@@ -160,8 +168,24 @@ def measure(model: str, folder: Path, images: int, per_image: int, single: int, 
             "one_at_a_time_s": per_question * len(items), "batched_s": batched,
             "speedup": per_question * len(items) / batched, "max_abs_logit_difference": difference,
             "prompt_tokens": [min(map(len, ids)), max(map(len, ids))], "forwards": dict(driver.forwards),
-            "device": device, "dtype": dtype,
+            "device": device, "dtype": dtype, "load_s": loaded, "image_preprocessing": preprocessing,
             "parameters": sum(p.numel() for p in driver.model.parameters())}
+
+
+def _count_image_preprocessing(driver) -> dict:
+    """Count the calls of the driver's image processor (where it has one: the crops and resizing on the host) in
+    the returned dict's ``calls``."""
+    counts: dict = {}
+    images = getattr(getattr(driver, "processor", None), "image_processor", None)
+    if images is not None and hasattr(images, "preprocess"):
+        preprocess = images.preprocess
+
+        def counted(*args, **kwargs):
+            counts["calls"] = counts.get("calls", 0) + 1
+            return preprocess(*args, **kwargs)
+
+        images.preprocess = counted
+    return counts
 
 
 # ---- in the project's env: one proxy after another -----------------------------------------------------
@@ -175,8 +199,10 @@ def run(model: str, args, work: Path) -> dict:
     # the env's own packages only: a PYTHONPATH of this process (h200_check.sh's, holding the project's
     # transformers) would shadow them
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    start = time.perf_counter()
     subprocess.run([*here, "build", model, str(folder), *on, *(["--smoke"] if args.smoke else [])], check=True,
                    stdout=subprocess.DEVNULL, env=env)
+    print(f"  {model}: built in {time.perf_counter() - start:.1f} s", flush=True)  # where a time limit went
     result = subprocess.run([*here, "measure", model, str(folder), "--images", str(args.images), "--per-image",
                              str(args.per_image), "--single", str(args.single), "--batch-size", str(args.batch_size),
                              *on], check=True, stdout=subprocess.PIPE, text=True, env=env)
@@ -194,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--single", type=int, default=3, help="questions timed one at a time")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--device", default="cpu", help="where the driver runs the model (cuda on a GPU)")
-    parser.add_argument("--dtype", default="float32", help="the weights' dtype (bfloat16 on a GPU, as a job runs)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="the weights' dtype (bfloat16 on a GPU, as a job runs)")
     parser.add_argument("--smoke", action="store_true", help="the tests' tiny models, 2 images x 3 questions")
     args = parser.parse_args(argv)
     if args.command == "build":

@@ -106,6 +106,8 @@ def test_the_device_check_runs_every_step_in_smoke_mode(tmp_path):
     row = re.search(r"^molmo +tiny \(smoke\) +6 +([\d.]+) +([\d.]+) +([\d.]+)x +([\d.e+-]+)$", remote, re.M)
     assert remote.startswith("cpu, float32\n") and row and float(row[3]) > 0 and float(row[4]) < 1e-5, remote
     assert '"forwards": {"prefix": 2' in remote and '"single": 0}' in remote
+    # the image's crops made once per image in batches (2 images), once per question alone (2 timed)
+    assert '"image_preprocessing": {"alone": 2, "batched": 2}' in remote
 
 
 def test_suite_benchmark_prints_both_rates_and_the_suite_ratio_per_call_size():

@@ -9,14 +9,20 @@ Golden ids are the official processor's (``" User: " + text + " Assistant:"``).
 
 from __future__ import annotations
 
+import json
+import subprocess
+
 import pytest
 
 from remote_tiny import (
+    BATCH_QUESTIONS,
+    REPO,
     check_batches_equal_one_at_a_time,
     check_memory_geometry,
     TRANSFORMERS5_ENV,
     check_beam_and_sampling,
     check_scores,
+    envs_dir,
     first_greedy_answer,
     module_images,
     module_model,
@@ -109,6 +115,41 @@ def test_sampling_runs_and_beam_search_is_refused(molmo, images):
 def test_batches_answer_as_one_question_at_a_time(molmo, images):
     """Scores on one image prefix per image, and decoding: generate_from_batch on right-padded rows of one image (greedy: it has no beam search)."""
     check_batches_equal_one_at_a_time(molmo, images, beams=None)
+
+
+# run in the worker env: the driver's batch inputs against its processor's, counting the image processor's calls
+BATCH_INPUTS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from remote_driver import _open_rgb
+from remote_drivers import DRIVERS
+driver = DRIVERS["molmo"](sys.argv[2], dtype="float32", device="cpu")
+path, questions = sys.argv[3], json.loads(sys.argv[4])
+whole = [driver.processor.process(images=[_open_rgb(path)], text=q)["input_ids"].tolist() for q in questions]
+images, calls = driver.processor.image_processor, []
+preprocess = images.preprocess
+images.preprocess = lambda *args, **kwargs: calls.append(1) or preprocess(*args, **kwargs)
+ids, state = driver.batch_inputs(path, questions)
+once = len(calls)
+driver._text_kwargs = None  # as for a processor whose text step cannot be read: every question processed whole
+fallback, _ = driver.batch_inputs(path, questions)
+print(json.dumps({"equal": ids == whole, "fallback_equal": fallback == whole, "calls": [once, len(calls) - once],
+                  "state": sorted(state)}))
+"""
+
+
+def test_an_images_crops_are_made_once_for_all_its_questions(molmo, images):
+    """A batch's ids are the processor's for each question whole, with the image's crops made once for all of
+    them (its image processor runs once, not once per question); where the processor's text step cannot be read,
+    every question is processed whole, to the same ids."""
+    python = envs_dir() / worker_env("molmo") / "bin" / "python"
+    questions = [question + "\nAnswer yes or no." for question in BATCH_QUESTIONS]
+    out = subprocess.run([str(python), "-c", BATCH_INPUTS, str(REPO / "src" / "verbmirage" / "models"),
+                          str(molmo.path), str(images[0]), json.dumps(questions)], capture_output=True, text=True,
+                         timeout=300, check=True).stdout
+    found = json.loads(out.strip().splitlines()[-1])
+    assert found == {"equal": True, "fallback_equal": True, "calls": [1, len(questions)],
+                     "state": ["image_input_idx", "image_masks", "images", "input_ids"]}, found
 
 
 def test_the_driver_reports_what_the_batch_sizing_reads(molmo, images):

@@ -311,9 +311,34 @@ class MolmoDriver(base.Driver):
     # batches: BOS and the image tokens come first; the forward with the image keeps its cache (a tuple per
     # layer, batch first), then the questions' own tokens run on it with explicit positions and mask
     def batch_inputs(self, image_path, questions):
+        """The image is processed once (its crops, resized on the host, serve every question): the processor puts
+        the image first and the question's text tokens after it, so each question's ids are the first one's image
+        part and then its own text tokens, which the processor's tokenizing step gives. Checked on the first
+        question against the processor's whole output; where they differ, every question is processed whole."""
         image = base._open_rgb(image_path)
-        processed = [self.processor.process(images=[image], text=question) for question in questions]
-        return [inputs["input_ids"].tolist() for inputs in processed], processed[0]
+        first = self.processor.process(images=[image], text=questions[0])
+        ids = first["input_ids"].tolist()
+        own = self._text_tokens(questions[0])
+        if own is None or not 0 < len(own) < len(ids) or ids[len(ids) - len(own):] != own:
+            processed = [self.processor.process(images=[image], text=question) for question in questions[1:]]
+            return [ids] + [inputs["input_ids"].tolist() for inputs in processed], first
+        image_part = ids[:len(ids) - len(own)]
+        return [ids] + [image_part + self._text_tokens(question) for question in questions[1:]], first
+
+    def _text_tokens(self, question) -> list[int] | None:
+        """The question's text tokens as ``processor.process`` makes them (its message format and leading space,
+        from the processor's own defaults), or None where this revision's processor has no such step."""
+        if "_text_kwargs" not in vars(self):
+            kwargs_class = getattr(sys.modules.get(type(self.processor).__module__), "MolmoProcessorKwargs", None)
+            try:
+                self._text_kwargs = self.processor._merge_kwargs(
+                    kwargs_class, tokenizer_init_kwargs=self.tokenizer.init_kwargs)["text_kwargs"]
+            except (AttributeError, KeyError, TypeError):
+                self._text_kwargs = None
+        if self._text_kwargs is None or not hasattr(self.processor, "get_tokens_input"):
+            return None
+        return list(self.processor.get_tokens_input(question, self._text_kwargs.get("message_format"),
+                                                    self._text_kwargs.get("always_start_with_space")))
 
     def image_end(self, ids, state):
         return int(state["image_input_idx"].max()) + 1
