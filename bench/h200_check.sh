@@ -146,7 +146,7 @@ else
     mkdir -p "$workers/remote-molmo/bin"
     printf '#!/bin/sh\nPYTHONPATH=%q exec %q "$@"\n' "$workers/site" "$(command -v "$PYTHON")" > "$python"
     chmod +x "$python"
-    # what the worker imports, each named with its version and place: a package the image lacks fails here, by name
+    # the main modules the worker imports, each with its version and place: one the image lacks fails here, by name
     if "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$workers/site" \
         .whl/remote-molmo/*.whl && "$python" -c 'import importlib, sys
 for name in sys.argv[1:]:
@@ -165,7 +165,7 @@ for name in sys.argv[1:]:
         fi
     else
         status=1
-        echo "== remote failed: Molmo-7B-D's worker did not install or import (remote_env.txt)"
+        echo "== remote failed: Molmo-7B-D's worker did not install (pip's message above) or import (remote_env.txt)"
     fi
 fi
 echo "logs in $OUT"

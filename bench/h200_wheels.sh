@@ -56,5 +56,6 @@ mkdir -p .whl
 rm -rf .whl/*.whl .whl/remote-molmo .whl/remote_code
 mv "$fresh"/* .whl/
 "$PYTHON" bench/projection.py --write .whl/paper_mix.json
-ls -la .whl .whl/remote-molmo
+ls -la .whl
+[ ! -d .whl/remote-molmo ] || ls -la .whl/remote-molmo
 du -sh .whl  # carry takes at most 64 MiB

@@ -152,11 +152,12 @@ def measure(model: str, folder: Path, images: int, per_image: int, single: int, 
     start = time.perf_counter()
     alone = [driver.logits(*items[i]) for i in picked]
     per_question = (time.perf_counter() - start) / len(alone)
-    preprocessing = {"alone": preprocessed.pop("calls", 0)}
+    preprocessing = {"alone": preprocessed.pop("calls", 0)} if preprocessed is not None else None
     start = time.perf_counter()
     together = driver.logits_batch(items, batch_size)
     batched = time.perf_counter() - start
-    preprocessing["batched"] = preprocessed.pop("calls", 0)
+    if preprocessing is not None:
+        preprocessing["batched"] = preprocessed.pop("calls", 0)
     assert not any(isinstance(row, Exception) for row in together), together
     # the batched path itself ran: one prefix per image, no question fallen back to one at a time
     if driver.forwards.get("single") or driver.forwards.get("prefix") != images:
@@ -172,19 +173,20 @@ def measure(model: str, folder: Path, images: int, per_image: int, single: int, 
             "parameters": sum(p.numel() for p in driver.model.parameters())}
 
 
-def _count_image_preprocessing(driver) -> dict:
-    """Count the calls of the driver's image processor (where it has one: the crops and resizing on the host) in
-    the returned dict's ``calls``."""
-    counts: dict = {}
+def _count_image_preprocessing(driver) -> dict | None:
+    """Count the calls of the driver's image processor (the crops and resizing on the host) in the returned dict's
+    ``calls``; None where the driver has no such processor to count (its row then says null, not 0)."""
     images = getattr(getattr(driver, "processor", None), "image_processor", None)
-    if images is not None and hasattr(images, "preprocess"):
-        preprocess = images.preprocess
+    if images is None or not hasattr(images, "preprocess"):
+        return None
+    counts: dict = {}
+    preprocess = images.preprocess
 
-        def counted(*args, **kwargs):
-            counts["calls"] = counts.get("calls", 0) + 1
-            return preprocess(*args, **kwargs)
+    def counted(*args, **kwargs):
+        counts["calls"] = counts.get("calls", 0) + 1
+        return preprocess(*args, **kwargs)
 
-        images.preprocess = counted
+    images.preprocess = counted
     return counts
 
 

@@ -130,25 +130,30 @@ images, calls = driver.processor.image_processor, []
 preprocess = images.preprocess
 images.preprocess = lambda *args, **kwargs: calls.append(1) or preprocess(*args, **kwargs)
 ids, state = driver.batch_inputs(path, questions)
-once = len(calls)
-driver._text_kwargs = None  # as for a processor whose text step cannot be read: every question processed whole
-fallback, _ = driver.batch_inputs(path, questions)
-print(json.dumps({"equal": ids == whole, "fallback_equal": fallback == whole, "calls": [once, len(calls) - once],
-                  "state": sorted(state)}))
+found = {"equal": ids == whole, "state": sorted(state), "calls": [len(calls)]}
+# a processor whose text step cannot be read, and one whose text tokens are not the split's: each question whole
+for settings in (None, {"message_format": "none", "always_start_with_space": False}):
+    calls.clear()
+    driver._text_kwargs = settings
+    fallback, _ = driver.batch_inputs(path, questions)
+    found["calls"].append(len(calls))
+    found[f"fallback_equal_{settings is not None}"] = fallback == whole
+print(json.dumps(found))
 """
 
 
 def test_an_images_crops_are_made_once_for_all_its_questions(molmo, images):
     """A batch's ids are the processor's for each question whole, with the image's crops made once for all of
     them (its image processor runs once, not once per question); where the processor's text step cannot be read,
-    every question is processed whole, to the same ids."""
+    or its tokens are not what follows the image, every question is processed whole, to the same ids."""
     python = envs_dir() / worker_env("molmo") / "bin" / "python"
     questions = [question + "\nAnswer yes or no." for question in BATCH_QUESTIONS]
     out = subprocess.run([str(python), "-c", BATCH_INPUTS, str(REPO / "src" / "verbmirage" / "models"),
                           str(molmo.path), str(images[0]), json.dumps(questions)], capture_output=True, text=True,
                          timeout=300, check=True).stdout
     found = json.loads(out.strip().splitlines()[-1])
-    assert found == {"equal": True, "fallback_equal": True, "calls": [1, len(questions)],
+    assert found == {"equal": True, "fallback_equal_False": True, "fallback_equal_True": True,
+                     "calls": [1, len(questions), len(questions)],
                      "state": ["image_input_idx", "image_masks", "images", "input_ids"]}, found
 
 

@@ -319,10 +319,17 @@ class MolmoDriver(base.Driver):
         first = self.processor.process(images=[image], text=questions[0])
         ids = first["input_ids"].tolist()
         own = self._text_tokens(questions[0])
-        if own is None or not 0 < len(own) < len(ids) or ids[len(ids) - len(own):] != own:
+        image_part = ids[:len(ids) - len(own or ids)]
+        # the split holds where the rest is the question's own tokens and the part before is BOS and image tokens
+        # alone (this revision's processor inserts the image first and neither cuts nor pads by the question)
+        if not (own and image_part and ids[len(image_part):] == own
+                and set(image_part[1:]) <= set(getattr(self.processor, "special_token_ids", {}).values())):
+            if not getattr(self, "_said_whole", False):
+                print("molmo: this processor's text tokens could not be split from the image's; each question of an"
+                      " image is processed whole (its crops made again)", file=sys.stderr, flush=True)
+                self._said_whole = True
             processed = [self.processor.process(images=[image], text=question) for question in questions[1:]]
             return [ids] + [inputs["input_ids"].tolist() for inputs in processed], first
-        image_part = ids[:len(ids) - len(own)]
         return [ids] + [image_part + self._text_tokens(question) for question in questions[1:]], first
 
     def _text_tokens(self, question) -> list[int] | None:
