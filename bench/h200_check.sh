@@ -128,6 +128,7 @@ step gpu_tests 30 env PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m p
 # into a folder of their own, and an env whose python puts that folder first (remote_batching.py runs a worker env's
 # bin/python); on the CPU (--smoke) the worker env tools/make_envs.sh built
 REMOTE_MINIMUM=${REMOTE_MINIMUM:-75}
+unused() { echo $((scheduled - (SECONDS - steps_start))); }  # the seconds the steps so far left unused
 if [ ${#SMOKE[@]} -gt 0 ]; then
     if [ -x "${VERBMIRAGE_ENVS_DIR:-.envs}/remote-molmo/bin/python" ] &&
         [ -d "${VERBMIRAGE_REMOTE_CODE:-../shared/remote_code}/molmo_7b_d" ]; then
@@ -137,9 +138,8 @@ if [ ${#SMOKE[@]} -gt 0 ]; then
     fi
 elif [ ! -d .whl/remote-molmo ] || [ ! -d .whl/remote_code/molmo_7b_d ]; then
     echo "== remote skipped: Molmo-7B-D's worker was not carried (bash bench/h200_wheels.sh puts it in .whl)"
-elif [ $((scheduled - (SECONDS - steps_start))) -lt "$REMOTE_MINIMUM" ]; then
-    echo "== remote skipped: $((scheduled - (SECONDS - steps_start))) s left of the steps' $scheduled s, fewer than" \
-        "the $REMOTE_MINIMUM it needs"
+elif [ "$(unused)" -lt "$REMOTE_MINIMUM" ]; then
+    echo "== remote skipped: $(unused) s left of the steps' $scheduled s, fewer than the $REMOTE_MINIMUM it needs"
 else
     workers=$(mktemp -d)
     python=$workers/remote-molmo/bin/python
@@ -153,9 +153,9 @@ for name in sys.argv[1:]:
     module = importlib.import_module(name)
     print(name, getattr(module, "__version__", "?"), module.__file__)' torch torchvision transformers tokenizers \
         huggingface_hub accelerate einops requests numpy PIL 2>&1 | tee "$OUT/remote_env.txt"; then
-        if [ $((scheduled - (SECONDS - steps_start))) -lt "$REMOTE_MINIMUM" ]; then
-            echo "== remote skipped: after the install $((scheduled - (SECONDS - steps_start))) s were left of the" \
-                "steps' $scheduled s, fewer than the $REMOTE_MINIMUM it needs"
+        if [ "$(unused)" -lt "$REMOTE_MINIMUM" ]; then
+            echo "== remote skipped: after the install $(unused) s were left of the steps' $scheduled s, fewer than" \
+                "the $REMOTE_MINIMUM it needs"
         else
             # opportune: running past the time left is said, and does not fail the check
             before=$status

@@ -5,9 +5,9 @@
 # accepts), the paper config's prompts per decoding for the projected run times (bench/projection.py: it needs
 # Snakemake's schema check, installed here, not there), and Molmo-7B-D's worker for the check's remote-code step: its
 # code and its env's pins (envs/remote-molmo.txt) but torch, numpy, Pillow and safetensors, which the image's serve,
-# torchvision at the release built for the image's torch (REMOTE_TORCHVISION), and psutil. The other remote models' workers
-# cannot travel: Qwen-VL-Chat's and mPLUG-Owl2's pin tokenizers 0.13.3 and MiniCPM's sentencepiece 0.1.99, which have
-# no wheel for the device's Python 3.12. Writes .whl/ (ignored: .gitignore).
+# torchvision at the release built for the image's torch (REMOTE_TORCHVISION), psutil and requests with its own.
+# The other remote models' workers cannot travel: Qwen-VL-Chat's and mPLUG-Owl2's pin tokenizers 0.13.3 and
+# MiniCPM's sentencepiece 0.1.99, which have no wheel for the device's Python 3.12. Writes .whl/ (ignored).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}

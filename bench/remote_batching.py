@@ -147,17 +147,17 @@ def measure(model: str, folder: Path, images: int, per_image: int, single: int, 
     prompts = questions(per_image)
     items = [(str(path), prompt) for path in paths for prompt in prompts]
     driver.logits(*items[0])  # warm-up: first-call costs (lazy imports, allocations) count for neither side
-    preprocessed = _count_image_preprocessing(driver)
+    calls = _count_image_preprocessing(driver)
     picked = sorted({round(i * (len(items) - 1) / max(1, single - 1)) for i in range(single)})  # first to last
     start = time.perf_counter()
     alone = [driver.logits(*items[i]) for i in picked]
     per_question = (time.perf_counter() - start) / len(alone)
-    preprocessing = {"alone": preprocessed.pop("calls", 0)} if preprocessed is not None else None
+    preprocessing = None if calls is None else {"alone": len(calls)}
     start = time.perf_counter()
     together = driver.logits_batch(items, batch_size)
     batched = time.perf_counter() - start
-    if preprocessing is not None:
-        preprocessing["batched"] = preprocessed.pop("calls", 0)
+    if calls is not None:
+        preprocessing["batched"] = len(calls) - preprocessing["alone"]
     assert not any(isinstance(row, Exception) for row in together), together
     # the batched path itself ran: one prefix per image, no question fallen back to one at a time
     if driver.forwards.get("single") or driver.forwards.get("prefix") != images:
@@ -173,21 +173,16 @@ def measure(model: str, folder: Path, images: int, per_image: int, single: int, 
             "parameters": sum(p.numel() for p in driver.model.parameters())}
 
 
-def _count_image_preprocessing(driver) -> dict | None:
-    """Count the calls of the driver's image processor (the crops and resizing on the host) in the returned dict's
-    ``calls``; None where the driver has no such processor to count (its row then says null, not 0)."""
+def _count_image_preprocessing(driver) -> list | None:
+    """A list that grows by one at each call of the driver's image processor from now on (the crops and resizing on
+    the host); None where the driver has no such processor to count (its row then says null, not 0)."""
     images = getattr(getattr(driver, "processor", None), "image_processor", None)
     if images is None or not hasattr(images, "preprocess"):
         return None
-    counts: dict = {}
+    calls: list = []
     preprocess = images.preprocess
-
-    def counted(*args, **kwargs):
-        counts["calls"] = counts.get("calls", 0) + 1
-        return preprocess(*args, **kwargs)
-
-    images.preprocess = counted
-    return counts
+    images.preprocess = lambda *args, **kwargs: calls.append(1) or preprocess(*args, **kwargs)
+    return calls
 
 
 # ---- in the project's env: one proxy after another -----------------------------------------------------

@@ -318,11 +318,10 @@ class MolmoDriver(base.Driver):
         image = base._open_rgb(image_path)
         first = self.processor.process(images=[image], text=questions[0])
         ids = first["input_ids"].tolist()
-        own = self._text_tokens(questions[0])
-        image_part = ids[:len(ids) - len(own or ids)]
-        # the split holds where the rest is the question's own tokens and the part before is BOS and image tokens
-        # alone (this revision's processor inserts the image first and neither cuts nor pads by the question)
-        if not (own and image_part and ids[len(image_part):] == own
+        own = self._text_tokens(questions[0]) or []
+        cut = len(ids) - len(own)
+        image_part = ids[:cut]  # BOS and the image's tokens alone, where the split holds
+        if not (own and 0 < cut and ids[cut:] == own
                 and set(image_part[1:]) <= set(getattr(self.processor, "special_token_ids", {}).values())):
             if not getattr(self, "_said_whole", False):
                 print("molmo: this processor's text tokens could not be split from the image's; each question of an"
