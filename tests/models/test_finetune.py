@@ -281,9 +281,14 @@ def test_a_killed_finetune_resumes_where_it_stopped(tmp_path, tiny_llava, traini
                                                 "steps_file": str(tmp_path / "reference.steps")})
     victim = _driver(tmp_path, "victim", {**common, "output": str(killed_out), "seconds_per_step": 0.5,
                                           "steps_file": str(tmp_path / "victim.steps")})
-    state = checkpoint_folder(killed_out) / STATE_FILE
+    state, victim_steps = checkpoint_folder(killed_out) / STATE_FILE, tmp_path / "victim.steps"
+
+    def past_the_first_checkpoint() -> bool:
+        # on_step follows its step's checkpoint: wait for step 4's own line, so the kill lands in the pause after it
+        return state.exists() and victim_steps.exists() and len(victim_steps.read_text().split()) >= 4
+
     deadline = time.monotonic() + 300
-    while not state.exists():
+    while not past_the_first_checkpoint():
         assert victim.poll() is None, (tmp_path / "victim.log").read_text()[-3000:]
         assert time.monotonic() < deadline, "no checkpoint within 300 s"
         time.sleep(0.05)
@@ -291,7 +296,7 @@ def test_a_killed_finetune_resumes_where_it_stopped(tmp_path, tiny_llava, traini
     victim.wait()
     assert victim.returncode == -signal.SIGKILL
     assert not killed_out.exists()  # killed mid-training: no adapter written
-    ran_before = [int(s) for s in (tmp_path / "victim.steps").read_text().split()]
+    ran_before = [int(s) for s in victim_steps.read_text().split()]
     assert 4 <= max(ran_before) < 16
     checkpoint_step = torch.load(state, weights_only=True)["step"]
     assert checkpoint_step in (4, 8, 12)
