@@ -118,17 +118,17 @@ def test_batches_answer_as_one_question_at_a_time(molmo, images):
 
 
 # run in the worker env: the driver's batch inputs against its processor's, counting the image processor's calls
+# with the benchmark's counter (bench/remote_batching.py)
 BATCH_INPUTS = """
 import json, sys
-sys.path.insert(0, sys.argv[1])
+sys.path[:0] = sys.argv[1], sys.argv[5]
 from remote_driver import _open_rgb
 from remote_drivers import DRIVERS
+from remote_batching import _count_image_preprocessing
 driver = DRIVERS["molmo"](sys.argv[2], dtype="float32", device="cpu")
 path, questions = sys.argv[3], json.loads(sys.argv[4])
 whole = [driver.processor.process(images=[_open_rgb(path)], text=q)["input_ids"].tolist() for q in questions]
-images, calls = driver.processor.image_processor, []
-preprocess = images.preprocess
-images.preprocess = lambda *args, **kwargs: calls.append(1) or preprocess(*args, **kwargs)
+calls = _count_image_preprocessing(driver)
 ids, state = driver.batch_inputs(path, questions)
 found = {"equal": ids == whole, "state": sorted(state), "calls": [len(calls)]}
 # a processor whose text step cannot be read, and one whose text tokens are not the split's: each question whole
@@ -149,7 +149,7 @@ def test_an_images_crops_are_made_once_for_all_its_questions(molmo, images):
     python = envs_dir() / worker_env("molmo") / "bin" / "python"
     questions = [question + "\nAnswer yes or no." for question in BATCH_QUESTIONS]
     out = subprocess.run([str(python), "-c", BATCH_INPUTS, str(REPO / "src" / "verbmirage" / "models"),
-                          str(molmo.path), str(images[0]), json.dumps(questions)], capture_output=True, text=True,
+                          str(molmo.path), str(images[0]), json.dumps(questions), str(REPO / "bench")], capture_output=True, text=True,
                          timeout=300, check=True).stdout
     found = json.loads(out.strip().splitlines()[-1])
     assert found == {"equal": True, "fallback_equal_False": True, "fallback_equal_True": True,
